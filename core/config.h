@@ -1,0 +1,93 @@
+// Configuration from JSON. zoe takes its options as one JSON document whose keys follow
+// DeepSpeed's where DeepSpeed has one (so existing configs carry over), and adds its own.
+//
+// Contract for every section reader:
+//  - an unknown key is an error naming the closest valid key and listing the allowed ones;
+//  - a value out of range is an error naming the key (as a dotted path) and the allowed range;
+//  - sizes may be written 1048576, 1e6, "1M", "4KiB", "1.5GiB" (see ParseSize).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+
+namespace zoe::config {
+
+// Parses JSON text; a syntax error names the byte offset and what was expected.
+Result<nlohmann::json> ParseJson(std::string_view text);
+
+// A byte count from a JSON number (integral, or a float with an integral value such as 1e6) or a
+// string: digits with an optional fraction and an optional unit. K, M, G, T and KiB, MiB, GiB,
+// TiB are binary (1K = 1024, as in fio); KB, MB, GB, TB are decimal (1KB = 1000); B or no unit
+// is bytes. Units are case-insensitive. Negative, fractional-byte and overflowing values are
+// errors naming what is allowed.
+Result<uint64_t> ParseSize(const nlohmann::json& value);
+Result<uint64_t> ParseSizeString(std::string_view text);
+
+// The candidate closest to `name` by edit distance (case-insensitive), or empty when none is
+// within a plausible distance.
+std::string ClosestMatch(std::string_view name, std::span<const std::string> candidates);
+
+// Reads the keys of one JSON object into typed fields, remembering which keys it consumed.
+// Readers chain; the first error sticks and is returned by Finish(), which also rejects keys that
+// were never read. `path` prefixes key names in messages ("aio" -> "aio.queue_depth").
+class ObjectReader {
+ public:
+  ObjectReader(const nlohmann::json& object, std::string path);
+
+  // Declares `old_name` as another spelling of `canonical`; must precede the read of canonical.
+  ObjectReader& Alias(std::string_view old_name, std::string_view canonical);
+
+  ObjectReader& Size(std::string_view key, uint64_t* out, uint64_t min, uint64_t max);
+  ObjectReader& UInt(std::string_view key, uint64_t* out, uint64_t min, uint64_t max);
+  ObjectReader& Double(std::string_view key, double* out, double min, double max);
+  ObjectReader& Bool(std::string_view key, bool* out);
+  ObjectReader& String(std::string_view key, std::string* out);
+  ObjectReader& StringList(std::string_view key, std::vector<std::string>* out);  // "a" or ["a","b"]
+  ObjectReader& Enum(std::string_view key, std::string* out, std::span<const std::string_view> allowed);
+  // Hands a nested object to `read` with a reader whose path is "<path>.<key>".
+  ObjectReader& Object(std::string_view key, const std::function<Status(ObjectReader&)>& read);
+  // Accepts a key zoe does not use (a DeepSpeed option with no meaning here) and ignores it.
+  ObjectReader& Ignore(std::string_view key);
+
+  // OK, or the first error, or an error for the first key that was never read.
+  Status Finish();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  const nlohmann::json* Find(std::string_view key);
+  std::string KeyPath(std::string_view key) const;
+
+  const nlohmann::json& object_;
+  std::string path_;
+  std::vector<std::pair<std::string, std::string>> aliases_;  // (old, canonical)
+  std::vector<std::string> known_;                            // every key a read declared
+  std::vector<std::string> consumed_;                         // keys present and read
+  Status status_;
+};
+
+// DeepSpeed's "aio" section plus zoe's own I/O options.
+struct AioConfig {
+  uint64_t block_size = 1 << 20;        // bytes per request
+  uint64_t queue_depth = 32;            // requests in flight per worker
+  uint64_t intra_op_parallelism = 1;    // I/O workers; DeepSpeed's older names: thread_count, num_threads
+  bool single_submit = false;           // submit one request per call instead of batches
+  bool overlap_events = true;           // keep submitting while completions are reaped
+  std::string backend = "auto";         // auto | io_uring | libaio | psync
+  bool use_direct = true;               // O_DIRECT, with a buffered fallback where refused
+  bool checksum = false;                // xxh3 per block, verified on read
+};
+
+// Parses the "aio" object. Ranges: block_size 4KiB..1GiB and a multiple of 4096; queue_depth
+// 1..4096; intra_op_parallelism 1..256.
+Result<AioConfig> ParseAioConfig(const nlohmann::json& aio);
+
+}  // namespace zoe::config

@@ -1,0 +1,95 @@
+#include "core/status.h"
+
+#include <cerrno>
+#include <cstring>
+#include <cstdlib>
+
+namespace zoe {
+
+std::string_view StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "OK";
+    case StatusCode::kInvalidArgument: return "invalid argument";
+    case StatusCode::kNotFound: return "not found";
+    case StatusCode::kIoError: return "IO error";
+    case StatusCode::kNoSpace: return "no space";
+    case StatusCode::kCorruption: return "corruption";
+    case StatusCode::kOutOfMemory: return "out of memory";
+    case StatusCode::kNotSupported: return "not supported";
+    case StatusCode::kFailedPrecondition: return "failed precondition";
+    case StatusCode::kBusy: return "busy";
+    case StatusCode::kPermissionDenied: return "permission denied";
+    case StatusCode::kAborted: return "aborted";
+    case StatusCode::kInternal: return "internal error";
+  }
+  return "unknown status";
+}
+
+Status::Status(StatusCode code, std::string message, int sys_errno) {
+  if (code == StatusCode::kOk) return;
+  state_ = std::make_unique<State>(State{code, sys_errno, std::move(message)});
+}
+
+Status::Status(const Status& other)
+    : state_(other.state_ ? std::make_unique<State>(*other.state_) : nullptr) {}
+
+Status& Status::operator=(const Status& other) {
+  if (this != &other) state_ = other.state_ ? std::make_unique<State>(*other.state_) : nullptr;
+  return *this;
+}
+
+static StatusCode CodeForErrno(int err) {
+  switch (err) {
+    case ENOSPC:
+    case EFBIG:
+    case EDQUOT: return StatusCode::kNoSpace;
+    case ENOENT:
+    case ENOTDIR: return StatusCode::kNotFound;
+    case EACCES:
+    case EPERM:
+    case EROFS: return StatusCode::kPermissionDenied;
+    case ENOMEM: return StatusCode::kOutOfMemory;
+    case EINVAL:
+    case EBADF:
+    case EFAULT: return StatusCode::kInvalidArgument;
+    case ENOSYS:
+    case EOPNOTSUPP: return StatusCode::kNotSupported;
+    case EBUSY: return StatusCode::kBusy;
+    case ECANCELED: return StatusCode::kAborted;
+    default: return StatusCode::kIoError;
+  }
+}
+
+Status Status::FromErrno(int err, std::string_view context) {
+  err = std::abs(err);
+  std::string message(context);
+  message += ": ";
+  message += std::strerror(err);
+  return Status(CodeForErrno(err), std::move(message), err);
+}
+
+StatusCode Status::code() const { return state_ ? state_->code : StatusCode::kOk; }
+int Status::sys_errno() const { return state_ ? state_->sys_errno : 0; }
+std::string_view Status::message() const {
+  return state_ ? std::string_view(state_->message) : std::string_view();
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  std::string out(StatusCodeName(state_->code));
+  out += ": ";
+  out += state_->message;
+  return out;
+}
+
+Status& Status::WithContext(std::string_view context) & {
+  if (state_) state_->message = std::string(context) + ": " + state_->message;
+  return *this;
+}
+
+Status&& Status::WithContext(std::string_view context) && {
+  WithContext(context);
+  return std::move(*this);
+}
+
+}  // namespace zoe
