@@ -42,7 +42,9 @@ class AlignedBuffer {
 constexpr uint64_t AlignUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) & ~(alignment - 1);
 }
-constexpr bool IsAligned(uint64_t value, uint64_t alignment) { return (value & (alignment - 1)) == 0; }
+constexpr bool IsAligned(uint64_t value, uint64_t alignment) {
+  return (value & (alignment - 1)) == 0;
+}
 inline bool IsAligned(const void* ptr, uint64_t alignment) {
   return IsAligned(reinterpret_cast<uintptr_t>(ptr), alignment);
 }

@@ -7,10 +7,9 @@
 //  - sizes may be written 1048576, 1e6, "1M", "4KiB", "1.5GiB" (see ParseSize).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,9 +49,12 @@ class ObjectReader {
   ObjectReader& Double(std::string_view key, double* out, double min, double max);
   ObjectReader& Bool(std::string_view key, bool* out);
   ObjectReader& String(std::string_view key, std::string* out);
-  ObjectReader& StringList(std::string_view key, std::vector<std::string>* out);  // "a" or ["a","b"]
-  ObjectReader& Enum(std::string_view key, std::string* out, std::span<const std::string_view> allowed);
-  // Hands a nested object to `read` with a reader whose path is "<path>.<key>".
+  // Accepts "a" or ["a", "b"].
+  ObjectReader& StringList(std::string_view key, std::vector<std::string>* out);
+  ObjectReader& Enum(std::string_view key, std::string* out,
+                     std::span<const std::string_view> allowed);
+  // Hands a nested object to `read` with a reader whose path is "<path>.<key>", then reports the
+  // nested object's unknown keys as well (Finish runs on it after `read`). Absent: not called.
   ObjectReader& Object(std::string_view key, const std::function<Status(ObjectReader&)>& read);
   // Accepts a key zoe does not use (a DeepSpeed option with no meaning here) and ignores it.
   ObjectReader& Ignore(std::string_view key);
@@ -71,23 +73,26 @@ class ObjectReader {
   std::vector<std::pair<std::string, std::string>> aliases_;  // (old, canonical)
   std::vector<std::string> known_;                            // every key a read declared
   std::vector<std::string> consumed_;                         // keys present and read
+  std::string found_key_;  // the spelling (canonical or alias) the last Find() found
   Status status_;
 };
 
 // DeepSpeed's "aio" section plus zoe's own I/O options.
 struct AioConfig {
-  uint64_t block_size = 1 << 20;        // bytes per request
-  uint64_t queue_depth = 32;            // requests in flight per worker
-  uint64_t intra_op_parallelism = 1;    // I/O workers; DeepSpeed's older names: thread_count, num_threads
-  bool single_submit = false;           // submit one request per call instead of batches
-  bool overlap_events = true;           // keep submitting while completions are reaped
-  std::string backend = "auto";         // auto | io_uring | libaio | psync
-  bool use_direct = true;               // O_DIRECT, with a buffered fallback where refused
-  bool checksum = false;                // xxh3 per block, verified on read
+  uint64_t block_size = 1 << 20;  // bytes per request
+  uint64_t queue_depth = 32;      // requests in flight per worker
+  // I/O workers; DeepSpeed's older names: thread_count, num_threads.
+  uint64_t intra_op_parallelism = 1;
+  bool single_submit = false;    // submit one request per call instead of batches
+  bool overlap_events = true;    // keep submitting while completions are reaped
+  std::string backend = "auto";  // auto | io_uring | libaio | psync
+  bool use_direct = true;        // O_DIRECT, with a buffered fallback where refused
+  bool checksum = false;         // xxh3 per block, verified on read
 };
 
 // Parses the "aio" object. Ranges: block_size 4KiB..1GiB and a multiple of 4096; queue_depth
-// 1..4096; intra_op_parallelism 1..256.
+// 1..4096; intra_op_parallelism 1..256; backend one of auto, io_uring, libaio, psync. A null
+// value (no "aio" section) gives the defaults.
 Result<AioConfig> ParseAioConfig(const nlohmann::json& aio);
 
 }  // namespace zoe::config

@@ -3,10 +3,9 @@
 // including the caller and returns when every tile is done.
 #pragma once
 
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-
 #include <cstddef>
 #include <functional>
 #include <string>

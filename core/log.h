@@ -4,7 +4,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <memory>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -15,6 +18,26 @@ spdlog::logger& Get();
 
 // Sets the level by name; an unknown name is an error listing the allowed names.
 Status SetLevel(std::string_view level);
+
+// Collects the messages the zoe logger emits while it lives (those its level lets through), in
+// addition to the usual output. Thread-safe: other threads may log meanwhile. Used by tests that
+// assert a warning was given, and given once.
+class ScopedCapture {
+ public:
+  ScopedCapture();
+  ~ScopedCapture();
+  ScopedCapture(const ScopedCapture&) = delete;
+  ScopedCapture& operator=(const ScopedCapture&) = delete;
+
+  // Every captured message, formatted as "<level>: <text>" (e.g. "warning: ...").
+  std::vector<std::string> messages() const;
+  // How many captured messages contain `text`.
+  size_t Count(std::string_view text) const;
+
+ private:
+  class Sink;
+  std::shared_ptr<Sink> sink_;
+};
 
 }  // namespace zoe::log
 

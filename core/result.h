@@ -12,9 +12,10 @@ namespace zoe {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}                 // NOLINT: implicit by design
-  Result(Status status) : status_(std::move(status)) {          // NOLINT: implicit by design
-    if (status_.ok()) status_ = Status::Internal("Result constructed from an OK status without a value");
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
+    if (status_.ok())
+      status_ = Status::Internal("Result constructed from an OK status without a value");
   }
 
   bool ok() const { return status_.ok(); }
@@ -46,5 +47,5 @@ class [[nodiscard]] Result {
   ZOE_ASSIGN_OR_RETURN_IMPL_(ZOE_CONCAT_(zoe_result_tmp_, __LINE__), lhs, expr)
 #define ZOE_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                               \
-  if (!tmp.ok()) return std::move(tmp).status();  \
+  if (!tmp.ok()) return std::move(tmp).status();   \
   lhs = std::move(tmp).value()

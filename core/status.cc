@@ -1,26 +1,39 @@
 #include "core/status.h"
 
 #include <cerrno>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 
 namespace zoe {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kIoError: return "IO error";
-    case StatusCode::kNoSpace: return "no space";
-    case StatusCode::kCorruption: return "corruption";
-    case StatusCode::kOutOfMemory: return "out of memory";
-    case StatusCode::kNotSupported: return "not supported";
-    case StatusCode::kFailedPrecondition: return "failed precondition";
-    case StatusCode::kBusy: return "busy";
-    case StatusCode::kPermissionDenied: return "permission denied";
-    case StatusCode::kAborted: return "aborted";
-    case StatusCode::kInternal: return "internal error";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kIoError:
+      return "IO error";
+    case StatusCode::kNoSpace:
+      return "no space";
+    case StatusCode::kCorruption:
+      return "corruption";
+    case StatusCode::kOutOfMemory:
+      return "out of memory";
+    case StatusCode::kNotSupported:
+      return "not supported";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
+    case StatusCode::kBusy:
+      return "busy";
+    case StatusCode::kPermissionDenied:
+      return "permission denied";
+    case StatusCode::kAborted:
+      return "aborted";
+    case StatusCode::kInternal:
+      return "internal error";
   }
   return "unknown status";
 }
@@ -42,21 +55,30 @@ static StatusCode CodeForErrno(int err) {
   switch (err) {
     case ENOSPC:
     case EFBIG:
-    case EDQUOT: return StatusCode::kNoSpace;
+    case EDQUOT:
+      return StatusCode::kNoSpace;
     case ENOENT:
-    case ENOTDIR: return StatusCode::kNotFound;
+    case ENOTDIR:
+      return StatusCode::kNotFound;
     case EACCES:
     case EPERM:
-    case EROFS: return StatusCode::kPermissionDenied;
-    case ENOMEM: return StatusCode::kOutOfMemory;
+    case EROFS:
+      return StatusCode::kPermissionDenied;
+    case ENOMEM:
+      return StatusCode::kOutOfMemory;
     case EINVAL:
     case EBADF:
-    case EFAULT: return StatusCode::kInvalidArgument;
+    case EFAULT:
+      return StatusCode::kInvalidArgument;
     case ENOSYS:
-    case EOPNOTSUPP: return StatusCode::kNotSupported;
-    case EBUSY: return StatusCode::kBusy;
-    case ECANCELED: return StatusCode::kAborted;
-    default: return StatusCode::kIoError;
+    case EOPNOTSUPP:
+      return StatusCode::kNotSupported;
+    case EBUSY:
+      return StatusCode::kBusy;
+    case ECANCELED:
+      return StatusCode::kAborted;
+    default:
+      return StatusCode::kIoError;
   }
 }
 

@@ -17,18 +17,18 @@ namespace zoe {
 // Numbered codes; a value, once given, is never reused (the C API exposes the same numbers).
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,    // bad input from the caller: config, sizes, dtypes, handles
-  kNotFound = 2,           // a named thing (file, tensor, group, key) does not exist
-  kIoError = 3,            // an I/O syscall failed (EIO and friends)
-  kNoSpace = 4,            // ENOSPC, EFBIG, EDQUOT, or a reservation that does not fit
-  kCorruption = 5,         // a checksum, magic or version did not match
-  kOutOfMemory = 6,        // allocation failed or a memory budget cannot be met
-  kNotSupported = 7,       // the machine or kernel lacks a feature (io_uring, O_DIRECT, GPU)
-  kFailedPrecondition = 8, // a call in the wrong order or on a closed object
-  kBusy = 9,               // every resource that could satisfy the request is pinned
-  kPermissionDenied = 10,  // EACCES, EPERM, EROFS
-  kAborted = 11,           // cancelled, or skipped (a step with non-finite gradients)
-  kInternal = 12,          // a broken invariant inside zoe: a bug to report
+  kInvalidArgument = 1,     // bad input from the caller: config, sizes, dtypes, handles
+  kNotFound = 2,            // a named thing (file, tensor, group, key) does not exist
+  kIoError = 3,             // an I/O syscall failed (EIO and friends)
+  kNoSpace = 4,             // ENOSPC, EFBIG, EDQUOT, or a reservation that does not fit
+  kCorruption = 5,          // a checksum, magic or version did not match
+  kOutOfMemory = 6,         // allocation failed or a memory budget cannot be met
+  kNotSupported = 7,        // the machine or kernel lacks a feature (io_uring, O_DIRECT, GPU)
+  kFailedPrecondition = 8,  // a call in the wrong order or on a closed object
+  kBusy = 9,                // every resource that could satisfy the request is pinned
+  kPermissionDenied = 10,   // EACCES, EPERM, EROFS
+  kAborted = 11,            // cancelled, or skipped (a step with non-finite gradients)
+  kInternal = 12,           // a broken invariant inside zoe: a bug to report
 };
 
 // A short name for a code: "IO error", "no space", ...
@@ -45,28 +45,43 @@ class [[nodiscard]] Status {
   Status& operator=(Status&&) noexcept = default;
 
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string msg) { return {StatusCode::kInvalidArgument, std::move(msg)}; }
-  static Status NotFound(std::string msg, int err = 0) { return {StatusCode::kNotFound, std::move(msg), err}; }
-  static Status IoError(std::string msg, int err = 0) { return {StatusCode::kIoError, std::move(msg), err}; }
-  static Status NoSpace(std::string msg, int err = 0) { return {StatusCode::kNoSpace, std::move(msg), err}; }
+  static Status InvalidArgument(std::string msg) {
+    return {StatusCode::kInvalidArgument, std::move(msg)};
+  }
+  static Status NotFound(std::string msg, int err = 0) {
+    return {StatusCode::kNotFound, std::move(msg), err};
+  }
+  static Status IoError(std::string msg, int err = 0) {
+    return {StatusCode::kIoError, std::move(msg), err};
+  }
+  static Status NoSpace(std::string msg, int err = 0) {
+    return {StatusCode::kNoSpace, std::move(msg), err};
+  }
   static Status Corruption(std::string msg) { return {StatusCode::kCorruption, std::move(msg)}; }
   static Status OutOfMemory(std::string msg) { return {StatusCode::kOutOfMemory, std::move(msg)}; }
-  static Status NotSupported(std::string msg, int err = 0) { return {StatusCode::kNotSupported, std::move(msg), err}; }
-  static Status FailedPrecondition(std::string msg) { return {StatusCode::kFailedPrecondition, std::move(msg)}; }
+  static Status NotSupported(std::string msg, int err = 0) {
+    return {StatusCode::kNotSupported, std::move(msg), err};
+  }
+  static Status FailedPrecondition(std::string msg) {
+    return {StatusCode::kFailedPrecondition, std::move(msg)};
+  }
   static Status Busy(std::string msg) { return {StatusCode::kBusy, std::move(msg)}; }
-  static Status PermissionDenied(std::string msg, int err = 0) { return {StatusCode::kPermissionDenied, std::move(msg), err}; }
+  static Status PermissionDenied(std::string msg, int err = 0) {
+    return {StatusCode::kPermissionDenied, std::move(msg), err};
+  }
   static Status Aborted(std::string msg) { return {StatusCode::kAborted, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
 
   // Maps an errno (positive or negative) to the closest code and appends strerror to `context`:
-  // FromErrno(-ENOSPC, "write /a at offset 0") -> NoSpace("write /a at offset 0: No space left on device").
+  // FromErrno(-ENOSPC, "write /a at offset 0") -> NoSpace("write /a at offset 0: No space left on
+  // device").
   static Status FromErrno(int err, std::string_view context);
 
   bool ok() const { return state_ == nullptr; }
   StatusCode code() const;
-  int sys_errno() const;              // 0 when the error did not come from a syscall
-  std::string_view message() const;   // empty for OK
-  std::string ToString() const;       // "OK" or "<code name>: <message>"
+  int sys_errno() const;             // 0 when the error did not come from a syscall
+  std::string_view message() const;  // empty for OK
+  std::string ToString() const;      // "OK" or "<code name>: <message>"
 
   // Prepends "context: " to the message of an error; an OK status stays OK.
   Status& WithContext(std::string_view context) &;
@@ -88,8 +103,8 @@ class [[nodiscard]] Status {
 }  // namespace zoe
 
 // Returns the Status of `expr` from the enclosing function when it is an error.
-#define ZOE_RETURN_IF_ERROR(expr)                 \
-  do {                                            \
-    ::zoe::Status zoe_status_tmp_ = (expr);       \
+#define ZOE_RETURN_IF_ERROR(expr)                      \
+  do {                                                 \
+    ::zoe::Status zoe_status_tmp_ = (expr);            \
     if (!zoe_status_tmp_.ok()) return zoe_status_tmp_; \
   } while (0)

@@ -1,11 +1,11 @@
 // Description: the Boost.Asio executor: posted work runs, ParallelFor covers every index once.
+#include "core/executor.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <latch>
 #include <vector>
-
-#include "core/executor.h"
 
 namespace zoe {
 namespace {
@@ -39,7 +39,9 @@ TEST(Executor, ParallelForCoversEveryIndexExactlyOnce) {
 
 TEST(Executor, ThreadInitRunsOncePerWorker) {
   std::atomic<int> inits{0};
-  { Executor executor(4, [&](unsigned) { inits++; }); }
+  {
+    Executor executor(4, [&](unsigned) { inits++; });
+  }
   EXPECT_EQ(inits.load(), 4);
 }
 

@@ -1,10 +1,11 @@
 // Description: Status and Result: codes, errno mapping, context, copies and the helper macros.
+#include "core/status.h"
+
 #include <gtest/gtest.h>
 
 #include <cerrno>
 
 #include "core/result.h"
-#include "core/status.h"
 
 namespace zoe {
 namespace {
