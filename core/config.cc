@@ -427,6 +427,17 @@ ObjectReader& ObjectReader::Ignore(std::string_view key) {
   return *this;
 }
 
+ObjectReader& ObjectReader::Ignore(std::string_view key, std::vector<std::string>* ignored) {
+  if (Find(key) != nullptr) ignored->push_back(KeyPath(found_key_));
+  return *this;
+}
+
+ObjectReader& ObjectReader::Value(std::string_view key, std::optional<nlohmann::json>* out) {
+  const Json* value = Find(key);
+  if (value != nullptr) *out = *value;
+  return *this;
+}
+
 Status ObjectReader::Finish() {
   if (!status_.ok()) return status_;
   for (const auto& [name, value] : object_.items()) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -58,6 +59,11 @@ class ObjectReader {
   ObjectReader& Object(std::string_view key, const std::function<Status(ObjectReader&)>& read);
   // Accepts a key zoe does not use (a DeepSpeed option with no meaning here) and ignores it.
   ObjectReader& Ignore(std::string_view key);
+  // As Ignore(key), and appends the key's dotted path (as spelled) to `ignored` when present.
+  ObjectReader& Ignore(std::string_view key, std::vector<std::string>* ignored);
+  // Copies the value of `key` as it is when present, for shapes the typed readers do not cover
+  // (the caller validates it). Absent: `out` is left alone.
+  ObjectReader& Value(std::string_view key, std::optional<nlohmann::json>* out);
 
   // OK, or the first error, or an error for the first key that was never read.
   Status Finish();
@@ -88,6 +94,8 @@ struct AioConfig {
   std::string backend = "auto";  // auto | io_uring | libaio | psync
   bool use_direct = true;        // O_DIRECT, with a buffered fallback where refused
   bool checksum = false;         // xxh3 per block, verified on read
+
+  bool operator==(const AioConfig&) const = default;
 };
 
 // Parses the "aio" object. Ranges: block_size 4KiB..1GiB and a multiple of 4096; queue_depth

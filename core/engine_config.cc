@@ -1,0 +1,560 @@
+#include "core/engine_config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <optional>
+#include <utility>
+
+namespace zoe::config {
+namespace {
+
+using Json = nlohmann::json;
+
+// Bounds for numbers that have no natural maximum; JSON has no infinity, so a finite bound keeps
+// every accepted value printable by ToJson.
+constexpr double kHugeNumber = 1e300;
+constexpr uint64_t kMaxBudget = uint64_t{1} << 50;  // 1 PiB
+constexpr uint64_t kDirectIoUnit = 4096;
+
+// Names in the document, indexed by the enum's value.
+constexpr std::array<std::string_view, 3> kOffloadDevices = {"none", "cpu", "nvme"};
+constexpr std::array<std::string_view, 3> kComputeDevices = {"auto", "cuda", "host"};
+constexpr std::array<std::string_view, 4> kOptimizerTypes = {"adamw", "adam", "adagrad", "lion"};
+constexpr std::array<std::string_view, 2> kEvictionKinds = {"opt", "lru"};
+constexpr std::array<std::string_view, 2> kMomentDTypes = {"fp32", "bf16"};
+constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug",    "info", "warn",
+                                                        "error", "critical", "off"};
+
+// Optimizers DeepSpeed (or torch.optim, which DeepSpeed falls back to) knows and zoe does not
+// implement, lower-case: named as such in the error instead of being treated as typos.
+constexpr std::array<std::string_view, 9> kUnsupportedOptimizers = {
+    "lamb",    "onebitadam", "zerooneadam", "onebitlamb", "muadam",
+    "muadamw", "musgd",      "sgd",         "adamax"};
+
+// DeepSpeed keys accepted and ignored, per section. Their values are not validated: zoe has no
+// use for them, and DeepSpeed validates them where the same document also configures DeepSpeed.
+constexpr std::array<std::string_view, 33> kIgnoredTopLevelKeys = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "scheduler",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "dump_state",
+    "memory_breakdown",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "communication_data_type",
+    "sparse_gradients",
+    "amp",
+    "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
+    "activation_checkpointing",
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comms_logger",
+    "autotuning",
+    "elasticity",
+    "checkpoint",
+    "data_types",
+    "compression_training",
+    "data_efficiency",
+    "curriculum_learning",
+    "sparse_attention",
+    "pipeline",
+    "disable_allgather",
+    "dataloader_drop_last",
+    "timers",
+};
+
+constexpr std::array<std::string_view, 28> kIgnoredZeroKeys = {
+    "allgather_partitions",
+    "allgather_bucket_size",
+    "overlap_comm",
+    "reduce_scatter",
+    "reduce_bucket_size",
+    "contiguous_gradients",
+    "load_from_fp32_weights",
+    "grad_hooks",
+    "round_robin_gradients",
+    "sub_group_size",
+    "cpu_offload",
+    "cpu_offload_params",
+    "cpu_offload_use_pin_memory",
+    "elastic_checkpoint",
+    "ignore_unused_parameters",
+    "legacy_stage1",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_model_persistence_threshold",
+    "stage3_gather_16bit_weights_on_model_save",
+    "zero_hpz_partition_size",
+    "zero_quantized_weights",
+    "zero_quantized_gradients",
+    "mics_shard_size",
+    "mics_hierarchical_params_gather",
+    "memory_efficient_linear",
+};
+
+constexpr std::array<std::string_view, 3> kIgnoredOffloadOptimizerKeys = {
+    "pipeline_read", "pipeline_write", "pipeline"};
+constexpr std::array<std::string_view, 2> kIgnoredFp16Keys = {"auto_cast",
+                                                              "fp16_master_weights_and_grads"};
+
+std::string Lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+template <class Enum, size_t N>
+std::string_view NameOf(Enum value, const std::array<std::string_view, N>& names) {
+  return names[static_cast<size_t>(value)];
+}
+
+// Reads `key` as one of `names` into the enum whose values index `names`.
+template <class Enum, size_t N>
+void ReadEnum(ObjectReader& reader, std::string_view key, Enum* out,
+              const std::array<std::string_view, N>& names) {
+  std::string text(NameOf(*out, names));
+  reader.Enum(key, &text, names);  // leaves `text` alone when absent or invalid
+  *out = static_cast<Enum>(std::find(names.begin(), names.end(), text) - names.begin());
+}
+
+template <size_t N>
+void IgnoreAll(ObjectReader& reader, const std::array<std::string_view, N>& keys,
+               std::vector<std::string>* ignored) {
+  for (std::string_view key : keys) reader.Ignore(key, ignored);
+}
+
+std::string KeyPath(const ObjectReader& reader, std::string_view key) {
+  return reader.path().empty() ? std::string(key) : fmt::format("{}.{}", reader.path(), key);
+}
+
+// ---------------------------------------------------------------------------------------------
+// zero_optimization
+
+Status ReadOffloadOptimizer(ObjectReader& reader, OffloadOptimizerConfig* out,
+                            std::vector<std::string>* ignored) {
+  ReadEnum(reader, "device", &out->device, kOffloadDevices);
+  reader.String("nvme_path", &out->nvme_path)
+      .Bool("pin_memory", &out->pin_memory)
+      .UInt("buffer_count", &out->buffer_count, 1, 1024)
+      .Bool("fast_init", &out->fast_init)
+      .Double("ratio", &out->ratio, 0.0, 1.0);
+  IgnoreAll(reader, kIgnoredOffloadOptimizerKeys, ignored);
+  return reader.Finish();
+}
+
+Status ReadOffloadParam(ObjectReader& reader, OffloadParamConfig* out) {
+  ReadEnum(reader, "device", &out->device, kOffloadDevices);
+  reader.String("nvme_path", &out->nvme_path)
+      .Bool("pin_memory", &out->pin_memory)
+      .UInt("buffer_count", &out->buffer_count, 1, 1024)
+      .UInt("buffer_size", &out->buffer_size, 1, uint64_t{1} << 40)
+      .UInt("max_in_cpu", &out->max_in_cpu, 0, uint64_t{1} << 50);
+  return reader.Finish();
+}
+
+Status ReadZero(ObjectReader& reader, ZeroConfig* out, std::vector<std::string>* ignored) {
+  reader.UInt("stage", &out->stage, 0, 3)
+      .Object("offload_optimizer",
+              [&](ObjectReader& r) {
+                return ReadOffloadOptimizer(r, &out->offload_optimizer, ignored);
+              })
+      .Object("offload_param",
+              [&](ObjectReader& r) { return ReadOffloadParam(r, &out->offload_param); })
+      .Alias("stage3_gather_fp16_weights_on_model_save",
+             "stage3_gather_16bit_weights_on_model_save");
+  IgnoreAll(reader, kIgnoredZeroKeys, ignored);
+  return reader.Finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// optimizer
+
+// What optimizer.params holds besides the typed fields; checked once the type is known.
+struct OptimizerParamsExtra {
+  bool adam_w_mode = true;  // DeepSpeed's default: its "Adam" is AdamW
+  bool lr_decay_given = false;
+};
+
+Status ReadBetas(const Json& value, const std::string& key_path, OptimizerConfig* out) {
+  const bool pair_of_numbers =
+      value.is_array() && value.size() == 2 && value[0].is_number() && value[1].is_number();
+  if (!pair_of_numbers) {
+    return Status::InvalidArgument(
+        fmt::format("{}: expected two numbers [beta1, beta2], got {}", key_path, value.dump()));
+  }
+  const double beta1 = value[0].get<double>();
+  const double beta2 = value[1].get<double>();
+  if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0)) {
+    return Status::InvalidArgument(fmt::format(
+        "{} = {} is out of range; allowed: each beta in [0, 1)", key_path, value.dump()));
+  }
+  out->beta1 = beta1;
+  out->beta2 = beta2;
+  return Status::Ok();
+}
+
+Status ReadOptimizerParams(ObjectReader& reader, OptimizerConfig* out, OptimizerParamsExtra* extra,
+                           std::vector<std::string>* ignored) {
+  std::optional<Json> betas;
+  bool bias_correction = true;
+  bool amsgrad = false;
+  double lr_decay = -1.0;  // stays negative (outside the allowed range) when absent
+  reader.Double("lr", &out->lr, 0.0, kHugeNumber)
+      .Value("betas", &betas)
+      .Double("eps", &out->eps, 0.0, kHugeNumber)
+      .Double("weight_decay", &out->weight_decay, 0.0, kHugeNumber)
+      .Double("lr_decay", &lr_decay, 0.0, kHugeNumber)
+      .Bool("adam_w_mode", &extra->adam_w_mode)
+      .Bool("bias_correction", &bias_correction)
+      .Bool("amsgrad", &amsgrad)
+      .Ignore("torch_adam", ignored);
+  ZOE_RETURN_IF_ERROR(reader.Finish());
+  if (betas.has_value()) ZOE_RETURN_IF_ERROR(ReadBetas(*betas, KeyPath(reader, "betas"), out));
+  if (out->eps == 0.0) {
+    return Status::InvalidArgument(
+        fmt::format("{} = 0 is out of range; allowed: greater than 0", KeyPath(reader, "eps")));
+  }
+  if (!bias_correction) {
+    return Status::InvalidArgument(fmt::format(
+        "{} = false is not supported; zoe always applies bias correction; allowed: true",
+        KeyPath(reader, "bias_correction")));
+  }
+  if (amsgrad) {
+    return Status::InvalidArgument(
+        fmt::format("{} = true is not supported; allowed: false", KeyPath(reader, "amsgrad")));
+  }
+  extra->lr_decay_given = lr_decay >= 0.0;
+  if (extra->lr_decay_given) out->lr_decay = lr_decay;
+  return Status::Ok();
+}
+
+// The type named in the document, case-insensitively, as DeepSpeed matches it.
+Result<OptimizerType> ResolveOptimizerType(const std::string& text, const std::string& key_path,
+                                           bool adam_w_mode) {
+  const std::string lower = Lower(text);
+  if (lower == "adam") return adam_w_mode ? OptimizerType::kAdamW : OptimizerType::kAdam;
+  for (size_t i = 0; i < kOptimizerTypes.size(); ++i) {
+    if (lower == kOptimizerTypes[i]) return static_cast<OptimizerType>(i);
+  }
+  const std::string supported =
+      fmt::format("{} (any letter case)", fmt::join(kOptimizerTypes, ", "));
+  const bool known_elsewhere =
+      std::find(kUnsupportedOptimizers.begin(), kUnsupportedOptimizers.end(), lower) !=
+      kUnsupportedOptimizers.end();
+  if (known_elsewhere) {
+    return Status::InvalidArgument(
+        fmt::format("{} = '{}' is not supported by zoe; supported: {}", key_path, text, supported));
+  }
+  const std::vector<std::string> candidates(kOptimizerTypes.begin(), kOptimizerTypes.end());
+  const std::string closest = ClosestMatch(text, candidates);
+  return Status::InvalidArgument(
+      fmt::format("{} = '{}' is not an optimizer;{} supported: {}", key_path, text,
+                  closest.empty() ? "" : fmt::format(" did you mean '{}'?", closest), supported));
+}
+
+Status ReadOptimizer(ObjectReader& reader, OptimizerConfig* out,
+                     std::vector<std::string>* ignored) {
+  std::string type(OptimizerTypeName(out->type));
+  OptimizerParamsExtra extra;
+  reader.String("type", &type)
+      .Object("params",
+              [&](ObjectReader& r) { return ReadOptimizerParams(r, out, &extra, ignored); })
+      .Ignore("legacy_fusion", ignored);
+  ZOE_RETURN_IF_ERROR(reader.Finish());
+  ZOE_ASSIGN_OR_RETURN(out->type,
+                       ResolveOptimizerType(type, KeyPath(reader, "type"), extra.adam_w_mode));
+  if (extra.lr_decay_given && out->type != OptimizerType::kAdagrad) {
+    return Status::InvalidArgument(
+        fmt::format("{}.params.lr_decay applies to adagrad only; {}.type is '{}'", reader.path(),
+                    reader.path(), type));
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp16, bf16
+
+Status ReadFp16(ObjectReader& reader, Fp16Config* out, std::vector<std::string>* ignored) {
+  reader.Bool("enabled", &out->enabled)
+      .Double("loss_scale", &out->loss_scale, 0.0, kHugeNumber)
+      .UInt("initial_scale_power", &out->initial_scale_power, 0, 63)
+      .UInt("loss_scale_window", &out->loss_scale_window, 1, uint64_t{1} << 32)
+      .UInt("hysteresis", &out->hysteresis, 1, uint64_t{1} << 32)
+      .Bool("consecutive_hysteresis", &out->consecutive_hysteresis)
+      .Double("min_loss_scale", &out->min_loss_scale, 0.0, kHugeNumber);
+  IgnoreAll(reader, kIgnoredFp16Keys, ignored);
+  ZOE_RETURN_IF_ERROR(reader.Finish());
+  if (out->min_loss_scale == 0.0) {
+    return Status::InvalidArgument(fmt::format("{} = 0 is out of range; allowed: greater than 0",
+                                               KeyPath(reader, "min_loss_scale")));
+  }
+  return Status::Ok();
+}
+
+Status ReadBf16(ObjectReader& reader, Bf16Config* out) {
+  reader.Bool("enabled", &out->enabled);
+  return reader.Finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// zoe
+
+Status ReadTrace(ObjectReader& reader, TraceConfig* out) {
+  reader.Size("lookahead_bytes", &out->lookahead_bytes, 0, uint64_t{1} << 40)
+      .UInt("max_inflight", &out->max_inflight, 1, 1024)
+      .UInt("mismatch_limit", &out->mismatch_limit, 1, uint64_t{1} << 32);
+  return reader.Finish();
+}
+
+Status CheckDirectIoMultiple(const ObjectReader& reader, std::string_view key, uint64_t bytes) {
+  if (bytes % kDirectIoUnit == 0) return Status::Ok();
+  return Status::InvalidArgument(
+      fmt::format("{} = {} is not a multiple of {}; allowed: multiples "
+                  "of {} (the O_DIRECT unit)",
+                  KeyPath(reader, key), bytes, kDirectIoUnit, kDirectIoUnit));
+}
+
+Status CheckNvmePaths(const ObjectReader& reader, const std::vector<std::string>& paths) {
+  const std::string key_path = KeyPath(reader, "nvme_paths");
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (paths[i].empty()) {
+      return Status::InvalidArgument(
+          fmt::format("{}[{}] is empty; allowed: directory paths", key_path, i));
+    }
+    if (std::find(paths.begin(), paths.begin() + i, paths[i]) != paths.begin() + i) {
+      return Status::InvalidArgument(fmt::format(
+          "{}[{}] = '{}' is listed twice; allowed: distinct directories", key_path, i, paths[i]));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
+  ReadEnum(reader, "device", &out->device, kComputeDevices);
+  reader.Size("device_budget", &out->device_budget, 0, kMaxBudget)
+      .Size("host_budget", &out->host_budget, 0, kMaxBudget)
+      .StringList("nvme_paths", &out->nvme_paths)
+      .Size("stripe_unit", &out->stripe_unit, kDirectIoUnit, uint64_t{1} << 30)
+      .Size("chunk_size", &out->chunk_size, kDirectIoUnit, uint64_t{16} << 30)
+      .Bool("checksum", &out->checksum)
+      .Enum("log_level", &out->log_level, kLogLevels)
+      .Object("trace", [&](ObjectReader& r) { return ReadTrace(r, &out->trace); });
+  ReadEnum(reader, "eviction", &out->eviction, kEvictionKinds);
+  ReadEnum(reader, "moment_dtype", &out->moment_dtype, kMomentDTypes);
+  ZOE_RETURN_IF_ERROR(reader.Finish());
+  ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "stripe_unit", out->stripe_unit));
+  ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "chunk_size", out->chunk_size));
+  return CheckNvmePaths(reader, out->nvme_paths);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks across sections
+
+bool HasKey(const Json& document, std::string_view section, std::string_view key) {
+  const auto it = document.find(section);
+  return it != document.end() && it->is_object() && it->contains(key);
+}
+
+Status CheckPrecision(const EngineConfig& config) {
+  if (!(config.fp16.enabled && config.bf16.enabled)) return Status::Ok();
+  return Status::InvalidArgument(
+      "fp16.enabled and bf16.enabled are both true; allowed: at most one of them");
+}
+
+Status CheckParamOffloadStage(const ZeroConfig& zero) {
+  if (zero.offload_param.device == OffloadDevice::kNone || zero.stage == 3) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "zero_optimization.offload_param.device = '{}' needs zero_optimization.stage = 3 "
+      "(parameters are offloaded only when partitioned, as in DeepSpeed), got stage {}; "
+      "set stage to 3 or offload_param.device to 'none'",
+      OffloadDeviceName(zero.offload_param.device), zero.stage));
+}
+
+// zoe.nvme_paths when given, else the nvme_path of every section offloading to NVMe. A section on
+// NVMe with no directory from either is an error naming both ways to give one.
+Status ResolveNvmePaths(EngineConfig* config) {
+  struct Section {
+    std::string_view name;
+    OffloadDevice device;
+    const std::string& nvme_path;
+  };
+  const ZeroConfig& zero = config->zero;
+  const std::array<Section, 2> sections = {{
+      {"offload_optimizer", zero.offload_optimizer.device, zero.offload_optimizer.nvme_path},
+      {"offload_param", zero.offload_param.device, zero.offload_param.nvme_path},
+  }};
+  const bool given = !config->zoe.nvme_paths.empty();
+  std::vector<std::string>& paths = config->zoe.nvme_paths;
+  for (const Section& section : sections) {
+    if (section.device != OffloadDevice::kNvme || given) continue;
+    if (section.nvme_path.empty()) {
+      return Status::InvalidArgument(
+          fmt::format("zero_optimization.{0}.device = 'nvme' needs a directory; set "
+                      "zero_optimization.{0}.nvme_path or zoe.nvme_paths",
+                      section.name));
+    }
+    if (std::find(paths.begin(), paths.end(), section.nvme_path) == paths.end()) {
+      paths.push_back(section.nvme_path);
+    }
+  }
+  return Status::Ok();
+}
+
+// aio.checksum and zoe.checksum are one option: either spelling sets it; both must agree.
+Status ResolveChecksum(const Json& document, EngineConfig* config) {
+  const bool in_aio = HasKey(document, "aio", "checksum");
+  const bool in_zoe = HasKey(document, "zoe", "checksum");
+  if (in_aio && in_zoe && config->aio.checksum != config->zoe.checksum) {
+    return Status::InvalidArgument(fmt::format(
+        "aio.checksum = {} and zoe.checksum = {} disagree; they are the same option, keep one",
+        config->aio.checksum, config->zoe.checksum));
+  }
+  if (in_aio) config->zoe.checksum = config->aio.checksum;
+  config->aio.checksum = config->zoe.checksum;
+  return Status::Ok();
+}
+
+Status CheckAcrossSections(const Json& document, EngineConfig* config) {
+  ZOE_RETURN_IF_ERROR(CheckPrecision(*config));
+  ZOE_RETURN_IF_ERROR(CheckParamOffloadStage(config->zero));
+  ZOE_RETURN_IF_ERROR(ResolveNvmePaths(config));
+  return ResolveChecksum(document, config);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ToJson
+
+Json OptimizerToJson(const OptimizerConfig& optimizer) {
+  Json params = {{"lr", optimizer.lr},
+                 {"betas", {optimizer.beta1, optimizer.beta2}},
+                 {"eps", optimizer.eps},
+                 {"weight_decay", optimizer.weight_decay}};
+  // DeepSpeed's "adam" means AdamW unless adam_w_mode says otherwise.
+  if (optimizer.type == OptimizerType::kAdam) params["adam_w_mode"] = false;
+  if (optimizer.type == OptimizerType::kAdagrad) params["lr_decay"] = optimizer.lr_decay;
+  return {{"type", OptimizerTypeName(optimizer.type)}, {"params", std::move(params)}};
+}
+
+Json ZeroToJson(const ZeroConfig& zero) {
+  const OffloadOptimizerConfig& opt = zero.offload_optimizer;
+  const OffloadParamConfig& param = zero.offload_param;
+  return {{"stage", zero.stage},
+          {"offload_optimizer",
+           {{"device", OffloadDeviceName(opt.device)},
+            {"nvme_path", opt.nvme_path},
+            {"pin_memory", opt.pin_memory},
+            {"buffer_count", opt.buffer_count},
+            {"fast_init", opt.fast_init},
+            {"ratio", opt.ratio}}},
+          {"offload_param",
+           {{"device", OffloadDeviceName(param.device)},
+            {"nvme_path", param.nvme_path},
+            {"pin_memory", param.pin_memory},
+            {"buffer_count", param.buffer_count},
+            {"buffer_size", param.buffer_size},
+            {"max_in_cpu", param.max_in_cpu}}}};
+}
+
+Json Fp16ToJson(const Fp16Config& fp16) {
+  return {{"enabled", fp16.enabled},
+          {"loss_scale", fp16.loss_scale},
+          {"initial_scale_power", fp16.initial_scale_power},
+          {"loss_scale_window", fp16.loss_scale_window},
+          {"hysteresis", fp16.hysteresis},
+          {"consecutive_hysteresis", fp16.consecutive_hysteresis},
+          {"min_loss_scale", fp16.min_loss_scale}};
+}
+
+Json AioToJson(const AioConfig& aio) {
+  return {{"block_size", aio.block_size},
+          {"queue_depth", aio.queue_depth},
+          {"intra_op_parallelism", aio.intra_op_parallelism},
+          {"single_submit", aio.single_submit},
+          {"overlap_events", aio.overlap_events},
+          {"backend", aio.backend},
+          {"use_direct", aio.use_direct},
+          {"checksum", aio.checksum}};
+}
+
+Json ZoeToJson(const ZoeConfig& zoe) {
+  Json out = {{"device", ComputeDeviceName(zoe.device)},
+              {"device_budget", zoe.device_budget},
+              {"host_budget", zoe.host_budget},
+              {"nvme_paths", zoe.nvme_paths},
+              {"stripe_unit", zoe.stripe_unit},
+              {"chunk_size", zoe.chunk_size},
+              {"checksum", zoe.checksum},
+              {"trace",
+               {{"lookahead_bytes", zoe.trace.lookahead_bytes},
+                {"max_inflight", zoe.trace.max_inflight},
+                {"mismatch_limit", zoe.trace.mismatch_limit}}},
+              {"eviction", EvictionKindName(zoe.eviction)},
+              {"moment_dtype", MomentDTypeName(zoe.moment_dtype)}};
+  if (!zoe.log_level.empty()) out["log_level"] = zoe.log_level;
+  return out;
+}
+
+}  // namespace
+
+std::string_view OffloadDeviceName(OffloadDevice device) { return NameOf(device, kOffloadDevices); }
+std::string_view ComputeDeviceName(ComputeDevice device) { return NameOf(device, kComputeDevices); }
+std::string_view OptimizerTypeName(OptimizerType type) { return NameOf(type, kOptimizerTypes); }
+std::string_view EvictionKindName(EvictionKind kind) { return NameOf(kind, kEvictionKinds); }
+std::string_view MomentDTypeName(MomentDType dtype) { return NameOf(dtype, kMomentDTypes); }
+
+Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {
+  ZOE_ASSIGN_OR_RETURN(const Json document, ParseJson(json_text));
+  return ParseEngineConfigDocument(document);
+}
+
+Result<EngineConfig> ParseEngineConfigDocument(const Json& document) {
+  EngineConfig config;
+  std::vector<std::string>& ignored = config.ignored_keys;
+  std::optional<Json> aio;
+  ObjectReader reader(document, "");
+  reader
+      .Object("zero_optimization",
+              [&](ObjectReader& r) { return ReadZero(r, &config.zero, &ignored); })
+      .Object("optimizer",
+              [&](ObjectReader& r) { return ReadOptimizer(r, &config.optimizer, &ignored); })
+      .Double("gradient_clipping", &config.gradient_clipping, 0.0, kHugeNumber)
+      .Object("fp16", [&](ObjectReader& r) { return ReadFp16(r, &config.fp16, &ignored); })
+      .Alias("bfloat16", "bf16")
+      .Object("bf16", [&](ObjectReader& r) { return ReadBf16(r, &config.bf16); })
+      .Value("aio", &aio)
+      .Object("zoe", [&](ObjectReader& r) { return ReadZoe(r, &config.zoe); });
+  IgnoreAll(reader, kIgnoredTopLevelKeys, &ignored);
+  ZOE_RETURN_IF_ERROR(reader.Finish());
+  ZOE_ASSIGN_OR_RETURN(config.aio, ParseAioConfig(aio.value_or(Json())));
+  ZOE_RETURN_IF_ERROR(CheckAcrossSections(document, &config));
+  std::sort(ignored.begin(), ignored.end());
+  return config;
+}
+
+Json ToJson(const EngineConfig& config) {
+  return {{"zero_optimization", ZeroToJson(config.zero)},
+          {"optimizer", OptimizerToJson(config.optimizer)},
+          {"gradient_clipping", config.gradient_clipping},
+          {"fp16", Fp16ToJson(config.fp16)},
+          {"bf16", {{"enabled", config.bf16.enabled}}},
+          {"aio", AioToJson(config.aio)},
+          {"zoe", ZoeToJson(config.zoe)}};
+}
+
+std::string DescribeIgnoredKeys(const EngineConfig& config) {
+  if (config.ignored_keys.empty()) return {};
+  return fmt::format("ignored DeepSpeed keys: {}", fmt::join(config.ignored_keys, ", "));
+}
+
+}  // namespace zoe::config

@@ -1,0 +1,166 @@
+// EngineConfig: the one JSON document that configures an engine (zoe_engine_create, the Python
+// binding). Its shape is DeepSpeed's, so a DeepSpeed ZeRO-Infinity config is accepted as it is:
+//  - DeepSpeed keys zoe acts on (zero_optimization.stage and its offload_optimizer/offload_param
+//    sections, optimizer, gradient_clipping, fp16, bf16, aio) are parsed into typed fields;
+//  - DeepSpeed keys zoe has no use for (batch sizes, scheduler, monitors, ZeRO bucket sizes, ...)
+//    are accepted from an explicit list, left unvalidated, and their dotted paths recorded in
+//    EngineConfig::ignored_keys so the engine can log them once;
+//  - zoe's own options live under a top-level "zoe" object;
+//  - any other key, anywhere, is an error naming its dotted path and the closest valid key.
+// docs/configuration.md lists every key with its type, default and range.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/config.h"
+#include "core/result.h"
+
+namespace zoe::config {
+
+// Where a DeepSpeed offload section puts its tensors.
+enum class OffloadDevice { kNone, kCpu, kNvme };
+// The device backend (core/device.h): CUDA when a GPU is found, else the host stand-in.
+enum class ComputeDevice { kAuto, kCuda, kHost };
+enum class OptimizerType { kAdamW, kAdam, kAdagrad, kLion };
+// Eviction by next use in the recorded trace (Belady/OPT), or least recently used.
+enum class EvictionKind { kOpt, kLru };
+// Element type of the optimizer's moments (Adam's m and v) in every tier.
+enum class MomentDType { kFp32, kBf16 };
+
+// The names used in the document: "none"/"cpu"/"nvme", "auto"/"cuda"/"host",
+// "adamw"/"adam"/"adagrad"/"lion", "opt"/"lru", "fp32"/"bf16".
+std::string_view OffloadDeviceName(OffloadDevice device);
+std::string_view ComputeDeviceName(ComputeDevice device);
+std::string_view OptimizerTypeName(OptimizerType type);
+std::string_view EvictionKindName(EvictionKind kind);
+std::string_view MomentDTypeName(MomentDType dtype);
+
+// zero_optimization.offload_optimizer (DeepSpeed's keys and defaults, except the device: zoe
+// offloads the optimizer to pinned DRAM unless told otherwise).
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kCpu;
+  std::string nvme_path;  // empty: none given (zoe.nvme_paths may supply the directories)
+  bool pin_memory = false;
+  uint64_t buffer_count = 4;  // 1..1024
+  bool fast_init = false;
+  double ratio =
+      1.0;  // fraction of the optimizer state offloaded, 0..1 (DeepSpeed's partial offload)
+
+  bool operator==(const OffloadOptimizerConfig&) const = default;
+};
+
+// zero_optimization.offload_param (DeepSpeed's keys and defaults; counts are in elements).
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  bool pin_memory = false;
+  uint64_t buffer_count = 5;            // 1..1024
+  uint64_t buffer_size = 100'000'000;   // elements per buffer, 1..2^40
+  uint64_t max_in_cpu = 1'000'000'000;  // elements kept in DRAM when offloading to NVMe, 0..2^50
+
+  bool operator==(const OffloadParamConfig&) const = default;
+};
+
+struct ZeroConfig {
+  uint64_t stage = 3;  // 0..3; offload_param needs 3
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+
+  bool operator==(const ZeroConfig&) const = default;
+};
+
+// "optimizer": {"type", "params"}. DeepSpeed's "Adam" is AdamW unless params.adam_w_mode is false;
+// "AdamW" is AdamW whatever adam_w_mode says. Ranges are those of optim::ValidateHyperParams.
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;
+  double lr = 1e-3;           // >= 0
+  double beta1 = 0.9;         // [0, 1)
+  double beta2 = 0.999;       // [0, 1)
+  double eps = 1e-8;          // > 0
+  double weight_decay = 0.0;  // >= 0
+  double lr_decay = 0.0;      // >= 0, adagrad only
+
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+// "fp16": dynamic loss scaling unless loss_scale > 0 (then a static scale).
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;            // 0: dynamic; > 0: static scale
+  uint64_t initial_scale_power = 16;  // dynamic scaling starts at 2^power, 0..63
+  uint64_t loss_scale_window = 1000;  // overflow-free steps before the scale doubles, >= 1
+  uint64_t hysteresis = 2;            // overflows tolerated before the scale halves, >= 1
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;  // > 0
+
+  bool operator==(const Fp16Config&) const = default;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+
+  bool operator==(const Bf16Config&) const = default;
+};
+
+// zoe.trace: prefetching driven by the recorded trace.
+struct TraceConfig {
+  uint64_t lookahead_bytes = uint64_t{256} << 20;  // bytes of upcoming chunks prefetched; 0: off
+  uint64_t max_inflight = 8;                       // prefetches in flight at once, 1..1024
+  uint64_t mismatch_limit = 16;  // mismatches in one iteration that trigger a re-record, >= 1
+
+  bool operator==(const TraceConfig&) const = default;
+};
+
+// The top-level "zoe" object.
+struct ZoeConfig {
+  ComputeDevice device = ComputeDevice::kAuto;
+  uint64_t device_budget = 0;  // bytes of device memory zoe may use; 0: automatic
+  uint64_t host_budget = 0;    // bytes of pinned DRAM zoe may hold; 0: automatic
+  // Directories a swap space is striped over. After parsing: the given list, else the nvme_path
+  // of each offload section whose device is nvme (distinct, optimizer's first); may be empty only
+  // when nothing is offloaded to NVMe.
+  std::vector<std::string> nvme_paths;
+  uint64_t stripe_unit = uint64_t{1} << 20;  // bytes per directory before the next, 4 KiB multiple
+  uint64_t chunk_size = uint64_t{64} << 20;  // bytes of one chunk, the unit tiers move
+  bool checksum = false;                     // xxh3 per block on NVMe, verified on read
+  std::string log_level;                     // empty: ZOE_LOG_LEVEL, else info
+  TraceConfig trace;
+  EvictionKind eviction = EvictionKind::kOpt;
+  MomentDType moment_dtype = MomentDType::kFp32;
+
+  bool operator==(const ZoeConfig&) const = default;
+};
+
+struct EngineConfig {
+  ZeroConfig zero;  // "zero_optimization"
+  OptimizerConfig optimizer;
+  double gradient_clipping = 0.0;  // global gradient norm bound; 0: no clipping
+  Fp16Config fp16;
+  Bf16Config bf16;
+  AioConfig aio;  // aio.checksum always equals zoe.checksum after parsing
+  ZoeConfig zoe;
+  // Dotted paths of the DeepSpeed keys present in the document and ignored, sorted. Not part of
+  // the effective configuration: ToJson does not print them.
+  std::vector<std::string> ignored_keys;
+
+  bool operator==(const EngineConfig&) const = default;
+};
+
+// Parses and validates a whole document. "{}" gives the defaults above. Errors are
+// InvalidArgument and name the dotted key path, the value and what is allowed.
+Result<EngineConfig> ParseEngineConfig(std::string_view json_text);
+// The same for a document already parsed (built in code, or read by another JSON reader).
+Result<EngineConfig> ParseEngineConfigDocument(const nlohmann::json& document);
+
+// The effective configuration as a document ParseEngineConfig accepts and maps back to the same
+// EngineConfig (less ignored_keys). Sizes are printed in bytes.
+nlohmann::json ToJson(const EngineConfig& config);
+
+// "ignored DeepSpeed keys: a, b.c" for the engine's log, or empty when none were ignored.
+std::string DescribeIgnoredKeys(const EngineConfig& config);
+
+}  // namespace zoe::config
