@@ -22,7 +22,7 @@ int ExitCode() { return exit_code; }
 int main(int argc, char** argv) {
   CLI::App app{"zoe: heterogeneous-memory offload engine (GPU, pinned DRAM, NVMe)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "zoe 0.1.0");
+  app.set_version_flag("--version", "zoe " ZOE_VERSION_STRING);
   CLI::App* bench = app.add_subcommand("bench", "measure I/O, optimizer and offload throughput");
   bench->require_subcommand(1);
   for (const auto& command : zoe::cli::Registry()) {

@@ -1,0 +1,82 @@
+// The AVX-512 vector policy for kernel_math.h, shared by kernels_avx512.cc (bf16 rounding
+// emulated with integer instructions) and kernels_avx512_bf16.cc (native vcvtneps2bf16, chosen
+// by defining ZOE_AVX512_NATIVE_BF16 before including this file). Both give convert.h's bits.
+// Included only by translation units compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zoe::optim {
+namespace {  // NOLINT: internal linkage on purpose (see convert.h)
+
+struct Avx512Ops {
+  using F = __m512;
+  static constexpr size_t kWidth = 16;
+
+  static F Set(float x) { return _mm512_set1_ps(x); }
+  static F LoadF32(const float* p) { return _mm512_loadu_ps(p); }
+  static F LoadBf16(const uint16_t* p) {
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static F LoadF16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void StoreF32(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static void StoreBf16(uint16_t* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToBf16(x));
+  }
+  static void StoreF16(uint16_t* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F Sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F Sign(F a) {
+    const F zero = _mm512_setzero_ps();
+    const __mmask16 positive = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);
+    const __mmask16 negative = _mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ);
+    const F plus = _mm512_maskz_mov_ps(positive, _mm512_set1_ps(1.0f));
+    return _mm512_mask_mov_ps(plus, negative, _mm512_set1_ps(-1.0f));
+  }
+
+#if defined(ZOE_AVX512_NATIVE_BF16)
+  static __m256i ToBf16(F x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
+#else
+  // convert.h's FloatToBf16 on sixteen lanes, narrowed to 16 bits.
+  static __m256i ToBf16(F x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    const __m512i high = _mm512_srli_epi32(bits, 16);
+    const __m512i bias =
+        _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+    __m512i result = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
+    result = _mm512_mask_or_epi32(result, is_nan, high, _mm512_set1_epi32(0x40));
+    const __mmask16 is_tiny = _mm512_cmplt_epi32_mask(magnitude, _mm512_set1_epi32(0x00800000));
+    result = _mm512_mask_and_epi32(result, is_tiny, high, _mm512_set1_epi32(0x8000));
+    return _mm512_cvtepi32_epi16(result);
+  }
+#endif
+
+  using Lanes = __m512d;  // lanes 0..7
+  static Lanes ZeroLanes() { return _mm512_setzero_pd(); }
+  static Lanes AddSquares(Lanes acc, F x) {
+    const __m512d low = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d high =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(low, low));
+    return _mm512_add_pd(acc, _mm512_mul_pd(high, high));
+  }
+  static void StoreLanes(Lanes acc, double* out) { _mm512_storeu_pd(out, acc); }
+};
+
+}  // namespace
+}  // namespace zoe::optim

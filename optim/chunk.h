@@ -1,0 +1,126 @@
+// The chunk-level optimizer step: what the offloaded pipeline calls on each chunk of a parameter
+// group, and what the in-memory Group (group.h) is built from.
+//
+// A step over several chunks is two passes, because a step is skipped as a whole:
+//   1. ScanGradients on every chunk, CombineScans, then MakeGradScaling (non-finite check,
+//      global L2 norm, clip factor, loss-scale unscale);
+//   2. UpdateChunk on every chunk with that scaling, unless the step was skipped.
+// StepChunk fuses both for a group that is a single chunk.
+//
+// Kernels run on the calling thread, or split into tiles of RunOptions::tile_elements across an
+// Executor (the caller takes tiles too). Results are bit-identical across instruction-set paths
+// and thread counts for fp32 and 16-bit types alike (kernel_math.h).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "core/executor.h"
+#include "core/result.h"
+#include "optim/kernels.h"
+#include "optim/types.h"
+
+namespace zoe::optim {
+
+// Hyper-parameters of one call; schedulers may change any of them from step to step.
+struct HyperParams {
+  Kind kind = Kind::kAdamW;
+  double lr = 1e-3;           // >= 0
+  double beta1 = 0.9;         // [0, 1)
+  double beta2 = 0.999;       // [0, 1)
+  double eps = 1e-8;          // > 0 (unused by Lion)
+  double weight_decay = 0.0;  // >= 0: decoupled for AdamW and Lion, L2 for Adam and Adagrad
+  double lr_decay = 0.0;      // >= 0, Adagrad only: lr / (1 + (step - 1) * lr_decay)
+};
+
+// Returns InvalidArgument naming the first bad field and its allowed range.
+Status ValidateHyperParams(const HyperParams& hyper);
+
+// Element types of a chunk's buffers.
+struct ChunkLayout {
+  DType grad = DType::kF32;         // any
+  DType state = DType::kF32;        // kF32 or kBF16 (halves the state bytes)
+  std::optional<DType> param_copy;  // kBF16 or kF16: also write the updated parameter there
+};
+
+// A chunk's buffers, all `count` elements long, borrowed for the call. Any alignment is accepted.
+// exp_avg is unused (may be null) for Adagrad; exp_avg_sq (Adagrad: its sum of squares) for Lion.
+struct ChunkBuffers {
+  float* master = nullptr;     // fp32 master weights, updated in place
+  const void* grad = nullptr;  // layout.grad, read only
+  void* exp_avg = nullptr;     // layout.state, updated in place
+  void* exp_avg_sq = nullptr;  // layout.state, updated in place
+  void* param_copy = nullptr;  // *layout.param_copy, written (required when set)
+  size_t count = 0;
+};
+
+// Factor every gradient is multiplied by before use: inv_loss_scale * clip_factor.
+struct GradScaling {
+  double inv_loss_scale = 1.0;
+  double clip_factor = 1.0;
+};
+
+inline constexpr size_t kDefaultTileElements = size_t{1} << 15;
+
+struct RunOptions {
+  Executor* executor = nullptr;                 // null: run on the calling thread only
+  std::optional<Isa> isa;                       // unset: DefaultIsa() (cpuid, or ZOE_ISA)
+  size_t tile_elements = kDefaultTileElements;  // > 0; results do not depend on it
+};
+
+// Sum of squares of raw (still loss-scaled) gradients; +inf or NaN when any is not finite.
+struct GradScan {
+  double sum_squares = 0.0;
+  bool finite() const { return std::isfinite(sum_squares); }
+};
+
+Result<GradScan> ScanGradients(const void* grad, DType grad_dtype, size_t count,
+                               const RunOptions& run = {});
+inline GradScan CombineScans(GradScan a, GradScan b) { return {a.sum_squares + b.sum_squares}; }
+
+// The outcome of the scan of a whole step.
+struct StepScaling {
+  bool skip = false;       // a gradient was inf or NaN: update nothing, report the skip
+  double grad_norm = 0.0;  // L2 norm of the unscaled gradients (inf when skipped)
+  GradScaling scaling;     // to pass to UpdateChunk
+};
+
+// loss_scale > 0 (the factor the loss was multiplied by; 1 for none). max_grad_norm > 0 clips
+// like torch.nn.utils.clip_grad_norm_ (clip = max_norm / (norm + 1e-6) when below 1); 0 disables
+// clipping. Other values are InvalidArgument.
+Result<StepScaling> MakeStepScaling(const GradScan& total, double loss_scale, double max_grad_norm);
+
+// Applies one step (`step` >= 1 counts steps taken, this one included: bias correction uses it)
+// to every element of `chunk`. Checks arguments; does not check gradients for inf/NaN (the scan
+// does).
+Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& layout,
+                   const ChunkBuffers& chunk, const GradScaling& scaling,
+                   const RunOptions& run = {});
+
+// The argument checks of UpdateChunk (hyper-parameters, step, layout, buffers, scale), for other
+// launchers of the same update (optim/cuda/adamw.h).
+Status ValidateUpdate(const HyperParams& hyper, int64_t step, const ChunkLayout& layout,
+                      const ChunkBuffers& chunk, const GradScaling& scaling);
+
+// The fp32 constants of one step, computed in double and rounded once (kernels.h).
+UpdateConstants MakeUpdateConstants(const HyperParams& hyper, int64_t step,
+                                    const GradScaling& scaling);
+CopySlot CopySlotOf(const std::optional<DType>& copy);
+
+// Scan + update of a single-chunk group. When a gradient is not finite nothing is written and
+// the outcome says skip; the caller then does not advance its step counter.
+Result<StepScaling> StepChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& layout,
+                              const ChunkBuffers& chunk, double loss_scale, double max_grad_norm,
+                              const RunOptions& run = {});
+
+// Casts fp32 `src` to `dst_dtype` (bf16/fp16) with the kernels' rounding, tile-parallel: the
+// separate cast pass that a fused param_copy avoids, and a helper for the device copy.
+Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
+                   const RunOptions& run = {});
+// Widens bf16/fp16 `src` to fp32 exactly.
+Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
+                 const RunOptions& run = {});
+
+}  // namespace zoe::optim

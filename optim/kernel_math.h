@@ -1,0 +1,231 @@
+// The optimizer arithmetic, written once over a vector policy V and instantiated by every
+// kernels_<isa>.cc with its own V (ScalarOps below, Avx2Ops, Avx512Ops).
+//
+// Why every path gives the same fp32 bits: each element goes through the same sequence of IEEE
+// single-precision operations (add, sub, mul, div, sqrt: all correctly rounded, in scalar and
+// SIMD form alike), no fused multiply-add is used anywhere, and every kernel translation unit is
+// compiled with -ffp-contract=off so the compiler cannot fuse a multiply and an add behind our
+// back. Conversions to 16-bit formats are defined bit for bit in convert.h. Tails shorter than a
+// vector go through ScalarOps, which by the same argument gives the same bits. The order of
+// operations follows torch.optim's single-tensor implementations (see each rule below).
+//
+// Internal linkage throughout: see convert.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "optim/convert.h"
+#include "optim/kernels.h"
+
+namespace zoe::optim {
+namespace {  // NOLINT: internal linkage on purpose
+
+// The width-1 policy: plain floats. Also the tail of every SIMD path.
+struct ScalarOps {
+  using F = float;
+  static constexpr size_t kWidth = 1;
+  static F Set(float x) { return x; }
+  static F LoadF32(const float* p) { return *p; }
+  static F LoadBf16(const uint16_t* p) { return Bf16ToFloat(*p); }
+  static F LoadF16(const uint16_t* p) { return F16ToFloat(*p); }
+  static void StoreF32(float* p, F x) { *p = x; }
+  static void StoreBf16(uint16_t* p, F x) { *p = FloatToBf16(x); }
+  static void StoreF16(uint16_t* p, F x) { *p = FloatToF16(x); }
+  static F Add(F a, F b) { return a + b; }
+  static F Sub(F a, F b) { return a - b; }
+  static F Mul(F a, F b) { return a * b; }
+  static F Div(F a, F b) { return a / b; }
+  // The builtin, not std::sqrt: an unoptimised build would emit std::sqrt as a weak symbol
+  // shared with baseline translation units (see convert.h).
+  static F Sqrt(F a) { return __builtin_sqrtf(a); }
+  // -1, 0 or +1 (0 for zero and NaN).
+  static F Sign(F a) { return static_cast<float>(a > 0.0f) - static_cast<float>(a < 0.0f); }
+};
+
+template <class V, DType D>
+typename V::F Load(const void* base, size_t i) {
+  if constexpr (D == DType::kF32) {
+    return V::LoadF32(static_cast<const float*>(base) + i);
+  } else if constexpr (D == DType::kBF16) {
+    return V::LoadBf16(static_cast<const uint16_t*>(base) + i);
+  } else {
+    return V::LoadF16(static_cast<const uint16_t*>(base) + i);
+  }
+}
+
+template <class V, DType D>
+void Store(void* base, size_t i, typename V::F x) {
+  if constexpr (D == DType::kF32) {
+    V::StoreF32(static_cast<float*>(base) + i, x);
+  } else if constexpr (D == DType::kBF16) {
+    V::StoreBf16(static_cast<uint16_t*>(base) + i, x);
+  } else {
+    V::StoreF16(static_cast<uint16_t*>(base) + i, x);
+  }
+}
+
+template <class V, CopySlot C>
+void StoreCopy(void* base, size_t i, typename V::F x) {
+  if constexpr (C == CopySlot::kBF16) {
+    Store<V, DType::kBF16>(base, i, x);
+  } else if constexpr (C == CopySlot::kF16) {
+    Store<V, DType::kF16>(base, i, x);
+  }
+}
+
+// Adam / AdamW on V::kWidth elements at i. torch 1.13 _single_tensor_adam(w):
+//   AdamW: p *= 1 - lr*wd          Adam: g += wd*p
+//   m = m*b1 + (1-b1)*g;  v = v*b2 + ((1-b2)*g)*g
+//   denom = sqrt(v) / sqrt(1-b2^t) + eps;  p += (-lr/(1-b1^t) * m) / denom
+template <class V, bool kDecoupled, DType G, DType S, CopySlot C>
+void AdamStep(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+  using F = typename V::F;
+  F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
+  F w = V::LoadF32(p.master + i);
+  if constexpr (kDecoupled) {
+    w = V::Mul(w, V::Set(k.decay));
+  } else {
+    g = V::Add(g, V::Mul(w, V::Set(k.weight_decay)));
+  }
+  F m = Load<V, S>(p.exp_avg, i);
+  F v = Load<V, S>(p.exp_avg_sq, i);
+  m = V::Add(V::Mul(m, V::Set(k.beta1)), V::Mul(g, V::Set(k.one_minus_beta1)));
+  v = V::Add(V::Mul(v, V::Set(k.beta2)), V::Mul(V::Mul(V::Set(k.one_minus_beta2), g), g));
+  const F denom = V::Add(V::Div(V::Sqrt(v), V::Set(k.bias_correction2_sqrt)), V::Set(k.eps));
+  w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), m), denom));
+  V::StoreF32(p.master + i, w);
+  Store<V, S>(p.exp_avg, i, m);
+  Store<V, S>(p.exp_avg_sq, i, v);
+  StoreCopy<V, C>(p.param_copy, i, w);
+}
+
+// Adagrad, torch 1.13 _single_tensor_adagrad with lr_decay folded into neg_step_size:
+//   g += wd*p;  s += g*g;  p += (-clr * g) / (sqrt(s) + eps)
+template <class V, DType G, DType S, CopySlot C>
+void AdagradStep(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+  using F = typename V::F;
+  F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
+  F w = V::LoadF32(p.master + i);
+  g = V::Add(g, V::Mul(w, V::Set(k.weight_decay)));
+  F s = Load<V, S>(p.exp_avg_sq, i);
+  s = V::Add(s, V::Mul(g, g));
+  const F denom = V::Add(V::Sqrt(s), V::Set(k.eps));
+  w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), g), denom));
+  V::StoreF32(p.master + i, w);
+  Store<V, S>(p.exp_avg_sq, i, s);
+  StoreCopy<V, C>(p.param_copy, i, w);
+}
+
+// Lion (Chen et al. 2023, Algorithm 2 with decoupled decay):
+//   p *= 1 - lr*wd;  c = m*b1 + (1-b1)*g;  p += -lr * sign(c);  m = m*b2 + (1-b2)*g
+template <class V, DType G, DType S, CopySlot C>
+void LionStep(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+  using F = typename V::F;
+  const F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
+  F w = V::Mul(V::LoadF32(p.master + i), V::Set(k.decay));
+  F m = Load<V, S>(p.exp_avg, i);
+  const F c = V::Add(V::Mul(m, V::Set(k.beta1)), V::Mul(g, V::Set(k.one_minus_beta1)));
+  w = V::Add(w, V::Mul(V::Set(k.neg_step_size), V::Sign(c)));
+  m = V::Add(V::Mul(m, V::Set(k.beta2)), V::Mul(g, V::Set(k.one_minus_beta2)));
+  V::StoreF32(p.master + i, w);
+  Store<V, S>(p.exp_avg, i, m);
+  StoreCopy<V, C>(p.param_copy, i, w);
+}
+
+template <class V, Kind K, DType G, DType S, CopySlot C>
+void StepAt(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+  if constexpr (K == Kind::kAdamW || K == Kind::kAdam) {
+    AdamStep<V, K == Kind::kAdamW, G, S, C>(k, p, i);
+  } else if constexpr (K == Kind::kAdagrad) {
+    AdagradStep<V, G, S, C>(k, p, i);
+  } else {
+    LionStep<V, G, S, C>(k, p, i);
+  }
+}
+
+// Full vectors first, then the tail element by element through ScalarOps.
+template <class V, Kind K, DType G, DType S, CopySlot C>
+void Update(const UpdateConstants& k, const UpdatePointers& p, size_t begin, size_t end) {
+  size_t i = begin;
+  for (; i + V::kWidth <= end; i += V::kWidth) StepAt<V, K, G, S, C>(k, p, i);
+  for (; i < end; ++i) StepAt<ScalarOps, K, G, S, C>(k, p, i);
+}
+
+// Eight double lanes: vectors accumulate lanes 0..7 with their first eight elements, then their
+// next eight; the tail continues lane by lane. Products of two floats are exact in double, so
+// only the additions round, in the same order on every path.
+template <class V, DType G>
+double SumSquares(const void* grad, size_t begin, size_t end) {
+  double lanes[8] = {};
+  size_t i = begin;
+  if constexpr (V::kWidth >= 8) {
+    auto acc = V::ZeroLanes();
+    for (; i + V::kWidth <= end; i += V::kWidth) acc = V::AddSquares(acc, Load<V, G>(grad, i));
+    V::StoreLanes(acc, lanes);
+  }
+  for (; i < end; ++i) {
+    const double x = Load<ScalarOps, G>(grad, i);
+    lanes[(i - begin) % 8] += x * x;
+  }
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+template <class V, DType From, DType To>
+void Convert(const void* src, void* dst, size_t begin, size_t end) {
+  size_t i = begin;
+  for (; i + V::kWidth <= end; i += V::kWidth) Store<V, To>(dst, i, Load<V, From>(src, i));
+  for (; i < end; ++i) Store<ScalarOps, To>(dst, i, Load<ScalarOps, From>(src, i));
+}
+
+template <class V>
+void Stream(float* a, const float* b, float* c, float* d, size_t begin, size_t end) {
+  size_t i = begin;
+  for (; i + V::kWidth <= end; i += V::kWidth) {
+    const auto x = V::LoadF32(b + i);
+    V::StoreF32(a + i, V::Add(V::LoadF32(a + i), x));
+    V::StoreF32(c + i, V::Add(V::LoadF32(c + i), x));
+    V::StoreF32(d + i, V::Add(V::LoadF32(d + i), x));
+  }
+  for (; i < end; ++i) {
+    a[i] += b[i];
+    c[i] += b[i];
+    d[i] += b[i];
+  }
+}
+
+template <class V, size_t I>
+constexpr UpdateFn UpdateEntry() {
+  // I = ((kind * 3 + grad) * 2 + state) * 3 + copy, as KernelTable::UpdateIndex.
+  constexpr auto kind = static_cast<Kind>(I / 18);
+  constexpr auto grad = static_cast<DType>(I / 6 % 3);
+  constexpr auto state = static_cast<DType>(I / 3 % 2);
+  constexpr auto copy = static_cast<CopySlot>(I % 3);
+  return &Update<V, kind, grad, state, copy>;
+}
+
+template <class V, size_t... I>
+constexpr void FillUpdates(KernelTable& table, std::index_sequence<I...>) {
+  ((table.update[I] = UpdateEntry<V, I>()), ...);
+}
+
+template <class V>
+constexpr KernelTable MakeKernelTable(Isa isa) {
+  KernelTable table;
+  table.isa = isa;
+  FillUpdates<V>(table, std::make_index_sequence<KernelTable::kUpdates>());
+  table.sum_squares[0] = &SumSquares<V, DType::kF32>;
+  table.sum_squares[1] = &SumSquares<V, DType::kBF16>;
+  table.sum_squares[2] = &SumSquares<V, DType::kF16>;
+  table.from_f32[1] = &Convert<V, DType::kF32, DType::kBF16>;
+  table.from_f32[2] = &Convert<V, DType::kF32, DType::kF16>;
+  table.to_f32[1] = &Convert<V, DType::kBF16, DType::kF32>;
+  table.to_f32[2] = &Convert<V, DType::kF16, DType::kF32>;
+  table.stream = &Stream<V>;
+  return table;
+}
+
+}  // namespace
+}  // namespace zoe::optim

@@ -1,0 +1,78 @@
+// The kernel table: one set of function pointers per instruction-set path, filled by the
+// translation units kernels_<isa>.cc (each compiled with its own -m flags) and chosen at run time
+// by dispatch.h. Internal to optim/: callers use chunk.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "optim/types.h"
+
+namespace zoe::optim {
+
+// Per-call constants of an update, derived once from the hyper-parameters and step number in
+// double precision and rounded to fp32 (the same roundings torch applies to Python scalars).
+struct UpdateConstants {
+  float grad_scale = 1.0f;    // inv_loss_scale * clip_factor, applied to every gradient
+  float decay = 1.0f;         // 1 - lr * weight_decay (AdamW, Lion)
+  float weight_decay = 0.0f;  // L2 coefficient (Adam, Adagrad)
+  float beta1 = 0.0f;
+  float one_minus_beta1 = 1.0f;
+  float beta2 = 0.0f;
+  float one_minus_beta2 = 1.0f;
+  float neg_step_size =
+      0.0f;  // -lr / (1 - beta1^t) (Adam, AdamW); -lr / (1 + (t-1) lr_decay) (Adagrad); -lr (Lion)
+  float bias_correction2_sqrt = 1.0f;  // sqrt(1 - beta2^t) (Adam, AdamW)
+  float eps = 0.0f;
+};
+
+// Base pointers of one chunk; a kernel touches elements [begin, end) of each. Unused slots
+// (exp_avg for Adagrad, exp_avg_sq for Lion, param_copy when no copy is asked) may be null.
+struct UpdatePointers {
+  float* master = nullptr;
+  const void* grad = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  void* param_copy = nullptr;
+};
+
+using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin, size_t end);
+// Sum of squares of grad[begin, end) in double, accumulated in a fixed order (eight lanes, element
+// i into lane (i - begin) % 8, lanes added pairwise) so every path returns the same bits. It is
+// +inf or NaN exactly when some element is not finite.
+using SumSquaresFn = double (*)(const void* grad, size_t begin, size_t end);
+// Converts src[begin, end) into dst[begin, end).
+using ConvertFn = void (*)(const void* src, void* dst, size_t begin, size_t end);
+// The roofline probe: a += b, c += b, d += b over [begin, end) (4 fp32 reads, 3 fp32 writes per
+// element: AdamW's access pattern).
+using StreamFn = void (*)(float* a, const float* b, float* c, float* d, size_t begin, size_t end);
+
+// Index of a parameter-copy type in the table: none, bf16, fp16.
+enum class CopySlot { kNone = 0, kBF16 = 1, kF16 = 2 };
+
+struct KernelTable {
+  static constexpr size_t kUpdates = 4 * 3 * 2 * 3;  // kind x grad dtype x state dtype x copy
+
+  Isa isa = Isa::kScalar;
+  UpdateFn update[kUpdates] = {};
+  SumSquaresFn sum_squares[3] = {};  // by grad dtype
+  ConvertFn from_f32[3] = {};        // fp32 -> dtype (index kF32 unused)
+  ConvertFn to_f32[3] = {};          // dtype -> fp32 (index kF32 unused)
+  StreamFn stream = nullptr;
+
+  // state must be kF32 or kBF16.
+  static constexpr size_t UpdateIndex(Kind kind, DType grad, DType state, CopySlot copy) {
+    return ((static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 2 +
+            static_cast<size_t>(state)) *
+               3 +
+           static_cast<size_t>(copy);
+  }
+};
+
+// The tables. Only call one whose instruction set the running CPU has (dispatch.h checks).
+const KernelTable& ScalarKernelTable();
+const KernelTable& Avx2KernelTable();
+const KernelTable& Avx512KernelTable();
+const KernelTable& Avx512Bf16KernelTable();
+
+}  // namespace zoe::optim

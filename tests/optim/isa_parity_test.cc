@@ -1,0 +1,105 @@
+// Description: every instruction-set path and thread count gives the scalar reference's exact
+// bytes, for every optimizer, dtype layout, odd size, tail and unaligned offset.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/executor.h"
+#include "optim/chunk.h"
+#include "optim_test_util.h"
+
+namespace zoe::optim {
+namespace {
+
+using testing::AllLayouts;
+using testing::DefaultHyper;
+using testing::SupportedIsas;
+using testing::TestChunk;
+
+std::string Describe(Kind kind, const ChunkLayout& layout, size_t count, size_t offset) {
+  return std::string(KindName(kind)) + " grad=" + std::string(DTypeName(layout.grad)) +
+         " state=" + std::string(DTypeName(layout.state)) +
+         " copy=" + (layout.param_copy ? std::string(DTypeName(*layout.param_copy)) : "none") +
+         " count=" + std::to_string(count) + " offset=" + std::to_string(offset);
+}
+
+// Runs `steps` steps with a changing learning rate and a gradient scale, returns every state byte.
+std::vector<std::byte> RunSteps(Kind kind, const ChunkLayout& layout, size_t count, size_t offset,
+                                const RunOptions& run, int steps = 3) {
+  TestChunk chunk(layout, count, /*seed=*/static_cast<uint32_t>(count * 31 + offset), offset);
+  HyperParams hyper = DefaultHyper(kind);
+  for (int step = 1; step <= steps; ++step) {
+    hyper.lr *= 0.5;
+    const GradScaling scaling{1.0 / 1024.0, 0.75};
+    Status status = UpdateChunk(hyper, step, layout, chunk.buffers(), scaling, run);
+    EXPECT_TRUE(status.ok()) << status.ToString();
+  }
+  return chunk.StateBytes();
+}
+
+class IsaParity : public ::testing::TestWithParam<Kind> {};
+
+TEST_P(IsaParity, EveryPathMatchesScalarBitForBit) {
+  const Kind kind = GetParam();
+  for (const ChunkLayout& layout : AllLayouts()) {
+    for (size_t count : {0ul, 1ul, 15ul, 17ul, 33ul, 1000ul}) {
+      for (size_t offset : {0ul, 1ul, 3ul}) {
+        const auto expected = RunSteps(kind, layout, count, offset, {.isa = Isa::kScalar});
+        for (Isa isa : SupportedIsas()) {
+          const auto actual = RunSteps(kind, layout, count, offset, {.isa = isa});
+          ASSERT_TRUE(actual == expected)
+              << IsaName(isa) << " differs from scalar: " << Describe(kind, layout, count, offset);
+        }
+      }
+    }
+  }
+}
+
+std::string KindParamName(const ::testing::TestParamInfo<Kind>& param) {
+  return std::string(KindName(param.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKinds, IsaParity, ::testing::ValuesIn(kAllKinds), KindParamName);
+
+// A large odd size crosses many tiles, on several threads, with a tail in the last tile.
+TEST(IsaParityLarge, MillionPlusThreeOnThreadsMatchesScalar) {
+  const size_t count = (size_t{1} << 20) + 3;
+  Executor executor(2);
+  for (const ChunkLayout& layout : {ChunkLayout{DType::kF32, DType::kF32, std::nullopt},
+                                    ChunkLayout{DType::kF16, DType::kBF16, DType::kBF16}}) {
+    const auto expected = RunSteps(Kind::kAdamW, layout, count, 1,
+                                   {.isa = Isa::kScalar, .tile_elements = 4096}, /*steps=*/1);
+    for (Isa isa : SupportedIsas()) {
+      if (isa == Isa::kScalar) continue;
+      const auto actual =
+          RunSteps(Kind::kAdamW, layout, count, 1,
+                   {.executor = &executor, .isa = isa, .tile_elements = 4093}, /*steps=*/1);
+      ASSERT_TRUE(actual == expected)
+          << IsaName(isa) << " differs: " << Describe(Kind::kAdamW, layout, count, 1);
+    }
+  }
+}
+
+// The gradient sum of squares is defined lane by lane, so paths, thread counts and offsets agree
+// exactly for a given tile size.
+TEST(IsaParityScan, SumOfSquaresIsIdenticalOnEveryPath) {
+  Executor executor(2);
+  for (DType grad : kAllDTypes) {
+    for (size_t count : {0ul, 1ul, 7ul, 17ul, 100003ul}) {
+      TestChunk chunk({grad, DType::kF32, std::nullopt}, count, 7, 1, 100.0f);
+      auto expected = ScanGradients(chunk.grad.data(), grad, count,
+                                    {.isa = Isa::kScalar, .tile_elements = 1000});
+      ASSERT_TRUE(expected.ok());
+      for (Isa isa : SupportedIsas()) {
+        auto actual = ScanGradients(chunk.grad.data(), grad, count,
+                                    {.executor = &executor, .isa = isa, .tile_elements = 1000});
+        ASSERT_TRUE(actual.ok());
+        EXPECT_EQ(actual->sum_squares, expected->sum_squares)
+            << IsaName(isa) << " " << DTypeName(grad) << " count=" << count;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zoe::optim

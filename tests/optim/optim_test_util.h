@@ -1,0 +1,139 @@
+// Helpers shared by the optimizer tests: seeded random chunks in any layout, at any byte offset
+// from an aligned address, and the list of instruction-set paths this CPU can run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "optim/chunk.h"
+#include "optim/convert.h"
+#include "optim/dispatch.h"
+
+namespace zoe::optim::testing {
+
+inline std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> isas;
+  const CpuFeatures cpu = DetectCpuFeatures();
+  for (Isa isa : kAllIsas) {
+    if (IsaSupported(isa, cpu)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+// Writes `value` as element i of a buffer of `type`, rounding as the kernels do.
+inline void PutElement(std::byte* base, DType type, size_t i, float value) {
+  if (type == DType::kF32) {
+    std::memcpy(base + 4 * i, &value, 4);
+    return;
+  }
+  const uint16_t bits = type == DType::kBF16 ? FloatToBf16(value) : FloatToF16(value);
+  std::memcpy(base + 2 * i, &bits, 2);
+}
+
+inline float GetElement(const std::byte* base, DType type, size_t i) {
+  if (type == DType::kF32) {
+    float value;
+    std::memcpy(&value, base + 4 * i, 4);
+    return value;
+  }
+  uint16_t bits;
+  std::memcpy(&bits, base + 2 * i, 2);
+  return type == DType::kBF16 ? Bf16ToFloat(bits) : F16ToFloat(bits);
+}
+
+// A byte buffer whose usable region starts `offset` bytes past a 64-byte boundary.
+class OffsetBuffer {
+ public:
+  OffsetBuffer() = default;
+  OffsetBuffer(size_t bytes, size_t offset) : storage_(bytes + offset + 64), offset_(offset) {}
+  std::byte* data() {
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
+    return storage_.data() + ((64 - address % 64) % 64) + offset_;
+  }
+  const std::byte* data() const { return const_cast<OffsetBuffer*>(this)->data(); }
+
+ private:
+  std::vector<std::byte> storage_;
+  size_t offset_ = 0;
+};
+
+// One chunk's buffers, filled from a seed: master in [-1, 1], gradients around 0 with scale
+// `grad_scale`, exp_avg in [-0.1, 0.1], exp_avg_sq in [0, 0.01].
+struct TestChunk {
+  // `offset` is in elements: each buffer starts that many of its elements past a 64-byte
+  // boundary.
+  TestChunk(const ChunkLayout& chunk_layout, size_t elements, uint32_t seed, size_t offset = 0,
+            float grad_scale = 1.0f)
+      : layout(chunk_layout),
+        count(elements),
+        master(4 * count, 4 * offset),
+        grad(SizeOf(layout.grad) * count, SizeOf(layout.grad) * offset),
+        exp_avg(SizeOf(layout.state) * count, SizeOf(layout.state) * offset),
+        exp_avg_sq(SizeOf(layout.state) * count, SizeOf(layout.state) * offset),
+        copy(2 * count, 2 * offset) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    for (size_t i = 0; i < count; ++i) {
+      PutElement(master.data(), DType::kF32, i, unit(rng));
+      PutElement(grad.data(), layout.grad, i, grad_scale * unit(rng));
+      PutElement(exp_avg.data(), layout.state, i, 0.1f * unit(rng));
+      const float u = unit(rng);
+      PutElement(exp_avg_sq.data(), layout.state, i, 0.01f * u * u);
+    }
+    std::memset(copy.data(), 0, 2 * count);
+  }
+
+  ChunkBuffers buffers() {
+    return ChunkBuffers{
+        reinterpret_cast<float*>(master.data()),   grad.data(), exp_avg.data(), exp_avg_sq.data(),
+        layout.param_copy ? copy.data() : nullptr, count};
+  }
+
+  // Every byte the optimizer may write: master, both states and the copy.
+  std::vector<std::byte> StateBytes() const {
+    std::vector<std::byte> bytes;
+    const auto append = [&](const OffsetBuffer& b, size_t n) {
+      bytes.insert(bytes.end(), b.data(), b.data() + n);
+    };
+    append(master, 4 * count);
+    append(exp_avg, SizeOf(layout.state) * count);
+    append(exp_avg_sq, SizeOf(layout.state) * count);
+    append(copy, 2 * count);
+    return bytes;
+  }
+
+  float Master(size_t i) const { return GetElement(master.data(), DType::kF32, i); }
+
+  ChunkLayout layout;
+  size_t count;
+  OffsetBuffer master, grad, exp_avg, exp_avg_sq, copy;
+};
+
+// Every layout the kernels accept.
+inline std::vector<ChunkLayout> AllLayouts() {
+  std::vector<ChunkLayout> layouts;
+  for (DType grad : kAllDTypes) {
+    for (DType state : {DType::kF32, DType::kBF16}) {
+      for (std::optional<DType> copy :
+           {std::optional<DType>(), std::optional(DType::kBF16), std::optional(DType::kF16)}) {
+        layouts.push_back(ChunkLayout{grad, state, copy});
+      }
+    }
+  }
+  return layouts;
+}
+
+inline HyperParams DefaultHyper(Kind kind) {
+  HyperParams hyper;
+  hyper.kind = kind;
+  hyper.lr = kind == Kind::kLion ? 1e-4 : 1e-3;
+  hyper.beta2 = kind == Kind::kLion ? 0.99 : 0.999;
+  hyper.weight_decay = 0.01;
+  return hyper;
+}
+
+}  // namespace zoe::optim::testing
