@@ -12,6 +12,7 @@
 namespace zoe::config {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
@@ -180,6 +181,32 @@ TEST(EngineConfig, DeepSpeedZeroInfinityConfigParsesWithItsValues) {
                           "zero_optimization.sub_group_size"));
   EXPECT_THAT(DescribeIgnoredKeys(config),
               HasSubstr("ignored DeepSpeed keys: gradient_accumulation_steps, scheduler, "));
+}
+
+// The shape Hugging Face examples hand to DeepSpeed: "auto" in keys zoe ignores, sizes as floats.
+TEST(EngineConfig, HuggingFaceStyleNvmeParamOffloadConfigIsAccepted) {
+  const EngineConfig config = ParseOk(R"({
+    "fp16": {"enabled": false}, "bf16": {"enabled": true},
+    "zero_optimization": {
+      "stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": true,
+                        "buffer_count": 5, "buffer_size": 1e9, "max_in_cpu": 1e9},
+      "overlap_comm": true, "reduce_bucket_size": "auto", "contiguous_gradients": true,
+      "sub_group_size": 1e8, "stage3_prefetch_bucket_size": "auto",
+      "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": "auto",
+      "stage3_max_reuse_distance": "auto"},
+    "aio": {"block_size": 262144, "queue_depth": 32, "thread_count": 1,
+            "single_submit": false, "overlap_events": true},
+    "steps_per_print": 2000, "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+    "wall_clock_breakdown": false})");
+  EXPECT_TRUE(config.bf16.enabled);
+  EXPECT_EQ(config.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(config.zero.offload_param.buffer_size, 1'000'000'000u);
+  EXPECT_EQ(config.zero.offload_param.max_in_cpu, 1'000'000'000u);
+  EXPECT_THAT(config.zoe.nvme_paths, ElementsAre("/nvme"));
+  EXPECT_EQ(config.aio.block_size, 262144u);
+  EXPECT_EQ(config.aio.queue_depth, 32u);
+  EXPECT_THAT(config.ignored_keys, Contains("zero_optimization.stage3_prefetch_bucket_size"));
 }
 
 TEST(EngineConfig, ZoeSectionParsesEveryOption) {
