@@ -1,0 +1,191 @@
+// `zoe info`: what this machine offers zoe — I/O backends (and why one is unavailable), io_uring
+// features, O_DIRECT support of the given paths, CPU topology and NUMA placement, the optimizer's
+// instruction-set path, and whether a CUDA device is present.
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/command.h"
+#include "core/device.h"
+#include "core/topology.h"
+#include "io/backend.h"
+#include "optim/dispatch.h"
+
+namespace zoe::cli {
+namespace {
+
+struct InfoOptions {
+  std::vector<std::string> paths;
+  std::string output_format = "human";
+};
+
+nlohmann::json BackendsJson(const std::vector<io::BackendInfo>& backends) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& b : backends) {
+    out.push_back({{"name", io::BackendName(b.kind)},
+                   {"available", b.available},
+                   {"reason", b.reason},
+                   {"features", b.features}});
+  }
+  return out;
+}
+
+nlohmann::json PathJson(const std::string& path) {
+  auto info = io::ProbePath(path);
+  if (!info.ok()) return {{"path", path}, {"error", info.status().ToString()}};
+  auto node = NumaNodeOfPath(path);
+  return {{"path", info->path},
+          {"filesystem", info->filesystem},
+          {"free_bytes", info->free_bytes},
+          {"accepts_direct", info->accepts_direct},
+          {"direct_reason", info->direct_reason},
+          {"dio_mem_align", info->dio_mem_align},
+          {"dio_offset_align", info->dio_offset_align},
+          {"numa_node", node.ok() ? *node : -1}};
+}
+
+nlohmann::json TopologyJson() {
+  auto topology = SystemTopology();
+  if (!topology.ok()) return {{"error", topology.status().ToString()}};
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const auto& node : topology->numa_nodes()) {
+    nodes.push_back(
+        {{"os_index", node.os_index}, {"cpus", node.cpus}, {"memory_bytes", node.memory_bytes}});
+  }
+  return {{"cores", topology->cores()}, {"pus", topology->pus()}, {"numa_nodes", nodes}};
+}
+
+nlohmann::json CpuJson() {
+  const optim::CpuFeatures cpu = optim::DetectCpuFeatures();
+  return {{"avx2_fma_f16c", cpu.avx2_fma_f16c},
+          {"avx512", cpu.avx512},
+          {"avx512_bf16", cpu.avx512_bf16},
+          {"optimizer_isa", optim::IsaName(optim::BestIsa(cpu))}};
+}
+
+nlohmann::json DeviceJson() {
+#ifdef ZOE_HAVE_CUDA
+  const bool built_with_cuda = true;
+#else
+  const bool built_with_cuda = false;
+#endif
+  nlohmann::json out = {{"built_with_cuda", built_with_cuda}};
+  auto gpu = CreateDeviceBackend("cuda", 0);
+  if (gpu.ok()) {
+    out["gpu"] = (*gpu)->name();
+    out["gpu_capacity_bytes"] = (*gpu)->capacity_bytes();
+  } else {
+    out["gpu"] = nullptr;
+    out["device_tier"] = "host stand-in";
+    out["why_no_gpu"] = std::string(gpu.status().message());
+  }
+  return out;
+}
+
+nlohmann::json CollectInfo(const InfoOptions& options) {
+  nlohmann::json paths = nlohmann::json::array();
+  for (const auto& path : options.paths) paths.push_back(PathJson(path));
+  return {{"schema_version", 1},
+          {"version", ZOE_VERSION_STRING},
+          {"io_backends", BackendsJson(io::DescribeBackends())},
+          {"paths", paths},
+          {"topology", TopologyJson()},
+          {"cpu", CpuJson()},
+          {"device", DeviceJson()}};
+}
+
+const char* YesNo(const nlohmann::json& flag) { return flag.get<bool>() ? "yes" : "no"; }
+
+void PrintBackends(const nlohmann::json& backends) {
+  std::cout << "I/O backends (tried in this order by \"auto\")\n";
+  for (const auto& b : backends) {
+    std::cout << "  " << b["name"].get<std::string>() << ": ";
+    if (b["available"].get<bool>()) {
+      std::cout << "available";
+      for (const auto& feature : b["features"]) std::cout << "; " << feature.get<std::string>();
+    } else {
+      std::cout << "unavailable: " << b["reason"].get<std::string>();
+    }
+    std::cout << "\n";
+  }
+  std::cout << "\n";
+}
+
+void PrintPath(const nlohmann::json& path) {
+  std::cout << "Path " << path["path"].get<std::string>() << "\n";
+  if (path.contains("error")) {
+    std::cout << "  " << path["error"].get<std::string>() << "\n\n";
+    return;
+  }
+  std::cout << "  file system " << path["filesystem"].get<std::string>() << ", "
+            << path["free_bytes"].get<uint64_t>() << " bytes free\n  O_DIRECT: ";
+  if (path["accepts_direct"].get<bool>()) {
+    std::cout << "accepted, alignment " << path["dio_mem_align"] << " B (memory), "
+              << path["dio_offset_align"] << " B (offset)\n";
+  } else {
+    std::cout << "refused (" << path["direct_reason"].get<std::string>() << ")\n";
+  }
+  const int node = path["numa_node"].get<int>();
+  std::cout << "  NUMA node of its block device: "
+            << (node >= 0 ? std::to_string(node) : std::string("unknown")) << "\n\n";
+}
+
+void PrintTopology(const nlohmann::json& topology) {
+  std::cout << "Topology\n";
+  if (topology.contains("error")) {
+    std::cout << "  " << topology["error"].get<std::string>() << "\n\n";
+    return;
+  }
+  std::cout << "  " << topology["cores"] << " cores, " << topology["pus"] << " hardware threads\n";
+  for (const auto& node : topology["numa_nodes"]) {
+    std::cout << "  NUMA node " << node["os_index"] << ": cpus " << node["cpus"].dump() << ", "
+              << node["memory_bytes"].get<uint64_t>() << " bytes\n";
+  }
+  std::cout << "\n";
+}
+
+void PrintCpuAndDevice(const nlohmann::json& cpu, const nlohmann::json& device) {
+  std::cout << "CPU\n  AVX2+FMA+F16C: " << YesNo(cpu["avx2_fma_f16c"])
+            << ", AVX-512: " << YesNo(cpu["avx512"])
+            << ", AVX-512 BF16: " << YesNo(cpu["avx512_bf16"])
+            << "\n  optimizer kernels: " << cpu["optimizer_isa"].get<std::string>()
+            << " (ZOE_ISA=avx2|scalar|... forces another)\n\n";
+  std::cout << "Device\n  built with CUDA: " << YesNo(device["built_with_cuda"]) << "\n";
+  if (device["gpu"].is_null()) {
+    std::cout << "  GPU: none (" << device["why_no_gpu"].get<std::string>()
+              << "); the device tier runs on the host stand-in\n";
+  } else {
+    std::cout << "  GPU: " << device["gpu"].get<std::string>() << ", "
+              << device["gpu_capacity_bytes"].get<uint64_t>() << " bytes free\n";
+  }
+}
+
+void PrintHuman(const nlohmann::json& info) {
+  std::cout << "zoe " << info["version"].get<std::string>() << "\n\n";
+  PrintBackends(info["io_backends"]);
+  for (const auto& path : info["paths"]) PrintPath(path);
+  PrintTopology(info["topology"]);
+  PrintCpuAndDevice(info["cpu"], info["device"]);
+}
+
+void AttachInfo(CLI::App& root) {
+  auto options = std::make_shared<InfoOptions>();
+  CLI::App* cmd = root.add_subcommand("info", "print what this machine offers zoe");
+  cmd->add_option("--path", options->paths, "probe a directory or file (repeatable)");
+  cmd->add_option("--output-format", options->output_format, "human or json")
+      ->check(CLI::IsMember({"human", "json"}));
+  cmd->callback([options] {
+    const nlohmann::json info = CollectInfo(*options);
+    if (options->output_format == "json") {
+      std::cout << info.dump(2) << "\n";
+    } else {
+      PrintHuman(info);
+    }
+  });
+}
+
+const CommandRegistrar kRegisterInfo{{Parent::kRoot, AttachInfo}};
+
+}  // namespace
+}  // namespace zoe::cli

@@ -1,0 +1,195 @@
+#include "io/swap_space.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
+#include "core/aligned_buffer.h"
+#include "core/log.h"
+
+namespace zoe::io {
+namespace {
+
+std::atomic<uint64_t> next_swap_id{0};
+
+struct DirectorySpace {
+  dev_t device;
+  uint64_t free;
+  uint64_t needed = 0;
+  std::string directories;
+};
+
+// Sums what each filesystem must hold (several directories may share one) and compares it with
+// what statvfs says is free there.
+Status CheckFreeSpace(const std::vector<std::string>& directories, uint64_t per_file,
+                      uint64_t capacity) {
+  std::vector<DirectorySpace> spaces;
+  for (const std::string& dir : directories) {
+    struct stat st {};
+    struct statvfs vfs {};
+    if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "swap directory " + dir);
+    if (!S_ISDIR(st.st_mode))
+      return Status::InvalidArgument("swap path " + dir + " is not a directory");
+    if (::statvfs(dir.c_str(), &vfs) != 0) return Status::FromErrno(errno, "statvfs " + dir);
+    auto it = std::find_if(spaces.begin(), spaces.end(),
+                           [&](const auto& s) { return s.device == st.st_dev; });
+    if (it == spaces.end()) {
+      spaces.push_back(DirectorySpace{st.st_dev, uint64_t{vfs.f_bavail} * vfs.f_frsize});
+      it = spaces.end() - 1;
+    }
+    it->needed += per_file;
+    it->directories += (it->directories.empty() ? "" : ", ") + dir;
+  }
+  for (const DirectorySpace& space : spaces) {
+    if (space.needed <= space.free) continue;
+    return Status::NoSpace(
+        fmt::format("swap space of {} bytes needs {} bytes in {} but only {} bytes are free there",
+                    capacity, space.needed, space.directories, space.free));
+  }
+  return Status::Ok();
+}
+
+Status RemoveAll(FileSet& files) {
+  Status first;
+  for (size_t i = 0; i < files.file_count(); ++i) {
+    Status removed = files.file(i).Remove();
+    if (first.ok()) first = std::move(removed);
+  }
+  return first;
+}
+
+}  // namespace
+
+SwapSpace::SwapSpace(std::unique_ptr<FileSet> files, uint64_t capacity, uint64_t alignment)
+    : files_(std::move(files)), capacity_(capacity), alignment_(alignment), free_total_(capacity) {
+  free_[0] = capacity;
+}
+
+SwapSpace::~SwapSpace() {
+  if (Status closed = Close(); !closed.ok())
+    ZOE_LOG_WARN("io: closing swap space: {}", closed.ToString());
+}
+
+Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const std::vector<std::string>& directories,
+                                                     uint64_t capacity,
+                                                     const SwapOptions& options) {
+  if (directories.empty())
+    return Status::InvalidArgument("swap space needs at least one directory");
+  if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0) {
+    return Status::InvalidArgument(
+        fmt::format("swap extent alignment {} is not a power of two", options.alignment));
+  }
+  capacity = AlignUp(capacity, options.alignment);
+  if (capacity == 0) return Status::InvalidArgument("swap space capacity must be > 0 bytes");
+  const uint64_t id = next_swap_id++;
+  std::vector<std::unique_ptr<File>> files;
+  std::vector<std::string> paths;
+  OpenOptions open = options.files.open;
+  open.create = open.exclusive = true;
+  for (size_t i = 0; i < directories.size(); ++i) {
+    const std::string path =
+        fmt::format("{}/{}-{}-{}.{}.swap", directories[i], options.name_prefix, ::getpid(), id, i);
+    Result<std::unique_ptr<File>> file = File::Open(path, open);
+    if (!file.ok()) {
+      for (auto& created : files) (void)created->Remove();
+      return std::move(file).status();
+    }
+    files.push_back(std::move(file).value());
+    paths.push_back(path);
+  }
+  Result<std::unique_ptr<FileSet>> set = FileSet::FromFiles(std::move(files), options.files);
+  if (!set.ok()) {
+    for (const std::string& path : paths) ::unlink(path.c_str());
+    return std::move(set).status();
+  }
+  std::unique_ptr<FileSet> file_set = std::move(set).value();
+  const uint64_t per_file = file_set->PerFileBytes(capacity);
+  Status reserved = CheckFreeSpace(directories, per_file, capacity);
+  for (size_t i = 0; reserved.ok() && i < file_set->file_count(); ++i) {
+    reserved = file_set->file(i).Allocate(per_file);
+    if (reserved.code() == StatusCode::kNoSpace) {
+      reserved =
+          Status::NoSpace(fmt::format("swap space of {} bytes needs {} bytes for {}: {}", capacity,
+                                      per_file, file_set->file(i).path(), reserved.message()),
+                          reserved.sys_errno());
+    }
+  }
+  if (!reserved.ok()) {
+    (void)RemoveAll(*file_set);
+    return reserved;
+  }
+  ZOE_LOG_INFO("io: swap space of {} bytes on {} ({})", capacity, file_set->Describe(),
+               file_set->direct() ? "O_DIRECT" : "buffered");
+  return std::unique_ptr<SwapSpace>(
+      new SwapSpace(std::move(file_set), capacity, options.alignment));
+}
+
+Result<Extent> SwapSpace::Allocate(uint64_t bytes) {
+  if (bytes == 0) return Status::InvalidArgument("swap extent length must be > 0 bytes");
+  const uint64_t length = AlignUp(bytes, alignment_);
+  std::lock_guard lock(mutex_);
+  if (closed_) return Status::FailedPrecondition("swap space is closed");
+  uint64_t largest = 0;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    largest = std::max(largest, it->second);
+    if (it->second < length) continue;
+    const Extent extent{it->first, length};
+    if (it->second > length) free_[it->first + length] = it->second - length;
+    free_.erase(it);
+    allocated_[extent.offset] = length;
+    free_total_ -= length;
+    return extent;
+  }
+  return Status::NoSpace(fmt::format(
+      "swap space on {}: cannot allocate {} bytes ({} aligned); {} of {} bytes free, largest free "
+      "extent {} bytes",
+      files_->Describe(), bytes, length, free_total_, capacity_, largest));
+}
+
+Status SwapSpace::Free(const Extent& extent) {
+  std::lock_guard lock(mutex_);
+  auto it = allocated_.find(extent.offset);
+  if (it == allocated_.end() || it->second != AlignUp(extent.length, alignment_)) {
+    return Status::InvalidArgument(fmt::format("swap extent [{}, {}) is not allocated",
+                                               extent.offset, extent.offset + extent.length));
+  }
+  uint64_t offset = it->first;
+  uint64_t length = it->second;
+  allocated_.erase(it);
+  free_total_ += length;
+  if (ChecksumTable* sums = files_->checksums()) sums->Forget(offset, length);
+  // Merge with the free neighbours on both sides.
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && offset + length == next->first) {
+    length += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      offset = prev->first;
+      length += prev->second;
+      free_.erase(prev);
+    }
+  }
+  free_[offset] = length;
+  return Status::Ok();
+}
+
+Status SwapSpace::Close() {
+  std::lock_guard lock(mutex_);
+  if (closed_) return Status::Ok();
+  closed_ = true;
+  return RemoveAll(*files_);
+}
+
+uint64_t SwapSpace::free_bytes() const {
+  std::lock_guard lock(mutex_);
+  return free_total_;
+}
+
+}  // namespace zoe::io
