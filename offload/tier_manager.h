@@ -1,0 +1,299 @@
+// TierManager: the registry of offloaded tensors and the residency of their bytes between device
+// memory (DEVICE), pinned host memory (HOST) and NVMe swap space (NVME), with budgets that are
+// never exceeded.
+//
+// Units. Tensors are packed into fixed-size chunks by ChunkLayout. The manager moves "runs": the
+// chunks created together by one registration (one chunk for a small tensor, ceil(bytes / chunk)
+// consecutive chunks for a large one). A run is placed contiguously in memory, so every tensor,
+// including one spread over several chunks, is handed out as a single pointer. Later small tensors
+// placed in a run's last chunk share that run.
+//
+// Contract:
+//  - RegisterTensor places a tensor and reserves NVMe swap space for any new run at once, so "no
+//    space" and "larger than the HOST budget" show at registration, never mid-training.
+//  - Acquire(tensor, HOST, access) returns a pointer to the tensor's bytes once they are resident
+//    and pins them until the matching Release. A tensor never written reads as zeros. Writing
+//    (kWrite, kReadWrite) marks the run dirty; a clean run is evicted for free, a dirty one is
+//    written to NVMe before its memory is reused. A pure write of a tensor that has its run to
+//    itself skips the read.
+//  - Back-pressure: when the HOST (or DEVICE) budget is full, Acquire evicts unpinned runs (least
+//    recently used first, or by next use while a trace is replayed) and waits for their
+//    write-backs. When every resident run is pinned it waits for a Release, at most
+//    TierManagerOptions::busy_timeout, then fails with Busy naming the tensor.
+//  - An acquire waits only for the transfer it needs. Transfers in flight belong to no thread:
+//    whichever thread first needs one to finish waits on its ticket and applies the result.
+//  - I/O failures (EIO, ENOSPC, checksum mismatch) surface from the call that needed the
+//    transfer, with the tensor named. A failed write-back keeps the run resident and dirty, so no
+//    written data is lost; a failed read leaves the run absent so a later acquire retries.
+//  - Release(tensor) undoes the most recent Acquire of that tensor.
+//  - DEVICE (when a device backend is configured) is inclusive: a run resident on the device keeps
+//    its HOST copy resident and pinned, which is also the staging buffer of NVMe -> DEVICE, so it
+//    counts against the HOST budget. Acquire(tensor, DEVICE) brings the run to HOST first, then
+//    copies it over; device eviction copies a dirty run back into its HOST copy (which becomes
+//    dirty) and frees a clean one at once. Acquiring on HOST a run the device holds dirty copies it
+//    back first; acquiring it on HOST for writing drops the device copy. Both fail with
+//    FailedPrecondition while the device copy is pinned and dirty (or, for a HOST write, pinned).
+//  - Traces. TraceBegin(name)/TraceEnd() bracket one iteration. The first time a name is seen
+//    (or after the replay asked for re-recording) the iteration's acquires are recorded; TraceEnd
+//    stores the trace and starts replaying it. While replaying, each acquire advances a
+//    TraceCursor and prefetches the next runs within lookahead_bytes and prefetch_in_flight,
+//    evicting for them only clean runs needed later than they are; eviction picks the run whose
+//    next use is farthest (Belady/OPT) on DEVICE and on HOST. Prefetches fill HOST only (a trace
+//    records no tier). A later TraceBegin(name) restarts the replay, or records afresh when the
+//    last iteration mismatched too often. Without a trace eviction is LRU.
+//  - Thread-safe: every public function may be called from any thread; one mutex guards the
+//    state and is never held while waiting for I/O.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/device.h"
+#include "core/pinned_memory.h"
+#include "core/result.h"
+#include "io/backend.h"
+#include "io/engine.h"
+#include "io/queue.h"
+#include "io/swap_space.h"
+#include "offload/budget.h"
+#include "offload/chunk_layout.h"
+#include "offload/eviction_policy.h"
+#include "offload/stats.h"
+#include "offload/trace.h"
+#include "offload/trace_cursor.h"
+#include "offload/types.h"
+
+namespace zoe::offload {
+
+struct TierManagerOptions {
+  // The device tier: "" for none, else a kind for CreateDeviceBackend ("host", "auto", "cuda").
+  std::string device_backend;
+  uint64_t device_budget_bytes = 0;  // 0 with a CUDA backend: the memory free on the device
+  // Makes the device backend instead of device_backend (e.g. a stand-in with fault injection).
+  std::function<Result<std::unique_ptr<DeviceBackend>>()> device_factory;
+  uint64_t host_budget_bytes = uint64_t{1} << 30;  // pinned DRAM for resident runs
+  ChunkLayoutOptions layout;                       // chunk size and tensor alignment
+  std::vector<std::string> nvme_paths;             // swap directories (striped); at least one
+  uint64_t nvme_capacity_bytes = uint64_t{4} << 30;
+  io::BackendKind io_backend = io::BackendKind::kAuto;
+  uint32_t queue_depth = 32;
+  uint64_t checksum_block = 0;  // 0: no checksums; else xxh3 per block (a multiple of 4096)
+  // How long an acquire waits for a Release when every resident run is pinned before it fails
+  // with Busy.
+  std::chrono::nanoseconds busy_timeout = std::chrono::seconds(10);
+  // Trace replay: the bytes of upcoming chunks the look-ahead spans, the prefetches that may be in
+  // flight at once, and how the cursor matches and decides to re-record.
+  uint64_t lookahead_bytes = uint64_t{256} << 20;
+  uint32_t prefetch_in_flight = 8;
+  TraceCursorOptions trace_cursor;
+  // Makes the raw I/O engine instead of io::CreateEngine (e.g. to wrap it in a
+  // FaultInjectingEngine). Empty: io::CreateEngine with io_backend and queue_depth.
+  std::function<Result<std::unique_ptr<io::Engine>>()> engine_factory;
+};
+
+class TierManager {
+ public:
+  // Checks the options, opens the swap space (reserving nvme_capacity_bytes) and the I/O queue.
+  static Result<std::unique_ptr<TierManager>> Create(TierManagerOptions options);
+  // Waits for every transfer in flight; dirty data is not written (call Flush first to keep it).
+  ~TierManager();
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  // Places a tensor (see ChunkLayout::Register for what is rejected). OutOfMemory when its run
+  // would not fit the HOST budget; NoSpace when the swap space cannot hold a new run of it.
+  Result<TensorId> RegisterTensor(TensorDesc desc);
+  Result<TensorId> Find(std::string_view name) const;
+
+  // Makes the tensor resident in `tier` (DEVICE or HOST) and returns its bytes, pinned until
+  // Release. Blocks for transfers and back-pressure (see the contract above). NotSupported for
+  // DEVICE without a device tier; InvalidArgument for NVME.
+  Result<void*> Acquire(TensorId tensor, Tier tier, Access access);
+  // The same, run on another thread; the future holds what Acquire returns.
+  std::future<Result<void*>> AcquireAsync(TensorId tensor, Tier tier, Access access);
+  // Unpins the tensor's most recent acquire. FailedPrecondition when it is not acquired.
+  Status Release(TensorId tensor);
+
+  // A hint: starts reading the tensor's run into HOST if it is absent and fits the budget now
+  // without evicting anything; never waits. Unknown tensors and tiers are still errors; DEVICE and
+  // NVME hints do nothing in this version.
+  Status Prefetch(TensorId tensor, Tier tier);
+  // Copies every dirty device run to HOST, then writes every dirty HOST run to NVMe, and waits;
+  // the runs stay resident, clean.
+  // Callers must not write into acquired memory while Flush runs.
+  Status Flush();
+  // Moves the tensor's run out of DEVICE and HOST (written back first when dirty). Busy while it
+  // is pinned on either.
+  Status Evict(TensorId tensor);
+
+  // See the contract above. TraceBegin fails while a recording is open; TraceEnd fails when no
+  // TraceBegin is open.
+  Status TraceBegin(std::string_view name);
+  Status TraceEnd();
+  // True while the current iteration is being recorded (not replayed).
+  bool trace_recording() const;
+  // Writes a recorded trace to `path` (see offload/trace.h for the format).
+  Status TraceSave(std::string_view name, const std::string& path) const;
+  // Reads a trace recorded against the same registrations and keeps it under its name, which is
+  // returned; TraceBegin(name) then replays it.
+  Result<std::string> TraceLoad(const std::string& path);
+
+  const Stats& stats() const { return stats_; }
+  nlohmann::json StatsJson() const { return stats_.ToJson(); }
+  uint64_t host_reserved_bytes() const { return host_budget_.reserved(); }
+  uint64_t host_budget_bytes() const { return host_budget_.capacity(); }
+  uint64_t device_reserved_bytes() const { return device_budget_ ? device_budget_->reserved() : 0; }
+  uint64_t device_budget_bytes() const { return device_budget_ ? device_budget_->capacity() : 0; }
+  bool has_device() const { return device_ != nullptr; }
+  std::string_view io_backend() const { return io_->backend(); }
+  // Acquires currently waiting for a Release because every resident run (HOST or DEVICE) is
+  // pinned.
+  size_t waiting_acquires() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class Residency : uint8_t { kAbsent, kLoading, kResident, kWritingBack };
+
+  // The consecutive chunks created by one registration, moved as one unit.
+  struct Run {
+    ChunkId first_chunk;  // also the run's key in the eviction policy
+    uint64_t bytes = 0;
+    io::Extent extent;
+    std::vector<TensorId> tensors;
+    Residency host = Residency::kAbsent;
+    PinnedBuffer memory;   // while not kAbsent
+    bool dirty = false;    // HOST holds bytes NVMe does not
+    bool on_nvme = false;  // the extent has been written at least once
+    bool evict_after_write = false;
+    uint32_t pins = 0;
+    io::Ticket ticket = 0;  // the transfer in flight (kLoading, kWritingBack)
+    bool ticket_claimed = false;
+    bool prefetch_pending = false;  // the load in flight was started by a prefetch
+    Status write_error;             // of the last write-back, until one succeeds
+    // The device copy. While not kAbsent it holds one of `pins` on the HOST copy.
+    Residency device = Residency::kAbsent;
+    DeviceAllocation device_memory;
+    bool device_dirty = false;  // DEVICE holds bytes HOST does not
+    bool device_evict_after = false;
+    uint32_t device_pins = 0;
+    DeviceEvent device_event;  // the copy in flight (kLoading, kWritingBack)
+    bool device_event_claimed = false;
+  };
+
+  struct TensorState {
+    size_t run = 0;
+    uint64_t run_offset = 0;
+    std::vector<Tier> acquired;  // tiers of outstanding acquires, most recent last
+  };
+
+  // How far one acquire got, for statistics and the trace.
+  struct Progress {
+    bool waited = false;
+    bool loaded = false;
+    bool advanced = false;
+  };
+
+  TierManager(TierManagerOptions options, ChunkLayout layout, std::unique_ptr<io::SwapSpace> swap,
+              std::unique_ptr<io::IoQueue> io, PinnedMemoryPool pool,
+              std::unique_ptr<DeviceBackend> device, std::unique_ptr<DeviceQueue> device_queue);
+
+  Status CheckFitsNewRun(const TensorDesc& desc) const;
+  Status AddRunIfNew(TensorId tensor);
+  Result<const TensorEntry*> Entry(TensorId tensor) const;
+  std::string Describe(const Run& run) const;
+
+  Result<void*> AcquireHost(TensorId tensor, Access access);
+  // Returns with the lock held and the run resident on HOST (not pinned yet).
+  Status BringToHost(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
+                     const std::string& name, Progress* progress);
+  void FinishAcquire(TensorId tensor, Access access, Tier tier, Clock::time_point start,
+                     Progress* progress);
+
+  // The device tier (tier_manager_device.cc).
+  Result<void*> AcquireDevice(TensorId tensor, Access access);
+  Status LoadToDevice(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
+                      const std::string& name, Progress* progress);
+  Status ReserveDevice(std::unique_lock<std::mutex>& lock, uint64_t bytes, std::string_view who);
+  Status StartDeviceLoad(size_t run_index);
+  Status StartDeviceEviction(size_t run_index);
+  Status StartDeviceWriteBack(size_t run_index, bool evict_after);
+  Status FinishDeviceCopy(std::unique_lock<std::mutex>& lock, size_t run_index);
+  Status ApplyDeviceCopy(size_t run_index, Status outcome);
+  bool FinishAnyDeviceCopy(std::unique_lock<std::mutex>& lock, Status* outcome);
+  void FreeDevice(size_t run_index);
+  // What a HOST acquire must do first about the device copy; false when nothing.
+  bool NeedsDeviceSync(const Run& run, Access access) const;
+  Status SyncDeviceForHost(std::unique_lock<std::mutex>& lock, size_t run_index, Access access,
+                           const std::string& name);
+  Status FlushDevice(std::unique_lock<std::mutex>& lock);
+  void PinHostRun(size_t run_index);
+  void UnpinHostRun(size_t run_index);
+  // One step of bringing the run to kResident; true once it is.
+  Result<bool> AdvanceToResident(std::unique_lock<std::mutex>& lock, size_t run_index,
+                                 Access access, bool* waited);
+  Status StartLoad(size_t run_index, Access access);
+  // Reserves HOST bytes, evicting and waiting as needed.
+  Status ReserveHost(std::unique_lock<std::mutex>& lock, uint64_t bytes, std::string_view who);
+  // Starts evicting an unpinned resident run: a clean one is freed at once, a dirty one starts
+  // its write-back.
+  Status StartEviction(size_t run_index);
+  Status StartWriteBack(size_t run_index, bool evict_after);
+  // Waits outside the lock for the run's transfer (or for whoever waits on it) and applies it.
+  Status FinishTransfer(std::unique_lock<std::mutex>& lock, size_t run_index);
+  Status ApplyTransfer(size_t run_index, Status outcome);
+  void FreeHost(size_t run_index);
+  // Waits for any write-back or load to finish; false when none is in flight.
+  bool FinishAnyTransfer(std::unique_lock<std::mutex>& lock, Status* outcome);
+
+  // Records the acquire while recording, or advances the replay and issues its prefetches.
+  // `acquiring_run` (the run being acquired, loading or pinned) is never made evictable here.
+  void AdvanceTrace(TensorId tensor, Access access, size_t acquiring_run);
+  void IssueTracePrefetches(size_t acquiring_run);
+  // Applies prefetches that have completed and nobody waits for, except `acquiring_run`'s;
+  // forgets finished ones.
+  void CollectPrefetches(size_t acquiring_run);
+  // Makes room for a prefetch of a chunk needed in `distance` events by evicting clean runs
+  // needed later; false when that is not possible now.
+  bool ReserveForPrefetch(size_t run_index, uint64_t distance);
+  uint64_t NextUseOfRun(size_t run_index) const;
+  Status StartReplay(const Trace& trace);
+  Status StartPrefetch(size_t run_index);
+
+  const TierManagerOptions options_;
+  ChunkLayout layout_;
+  std::unique_ptr<io::SwapSpace> swap_;
+  PinnedMemoryPool pool_;
+  Budget host_budget_;
+  Stats stats_;
+  std::unique_ptr<DeviceBackend> device_;  // outlives runs_ (their device allocations)
+  std::unique_ptr<Budget> device_budget_;
+  EvictionPolicy device_policy_{Tier::kDevice};
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<Run> runs_;
+  std::vector<size_t> run_of_chunk_;
+  std::vector<TensorState> tensors_;
+  EvictionPolicy host_policy_{Tier::kHost};
+  size_t waiting_ = 0;
+  std::vector<size_t> prefetching_;  // runs whose prefetch may still be in flight
+  TraceSet traces_;
+  std::optional<TraceCursor> cursor_;  // while replaying
+  bool open_iteration_ = false;        // between TraceBegin and TraceEnd
+  bool warned_trace_full_ = false;
+
+  std::unique_ptr<DeviceQueue> device_queue_;  // destroyed before runs_: waits for its copies
+  std::unique_ptr<io::IoQueue> io_;            // last: destroyed first, waiting for its transfers
+};
+
+}  // namespace zoe::offload

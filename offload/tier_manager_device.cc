@@ -1,0 +1,293 @@
+// The device tier of TierManager: acquire on DEVICE, device back-pressure and eviction, and keeping
+// the device copy coherent with the HOST copy. See tier_manager.h for the contract; the device tier
+// is inclusive (a device-resident run keeps its HOST copy resident and pinned).
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "offload/tier_manager.h"  // IWYU pragma: associated
+
+namespace zoe::offload {
+
+Result<void*> TierManager::AcquireDevice(TensorId tensor, Access access) {
+  if (!device_) {
+    return Status::NotSupported(
+        "acquire: no device tier is configured (set device_backend); acquire on the host tier");
+  }
+  std::unique_lock lock(mutex_);
+  ZOE_ASSIGN_OR_RETURN(const TensorEntry* entry, Entry(tensor));
+  const std::string name = entry->desc.name;
+  const size_t run_index = tensors_[tensor.value].run;
+  const Clock::time_point start = Clock::now();
+  Progress progress;
+  for (;;) {
+    Run& run = runs_[run_index];
+    if (run.device == Residency::kResident) break;
+    progress.waited = true;
+    Status step = run.device == Residency::kAbsent
+                      ? LoadToDevice(lock, tensor, access, name, &progress)
+                      : FinishDeviceCopy(lock, run_index);
+    if (!step.ok()) {
+      return std::move(step).WithContext(fmt::format("acquire tensor '{}' on the device", name));
+    }
+  }
+  Run& run = runs_[run_index];
+  ++run.device_pins;
+  ZOE_RETURN_IF_ERROR(device_policy_.Pin(run.first_chunk));
+  if (Writes(access)) {
+    run.device_dirty = true;
+    ZOE_RETURN_IF_ERROR(device_policy_.MarkDirty(run.first_chunk, true));
+  }
+  void* data =
+      static_cast<std::byte*>(run.device_memory.data()) + tensors_[tensor.value].run_offset;
+  FinishAcquire(tensor, access, Tier::kDevice, start, &progress);
+  return data;
+}
+
+// HOST first (the staging copy, pinned for as long as the device holds the run), then device
+// memory, then the copy. Any failure leaves the run as it was on the device (absent).
+Status TierManager::LoadToDevice(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
+                                 const std::string& name, Progress* progress) {
+  ZOE_RETURN_IF_ERROR(BringToHost(lock, tensor, access, name, progress));
+  const size_t run_index = tensors_[tensor.value].run;
+  if (runs_[run_index].device != Residency::kAbsent) return Status::Ok();
+  PinHostRun(run_index);
+  Status reserved = ReserveDevice(lock, runs_[run_index].bytes, name);
+  if (reserved.ok() && runs_[run_index].device != Residency::kAbsent) {
+    reserved = device_budget_->Release(runs_[run_index].bytes);  // loaded by another thread
+    UnpinHostRun(run_index);
+    return reserved;
+  }
+  if (!reserved.ok()) {
+    UnpinHostRun(run_index);
+    return reserved;
+  }
+  progress->loaded = true;
+  return StartDeviceLoad(run_index);
+}
+
+// Requires reserved device bytes and a HOST pin; gives both back on failure.
+Status TierManager::StartDeviceLoad(size_t run_index) {
+  Run& run = runs_[run_index];
+  Result<DeviceAllocation> memory = device_->Allocate(run.bytes);
+  if (!memory.ok()) {
+    Status released = device_budget_->Release(run.bytes);
+    (void)released;
+    UnpinHostRun(run_index);
+    return std::move(memory).status();
+  }
+  run.device_memory = std::move(memory).value();
+  stats_.AddOccupancy(Tier::kDevice, run.bytes);
+  Result<DeviceEvent> copy = device_queue_->CopyToDevice(run.memory.span().first(run.bytes),
+                                                         DeviceRange{&run.device_memory, 0});
+  if (!copy.ok()) {
+    FreeDevice(run_index);
+    return std::move(copy).status().WithContext("copy to device " + Describe(run));
+  }
+  run.device = Residency::kLoading;
+  run.device_event = std::move(copy).value();
+  run.device_event_claimed = false;
+  return Status::Ok();
+}
+
+Status TierManager::StartDeviceWriteBack(size_t run_index, bool evict_after) {
+  Run& run = runs_[run_index];
+  Result<DeviceEvent> copy = device_queue_->CopyToHost(DeviceRange{&run.device_memory, 0},
+                                                       run.memory.span().first(run.bytes));
+  if (!copy.ok()) return std::move(copy).status().WithContext("copy from device " + Describe(run));
+  run.device = Residency::kWritingBack;
+  run.device_event = std::move(copy).value();
+  run.device_event_claimed = false;
+  run.device_evict_after = evict_after;
+  return Status::Ok();
+}
+
+Status TierManager::StartDeviceEviction(size_t run_index) {
+  Run& run = runs_[run_index];
+  ZOE_RETURN_IF_ERROR(device_policy_.Remove(run.first_chunk));
+  if (run.device == Residency::kWritingBack) {  // a flush is copying it: free it when done
+    run.device_evict_after = true;
+    return Status::Ok();
+  }
+  if (!run.device_dirty) {
+    FreeDevice(run_index);
+    stats_.AddEviction(Tier::kDevice, false);
+    return Status::Ok();
+  }
+  Status started = StartDeviceWriteBack(run_index, true);
+  if (!started.ok()) {
+    Status restored = device_policy_.Insert(run.first_chunk, true);
+    (void)restored;
+  }
+  return started;
+}
+
+void TierManager::FreeDevice(size_t run_index) {
+  Run& run = runs_[run_index];
+  run.device_memory = DeviceAllocation();
+  run.device = Residency::kAbsent;
+  run.device_dirty = false;
+  Status released = device_budget_->Release(run.bytes);
+  Status subtracted = stats_.SubtractOccupancy(Tier::kDevice, run.bytes);
+  if (!released.ok() || !subtracted.ok()) {
+    ZOE_LOG_ERROR("tier manager: device accounting broken: {} {}", released.ToString(),
+                  subtracted.ToString());
+  }
+  UnpinHostRun(run_index);  // also wakes waiters
+}
+
+// One thread waits on the event and applies it; the others wait for that on the condition
+// variable, exactly as for I/O tickets.
+Status TierManager::FinishDeviceCopy(std::unique_lock<std::mutex>& lock, size_t run_index) {
+  Run& run = runs_[run_index];
+  if (run.device_event_claimed) {
+    changed_.wait(lock);
+    return Status::Ok();
+  }
+  run.device_event_claimed = true;
+  const DeviceEvent event = run.device_event;
+  lock.unlock();
+  Status outcome = event.Wait();
+  lock.lock();
+  return ApplyDeviceCopy(run_index, std::move(outcome));
+}
+
+Status TierManager::ApplyDeviceCopy(size_t run_index, Status outcome) {
+  Run& run = runs_[run_index];
+  run.device_event = DeviceEvent();
+  run.device_event_claimed = false;
+  changed_.notify_all();
+  if (run.device == Residency::kLoading) {
+    if (!outcome.ok()) {
+      FreeDevice(run_index);
+      return std::move(outcome).WithContext("copy to device " + Describe(run));
+    }
+    run.device = Residency::kResident;
+    stats_.AddTransfer(Link::kHostToDevice, run.bytes);
+    return device_policy_.Insert(run.first_chunk, false);
+  }
+  const bool evict = run.device_evict_after;
+  run.device_evict_after = false;
+  run.device = Residency::kResident;
+  if (!outcome.ok()) {  // the device copy stays the only current one
+    if (!device_policy_.Contains(run.first_chunk))
+      ZOE_RETURN_IF_ERROR(device_policy_.Insert(run.first_chunk, true));
+    return std::move(outcome).WithContext("copy from device " + Describe(run));
+  }
+  run.device_dirty = false;
+  run.dirty = true;
+  ZOE_RETURN_IF_ERROR(host_policy_.MarkDirty(run.first_chunk, true));
+  stats_.AddTransfer(Link::kDeviceToHost, run.bytes);
+  if (evict) {
+    FreeDevice(run_index);
+    stats_.AddEviction(Tier::kDevice, true);
+    return Status::Ok();
+  }
+  if (device_policy_.Contains(run.first_chunk))
+    return device_policy_.MarkDirty(run.first_chunk, false);
+  return device_policy_.Insert(run.first_chunk, false);
+}
+
+bool TierManager::FinishAnyDeviceCopy(std::unique_lock<std::mutex>& lock, Status* outcome) {
+  size_t chosen = runs_.size();
+  bool any_claimed = false;
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    const Run& run = runs_[i];
+    if (run.device != Residency::kLoading && run.device != Residency::kWritingBack) continue;
+    if (run.device_event_claimed) {
+      any_claimed = true;
+      continue;
+    }
+    if (chosen == runs_.size() || run.device_evict_after) chosen = i;
+    if (run.device_evict_after) break;
+  }
+  if (chosen != runs_.size()) {
+    *outcome = FinishDeviceCopy(lock, chosen);
+    return true;
+  }
+  if (any_claimed) changed_.wait(lock);
+  return any_claimed;
+}
+
+// The device's back-pressure, the same algorithm as ReserveHost: evict until the bytes being
+// freed cover the shortfall, wait for copies in flight, and with everything pinned wait for a
+// Release at most busy_timeout.
+Status TierManager::ReserveDevice(std::unique_lock<std::mutex>& lock, uint64_t bytes,
+                                  std::string_view who) {
+  Clock::time_point deadline = Clock::now() + options_.busy_timeout;
+  for (;;) {
+    Status reserved = device_budget_->TryReserve(bytes);
+    if (reserved.ok() || reserved.code() == StatusCode::kOutOfMemory) return reserved;
+    uint64_t freeing = 0;
+    for (const Run& run : runs_)
+      if (run.device == Residency::kWritingBack && run.device_evict_after) freeing += run.bytes;
+    Result<ChunkId> victim = device_policy_.ChooseVictim();
+    const bool enough_in_flight = device_budget_->available() + freeing >= bytes;
+    Status finished;
+    if (!(victim.ok() && !enough_in_flight) && FinishAnyDeviceCopy(lock, &finished)) {
+      ZOE_RETURN_IF_ERROR(finished);
+      deadline = Clock::now() + options_.busy_timeout;
+      continue;
+    }
+    if (victim.ok()) {
+      ZOE_RETURN_IF_ERROR(StartDeviceEviction(run_of_chunk_[victim->value]));
+      deadline = Clock::now() + options_.busy_timeout;
+      continue;
+    }
+    ++waiting_;
+    const std::cv_status woken = changed_.wait_until(lock, deadline);
+    --waiting_;
+    if (woken == std::cv_status::timeout && device_budget_->available() < bytes &&
+        !device_policy_.ChooseVictim().ok()) {
+      return Status::Busy(fmt::format(
+          "'{}' needs {} bytes of device memory but {} of {} bytes are held by pinned chunks and "
+          "none was released for {} ms; release tensors or raise the device budget",
+          who, bytes, device_budget_->reserved(), device_budget_->capacity(),
+          std::chrono::duration_cast<std::chrono::milliseconds>(options_.busy_timeout).count()));
+    }
+  }
+}
+
+// A HOST acquire of a run the device holds must see the device's bytes (copy back when dirty),
+// and a HOST write must not leave a stale device copy behind (drop it).
+bool TierManager::NeedsDeviceSync(const Run& run, Access access) const {
+  if (run.device == Residency::kAbsent) return false;
+  return run.device != Residency::kResident || run.device_dirty || Writes(access);
+}
+
+Status TierManager::SyncDeviceForHost(std::unique_lock<std::mutex>& lock, size_t run_index,
+                                      Access access, const std::string& name) {
+  Run& run = runs_[run_index];
+  if (run.device != Residency::kResident) return FinishDeviceCopy(lock, run_index);
+  if (run.device_pins > 0) {
+    return Status::FailedPrecondition(fmt::format(
+        "tensor '{}' shares {} with tensors acquired on the device{}; release them there before "
+        "acquiring it on the host for {}",
+        name, Describe(run), run.device_dirty ? " for writing" : "", AccessName(access)));
+  }
+  if (Writes(access)) return StartDeviceEviction(run_index);
+  return StartDeviceWriteBack(run_index, false);
+}
+
+Status TierManager::FlushDevice(std::unique_lock<std::mutex>& lock) {
+  if (!device_) return Status::Ok();
+  Status first_error;
+  std::vector<size_t> copying;
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    if (runs_[i].device != Residency::kResident || !runs_[i].device_dirty) continue;
+    Status started = StartDeviceWriteBack(i, false);
+    if (started.ok()) {
+      copying.push_back(i);
+    } else if (first_error.ok()) {
+      first_error = std::move(started);
+    }
+  }
+  for (size_t i : copying) {
+    while (runs_[i].device == Residency::kWritingBack) {
+      Status finished = FinishDeviceCopy(lock, i);
+      if (!finished.ok() && first_error.ok()) first_error = std::move(finished);
+    }
+  }
+  return first_error;
+}
+
+}  // namespace zoe::offload
