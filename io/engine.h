@@ -5,7 +5,10 @@
 // Contract of a raw engine:
 //  - Submit() hands requests to the kernel (or the worker pool) and returns how many of them, a
 //    prefix of the span, were accepted; the caller resubmits the rest later. At most
-//    queue_depth() requests may be in flight at once.
+//    queue_depth() requests may be in flight at once. Accepted means handed over for good: each
+//    will complete without further calls to Submit. A request not accepted (beyond the returned
+//    prefix, or every request of a call that returned an error) is not in flight and never will
+//    be: the caller may reuse its tag and free its buffer at once.
 //  - Every accepted request produces exactly one RawCompletion carrying its tag and the raw
 //    result: bytes transferred (possibly fewer than asked) or -errno. Raw engines never retry,
 //    never resubmit short transfers and never validate alignment; io::IoQueue does that.
@@ -58,8 +61,9 @@ class Engine {
   virtual std::string_view name() const = 0;
   virtual uint32_t queue_depth() const = 0;
 
-  // Accepts a prefix of `requests`; returns its length, or an error when none could be accepted
-  // for a reason other than a full queue.
+  // Accepts a prefix of `requests`; returns its length (0 when the queue is full or the kernel is
+  // short of resources for now), or an error when none could be accepted for another reason. An
+  // error means that nothing from this call is in flight.
   virtual Result<size_t> Submit(std::span<const RawRequest> requests) = 0;
 
   // Waits until at least `min_completions` completions are available (0: do not wait), then

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <thread>
 
 #include "core/aligned_buffer.h"
 #include "core/log.h"
@@ -34,6 +35,13 @@ Status CheckAlignment(const IoRequest& request, const FileSet::Piece& piece,
       file.offset_align(), static_cast<const void*>(data), memory_ok ? "no" : "yes",
       piece.file_offset, offset_ok ? "aligned" : "misaligned", piece.length,
       length_ok ? "aligned" : "misaligned"));
+}
+
+// Waits before the next attempt after the engine accepted nothing with nothing in flight:
+// 50 us doubling per retry, at most 1.6 ms (max_retries = 16 spends about 20 ms in all).
+void BackOff(uint32_t retry) {
+  const uint32_t doublings = std::min<uint32_t>(retry > 0 ? retry - 1 : 0, 5);
+  std::this_thread::sleep_for(std::chrono::microseconds(50u << doublings));
 }
 
 }  // namespace
@@ -140,7 +148,8 @@ void IoQueue::Enqueue(const IoRequest& request, const std::vector<FileSet::Piece
 
 // Hands queued pieces to the engine while there is room: everything that fits goes in one
 // Submit call, so a batch of contiguous requests reaches the block layer together. Called with
-// the mutex held.
+// the mutex held; the back-off after a refusal with nothing in flight sleeps with it held (rare
+// and brief: at most max_retries sleeps of at most 1.6 ms each).
 void IoQueue::Pump(std::vector<TicketState*>* finished) {
   while (!queued_.empty() && !free_slots_.empty()) {
     batch_.clear();
@@ -163,12 +172,24 @@ void IoQueue::Pump(std::vector<TicketState*>* finished) {
     stats_.pieces += count;
     if (count > 0) continue;
     if (in_flight_ > 0 && accepted.ok()) break;  // the engine is full: completions make room
-    // Nothing accepted and nothing in flight to wait for: the first piece cannot be submitted.
-    const Piece failed = queued_.front();
+    // Nothing accepted and nothing in flight whose completion would trigger another attempt.
+    // Accepting nothing without an error means the kernel is short of resources for now (libaio
+    // EAGAIN): back off briefly and try again, counting against the first piece's retries.
+    Piece& first = queued_.front();
+    if (accepted.ok() && ++first.retries <= options_.max_retries) {
+      ++stats_.retries;
+      BackOff(first.retries);
+      continue;
+    }
+    const Piece failed = first;
     queued_.pop_front();
-    Status status = accepted.ok()
-                        ? Status::IoError("engine accepted no request with none in flight")
-                        : std::move(accepted).status();
+    Status status =
+        accepted.ok()
+            ? Status::IoError(fmt::format("{} accepted no request with none in flight after {} "
+                                          "retries (short of resources)",
+                                          engine_->name(), failed.retries - 1),
+                              EAGAIN)
+            : std::move(accepted).status();
     FailPiece(failed,
               std::move(status).WithContext(
                   PieceContext(failed.op, *failed.file, failed.offset, failed.length)),

@@ -47,8 +47,9 @@ struct IoRequest {
 using Ticket = uint64_t;  // 0 is never issued
 
 struct QueueOptions {
-  // Resubmissions of one piece after EINTR or EAGAIN, or after a transfer of zero bytes, before
-  // the request fails.
+  // Resubmissions of one piece after EINTR or EAGAIN, after a transfer of zero bytes, or after
+  // the engine accepted nothing with nothing in flight (with a short back-off), before the
+  // request fails.
   uint32_t max_retries = 16;
   // Runs once per request, after its checksums were recorded or verified and before Wait returns
   // it, on the thread that reaped it (the queue's or a waiting caller's), or on the submitting

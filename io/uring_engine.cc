@@ -5,7 +5,9 @@
 #include <sched.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -18,6 +20,9 @@ namespace {
 
 constexpr unsigned kFileSlots = 256;
 constexpr int kBusyRetries = 1000;
+// user_data of the no-ops that replace entries the kernel did not take; Reap drops them. The
+// queue's tags are slot indices, far below it.
+constexpr uint64_t kCancelledTag = ~uint64_t{0};
 
 class UringEngine final : public Engine {
  public:
@@ -39,6 +44,12 @@ class UringEngine final : public Engine {
   void Prepare(io_uring_sqe* sqe, const RawRequest& request);
   int FixedBufferIndex(const std::byte* data, size_t length) const;
   int SubmitWithRetry();
+  size_t SubmitPending(size_t own, int* error);
+
+  // Entries in the submission ring the kernel has not consumed yet, oldest first: the leading
+  // ones are no-ops left by an earlier failed or partial submission, the rest the caller's.
+  // Used by the submitting thread only.
+  std::vector<io_uring_sqe*> pending_;
 
   io_uring ring_{};
   uint32_t depth_ = 0;
@@ -136,19 +147,45 @@ int UringEngine::SubmitWithRetry() {
   return ret;
 }
 
+// Hands every pending entry to the kernel. The kernel consumes entries in ring order, so the
+// first `ret` of pending_ are gone; the caller's `own` entries are the last of pending_. Entries
+// still left over (the submission failed or was partial) are turned into no-ops tagged
+// kCancelledTag: the caller is told they were not accepted and may reuse their tags and buffers,
+// and the next submission hands the harmless no-ops to the kernel. Returns how many of the
+// caller's entries the kernel took; *error is the -errno of a failed submission, or 0.
+size_t UringEngine::SubmitPending(size_t own, int* error) {
+  const int ret = SubmitWithRetry();
+  *error = ret < 0 ? ret : 0;
+  const size_t consumed = std::min(pending_.size(), ret > 0 ? static_cast<size_t>(ret) : 0);
+  const size_t earlier = pending_.size() - own;
+  const size_t taken = consumed > earlier ? consumed - earlier : 0;
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(consumed));
+  for (io_uring_sqe* sqe : pending_) {
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data64(sqe, kCancelledTag);
+  }
+  return taken;
+}
+
+// Prepares only entries that get submitted right away and reports exactly those the kernel took;
+// see SubmitPending for what happens to the others.
 Result<size_t> UringEngine::Submit(std::span<const RawRequest> requests) {
   size_t prepared = 0;
   for (const RawRequest& request : requests) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) break;
     Prepare(sqe, request);
+    pending_.push_back(sqe);
     ++prepared;
   }
-  if (prepared == 0) return size_t{0};
-  const int ret = SubmitWithRetry();
-  if (ret < 0)
-    return Status::FromErrno(ret, "io_uring_submit of " + std::to_string(prepared) + " requests");
-  return prepared;
+  if (pending_.empty()) return size_t{0};
+  int error = 0;
+  const size_t taken = SubmitPending(prepared, &error);
+  if (taken == 0 && error < 0) {
+    return Status::FromErrno(error, "io_uring_submit of " + std::to_string(requests.size()) +
+                                        " requests (none accepted)");
+  }
+  return taken;
 }
 
 Result<size_t> UringEngine::Reap(std::span<RawCompletion> out, size_t min_completions) {
@@ -160,7 +197,8 @@ Result<size_t> UringEngine::Reap(std::span<RawCompletion> out, size_t min_comple
     if (ret == -EAGAIN || (ret == 0 && cqe == nullptr)) break;  // nothing more ready
     if (ret == -EINTR) continue;
     if (ret < 0) return Status::FromErrno(ret, "io_uring_wait_cqe");
-    out[reaped++] = RawCompletion{io_uring_cqe_get_data64(cqe), cqe->res};
+    const uint64_t tag = io_uring_cqe_get_data64(cqe);
+    if (tag != kCancelledTag) out[reaped++] = RawCompletion{tag, cqe->res};
     io_uring_cqe_seen(&ring_, cqe);
   }
   return reaped;
