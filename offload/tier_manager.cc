@@ -227,11 +227,16 @@ std::future<Result<void*>> TierManager::AcquireAsync(TensorId tensor, Tier tier,
 // line. The run may be evicted again between passes by another thread; the loop then simply loads
 // it again.
 Status TierManager::BringToHost(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
-                                const std::string& name, Progress* progress) {
+                                const std::string& name, Progress* progress, HostUse use) {
   const size_t run_index = tensors_[tensor.value].run;
+  const bool staging = use == HostUse::kDeviceStaging;
+  // A staging copy is copied to the device whole, so it must hold the run's bytes even when the
+  // device acquire only writes.
+  const Access load_access = staging ? Access::kRead : access;
   for (;;) {
     Run& run = runs_[run_index];
-    if (run.host == Residency::kResident && !NeedsDeviceSync(run, access)) return Status::Ok();
+    if (run.host == Residency::kResident && (staging || !NeedsDeviceSync(run, access)))
+      return Status::Ok();
     if (!progress->advanced && run.host == Residency::kLoading) {  // prefetch meanwhile
       run.prefetch_pending = false;  // a demand load now: it leaves the prefetch in-flight limit
       AdvanceTrace(tensor, access, run_index);
@@ -246,8 +251,9 @@ Status TierManager::BringToHost(std::unique_lock<std::mutex>& lock, TensorId ten
       step = ReserveHost(lock, runs_[run_index].bytes, name);
       if (step.ok() && runs_[run_index].host != Residency::kAbsent) {
         step = host_budget_.Release(runs_[run_index].bytes);  // someone else loaded it meanwhile
+        changed_.notify_all();  // the bytes may be what another ReserveHost waits for
       } else if (step.ok()) {
-        step = StartLoad(run_index, access);
+        step = StartLoad(run_index, load_access);
         progress->loaded = true;
       }
     } else {
@@ -275,7 +281,7 @@ void TierManager::UnpinHostRun(size_t run_index) {
 // Bookkeeping shared by both tiers once the tensor is pinned where it was asked for.
 void TierManager::FinishAcquire(TensorId tensor, Access access, Tier tier, Clock::time_point start,
                                 Progress* progress) {
-  tensors_[tensor.value].acquired.push_back(tier);
+  tensors_[tensor.value].acquired.push_back(Acquired{tier, access});
   progress->loaded ? stats_.AddPrefetchMiss() : stats_.AddPrefetchHit();
   if (progress->waited) stats_.AddStall(ElapsedNanoseconds(start));
   // After pinning: prefetches must not evict the run.
@@ -311,16 +317,32 @@ Status TierManager::Release(TensorId tensor) {
     return Status::FailedPrecondition(
         fmt::format("release: tensor '{}' is not acquired", entry->desc.name));
   }
-  const Tier tier = state.acquired.back();
+  const Acquired acquired = state.acquired.back();
   state.acquired.pop_back();
   Run& run = runs_[state.run];
-  if (tier == Tier::kHost) {
+  // The caller may have written through its pointer until now, also after a Flush that cleaned
+  // the run: the run holds bytes the next tier down does not.
+  const bool wrote = Writes(acquired.access);
+  if (acquired.tier == Tier::kHost) {
+    Status marked;
+    if (wrote) {
+      run.dirty = true;
+      if (host_policy_.Contains(run.first_chunk))
+        marked = host_policy_.MarkDirty(run.first_chunk, true);
+    }
     UnpinHostRun(state.run);
-    return Status::Ok();
+    return marked;
+  }
+  Status marked;
+  if (wrote) {
+    run.device_dirty = true;
+    if (device_policy_.Contains(run.first_chunk))
+      marked = device_policy_.MarkDirty(run.first_chunk, true);
   }
   --run.device_pins;
   changed_.notify_all();
-  return device_policy_.Unpin(run.first_chunk);
+  Status unpinned = device_policy_.Unpin(run.first_chunk);
+  return marked.ok() ? unpinned : marked;
 }
 
 // ---- transfers ------------------------------------------------------------------------------
@@ -333,6 +355,7 @@ Status TierManager::StartLoad(size_t run_index, Access access) {
   if (!memory.ok()) {
     Status ignored = host_budget_.Release(run.bytes);
     (void)ignored;
+    changed_.notify_all();
     return std::move(memory).status();
   }
   run.memory = std::move(memory).value();
@@ -399,6 +422,7 @@ void TierManager::FreeHost(size_t run_index) {
   if (!released.ok() || !subtracted.ok())
     ZOE_LOG_ERROR("tier manager: host accounting broken: {} {}", released.ToString(),
                   subtracted.ToString());
+  changed_.notify_all();  // wakes ReserveHost waiters
 }
 
 // Exactly one thread waits on a ticket (IoQueue collects it on Wait); the others sleep on the
@@ -433,7 +457,9 @@ Status TierManager::ApplyTransfer(size_t run_index, Status outcome) {
     return host_policy_.Insert(run.first_chunk, false);
   }
   const bool evict = run.evict_after_write;
+  const bool rewritten = run.rewritten_while_writing;
   run.evict_after_write = false;
+  run.rewritten_while_writing = false;
   run.host = Residency::kResident;
   if (!outcome.ok()) {  // keep the only copy of the data resident and dirty
     run.write_error = outcome;
@@ -441,21 +467,24 @@ Status TierManager::ApplyTransfer(size_t run_index, Status outcome) {
       ZOE_RETURN_IF_ERROR(host_policy_.Insert(run.first_chunk, true));
     return std::move(outcome).WithContext("write back " + Describe(run));
   }
-  run.dirty = false;
+  run.dirty = rewritten;  // NVMe may hold a mix of old and new bytes: write it again
   run.on_nvme = true;
   run.write_error = Status::Ok();
   stats_.AddTransfer(Link::kHostToNvme, run.bytes);
-  if (evict) {
+  if (evict && !rewritten) {
     FreeHost(run_index);
     stats_.AddEviction(Tier::kHost, true);
     return Status::Ok();
   }
-  if (host_policy_.Contains(run.first_chunk)) return host_policy_.MarkDirty(run.first_chunk, false);
-  return host_policy_.Insert(run.first_chunk, false);
+  if (host_policy_.Contains(run.first_chunk))
+    return host_policy_.MarkDirty(run.first_chunk, rewritten);
+  return host_policy_.Insert(run.first_chunk, rewritten);
 }
 
 // Prefers write-backs that free memory, then loads nobody waits for (prefetches); a transfer
-// another thread already waits on is waited for through the condition variable.
+// another thread already waits on is waited for through the condition variable. Only a
+// write-back's failure is returned: a failed load frees its memory all the same, and its error
+// belongs to the acquire of that run, not to the caller.
 bool TierManager::FinishAnyTransfer(std::unique_lock<std::mutex>& lock, Status* outcome) {
   size_t chosen = runs_.size();
   bool any_claimed = false;
@@ -470,7 +499,15 @@ bool TierManager::FinishAnyTransfer(std::unique_lock<std::mutex>& lock, Status* 
     if (run.evict_after_write) break;
   }
   if (chosen != runs_.size()) {
-    *outcome = FinishTransfer(lock, chosen);
+    const bool load = runs_[chosen].host == Residency::kLoading;
+    Status finished = FinishTransfer(lock, chosen);
+    if (load && !finished.ok()) {
+      // A read the caller did not ask for (a prefetch, or another acquire's load, which that
+      // acquire retries): the run is absent again and its own acquire reports the error.
+      ZOE_LOG_WARN("tier manager: {}", finished.ToString());
+      finished = Status::Ok();
+    }
+    *outcome = std::move(finished);
     return true;
   }
   if (any_claimed) changed_.wait(lock);
@@ -478,7 +515,8 @@ bool TierManager::FinishAnyTransfer(std::unique_lock<std::mutex>& lock, Status* 
 }
 
 // Back-pressure. Evicts least-recently-used unpinned runs until the bytes being freed cover the
-// shortfall, then waits for those write-backs. With nothing evictable and nothing in flight, only
+// shortfall, then waits for those write-backs. When every HOST run is pinned, evicts an unpinned
+// device copy, which gives back its HOST pin. With nothing evictable and nothing in flight, only
 // a Release can help: waits for one, at most busy_timeout.
 Status TierManager::ReserveHost(std::unique_lock<std::mutex>& lock, uint64_t bytes,
                                 std::string_view who) {
@@ -499,6 +537,12 @@ Status TierManager::ReserveHost(std::unique_lock<std::mutex>& lock, uint64_t byt
     }
     if (victim.ok()) {
       ZOE_RETURN_IF_ERROR(StartEviction(run_of_chunk_[victim->value]));
+      deadline = Clock::now() + options_.busy_timeout;
+      continue;
+    }
+    bool unpinned = false;
+    ZOE_RETURN_IF_ERROR(EvictDeviceCopyForHost(lock, &unpinned));
+    if (unpinned) {
       deadline = Clock::now() + options_.busy_timeout;
       continue;
     }
@@ -718,6 +762,15 @@ bool TierManager::ReserveForPrefetch(size_t run_index, uint64_t distance) {
 Status TierManager::Flush() {
   std::unique_lock lock(mutex_);
   Status first_error = FlushDevice(lock);
+  // Write-backs other calls started may predate the copies from the device: wait for them, so
+  // that a run they leave dirty is written again below.
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    while (runs_[i].host == Residency::kWritingBack) {
+      Status finished = FinishTransfer(lock, i);
+      if (!finished.ok())
+        ZOE_LOG_WARN("tier manager: flush retries after: {}", finished.ToString());
+    }
+  }
   std::vector<size_t> writing;
   for (size_t i = 0; i < runs_.size(); ++i) {
     if (runs_[i].host != Residency::kResident || !runs_[i].dirty) continue;

@@ -121,15 +121,16 @@ class TierManager {
   Result<void*> Acquire(TensorId tensor, Tier tier, Access access);
   // The same, run on another thread; the future holds what Acquire returns.
   std::future<Result<void*>> AcquireAsync(TensorId tensor, Tier tier, Access access);
-  // Unpins the tensor's most recent acquire. FailedPrecondition when it is not acquired.
+  // Unpins the tensor's most recent acquire. FailedPrecondition when it is not acquired. Releasing
+  // a write acquire marks the run dirty again on its tier, so writes made after a Flush are kept.
   Status Release(TensorId tensor);
 
   // A hint: starts reading the tensor's run into HOST if it is absent and fits the budget now
   // without evicting anything; never waits. Unknown tensors and tiers are still errors; DEVICE and
   // NVME hints do nothing in this version.
   Status Prefetch(TensorId tensor, Tier tier);
-  // Copies every dirty device run to HOST, then writes every dirty HOST run to NVMe, and waits;
-  // the runs stay resident, clean.
+  // Copies every dirty device run to HOST, then writes every dirty HOST run to NVMe, and waits
+  // (also for such copies and writes other calls started); the runs stay resident, clean.
   // Callers must not write into acquired memory while Flush runs.
   Status Flush();
   // Moves the tensor's run out of DEVICE and HOST (written back first when dirty). Busy while it
@@ -180,6 +181,9 @@ class TierManager {
     bool ticket_claimed = false;
     bool prefetch_pending = false;  // the load in flight was started by a prefetch
     Status write_error;             // of the last write-back, until one succeeds
+    // A device copy came back into the HOST copy while it was being written to NVMe: that write
+    // may hold some of the old bytes, so the run stays dirty after it.
+    bool rewritten_while_writing = false;
     // The device copy. While not kAbsent it holds one of `pins` on the HOST copy.
     Residency device = Residency::kAbsent;
     DeviceAllocation device_memory;
@@ -190,10 +194,16 @@ class TierManager {
     bool device_event_claimed = false;
   };
 
+  // One outstanding acquire: where, and whether the caller may write through its pointer.
+  struct Acquired {
+    Tier tier = Tier::kHost;
+    Access access = Access::kRead;
+  };
+
   struct TensorState {
     size_t run = 0;
     uint64_t run_offset = 0;
-    std::vector<Tier> acquired;  // tiers of outstanding acquires, most recent last
+    std::vector<Acquired> acquired;  // outstanding acquires, most recent last
   };
 
   // How far one acquire got, for statistics and the trace.
@@ -213,9 +223,13 @@ class TierManager {
   std::string Describe(const Run& run) const;
 
   Result<void*> AcquireHost(TensorId tensor, Access access);
-  // Returns with the lock held and the run resident on HOST (not pinned yet).
+  // Returns with the lock held and the run resident on HOST (not pinned yet). kHostAcquire also
+  // brings the device copy in line for `access`; kDeviceStaging (the HOST copy a device acquire
+  // copies from) always reads the run, whatever `access`, and leaves the device copy alone.
+  enum class HostUse : uint8_t { kHostAcquire, kDeviceStaging };
   Status BringToHost(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
-                     const std::string& name, Progress* progress);
+                     const std::string& name, Progress* progress,
+                     HostUse use = HostUse::kHostAcquire);
   void FinishAcquire(TensorId tensor, Access access, Tier tier, Clock::time_point start,
                      Progress* progress);
 
@@ -236,6 +250,8 @@ class TierManager {
   Status SyncDeviceForHost(std::unique_lock<std::mutex>& lock, size_t run_index, Access access,
                            const std::string& name);
   Status FlushDevice(std::unique_lock<std::mutex>& lock);
+  // HOST back-pressure when every HOST run is pinned (see ReserveHost).
+  Status EvictDeviceCopyForHost(std::unique_lock<std::mutex>& lock, bool* unpinned);
   void PinHostRun(size_t run_index);
   void UnpinHostRun(size_t run_index);
   // One step of bringing the run to kResident; true once it is.

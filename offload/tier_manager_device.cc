@@ -47,7 +47,7 @@ Result<void*> TierManager::AcquireDevice(TensorId tensor, Access access) {
 // memory, then the copy. Any failure leaves the run as it was on the device (absent).
 Status TierManager::LoadToDevice(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
                                  const std::string& name, Progress* progress) {
-  ZOE_RETURN_IF_ERROR(BringToHost(lock, tensor, access, name, progress));
+  ZOE_RETURN_IF_ERROR(BringToHost(lock, tensor, access, name, progress, HostUse::kDeviceStaging));
   const size_t run_index = tensors_[tensor.value].run;
   if (runs_[run_index].device != Residency::kAbsent) return Status::Ok();
   PinHostRun(run_index);
@@ -175,6 +175,7 @@ Status TierManager::ApplyDeviceCopy(size_t run_index, Status outcome) {
   }
   run.device_dirty = false;
   run.dirty = true;
+  if (run.host == Residency::kWritingBack) run.rewritten_while_writing = true;
   ZOE_RETURN_IF_ERROR(host_policy_.MarkDirty(run.first_chunk, true));
   stats_.AddTransfer(Link::kDeviceToHost, run.bytes);
   if (evict) {
@@ -201,7 +202,13 @@ bool TierManager::FinishAnyDeviceCopy(std::unique_lock<std::mutex>& lock, Status
     if (run.device_evict_after) break;
   }
   if (chosen != runs_.size()) {
-    *outcome = FinishDeviceCopy(lock, chosen);
+    const bool load = runs_[chosen].device == Residency::kLoading;
+    Status finished = FinishDeviceCopy(lock, chosen);
+    if (load && !finished.ok()) {  // another acquire's copy: that acquire reports it
+      ZOE_LOG_WARN("tier manager: {}", finished.ToString());
+      finished = Status::Ok();
+    }
+    *outcome = std::move(finished);
     return true;
   }
   if (any_claimed) changed_.wait(lock);
@@ -247,6 +254,21 @@ Status TierManager::ReserveDevice(std::unique_lock<std::mutex>& lock, uint64_t b
   }
 }
 
+// Evicts the device's victim (copying it back first when dirty) and waits for that, so its HOST
+// copy loses the pin the device held. `*unpinned` is false when every device copy is pinned.
+Status TierManager::EvictDeviceCopyForHost(std::unique_lock<std::mutex>& lock, bool* unpinned) {
+  *unpinned = false;
+  if (!device_) return Status::Ok();
+  Result<ChunkId> victim = device_policy_.ChooseVictim();
+  if (!victim.ok()) return Status::Ok();
+  const size_t run_index = run_of_chunk_[victim->value];
+  ZOE_RETURN_IF_ERROR(StartDeviceEviction(run_index));
+  while (runs_[run_index].device == Residency::kWritingBack)
+    ZOE_RETURN_IF_ERROR(FinishDeviceCopy(lock, run_index));
+  *unpinned = true;
+  return Status::Ok();
+}
+
 // A HOST acquire of a run the device holds must see the device's bytes (copy back when dirty),
 // and a HOST write must not leave a stale device copy behind (drop it).
 bool TierManager::NeedsDeviceSync(const Run& run, Access access) const {
@@ -273,6 +295,10 @@ Status TierManager::FlushDevice(std::unique_lock<std::mutex>& lock) {
   Status first_error;
   std::vector<size_t> copying;
   for (size_t i = 0; i < runs_.size(); ++i) {
+    if (runs_[i].device == Residency::kWritingBack) {  // started by another call: wait for it too
+      copying.push_back(i);
+      continue;
+    }
     if (runs_[i].device != Residency::kResident || !runs_[i].device_dirty) continue;
     Status started = StartDeviceWriteBack(i, false);
     if (started.ok()) {

@@ -7,8 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <tuple>
@@ -190,6 +194,26 @@ TEST(TierManagerTest, FlushWritesDirtyOnceAndCleanEvictionIsFree) {
   EXPECT_EQ(stats.tiers[static_cast<size_t>(Tier::kHost)].evictions_clean, 1u);
   EXPECT_EQ(stats.tiers[static_cast<size_t>(Tier::kHost)].evictions_dirty, 0u);
   ExpectContents(*manager, a, Pattern(kChunk, 3));
+}
+
+// A write acquire held across a Flush: what is written after the Flush must still reach NVMe
+// when the run is evicted after the Release.
+TEST(TierManagerTest, WritesAfterFlushUnderAHeldWriteAcquireSurviveEviction) {
+  TempDir dir;
+  auto manager = MakeManager(SmallOptions(dir, 2));
+  ASSERT_NE(manager, nullptr);
+  TensorId a = Register(*manager, "a", kChunk);
+  std::byte* data = AcquireOk(*manager, a, Access::kWrite);
+  ASSERT_NE(data, nullptr);
+  const std::vector<std::byte> first = Pattern(kChunk, 31);
+  std::memcpy(data, first.data(), kChunk);
+  ASSERT_TRUE(manager->Flush().ok());
+  const std::vector<std::byte> second = Pattern(kChunk, 32);
+  std::memcpy(data, second.data(), kChunk);
+  ASSERT_TRUE(manager->Release(a).ok());
+  ASSERT_TRUE(manager->Evict(a).ok());
+  EXPECT_EQ(manager->host_reserved_bytes(), 0u);
+  ExpectContents(*manager, a, second);
 }
 
 TEST(TierManagerTest, PureWriteOfASoleTensorSkipsTheRead) {
@@ -412,6 +436,20 @@ TEST_F(TierManagerFaultTest, FailedPrefetchSurfacesFromTheAcquireThatNeedsIt) {
   ExpectContents(*manager_, a_, Pattern(kChunk, 12));
 }
 
+// With the only HOST chunk taken by beta's prefetch, acquiring alpha waits for that read; its
+// error belongs to beta, so alpha's acquire succeeds and beta's own acquire retries the read.
+TEST_F(TierManagerFaultTest, FailedPrefetchOfAnotherRunDoesNotFailTheAcquire) {
+  Store(*manager_, b_, Pattern(kChunk, 15));
+  ASSERT_TRUE(manager_->Evict(b_).ok());
+  Inject(io::FaultKind::kEio, io::FaultOps::kReads);
+  ASSERT_TRUE(manager_->Prefetch(b_, Tier::kHost).ok());
+  std::byte* alpha = AcquireOk(*manager_, a_, Access::kRead);
+  ASSERT_NE(alpha, nullptr);
+  EXPECT_TRUE(IsZero(alpha, kChunk));
+  ASSERT_TRUE(manager_->Release(a_).ok());
+  ExpectContents(*manager_, b_, Pattern(kChunk, 15));
+}
+
 TEST_F(TierManagerFaultTest, WriteBackNoSpaceKeepsTheDirtyData) {
   Store(*manager_, a_, Pattern(kChunk, 9));
   Inject(io::FaultKind::kEnospc, io::FaultOps::kWrites);
@@ -455,6 +493,7 @@ class TierManagerDeviceTest : public ::testing::Test {
     TierManagerOptions options = SmallOptions(dir_, host_chunks);
     options.device_budget_bytes = device_chunks * kChunk;
     options.busy_timeout = std::chrono::milliseconds(200);
+    options.engine_factory = engine_factory_;
     options.device_factory = [this, device_chunks]() -> Result<std::unique_ptr<DeviceBackend>> {
       HostStandInOptions device;
       device.capacity_bytes = device_chunks * kChunk;
@@ -482,6 +521,51 @@ class TierManagerDeviceTest : public ::testing::Test {
 
   TempDir dir_;
   std::atomic<bool> fail_copies_{false};
+  std::function<Result<std::unique_ptr<io::Engine>>()> engine_factory_;  // empty: the default
+};
+
+// Holds completions back while closed: the first Reap after Close collects a completion from the
+// engine, reports it as held and returns it only once the gate opens, so a test can act while a
+// finished transfer is not yet applied.
+class GatedEngine : public io::EngineWrapper {
+ public:
+  using EngineWrapper::EngineWrapper;
+
+  void Close() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+  }
+  void Open() {
+    std::lock_guard lock(mutex_);
+    closed_ = false;
+    changed_.notify_all();
+  }
+  void WaitUntilHolding() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return holding_; });
+  }
+
+  Result<size_t> Reap(std::span<io::RawCompletion> out, size_t min_completions) override {
+    std::unique_lock lock(mutex_);
+    if (!closed_) {
+      lock.unlock();
+      return EngineWrapper::Reap(out, min_completions);
+    }
+    lock.unlock();
+    Result<size_t> reaped = EngineWrapper::Reap(out, std::max<size_t>(min_completions, 1));
+    lock.lock();
+    holding_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !closed_; });
+    holding_ = false;
+    return reaped;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool closed_ = false;
+  bool holding_ = false;
 };
 
 TEST_F(TierManagerDeviceTest, DirtyDeviceDataReachesHostAndNvme) {
@@ -528,6 +612,87 @@ TEST_F(TierManagerDeviceTest, FlushWritesDeviceDataDownToNvme) {
   ASSERT_TRUE(manager->Release(a).ok());
 }
 
+// The device variant: a device write acquire held across a Flush keeps its later writes.
+TEST_F(TierManagerDeviceTest, DeviceWritesAfterFlushUnderAHeldAcquireSurviveEviction) {
+  auto manager = Make();
+  ASSERT_NE(manager, nullptr);
+  TensorId a = Register(*manager, "a", kChunk);
+  std::byte* data = OnDevice(*manager, a, Access::kWrite);
+  ASSERT_NE(data, nullptr);
+  const std::vector<std::byte> first = Pattern(kChunk, 33);
+  std::memcpy(data, first.data(), kChunk);
+  ASSERT_TRUE(manager->Flush().ok());
+  const std::vector<std::byte> second = Pattern(kChunk, 34);
+  std::memcpy(data, second.data(), kChunk);
+  ASSERT_TRUE(manager->Release(a).ok());
+  ASSERT_TRUE(manager->Evict(a).ok());
+  EXPECT_EQ(manager->host_reserved_bytes(), 0u);
+  EXPECT_EQ(manager->device_reserved_bytes(), 0u);
+  ExpectContents(*manager, a, second);
+}
+
+// A device copy evicted back into the HOST copy while a Flush writes that HOST copy to NVMe: the
+// run must stay dirty after the write, so the newer device bytes reach NVMe before it is dropped.
+TEST_F(TierManagerDeviceTest, DeviceCopyBackDuringHostWriteBackKeepsTheRunDirty) {
+  GatedEngine* gate = nullptr;
+  engine_factory_ = [&gate]() -> Result<std::unique_ptr<io::Engine>> {
+    ZOE_ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine, io::CreatePsyncEngine(8));
+    auto gated = std::make_unique<GatedEngine>(std::move(engine));
+    gate = gated.get();
+    return std::unique_ptr<io::Engine>(std::move(gated));
+  };
+  auto manager = Make();
+  ASSERT_NE(manager, nullptr);
+  ASSERT_NE(gate, nullptr);
+  TensorId a = Register(*manager, "a", kChunk);
+  std::byte* data = OnDevice(*manager, a, Access::kWrite);
+  ASSERT_NE(data, nullptr);
+  std::memcpy(data, Pattern(kChunk, 35).data(), kChunk);
+  ASSERT_TRUE(manager->Release(a).ok());
+
+  gate->Close();
+  std::future<Status> flushed = std::async(std::launch::async, [&] { return manager->Flush(); });
+  gate->WaitUntilHolding();  // NVMe holds the first bytes; the write is not applied yet
+  data = OnDevice(*manager, a, Access::kWrite);
+  ASSERT_NE(data, nullptr);
+  const std::vector<std::byte> newer = Pattern(kChunk, 36);
+  std::memcpy(data, newer.data(), kChunk);
+  ASSERT_TRUE(manager->Release(a).ok());
+  std::future<Status> evicted = std::async(std::launch::async, [&] { return manager->Evict(a); });
+  const auto link = static_cast<size_t>(Link::kDeviceToHost);
+  while (manager->stats().Snapshot().links[link].transfers < 2) std::this_thread::yield();
+  gate->Open();
+  EXPECT_TRUE(flushed.get().ok());
+  EXPECT_TRUE(evicted.get().ok());
+  EXPECT_EQ(manager->host_reserved_bytes(), 0u);
+  ExpectContents(*manager, a, newer);
+}
+
+// The HOST budget is held by the HOST copies of two unpinned device runs: a HOST acquire of a
+// third run evicts a device copy (copying its dirty bytes back) instead of failing with Busy.
+TEST_F(TierManagerDeviceTest, HostBackPressureEvictsUnpinnedDeviceCopies) {
+  auto manager = Make(2, 2);
+  ASSERT_NE(manager, nullptr);
+  TensorId a = Register(*manager, "a", kChunk);
+  TensorId b = Register(*manager, "b", kChunk);
+  TensorId c = Register(*manager, "c", kChunk);
+  const std::vector<std::byte> contents = Pattern(kChunk, 37);
+  std::byte* data = OnDevice(*manager, a, Access::kWrite);
+  ASSERT_NE(data, nullptr);
+  std::memcpy(data, contents.data(), kChunk);
+  ASSERT_TRUE(manager->Release(a).ok());
+  ASSERT_NE(OnDevice(*manager, b, Access::kRead), nullptr);
+  ASSERT_TRUE(manager->Release(b).ok());
+  std::byte* third = AcquireOk(*manager, c, Access::kRead);
+  ASSERT_NE(third, nullptr);
+  EXPECT_TRUE(IsZero(third, kChunk));
+  ASSERT_TRUE(manager->Release(c).ok());
+  CheckBudgets(*manager);
+  EXPECT_EQ(manager->stats().Snapshot().tiers[static_cast<size_t>(Tier::kDevice)].evictions_dirty,
+            1u);
+  ExpectContents(*manager, a, contents);
+}
+
 TEST_F(TierManagerDeviceTest, HostAcquireOfRunPinnedDirtyOnDeviceFails) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
@@ -570,6 +735,45 @@ TEST_F(TierManagerDeviceTest, FailedDeviceCopyNamesTensorAndKeepsData) {
   EXPECT_EQ(manager->device_reserved_bytes(), 0u);
   fail_copies_ = false;
   ExpectContents(*manager, a, Pattern(kChunk, 23));
+}
+
+// A device write acquire that fails after staging the run on HOST must not leave an unread HOST
+// copy behind: a later HOST read sees what NVMe holds. `b` passes through the same memory first,
+// so an unread copy would show b's bytes.
+TEST_F(TierManagerDeviceTest, FailedDeviceWriteAcquireLeavesTheHostCopyRead) {
+  auto manager = Make(5, 1);
+  ASSERT_NE(manager, nullptr);
+  TensorId a = Register(*manager, "a", 2 * kChunk);  // HOST home: larger than the device budget
+  TensorId b = Register(*manager, "b", 2 * kChunk);
+  const std::vector<std::byte> contents = Pattern(2 * kChunk, 24);
+  Store(*manager, a, contents);
+  ASSERT_TRUE(manager->Evict(a).ok());
+  Store(*manager, b, Pattern(2 * kChunk, 25));
+  ASSERT_TRUE(manager->Evict(b).ok());
+  Result<void*> failed = manager->Acquire(a, Tier::kDevice, Access::kWrite);
+  ASSERT_EQ(failed.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(failed.status().message().find("'a'"), std::string_view::npos);
+  EXPECT_EQ(manager->device_reserved_bytes(), 0u);
+  ExpectContents(*manager, a, contents);
+}
+
+// The same after a failed copy to the device.
+TEST_F(TierManagerDeviceTest, FailedDeviceWriteCopyLeavesTheHostCopyRead) {
+  auto manager = Make();
+  ASSERT_NE(manager, nullptr);
+  TensorId a = Register(*manager, "a", kChunk);
+  TensorId b = Register(*manager, "b", kChunk);
+  const std::vector<std::byte> contents = Pattern(kChunk, 26);
+  Store(*manager, a, contents);
+  ASSERT_TRUE(manager->Evict(a).ok());
+  Store(*manager, b, Pattern(kChunk, 27));
+  ASSERT_TRUE(manager->Evict(b).ok());
+  fail_copies_ = true;
+  Result<void*> failed = manager->Acquire(a, Tier::kDevice, Access::kWrite);
+  fail_copies_ = false;
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(manager->device_reserved_bytes(), 0u);
+  ExpectContents(*manager, a, contents);
 }
 
 TEST_F(TierManagerDeviceTest, DeviceHomeLargerThanDeviceBudgetFailsAtRegistration) {
