@@ -92,9 +92,9 @@ Status OpenJob(const IoBenchSpec& spec, uint32_t index, Job* job) {
 }
 
 // Keeps iodepth requests in flight over the file's blocks (in order, or a random permutation
-// so every block is visited once per pass, as fio's random map does). Completions are collected
-// in submission order; every slot freed by the time the oldest request completes is refilled in
-// one batch, so contiguous requests reach the engine together.
+// so every block is visited once per pass, as fio's random map does). The caller waits for the
+// oldest request, then collects every request that has completed; once enough slots are free
+// they are refilled in one batch, so contiguous requests reach the engine together.
 Status RunPass(const IoBenchSpec& spec, const Pass& pass, uint32_t seed, Job* job) {
   const uint64_t blocks = spec.size / spec.bs;
   std::vector<uint64_t> order(blocks);
@@ -150,11 +150,16 @@ Status RunPass(const IoBenchSpec& spec, const Pass& pass, uint32_t seed, Job* jo
     const InFlight oldest = in_flight.front();
     in_flight.pop_front();
     ZOE_RETURN_IF_ERROR(collect(oldest, job->queue->Wait(oldest.ticket)));
-    while (!in_flight.empty()) {
-      std::optional<Status> status = job->queue->Poll(in_flight.front().ticket);
-      if (!status) break;
-      const InFlight done = in_flight.front();
-      in_flight.pop_front();
+    // Every request that has completed frees its slot now, not only those ahead of the first
+    // one still in flight: a slow request must not hold back the refill of free slots.
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+      std::optional<Status> status = job->queue->Poll(it->ticket);
+      if (!status) {
+        ++it;
+        continue;
+      }
+      const InFlight done = *it;
+      it = in_flight.erase(it);
       ZOE_RETURN_IF_ERROR(collect(done, std::move(*status)));
     }
     if (free_slots.size() >= refill_at || in_flight.empty()) ZOE_RETURN_IF_ERROR(refill());
