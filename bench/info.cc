@@ -31,18 +31,39 @@ nlohmann::json BackendsJson(const std::vector<io::BackendInfo>& backends) {
   return out;
 }
 
-nlohmann::json PathJson(const std::string& path) {
-  auto info = io::ProbePath(path);
-  if (!info.ok()) return {{"path", path}, {"error", info.status().ToString()}};
-  auto node = NumaNodeOfPath(path);
-  return {{"path", info->path},
-          {"filesystem", info->filesystem},
-          {"free_bytes", info->free_bytes},
-          {"accepts_direct", info->accepts_direct},
-          {"direct_reason", info->direct_reason},
-          {"dio_mem_align", info->dio_mem_align},
-          {"dio_offset_align", info->dio_offset_align},
-          {"numa_node", node.ok() ? *node : -1}};
+// One probed --path: what io/ found, and the NUMA node of its block device (-1 when unknown).
+struct ProbedPath {
+  std::string path;
+  Result<io::PathInfo> info;
+  int numa_node;
+};
+
+// Everything `zoe info` reports that needs probing, gathered once for both output formats.
+struct Probes {
+  std::vector<io::BackendInfo> backends;
+  std::vector<ProbedPath> paths;
+};
+
+Probes ProbeMachine(const InfoOptions& options) {
+  Probes probes{io::DescribeBackends(), {}};
+  for (const auto& path : options.paths) {
+    auto node = NumaNodeOfPath(path);
+    probes.paths.push_back({path, io::ProbePath(path), node.ok() ? *node : -1});
+  }
+  return probes;
+}
+
+nlohmann::json PathJson(const ProbedPath& probed) {
+  if (!probed.info.ok()) return {{"path", probed.path}, {"error", probed.info.status().ToString()}};
+  const io::PathInfo& info = *probed.info;
+  return {{"path", info.path},
+          {"filesystem", info.filesystem},
+          {"free_bytes", info.free_bytes},
+          {"accepts_direct", info.accepts_direct},
+          {"direct_reason", info.direct_reason},
+          {"dio_mem_align", info.dio_mem_align},
+          {"dio_offset_align", info.dio_offset_align},
+          {"numa_node", probed.numa_node}};
 }
 
 nlohmann::json TopologyJson() {
@@ -83,12 +104,12 @@ nlohmann::json DeviceJson() {
   return out;
 }
 
-nlohmann::json CollectInfo(const InfoOptions& options) {
+nlohmann::json CollectInfo(const Probes& probes) {
   nlohmann::json paths = nlohmann::json::array();
-  for (const auto& path : options.paths) paths.push_back(PathJson(path));
+  for (const auto& path : probes.paths) paths.push_back(PathJson(path));
   return {{"schema_version", 1},
           {"version", ZOE_VERSION_STRING},
-          {"io_backends", BackendsJson(io::DescribeBackends())},
+          {"io_backends", BackendsJson(probes.backends)},
           {"paths", paths},
           {"topology", TopologyJson()},
           {"cpu", CpuJson()},
@@ -97,38 +118,17 @@ nlohmann::json CollectInfo(const InfoOptions& options) {
 
 const char* YesNo(const nlohmann::json& flag) { return flag.get<bool>() ? "yes" : "no"; }
 
-void PrintBackends(const nlohmann::json& backends) {
-  std::cout << "I/O backends (tried in this order by \"auto\")\n";
-  for (const auto& b : backends) {
-    std::cout << "  " << b["name"].get<std::string>() << ": ";
-    if (b["available"].get<bool>()) {
-      std::cout << "available";
-      for (const auto& feature : b["features"]) std::cout << "; " << feature.get<std::string>();
-    } else {
-      std::cout << "unavailable: " << b["reason"].get<std::string>();
-    }
-    std::cout << "\n";
+// The I/O part of the human output, in the same words `zoe bench io` uses.
+void PrintIo(const Probes& probes) {
+  std::cout << "I/O backends (tried in this order by \"auto\")\n"
+            << io::FormatBackends(probes.backends) << "\n";
+  for (const auto& probed : probes.paths) {
+    std::cout << "Path " << probed.path << "\n"
+              << (probed.info.ok() ? io::FormatPathInfo(*probed.info)
+                                   : "  " + probed.info.status().ToString() + "\n")
+              << "  NUMA node of its block device: "
+              << (probed.numa_node >= 0 ? std::to_string(probed.numa_node) : "unknown") << "\n\n";
   }
-  std::cout << "\n";
-}
-
-void PrintPath(const nlohmann::json& path) {
-  std::cout << "Path " << path["path"].get<std::string>() << "\n";
-  if (path.contains("error")) {
-    std::cout << "  " << path["error"].get<std::string>() << "\n\n";
-    return;
-  }
-  std::cout << "  file system " << path["filesystem"].get<std::string>() << ", "
-            << path["free_bytes"].get<uint64_t>() << " bytes free\n  O_DIRECT: ";
-  if (path["accepts_direct"].get<bool>()) {
-    std::cout << "accepted, alignment " << path["dio_mem_align"] << " B (memory), "
-              << path["dio_offset_align"] << " B (offset)\n";
-  } else {
-    std::cout << "refused (" << path["direct_reason"].get<std::string>() << ")\n";
-  }
-  const int node = path["numa_node"].get<int>();
-  std::cout << "  NUMA node of its block device: "
-            << (node >= 0 ? std::to_string(node) : std::string("unknown")) << "\n\n";
 }
 
 void PrintTopology(const nlohmann::json& topology) {
@@ -161,10 +161,9 @@ void PrintCpuAndDevice(const nlohmann::json& cpu, const nlohmann::json& device) 
   }
 }
 
-void PrintHuman(const nlohmann::json& info) {
+void PrintHuman(const Probes& probes, const nlohmann::json& info) {
   std::cout << "zoe " << info["version"].get<std::string>() << "\n\n";
-  PrintBackends(info["io_backends"]);
-  for (const auto& path : info["paths"]) PrintPath(path);
+  PrintIo(probes);
   PrintTopology(info["topology"]);
   PrintCpuAndDevice(info["cpu"], info["device"]);
 }
@@ -176,11 +175,12 @@ void AttachInfo(CLI::App& root) {
   cmd->add_option("--output-format", options->output_format, "human or json")
       ->check(CLI::IsMember({"human", "json"}));
   cmd->callback([options] {
-    const nlohmann::json info = CollectInfo(*options);
+    const Probes probes = ProbeMachine(*options);
+    const nlohmann::json info = CollectInfo(probes);
     if (options->output_format == "json") {
       std::cout << info.dump(2) << "\n";
     } else {
-      PrintHuman(info);
+      PrintHuman(probes, info);
     }
   });
 }
