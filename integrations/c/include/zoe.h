@@ -64,6 +64,195 @@ ZOE_API const char* zoe_last_error(void);
 /* Frees memory that zoe returned with "free with zoe_free". Accepts NULL. */
 ZOE_API void zoe_free(void* ptr);
 
+/* ---------------------------------------------------------------------------------------------
+ * Engine: the tiers, the tensors placed in them, and the optimizer groups.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Opaque. Created by zoe_engine_create, destroyed by zoe_engine_destroy. Every function taking an
+ * engine is thread-safe unless it says otherwise. */
+typedef struct zoe_engine zoe_engine;
+
+typedef uint32_t zoe_tensor_id;
+typedef uint32_t zoe_group_id;
+
+/* Numbers are part of the ABI and never reused. */
+typedef enum zoe_tier { ZOE_TIER_DEVICE = 0, ZOE_TIER_HOST = 1, ZOE_TIER_NVME = 2 } zoe_tier;
+
+typedef enum zoe_access {
+  ZOE_ACCESS_READ = 0,
+  ZOE_ACCESS_WRITE = 1,
+  ZOE_ACCESS_READ_WRITE = 2
+} zoe_access;
+
+typedef enum zoe_dtype {
+  ZOE_DTYPE_FLOAT32 = 0,
+  ZOE_DTYPE_FLOAT16 = 1,
+  ZOE_DTYPE_BFLOAT16 = 2,
+  ZOE_DTYPE_INT8 = 3,
+  ZOE_DTYPE_UINT8 = 4,
+  ZOE_DTYPE_INT32 = 5,
+  ZOE_DTYPE_INT64 = 6,
+  ZOE_DTYPE_FLOAT64 = 7,
+  ZOE_DTYPE_BOOL = 8,
+  ZOE_DTYPE_FLOAT8_E4M3 = 9,
+  ZOE_DTYPE_FLOAT8_E5M2 = 10
+} zoe_dtype;
+
+/* Which optimizer-state array zoe_optim_state_read/write address. */
+typedef enum zoe_state_slot {
+  ZOE_STATE_MASTER = 0,     /* fp32 master weights */
+  ZOE_STATE_EXP_AVG = 1,    /* first moment (torch: exp_avg) */
+  ZOE_STATE_EXP_AVG_SQ = 2  /* second moment (torch: exp_avg_sq) */
+} zoe_state_slot;
+
+/* A tensor to place. name: borrowed, copied; unique and non-empty. bytes: a multiple of the
+ * dtype's size. group: borrowed, copied; NULL or "" for the default group. */
+typedef struct zoe_tensor_desc {
+  const char* name;
+  uint64_t bytes;
+  zoe_dtype dtype;
+  zoe_tier home;
+  const char* group;
+} zoe_tensor_desc;
+
+/* A caller's host buffer of `count` elements of `dtype` (FLOAT32, BFLOAT16 or FLOAT16 where
+ * optimizer groups take them). Borrowed for the duration of the call unless a function says
+ * otherwise. */
+typedef struct zoe_buffer_view {
+  void* data;
+  zoe_dtype dtype;
+  uint64_t count;
+} zoe_buffer_view;
+
+/* The hyper-parameters of one step; schedulers may change them on every call. */
+typedef struct zoe_hyper_params {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+} zoe_hyper_params;
+
+typedef struct zoe_step_result {
+  int32_t skipped;        /* 1: a gradient was inf/NaN and nothing changed */
+  double grad_norm;       /* L2 norm of the unscaled gradients */
+  int64_t steps_taken;    /* the group's step count after this call */
+  uint64_t bytes_read;    /* NVMe bytes */
+  uint64_t bytes_written;
+  double seconds;
+} zoe_step_result;
+
+/* Creates an engine from a JSON configuration (DeepSpeed-shaped: zero_optimization.offload_optimizer,
+ * offload_param, aio, plus zoe's own "zoe" section; see docs/configuration.md). NULL or "" means
+ * all defaults. Unknown keys are errors naming the closest valid key. On success *out owns the
+ * engine (destroy with zoe_engine_destroy); on failure *out is set to NULL. */
+ZOE_API zoe_status zoe_engine_create(const char* config_json, zoe_engine** out);
+
+/* Waits for background work, releases memory and removes swap files. Accepts NULL. The handle
+ * must not be used afterwards, and no other thread may be inside a call on it. */
+ZOE_API void zoe_engine_destroy(zoe_engine* engine);
+
+/* The first failure of background work (e.g. a prefetch) since the last call, then cleared;
+ * ZOE_OK when there was none. */
+ZOE_API zoe_status zoe_engine_async_error(zoe_engine* engine);
+
+/* Writes every dirty tensor down to NVMe and waits. */
+ZOE_API zoe_status zoe_engine_flush(zoe_engine* engine);
+
+/* Statistics (bytes per link, prefetch hits, stalls, evictions, occupancy, per-group step
+ * figures) as a JSON object. *out_json: free with zoe_free. */
+ZOE_API zoe_status zoe_engine_stats_json(zoe_engine* engine, char** out_json);
+
+/* The configuration in effect, every key with its value, as JSON. *out_json: free with
+ * zoe_free. */
+ZOE_API zoe_status zoe_engine_config_json(zoe_engine* engine, char** out_json);
+
+/* Places a tensor; its bytes read as zeros until written. NO_SPACE / OUT_OF_MEMORY when it cannot
+ * fit the swap space / HOST budget. */
+ZOE_API zoe_status zoe_tensor_register(zoe_engine* engine, const zoe_tensor_desc* desc,
+                                       zoe_tensor_id* out);
+
+/* The id of a registered tensor; NOT_FOUND otherwise. name: borrowed. */
+ZOE_API zoe_status zoe_tensor_find(zoe_engine* engine, const char* name, zoe_tensor_id* out);
+
+/* Makes the tensor resident in `tier` (DEVICE or HOST) and stores its address in *out_ptr. The
+ * memory is owned by the engine and stays valid and pinned until the matching
+ * zoe_tensor_release. Blocks for transfers and for other tensors' releases when the tier is full
+ * (BUSY after the configured timeout). */
+ZOE_API zoe_status zoe_tensor_acquire(zoe_engine* engine, zoe_tensor_id tensor, zoe_tier tier,
+                                      zoe_access access, void** out_ptr);
+
+/* Undoes the most recent acquire of the tensor. FAILED_PRECONDITION when it is not acquired. */
+ZOE_API zoe_status zoe_tensor_release(zoe_engine* engine, zoe_tensor_id tensor);
+
+/* A hint to start moving the tensor towards `tier`; never blocks. */
+ZOE_API zoe_status zoe_tensor_prefetch(zoe_engine* engine, zoe_tensor_id tensor, zoe_tier tier);
+
+/* Moves the tensor out of DEVICE and HOST, writing it to NVMe first when dirty. BUSY while it is
+ * acquired. */
+ZOE_API zoe_status zoe_tensor_evict(zoe_engine* engine, zoe_tensor_id tensor);
+
+/* Brackets one iteration: the first iteration under a name is recorded, later ones replay it
+ * (prefetch and eviction by next use). name: borrowed. */
+ZOE_API zoe_status zoe_trace_begin(zoe_engine* engine, const char* name);
+ZOE_API zoe_status zoe_trace_end(zoe_engine* engine);
+
+/* Writes the recorded trace `name` to `path` (versioned, checksummed). Both borrowed. */
+ZOE_API zoe_status zoe_trace_save(zoe_engine* engine, const char* name, const char* path);
+
+/* Loads a trace saved by zoe_trace_save for the same registrations. CORRUPTION for a damaged or
+ * foreign file. *out_name (may be NULL): the trace's name, free with zoe_free. */
+ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** out_name);
+
+/* Creates an optimizer group whose fp32 master weights are initialised from `params` (n views
+ * that, concatenated, are the group's parameters; borrowed for the call) and whose state is
+ * placed as the engine's configuration says (offload_optimizer: nvme / cpu, ratio, buffer_count,
+ * sub_group_size). optim_json: {"name": str, "type": "AdamW"|"Adam"|"Adagrad"|"Lion",
+ * "lr", "betas": [b1, b2], "eps", "weight_decay", "max_grad_norm", "moment_dtype": "fp32"|"bf16"}
+ * (all but "name" optional). NO_SPACE / OUT_OF_MEMORY name the bytes needed and free. */
+ZOE_API zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,
+                                          const zoe_buffer_view* params, size_t n,
+                                          zoe_group_id* out);
+
+/* One optimizer step of the group. hyper: NULL keeps the group's hyper-parameters. grads: n_grads
+ * views covering the group, or n_grads 0 to use those given to zoe_optim_accumulate_grad.
+ * params_out: n_params views covering the group that receive the updated parameters in their
+ * dtype, or n_params 0. loss_scale > 0 (1 for none). A step with a non-finite gradient changes
+ * nothing and reports skipped. On any error the state is as it was before the call. out may be
+ * NULL. Not to be called concurrently for the same group. */
+ZOE_API zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group,
+                                  const zoe_hyper_params* hyper, const zoe_buffer_view* grads,
+                                  size_t n_grads, const zoe_buffer_view* params_out,
+                                  size_t n_params, double loss_scale, zoe_step_result* out);
+
+/* Hands over the gradients of elements [offset, offset + grad->count) before the step that uses
+ * them, so reading their state starts during backward. The buffer stays borrowed until that
+ * zoe_optim_step returns. */
+ZOE_API zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group,
+                                             uint64_t offset, const zoe_buffer_view* grad);
+
+/* Copies `count` elements of a state array starting at `offset` out as fp32 (read) or in from
+ * fp32 (write; moments are rounded to the group's moment dtype). out / values: borrowed. */
+ZOE_API zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group,
+                                        zoe_state_slot slot, uint64_t offset, uint64_t count,
+                                        float* out);
+ZOE_API zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group,
+                                         zoe_state_slot slot, uint64_t offset, uint64_t count,
+                                         const float* values);
+
+/* The group's step count (steps taken, skipped ones excluded), and setting it (for loading a
+ * state dict). */
+ZOE_API zoe_status zoe_optim_group_steps(zoe_engine* engine, zoe_group_id group, int64_t* out);
+ZOE_API zoe_status zoe_optim_group_set_steps(zoe_engine* engine, zoe_group_id group,
+                                             int64_t steps);
+
+/* Saves every optimizer group (master, moments, step counts, hyper-parameters) to `dir`,
+ * streamed and crash-safe: a process killed during the save leaves the previous checkpoint
+ * loadable. Loading verifies every checksum and that the checkpoint is of the same groups
+ * (FAILED_PRECONDITION otherwise); on any error the engine's state is unchanged. dir: borrowed. */
+ZOE_API zoe_status zoe_checkpoint_save(zoe_engine* engine, const char* dir);
+ZOE_API zoe_status zoe_checkpoint_load(zoe_engine* engine, const char* dir);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,95 @@
+// CheckpointWriter / CheckpointReader: crash-safe checkpoint directories written and read as
+// streams, so state far larger than RAM is never materialised.
+//
+// On disk, a checkpoint root `dir` holds versions and a pointer to the live one:
+//   dir/LATEST            one line: the name of the live version ("v000007")
+//   dir/v000007/          the files of that version and its manifest.json
+//   dir/v000008.tmp/      a save in progress (or left by a crash; removed by the next save)
+// A save writes every file into a fresh ".tmp" version, fsyncs each file, writes manifest.json
+// (format version, caller metadata, and for each file its size, xxh3-64 checksum and metadata),
+// fsyncs it and the version directory, renames the version to its final name, fsyncs `dir`, then
+// replaces LATEST through a temporary file + fsync + rename + fsync of `dir`, and only then removes
+// older versions. A process killed at any point therefore leaves LATEST naming a complete version.
+//
+// Reading verifies the manifest's format version and each file's size and checksum; a file is
+// verified when its last byte has been read (Reader::EndFile), so callers that apply data as they
+// read must stage it and commit only after EndFile succeeds.
+//
+// Errors name the path: NotFound (no checkpoint), Corruption (bad manifest, size or checksum),
+// NotSupported (another format version), PermissionDenied / NoSpace / IoError from the system.
+// Not thread-safe: one thread drives a writer or a reader.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/result.h"
+
+namespace zoe::offload {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+class CheckpointWriter {
+ public:
+  // Creates `dir` if needed (its parent must exist), removes stale ".tmp" versions and starts a new
+  // version. `metadata` is stored in the manifest as given.
+  static Result<std::unique_ptr<CheckpointWriter>> Begin(const std::string& dir,
+                                                         nlohmann::json metadata);
+  // Abandons an uncommitted save: removes its ".tmp" version; LATEST is untouched.
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // One file at a time: BeginFile, any number of Append, EndFile. `name` is a plain file name
+  // (no '/', not "manifest.json" or "LATEST", unique in the checkpoint).
+  Status BeginFile(std::string_view name, nlohmann::json file_metadata = {});
+  Status Append(std::span<const std::byte> bytes);
+  Status EndFile();  // fsyncs the file and records its size and checksum
+  // Publishes the version as described above. The writer cannot be used afterwards.
+  Status Commit();
+
+  const std::string& version_path() const;  // the ".tmp" directory being written
+
+ private:
+  struct Impl;
+  explicit CheckpointWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class CheckpointReader {
+ public:
+  // Opens the version LATEST names and parses and checks its manifest.
+  static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& dir);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const nlohmann::json& metadata() const;
+  std::vector<std::string> file_names() const;
+  // NotFound naming the file and listing the checkpoint's files.
+  Result<nlohmann::json> file_metadata(std::string_view name) const;
+  Result<uint64_t> file_size(std::string_view name) const;
+
+  // One file at a time: BeginFile, Read until the file's size, EndFile (verifies the checksum;
+  // Corruption when it or the size is wrong, e.g. EndFile before every byte was read).
+  Status BeginFile(std::string_view name);
+  // Fills `out` exactly; Corruption when the file is shorter than the manifest says.
+  Status Read(std::span<std::byte> out);
+  Status EndFile();
+
+  const std::string& version_path() const;
+
+ private:
+  struct Impl;
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zoe::offload

@@ -1,0 +1,167 @@
+// OptimizerGroup: the offloaded optimizer state of one parameter group (fp32 master weights and
+// the moments) and the pipelined step that streams it through the CPU kernels.
+//
+// Layout. The group's `count` parameters are cut into chunks of `chunk_elements` (the last one
+// shorter). A chunk's whole state -- master (fp32), exp_avg and exp_avg_sq (state_dtype), each
+// region starting on a 4096-byte boundary -- is one aligned extent, so one read and one write move
+// it. A chunk lives on NVMe or in pinned HOST memory: placement kHost keeps every chunk in HOST;
+// kNvme puts the first round(nvme_ratio * chunks) chunks on NVMe and the rest in HOST (DeepSpeed's
+// offload_optimizer.ratio).
+//
+// Atomic steps. Every NVMe chunk owns two extents ("slots"); a step reads the live slot and writes
+// the other one, and flips which slot is live only when every write of the step succeeded. HOST
+// chunks are updated in place, after every NVMe write of the step succeeded. So a step either
+// applies to the whole group or, when any read, write or checksum fails, leaves the state exactly
+// as it was before the step and returns the error naming the group and the chunk.
+//
+// Pipeline. Step first scans every gradient (non-finite check, global norm, clipping), then
+// streams the NVMe chunks through `buffer_count` pinned buffers: while chunk i is updated on all
+// kernel threads, chunk i+1 (and further, up to the free buffers) is being read and chunk i-1
+// written. A skipped step (a non-finite gradient) reads and writes nothing and does not advance the
+// step counter.
+//
+// Caller buffers. Gradients and parameters are given as lists of views in host memory that,
+// concatenated, cover the group's `count` elements; the two lists may be cut differently. Views
+// are borrowed for the call (for AccumulateGrad: until the Step that consumes them returns).
+// Updated parameters are written in each view's dtype (fp32 copies the master; bf16/fp16 are
+// written by the fused kernel).
+//
+// Thread safety: one thread at a time per group (the engine serialises calls); the group borrows
+// the resources it was created with, which may be shared with other groups.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/executor.h"
+#include "core/pinned_memory.h"
+#include "core/result.h"
+#include "io/queue.h"
+#include "io/swap_space.h"
+#include "offload/types.h"
+#include "optim/chunk.h"
+#include "optim/types.h"
+
+namespace zoe::offload {
+
+class CheckpointWriter;
+class CheckpointReader;
+
+// A borrowed host buffer of `count` elements of `dtype`.
+struct GradView {
+  const void* data = nullptr;
+  optim::DType dtype = optim::DType::kF32;
+  size_t count = 0;
+};
+struct ParamView {
+  void* data = nullptr;
+  optim::DType dtype = optim::DType::kF32;
+  size_t count = 0;
+};
+
+struct OptimizerGroupOptions {
+  std::string name;  // non-empty; named in errors, statistics and checkpoints
+  optim::Kind kind = optim::Kind::kAdamW;
+  optim::DType state_dtype = optim::DType::kF32;  // moments: kF32 or kBF16
+  size_t count = 0;                               // parameters, > 0
+  double max_grad_norm = 0.0;                     // > 0 clips the global norm; 0: no clipping
+  Tier placement = Tier::kNvme;                   // kNvme or kHost
+  double nvme_ratio = 1.0;                        // (0, 1], with kNvme
+  size_t chunk_elements = size_t{1} << 23;        // the pipeline unit, > 0
+  uint32_t buffer_count = 4;                      // pinned pipeline buffers, >= 2
+  optim::RunOptions run;                          // kernel threads, ISA, tile size
+};
+
+// What a group borrows; all must outlive it. `io` and `swap` are needed only when some chunk is
+// on NVMe.
+struct OptimizerResources {
+  io::IoQueue* io = nullptr;
+  io::SwapSpace* swap = nullptr;
+  PinnedMemoryPool* pinned = nullptr;  // pipeline buffers and HOST chunks come from it
+};
+
+struct StepArgs {
+  optim::HyperParams hyper;          // hyper.kind must be the group's kind
+  std::span<const GradView> grads;   // empty: the gradients given to AccumulateGrad
+  std::span<const ParamView> params;  // empty: no parameters written
+  double loss_scale = 1.0;           // > 0; gradients are divided by it
+};
+
+struct StepReport {
+  bool skipped = false;    // a gradient was inf/NaN: nothing changed
+  double grad_norm = 0.0;  // of the unscaled gradients (inf when skipped)
+  int64_t steps_taken = 0;  // after this call
+  uint64_t bytes_read = 0;  // NVMe bytes
+  uint64_t bytes_written = 0;
+  double seconds = 0.0;          // the whole call
+  double io_wait_seconds = 0.0;  // time the pipeline waited for reads or writes
+  double compute_seconds = 0.0;  // time in the update kernels
+};
+
+// Which state array ReadState and WriteState address.
+enum class StateSlot : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
+
+class OptimizerGroup {
+ public:
+  // Validates the options (InvalidArgument naming the field and its allowed range), checks that
+  // the swap space and the pinned budget can hold the state (NoSpace / OutOfMemory giving the
+  // bytes needed and free), allocates the chunks and writes the initial state: master from
+  // `initial_params` (which must cover `count`; bf16/fp16 widened exactly), moments zero.
+  static Result<std::unique_ptr<OptimizerGroup>> Create(OptimizerGroupOptions options,
+                                                        OptimizerResources resources,
+                                                        std::span<const ParamView> initial_params);
+  // Waits for transfers in flight and frees the extents.
+  ~OptimizerGroup();
+  OptimizerGroup(const OptimizerGroup&) = delete;
+  OptimizerGroup& operator=(const OptimizerGroup&) = delete;
+
+  // One step (see the contract above).
+  Result<StepReport> Step(const StepArgs& args);
+
+  // Hands over gradients [offset, offset + grad.count) ahead of the Step that consumes them
+  // (StepArgs::grads empty): scans them at once and, for every chunk they complete, starts reading
+  // its state into a free pipeline buffer, so the step that follows waits only for what is still
+  // in flight. Ranges must not overlap; the next Step needs them to cover the whole group.
+  Status AccumulateGrad(size_t offset, const GradView& grad);
+
+  // Copies state elements [offset, offset + out.size()) out as fp32 / in from fp32 (rounded to the
+  // state dtype for the moments). For state dicts and tests; each call reads (and writes) every
+  // chunk it touches. WriteState is atomic like a step.
+  Status ReadState(StateSlot slot, size_t offset, std::span<float> out) const;
+  Status WriteState(StateSlot slot, size_t offset, std::span<const float> values);
+
+  int64_t steps_taken() const { return steps_taken_; }
+  void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
+  const OptimizerGroupOptions& options() const { return options_; }
+  size_t count() const { return options_.count; }
+  size_t chunk_count() const;
+  size_t nvme_chunk_count() const;
+  uint64_t pinned_bytes() const;  // pipeline buffers plus HOST chunks
+  uint64_t nvme_bytes() const;    // both slots of every NVMe chunk
+
+  // Identity written into checkpoints and compared on load: name, kind, count, state dtype,
+  // chunk_elements (a checkpoint loads into a group with the same identity only).
+  nlohmann::json Identity() const;
+  // Streams the state chunk by chunk into the file "<name>.state" of `writer` (never the whole
+  // state in memory), with the step count and the identity in the file's metadata.
+  Status Save(CheckpointWriter& writer) const;
+  // Reads the group's file from `reader` into the inactive slots, verifying the checksum, and
+  // makes it live only when all of it was read and verified; on any error nothing changes.
+  // FailedPrecondition naming both identities when the checkpoint is of another group.
+  Status Load(CheckpointReader& reader);
+
+ private:
+  struct Impl;
+  OptimizerGroup(OptimizerGroupOptions options, std::unique_ptr<Impl> impl);
+
+  OptimizerGroupOptions options_;
+  std::unique_ptr<Impl> impl_;
+  int64_t steps_taken_ = 0;
+};
+
+}  // namespace zoe::offload
