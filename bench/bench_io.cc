@@ -74,51 +74,6 @@ Result<IoBenchSpec> BaseSpec(const IoCommandOptions& o, const std::vector<std::s
   return spec;
 }
 
-// Expands "--sweep bs=256K,1M iodepth=4,16" into the grid of specs (first key varies slowest).
-Result<std::vector<IoBenchSpec>> ExpandSweep(const IoBenchSpec& base,
-                                             const std::vector<std::string>& axes) {
-  std::vector<IoBenchSpec> grid = {base};
-  for (const std::string& axis : axes) {
-    const size_t eq = axis.find('=');
-    if (eq == std::string::npos)
-      return Status::InvalidArgument("--sweep " + axis + ": expected key=v1,v2,...");
-    const std::string key = axis.substr(0, eq);
-    std::vector<IoBenchSpec> next;
-    std::vector<std::string> values;
-    std::stringstream list(axis.substr(eq + 1));
-    for (std::string value; std::getline(list, value, ',');) values.push_back(value);
-    for (const IoBenchSpec& base_spec : grid) {
-      for (const std::string& value : values) {
-        IoBenchSpec spec = base_spec;
-        if (key == "bs") {
-          ZOE_ASSIGN_OR_RETURN(spec.bs, config::ParseSizeString(value));
-        } else if (key == "iodepth" || key == "jobs" || key == "submit_batch") {
-          char* end = nullptr;
-          const unsigned long n = std::strtoul(value.c_str(), &end, 10);
-          if (*end != '\0' || n == 0)
-            return Status::InvalidArgument("--sweep " + key + "=" + value +
-                                           ": expected a positive integer");
-          (key == "iodepth" ? spec.iodepth
-           : key == "jobs"  ? spec.jobs
-                            : spec.submit_batch) = static_cast<uint32_t>(n);
-        } else if (key == "rw") {
-          spec.rw = value;
-        } else if (key == "backend") {
-          ZOE_ASSIGN_OR_RETURN(spec.backend, io::ParseBackend(value));
-        } else {
-          return Status::InvalidArgument(
-              "--sweep key '" + key +
-              "' is not one of bs, iodepth, jobs, submit_batch, rw, backend");
-        }
-        next.push_back(spec);
-      }
-    }
-    grid = std::move(next);
-  }
-  for (const IoBenchSpec& spec : grid) ZOE_RETURN_IF_ERROR(ValidateSpec(spec));
-  return grid;
-}
-
 void Progress(size_t done, size_t total, const IoBenchSpec& spec) {
   constexpr size_t kWidth = 30;
   const size_t filled = total == 0 ? kWidth : done * kWidth / total;

@@ -12,9 +12,11 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "core/aligned_buffer.h"
+#include "core/config.h"
 #include "io/queue.h"
 
 namespace zoe::cli {
@@ -199,6 +201,50 @@ Status ValidateSpec(const IoBenchSpec& spec) {
   }
   if (spec.dirs.empty()) return Status::InvalidArgument("no --path to put the test files in");
   return Status::Ok();
+}
+
+Result<std::vector<IoBenchSpec>> ExpandSweep(const IoBenchSpec& base,
+                                             const std::vector<std::string>& axes) {
+  std::vector<IoBenchSpec> grid = {base};
+  for (const std::string& axis : axes) {
+    const size_t eq = axis.find('=');
+    if (eq == std::string::npos)
+      return Status::InvalidArgument("--sweep " + axis + ": expected key=v1,v2,...");
+    const std::string key = axis.substr(0, eq);
+    std::vector<IoBenchSpec> next;
+    std::vector<std::string> values;
+    std::stringstream list(axis.substr(eq + 1));
+    for (std::string value; std::getline(list, value, ',');) values.push_back(value);
+    for (const IoBenchSpec& base_spec : grid) {
+      for (const std::string& value : values) {
+        IoBenchSpec spec = base_spec;
+        if (key == "bs") {
+          ZOE_ASSIGN_OR_RETURN(spec.bs, config::ParseSizeString(value));
+        } else if (key == "iodepth" || key == "jobs" || key == "submit_batch") {
+          char* end = nullptr;
+          const unsigned long n = std::strtoul(value.c_str(), &end, 10);
+          if (*end != '\0' || n == 0)
+            return Status::InvalidArgument("--sweep " + key + "=" + value +
+                                           ": expected a positive integer");
+          (key == "iodepth" ? spec.iodepth
+           : key == "jobs"  ? spec.jobs
+                            : spec.submit_batch) = static_cast<uint32_t>(n);
+        } else if (key == "rw") {
+          spec.rw = value;
+        } else if (key == "backend") {
+          ZOE_ASSIGN_OR_RETURN(spec.backend, io::ParseBackend(value));
+        } else {
+          return Status::InvalidArgument(
+              "--sweep key '" + key +
+              "' is not one of bs, iodepth, jobs, submit_batch, rw, backend");
+        }
+        next.push_back(spec);
+      }
+    }
+    grid = std::move(next);
+  }
+  for (const IoBenchSpec& spec : grid) ZOE_RETURN_IF_ERROR(ValidateSpec(spec));
+  return grid;
 }
 
 LatencyUs Percentiles(std::vector<uint64_t> ns) {

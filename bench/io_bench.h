@@ -30,6 +30,12 @@ struct IoBenchSpec {
   uint32_t submit_batch = 0;
 };
 
+// Expands sweep axes such as {"bs=256K,1M", "iodepth=4,16"} into the grid of specs, the first
+// axis varying slowest. Keys: bs, iodepth, jobs, submit_batch, rw, backend. Every spec of the
+// grid is validated; a bad axis, key or value is InvalidArgument naming it.
+Result<std::vector<IoBenchSpec>> ExpandSweep(const IoBenchSpec& base,
+                                             const std::vector<std::string>& axes);
+
 struct LatencyUs {
   double p50 = 0, p90 = 0, p99 = 0, p999 = 0, max = 0;
 };
