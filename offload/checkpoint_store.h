@@ -22,13 +22,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/result.h"
 
@@ -36,12 +36,26 @@ namespace zoe::offload {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 
+// The system calls a save makes, named for the fault hook below.
+enum class CheckpointSyscall { kMkdir, kOpen, kWrite, kFsync, kRename, kRemove };
+
+struct CheckpointWriterOptions {
+  // For tests: called before each system call a save makes, with the path it acts on. A positive
+  // return is an errno the call fails with instead of running (EINTR is retried like a real one);
+  // kShortWrite makes a write transfer only half of its bytes, as a real short write does.
+  static constexpr int kShortWrite = -1;
+  std::function<int(CheckpointSyscall call, const std::string& path)> fault_for_testing;
+};
+
 class CheckpointWriter {
  public:
   // Creates `dir` if needed (its parent must exist), removes stale ".tmp" versions and starts a new
-  // version. `metadata` is stored in the manifest as given.
+  // version. `metadata` is stored in the manifest as given. Final versions that LATEST does not
+  // name (left by a crash between the rename and the LATEST update) are removed too, so a failed
+  // save never holds the space of a second checkpoint.
   static Result<std::unique_ptr<CheckpointWriter>> Begin(const std::string& dir,
-                                                         nlohmann::json metadata);
+                                                         nlohmann::json metadata,
+                                                         CheckpointWriterOptions options = {});
   // Abandons an uncommitted save: removes its ".tmp" version; LATEST is untouched.
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -65,7 +79,9 @@ class CheckpointWriter {
 
 class CheckpointReader {
  public:
-  // Opens the version LATEST names and parses and checks its manifest.
+  // Opens the version LATEST names and parses and checks its manifest. NotFound when `dir` or its
+  // LATEST does not exist; Corruption when LATEST is garbled or names a version without a manifest.
+  // A save that commits removes the version a reader has open: finish reading before saving again.
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& dir);
   ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
@@ -80,7 +96,8 @@ class CheckpointReader {
   // One file at a time: BeginFile, Read until the file's size, EndFile (verifies the checksum;
   // Corruption when it or the size is wrong, e.g. EndFile before every byte was read).
   Status BeginFile(std::string_view name);
-  // Fills `out` exactly; Corruption when the file is shorter than the manifest says.
+  // Fills `out` exactly; InvalidArgument when `out` reaches past the size the manifest gives,
+  // Corruption when the file on disk is shorter or longer than that size.
   Status Read(std::span<std::byte> out);
   Status EndFile();
 

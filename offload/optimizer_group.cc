@@ -1,40 +1,547 @@
 #include "offload/optimizer_group.h"
 
-namespace zoe::offload {
+#include <fmt/format.h>
 
-struct OptimizerGroup::Impl {};
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "core/log.h"
+#include "offload/optimizer_group_impl.h"
+
+namespace zoe::offload {
+namespace {
+
+using detail::Clock;
+using detail::PlacedView;
+using detail::PlacedViews;
+using detail::SecondsSince;
+using detail::StepInputs;
+using optim::DType;
+
+bool IsKnownDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+bool IsKnownKind(optim::Kind kind) {
+  return std::find(std::begin(optim::kAllKinds), std::end(optim::kAllKinds), kind) !=
+         std::end(optim::kAllKinds);
+}
+
+std::string_view SlotName(StateSlot slot) {
+  switch (slot) {
+    case StateSlot::kMaster:
+      return "master";
+    case StateSlot::kExpAvg:
+      return "exp_avg";
+    case StateSlot::kExpAvgSq:
+      return "exp_avg_sq";
+  }
+  return "unknown";
+}
+
+Status CheckView(const std::string& group, std::string_view what, size_t index, const void* data,
+                 DType dtype, size_t count) {
+  if (!IsKnownDType(dtype)) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': {} view {} has an unknown dtype ({}); allowed: fp32, "
+                    "bf16, fp16",
+                    group, what, index, static_cast<int>(dtype)));
+  }
+  if (count > 0 && data == nullptr) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': {} view {} of {} elements has a null buffer", group,
+                    what, index, count));
+  }
+  return Status::Ok();
+}
+
+// Places views back to back; they must cover exactly `count` elements. Empty views are dropped.
+template <class View>
+Result<PlacedViews> PlaceViews(const std::string& group, std::string_view what,
+                               std::span<const View> views, size_t count) {
+  PlacedViews placed;
+  size_t offset = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    const View& view = views[i];
+    ZOE_RETURN_IF_ERROR(CheckView(group, what, i, view.data, view.dtype, view.count));
+    if (view.count == 0) continue;
+    placed.push_back(
+        {offset, static_cast<std::byte*>(const_cast<void*>(view.data)), view.dtype, view.count});
+    offset += view.count;
+  }
+  if (offset != count) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': the {} views hold {} elements; the group has {}", group,
+                    what, offset, count));
+  }
+  return placed;
+}
+
+// The view holding `element` (the views cover it).
+PlacedViews::const_iterator FindView(const PlacedViews& views, size_t element) {
+  auto it = std::upper_bound(views.begin(), views.end(), element,
+                             [](size_t e, const PlacedView& v) { return e < v.offset; });
+  return std::prev(it);
+}
+
+std::byte* ElementAt(const PlacedView& view, size_t element) {
+  return view.data + (element - view.offset) * optim::SizeOf(view.dtype);
+}
+
+// Fills a chunk's extent: master from the caller's parameters (widened exactly), moments and
+// padding zero.
+Status FillInitialState(const ChunkRegions& regions, std::byte* base, const PlacedViews& params,
+                        const optim::RunOptions& run) {
+  std::memset(base, 0, regions.bytes);
+  auto* master = reinterpret_cast<float*>(base + regions.offset[0]);
+  const size_t end = regions.first + regions.count;
+  for (auto view = FindView(params, regions.first); view != params.end() && view->offset < end;
+       ++view) {
+    const size_t from = std::max(regions.first, view->offset);
+    const size_t to = std::min(end, view->end());
+    float* dst = master + (from - regions.first);
+    if (view->dtype == DType::kF32) {
+      std::memcpy(dst, ElementAt(*view, from), (to - from) * sizeof(float));
+    } else {
+      ZOE_RETURN_IF_ERROR(
+          optim::CastToF32(ElementAt(*view, from), view->dtype, dst, to - from, run));
+    }
+  }
+  return Status::Ok();
+}
+
+// Updates one chunk whose state is at `base`. The chunk is split at every gradient and parameter
+// view boundary and UpdateChunk runs on each piece: the update is elementwise, so the result is
+// the same as one call over the whole chunk.
+Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in) {
+  const size_t end = regions.first + regions.count;
+  const size_t state_bytes = optim::SizeOf(in.state_dtype);
+  auto grad = FindView(*in.grads, regions.first);
+  const bool with_params = !in.params->empty();
+  auto param = with_params ? FindView(*in.params, regions.first) : in.params->end();
+  for (size_t pos = regions.first; pos < end;) {
+    const size_t piece_end = std::min({end, grad->end(), with_params ? param->end() : end});
+    const size_t k = pos - regions.first;
+    const bool fused_copy = with_params && param->dtype != DType::kF32;
+    optim::ChunkLayout layout;
+    layout.grad = grad->dtype;
+    layout.state = in.state_dtype;
+    if (fused_copy) layout.param_copy = param->dtype;
+    optim::ChunkBuffers buffers;
+    buffers.master = reinterpret_cast<float*>(base + regions.offset[0]) + k;
+    buffers.grad = ElementAt(*grad, pos);
+    if (regions.used[1]) buffers.exp_avg = base + regions.offset[1] + k * state_bytes;
+    if (regions.used[2]) buffers.exp_avg_sq = base + regions.offset[2] + k * state_bytes;
+    if (fused_copy) buffers.param_copy = ElementAt(*param, pos);
+    buffers.count = piece_end - pos;
+    ZOE_RETURN_IF_ERROR(
+        optim::UpdateChunk(*in.hyper, in.step, layout, buffers, in.scaling, *in.run));
+    if (with_params && !fused_copy) {
+      std::memcpy(ElementAt(*param, pos), buffers.master, buffers.count * sizeof(float));
+    }
+    pos = piece_end;
+    if (pos == grad->end()) ++grad;
+    if (with_params && pos == param->end()) ++param;
+  }
+  return Status::Ok();
+}
+
+Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r) {
+  const std::string& n = o.name;
+  auto bad = [&](std::string message) {
+    return Status::InvalidArgument(fmt::format("optimizer group '{}': {}", n, message));
+  };
+  if (o.name.empty()) return Status::InvalidArgument("optimizer group: name is empty");
+  if (!IsKnownKind(o.kind)) {
+    return bad(fmt::format("kind {} is unknown; allowed: adamw, adam, adagrad, lion",
+                           static_cast<int>(o.kind)));
+  }
+  if (o.state_dtype != DType::kF32 && o.state_dtype != DType::kBF16) {
+    return bad(fmt::format("state_dtype {} is not supported; allowed: fp32, bf16",
+                           IsKnownDType(o.state_dtype) ? optim::DTypeName(o.state_dtype)
+                                                       : std::string_view("unknown")));
+  }
+  if (o.count == 0 || o.count > (size_t{1} << 48)) {
+    return bad(fmt::format("count {} is out of range; allowed: [1, 2^48]", o.count));
+  }
+  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.max_grad_norm)) {
+    return bad(
+        fmt::format("max_grad_norm {} is out of range; allowed: 0 (off) or > 0", o.max_grad_norm));
+  }
+  if (o.placement != Tier::kNvme && o.placement != Tier::kHost) {
+    return bad(
+        fmt::format("placement {} is not supported; allowed: nvme, host", TierName(o.placement)));
+  }
+  if (o.placement == Tier::kNvme && !(o.nvme_ratio > 0.0 && o.nvme_ratio <= 1.0)) {
+    return bad(fmt::format("nvme_ratio {} is out of range; allowed: (0, 1]", o.nvme_ratio));
+  }
+  if (o.chunk_elements == 0) return bad("chunk_elements is 0; allowed: >= 1");
+  if (o.buffer_count < 2) {
+    return bad(fmt::format("buffer_count {} is out of range; allowed: >= 2", o.buffer_count));
+  }
+  if (o.run.tile_elements == 0) return bad("run.tile_elements is 0; allowed: >= 1");
+  if (r.pinned == nullptr) return bad("no pinned memory pool given");
+  return Status::Ok();
+}
+
+size_t NvmeChunkCount(const OptimizerGroupOptions& o, size_t chunks) {
+  if (o.placement != Tier::kNvme) return 0;
+  const auto rounded =
+      static_cast<size_t>(std::llround(o.nvme_ratio * static_cast<double>(chunks)));
+  return std::min(rounded, chunks);
+}
+
+}  // namespace
+
+OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResources borrowed,
+                           uint64_t io_block)
+    : name(options.name),
+      count(options.count),
+      resources(borrowed),
+      layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block),
+      nvme_count(NvmeChunkCount(options, layout.chunk_count())),
+      scanner(options.count, options.run.tile_elements),
+      chunk_covered(layout.chunk_count(), 0) {}
+
+// Master from the caller's parameters, moments zero: NVMe chunks through the pipeline (written
+// to their inactive slot, then made live), HOST chunks in place.
+Status OptimizerGroup::Impl::WriteInitialState(const detail::PlacedViews& params,
+                                               const optim::RunOptions& run) {
+  std::vector<size_t> order(nvme_count);
+  for (size_t c = 0; c < nvme_count; ++c) order[c] = c;
+  Totals totals;
+  ZOE_RETURN_IF_ERROR(RunPipeline(
+      order, /*read=*/false,
+      [&](size_t chunk, std::byte* state) {
+        return FillInitialState(layout.chunk(chunk), state, params, run);
+      },
+      &totals));
+  Flip(order);
+  for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
+    ZOE_RETURN_IF_ERROR(FillInitialState(layout.chunk(c), host_state(c), params, run));
+  }
+  return Status::Ok();
+}
+
+// NoSpace / OutOfMemory before anything is allocated, with the bytes needed and free.
+static Status CheckCapacity(const OptimizerGroupOptions& options, const StateLayout& layout,
+                            size_t nvme_count, const OptimizerResources& resources) {
+  const uint64_t page = resources.pinned->alignment();
+  const size_t buffers = std::min<size_t>(options.buffer_count, nvme_count);
+  const uint64_t buffer_bytes = buffers * AlignUp(layout.max_chunk_bytes(), page);
+  uint64_t host_bytes = 0;
+  uint64_t swap_bytes = 0;
+  for (size_t c = 0; c < layout.chunk_count(); ++c) {
+    if (c < nvme_count) {
+      swap_bytes += 2 * layout.chunk(c).bytes;
+    } else {
+      host_bytes += AlignUp(layout.chunk(c).bytes, page);
+    }
+  }
+  const uint64_t pinned_free =
+      resources.pinned->budget_bytes() -
+      std::min(resources.pinned->budget_bytes(), resources.pinned->used_bytes());
+  if (buffer_bytes + host_bytes > pinned_free) {
+    return Status::OutOfMemory(fmt::format(
+        "optimizer group '{}' needs {} bytes of pinned memory ({} pipeline buffers of {} bytes "
+        "and {} bytes of HOST chunks); pool '{}' has {} of its {} bytes free",
+        options.name, buffer_bytes + host_bytes, buffers, AlignUp(layout.max_chunk_bytes(), page),
+        host_bytes, resources.pinned->name(), pinned_free, resources.pinned->budget_bytes()));
+  }
+  if (swap_bytes > 0 && swap_bytes > resources.swap->free_bytes()) {
+    return Status::NoSpace(fmt::format(
+        "optimizer group '{}' needs {} bytes of NVMe swap space ({} chunks, two slots each); "
+        "{} of {} bytes are free",
+        options.name, swap_bytes, nvme_count, resources.swap->free_bytes(),
+        resources.swap->capacity()));
+  }
+  return Status::Ok();
+}
+
+// ---- OptimizerGroup -------------------------------------------------------------------------
 
 OptimizerGroup::OptimizerGroup(OptimizerGroupOptions options, std::unique_ptr<Impl> impl)
     : options_(std::move(options)), impl_(std::move(impl)) {}
 OptimizerGroup::~OptimizerGroup() = default;
 
-Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(OptimizerGroupOptions,
-                                                               OptimizerResources,
-                                                               std::span<const ParamView>) {
-  return Status::NotSupported("OptimizerGroup is not implemented yet");
-}
-Result<StepReport> OptimizerGroup::Step(const StepArgs&) {
-  return Status::NotSupported("OptimizerGroup is not implemented yet");
-}
-Status OptimizerGroup::AccumulateGrad(size_t, const GradView&) {
-  return Status::NotSupported("OptimizerGroup is not implemented yet");
-}
-Status OptimizerGroup::ReadState(StateSlot, size_t, std::span<float>) const {
-  return Status::NotSupported("OptimizerGroup is not implemented yet");
-}
-Status OptimizerGroup::WriteState(StateSlot, size_t, std::span<const float>) {
-  return Status::NotSupported("OptimizerGroup is not implemented yet");
-}
-size_t OptimizerGroup::chunk_count() const { return 0; }
-size_t OptimizerGroup::nvme_chunk_count() const { return 0; }
-uint64_t OptimizerGroup::pinned_bytes() const { return 0; }
-uint64_t OptimizerGroup::nvme_bytes() const { return 0; }
-nlohmann::json OptimizerGroup::Identity() const { return {}; }
-Status OptimizerGroup::Save(CheckpointWriter&) const {
-  return Status::NotSupported("OptimizerGroup is not implemented yet");
-}
-Status OptimizerGroup::Load(CheckpointReader&) {
-  return Status::NotSupported("OptimizerGroup is not implemented yet");
+Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(
+    OptimizerGroupOptions options, OptimizerResources resources,
+    std::span<const ParamView> initial_params) {
+  ZOE_RETURN_IF_ERROR(CheckOptions(options, resources));
+  ZOE_ASSIGN_OR_RETURN(PlacedViews params, PlaceViews(options.name, "initial parameter",
+                                                      initial_params, options.count));
+  const size_t chunks = (options.count + options.chunk_elements - 1) / options.chunk_elements;
+  const bool uses_nvme = NvmeChunkCount(options, chunks) > 0;
+  if (uses_nvme && (resources.io == nullptr || resources.swap == nullptr)) {
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': {} chunks are placed on NVMe but no I/O queue or swap space was "
+        "given",
+        options.name, NvmeChunkCount(options, chunks)));
+  }
+  uint64_t io_block = kStateRegionAlignment;
+  if (uses_nvme) {
+    if (const io::ChecksumTable* sums = resources.swap->files().checksums()) {
+      const uint64_t block = sums->block_size();
+      if (block % kStateRegionAlignment != 0 || (block & (block - 1)) != 0) {
+        return Status::InvalidArgument(fmt::format(
+            "optimizer group '{}': the swap space's checksum block of {} bytes is not a power of "
+            "two multiple of 4096",
+            options.name, block));
+      }
+      io_block = block;
+    }
+  }
+  auto impl = std::make_unique<Impl>(options, resources, io_block);
+  ZOE_RETURN_IF_ERROR(CheckCapacity(options, impl->layout, impl->nvme_count, resources));
+  ZOE_RETURN_IF_ERROR(impl->AllocateState(options.buffer_count));
+  ZOE_RETURN_IF_ERROR(impl->WriteInitialState(params, options.run));
+  ZOE_LOG_DEBUG("optimizer group '{}': {} parameters in {} chunks, {} on NVMe", options.name,
+                options.count, impl->layout.chunk_count(), impl->nvme_count);
+  return std::unique_ptr<OptimizerGroup>(new OptimizerGroup(std::move(options), std::move(impl)));
 }
 
+Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
+  const Clock::time_point start = Clock::now();
+  ZOE_RETURN_IF_ERROR(CheckStepArgs(args));
+  Impl& impl = *impl_;
+  PlacedViews grads;
+  if (args.grads.empty()) {
+    ZOE_RETURN_IF_ERROR(impl.CheckCoverage());
+    for (const auto& [offset, view] : impl.accumulated) grads.push_back(view);
+  } else {
+    if (!impl.accumulated.empty()) {
+      return Status::FailedPrecondition(fmt::format(
+          "optimizer group '{}': step with gradients while {} accumulated gradient views wait; "
+          "call Step with no gradients to use them",
+          options_.name, impl.accumulated.size()));
+    }
+    ZOE_ASSIGN_OR_RETURN(grads, PlaceViews(options_.name, "gradient", args.grads, count()));
+  }
+  PlacedViews params;
+  if (!args.params.empty()) {
+    ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
+  }
+  // From here on the gradients are consumed, whatever the outcome.
+  if (!args.grads.empty()) {
+    for (const PlacedView& view : grads) {
+      Status scanned =
+          impl.scanner.Add(view.offset, view.data, view.dtype, view.count, options_.run);
+      if (!scanned.ok()) {
+        impl.ResetAccumulation();
+        return scanned;
+      }
+    }
+  }
+  Result<optim::StepScaling> scaling =
+      optim::MakeStepScaling(impl.scanner.Total(), args.loss_scale, options_.max_grad_norm);
+  StepReport report;
+  Status status = scaling.status();
+  if (scaling.ok()) {
+    report.skipped = scaling->skip;
+    report.grad_norm = scaling->grad_norm;
+    if (!scaling->skip) {
+      const StepInputs inputs{&args.hyper, steps_taken_ + 1, scaling->scaling, options_.state_dtype,
+                              &grads,      &params,          &options_.run};
+      status = impl.ApplyStep(inputs, &report);
+    }
+  }
+  impl.ResetAccumulation();
+  if (!status.ok()) return status;
+  if (!report.skipped) ++steps_taken_;
+  report.steps_taken = steps_taken_;
+  report.seconds = SecondsSince(start);
+  return report;
+}
+
+// NVMe chunks through the pipeline, then (once every write succeeded) the flip and the HOST
+// chunks in place. UpdateChunk fails only on arguments, which the first chunk checks, so the HOST
+// pass cannot fail half way.
+Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs, StepReport* report) {
+  Impl& impl = *this;
+  const std::vector<size_t> order = impl.StepOrder();
+  Impl::Totals totals;
+  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+      order, /*read=*/true,
+      [&](size_t chunk, std::byte* state) {
+        return UpdateChunkState(impl.layout.chunk(chunk), state, inputs);
+      },
+      &totals));
+  impl.Flip(order);
+  const Clock::time_point start = Clock::now();
+  for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
+    ZOE_RETURN_IF_ERROR(UpdateChunkState(impl.layout.chunk(c), impl.host_state(c), inputs)
+                            .WithContext(impl.ChunkName(c)));
+  }
+  report->bytes_read = totals.bytes_read;
+  report->bytes_written = totals.bytes_written;
+  report->io_wait_seconds = totals.io_wait_seconds;
+  report->compute_seconds = totals.compute_seconds + SecondsSince(start);
+  return Status::Ok();
+}
+
+Status OptimizerGroup::CheckStepArgs(const StepArgs& args) const {
+  if (args.hyper.kind != options_.kind) {
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': step with optimizer {} on a group created for {}", options_.name,
+        IsKnownKind(args.hyper.kind) ? optim::KindName(args.hyper.kind) : "unknown",
+        optim::KindName(options_.kind)));
+  }
+  ZOE_RETURN_IF_ERROR(optim::ValidateHyperParams(args.hyper)
+                          .WithContext(fmt::format("optimizer group '{}'", options_.name)));
+  if (!(args.loss_scale > 0.0) || !std::isfinite(args.loss_scale)) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': loss_scale {} is out of range; allowed: (0, inf)",
+                    options_.name, args.loss_scale));
+  }
+  return Status::Ok();
+}
+
+Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
+  Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(
+      CheckView(options_.name, "accumulated gradient", 0, grad.data, grad.dtype, grad.count));
+  if (grad.count == 0) {
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': accumulated gradient at offset {} is empty", options_.name, offset));
+  }
+  if (offset > count() || grad.count > count() - offset) {
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': accumulated gradient [{}, {}) is outside the group's [0, {})",
+        options_.name, offset, offset + grad.count, count()));
+  }
+  const PlacedView view{offset, static_cast<std::byte*>(const_cast<void*>(grad.data)), grad.dtype,
+                        grad.count};
+  auto next = impl.accumulated.lower_bound(offset);
+  const PlacedView* clash = nullptr;
+  if (next != impl.accumulated.end() && next->first < view.end()) clash = &next->second;
+  if (next != impl.accumulated.begin() && std::prev(next)->second.end() > offset) {
+    clash = &std::prev(next)->second;
+  }
+  if (clash != nullptr) {
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': accumulated gradient [{}, {}) overlaps [{}, {}) given before",
+        options_.name, offset, view.end(), clash->offset, clash->end()));
+  }
+  ZOE_RETURN_IF_ERROR(impl.scanner.Add(offset, grad.data, grad.dtype, grad.count, options_.run));
+  impl.accumulated.emplace(offset, view);
+  for (size_t c = impl.layout.ChunkOf(offset); c <= impl.layout.ChunkOf(view.end() - 1); ++c) {
+    const ChunkRegions regions = impl.layout.chunk(c);
+    const size_t from = std::max(offset, regions.first);
+    const size_t to = std::min(view.end(), regions.first + regions.count);
+    impl.chunk_covered[c] += to - from;
+    if (impl.chunk_covered[c] == regions.count && impl.on_nvme(c)) impl.StartPrefetch(c);
+  }
+  return Status::Ok();
+}
+
+Status OptimizerGroup::CheckStateRange(StateSlot slot, size_t offset, size_t length) const {
+  const auto index = static_cast<size_t>(slot);
+  if (index >= kStateRegions) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': unknown state slot {}", options_.name, index));
+  }
+  if (!impl_->layout.chunk(0).used[index]) {
+    return Status::InvalidArgument(fmt::format("optimizer group '{}': {} keeps no {}",
+                                               options_.name, optim::KindName(options_.kind),
+                                               SlotName(slot)));
+  }
+  if (offset > count() || length > count() - offset) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': state range [{}, {}) is outside the group's [0, {})",
+                    options_.name, offset, offset + length, count()));
+  }
+  return Status::Ok();
+}
+
+Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float> out) const {
+  ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, out.size()));
+  Impl& impl = *impl_;
+  const auto r = static_cast<size_t>(slot);
+  const size_t end = offset + out.size();
+  AlignedBuffer staging;
+  for (size_t pos = offset; pos < end;) {
+    const size_t c = impl.layout.ChunkOf(pos);
+    const ChunkRegions regions = impl.layout.chunk(c);
+    const std::byte* state = nullptr;
+    if (impl.on_nvme(c)) {
+      if (staging.empty()) {
+        ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(impl.layout.max_chunk_bytes()));
+      }
+      ZOE_RETURN_IF_ERROR(impl.ReadChunk(c, staging.data()));
+      state = staging.data();
+    } else {
+      state = impl.host_state(c);
+    }
+    const size_t to = std::min(end, regions.first + regions.count);
+    const std::byte* src =
+        state + regions.offset[r] + (pos - regions.first) * regions.element_bytes[r];
+    float* dst = out.data() + (pos - offset);
+    if (regions.element_bytes[r] == sizeof(float)) {
+      std::memcpy(dst, src, (to - pos) * sizeof(float));
+    } else {
+      ZOE_RETURN_IF_ERROR(optim::CastToF32(src, options_.state_dtype, dst, to - pos));
+    }
+    pos = to;
+  }
+  return Status::Ok();
+}
+
+// Stores values[from - offset, to - offset) into region `r` of a chunk's state.
+Status OptimizerGroup::StoreState(size_t chunk, std::byte* state, size_t r, size_t offset,
+                                  std::span<const float> values) const {
+  const ChunkRegions regions = impl_->layout.chunk(chunk);
+  const size_t from = std::max(offset, regions.first);
+  const size_t to = std::min(offset + values.size(), regions.first + regions.count);
+  std::byte* dst = state + regions.offset[r] + (from - regions.first) * regions.element_bytes[r];
+  const float* src = values.data() + (from - offset);
+  if (regions.element_bytes[r] == sizeof(float)) {
+    std::memcpy(dst, src, (to - from) * sizeof(float));
+    return Status::Ok();
+  }
+  return optim::CastFromF32(src, options_.state_dtype, dst, to - from);
+}
+
+// NVMe chunks: read, modify, write to the inactive slot, flip once all succeeded; then HOST.
+Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const float> values) {
+  ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, values.size()));
+  Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckIdle("write state"));
+  if (values.empty()) return Status::Ok();
+  const auto r = static_cast<size_t>(slot);
+  const size_t first = impl.layout.ChunkOf(offset);
+  const size_t last = impl.layout.ChunkOf(offset + values.size() - 1);
+  std::vector<size_t> nvme_chunks;
+  for (size_t c = first; c <= last && impl.on_nvme(c); ++c) nvme_chunks.push_back(c);
+  Impl::Totals totals;
+  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+      nvme_chunks, /*read=*/true,
+      [&](size_t chunk, std::byte* state) { return StoreState(chunk, state, r, offset, values); },
+      &totals));
+  impl.Flip(nvme_chunks);
+  for (size_t c = std::max(first, impl.nvme_count); c <= last; ++c) {
+    ZOE_RETURN_IF_ERROR(StoreState(c, impl.host_state(c), r, offset, values));
+  }
+  return Status::Ok();
+}
+
+size_t OptimizerGroup::reads_started() const { return impl_->prefetched.size(); }
+size_t OptimizerGroup::chunk_count() const { return impl_->layout.chunk_count(); }
+size_t OptimizerGroup::nvme_chunk_count() const { return impl_->nvme_count; }
+uint64_t OptimizerGroup::pinned_bytes() const {
+  uint64_t total = 0;
+  for (const PinnedBuffer& buffer : impl_->buffers) total += buffer.size();
+  for (const PinnedBuffer& buffer : impl_->host) total += buffer.size();
+  return total;
+}
+uint64_t OptimizerGroup::nvme_bytes() const {
+  uint64_t total = 0;
+  for (const Impl::NvmeChunk& chunk : impl_->nvme) {
+    total += chunk.slots[0].length + chunk.slots[1].length;
+  }
+  return total;
+}
 }  // namespace zoe::offload

@@ -14,7 +14,9 @@
 // applies to the whole group or, when any read, write or checksum fails, leaves the state exactly
 // as it was before the step and returns the error naming the group and the chunk.
 //
-// Pipeline. Step first scans every gradient (non-finite check, global norm, clipping), then
+// Pipeline. Step first scans every gradient (non-finite check, global norm, clipping; the sum
+// is taken in the same tiles and order as optim::ScanGradients over one buffer, however the views
+// are cut, so the norm and the clip factor are bit-identical to an in-memory step), then
 // streams the NVMe chunks through `buffer_count` pinned buffers: while chunk i is updated on all
 // kernel threads, chunk i+1 (and further, up to the free buffers) is being read and chunk i-1
 // written. A skipped step (a non-finite gradient) reads and writes nothing and does not advance the
@@ -24,7 +26,9 @@
 // concatenated, cover the group's `count` elements; the two lists may be cut differently. Views
 // are borrowed for the call (for AccumulateGrad: until the Step that consumes them returns).
 // Updated parameters are written in each view's dtype (fp32 copies the master; bf16/fp16 are
-// written by the fused kernel).
+// written by the fused kernel) as each chunk is updated: after a failed step the views of the
+// chunks updated before the failure already hold their new values while the state does not; the
+// next successful step writes every view again.
 //
 // Thread safety: one thread at a time per group (the engine serialises calls); the group borrows
 // the resources it was created with, which may be shared with other groups.
@@ -33,10 +37,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "core/executor.h"
 #include "core/pinned_memory.h"
@@ -86,15 +89,15 @@ struct OptimizerResources {
 };
 
 struct StepArgs {
-  optim::HyperParams hyper;          // hyper.kind must be the group's kind
-  std::span<const GradView> grads;   // empty: the gradients given to AccumulateGrad
+  optim::HyperParams hyper;           // hyper.kind must be the group's kind
+  std::span<const GradView> grads;    // empty: the gradients given to AccumulateGrad
   std::span<const ParamView> params;  // empty: no parameters written
-  double loss_scale = 1.0;           // > 0; gradients are divided by it
+  double loss_scale = 1.0;            // > 0; gradients are divided by it
 };
 
 struct StepReport {
-  bool skipped = false;    // a gradient was inf/NaN: nothing changed
-  double grad_norm = 0.0;  // of the unscaled gradients (inf when skipped)
+  bool skipped = false;     // a gradient was inf/NaN: nothing changed
+  double grad_norm = 0.0;   // of the unscaled gradients (inf when skipped)
   int64_t steps_taken = 0;  // after this call
   uint64_t bytes_read = 0;  // NVMe bytes
   uint64_t bytes_written = 0;
@@ -126,7 +129,10 @@ class OptimizerGroup {
   // Hands over gradients [offset, offset + grad.count) ahead of the Step that consumes them
   // (StepArgs::grads empty): scans them at once and, for every chunk they complete, starts reading
   // its state into a free pipeline buffer, so the step that follows waits only for what is still
-  // in flight. Ranges must not overlap; the next Step needs them to cover the whole group.
+  // in flight. Ranges must not overlap; the next Step needs them to cover the whole group
+  // (FailedPrecondition naming the first missing range otherwise; the gradients stay). Until that
+  // Step, a Step with gradients, WriteState, Save and Load are FailedPrecondition. A read started
+  // here that fails is reported by the Step.
   Status AccumulateGrad(size_t offset, const GradView& grad);
 
   // Copies state elements [offset, offset + out.size()) out as fp32 / in from fp32 (rounded to the
@@ -134,6 +140,9 @@ class OptimizerGroup {
   // chunk it touches. WriteState is atomic like a step.
   Status ReadState(StateSlot slot, size_t offset, std::span<float> out) const;
   Status WriteState(StateSlot slot, size_t offset, std::span<const float> values);
+
+  // Chunk reads AccumulateGrad started that the next Step will consume (0 outside accumulation).
+  size_t reads_started() const;
 
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
@@ -158,6 +167,13 @@ class OptimizerGroup {
  private:
   struct Impl;
   OptimizerGroup(OptimizerGroupOptions options, std::unique_ptr<Impl> impl);
+  Status CheckStepArgs(const StepArgs& args) const;
+  Status CheckCheckpoint(const CheckpointReader& reader, int64_t* steps) const;
+  Status CheckStateRange(StateSlot slot, size_t offset, size_t length) const;
+  // Stores the part of `values` (state elements from `offset`) that falls in `chunk` into region
+  // `region` of the chunk's state at `state`.
+  Status StoreState(size_t chunk, std::byte* state, size_t region, size_t offset,
+                    std::span<const float> values) const;
 
   OptimizerGroupOptions options_;
   std::unique_ptr<Impl> impl_;

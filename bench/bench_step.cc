@@ -1,0 +1,108 @@
+// zoe bench step: the offloaded optimizer step (OptimizerGroup::Step) against its own I/O-only
+// and compute-only times measured in the same run, and optionally against a DeepSpeed-style
+// synchronous swapper at the same pinned budget (bench/step_bench.h).
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/command.h"
+#include "bench/step_bench.h"
+#include "core/config.h"
+
+namespace zoe::cli {
+namespace {
+
+struct StepCliOptions {
+  std::string params = "256M";
+  std::string offload = "nvme";
+  std::vector<std::string> paths;
+  std::string moment_dtype = "fp32";
+  int steps = 3;
+  int warmup = 1;
+  uint32_t buffer_count = 4;
+  std::string chunk_elements;
+  std::string pinned_budget;
+  std::string backend = "auto";
+  uint32_t iodepth = 32;
+  unsigned threads = 0;
+  bool baseline = false;
+  std::string output_format = "text";
+};
+
+Result<StepBenchSpec> ToSpec(const StepCliOptions& o) {
+  StepBenchSpec spec;
+  ZOE_ASSIGN_OR_RETURN(spec.params, config::ParseSizeString(o.params));
+  spec.offload = o.offload == "cpu" ? offload::Tier::kHost : offload::Tier::kNvme;
+  spec.paths = o.paths;
+  if (o.moment_dtype == "both") {
+    spec.moment_dtypes = {optim::DType::kF32, optim::DType::kBF16};
+  } else {
+    spec.moment_dtypes = {o.moment_dtype == "bf16" ? optim::DType::kBF16 : optim::DType::kF32};
+  }
+  spec.steps = o.steps;
+  spec.warmup = o.warmup;
+  spec.buffer_count = o.buffer_count;
+  if (!o.chunk_elements.empty()) {
+    ZOE_ASSIGN_OR_RETURN(spec.chunk_elements, config::ParseSizeString(o.chunk_elements));
+  }
+  if (!o.pinned_budget.empty()) {
+    ZOE_ASSIGN_OR_RETURN(spec.pinned_budget, config::ParseSizeString(o.pinned_budget));
+  }
+  ZOE_ASSIGN_OR_RETURN(spec.backend, io::ParseBackend(o.backend));
+  spec.iodepth = o.iodepth;
+  spec.threads = o.threads;
+  spec.baseline = o.baseline;
+  ZOE_RETURN_IF_ERROR(ValidateStepSpec(spec));
+  return spec;
+}
+
+void Attach(CLI::App& bench) {
+  auto o = std::make_shared<StepCliOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "step", "offloaded optimizer step vs its I/O-only and compute-only time");
+  cmd->add_option("--params", o->params, "parameters in the group (e.g. 256M, 1G; binary units)");
+  cmd->add_option("--offload", o->offload, "where the state lives: nvme or cpu (pinned DRAM)")
+      ->check(CLI::IsMember({"nvme", "cpu"}));
+  cmd->add_option("--path", o->paths,
+                  "directory for the NVMe state (repeat to stripe); default: a temporary "
+                  "directory under /var/tmp");
+  cmd->add_option("--moment-dtype", o->moment_dtype, "fp32, bf16, or both (one run each)")
+      ->check(CLI::IsMember({"fp32", "bf16", "both"}));
+  cmd->add_option("--steps", o->steps, "timed steps (median reported)");
+  cmd->add_option("--warmup", o->warmup, "untimed steps before them");
+  cmd->add_option("--buffer-count", o->buffer_count, "pinned pipeline buffers (>= 2)");
+  auto* chunk = cmd->add_option("--chunk-elements", o->chunk_elements,
+                                "elements per chunk (a multiple of 4096)");
+  cmd->add_option("--pinned-budget", o->pinned_budget,
+                  "bytes of pipeline buffers; sets the chunk size (default 384M)")
+      ->excludes(chunk);
+  cmd->add_option("--backend", o->backend, "io_uring, libaio, psync or auto");
+  cmd->add_option("--iodepth", o->iodepth, "I/O queue depth");
+  cmd->add_option("--threads", o->threads, "kernel threads (0: one per CPU)");
+  cmd->add_flag("--baseline", o->baseline,
+                "also run a synchronous DeepSpeed-style swapper at the same pinned budget");
+  cmd->add_option("--output-format", o->output_format, "text or json")
+      ->check(CLI::IsMember({"text", "table", "json"}));
+  cmd->callback([o] {
+    Result<StepBenchSpec> spec = ToSpec(*o);
+    Result<StepBenchReport> report =
+        spec.ok() ? RunStepBench(*spec) : Result<StepBenchReport>(spec.status());
+    if (!report.ok()) {
+      std::cerr << "zoe bench step: " << report.status().ToString() << "\n";
+      SetExitCode(1);
+      return;
+    }
+    const nlohmann::json json = StepReportJson(*report);
+    if (o->output_format == "json") {
+      std::cout << json.dump(1) << "\n";
+    } else {
+      std::cout << StepReportTable(json);
+    }
+  });
+}
+
+const CommandRegistrar kRegistrar{Command{Parent::kBench, Attach}};
+
+}  // namespace
+}  // namespace zoe::cli

@@ -1,0 +1,714 @@
+#include "bench/step_bench.h"
+
+#include <fmt/format.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+
+#include "core/aligned_buffer.h"
+#include "core/pinned_memory.h"
+#include "io/queue.h"
+#include "io/swap_space.h"
+#include "offload/optimizer_group.h"
+#include "offload/optimizer_group_layout.h"
+#include "optim/chunk.h"
+#include "optim/dispatch.h"
+#include "optim/threads.h"
+
+namespace zoe::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using optim::DType;
+
+constexpr uint64_t kDefaultPinnedBudget = uint64_t{384} << 20;  // DeepSpeed reference run
+constexpr uint64_t kElementGranule = 4096;  // chunk sizes keep every region 4096-byte aligned
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kBaselineBlock = uint64_t{1} << 20;  // DeepSpeed aio's default block size
+
+uint64_t AlignUp(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+}
+
+// Runs `fn` warmup + steps times and returns the median of the timed runs; stops at an error.
+Result<double> MedianSeconds(int warmup, int steps, const std::function<Status()>& fn) {
+  std::vector<double> samples;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const Clock::time_point start = Clock::now();
+    ZOE_RETURN_IF_ERROR(fn());
+    if (i >= warmup) samples.push_back(SecondsSince(start));
+  }
+  return Median(samples);
+}
+
+// Peak resident set (VmHWM) since the last ResetPeakRss; 0 when /proc is not readable.
+uint64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0), so each phase reports
+// its own peak.
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+uint64_t BytesPerElement(DType moments) { return 4 + 2 * optim::SizeOf(moments); }
+
+uint64_t ChunkElementsFor(const StepBenchSpec& spec, DType moments) {
+  if (spec.chunk_elements > 0) return spec.chunk_elements;
+  const uint64_t budget = spec.pinned_budget > 0 ? spec.pinned_budget : kDefaultPinnedBudget;
+  const uint64_t elements = budget / spec.buffer_count / BytesPerElement(moments);
+  return std::max(kElementGranule, elements / kElementGranule * kElementGranule);
+}
+
+// A temporary directory under /var/tmp, removed with its contents on destruction.
+class ScratchDir {
+ public:
+  static Result<std::unique_ptr<ScratchDir>> Create() {
+    std::string pattern = "/var/tmp/zoe-bench-step-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + pattern);
+    return std::make_unique<ScratchDir>(pattern);
+  }
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// What every phase shares: kernel threads, one I/O queue (engine and queue depth), the paths.
+struct Rig {
+  const StepBenchSpec& spec;
+  std::vector<std::string> paths;
+  std::unique_ptr<ScratchDir> scratch;
+  std::unique_ptr<optim::KernelThreads> threads;
+  optim::RunOptions run;
+  std::unique_ptr<io::IoQueue> queue;
+};
+
+Result<std::unique_ptr<Rig>> MakeRig(const StepBenchSpec& spec) {
+  auto rig = std::make_unique<Rig>(Rig{spec, spec.paths, nullptr, nullptr, {}, nullptr});
+  if (rig->paths.empty()) {
+    ZOE_ASSIGN_OR_RETURN(rig->scratch, ScratchDir::Create());
+    rig->paths.push_back(rig->scratch->path());
+  }
+  ZOE_ASSIGN_OR_RETURN(rig->threads, optim::KernelThreads::Create(spec.threads, /*pin=*/true));
+  ZOE_RETURN_IF_ERROR(rig->threads->PinCaller());
+  rig->run.executor = rig->threads->executor();
+  ZOE_ASSIGN_OR_RETURN(rig->run.isa, optim::DefaultIsa());
+  io::EngineOptions engine_options;
+  engine_options.backend = spec.backend;
+  engine_options.queue_depth = spec.iodepth;
+  ZOE_ASSIGN_OR_RETURN(auto engine, io::CreateEngine(engine_options));
+  ZOE_ASSIGN_OR_RETURN(rig->queue, io::IoQueue::Create(std::move(engine)));
+  return rig;
+}
+
+// One chunk-sized fp32 buffer that every gradient view (and every initial parameter view) points
+// at, so memory does not grow with the parameter count.
+struct SharedViews {
+  AlignedBuffer values;
+  std::vector<offload::GradView> grads;
+  std::vector<offload::ParamView> params;
+};
+
+Result<SharedViews> MakeSharedViews(uint64_t count, uint64_t chunk_elements) {
+  SharedViews views;
+  ZOE_ASSIGN_OR_RETURN(views.values, AlignedBuffer::Allocate(chunk_elements * sizeof(float)));
+  auto* values = reinterpret_cast<float*>(views.values.data());
+  for (uint64_t i = 0; i < chunk_elements; ++i) {
+    values[i] = 1e-3f * static_cast<float>(static_cast<int64_t>(i % 2001) - 1000);
+  }
+  for (uint64_t first = 0; first < count; first += chunk_elements) {
+    const size_t n = std::min(chunk_elements, count - first);
+    views.grads.push_back({values, DType::kF32, n});
+    views.params.push_back({values, DType::kF32, n});
+  }
+  return views;
+}
+
+optim::HyperParams BenchHyper() {
+  optim::HyperParams hyper;
+  hyper.kind = optim::Kind::kAdamW;
+  hyper.weight_decay = 0.01;
+  return hyper;
+}
+
+uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, uint64_t alignment) {
+  uint64_t bytes = 0;
+  for (size_t c = 0; c < nvme_chunks; ++c) bytes += 2 * AlignUp(layout.chunk(c).bytes, alignment);
+  return bytes;
+}
+
+uint64_t PinnedNeed(const offload::StateLayout& layout, size_t nvme_chunks, uint32_t buffers) {
+  uint64_t bytes =
+      std::min<uint64_t>(buffers, nvme_chunks) * AlignUp(layout.max_chunk_bytes(), kPage);
+  for (size_t c = nvme_chunks; c < layout.chunk_count(); ++c) {
+    bytes += AlignUp(layout.chunk(c).bytes, kPage);
+  }
+  return bytes;
+}
+
+// ---- the group's step ---------------------------------------------------------------------
+
+Status RunGroupPhase(Rig& rig, DType moments, io::SwapSpace* swap, StepBenchResult* out) {
+  const StepBenchSpec& spec = rig.spec;
+  const offload::StateLayout layout(optim::Kind::kAdamW, moments, spec.params, out->chunk_elements,
+                                    kPage);
+  const size_t nvme_chunks = out->nvme_chunks;
+  ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool pinned,
+                       PinnedMemoryPool::Create(
+                           {.name = "bench step",
+                            .budget_bytes = PinnedNeed(layout, nvme_chunks, spec.buffer_count)}));
+  ZOE_ASSIGN_OR_RETURN(SharedViews views, MakeSharedViews(spec.params, out->chunk_elements));
+  offload::OptimizerGroupOptions options;
+  options.name = "bench";
+  options.state_dtype = moments;
+  options.count = spec.params;
+  options.placement = spec.offload;
+  options.chunk_elements = out->chunk_elements;
+  options.buffer_count = spec.buffer_count;
+  options.run = rig.run;
+  ResetPeakRss();
+  ZOE_ASSIGN_OR_RETURN(auto group, offload::OptimizerGroup::Create(
+                                       options, {rig.queue.get(), swap, &pinned}, views.params));
+  std::vector<offload::StepReport> reports;
+  offload::StepArgs args;
+  args.hyper = BenchHyper();
+  args.grads = views.grads;
+  ZOE_ASSIGN_OR_RETURN(out->step_seconds, MedianSeconds(spec.warmup, spec.steps, [&]() -> Status {
+                         ZOE_ASSIGN_OR_RETURN(offload::StepReport report, group->Step(args));
+                         reports.push_back(report);
+                         return Status::Ok();
+                       }));
+  // The step whose time is closest to the median speaks for the rest of the accounting.
+  const auto median = std::min_element(
+      reports.begin() + spec.warmup, reports.end(), [&](const auto& a, const auto& b) {
+        return std::abs(a.seconds - out->step_seconds) < std::abs(b.seconds - out->step_seconds);
+      });
+  out->bytes_read = median->bytes_read;
+  out->bytes_written = median->bytes_written;
+  out->io_wait_seconds = median->io_wait_seconds;
+  out->compute_seconds = median->compute_seconds;
+  out->pinned_bytes = group->pinned_bytes();
+  out->nvme_bytes = group->nvme_bytes();
+  out->peak_rss_bytes = PeakRssBytes();
+  return Status::Ok();
+}
+
+// ---- the same bytes with no compute -------------------------------------------------------
+
+// Moves every NVMe chunk as the step's pipeline does -- read one slot into a free pipeline buffer,
+// write it to the other slot from the same buffer -- with `buffer_count` buffers, reads running
+// ahead of writes as far as free buffers allow, and the slots swapping roles every pass. Only the
+// update between the read and the write is missing.
+class IoOnlyPipeline {
+ public:
+  static Result<std::unique_ptr<IoOnlyPipeline>> Create(Rig& rig, io::SwapSpace& swap,
+                                                        const offload::StateLayout& layout,
+                                                        size_t nvme_chunks) {
+    auto p = std::unique_ptr<IoOnlyPipeline>(new IoOnlyPipeline(rig, swap));
+    const size_t buffers = std::min<size_t>(rig.spec.buffer_count, nvme_chunks);
+    ZOE_ASSIGN_OR_RETURN(
+        PinnedMemoryPool pool,
+        PinnedMemoryPool::Create({.name = "bench step io-only",
+                                  .budget_bytes = PinnedNeed(layout, nvme_chunks, buffers)}));
+    p->pool_.emplace(std::move(pool));
+    for (size_t b = 0; b < buffers; ++b) {
+      ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, p->pool_->Allocate(layout.max_chunk_bytes()));
+      std::fill_n(buffer.data(), buffer.size(), std::byte{0x3c});
+      p->buffers_.push_back(std::move(buffer));
+    }
+    for (size_t c = 0; c < nvme_chunks; ++c) {
+      const uint64_t bytes = layout.chunk(c).bytes;
+      p->lengths_.push_back(bytes);
+      for (auto& slots : p->slots_) {
+        ZOE_ASSIGN_OR_RETURN(io::Extent extent, swap.Allocate(bytes));
+        slots.push_back(extent);
+      }
+    }
+    // Fill the slot read first, so the timed reads come from the disk (not from holes).
+    for (size_t c = 0; c < nvme_chunks; ++c) {
+      ZOE_RETURN_IF_ERROR(p->Transfer(io::Op::kWrite, p->slots_[0][c], 0, c));
+    }
+    return p;
+  }
+  ~IoOnlyPipeline() {
+    for (auto& slots : slots_) {
+      for (const io::Extent& extent : slots) (void)swap_.Free(extent);
+    }
+  }
+
+  uint64_t bytes_per_pass() const {
+    uint64_t total = 0;
+    for (uint64_t length : lengths_) total += 2 * length;
+    return total;
+  }
+
+  // One pass: the algorithm of the class comment.
+  Status Pass() {
+    const auto& from = slots_[pass_ % 2];
+    const auto& to = slots_[1 - pass_ % 2];
+    ++pass_;
+    const size_t n = lengths_.size();
+    std::deque<size_t> free;
+    for (size_t b = 0; b < buffers_.size(); ++b) free.push_back(b);
+    std::deque<std::pair<io::Ticket, size_t>> reads, writes;  // ticket, buffer
+    size_t issued = 0;
+    for (size_t c = 0; c < n; ++c) {
+      // Reads run ahead while buffers are free; a buffer whose write has finished is taken back
+      // without waiting, and waited for only when chunk c's own read cannot start otherwise.
+      while (issued < n) {
+        if (free.empty() && !writes.empty()) {
+          std::optional<Status> done;
+          if (issued == c) {
+            done = rig_.queue->Wait(writes.front().first);
+          } else {
+            done = rig_.queue->Poll(writes.front().first);
+          }
+          if (!done) break;
+          ZOE_RETURN_IF_ERROR(*done);
+          free.push_back(writes.front().second);
+          writes.pop_front();
+        }
+        if (free.empty()) break;
+        const size_t b = free.front();
+        free.pop_front();
+        ZOE_ASSIGN_OR_RETURN(io::Ticket t, Submit(io::Op::kRead, from[issued], b, issued));
+        reads.emplace_back(t, b);
+        ++issued;
+      }
+      ZOE_RETURN_IF_ERROR(rig_.queue->Wait(reads.front().first));
+      const size_t b = reads.front().second;
+      reads.pop_front();
+      ZOE_ASSIGN_OR_RETURN(io::Ticket t, Submit(io::Op::kWrite, to[c], b, c));
+      writes.emplace_back(t, b);
+    }
+    for (const auto& [ticket, buffer] : writes) ZOE_RETURN_IF_ERROR(rig_.queue->Wait(ticket));
+    return Status::Ok();
+  }
+
+ private:
+  IoOnlyPipeline(Rig& rig, io::SwapSpace& swap) : rig_(rig), swap_(swap) {}
+
+  Result<io::Ticket> Submit(io::Op op, const io::Extent& extent, size_t buffer, size_t chunk) {
+    return rig_.queue->Submit(
+        {op, &swap_.files(), extent.offset, std::span(buffers_[buffer].data(), lengths_[chunk])});
+  }
+  Status Transfer(io::Op op, const io::Extent& extent, size_t buffer, size_t chunk) {
+    ZOE_ASSIGN_OR_RETURN(io::Ticket ticket, Submit(op, extent, buffer, chunk));
+    return rig_.queue->Wait(ticket);
+  }
+
+  Rig& rig_;
+  io::SwapSpace& swap_;
+  std::optional<PinnedMemoryPool> pool_;
+  std::vector<PinnedBuffer> buffers_;
+  std::vector<uint64_t> lengths_;
+  std::array<std::vector<io::Extent>, 2> slots_;
+  uint64_t pass_ = 0;
+};
+
+Status RunIoOnlyPhase(Rig& rig, DType moments, io::SwapSpace& swap, StepBenchResult* out) {
+  const offload::StateLayout layout(optim::Kind::kAdamW, moments, rig.spec.params,
+                                    out->chunk_elements, kPage);
+  ZOE_ASSIGN_OR_RETURN(auto pipeline, IoOnlyPipeline::Create(rig, swap, layout, out->nvme_chunks));
+  ZOE_ASSIGN_OR_RETURN(out->io_only_seconds, MedianSeconds(rig.spec.warmup, rig.spec.steps,
+                                                           [&] { return pipeline->Pass(); }));
+  return Status::Ok();
+}
+
+// ---- the kernels with no I/O --------------------------------------------------------------
+
+// The step's compute on in-memory buffers of one chunk: the gradient scan over every element,
+// then the update of every chunk (the same chunk sizes), reusing the buffers.
+Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
+  const uint64_t count = rig.spec.params;
+  const uint64_t chunk = out->chunk_elements;
+  const size_t state_bytes = optim::SizeOf(moments);
+  ZOE_ASSIGN_OR_RETURN(SharedViews views, MakeSharedViews(std::min(count, chunk), chunk));
+  const size_t tile = rig.run.tile_elements;
+  ZOE_ASSIGN_OR_RETURN(AlignedBuffer master,
+                       optim::AllocateFirstTouch(chunk * 4, tile * 4, rig.run.executor));
+  ZOE_ASSIGN_OR_RETURN(
+      AlignedBuffer m,
+      optim::AllocateFirstTouch(chunk * state_bytes, tile * state_bytes, rig.run.executor));
+  ZOE_ASSIGN_OR_RETURN(
+      AlignedBuffer v,
+      optim::AllocateFirstTouch(chunk * state_bytes, tile * state_bytes, rig.run.executor));
+  const optim::ChunkLayout chunk_layout{DType::kF32, moments, std::nullopt};
+  const optim::HyperParams hyper = BenchHyper();
+  int64_t step = 0;
+  ZOE_ASSIGN_OR_RETURN(
+      out->compute_only_seconds, MedianSeconds(rig.spec.warmup, rig.spec.steps, [&]() -> Status {
+        ++step;
+        optim::GradScan total;
+        for (uint64_t first = 0; first < count; first += chunk) {
+          ZOE_ASSIGN_OR_RETURN(optim::GradScan scan,
+                               optim::ScanGradients(views.values.data(), DType::kF32,
+                                                    std::min(chunk, count - first), rig.run));
+          total = optim::CombineScans(total, scan);
+        }
+        ZOE_ASSIGN_OR_RETURN(optim::StepScaling scaling, optim::MakeStepScaling(total, 1.0, 0.0));
+        for (uint64_t first = 0; first < count; first += chunk) {
+          const optim::ChunkBuffers buffers{reinterpret_cast<float*>(master.data()),
+                                            views.values.data(),
+                                            m.data(),
+                                            v.data(),
+                                            nullptr,
+                                            std::min(chunk, count - first)};
+          ZOE_RETURN_IF_ERROR(
+              optim::UpdateChunk(hyper, step, chunk_layout, buffers, scaling.scaling, rig.run));
+        }
+        return Status::Ok();
+      }));
+  return Status::Ok();
+}
+
+// ---- DeepSpeed-style synchronous baseline -------------------------------------------------
+
+// One file per tensor (master, exp_avg, exp_avg_sq) in the first path; for each sub-group that
+// fits the pinned budget: read the three tensors' slices (in 1 MiB requests, all submitted
+// together, as DeepSpeed's aio handle does), wait, update, write them back, wait.
+class Baseline {
+ public:
+  static Result<std::unique_ptr<Baseline>> Create(Rig& rig, DType moments, uint64_t budget) {
+    auto b = std::unique_ptr<Baseline>(new Baseline(rig, moments));
+    const uint64_t per_element = BytesPerElement(moments);
+    b->subgroup_ =
+        std::max(kElementGranule, budget / per_element / kElementGranule * kElementGranule);
+    b->subgroup_ = std::min(b->subgroup_, AlignUp(rig.spec.params, kElementGranule));
+    ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool pool,
+                         PinnedMemoryPool::Create({.name = "bench step baseline",
+                                                   .budget_bytes = b->subgroup_ * per_element}));
+    b->pool_.emplace(std::move(pool));
+    ZOE_ASSIGN_OR_RETURN(b->buffer_, b->pool_->Allocate(b->subgroup_ * per_element));
+    std::fill_n(b->buffer_.data(), b->buffer_.size(), std::byte{0});
+    const char* names[] = {"master", "exp_avg", "exp_avg_sq"};
+    const uint64_t padded = AlignUp(rig.spec.params, kElementGranule);
+    for (size_t t = 0; t < 3; ++t) {
+      const std::string path =
+          fmt::format("{}/zoe-bench-step-{}-{}.tensor", rig.paths[0], ::getpid(), names[t]);
+      io::FileSetOptions options;
+      options.open.truncate = true;
+      ZOE_ASSIGN_OR_RETURN(b->files_[t], io::FileSet::Open({path}, options));
+      ZOE_RETURN_IF_ERROR(b->files_[t]->file(0).Allocate(padded * b->element_bytes(t)));
+    }
+    // Lay the tensors down once (untimed), so the timed reads come from the disk.
+    for (uint64_t first = 0; first < rig.spec.params; first += b->subgroup_) {
+      ZOE_RETURN_IF_ERROR(b->Move(io::Op::kWrite, first));
+    }
+    ZOE_ASSIGN_OR_RETURN(b->views_,
+                         MakeSharedViews(std::min<uint64_t>(rig.spec.params, 1 << 20), 1 << 20));
+    return b;
+  }
+  ~Baseline() {
+    for (auto& files : files_) {
+      if (files) (void)files->file(0).Remove();
+    }
+  }
+
+  uint64_t subgroup_elements() const { return subgroup_; }
+  uint64_t pinned_bytes() const { return buffer_.size(); }
+  uint64_t bytes_per_step() const {
+    return 2 * AlignUp(rig_.spec.params, kElementGranule) * BytesPerElement(moments_);
+  }
+
+  Status Step() {
+    ++step_;
+    const uint64_t count = rig_.spec.params;
+    const uint64_t grad_elements = views_.grads.front().count;
+    optim::GradScan total;
+    for (uint64_t first = 0; first < count; first += grad_elements) {
+      ZOE_ASSIGN_OR_RETURN(optim::GradScan scan,
+                           optim::ScanGradients(views_.values.data(), DType::kF32,
+                                                std::min(grad_elements, count - first), rig_.run));
+      total = optim::CombineScans(total, scan);
+    }
+    ZOE_ASSIGN_OR_RETURN(optim::StepScaling scaling, optim::MakeStepScaling(total, 1.0, 0.0));
+    for (uint64_t first = 0; first < count; first += subgroup_) {
+      ZOE_RETURN_IF_ERROR(Move(io::Op::kRead, first));
+      ZOE_RETURN_IF_ERROR(Update(std::min(subgroup_, count - first), scaling, grad_elements));
+      ZOE_RETURN_IF_ERROR(Move(io::Op::kWrite, first));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Baseline(Rig& rig, DType moments) : rig_(rig), moments_(moments) {}
+
+  uint64_t element_bytes(size_t tensor) const { return tensor == 0 ? 4 : optim::SizeOf(moments_); }
+  std::byte* region(size_t tensor) {
+    uint64_t offset = 0;
+    for (size_t t = 0; t < tensor; ++t) offset += subgroup_ * element_bytes(t);
+    return buffer_.data() + offset;
+  }
+
+  // Reads or writes the sub-group starting at element `first` of all three tensors and waits.
+  Status Move(io::Op op, uint64_t first) {
+    const uint64_t elements =
+        std::min(subgroup_, AlignUp(rig_.spec.params, kElementGranule) - first);
+    std::vector<io::IoRequest> requests;
+    for (size_t t = 0; t < 3; ++t) {
+      const uint64_t bytes = elements * element_bytes(t);
+      const uint64_t base = first * element_bytes(t);
+      for (uint64_t at = 0; at < bytes; at += kBaselineBlock) {
+        const uint64_t length = std::min(kBaselineBlock, bytes - at);
+        requests.push_back({op, files_[t].get(), base + at, std::span(region(t) + at, length)});
+      }
+    }
+    std::vector<io::Ticket> tickets;
+    ZOE_RETURN_IF_ERROR(rig_.queue->SubmitBatch(requests, &tickets));
+    return rig_.queue->WaitAll();
+  }
+
+  // The update of one sub-group, in pieces as long as the shared gradient buffer.
+  Status Update(uint64_t elements, const optim::StepScaling& scaling, uint64_t grad_elements) {
+    const optim::ChunkLayout layout{DType::kF32, moments_, std::nullopt};
+    const size_t state = optim::SizeOf(moments_);
+    for (uint64_t at = 0; at < elements; at += grad_elements) {
+      const optim::ChunkBuffers buffers{reinterpret_cast<float*>(region(0)) + at,
+                                        views_.values.data(),
+                                        region(1) + at * state,
+                                        region(2) + at * state,
+                                        nullptr,
+                                        std::min(grad_elements, elements - at)};
+      ZOE_RETURN_IF_ERROR(
+          optim::UpdateChunk(BenchHyper(), step_, layout, buffers, scaling.scaling, rig_.run));
+    }
+    return Status::Ok();
+  }
+
+  Rig& rig_;
+  DType moments_;
+  uint64_t subgroup_ = 0;
+  std::optional<PinnedMemoryPool> pool_;
+  PinnedBuffer buffer_;
+  std::array<std::unique_ptr<io::FileSet>, 3> files_;
+  SharedViews views_;
+  int64_t step_ = 0;
+};
+
+Result<BaselineResult> RunBaselinePhase(Rig& rig, DType moments, uint64_t budget) {
+  ResetPeakRss();
+  ZOE_ASSIGN_OR_RETURN(auto baseline, Baseline::Create(rig, moments, budget));
+  BaselineResult result;
+  result.subgroup_elements = baseline->subgroup_elements();
+  result.pinned_bytes = baseline->pinned_bytes();
+  ZOE_ASSIGN_OR_RETURN(result.seconds, MedianSeconds(rig.spec.warmup, rig.spec.steps,
+                                                     [&] { return baseline->Step(); }));
+  result.bytes_read = baseline->bytes_per_step() / 2;
+  result.bytes_written = baseline->bytes_per_step() / 2;
+  result.peak_rss_bytes = PeakRssBytes();
+  return result;
+}
+
+// ---- one moment dtype ---------------------------------------------------------------------
+
+Result<StepBenchResult> RunOne(Rig& rig, DType moments) {
+  const StepBenchSpec& spec = rig.spec;
+  StepBenchResult out;
+  out.moment_dtype = moments;
+  out.backend = std::string(rig.queue->backend());
+  out.chunk_elements = ChunkElementsFor(spec, moments);
+  const offload::StateLayout layout(optim::Kind::kAdamW, moments, spec.params, out.chunk_elements,
+                                    kPage);
+  out.chunks = layout.chunk_count();
+  out.nvme_chunks = spec.offload == offload::Tier::kNvme ? out.chunks : 0;
+
+  std::unique_ptr<io::SwapSpace> swap;
+  if (out.nvme_chunks > 0) {
+    io::SwapOptions options;
+    options.name_prefix = "zoe-bench-step";
+    ZOE_ASSIGN_OR_RETURN(
+        swap, io::SwapSpace::Create(
+                  rig.paths, SwapCapacity(layout, out.nvme_chunks, options.alignment), options));
+  }
+  ZOE_RETURN_IF_ERROR(RunGroupPhase(rig, moments, swap.get(), &out).WithContext("group step"));
+  if (swap) ZOE_RETURN_IF_ERROR(RunIoOnlyPhase(rig, moments, *swap, &out).WithContext("io-only"));
+  ZOE_RETURN_IF_ERROR(RunComputeOnlyPhase(rig, moments, &out).WithContext("compute-only"));
+  if (swap) ZOE_RETURN_IF_ERROR(swap->Close());
+  swap.reset();
+  if (spec.baseline && out.nvme_chunks > 0) {
+    const uint64_t budget = PinnedNeed(layout, out.nvme_chunks, spec.buffer_count);
+    ZOE_ASSIGN_OR_RETURN(out.baseline, RunBaselinePhase(rig, moments, budget));
+  }
+  return out;
+}
+
+double Gbps(uint64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+}  // namespace
+
+Status ValidateStepSpec(const StepBenchSpec& spec) {
+  if (spec.params == 0) return Status::InvalidArgument("--params 0; allowed: >= 1");
+  if (spec.offload != offload::Tier::kNvme && spec.offload != offload::Tier::kHost) {
+    return Status::InvalidArgument("--offload: allowed nvme or cpu");
+  }
+  if (spec.moment_dtypes.empty()) return Status::InvalidArgument("--moment-dtype: none given");
+  for (DType dtype : spec.moment_dtypes) {
+    if (dtype != DType::kF32 && dtype != DType::kBF16) {
+      return Status::InvalidArgument("--moment-dtype: allowed fp32, bf16 or both");
+    }
+  }
+  if (spec.steps < 1 || spec.warmup < 0) {
+    return Status::InvalidArgument("--steps must be >= 1 and --warmup >= 0");
+  }
+  if (spec.buffer_count < 2) return Status::InvalidArgument("--buffer-count must be >= 2");
+  if (spec.chunk_elements > 0 && spec.pinned_budget > 0) {
+    return Status::InvalidArgument("give --chunk-elements or --pinned-budget, not both");
+  }
+  if (spec.chunk_elements % kElementGranule != 0) {
+    return Status::InvalidArgument(fmt::format("--chunk-elements {} must be a multiple of {}",
+                                               spec.chunk_elements, kElementGranule));
+  }
+  if (spec.iodepth < 1 || spec.iodepth > 4096) {
+    return Status::InvalidArgument("--iodepth must be in 1..4096");
+  }
+  return Status::Ok();
+}
+
+Result<StepBenchReport> RunStepBench(const StepBenchSpec& spec) {
+  ZOE_RETURN_IF_ERROR(ValidateStepSpec(spec));
+  ZOE_ASSIGN_OR_RETURN(auto rig, MakeRig(spec));
+  StepBenchReport report;
+  report.spec = spec;
+  report.spec.paths = rig->paths;
+  report.threads = rig->threads->participants();
+  report.isa = std::string(optim::IsaName(*rig->run.isa));
+  for (DType moments : spec.moment_dtypes) {
+    ZOE_ASSIGN_OR_RETURN(StepBenchResult result, RunOne(*rig, moments));
+    report.results.push_back(std::move(result));
+  }
+  return report;
+}
+
+nlohmann::json StepReportJson(const StepBenchReport& report) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const StepBenchResult& r : report.results) {
+    const uint64_t bytes = r.bytes_read + r.bytes_written;
+    nlohmann::json row = {{"moment_dtype", optim::DTypeName(r.moment_dtype)},
+                          {"backend", r.backend},
+                          {"chunk_elements", r.chunk_elements},
+                          {"chunks", r.chunks},
+                          {"nvme_chunks", r.nvme_chunks},
+                          {"step_seconds", r.step_seconds},
+                          {"bytes_read", r.bytes_read},
+                          {"bytes_written", r.bytes_written},
+                          {"gbytes_per_s", Gbps(bytes, r.step_seconds)},
+                          {"step_io_wait_seconds", r.io_wait_seconds},
+                          {"step_compute_seconds", r.compute_seconds},
+                          {"io_only_seconds", r.io_only_seconds},
+                          {"io_only_gbytes_per_s", Gbps(bytes, r.io_only_seconds)},
+                          {"compute_only_seconds", r.compute_only_seconds},
+                          {"overlap_efficiency",
+                           std::max(r.io_only_seconds, r.compute_only_seconds) / r.step_seconds},
+                          {"pinned_bytes", r.pinned_bytes},
+                          {"nvme_bytes", r.nvme_bytes},
+                          {"peak_rss_bytes", r.peak_rss_bytes},
+                          {"baseline", nullptr}};
+    if (r.baseline) {
+      const BaselineResult& b = *r.baseline;
+      const double baseline_gbps = Gbps(b.bytes_read + b.bytes_written, b.seconds);
+      row["baseline"] = {{"subgroup_elements", b.subgroup_elements},
+                         {"pinned_bytes", b.pinned_bytes},
+                         {"seconds", b.seconds},
+                         {"bytes_read", b.bytes_read},
+                         {"bytes_written", b.bytes_written},
+                         {"gbytes_per_s", baseline_gbps},
+                         {"peak_rss_bytes", b.peak_rss_bytes},
+                         {"step_gbytes_per_s_ratio", Gbps(bytes, r.step_seconds) / baseline_gbps},
+                         {"step_speedup", b.seconds / r.step_seconds}};
+    }
+    results.push_back(std::move(row));
+  }
+  nlohmann::json json = {{"schema_version", 1},
+                         {"params", report.spec.params},
+                         {"offload", report.spec.offload == offload::Tier::kNvme ? "nvme" : "cpu"},
+                         {"paths", report.spec.paths},
+                         {"buffer_count", report.spec.buffer_count},
+                         {"iodepth", report.spec.iodepth},
+                         {"steps", report.spec.steps},
+                         {"threads", report.threads},
+                         {"isa", report.isa},
+                         {"results", results}};
+  if (report.results.size() == 2 && report.results[0].moment_dtype == DType::kF32 &&
+      report.results[1].moment_dtype == DType::kBF16) {
+    json["bf16_speedup_over_fp32"] =
+        report.results[0].step_seconds / report.results[1].step_seconds;
+  }
+  return json;
+}
+
+std::string StepReportTable(const nlohmann::json& json) {
+  std::ostringstream out;
+  out << fmt::format(
+      "zoe bench step: {} params, offload {}, {} kernel threads ({}), {} buffers, "
+      "queue depth {}, median of {} steps\n",
+      json["params"].get<uint64_t>(), json["offload"].get<std::string>(),
+      json["threads"].get<unsigned>(), json["isa"].get<std::string>(),
+      json["buffer_count"].get<uint32_t>(), json["iodepth"].get<uint32_t>(),
+      json["steps"].get<int>());
+  out << fmt::format("{:<6} {:<9} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8} {:>10} {:>10}\n",
+                     "moment", "backend", "chunk", "step s", "GB moved", "GB/s", "io-only s",
+                     "compute s", "overlap", "pinned MiB", "peak RSS MiB");
+  for (const auto& r : json["results"]) {
+    out << fmt::format(
+        "{:<6} {:<9} {:>10} {:>9.3f} {:>9.2f} {:>8.2f} {:>9.3f} {:>9.3f} {:>8.3f} {:>10.0f} "
+        "{:>10.0f}\n",
+        r["moment_dtype"].get<std::string>(), r["backend"].get<std::string>(),
+        r["chunk_elements"].get<uint64_t>(), r["step_seconds"].get<double>(),
+        static_cast<double>(r["bytes_read"].get<uint64_t>() + r["bytes_written"].get<uint64_t>()) /
+            1e9,
+        r["gbytes_per_s"].get<double>(), r["io_only_seconds"].get<double>(),
+        r["compute_only_seconds"].get<double>(), r["overlap_efficiency"].get<double>(),
+        static_cast<double>(r["pinned_bytes"].get<uint64_t>()) / (1 << 20),
+        static_cast<double>(r["peak_rss_bytes"].get<uint64_t>()) / (1 << 20));
+    if (!r["baseline"].is_null()) {
+      const auto& b = r["baseline"];
+      out << fmt::format(
+          "  baseline (synchronous, one file per tensor, {} elements per sub-group, {:.0f} MiB "
+          "pinned): {:.3f} s, {:.2f} GB/s; step / baseline GB/s = {:.2f}\n",
+          b["subgroup_elements"].get<uint64_t>(),
+          static_cast<double>(b["pinned_bytes"].get<uint64_t>()) / (1 << 20),
+          b["seconds"].get<double>(), b["gbytes_per_s"].get<double>(),
+          b["step_gbytes_per_s_ratio"].get<double>());
+    }
+  }
+  if (json.contains("bf16_speedup_over_fp32")) {
+    out << fmt::format("bf16 moments: {:.2f}x the speed of fp32 moments\n",
+                       json["bf16_speedup_over_fp32"].get<double>());
+  }
+  return out.str();
+}
+
+}  // namespace zoe::cli

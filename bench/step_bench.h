@@ -1,0 +1,88 @@
+// The engine behind `zoe bench step`: times OptimizerGroup::Step on a group whose state lives on
+// NVMe (or in pinned HOST memory) and, in the same run and on the same engine, chunk size and
+// queue depth, the parts it overlaps: the same bytes read and written with no compute (io-only)
+// and the same kernels on the same chunk sizes from memory (compute-only). With a baseline it
+// also times, at the same pinned budget, the synchronous pattern of DeepSpeed's default optimizer
+// swapper: for each sub-group, read master, exp_avg and exp_avg_sq from one file per tensor,
+// update, write them back, and wait.
+//
+// Memory stays independent of the parameter count: gradients and initial parameters are one
+// chunk-sized buffer that every view of the group points at.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "io/backend.h"
+#include "offload/types.h"
+#include "optim/types.h"
+
+namespace zoe::cli {
+
+struct StepBenchSpec {
+  uint64_t params = uint64_t{256} << 20;
+  offload::Tier offload = offload::Tier::kNvme;  // kNvme or kHost ("cpu")
+  std::vector<std::string> paths;                // NVMe directories (striped when several)
+  std::vector<optim::DType> moment_dtypes = {optim::DType::kF32};
+  int steps = 3;   // timed steps (median reported)
+  int warmup = 1;  // untimed steps before them
+  uint32_t buffer_count = 4;
+  // Exactly one decides the chunk size: chunk_elements, or else pinned_budget (bytes of pipeline
+  // buffers: buffer_count chunks); both 0: a pinned budget of 384 MiB.
+  uint64_t chunk_elements = 0;
+  uint64_t pinned_budget = 0;
+  io::BackendKind backend = io::BackendKind::kAuto;
+  uint32_t iodepth = 32;
+  unsigned threads = 0;  // kernel threads; 0: one per CPU
+  bool baseline = false;
+};
+
+// InvalidArgument naming the first bad field.
+Status ValidateStepSpec(const StepBenchSpec& spec);
+
+struct BaselineResult {
+  uint64_t subgroup_elements = 0;
+  uint64_t pinned_bytes = 0;
+  double seconds = 0;  // median per step
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t peak_rss_bytes = 0;
+};
+
+struct StepBenchResult {
+  optim::DType moment_dtype = optim::DType::kF32;
+  std::string backend;
+  uint64_t chunk_elements = 0;
+  uint64_t chunks = 0;
+  uint64_t nvme_chunks = 0;
+  double step_seconds = 0;  // median
+  uint64_t bytes_read = 0;  // per step
+  uint64_t bytes_written = 0;
+  double io_wait_seconds = 0;  // the step's own accounting, at the median step
+  double compute_seconds = 0;
+  double io_only_seconds = 0;       // median
+  double compute_only_seconds = 0;  // median
+  uint64_t pinned_bytes = 0;
+  uint64_t nvme_bytes = 0;
+  uint64_t peak_rss_bytes = 0;  // while the group existed
+  std::optional<BaselineResult> baseline;
+};
+
+struct StepBenchReport {
+  StepBenchSpec spec;
+  unsigned threads = 0;
+  std::string isa;
+  std::vector<StepBenchResult> results;  // one per moment dtype, in the order asked
+};
+
+Result<StepBenchReport> RunStepBench(const StepBenchSpec& spec);
+
+// schema_version 1: units in the names (seconds, bytes, gbytes_per_s = 1e9 bytes per second).
+nlohmann::json StepReportJson(const StepBenchReport& report);
+std::string StepReportTable(const nlohmann::json& json);
+
+}  // namespace zoe::cli

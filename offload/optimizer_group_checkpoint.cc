@@ -1,0 +1,143 @@
+// Save and Load of an optimizer group's state through the checkpoint store.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "offload/checkpoint_store.h"
+#include "offload/optimizer_group_impl.h"
+
+namespace zoe::offload {
+
+nlohmann::json OptimizerGroup::Identity() const {
+  return {{"name", options_.name},
+          {"kind", optim::KindName(options_.kind)},
+          {"count", options_.count},
+          {"state_dtype", optim::DTypeName(options_.state_dtype)},
+          {"chunk_elements", options_.chunk_elements}};
+}
+
+namespace {
+
+std::string StateFileName(const std::string& group) { return group + ".state"; }
+
+// Reads one chunk's regions from the reader into the padded layout at `state`.
+Status ReadChunkPayload(CheckpointReader& reader, const ChunkRegions& regions, std::byte* state) {
+  std::memset(state, 0, regions.bytes);
+  for (size_t r = 0; r < kStateRegions; ++r) {
+    if (!regions.used[r]) continue;
+    ZOE_RETURN_IF_ERROR(reader.Read(std::span(state + regions.offset[r], regions.payload(r))));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// The file holds, chunk after chunk, the used regions of each chunk without their padding.
+Status OptimizerGroup::Save(CheckpointWriter& writer) const {
+  Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckIdle("save"));
+  const nlohmann::json metadata = {{"identity", Identity()},
+                                   {"steps_taken", steps_taken_},
+                                   {"payload_bytes", impl.layout.payload_bytes()}};
+  ZOE_RETURN_IF_ERROR(writer.BeginFile(StateFileName(options_.name), metadata));
+  for (size_t c = 0; c < impl.layout.chunk_count(); ++c) {
+    const ChunkRegions regions = impl.layout.chunk(c);
+    std::byte* state = nullptr;
+    if (impl.on_nvme(c)) {
+      state = impl.buffers.front().data();
+      ZOE_RETURN_IF_ERROR(impl.ReadChunk(c, state));
+    } else {
+      state = impl.host_state(c);
+    }
+    for (size_t r = 0; r < kStateRegions; ++r) {
+      if (!regions.used[r]) continue;
+      ZOE_RETURN_IF_ERROR(writer.Append(std::span(state + regions.offset[r], regions.payload(r)))
+                              .WithContext(impl.ChunkName(c)));
+    }
+  }
+  return writer.EndFile();
+}
+
+// FailedPrecondition unless the checkpoint holds this group's state file with this identity.
+Status OptimizerGroup::CheckCheckpoint(const CheckpointReader& reader, int64_t* steps) const {
+  const std::string file = StateFileName(options_.name);
+  Result<nlohmann::json> metadata = reader.file_metadata(file);
+  if (!metadata.ok()) {
+    std::string held;
+    for (const std::string& name : reader.file_names()) {
+      Result<nlohmann::json> other = reader.file_metadata(name);
+      if (!other.ok() || !other->is_object() || !other->contains("identity")) continue;
+      held += fmt::format("{}{} {}", held.empty() ? "" : ", ", name, (*other)["identity"].dump());
+    }
+    return Status::FailedPrecondition(fmt::format(
+        "optimizer group '{}': checkpoint {} holds no state of this group (identity {}); it "
+        "holds: {}",
+        options_.name, reader.version_path(), Identity().dump(), held.empty() ? "nothing" : held));
+  }
+  const nlohmann::json& meta = *metadata;
+  if (!meta.is_object() || !meta.contains("identity") || !meta.contains("steps_taken") ||
+      !meta["steps_taken"].is_number_integer()) {
+    return Status::Corruption(
+        fmt::format("optimizer group '{}': checkpoint {} file {} has malformed metadata: {}",
+                    options_.name, reader.version_path(), file, meta.dump()));
+  }
+  if (meta["identity"] != Identity()) {
+    return Status::FailedPrecondition(fmt::format(
+        "optimizer group '{}': checkpoint {} is of another group: its identity is {}, this "
+        "group's is {}",
+        options_.name, reader.version_path(), meta["identity"].dump(), Identity().dump()));
+  }
+  ZOE_ASSIGN_OR_RETURN(const uint64_t size, reader.file_size(file));
+  if (size != impl_->layout.payload_bytes()) {
+    return Status::Corruption(fmt::format(
+        "optimizer group '{}': checkpoint {} file {} has {} bytes; the group's state has {}",
+        options_.name, reader.version_path(), file, size, impl_->layout.payload_bytes()));
+  }
+  *steps = meta["steps_taken"].get<int64_t>();
+  return Status::Ok();
+}
+
+// NVMe chunks go through the pipeline into their inactive slots and HOST chunks into a staging
+// buffer; both become live only after EndFile verified the checksum.
+Status OptimizerGroup::Load(CheckpointReader& reader) {
+  Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckIdle("load"));
+  int64_t steps = 0;
+  ZOE_RETURN_IF_ERROR(CheckCheckpoint(reader, &steps));
+  uint64_t host_bytes = 0;
+  for (const PinnedBuffer& buffer : impl.host) host_bytes += buffer.size();
+  AlignedBuffer staging;
+  if (host_bytes > 0) {
+    ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(host_bytes));
+  }
+  ZOE_RETURN_IF_ERROR(reader.BeginFile(StateFileName(options_.name)));
+  std::vector<size_t> order(impl.nvme_count);
+  for (size_t c = 0; c < impl.nvme_count; ++c) order[c] = c;
+  Impl::Totals totals;
+  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+      order, /*read=*/false,
+      [&](size_t chunk, std::byte* state) {
+        return ReadChunkPayload(reader, impl.layout.chunk(chunk), state);
+      },
+      &totals));
+  uint64_t staged = 0;
+  for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
+    ZOE_RETURN_IF_ERROR(ReadChunkPayload(reader, impl.layout.chunk(c), staging.data() + staged)
+                            .WithContext(impl.ChunkName(c)));
+    staged += impl.host[c - impl.nvme_count].size();
+  }
+  ZOE_RETURN_IF_ERROR(reader.EndFile());
+  impl.Flip(order);
+  staged = 0;
+  for (PinnedBuffer& buffer : impl.host) {
+    std::memcpy(buffer.data(), staging.data() + staged, buffer.size());
+    staged += buffer.size();
+  }
+  steps_taken_ = steps;
+  return Status::Ok();
+}
+
+}  // namespace zoe::offload

@@ -1,0 +1,122 @@
+// Internals of OptimizerGroup shared by its source files (optimizer_group.cc: validation, the
+// step and state access; optimizer_group_pipeline.cc: chunk I/O and the pipeline;
+// optimizer_group_checkpoint.cc: Save and Load). Not part of the interface.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "offload/optimizer_group.h"
+#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer_group_scan.h"
+
+namespace zoe::offload {
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A caller's view placed at its element offset in the group.
+struct PlacedView {
+  size_t offset = 0;
+  std::byte* data = nullptr;  // const for gradients; never written through for them
+  optim::DType dtype = optim::DType::kF32;
+  size_t count = 0;
+  size_t end() const { return offset + count; }
+};
+
+using PlacedViews = std::vector<PlacedView>;
+
+// What one step hands to the update of each chunk.
+struct StepInputs {
+  const optim::HyperParams* hyper;
+  int64_t step;
+  optim::GradScaling scaling;
+  optim::DType state_dtype;
+  const PlacedViews* grads;
+  const PlacedViews* params;  // empty: no parameters written
+  const optim::RunOptions* run;
+};
+
+}  // namespace detail
+
+struct OptimizerGroup::Impl {
+  // An NVMe chunk's two extents; `live` holds the current state, the other receives the next.
+  struct NvmeChunk {
+    std::array<io::Extent, 2> slots;
+    uint8_t live = 0;
+  };
+  // A transfer in flight through a pipeline buffer (ticket 0: none).
+  struct InFlight {
+    size_t chunk = 0;
+    size_t buffer = 0;
+    io::Ticket ticket = 0;
+  };
+  struct Totals {
+    uint64_t bytes_read = 0;
+    uint64_t bytes_written = 0;
+    double io_wait_seconds = 0.0;
+    double compute_seconds = 0.0;
+  };
+  using ChunkFn = std::function<Status(size_t chunk, std::byte* state)>;
+
+  // Lays out the chunks; AllocateState then takes the memory and the extents.
+  Impl(const OptimizerGroupOptions& options, OptimizerResources borrowed, uint64_t io_block);
+  ~Impl();
+
+  bool on_nvme(size_t chunk) const { return chunk < nvme_count; }
+  std::byte* host_state(size_t chunk) { return host[chunk - nvme_count].data(); }
+  size_t pipeline_buffers(uint32_t buffer_count) const {
+    return std::min<size_t>(buffer_count, nvme_count);
+  }
+  // "optimizer group 'g': chunk 3 (elements [a, b)) on NVMe", the context of every chunk error.
+  std::string ChunkName(size_t chunk) const;
+
+  // optimizer_group_pipeline.cc: memory and extents, chunk I/O, the pipeline, accumulation.
+  Status AllocateState(uint32_t buffer_count);
+  Result<io::Ticket> SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer);
+  Status ReadChunk(size_t chunk, std::byte* buffer);
+  Result<std::optional<size_t>> TakeBuffer(std::deque<InFlight>& writing, bool block,
+                                           Totals* totals);
+  Status RunPipeline(std::span<const size_t> order, bool read, const ChunkFn& fn, Totals* totals);
+  void Flip(std::span<const size_t> chunks);
+  void ResetAccumulation();
+  std::vector<size_t> StepOrder() const;
+  Status CheckCoverage() const;
+  void StartPrefetch(size_t chunk);
+  Status CheckIdle(std::string_view what) const;
+  // optimizer_group.cc
+  Status WriteInitialState(const detail::PlacedViews& params, const optim::RunOptions& run);
+  Status ApplyStep(const detail::StepInputs& inputs, StepReport* report);
+
+  std::string name;
+  size_t count;
+  OptimizerResources resources;
+  StateLayout layout;
+  size_t nvme_count;
+  std::vector<NvmeChunk> nvme;        // chunks [0, nvme_count)
+  std::vector<PinnedBuffer> host;     // chunks [nvme_count, chunk_count)
+  std::vector<PinnedBuffer> buffers;  // the pipeline's
+  std::vector<size_t> free_buffers;
+
+  // Gradients handed over by AccumulateGrad for the next step.
+  GradScanner scanner;
+  std::map<size_t, detail::PlacedView> accumulated;  // by offset
+  std::vector<size_t> chunk_covered;                 // elements of each chunk accumulated
+  std::deque<InFlight> prefetched;  // reads started for fully covered chunks, in order
+};
+
+}  // namespace zoe::offload

@@ -1,0 +1,249 @@
+// The chunk I/O of an optimizer group: memory and extents, reads and writes of a chunk's
+// state, the pipeline, and the reads AccumulateGrad starts early.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "core/log.h"
+#include "offload/optimizer_group_impl.h"
+
+namespace zoe::offload {
+
+using detail::Clock;
+using detail::SecondsSince;
+
+OptimizerGroup::Impl::~Impl() {
+  ResetAccumulation();
+  for (NvmeChunk& chunk : nvme) {
+    for (const io::Extent& extent : chunk.slots) {
+      if (extent.length == 0) continue;
+      Status freed = resources.swap->Free(extent);
+      if (!freed.ok()) ZOE_LOG_WARN("optimizer group '{}': {}", name, freed.ToString());
+    }
+  }
+}
+
+std::string OptimizerGroup::Impl::ChunkName(size_t chunk) const {
+  const ChunkRegions regions = layout.chunk(chunk);
+  return fmt::format("optimizer group '{}': chunk {} (elements [{}, {})) on {}", name, chunk,
+                     regions.first, regions.first + regions.count,
+                     on_nvme(chunk) ? "NVMe" : "HOST");
+}
+
+Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
+  const uint64_t io_block = layout.io_block();
+  for (size_t b = 0; b < pipeline_buffers(buffer_count); ++b) {
+    ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.max_chunk_bytes()));
+    buffers.push_back(std::move(buffer));
+    free_buffers.push_back(b);
+  }
+  for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
+    ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.chunk(c).bytes));
+    host.push_back(std::move(buffer));
+  }
+  nvme.resize(nvme_count);
+  for (size_t c = 0; c < nvme_count; ++c) {
+    for (io::Extent& slot : nvme[c].slots) {
+      Result<io::Extent> extent = resources.swap->Allocate(layout.chunk(c).bytes);
+      if (!extent.ok()) return std::move(extent).status().WithContext(ChunkName(c));
+      slot = *extent;
+      if (slot.offset % io_block != 0) {
+        return Status::InvalidArgument(fmt::format(
+            "{}: swap extent at offset {} is not aligned to the {}-byte checksum block; create "
+            "the swap space with an alignment that is a multiple of it",
+            ChunkName(c), slot.offset, io_block));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<io::Ticket> OptimizerGroup::Impl::SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot,
+                                                       std::byte* buffer) {
+  const io::Extent& extent = nvme[chunk].slots[slot];
+  const io::IoRequest request{op, &resources.swap->files(), extent.offset,
+                              std::span(buffer, layout.chunk(chunk).bytes)};
+  return resources.io->Submit(request);
+}
+
+Status OptimizerGroup::Impl::ReadChunk(size_t chunk, std::byte* buffer) {
+  Result<io::Ticket> ticket = SubmitChunkIo(io::Op::kRead, chunk, nvme[chunk].live, buffer);
+  if (!ticket.ok()) return std::move(ticket).status().WithContext(ChunkName(chunk));
+  return resources.io->Wait(*ticket).WithContext(ChunkName(chunk));
+}
+
+// A free pipeline buffer; when none is free, the oldest write gives its buffer back: waited for
+// when `block`, else only if it already completed (nullopt otherwise). A failed write is the
+// error.
+Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(std::deque<InFlight>& writing,
+                                                               bool block, Totals* totals) {
+  if (free_buffers.empty() && !writing.empty()) {
+    const InFlight oldest = writing.front();
+    std::optional<Status> done;
+    if (block) {
+      const Clock::time_point start = Clock::now();
+      done = resources.io->Wait(oldest.ticket);
+      totals->io_wait_seconds += SecondsSince(start);
+    } else {
+      done = resources.io->Poll(oldest.ticket);
+    }
+    if (!done.has_value()) return std::optional<size_t>();
+    writing.pop_front();
+    free_buffers.push_back(oldest.buffer);
+    if (!done->ok()) return std::move(*done).WithContext(ChunkName(oldest.chunk));
+  }
+  if (free_buffers.empty()) return std::optional<size_t>();
+  const size_t buffer = free_buffers.back();
+  free_buffers.pop_back();
+  return std::optional<size_t>(buffer);
+}
+
+// The pipeline. NVMe chunks go through the buffers in `order`: reads run ahead as far as free
+// buffers allow (the reads AccumulateGrad started come first), `fn` runs on chunk i while the
+// reads of the chunks after it and the write of the chunks before it are in flight, and every
+// chunk is written to its inactive slot. The first error stops the pipeline; every transfer
+// still in flight is waited for and every buffer returned before it is reported. Slots are not
+// flipped here: the caller flips them once the whole operation succeeded.
+Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool read,
+                                         const ChunkFn& fn, Totals* totals) {
+  std::deque<InFlight> reading;
+  if (read) reading.swap(prefetched);
+  std::deque<InFlight> writing;
+  size_t next = reading.size();
+  Status failure;
+  for (size_t pos = 0; pos < order.size() && failure.ok(); ++pos) {
+    while (next < order.size()) {
+      Result<std::optional<size_t>> buffer = TakeBuffer(writing, next == pos, totals);
+      if (!buffer.ok()) {
+        failure = std::move(buffer).status();
+        break;
+      }
+      if (!buffer->has_value()) break;
+      InFlight entry{order[next], **buffer, 0};
+      if (read) {
+        Result<io::Ticket> ticket = SubmitChunkIo(
+            io::Op::kRead, entry.chunk, nvme[entry.chunk].live, buffers[entry.buffer].data());
+        if (!ticket.ok()) {
+          free_buffers.push_back(entry.buffer);
+          failure = std::move(ticket).status().WithContext(ChunkName(entry.chunk));
+          break;
+        }
+        entry.ticket = *ticket;
+        totals->bytes_read += layout.chunk(entry.chunk).bytes;
+      }
+      reading.push_back(entry);
+      ++next;
+    }
+    if (!failure.ok()) break;
+    const InFlight entry = reading.front();
+    reading.pop_front();
+    std::byte* state = buffers[entry.buffer].data();
+    Status status;
+    if (entry.ticket != 0) {
+      const Clock::time_point start = Clock::now();
+      status = resources.io->Wait(entry.ticket);
+      totals->io_wait_seconds += SecondsSince(start);
+    }
+    if (status.ok()) {
+      const Clock::time_point start = Clock::now();
+      status = fn(entry.chunk, state);
+      totals->compute_seconds += SecondsSince(start);
+    }
+    if (status.ok()) {
+      const uint8_t inactive = nvme[entry.chunk].live ^ 1;
+      Result<io::Ticket> ticket = SubmitChunkIo(io::Op::kWrite, entry.chunk, inactive, state);
+      if (ticket.ok()) {
+        writing.push_back({entry.chunk, entry.buffer, *ticket});
+        totals->bytes_written += layout.chunk(entry.chunk).bytes;
+      } else {
+        status = std::move(ticket).status();
+      }
+    }
+    if (!status.ok()) {
+      free_buffers.push_back(entry.buffer);
+      failure = std::move(status).WithContext(ChunkName(entry.chunk));
+    }
+  }
+  for (const InFlight& entry : reading) {
+    if (entry.ticket != 0) (void)resources.io->Wait(entry.ticket);
+    free_buffers.push_back(entry.buffer);
+  }
+  const Clock::time_point start = Clock::now();
+  for (const InFlight& entry : writing) {
+    Status written = resources.io->Wait(entry.ticket);
+    free_buffers.push_back(entry.buffer);
+    if (!written.ok() && failure.ok()) {
+      failure = std::move(written).WithContext(ChunkName(entry.chunk));
+    }
+  }
+  totals->io_wait_seconds += SecondsSince(start);
+  return failure;
+}
+
+void OptimizerGroup::Impl::Flip(std::span<const size_t> chunks) {
+  for (size_t c : chunks) nvme[c].live ^= 1;
+}
+
+// Drops the accumulated gradients; reads started for them are waited for and their buffers freed.
+void OptimizerGroup::Impl::ResetAccumulation() {
+  for (const InFlight& entry : prefetched) {
+    (void)resources.io->Wait(entry.ticket);
+    free_buffers.push_back(entry.buffer);
+  }
+  prefetched.clear();
+  accumulated.clear();
+  std::fill(chunk_covered.begin(), chunk_covered.end(), 0);
+  scanner.Reset();
+}
+
+// The order a step visits NVMe chunks: those whose reads AccumulateGrad started, then the rest.
+std::vector<size_t> OptimizerGroup::Impl::StepOrder() const {
+  std::vector<size_t> order;
+  std::vector<bool> listed(nvme_count, false);
+  for (const InFlight& entry : prefetched) {
+    order.push_back(entry.chunk);
+    listed[entry.chunk] = true;
+  }
+  for (size_t c = 0; c < nvme_count; ++c) {
+    if (!listed[c]) order.push_back(c);
+  }
+  return order;
+}
+
+// FailedPrecondition naming the first range no accumulated gradient covers.
+Status OptimizerGroup::Impl::CheckCoverage() const {
+  size_t covered_to = 0;
+  for (const auto& [offset, view] : accumulated) {
+    if (offset > covered_to) break;
+    covered_to = view.end();
+  }
+  if (covered_to == count) return Status::Ok();
+  auto next = accumulated.upper_bound(covered_to);
+  const size_t gap_end = next == accumulated.end() ? count : next->first;
+  return Status::FailedPrecondition(fmt::format(
+      "optimizer group '{}': step with accumulated gradients that do not cover the group; "
+      "elements [{}, {}) are missing (the group has {})",
+      name, covered_to, gap_end, count));
+}
+
+void OptimizerGroup::Impl::StartPrefetch(size_t chunk) {
+  if (free_buffers.empty()) return;  // the step reads it
+  const size_t buffer = free_buffers.back();
+  Result<io::Ticket> ticket =
+      SubmitChunkIo(io::Op::kRead, chunk, nvme[chunk].live, buffers[buffer].data());
+  if (!ticket.ok()) return;  // the step reads it again and reports the error
+  free_buffers.pop_back();
+  prefetched.push_back({chunk, buffer, *ticket});
+}
+
+// FailedPrecondition while gradients are accumulated: their reads hold pipeline buffers and
+// their step expects the state they were read from.
+Status OptimizerGroup::Impl::CheckIdle(std::string_view what) const {
+  if (accumulated.empty()) return Status::Ok();
+  return Status::FailedPrecondition(fmt::format(
+      "optimizer group '{}': cannot {} while {} accumulated gradient views wait for a step", name,
+      what, accumulated.size()));
+}
+
+}  // namespace zoe::offload

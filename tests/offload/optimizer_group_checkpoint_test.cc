@@ -1,0 +1,203 @@
+// Description: OptimizerGroup Save/Load through the checkpoint store — round trip, resume equals
+// uninterrupted, checkpoints of other groups refused, corrupted files and I/O faults change
+// nothing.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "offload/checkpoint_store.h"
+#include "offload/optimizer_group.h"
+#include "tests/offload/optimizer_group_harness.h"
+
+namespace zoe::offload {
+namespace {
+
+using optim::DType;
+using testing::GroupHarness;
+using testing::HarnessOptions;
+using testing::TempDir;
+
+HarnessOptions CheckpointOptions() {
+  HarnessOptions options;
+  options.group.nvme_ratio = 0.5;  // NVMe and HOST chunks
+  options.group.state_dtype = DType::kBF16;
+  options.inject_faults = true;
+  options.checksum_block = 4096;
+  return options;
+}
+
+Status SaveTo(const std::string& dir, const OptimizerGroup& group) {
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                       CheckpointWriter::Begin(dir, {{"model", "test"}}));
+  ZOE_RETURN_IF_ERROR(group.Save(*writer));
+  return writer->Commit();
+}
+
+Status LoadFrom(const std::string& dir, OptimizerGroup& group) {
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  return group.Load(*reader);
+}
+
+void Steps(GroupHarness& harness, int first, int end) {
+  for (int step = first; step < end; ++step) {
+    harness.NewGradients(step);
+    Result<StepReport> report = harness.Step(harness.Hyper(step));
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+  }
+}
+
+// The live version's state file of the group named "g".
+std::string StateFile(const std::string& dir) {
+  std::ifstream latest(dir + "/LATEST");
+  std::string version;
+  std::getline(latest, version);
+  return dir + "/" + version + "/g.state";
+}
+
+TEST(OptimizerGroupCheckpointTest, LoadedGroupContinuesExactlyLikeTheSavedOne) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness saved(CheckpointOptions());
+  GroupHarness loaded(CheckpointOptions());
+  ASSERT_TRUE(saved.ok() && loaded.ok());
+  Steps(saved, 0, 3);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Result<nlohmann::json> metadata = (*reader)->file_metadata("g.state");
+  ASSERT_TRUE(metadata.ok()) << metadata.status().ToString();
+  EXPECT_EQ((*metadata)["identity"], saved.group().Identity());
+  EXPECT_EQ((*metadata)["steps_taken"], 3);
+
+  Status load = loaded.group().Load(**reader);
+  ASSERT_TRUE(load.ok()) << load.ToString();
+  EXPECT_EQ(loaded.group().steps_taken(), 3);
+  EXPECT_EQ(loaded.Snapshot(), saved.Snapshot());
+
+  Steps(saved, 3, 6);
+  Steps(loaded, 3, 6);
+  EXPECT_EQ(loaded.group().steps_taken(), 6);
+  EXPECT_EQ(loaded.Snapshot(), saved.Snapshot());
+  EXPECT_EQ(loaded.params_bytes(), saved.params_bytes());
+}
+
+TEST(OptimizerGroupCheckpointTest, CheckpointOfAnotherGroupIsRefusedAndChangesNothing) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness saved(CheckpointOptions());
+  ASSERT_TRUE(saved.ok());
+  Steps(saved, 0, 2);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+
+  HarnessOptions other_chunks = CheckpointOptions();
+  other_chunks.group.chunk_elements = 8192;
+  GroupHarness differently_cut(other_chunks);
+  ASSERT_TRUE(differently_cut.ok());
+  const auto before = differently_cut.Snapshot();
+  Status refused = LoadFrom(dir, differently_cut.group());
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  EXPECT_NE(refused.message().find(saved.group().Identity().dump()), std::string::npos)
+      << refused.ToString();
+  EXPECT_NE(refused.message().find(differently_cut.group().Identity().dump()), std::string::npos)
+      << refused.ToString();
+  EXPECT_EQ(differently_cut.Snapshot(), before);
+  EXPECT_EQ(differently_cut.group().steps_taken(), 0);
+
+  HarnessOptions other_name = CheckpointOptions();
+  other_name.group.name = "h";
+  GroupHarness renamed(other_name);
+  ASSERT_TRUE(renamed.ok());
+  Status missing = LoadFrom(dir, renamed.group());
+  EXPECT_EQ(missing.code(), StatusCode::kFailedPrecondition) << missing.ToString();
+  EXPECT_NE(missing.message().find("holds no state of this group"), std::string::npos)
+      << missing.ToString();
+  EXPECT_NE(missing.message().find("g.state"), std::string::npos) << missing.ToString();
+}
+
+TEST(OptimizerGroupCheckpointTest, CorruptedCheckpointIsRefusedAndChangesNothing) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness saved(CheckpointOptions());
+  GroupHarness target(CheckpointOptions());
+  ASSERT_TRUE(saved.ok() && target.ok());
+  Steps(saved, 0, 2);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  Steps(target, 0, 1);
+  const auto before = target.Snapshot();
+
+  // Flip one byte near the end of the file: in a HOST chunk, read after every NVMe chunk was
+  // already written to its inactive slot.
+  const std::string path = StateFile(dir);
+  std::string bytes = testing::ReadBytes(path);
+  ASSERT_FALSE(bytes.empty()) << path;
+  bytes[bytes.size() - 100] ^= 0x40;
+  testing::WriteBytes(path, bytes);
+
+  Status load = LoadFrom(dir, target.group());
+  EXPECT_EQ(load.code(), StatusCode::kCorruption) << load.ToString();
+  EXPECT_EQ(target.Snapshot(), before);
+  EXPECT_EQ(target.group().steps_taken(), 1);
+}
+
+TEST(OptimizerGroupCheckpointTest, WriteFaultDuringLoadChangesNothing) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness saved(CheckpointOptions());
+  GroupHarness target(CheckpointOptions());
+  ASSERT_TRUE(saved.ok() && target.ok());
+  Steps(saved, 0, 2);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  const auto before = target.Snapshot();
+  io::FaultRule rule;
+  rule.kind = io::FaultKind::kEio;
+  rule.ops = io::FaultOps::kWrites;
+  rule.nth = 3;
+  rule.max_faults = 1;
+  target.faults()->AddRule(rule);
+  Status load = LoadFrom(dir, target.group());
+  EXPECT_EQ(load.code(), StatusCode::kIoError) << load.ToString();
+  EXPECT_NE(load.message().find("optimizer group 'g': chunk 2"), std::string::npos)
+      << load.ToString();
+  EXPECT_EQ(target.Snapshot(), before);
+  ASSERT_TRUE(LoadFrom(dir, target.group()).ok());
+  EXPECT_EQ(target.Snapshot(), saved.Snapshot());
+}
+
+TEST(OptimizerGroupCheckpointTest, ReadFaultDuringSaveIsReportedAndTheOldCheckpointStays) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness saved(CheckpointOptions());
+  ASSERT_TRUE(saved.ok());
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  Steps(saved, 0, 1);
+  io::FaultRule rule;
+  rule.kind = io::FaultKind::kEio;
+  rule.ops = io::FaultOps::kReads;
+  rule.nth = 2;
+  rule.max_faults = 1;
+  saved.faults()->AddRule(rule);
+  Status save = SaveTo(dir, saved.group());
+  EXPECT_EQ(save.code(), StatusCode::kIoError) << save.ToString();
+  EXPECT_NE(save.message().find("chunk 1"), std::string::npos) << save.ToString();
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Result<nlohmann::json> metadata = (*reader)->file_metadata("g.state");
+  ASSERT_TRUE(metadata.ok());
+  EXPECT_EQ((*metadata)["steps_taken"], 0);
+}
+
+TEST(OptimizerGroupCheckpointTest, SaveAndLoadWaitForAccumulatedGradientsToBeStepped) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness harness(CheckpointOptions());
+  ASSERT_TRUE(harness.ok());
+  ASSERT_TRUE(SaveTo(dir, harness.group()).ok());
+  harness.NewGradients(0);
+  ASSERT_TRUE(harness.group().AccumulateGrad(0, harness.grad_views().front()).ok());
+  EXPECT_EQ(SaveTo(dir, harness.group()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(LoadFrom(dir, harness.group()).code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace zoe::offload
