@@ -72,7 +72,7 @@ constexpr std::array<std::string_view, 33> kIgnoredTopLevelKeys = {
     "timers",
 };
 
-constexpr std::array<std::string_view, 28> kIgnoredZeroKeys = {
+constexpr std::array<std::string_view, 27> kIgnoredZeroKeys = {
     "allgather_partitions",
     "allgather_bucket_size",
     "overlap_comm",
@@ -82,7 +82,6 @@ constexpr std::array<std::string_view, 28> kIgnoredZeroKeys = {
     "load_from_fp32_weights",
     "grad_hooks",
     "round_robin_gradients",
-    "sub_group_size",
     "cpu_offload",
     "cpu_offload_params",
     "cpu_offload_use_pin_memory",
@@ -165,6 +164,7 @@ Status ReadOffloadParam(ObjectReader& reader, OffloadParamConfig* out) {
 
 Status ReadZero(ObjectReader& reader, ZeroConfig* out, std::vector<std::string>* ignored) {
   reader.UInt("stage", &out->stage, 0, 3)
+      .UInt("sub_group_size", &out->sub_group_size, 0, uint64_t{1} << 40)
       .Object("offload_optimizer",
               [&](ObjectReader& r) {
                 return ReadOffloadOptimizer(r, &out->offload_optimizer, ignored);
@@ -340,10 +340,22 @@ Status CheckNvmePaths(const ObjectReader& reader, const std::vector<std::string>
   return Status::Ok();
 }
 
+// The tensors' share must leave the optimizer groups some of an explicit host budget.
+Status CheckTensorHostBudget(const ObjectReader& reader, const ZoeConfig& zoe) {
+  if (zoe.host_budget == 0 || zoe.tensor_host_budget < zoe.host_budget) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "{} = {} is not less than {} = {}; allowed: less than host_budget (the rest holds "
+      "the optimizer state), or 0 for half of it",
+      KeyPath(reader, "tensor_host_budget"), zoe.tensor_host_budget, KeyPath(reader, "host_budget"),
+      zoe.host_budget));
+}
+
 Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
   ReadEnum(reader, "device", &out->device, kComputeDevices);
   reader.Size("device_budget", &out->device_budget, 0, kMaxBudget)
       .Size("host_budget", &out->host_budget, 0, kMaxBudget)
+      .Size("tensor_host_budget", &out->tensor_host_budget, 0, kMaxBudget)
+      .Size("tensor_swap_bytes", &out->tensor_swap_bytes, kDirectIoUnit, kMaxBudget)
       .StringList("nvme_paths", &out->nvme_paths)
       .Size("stripe_unit", &out->stripe_unit, kDirectIoUnit, uint64_t{1} << 30)
       .Size("chunk_size", &out->chunk_size, kDirectIoUnit, uint64_t{16} << 30)
@@ -355,6 +367,7 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
   ZOE_RETURN_IF_ERROR(reader.Finish());
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "stripe_unit", out->stripe_unit));
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "chunk_size", out->chunk_size));
+  ZOE_RETURN_IF_ERROR(CheckTensorHostBudget(reader, *out));
   return CheckNvmePaths(reader, out->nvme_paths);
 }
 
@@ -450,6 +463,7 @@ Json ZeroToJson(const ZeroConfig& zero) {
   const OffloadOptimizerConfig& opt = zero.offload_optimizer;
   const OffloadParamConfig& param = zero.offload_param;
   return {{"stage", zero.stage},
+          {"sub_group_size", zero.sub_group_size},
           {"offload_optimizer",
            {{"device", OffloadDeviceName(opt.device)},
             {"nvme_path", opt.nvme_path},
@@ -491,6 +505,8 @@ Json ZoeToJson(const ZoeConfig& zoe) {
   Json out = {{"device", ComputeDeviceName(zoe.device)},
               {"device_budget", zoe.device_budget},
               {"host_budget", zoe.host_budget},
+              {"tensor_host_budget", zoe.tensor_host_budget},
+              {"tensor_swap_bytes", zoe.tensor_swap_bytes},
               {"nvme_paths", zoe.nvme_paths},
               {"stripe_unit", zoe.stripe_unit},
               {"chunk_size", zoe.chunk_size},

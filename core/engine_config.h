@@ -67,6 +67,10 @@ struct OffloadParamConfig {
 
 struct ZeroConfig {
   uint64_t stage = 3;  // 0..3; offload_param needs 3
+  // Parameters per optimizer sub-group: the unit the offloaded optimizer step reads, updates and
+  // writes (OptimizerGroupOptions::chunk_elements). 0: derived from zoe.chunk_size (chunk_size / 4,
+  // a sub-group whose fp32 master weights fill one chunk). 0..2^40.
+  uint64_t sub_group_size = 0;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
 
@@ -120,6 +124,12 @@ struct ZoeConfig {
   ComputeDevice device = ComputeDevice::kAuto;
   uint64_t device_budget = 0;  // bytes of device memory zoe may use; 0: automatic
   uint64_t host_budget = 0;    // bytes of pinned DRAM zoe may hold; 0: automatic
+  // The part of host_budget that holds registered tensors (the tier manager's HOST tier); the
+  // rest holds the optimizer groups' state and pipeline buffers. 0: half of host_budget. Less than
+  // host_budget when both are given.
+  uint64_t tensor_host_budget = 0;
+  // Bytes of NVMe swap space reserved when the engine is created for registered tensors.
+  uint64_t tensor_swap_bytes = uint64_t{1} << 30;
   // Directories a swap space is striped over. After parsing: the given list, else the nvme_path
   // of each offload section whose device is nvme (distinct, optimizer's first); may be empty only
   // when nothing is offloaded to NVMe.

@@ -40,7 +40,7 @@ struct ParallelForState {
   void RunTiles() {
     for (size_t t = next_tile.fetch_add(1); t < tiles; t = next_tile.fetch_add(1)) {
       const size_t begin = t * grain;
-      (*fn)(begin, std::min(n, begin + grain));
+      (*fn)(begin, begin + std::min(grain, n - begin));
     }
   }
 };
@@ -49,7 +49,7 @@ struct ParallelForState {
 
 void Executor::ParallelFor(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
   if (n == 0) return;
-  grain = std::max<size_t>(grain, 1);
+  grain = std::clamp<size_t>(grain, 1, n);  // a grain above n is one tile; no sum can wrap
   auto state = std::make_shared<ParallelForState>();
   state->tiles = (n + grain - 1) / grain;
   state->n = n;

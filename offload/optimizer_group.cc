@@ -69,6 +69,12 @@ Result<PlacedViews> PlaceViews(const std::string& group, std::string_view what,
     const View& view = views[i];
     ZOE_RETURN_IF_ERROR(CheckView(group, what, i, view.data, view.dtype, view.count));
     if (view.count == 0) continue;
+    if (view.count > count - offset) {
+      return Status::InvalidArgument(fmt::format(
+          "optimizer group '{}': {} view {} of {} elements starts at element {}, past the end of "
+          "the group's {}",
+          group, what, i, view.count, offset, count));
+    }
     placed.push_back(
         {offset, static_cast<std::byte*>(const_cast<void*>(view.data)), view.dtype, view.count});
     offset += view.count;
@@ -274,7 +280,7 @@ Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(
   ZOE_RETURN_IF_ERROR(CheckOptions(options, resources));
   ZOE_ASSIGN_OR_RETURN(PlacedViews params, PlaceViews(options.name, "initial parameter",
                                                       initial_params, options.count));
-  const size_t chunks = (options.count + options.chunk_elements - 1) / options.chunk_elements;
+  const size_t chunks = CeilDiv(options.count, options.chunk_elements);
   const bool uses_nvme = NvmeChunkCount(options, chunks) > 0;
   if (uses_nvme && (resources.io == nullptr || resources.swap == nullptr)) {
     return Status::InvalidArgument(fmt::format(
@@ -308,6 +314,7 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   const Clock::time_point start = Clock::now();
   ZOE_RETURN_IF_ERROR(CheckStepArgs(args));
   Impl& impl = *impl_;
+  impl.prepared_load.reset();
   PlacedViews grads;
   if (args.grads.empty()) {
     ZOE_RETURN_IF_ERROR(impl.CheckCoverage());
@@ -349,6 +356,9 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
       status = impl.ApplyStep(inputs, &report);
     }
   }
+  // A step that failed on accumulated gradients keeps them (their reads were consumed), so the
+  // caller can retry it; gradients given with the step are the caller's to give again.
+  if (!status.ok() && args.grads.empty()) return status;
   impl.ResetAccumulation();
   if (!status.ok()) return status;
   if (!report.skipped) ++steps_taken_;
@@ -510,6 +520,7 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, values.size()));
   Impl& impl = *impl_;
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("write state"));
+  impl.prepared_load.reset();
   if (values.empty()) return Status::Ok();
   const auto r = static_cast<size_t>(slot);
   const size_t first = impl.layout.ChunkOf(offset);

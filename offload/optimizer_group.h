@@ -132,7 +132,8 @@ class OptimizerGroup {
   // in flight. Ranges must not overlap; the next Step needs them to cover the whole group
   // (FailedPrecondition naming the first missing range otherwise; the gradients stay). Until that
   // Step, a Step with gradients, WriteState, Save and Load are FailedPrecondition. A read started
-  // here that fails is reported by the Step.
+  // here that fails is reported by the Step. A Step that fails keeps the gradients, so it can be
+  // retried (after a skipped or successful step they are consumed).
   Status AccumulateGrad(size_t offset, const GradView& grad);
 
   // Copies state elements [offset, offset + out.size()) out as fp32 / in from fp32 (rounded to the
@@ -162,7 +163,25 @@ class OptimizerGroup {
   // Reads the group's file from `reader` into the inactive slots, verifying the checksum, and
   // makes it live only when all of it was read and verified; on any error nothing changes.
   // FailedPrecondition naming both identities when the checkpoint is of another group.
+  // PrepareLoad then CommitLoad.
   Status Load(CheckpointReader& reader);
+  // Load in two phases, so that several groups load all or nothing: PrepareLoad does everything
+  // that can fail -- the identity check, FailedPrecondition while gradients are accumulated, the
+  // NVMe chunks written to their inactive slots, the HOST chunks read into staging buffers, the
+  // checksum verified by EndFile -- and changes nothing a caller can observe. CommitLoad then
+  // makes the prepared state live (flips the slots, swaps the staging buffers in, sets the step
+  // count) and cannot fail; it does nothing when no load is prepared. A prepared load that is not
+  // committed is dropped by DiscardLoad, the next PrepareLoad, Step or WriteState: its inactive
+  // slots are simply never made live.
+  //
+  // Memory: the staging buffers of the HOST chunks come from the group's pinned pool, so a load
+  // needs, besides the group's own memory, pinned budget for a second copy of its HOST chunks
+  // until CommitLoad (they replace the old ones then); OutOfMemory naming the bytes otherwise,
+  // with nothing changed. Loading in place instead would leave a half-loaded state after a late
+  // read or checksum error.
+  Status PrepareLoad(CheckpointReader& reader);
+  void CommitLoad();
+  void DiscardLoad();
 
  private:
   struct Impl;

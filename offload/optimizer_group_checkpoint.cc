@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "core/aligned_buffer.h"
 #include "offload/checkpoint_store.h"
 #include "offload/optimizer_group_impl.h"
 
@@ -79,7 +78,7 @@ Status OptimizerGroup::CheckCheckpoint(const CheckpointReader& reader, int64_t* 
   }
   const nlohmann::json& meta = *metadata;
   if (!meta.is_object() || !meta.contains("identity") || !meta.contains("steps_taken") ||
-      !meta["steps_taken"].is_number_integer()) {
+      !meta["steps_taken"].is_number_integer() || meta["steps_taken"].get<int64_t>() < 0) {
     return Status::Corruption(
         fmt::format("optimizer group '{}': checkpoint {} file {} has malformed metadata: {}",
                     options_.name, reader.version_path(), file, meta.dump()));
@@ -100,43 +99,68 @@ Status OptimizerGroup::CheckCheckpoint(const CheckpointReader& reader, int64_t* 
   return Status::Ok();
 }
 
-// NVMe chunks go through the pipeline into their inactive slots and HOST chunks into a staging
-// buffer; both become live only after EndFile verified the checksum.
-Status OptimizerGroup::Load(CheckpointReader& reader) {
+// NVMe chunks go through the pipeline into their inactive slots and HOST chunks into staging
+// buffers from the pinned pool; CommitLoad makes both live.
+Status OptimizerGroup::PrepareLoad(CheckpointReader& reader) {
   Impl& impl = *impl_;
+  impl.prepared_load.reset();
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("load"));
-  int64_t steps = 0;
-  ZOE_RETURN_IF_ERROR(CheckCheckpoint(reader, &steps));
-  uint64_t host_bytes = 0;
-  for (const PinnedBuffer& buffer : impl.host) host_bytes += buffer.size();
-  AlignedBuffer staging;
-  if (host_bytes > 0) {
-    ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(host_bytes));
-  }
+  Impl::PreparedLoad prepared;
+  ZOE_RETURN_IF_ERROR(CheckCheckpoint(reader, &prepared.steps_taken));
+  ZOE_RETURN_IF_ERROR(impl.AllocateLoadStaging(&prepared.host));
   ZOE_RETURN_IF_ERROR(reader.BeginFile(StateFileName(options_.name)));
-  std::vector<size_t> order(impl.nvme_count);
-  for (size_t c = 0; c < impl.nvme_count; ++c) order[c] = c;
+  prepared.nvme_chunks.resize(impl.nvme_count);
+  for (size_t c = 0; c < impl.nvme_count; ++c) prepared.nvme_chunks[c] = c;
   Impl::Totals totals;
   ZOE_RETURN_IF_ERROR(impl.RunPipeline(
-      order, /*read=*/false,
+      prepared.nvme_chunks, /*read=*/false,
       [&](size_t chunk, std::byte* state) {
         return ReadChunkPayload(reader, impl.layout.chunk(chunk), state);
       },
       &totals));
-  uint64_t staged = 0;
   for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
-    ZOE_RETURN_IF_ERROR(ReadChunkPayload(reader, impl.layout.chunk(c), staging.data() + staged)
-                            .WithContext(impl.ChunkName(c)));
-    staged += impl.host[c - impl.nvme_count].size();
+    std::byte* staged = prepared.host[c - impl.nvme_count].data();
+    ZOE_RETURN_IF_ERROR(
+        ReadChunkPayload(reader, impl.layout.chunk(c), staged).WithContext(impl.ChunkName(c)));
   }
   ZOE_RETURN_IF_ERROR(reader.EndFile());
-  impl.Flip(order);
-  staged = 0;
-  for (PinnedBuffer& buffer : impl.host) {
-    std::memcpy(buffer.data(), staging.data() + staged, buffer.size());
-    staged += buffer.size();
+  impl.prepared_load = std::move(prepared);
+  return Status::Ok();
+}
+
+// One staging buffer per HOST chunk, the size of the chunk's own buffer, so that CommitLoad
+// swaps them in without copying. OutOfMemory names the bytes the load needs.
+Status OptimizerGroup::Impl::AllocateLoadStaging(std::vector<PinnedBuffer>* staging) {
+  uint64_t needed = 0;
+  for (const PinnedBuffer& buffer : host) needed += buffer.size();
+  staging->reserve(host.size());
+  for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
+    Result<PinnedBuffer> buffer = resources.pinned->Allocate(host[c - nvme_count].size());
+    if (!buffer.ok()) {
+      return std::move(buffer).status().WithContext(fmt::format(
+          "optimizer group '{}': a checkpoint load stages its {} bytes of HOST chunks in "
+          "pinned memory until it is committed",
+          name, needed));
+    }
+    staging->push_back(std::move(buffer).value());
   }
-  steps_taken_ = steps;
+  return Status::Ok();
+}
+
+void OptimizerGroup::CommitLoad() {
+  Impl& impl = *impl_;
+  if (!impl.prepared_load.has_value()) return;
+  impl.Flip(impl.prepared_load->nvme_chunks);
+  impl.host.swap(impl.prepared_load->host);
+  steps_taken_ = impl.prepared_load->steps_taken;
+  impl.prepared_load.reset();
+}
+
+void OptimizerGroup::DiscardLoad() { impl_->prepared_load.reset(); }
+
+Status OptimizerGroup::Load(CheckpointReader& reader) {
+  ZOE_RETURN_IF_ERROR(PrepareLoad(reader));
+  CommitLoad();
   return Status::Ok();
 }
 

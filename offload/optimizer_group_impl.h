@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -65,11 +64,21 @@ struct OptimizerGroup::Impl {
     size_t buffer = 0;
     io::Ticket ticket = 0;
   };
+  // Transfers in flight, oldest first. At most one per pipeline buffer, so each list reserves
+  // that many entries before any transfer is submitted and recording one never allocates (a
+  // bad_alloc after a submit would lose its ticket and its buffer).
+  using InFlightList = std::vector<InFlight>;
   struct Totals {
     uint64_t bytes_read = 0;
     uint64_t bytes_written = 0;
     double io_wait_seconds = 0.0;
     double compute_seconds = 0.0;
+  };
+  // A checkpoint load read and verified but not yet live (OptimizerGroup::PrepareLoad).
+  struct PreparedLoad {
+    std::vector<size_t> nvme_chunks;  // written to their inactive slots
+    std::vector<PinnedBuffer> host;   // the new HOST chunks, in chunk order
+    int64_t steps_taken = 0;
   };
   using ChunkFn = std::function<Status(size_t chunk, std::byte* state)>;
 
@@ -89,10 +98,11 @@ struct OptimizerGroup::Impl {
   Status AllocateState(uint32_t buffer_count);
   Result<io::Ticket> SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer);
   Status ReadChunk(size_t chunk, std::byte* buffer);
-  Result<std::optional<size_t>> TakeBuffer(std::deque<InFlight>& writing, bool block,
-                                           Totals* totals);
+  Result<std::optional<size_t>> TakeBuffer(InFlightList& writing, bool block, Totals* totals);
   Status RunPipeline(std::span<const size_t> order, bool read, const ChunkFn& fn, Totals* totals);
   void Flip(std::span<const size_t> chunks);
+  // optimizer_group_checkpoint.cc
+  Status AllocateLoadStaging(std::vector<PinnedBuffer>* staging);
   void ResetAccumulation();
   std::vector<size_t> StepOrder() const;
   Status CheckCoverage() const;
@@ -116,7 +126,9 @@ struct OptimizerGroup::Impl {
   GradScanner scanner;
   std::map<size_t, detail::PlacedView> accumulated;  // by offset
   std::vector<size_t> chunk_covered;                 // elements of each chunk accumulated
-  std::deque<InFlight> prefetched;  // reads started for fully covered chunks, in order
+  InFlightList prefetched;  // reads started for fully covered chunks, in order
+
+  std::optional<PreparedLoad> prepared_load;
 };
 
 }  // namespace zoe::offload

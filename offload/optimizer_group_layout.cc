@@ -13,7 +13,7 @@ StateLayout::StateLayout(optim::Kind kind, optim::DType state_dtype, size_t coun
       count_(count),
       chunk_elements_(chunk_elements),
       io_block_(io_block),
-      chunk_count_((count + chunk_elements - 1) / chunk_elements) {}
+      chunk_count_(CeilDiv(count, chunk_elements)) {}
 
 ChunkRegions StateLayout::chunk(size_t index) const {
   ChunkRegions regions;

@@ -16,6 +16,12 @@
 
 namespace zoe::offload {
 
+// ceil(value / divisor) for divisor > 0, without the overflow of (value + divisor - 1) / divisor
+// when divisor is near SIZE_MAX.
+inline constexpr size_t CeilDiv(size_t value, size_t divisor) {
+  return value / divisor + (value % divisor != 0 ? 1 : 0);
+}
+
 inline constexpr uint64_t kStateRegionAlignment = 4096;
 inline constexpr size_t kStateRegions = 3;  // master, exp_avg, exp_avg_sq (StateSlot order)
 

@@ -38,6 +38,7 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
     buffers.push_back(std::move(buffer));
     free_buffers.push_back(b);
   }
+  prefetched.reserve(buffers.size());
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.chunk(c).bytes));
     host.push_back(std::move(buffer));
@@ -75,9 +76,10 @@ Status OptimizerGroup::Impl::ReadChunk(size_t chunk, std::byte* buffer) {
 
 // A free pipeline buffer; when none is free, the oldest write gives its buffer back: waited for
 // when `block`, else only if it already completed (nullopt otherwise). A failed write is the
-// error.
-Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(std::deque<InFlight>& writing,
-                                                               bool block, Totals* totals) {
+// error; so is finding no buffer at all when `block` (every buffer held by reads, which the
+// pipeline never lets happen).
+Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& writing, bool block,
+                                                               Totals* totals) {
   if (free_buffers.empty() && !writing.empty()) {
     const InFlight oldest = writing.front();
     std::optional<Status> done;
@@ -89,11 +91,16 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(std::deque<InFlig
       done = resources.io->Poll(oldest.ticket);
     }
     if (!done.has_value()) return std::optional<size_t>();
-    writing.pop_front();
+    writing.erase(writing.begin());
     free_buffers.push_back(oldest.buffer);
     if (!done->ok()) return std::move(*done).WithContext(ChunkName(oldest.chunk));
   }
-  if (free_buffers.empty()) return std::optional<size_t>();
+  if (free_buffers.empty()) {
+    if (!block) return std::optional<size_t>();
+    return Status::Internal(fmt::format(
+        "optimizer group '{}': no pipeline buffer is free or being written ({} buffers)", name,
+        buffers.size()));
+  }
   const size_t buffer = free_buffers.back();
   free_buffers.pop_back();
   return std::optional<size_t>(buffer);
@@ -107,9 +114,11 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(std::deque<InFlig
 // flipped here: the caller flips them once the whole operation succeeded.
 Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool read,
                                          const ChunkFn& fn, Totals* totals) {
-  std::deque<InFlight> reading;
+  InFlightList reading;
+  reading.reserve(buffers.size());
   if (read) reading.swap(prefetched);
-  std::deque<InFlight> writing;
+  InFlightList writing;
+  writing.reserve(buffers.size());
   size_t next = reading.size();
   Status failure;
   for (size_t pos = 0; pos < order.size() && failure.ok(); ++pos) {
@@ -137,7 +146,7 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
     }
     if (!failure.ok()) break;
     const InFlight entry = reading.front();
-    reading.pop_front();
+    reading.erase(reading.begin());
     std::byte* state = buffers[entry.buffer].data();
     Status status;
     if (entry.ticket != 0) {

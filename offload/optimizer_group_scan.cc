@@ -4,10 +4,12 @@
 #include <cstring>
 #include <string>
 
+#include "offload/optimizer_group_layout.h"
+
 namespace zoe::offload {
 
 GradScanner::GradScanner(size_t count, size_t tile_elements)
-    : count_(count), tile_(tile_elements), partials_((count + tile_elements - 1) / tile_elements) {}
+    : count_(count), tile_(tile_elements), partials_(CeilDiv(count, tile_elements)) {}
 
 void GradScanner::Reset() {
   std::fill(partials_.begin(), partials_.end(), 0.0);
@@ -23,7 +25,7 @@ Status GradScanner::Add(size_t offset, const void* data, optim::DType dtype, siz
   const Piece piece{offset, data, dtype, count};
   const size_t end = offset + count;
   // Tiles [first_whole, end_whole) lie inside the piece; at most one tile at each end is cut.
-  const size_t first_whole = (offset + tile_ - 1) / tile_;
+  const size_t first_whole = CeilDiv(offset, tile_);
   const size_t end_whole = end == count_ ? partials_.size() : end / tile_;
   if (first_whole >= end_whole) {
     const size_t first = offset / tile_;

@@ -239,7 +239,7 @@ Status TierManager::BringToHost(std::unique_lock<std::mutex>& lock, TensorId ten
       return Status::Ok();
     if (!progress->advanced && run.host == Residency::kLoading) {  // prefetch meanwhile
       run.prefetch_pending = false;  // a demand load now: it leaves the prefetch in-flight limit
-      AdvanceTrace(tensor, access, run_index);
+      AdvanceTrace(tensor, access, staging ? Tier::kDevice : Tier::kHost, run_index);
       progress->advanced = true;
       continue;
     }
@@ -285,7 +285,7 @@ void TierManager::FinishAcquire(TensorId tensor, Access access, Tier tier, Clock
   progress->loaded ? stats_.AddPrefetchMiss() : stats_.AddPrefetchHit();
   if (progress->waited) stats_.AddStall(ElapsedNanoseconds(start));
   // After pinning: prefetches must not evict the run.
-  if (!progress->advanced) AdvanceTrace(tensor, access, tensors_[tensor.value].run);
+  if (!progress->advanced) AdvanceTrace(tensor, access, tier, tensors_[tensor.value].run);
 }
 
 Result<void*> TierManager::AcquireHost(TensorId tensor, Access access) {
@@ -351,7 +351,7 @@ Status TierManager::Release(TensorId tensor) {
 // write of a run's only tensor needs no read; anything else is read from the run's extent.
 Status TierManager::StartLoad(size_t run_index, Access access) {
   Run& run = runs_[run_index];
-  Result<PinnedBuffer> memory = pool_.Allocate(run.bytes);
+  Result<PinnedBuffer> memory = TakeHostMemory(run.bytes);
   if (!memory.ok()) {
     Status ignored = host_budget_.Release(run.bytes);
     (void)ignored;
@@ -415,14 +415,33 @@ Status TierManager::StartEviction(size_t run_index) {
 
 void TierManager::FreeHost(size_t run_index) {
   Run& run = runs_[run_index];
+  KeepHostMemory(run.bytes, std::move(run.memory));
   run.memory = PinnedBuffer();
   run.host = Residency::kAbsent;
+  run.device_wanted = false;
   Status released = host_budget_.Release(run.bytes);
   Status subtracted = stats_.SubtractOccupancy(Tier::kHost, run.bytes);
   if (!released.ok() || !subtracted.ok())
     ZOE_LOG_ERROR("tier manager: host accounting broken: {} {}", released.ToString(),
                   subtracted.ToString());
   changed_.notify_all();  // wakes ReserveHost waiters
+}
+
+Result<PinnedBuffer> TierManager::TakeHostMemory(uint64_t bytes) {
+  for (auto it = spare_host_.begin(); it != spare_host_.end(); ++it) {
+    if (it->first != bytes) continue;
+    PinnedBuffer memory = std::move(it->second);
+    spare_host_.erase(it);
+    return memory;
+  }
+  Result<PinnedBuffer> memory = pool_.Allocate(bytes);
+  if (memory.ok() || spare_host_.empty()) return memory;
+  spare_host_.clear();  // spares of other sizes hold the pool's budget
+  return pool_.Allocate(bytes);
+}
+
+void TierManager::KeepHostMemory(uint64_t bytes, PinnedBuffer memory) {
+  if (!memory.empty()) spare_host_.emplace_back(bytes, std::move(memory));
 }
 
 // Exactly one thread waits on a ticket (IoQueue collects it on Wait); the others sleep on the
@@ -454,7 +473,9 @@ Status TierManager::ApplyTransfer(size_t run_index, Status outcome) {
     }
     run.host = Residency::kResident;
     stats_.AddTransfer(Link::kNvmeToHost, run.bytes);
-    return host_policy_.Insert(run.first_chunk, false);
+    ZOE_RETURN_IF_ERROR(host_policy_.Insert(run.first_chunk, false));
+    if (run.device_wanted) StartWantedDeviceCopy(run_index);
+    return Status::Ok();
   }
   const bool evict = run.evict_after_write;
   const bool rewritten = run.rewritten_while_writing;
@@ -567,13 +588,27 @@ Status TierManager::Prefetch(TensorId tensor, Tier tier) {
   ZOE_ASSIGN_OR_RETURN(const TensorEntry* entry, Entry(tensor));
   if (!IsValidTier(tier))
     return Status::InvalidArgument("prefetch: tier must be device, host or nvme");
-  if (tier != Tier::kHost) return Status::Ok();  // NVMe always holds it; device not managed yet
+  // NVMe always holds the run; without a device tier a DEVICE hint has nowhere to go.
+  if (tier == Tier::kNvme || (tier == Tier::kDevice && !device_)) return Status::Ok();
+  const std::string context = fmt::format("prefetch tensor '{}'", entry->desc.name);
   const size_t run_index = tensors_[tensor.value].run;
-  if (runs_[run_index].host != Residency::kAbsent) return Status::Ok();
+  Run& run = runs_[run_index];
+  if (tier == Tier::kDevice) {
+    if (run.device != Residency::kAbsent) return Status::Ok();
+    if (run.host == Residency::kResident) {
+      CollectDevicePrefetches(runs_.size());
+      if (!device_budget_->TryReserve(run.bytes).ok()) return Status::Ok();
+      return StartDevicePrefetch(run_index).WithContext(context);
+    }
+    run.device_wanted = true;  // the copy follows the HOST load
+  }
+  if (run.host != Residency::kAbsent) return Status::Ok();
   CollectPrefetches(runs_.size());
-  if (!host_budget_.TryReserve(runs_[run_index].bytes).ok()) return Status::Ok();
-  return StartPrefetch(run_index).WithContext(
-      fmt::format("prefetch tensor '{}'", entry->desc.name));
+  if (!host_budget_.TryReserve(run.bytes).ok()) {
+    run.device_wanted = false;
+    return Status::Ok();
+  }
+  return StartPrefetch(run_index).WithContext(context);
 }
 
 Status TierManager::StartPrefetch(size_t run_index) {
@@ -635,6 +670,7 @@ Status TierManager::StartReplay(const Trace& trace) {
   ZOE_ASSIGN_OR_RETURN(TraceCursor cursor,
                        TraceCursor::Create(trace, layout_.chunk_count(), options_.trace_cursor));
   cursor_.emplace(std::move(cursor));
+  if (options_.eviction == EvictionMode::kLru) return Status::Ok();
   const auto next_use = [this](ChunkId chunk) { return NextUseOfRun(run_of_chunk_[chunk.value]); };
   host_policy_.SetNextUse(next_use);
   device_policy_.SetNextUse(next_use);
@@ -675,9 +711,9 @@ uint64_t TierManager::NextUseOfRun(size_t run_index) const {
   return nearest;
 }
 
-void TierManager::AdvanceTrace(TensorId tensor, Access access, size_t acquiring_run) {
+void TierManager::AdvanceTrace(TensorId tensor, Access access, Tier tier, size_t acquiring_run) {
   if (!traces_.recording() && !cursor_) return;
-  Result<std::vector<TraceEvent>> events = EventsForAcquire(layout_, tensor, access);
+  Result<std::vector<TraceEvent>> events = EventsForAcquire(layout_, tensor, access, tier);
   if (!events.ok()) return;
   if (traces_.recording()) {
     for (const TraceEvent& event : *events) {
@@ -718,10 +754,16 @@ void TierManager::CollectPrefetches(size_t acquiring_run) {
   });
 }
 
+// HOST first: a device copy can only start from a run resident on HOST.
+void TierManager::IssueTracePrefetches(size_t acquiring_run) {
+  IssueHostPrefetches(acquiring_run);
+  IssueDevicePrefetches(acquiring_run);
+}
+
 // Walks the look-ahead window of the trace in order of first use and starts loads for absent
 // runs while the in-flight limit and the budget (possibly after evicting clean runs needed later)
 // allow; stops at the first run that cannot be placed, so prefetches stay in trace order.
-void TierManager::IssueTracePrefetches(size_t acquiring_run) {
+void TierManager::IssueHostPrefetches(size_t acquiring_run) {
   CollectPrefetches(acquiring_run);
   if (prefetching_.size() >= options_.prefetch_in_flight) return;
   PrefetchLimits limits;

@@ -38,9 +38,13 @@
 //    stores the trace and starts replaying it. While replaying, each acquire advances a
 //    TraceCursor and prefetches the next runs within lookahead_bytes and prefetch_in_flight,
 //    evicting for them only clean runs needed later than they are; eviction picks the run whose
-//    next use is farthest (Belady/OPT) on DEVICE and on HOST. Prefetches fill HOST only (a trace
-//    records no tier). A later TraceBegin(name) restarts the replay, or records afresh when the
-//    last iteration mismatched too often. Without a trace eviction is LRU.
+//    next use is farthest (Belady/OPT) on DEVICE and on HOST (or the least recently used one with
+//    EvictionMode::kLru). A trace keeps the tier of each acquire: runs the trace next uses on
+//    DEVICE are also copied there ahead of time once they are resident on HOST, within the device
+//    budget and the same look-ahead and in-flight limits, evicting only clean device copies needed
+//    later. A failed prefetch (HOST or DEVICE) is reported by the acquire that needs that run and
+//    by no other. A later TraceBegin(name) restarts the replay, or records afresh when the last
+//    iteration mismatched too often. Without a trace eviction is LRU.
 //  - Thread-safe: every public function may be called from any thread; one mutex guards the
 //    state and is never held while waiting for I/O.
 #pragma once
@@ -56,6 +60,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -74,6 +79,10 @@
 #include "offload/types.h"
 
 namespace zoe::offload {
+
+// How a replayed trace picks eviction victims: by farthest next use (Belady/OPT) or, for
+// comparison, least recently used (prefetching still follows the trace).
+enum class EvictionMode : uint8_t { kOpt, kLru };
 
 struct TierManagerOptions {
   // The device tier: "" for none, else a kind for CreateDeviceBackend ("host", "auto", "cuda").
@@ -94,8 +103,9 @@ struct TierManagerOptions {
   // Trace replay: the bytes of upcoming chunks the look-ahead spans, the prefetches that may be in
   // flight at once, and how the cursor matches and decides to re-record.
   uint64_t lookahead_bytes = uint64_t{256} << 20;
-  uint32_t prefetch_in_flight = 8;
+  uint32_t prefetch_in_flight = 8;  // each for HOST loads and for DEVICE copies
   TraceCursorOptions trace_cursor;
+  EvictionMode eviction = EvictionMode::kOpt;
   // Makes the raw I/O engine instead of io::CreateEngine (e.g. to wrap it in a
   // FaultInjectingEngine). Empty: io::CreateEngine with io_backend and queue_depth.
   std::function<Result<std::unique_ptr<io::Engine>>()> engine_factory;
@@ -126,8 +136,10 @@ class TierManager {
   Status Release(TensorId tensor);
 
   // A hint: starts reading the tensor's run into HOST if it is absent and fits the budget now
-  // without evicting anything; never waits. Unknown tensors and tiers are still errors; DEVICE and
-  // NVME hints do nothing in this version.
+  // without evicting anything; never waits. For DEVICE, also copies the run to the device once it
+  // is on HOST (at once when it is, when its load completes otherwise) if the device budget has
+  // room then, again without evicting. Unknown tensors and tiers are still errors; NVME hints, and
+  // DEVICE hints without a device tier, do nothing.
   Status Prefetch(TensorId tensor, Tier tier);
   // Copies every dirty device run to HOST, then writes every dirty HOST run to NVMe, and waits
   // (also for such copies and writes other calls started); the runs stay resident, clean.
@@ -189,6 +201,8 @@ class TierManager {
     DeviceAllocation device_memory;
     bool device_dirty = false;  // DEVICE holds bytes HOST does not
     bool device_evict_after = false;
+    bool device_prefetch_pending = false;  // the copy in flight was started by a prefetch
+    bool device_wanted = false;            // a DEVICE hint: copy over once the HOST load completes
     uint32_t device_pins = 0;
     DeviceEvent device_event;  // the copy in flight (kLoading, kWritingBack)
     bool device_event_claimed = false;
@@ -268,13 +282,29 @@ class TierManager {
   Status FinishTransfer(std::unique_lock<std::mutex>& lock, size_t run_index);
   Status ApplyTransfer(size_t run_index, Status outcome);
   void FreeHost(size_t run_index);
+  // Memory for runs, reusing that of runs freed earlier (see spare_host_ below); the Keep
+  // functions take memory back for reuse.
+  Result<PinnedBuffer> TakeHostMemory(uint64_t bytes);
+  void KeepHostMemory(uint64_t bytes, PinnedBuffer memory);
+  Result<DeviceAllocation> TakeDeviceMemory(uint64_t bytes);
+  void KeepDeviceMemory(uint64_t bytes, DeviceAllocation memory);
   // Waits for any write-back or load to finish; false when none is in flight.
   bool FinishAnyTransfer(std::unique_lock<std::mutex>& lock, Status* outcome);
 
   // Records the acquire while recording, or advances the replay and issues its prefetches.
   // `acquiring_run` (the run being acquired, loading or pinned) is never made evictable here.
-  void AdvanceTrace(TensorId tensor, Access access, size_t acquiring_run);
+  void AdvanceTrace(TensorId tensor, Access access, Tier tier, size_t acquiring_run);
   void IssueTracePrefetches(size_t acquiring_run);
+  void IssueHostPrefetches(size_t acquiring_run);
+  // The DEVICE look-ahead (tier_manager_device.cc): copies runs the trace next uses on DEVICE
+  // that are resident on HOST.
+  void IssueDevicePrefetches(size_t acquiring_run);
+  void CollectDevicePrefetches(size_t acquiring_run);
+  bool ReserveDeviceForPrefetch(size_t run_index, uint64_t distance);
+  // Requires reserved device bytes and a run resident on HOST; gives the bytes back on failure.
+  Status StartDevicePrefetch(size_t run_index);
+  // After a HOST load: starts the copy a DEVICE hint asked for, if the device has room now.
+  void StartWantedDeviceCopy(size_t run_index);
   // Applies prefetches that have completed and nobody waits for, except `acquiring_run`'s;
   // forgets finished ones.
   void CollectPrefetches(size_t acquiring_run);
@@ -300,9 +330,16 @@ class TierManager {
   std::vector<Run> runs_;
   std::vector<size_t> run_of_chunk_;
   std::vector<TensorState> tensors_;
+  // Memory of freed runs, kept for the next run of the same size: page-locking a buffer (mlock
+  // faults in and locks every page) or allocating device memory costs far more than an acquire's
+  // bookkeeping. Spares stay within the pool's and the device's own limits, and are given up
+  // when either refuses a new allocation. Declared after device_: destroyed before it.
+  std::vector<std::pair<uint64_t, PinnedBuffer>> spare_host_;
+  std::vector<std::pair<uint64_t, DeviceAllocation>> spare_device_;
   EvictionPolicy host_policy_{Tier::kHost};
   size_t waiting_ = 0;
-  std::vector<size_t> prefetching_;  // runs whose prefetch may still be in flight
+  std::vector<size_t> prefetching_;         // runs whose prefetch may still be in flight
+  std::vector<size_t> device_prefetching_;  // the same for device copies
   TraceSet traces_;
   std::optional<TraceCursor> cursor_;  // while replaying
   bool open_iteration_ = false;        // between TraceBegin and TraceEnd

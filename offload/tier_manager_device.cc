@@ -3,6 +3,8 @@
 // is inclusive (a device-resident run keeps its HOST copy resident and pinned).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "offload/tier_manager.h"  // IWYU pragma: associated
 
@@ -22,6 +24,12 @@ Result<void*> TierManager::AcquireDevice(TensorId tensor, Access access) {
   for (;;) {
     Run& run = runs_[run_index];
     if (run.device == Residency::kResident) break;
+    if (!progress.advanced && run.device == Residency::kLoading) {  // prefetched meanwhile
+      run.device_prefetch_pending = false;  // a demand copy now: out of the in-flight limit
+      AdvanceTrace(tensor, access, Tier::kDevice, run_index);
+      progress.advanced = true;
+      continue;
+    }
     progress.waited = true;
     Status step = run.device == Residency::kAbsent
                       ? LoadToDevice(lock, tensor, access, name, &progress)
@@ -68,7 +76,7 @@ Status TierManager::LoadToDevice(std::unique_lock<std::mutex>& lock, TensorId te
 // Requires reserved device bytes and a HOST pin; gives both back on failure.
 Status TierManager::StartDeviceLoad(size_t run_index) {
   Run& run = runs_[run_index];
-  Result<DeviceAllocation> memory = device_->Allocate(run.bytes);
+  Result<DeviceAllocation> memory = TakeDeviceMemory(run.bytes);
   if (!memory.ok()) {
     Status released = device_budget_->Release(run.bytes);
     (void)released;
@@ -123,6 +131,7 @@ Status TierManager::StartDeviceEviction(size_t run_index) {
 
 void TierManager::FreeDevice(size_t run_index) {
   Run& run = runs_[run_index];
+  KeepDeviceMemory(run.bytes, std::move(run.device_memory));
   run.device_memory = DeviceAllocation();
   run.device = Residency::kAbsent;
   run.device_dirty = false;
@@ -133,6 +142,23 @@ void TierManager::FreeDevice(size_t run_index) {
                   subtracted.ToString());
   }
   UnpinHostRun(run_index);  // also wakes waiters
+}
+
+Result<DeviceAllocation> TierManager::TakeDeviceMemory(uint64_t bytes) {
+  for (auto it = spare_device_.begin(); it != spare_device_.end(); ++it) {
+    if (it->first != bytes) continue;
+    DeviceAllocation memory = std::move(it->second);
+    spare_device_.erase(it);
+    return memory;
+  }
+  Result<DeviceAllocation> memory = device_->Allocate(bytes);
+  if (memory.ok() || spare_device_.empty()) return memory;
+  spare_device_.clear();  // spares of other sizes hold the device's capacity
+  return device_->Allocate(bytes);
+}
+
+void TierManager::KeepDeviceMemory(uint64_t bytes, DeviceAllocation memory) {
+  if (!memory.empty()) spare_device_.emplace_back(bytes, std::move(memory));
 }
 
 // One thread waits on the event and applies it; the others wait for that on the condition
@@ -157,6 +183,7 @@ Status TierManager::ApplyDeviceCopy(size_t run_index, Status outcome) {
   run.device_event_claimed = false;
   changed_.notify_all();
   if (run.device == Residency::kLoading) {
+    run.device_prefetch_pending = false;
     if (!outcome.ok()) {
       FreeDevice(run_index);
       return std::move(outcome).WithContext("copy to device " + Describe(run));
@@ -314,6 +341,95 @@ Status TierManager::FlushDevice(std::unique_lock<std::mutex>& lock) {
     }
   }
   return first_error;
+}
+
+// ---- device prefetch ------------------------------------------------------------------------
+
+// The DEVICE half of trace replay: walks the upcoming events acquired on DEVICE in order of first
+// use (a window of at most the device budget) and copies over runs that HOST already holds, while
+// the in-flight limit and the device budget (possibly after evicting clean device copies needed
+// later) allow. Stops at the first run that cannot be placed, or whose HOST load has not finished
+// yet, so copies stay in trace order; the next acquire resumes from there.
+void TierManager::IssueDevicePrefetches(size_t acquiring_run) {
+  if (!device_ || !cursor_) return;
+  CollectDevicePrefetches(acquiring_run);
+  if (device_prefetching_.size() >= options_.prefetch_in_flight) return;
+  PrefetchLimits limits;
+  limits.byte_budget = std::min(options_.lookahead_bytes, device_budget_->capacity());
+  limits.max_chunks = options_.prefetch_in_flight - device_prefetching_.size();
+  limits.chunk_bytes = [this](ChunkId) { return layout_.options().chunk_bytes; };
+  limits.only_tier = Tier::kDevice;
+  const auto skip = [this](ChunkId chunk) {
+    return runs_[run_of_chunk_[chunk.value]].device != Residency::kAbsent;
+  };
+  for (ChunkId chunk : cursor_->NextPrefetches(limits, skip)) {
+    const size_t run_index = run_of_chunk_[chunk.value];
+    const Run& run = runs_[run_index];
+    if (run.device != Residency::kAbsent) continue;  // an earlier chunk of its run
+    if (run.host != Residency::kResident) return;
+    if (!ReserveDeviceForPrefetch(run_index, cursor_->NextUseDistance(chunk))) return;
+    Status started = StartDevicePrefetch(run_index);
+    if (!started.ok()) {
+      ZOE_LOG_DEBUG("tier manager: device prefetch not started: {}", started.ToString());
+      return;
+    }
+  }
+}
+
+// Applies device copies started by prefetches that have finished and nobody waits for, except
+// `acquiring_run`'s; a failed one leaves its run absent on the device, to be copied again by the
+// acquire that needs it. Forgets copies that became demand copies or were applied elsewhere.
+void TierManager::CollectDevicePrefetches(size_t acquiring_run) {
+  std::erase_if(device_prefetching_, [this, acquiring_run](size_t run_index) {
+    Run& run = runs_[run_index];
+    if (!run.device_prefetch_pending) return true;
+    if (run.device_event_claimed || run_index == acquiring_run) return false;
+    if (!run.device_event.Ready()) return false;
+    Status applied = ApplyDeviceCopy(run_index, run.device_event.Wait());
+    if (!applied.ok())
+      ZOE_LOG_DEBUG("tier manager: device prefetch failed: {}", applied.ToString());
+    return true;
+  });
+}
+
+bool TierManager::ReserveDeviceForPrefetch(size_t run_index, uint64_t distance) {
+  const uint64_t bytes = runs_[run_index].bytes;
+  for (;;) {
+    if (device_budget_->TryReserve(bytes).ok()) return true;
+    Result<ChunkId> victim = device_policy_.ChooseVictim();
+    if (!victim.ok()) return false;
+    const size_t victim_run = run_of_chunk_[victim->value];
+    const Run& candidate = runs_[victim_run];
+    if (candidate.device != Residency::kResident || candidate.device_dirty ||
+        NextUseOfRun(victim_run) <= distance) {
+      return false;
+    }
+    if (!StartDeviceEviction(victim_run).ok()) return false;
+  }
+}
+
+// The device copy holds a pin on the HOST copy for as long as it exists (StartDeviceLoad gives it
+// back, with the device bytes, when the copy cannot start).
+Status TierManager::StartDevicePrefetch(size_t run_index) {
+  runs_[run_index].device_wanted = false;
+  PinHostRun(run_index);
+  ZOE_RETURN_IF_ERROR(StartDeviceLoad(run_index));
+  if (runs_[run_index].device == Residency::kLoading) {
+    runs_[run_index].device_prefetch_pending = true;
+    device_prefetching_.push_back(run_index);
+  }
+  stats_.AddPrefetchIssued();
+  return Status::Ok();
+}
+
+void TierManager::StartWantedDeviceCopy(size_t run_index) {
+  Run& run = runs_[run_index];
+  run.device_wanted = false;
+  if (!device_ || run.device != Residency::kAbsent) return;
+  if (!device_budget_->TryReserve(run.bytes).ok()) return;
+  Status started = StartDevicePrefetch(run_index);
+  if (!started.ok())
+    ZOE_LOG_DEBUG("tier manager: device prefetch not started: {}", started.ToString());
 }
 
 }  // namespace zoe::offload

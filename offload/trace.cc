@@ -14,7 +14,7 @@ namespace zoe::offload {
 namespace {
 
 constexpr size_t kHeaderBytes = 32;
-constexpr size_t kEventBytes = 17;
+constexpr size_t kEventBytes = 18;
 constexpr size_t kChecksumBytes = 8;
 constexpr uint64_t kMaxTraceFileBytes = uint64_t{1} << 34;  // 16 GiB, far above any real trace
 
@@ -130,11 +130,15 @@ Result<TraceEvent> DecodeEvent(std::string_view bytes, size_t offset, size_t ind
   event.tensor = TensorId(static_cast<uint32_t>(GetLE(bytes, offset, 4)));
   event.chunk = ChunkId(static_cast<uint32_t>(GetLE(bytes, offset + 4, 4)));
   event.access = static_cast<Access>(GetLE(bytes, offset + 8, 1));
-  event.bytes = GetLE(bytes, offset + 9, 8);
-  if (!IsValidAccess(event.access) || !event.tensor.valid() || !event.chunk.valid()) {
+  event.tier = static_cast<Tier>(GetLE(bytes, offset + 9, 1));
+  event.bytes = GetLE(bytes, offset + 10, 8);
+  const bool addressable = event.tier == Tier::kDevice || event.tier == Tier::kHost;
+  if (!IsValidAccess(event.access) || !addressable || !event.tensor.valid() ||
+      !event.chunk.valid()) {
     return Status::Corruption(
-        fmt::format("{}: event {} is malformed (tensor {}, chunk {}, access {})", source, index,
-                    event.tensor.value, event.chunk.value, static_cast<int>(event.access)));
+        fmt::format("{}: event {} is malformed (tensor {}, chunk {}, access {}, tier {})", source,
+                    index, event.tensor.value, event.chunk.value, static_cast<int>(event.access),
+                    static_cast<int>(event.tier)));
   }
   return event;
 }
@@ -142,12 +146,12 @@ Result<TraceEvent> DecodeEvent(std::string_view bytes, size_t offset, size_t ind
 }  // namespace
 
 Result<std::vector<TraceEvent>> EventsForAcquire(const ChunkLayout& layout, TensorId tensor,
-                                                 Access access) {
+                                                 Access access, Tier tier) {
   ZOE_ASSIGN_OR_RETURN(const TensorEntry* entry, layout.tensor(tensor));
   std::vector<TraceEvent> events;
   events.reserve(entry->pieces.size());
   for (const TensorPiece& piece : entry->pieces) {
-    events.push_back(TraceEvent{tensor, piece.chunk, access, piece.bytes});
+    events.push_back(TraceEvent{tensor, piece.chunk, access, piece.bytes, tier});
   }
   return events;
 }
@@ -166,6 +170,7 @@ std::string EncodeTrace(const Trace& trace) {
     PutU32(out, e.tensor.value);
     PutU32(out, e.chunk.value);
     out.push_back(static_cast<char>(e.access));
+    out.push_back(static_cast<char>(e.tier));
     PutU64(out, e.bytes);
   }
   PutU64(out, XXH3_64bits(out.data(), out.size()));

@@ -2,17 +2,20 @@
 // pass), kept under a name, and its file format.
 //
 // An acquire of a tensor becomes one event per chunk the tensor touches (EventsForAcquire), so
-// replay, prefetch and eviction can work on chunks while matching stays per tensor.
+// replay, prefetch and eviction can work on chunks while matching stays per tensor. Each event
+// keeps the tier the acquire asked for, so replay can prefetch into DEVICE what was used there.
 //
-// File format, version 1, every integer little-endian:
+// File format, version 2, every integer little-endian (version 1 had no tier; its files are
+// rejected as an unsupported version, to be recorded again):
 //   offset  size  field
 //        0     8  magic "ZOETRACE"
-//        8     4  version (1)
+//        8     4  version (2)
 //       12     4  name length N (at most kMaxTraceNameBytes)
 //       16     8  fingerprint of the tensor registry (ChunkLayout::Fingerprint) it was recorded on
 //       24     8  event count E
 //       32     N  name (UTF-8, not terminated)
-//     32+N  17*E  events: tensor id u32, chunk id u32, access u8, bytes u64
+//     32+N  18*E  events: tensor id u32, chunk id u32, access u8, tier u8 (device 0, host 1),
+//                 bytes u64
 //      end     8  XXH3-64 of every byte before it
 // Loading checks, in this order: magic, version, size (truncated or trailing bytes), checksum,
 // registry fingerprint, and the values of each event; each failure names the file and what was
@@ -35,9 +38,10 @@ struct TraceEvent {
   TensorId tensor;
   ChunkId chunk;
   Access access = Access::kRead;
-  uint64_t bytes = 0;  // bytes of the tensor inside this chunk
+  uint64_t bytes = 0;       // bytes of the tensor inside this chunk
+  Tier tier = Tier::kHost;  // where it was acquired: DEVICE or HOST
 
-  // Replay matches on what is needed (tensor and chunk), not on how it is accessed.
+  // Replay matches on what is needed (tensor and chunk), not on how or where it is accessed.
   bool SameTarget(const TraceEvent& other) const {
     return tensor == other.tensor && chunk == other.chunk;
   }
@@ -51,12 +55,13 @@ struct Trace {
 };
 
 inline constexpr char kTraceMagic[8] = {'Z', 'O', 'E', 'T', 'R', 'A', 'C', 'E'};
-inline constexpr uint32_t kTraceFormatVersion = 1;
+inline constexpr uint32_t kTraceFormatVersion = 2;
 inline constexpr size_t kMaxTraceNameBytes = 4096;
 
-// One event per piece of the tensor, in tensor order; NotFound for an unknown tensor.
+// One event per piece of the tensor, in tensor order, acquired on `tier`; NotFound for an unknown
+// tensor.
 Result<std::vector<TraceEvent>> EventsForAcquire(const ChunkLayout& layout, TensorId tensor,
-                                                 Access access);
+                                                 Access access, Tier tier = Tier::kHost);
 
 // The bytes of a trace file, and their inverse. Decode checks everything listed above; `source`
 // (a path) prefixes its messages.

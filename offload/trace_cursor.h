@@ -64,6 +64,9 @@ struct PrefetchLimits {
   size_t max_chunks = 0;
   // The bytes a chunk costs in the window; when empty, the bytes of its first upcoming event.
   std::function<uint64_t(ChunkId)> chunk_bytes;
+  // When set, only chunks whose first upcoming event was acquired on this tier count: the others
+  // are neither charged to the window nor returned (e.g. the DEVICE look-ahead).
+  std::optional<Tier> only_tier;
 };
 
 class TraceCursor {
@@ -82,7 +85,7 @@ class TraceCursor {
   void Restart();
 
   // The distinct chunks of the upcoming events, in order of first use, that `skip` (resident or
-  // already in flight) does not exclude, within the window and count of `limits`.
+  // already in flight) does not exclude, within the window, count and tier of `limits`.
   std::vector<ChunkId> NextPrefetches(const PrefetchLimits& limits,
                                       const std::function<bool(ChunkId)>& skip);
 

@@ -36,8 +36,10 @@ void ForEachTile(const RunOptions& run, size_t count, const Fn& fn) {
     run.executor->ParallelFor(count, run.tile_elements, fn);
     return;
   }
-  for (size_t begin = 0; begin < count; begin += run.tile_elements) {
-    fn(begin, std::min(count, begin + run.tile_elements));
+  for (size_t begin = 0; begin < count;) {
+    const size_t end = begin + std::min(run.tile_elements, count - begin);  // never wraps
+    fn(begin, end);
+    begin = end;
   }
 }
 
@@ -129,7 +131,7 @@ Result<GradScan> ScanGradients(const void* grad, DType grad_dtype, size_t count,
   const SumSquaresFn sum_squares = kernels->sum_squares[static_cast<int>(grad_dtype)];
   // One partial per tile, added in tile order: the result does not depend on which thread ran
   // which tile.
-  std::vector<double> partials((count + run.tile_elements - 1) / run.tile_elements);
+  std::vector<double> partials(count / run.tile_elements + (count % run.tile_elements != 0));
   ForEachTile(run, count, [&](size_t begin, size_t end) {
     partials[begin / run.tile_elements] = sum_squares(grad, begin, end);
   });

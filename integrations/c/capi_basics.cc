@@ -4,6 +4,7 @@
 
 #include "core/status.h"
 #include "integrations/c/capi_guard.h"
+#include "integrations/c/capi_handles.h"
 #include "zoe.h"
 
 namespace zoe::capi {
@@ -24,7 +25,7 @@ const char* zoe_version(void) {
 }
 
 const char* zoe_status_string(zoe_status status) {
-  const int code = static_cast<int>(status);
+  const int code = zoe::capi::RawEnum(status);
   if (code < 0 || code > static_cast<int>(zoe::StatusCode::kInternal)) return "unknown status";
   return zoe::StatusCodeName(static_cast<zoe::StatusCode>(code)).data();
 }

@@ -13,12 +13,32 @@ namespace zoe::capi {
 
 std::string& LastErrorSlot();
 
-inline zoe_status Fail(const Status& status) {
-  LastErrorSlot() = status.ToString();
+// Stores `make_message()` as the thread's last error. When that needs memory that is not there,
+// `fallback` is stored instead: it is at most 15 characters, which every std::string holds in
+// the storage it already has, so this never throws.
+template <class MakeMessage>
+void SetLastError(const char* fallback, MakeMessage&& make_message) noexcept {
+  std::string& slot = LastErrorSlot();
+  try {
+    slot = make_message();
+    return;
+  } catch (...) {
+  }
+  slot.clear();
+  try {
+    slot.assign(fallback);
+  } catch (...) {
+  }
+}
+
+inline zoe_status Fail(const Status& status) noexcept {
+  SetLastError("error", [&] { return status.ToString(); });
   return static_cast<zoe_status>(status.code());
 }
 
-// Runs `body` (returning Status) and maps its outcome, or any exception, to a zoe_status.
+// Runs `body` (returning Status) and maps its outcome, or any exception, to a zoe_status. The
+// handlers build no Status and record their message through SetLastError, so a second bad_alloc
+// inside one cannot escape this noexcept function.
 template <class Body>
 zoe_status Guard(Body&& body) noexcept {
   try {
@@ -26,12 +46,15 @@ zoe_status Guard(Body&& body) noexcept {
     Status status = body();
     return status.ok() ? ZOE_OK : Fail(status);
   } catch (const std::bad_alloc&) {
-    return Fail(Status::OutOfMemory("out of memory"));
+    SetLastError("out of memory", [] { return std::string("out of memory"); });
+    return static_cast<zoe_status>(StatusCode::kOutOfMemory);
   } catch (const std::exception& e) {
-    return Fail(Status::Internal(std::string("unexpected exception: ") + e.what()));
+    SetLastError("internal error",
+                 [&] { return std::string("unexpected exception: ") + e.what(); });
   } catch (...) {
-    return Fail(Status::Internal("unexpected non-standard exception"));
+    SetLastError("internal error", [] { return std::string("unexpected non-standard exception"); });
   }
+  return static_cast<zoe_status>(StatusCode::kInternal);
 }
 
 }  // namespace zoe::capi

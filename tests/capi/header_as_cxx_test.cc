@@ -1,4 +1,7 @@
-// Description: zoe.h compiles as C++ and its declarations have C linkage and the documented types.
+// Description: zoe.h compiles as C++ and its declarations have C linkage and the documented types;
+// the structs keep the layout the Python binding (ctypes) mirrors on x86-64 and aarch64.
+#include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "zoe.h"
@@ -7,5 +10,50 @@ static_assert(std::is_same_v<decltype(&zoe_version), const char* (*)()>);
 static_assert(std::is_same_v<decltype(&zoe_status_string), const char* (*)(zoe_status)>);
 static_assert(static_cast<int>(ZOE_OK) == 0);
 static_assert(static_cast<int>(ZOE_ERR_INTERNAL) == 12);
+
+// The engine's functions, with the exact parameter types callers bind to.
+static_assert(
+    std::is_same_v<decltype(&zoe_engine_create), zoe_status (*)(const char*, zoe_engine**)>);
+static_assert(std::is_same_v<decltype(&zoe_engine_destroy), void (*)(zoe_engine*)>);
+static_assert(
+    std::is_same_v<decltype(&zoe_engine_stats_json), zoe_status (*)(zoe_engine*, char**)>);
+static_assert(std::is_same_v<decltype(&zoe_tensor_register),
+                             zoe_status (*)(zoe_engine*, const zoe_tensor_desc*, zoe_tensor_id*)>);
+static_assert(
+    std::is_same_v<decltype(&zoe_tensor_acquire),
+                   zoe_status (*)(zoe_engine*, zoe_tensor_id, zoe_tier, zoe_access, void**)>);
+static_assert(
+    std::is_same_v<decltype(&zoe_trace_load), zoe_status (*)(zoe_engine*, const char*, char**)>);
+static_assert(std::is_same_v<decltype(&zoe_optim_group_create),
+                             zoe_status (*)(zoe_engine*, const char*, const zoe_buffer_view*,
+                                            size_t, zoe_group_id*)>);
+static_assert(std::is_same_v<decltype(&zoe_optim_step),
+                             zoe_status (*)(zoe_engine*, zoe_group_id, const zoe_hyper_params*,
+                                            const zoe_buffer_view*, size_t, const zoe_buffer_view*,
+                                            size_t, double, zoe_step_result*)>);
+static_assert(std::is_same_v<decltype(&zoe_optim_state_read),
+                             zoe_status (*)(zoe_engine*, zoe_group_id, zoe_state_slot, uint64_t,
+                                            uint64_t, float*)>);
+static_assert(
+    std::is_same_v<decltype(&zoe_checkpoint_load), zoe_status (*)(zoe_engine*, const char*)>);
+
+// Ids and enums.
+static_assert(std::is_same_v<zoe_tensor_id, uint32_t> && std::is_same_v<zoe_group_id, uint32_t>);
+static_assert(ZOE_TENSOR_ID_INVALID == UINT32_MAX && ZOE_GROUP_ID_INVALID == UINT32_MAX);
+static_assert(ZOE_TIER_NVME == 2 && ZOE_ACCESS_READ_WRITE == 2 && ZOE_DTYPE_FLOAT8_E5M2 == 10);
+static_assert(ZOE_STATE_EXP_AVG_SQ == 2);
+static_assert(sizeof(zoe_tier) == sizeof(int) && sizeof(zoe_dtype) == sizeof(int));
+
+// Struct layouts (LP64).
+static_assert(offsetof(zoe_tensor_desc, bytes) == 8 && offsetof(zoe_tensor_desc, dtype) == 16 &&
+              offsetof(zoe_tensor_desc, home) == 20 && offsetof(zoe_tensor_desc, group) == 24 &&
+              sizeof(zoe_tensor_desc) == 32);
+static_assert(offsetof(zoe_buffer_view, dtype) == 8 && offsetof(zoe_buffer_view, count) == 16 &&
+              sizeof(zoe_buffer_view) == 24);
+static_assert(sizeof(zoe_hyper_params) == 5 * sizeof(double));
+static_assert(offsetof(zoe_step_result, grad_norm) == 8 &&
+              offsetof(zoe_step_result, steps_taken) == 16 &&
+              offsetof(zoe_step_result, bytes_read) == 24 &&
+              offsetof(zoe_step_result, seconds) == 40 && sizeof(zoe_step_result) == 48);
 
 int main() { return zoe_version() != nullptr ? 0 : 1; }

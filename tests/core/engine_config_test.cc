@@ -124,13 +124,24 @@ TEST(EngineConfig, EmptyDocumentGivesDefaultsOffloadingTheOptimizerToCpu) {
   EXPECT_EQ(config.zoe.eviction, EvictionKind::kOpt);
   EXPECT_EQ(config.zoe.moment_dtype, MomentDType::kFp32);
   EXPECT_TRUE(config.zoe.nvme_paths.empty());
+  EXPECT_EQ(config.zero.sub_group_size, 0u);  // derived from zoe.chunk_size
+  EXPECT_EQ(config.zoe.tensor_host_budget, 0u);
+  EXPECT_EQ(config.zoe.tensor_swap_bytes, uint64_t{1} << 30);
   EXPECT_TRUE(config.ignored_keys.empty());
   EXPECT_EQ(DescribeIgnoredKeys(config), "");
+}
+
+TEST(EngineConfig, TensorHostBudgetAloneIsAcceptedWithAnAutomaticHostBudget) {
+  const EngineConfig config = ParseOk(R"({"zoe": {"tensor_host_budget": "64M"}})");
+  EXPECT_EQ(config.zoe.tensor_host_budget, uint64_t{64} << 20);
+  EXPECT_EQ(config.zoe.host_budget, 0u);
+  ExpectRoundTrip(config);
 }
 
 TEST(EngineConfig, DeepSpeedZeroInfinityConfigParsesWithItsValues) {
   const EngineConfig config = ParseOk(kZeroInfinityConfig);
   EXPECT_EQ(config.zero.stage, 3u);
+  EXPECT_EQ(config.zero.sub_group_size, 1'000'000'000u);
   const OffloadOptimizerConfig& opt = config.zero.offload_optimizer;
   EXPECT_EQ(opt.device, OffloadDevice::kNvme);
   EXPECT_EQ(opt.nvme_path, "/local_nvme");
@@ -177,8 +188,7 @@ TEST(EngineConfig, DeepSpeedZeroInfinityConfigParsesWithItsValues) {
                           "zero_optimization.stage3_max_live_parameters",
                           "zero_optimization.stage3_max_reuse_distance",
                           "zero_optimization.stage3_param_persistence_threshold",
-                          "zero_optimization.stage3_prefetch_bucket_size",
-                          "zero_optimization.sub_group_size"));
+                          "zero_optimization.stage3_prefetch_bucket_size"));
   EXPECT_THAT(DescribeIgnoredKeys(config),
               HasSubstr("ignored DeepSpeed keys: gradient_accumulation_steps, scheduler, "));
 }
@@ -216,6 +226,8 @@ TEST(EngineConfig, ZoeSectionParsesEveryOption) {
       "device": "host",
       "device_budget": "8GiB",
       "host_budget": "1.5G",
+      "tensor_host_budget": "512M",
+      "tensor_swap_bytes": "2G",
       "nvme_paths": ["/nvme0/zoe", "/nvme1/zoe"],
       "stripe_unit": "256K",
       "chunk_size": 6.7108864e7,
@@ -230,6 +242,8 @@ TEST(EngineConfig, ZoeSectionParsesEveryOption) {
   EXPECT_EQ(zoe.device, ComputeDevice::kHost);
   EXPECT_EQ(zoe.device_budget, uint64_t{8} << 30);
   EXPECT_EQ(zoe.host_budget, uint64_t{3} << 29);
+  EXPECT_EQ(zoe.tensor_host_budget, uint64_t{512} << 20);
+  EXPECT_EQ(zoe.tensor_swap_bytes, uint64_t{2} << 30);
   EXPECT_THAT(zoe.nvme_paths, ElementsAre("/nvme0/zoe", "/nvme1/zoe"));
   EXPECT_EQ(zoe.stripe_unit, 256u << 10);
   EXPECT_EQ(zoe.chunk_size, 64u << 20);
@@ -478,6 +492,12 @@ TEST(EngineConfig, OutOfRangeValuesNameKeyValueAndRange) {
       {R"({"zoe": {"trace": {"lookahead_bytes": "2TiB"}}})",
        "zoe.trace.lookahead_bytes = \"2TiB\" is out of range"},
       {R"({"aio": {"block_size": 1000}})", "aio.block_size = 1000 is out of range"},
+      {R"({"zero_optimization": {"sub_group_size": 2e12}})",
+       "zero_optimization.sub_group_size = 2000000000000.0 is out of range; allowed: "
+       "0..1099511627776"},
+      {R"({"zoe": {"tensor_swap_bytes": 1024}})", "zoe.tensor_swap_bytes = 1024 is out of range"},
+      {R"({"zoe": {"host_budget": "1G", "tensor_host_budget": "1G"}})",
+       "zoe.tensor_host_budget = 1073741824 is not less than zoe.host_budget = 1073741824"},
   });
 }
 

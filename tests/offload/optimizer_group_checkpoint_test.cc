@@ -199,5 +199,85 @@ TEST(OptimizerGroupCheckpointTest, SaveAndLoadWaitForAccumulatedGradientsToBeSte
   EXPECT_EQ(LoadFrom(dir, harness.group()).code(), StatusCode::kFailedPrecondition);
 }
 
+TEST(OptimizerGroupCheckpointTest, PreparedLoadChangesNothingUntilCommitted) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness saved(CheckpointOptions());
+  GroupHarness target(CheckpointOptions());
+  ASSERT_TRUE(saved.ok() && target.ok());
+  Steps(saved, 0, 2);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  Steps(target, 0, 1);
+  const auto before = target.Snapshot();
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+
+  ASSERT_TRUE(target.group().PrepareLoad(**reader).ok());
+  EXPECT_EQ(target.Snapshot(), before);
+  EXPECT_EQ(target.group().steps_taken(), 1);
+  target.group().DiscardLoad();
+  target.group().CommitLoad();  // nothing prepared: no change
+  EXPECT_EQ(target.Snapshot(), before);
+  EXPECT_EQ(target.group().steps_taken(), 1);
+
+  ASSERT_TRUE(target.group().PrepareLoad(**reader).ok());
+  target.group().CommitLoad();
+  EXPECT_EQ(target.Snapshot(), saved.Snapshot());
+  EXPECT_EQ(target.group().steps_taken(), 2);
+}
+
+TEST(OptimizerGroupCheckpointTest, StepDropsAPreparedLoad) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  GroupHarness saved(CheckpointOptions());
+  GroupHarness target(CheckpointOptions());
+  ASSERT_TRUE(saved.ok() && target.ok());
+  Steps(saved, 0, 2);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_TRUE(target.group().PrepareLoad(**reader).ok());
+  Steps(target, 0, 1);
+  const auto stepped = target.Snapshot();
+  target.group().CommitLoad();
+  EXPECT_EQ(target.Snapshot(), stepped);
+  EXPECT_EQ(target.group().steps_taken(), 1);
+}
+
+// HOST chunks are staged in the pinned pool: a budget that holds the state once but not twice
+// refuses the load before anything changes.
+TEST(OptimizerGroupCheckpointTest, StagingBeyondThePinnedBudgetIsOutOfMemoryAndChangesNothing) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  HarnessOptions host_only = CheckpointOptions();
+  host_only.group.placement = Tier::kHost;
+  GroupHarness saved(host_only);
+  ASSERT_TRUE(saved.ok());
+  Steps(saved, 0, 2);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  const uint64_t state_bytes = saved.pinned().used_bytes();
+  ASSERT_GT(state_bytes, 0u);
+
+  HarnessOptions tight = host_only;
+  tight.pinned_budget = state_bytes + state_bytes / 2;
+  GroupHarness target(tight);
+  ASSERT_TRUE(target.ok());
+  const auto before = target.Snapshot();
+  Status load = LoadFrom(dir, target.group());
+  EXPECT_EQ(load.code(), StatusCode::kOutOfMemory) << load.ToString();
+  EXPECT_NE(load.message().find("HOST chunks"), std::string::npos) << load.ToString();
+  EXPECT_EQ(target.Snapshot(), before);
+  EXPECT_EQ(target.group().steps_taken(), 0);
+  EXPECT_EQ(target.pinned().used_bytes(), state_bytes);
+
+  HarnessOptions roomy = host_only;
+  roomy.pinned_budget = 2 * state_bytes;
+  GroupHarness fits(roomy);
+  ASSERT_TRUE(fits.ok());
+  ASSERT_TRUE(LoadFrom(dir, fits.group()).ok());
+  EXPECT_EQ(fits.Snapshot(), saved.Snapshot());
+  EXPECT_EQ(fits.pinned().used_bytes(), state_bytes);
+}
+
 }  // namespace
 }  // namespace zoe::offload

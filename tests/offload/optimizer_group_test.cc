@@ -325,9 +325,9 @@ TEST(OptimizerGroupTest, AccumulatedGradientsEqualThePlainStep) {
   EXPECT_EQ(accumulated.params_bytes(), plain.params_bytes());
 }
 
-// A read AccumulateGrad started fails: the step reports it, nothing changes, and the next step
-// (with plain gradients) matches the reference.
-TEST(OptimizerGroupTest, FailedEarlyReadFailsTheStepAndChangesNothing) {
+// A read AccumulateGrad started fails: the step reports it, nothing changes, the accumulated
+// gradients stay, and retrying the step on them matches the reference.
+TEST(OptimizerGroupTest, FailedEarlyReadFailsTheStepAndTheRetryUsesTheSameGradients) {
   HarnessOptions options;
   options.inject_faults = true;
   GroupHarness harness(options);
@@ -354,9 +354,15 @@ TEST(OptimizerGroupTest, FailedEarlyReadFailsTheStepAndChangesNothing) {
   EXPECT_EQ(harness.group().reads_started(), 0u);
   EXPECT_EQ(harness.group().steps_taken(), 0);
   EXPECT_EQ(harness.Snapshot(), before);
-  ASSERT_TRUE(harness.Step(harness.Hyper(0)).ok());
+  EXPECT_EQ(harness.Step(harness.Hyper(0)).status().code(), StatusCode::kFailedPrecondition);
+  Result<StepReport> retried = harness.StepAccumulated(harness.Hyper(0));
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  EXPECT_EQ(retried->steps_taken, 1);
   ASSERT_TRUE(reference.Step(harness.Hyper(0), harness));
   harness.ExpectMatches(reference);
+  // The step consumed them: the next one needs new gradients.
+  EXPECT_EQ(harness.StepAccumulated(harness.Hyper(1)).status().code(),
+            StatusCode::kFailedPrecondition);
 }
 
 TEST(OptimizerGroupTest, AccumulateGradErrors) {
@@ -437,6 +443,59 @@ TEST(OptimizerGroupTest, StepArgumentErrorsChangeNothing) {
 
   EXPECT_EQ(group.steps_taken(), 0);
   EXPECT_EQ(harness.Snapshot(), before);
+}
+
+// View counts whose sum wraps around to the group's count are refused at the view that runs
+// past the end.
+TEST(OptimizerGroupTest, ViewCountsThatWrapAroundAreRejected) {
+  GroupHarness harness(HarnessOptions{});
+  ASSERT_TRUE(harness.ok());
+  harness.NewGradients(0);
+  const auto before = harness.Snapshot();
+  const std::vector<GradView> valid = harness.grad_views();
+  const std::vector<GradView> grads = {
+      {valid[0].data, DType::kF32, SIZE_MAX},
+      {valid[0].data, DType::kF32, harness.count() + 1},
+  };
+  StepArgs args;
+  args.hyper = harness.Hyper(0);
+  args.grads = grads;
+  Result<StepReport> wrapped = harness.group().Step(args);
+  EXPECT_EQ(wrapped.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrapped.status().message().find("gradient view 0"), std::string::npos)
+      << wrapped.status().ToString();
+
+  std::vector<float> small(4, 0.5f);
+  const std::vector<ParamView> params = {{small.data(), DType::kF32, 2},
+                                         {small.data(), DType::kF32, SIZE_MAX},
+                                         {small.data(), DType::kF32, 3}};
+  OptimizerGroupOptions options = testing::DefaultGroupOptions();
+  options.placement = Tier::kHost;
+  options.count = 4;
+  OptimizerResources resources;
+  resources.pinned = &harness.pinned();
+  Result<std::unique_ptr<OptimizerGroup>> rejected =
+      OptimizerGroup::Create(options, resources, params);
+  EXPECT_EQ(rejected.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rejected.status().message().find("initial parameter view 1"), std::string::npos)
+      << rejected.status().ToString();
+  EXPECT_EQ(harness.group().steps_taken(), 0);
+  EXPECT_EQ(harness.Snapshot(), before);
+}
+
+// Chunks as long as size_t allows: one chunk, the same step.
+TEST(OptimizerGroupTest, HugeChunkLengthMakesOneChunkAndMatchesTheReference) {
+  HarnessOptions options;
+  options.count = 5000;
+  options.group.chunk_elements = SIZE_MAX;
+  GroupHarness harness(options);
+  ASSERT_TRUE(harness.ok());
+  EXPECT_EQ(harness.group().chunk_count(), 1u);
+  Reference reference(harness);
+  harness.NewGradients(0);
+  ASSERT_TRUE(harness.Step(harness.Hyper(0)).ok());
+  ASSERT_TRUE(reference.Step(harness.Hyper(0), harness));
+  harness.ExpectMatches(reference);
 }
 
 TEST(OptimizerGroupTest, CreateRejectsBadOptions) {

@@ -489,8 +489,10 @@ TEST_F(TierManagerFaultTest, CorruptedReadIsAChecksumError) {
 class TierManagerDeviceTest : public ::testing::Test {
  protected:
   // A HOST budget of 5 chunks and a DEVICE budget of 2; device copies fail while fail_copies_.
-  std::unique_ptr<TierManager> Make(uint64_t host_chunks = 5, uint64_t device_chunks = 2) {
+  std::unique_ptr<TierManager> Make(uint64_t host_chunks = 5, uint64_t device_chunks = 2,
+                                    uint32_t prefetch_in_flight = 8) {
     TierManagerOptions options = SmallOptions(dir_, host_chunks);
+    options.prefetch_in_flight = prefetch_in_flight;
     options.device_budget_bytes = device_chunks * kChunk;
     options.busy_timeout = std::chrono::milliseconds(200);
     options.engine_factory = engine_factory_;
@@ -824,7 +826,7 @@ TEST_F(TierManagerDeviceTest, RandomAccessOnBothTiersMatchesShadowCopy) {
 // A cyclic pass over four runs with room for two on the device: LRU copies every run in every
 // iteration; replaying the trace, eviction by next use (OPT) keeps the run needed soonest.
 TEST_F(TierManagerDeviceTest, ReplayedTraceEvictsFromDeviceByNextUse) {
-  auto manager = Make(5, 2);
+  auto manager = Make(5, 2, /*prefetch_in_flight=*/0);  // demand copies only
   ASSERT_NE(manager, nullptr);
   std::vector<TensorId> layers;
   for (int i = 0; i < 4; ++i) layers.push_back(Register(*manager, "l" + std::to_string(i), kChunk));

@@ -158,6 +158,25 @@ TEST(TraceCursor, PrefetchWindowCountsResidentChunksAndSkipsThem) {
   EXPECT_TRUE(cursor.NextPrefetches(Limits(99, 10), resident).empty());
 }
 
+// The DEVICE look-ahead: only chunks whose next use is a device acquire count, and a chunk used
+// on HOST first is left to the HOST look-ahead even when a device use follows.
+TEST(TraceCursor, PrefetchWindowOfOneTierChargesOnlyThatTier) {
+  Trace trace{"t", 0, {}};
+  for (uint32_t t : {1u, 2u, 3u, 4u, 5u, 2u}) trace.events.push_back(E(t));
+  for (size_t i : {1u, 3u, 4u, 5u}) trace.events[i].tier = Tier::kDevice;
+  Result<TraceCursor> made = TraceCursor::Create(trace, kChunks);
+  ASSERT_TRUE(made.ok());
+  TraceCursor cursor = std::move(made).value();
+  PrefetchLimits device = Limits(10000, 10);
+  device.only_tier = Tier::kDevice;
+  EXPECT_EQ(cursor.NextPrefetches(device, kNothingResident), Chunks({2, 4, 5}));
+  device.byte_budget = 250;  // two device chunks of 100 bytes; the HOST chunks cost nothing
+  EXPECT_EQ(cursor.NextPrefetches(device, kNothingResident), Chunks({2, 4}));
+  PrefetchLimits host = Limits(10000, 10);
+  host.only_tier = Tier::kHost;
+  EXPECT_EQ(cursor.NextPrefetches(host, kNothingResident), Chunks({1, 3}));
+}
+
 TEST(TraceCursor, PrefetchWindowUsesTheChunkCostWhenGiven) {
   TraceCursor cursor = MakeCursor({1, 2, 3});
   PrefetchLimits limits{4096 * 2, 10, [](ChunkId) -> uint64_t { return 4096; }};

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <xxhash.h>
 
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@ Trace SampleTrace(size_t events = 5) {
   for (size_t i = 0; i < events; ++i) {
     trace.events.push_back(TraceEvent{TensorId(static_cast<uint32_t>(i % 3)),
                                       ChunkId(static_cast<uint32_t>(i)), static_cast<Access>(i % 3),
-                                      1000 + i});
+                                      1000 + i, i % 2 ? Tier::kDevice : Tier::kHost});
   }
   return trace;
 }
@@ -51,6 +52,22 @@ TEST(TraceEvents, AnAcquireBecomesOneEventPerPiece) {
                                              {big, ChunkId(3), Access::kWrite, 8}}));
   EXPECT_EQ(EventsForAcquire(*layout, TensorId(7), Access::kRead).status().code(),
             StatusCode::kNotFound);
+}
+
+TEST(TraceEvents, EventsKeepTheTierOfTheAcquire) {
+  Result<ChunkLayout> layout = ChunkLayout::Create({kChunk, 256, uint64_t{1} << 30});
+  ASSERT_TRUE(layout.ok());
+  TensorId big = *layout->Register({"big", kChunk + 8, DType::kUInt8, Tier::kHost, ""});
+  Result<std::vector<TraceEvent>> events =
+      EventsForAcquire(*layout, big, Access::kRead, Tier::kDevice);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  for (const TraceEvent& e : *events) EXPECT_EQ(e.tier, Tier::kDevice);
+  EXPECT_EQ(EventsForAcquire(*layout, big, Access::kRead)->front().tier, Tier::kHost);
+  // Matching ignores the tier: a replay acquiring on HOST what was recorded on DEVICE matches.
+  TraceEvent on_host = events->front();
+  on_host.tier = Tier::kHost;
+  EXPECT_TRUE(on_host.SameTarget(events->front()));
 }
 
 TEST(TraceSet, RecordsSeveralNamedTraces) {
@@ -119,8 +136,9 @@ TEST(TraceFile, SaveLoadRoundTrip) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(loaded->name, trace.name);
   EXPECT_EQ(loaded->registry_fingerprint, kFingerprint);
-  EXPECT_EQ(loaded->events, trace.events);
-  EXPECT_EQ(ReadBytes(dir.File("t.trace")).size(), 32 + trace.name.size() + 100 * 17 + 8);
+  EXPECT_EQ(loaded->events, trace.events);  // tiers included
+  EXPECT_EQ(loaded->events[1].tier, Tier::kDevice);
+  EXPECT_EQ(ReadBytes(dir.File("t.trace")).size(), 32 + trace.name.size() + 100 * 18 + 8);
 }
 
 TEST(TraceFile, EmptyTraceRoundTrips) {
@@ -167,8 +185,33 @@ TEST(TraceFile, WrongMagicIsRejected) {
 TEST(TraceFile, UnknownVersionIsRejected) {
   Status s = LoadCorrupted([](std::string& b) { PutU32At(b, 8, 7); });
   EXPECT_EQ(s.code(), StatusCode::kNotSupported);
-  EXPECT_NE(s.message().find("has trace format version 7; this build reads version 1"),
+  EXPECT_NE(s.message().find("has trace format version 7; this build reads version 2"),
             std::string_view::npos);
+}
+
+// A file of the previous version (17-byte events without a tier, with a valid checksum) is
+// refused by its version, before its size is looked at.
+TEST(TraceFile, VersionOneFileIsRejectedAsUnsupported) {
+  TempDir dir;
+  std::string bytes(kTraceMagic, sizeof kTraceMagic);
+  const auto put = [&bytes](uint64_t v, int width) {
+    for (int i = 0; i < width; ++i) bytes.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  put(1, 4);  // version
+  put(4, 4);  // name length
+  put(kFingerprint, 8);
+  put(1, 8);  // one event
+  bytes += "step";
+  put(0, 4), put(0, 4), put(0, 1), put(64, 8);  // tensor, chunk, access, bytes
+  put(XXH3_64bits(bytes.data(), bytes.size()), 8);
+  WriteBytes(dir.File("v1.trace"), bytes);
+  Result<Trace> loaded = LoadTrace(dir.File("v1.trace"), kFingerprint);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(
+      loaded.status().message().find("has trace format version 1; this build reads version 2"),
+      std::string_view::npos)
+      << loaded.status().ToString();
 }
 
 TEST(TraceFile, TruncatedFilesAreRejected) {
@@ -191,7 +234,7 @@ TEST(TraceFile, TrailingBytesAreRejected) {
 
 TEST(TraceFile, ChecksumMismatchIsRejected) {
   const size_t first_event = 32 + std::string("train_step").size();
-  for (size_t offset : {size_t{16}, first_event + 3, first_event + 17 * 4 + 16}) {
+  for (size_t offset : {size_t{16}, first_event + 3, first_event + 18 * 4 + 16}) {
     Status s = LoadCorrupted([offset](std::string& b) { b[offset] ^= 0x40; });
     EXPECT_EQ(s.code(), StatusCode::kCorruption) << offset;
     EXPECT_NE(s.message().find("checksum mismatch"), std::string_view::npos) << s.ToString();
@@ -231,8 +274,12 @@ TEST(TraceFile, MalformedEventWithAValidChecksumIsRejected) {
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().code(), StatusCode::kCorruption);
   EXPECT_EQ(decoded.status().message(),
-            "memory: event 1 is malformed (tensor 1, chunk 1, access 9)");
+            "memory: event 1 is malformed (tensor 1, chunk 1, access 9, tier 0)");
   trace.events[1].access = Access::kRead;
+  trace.events[1].tier = Tier::kNvme;  // NVMe bytes are never acquired
+  EXPECT_EQ(DecodeTrace(EncodeTrace(trace), kFingerprint, "memory").status().message(),
+            "memory: event 1 is malformed (tensor 1, chunk 1, access 0, tier 2)");
+  trace.events[1].tier = Tier::kHost;
   trace.events[0].chunk = ChunkId();
   EXPECT_EQ(DecodeTrace(EncodeTrace(trace), kFingerprint, "memory").status().code(),
             StatusCode::kCorruption);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/executor.h"
 #include "optim_test_util.h"
@@ -109,6 +110,22 @@ TEST(GradScanTest, SumOfSquaresAndNonFiniteDetection) {
   EXPECT_TRUE(ScanGradients(huge.data(), DType::kF32, huge.size())->finite());
   EXPECT_EQ(ScanGradients(nullptr, DType::kF32, 4).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ScanGradients(nullptr, DType::kF32, 0)->sum_squares, 0.0);
+}
+
+TEST(GradScanTest, TileLargerThanAnyCountIsOneTile) {
+  // A tile length near SIZE_MAX must not wrap the tile arithmetic, on one thread or several.
+  std::vector<float> grad(1000);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 7) - 3.0f;
+  const double expected = ScanGradients(grad.data(), DType::kF32, grad.size())->sum_squares;
+  Executor executor(2);
+  for (Executor* threads : {static_cast<Executor*>(nullptr), &executor}) {
+    RunOptions run;
+    run.executor = threads;
+    run.tile_elements = std::numeric_limits<size_t>::max();
+    auto scan = ScanGradients(grad.data(), DType::kF32, grad.size(), run);
+    ASSERT_TRUE(scan.ok()) << scan.status().ToString();
+    EXPECT_EQ(scan->sum_squares, expected);
+  }
 }
 
 TEST(GradScanTest, FindsNonFiniteHalfAndBfloatGradients) {

@@ -9,6 +9,11 @@
  *  4. Ownership is stated on every function: "borrowed" pointers stay owned by the caller;
  *     strings returned as "free with zoe_free" belong to the caller.
  *  5. No C++ exception and no abort crosses this boundary.
+ *  6. A NULL engine or a NULL required pointer is ZOE_ERR_INVALID_ARGUMENT naming the argument;
+ *     an id that names no tensor or group is ZOE_ERR_NOT_FOUND; an enum value outside its list is
+ *     ZOE_ERR_INVALID_ARGUMENT. On failure, out-parameters (when not NULL themselves) are set to
+ *     NULL, ZOE_TENSOR_ID_INVALID / ZOE_GROUP_ID_INVALID, or 0.
+ *  7. A destroyed engine cannot be told from a live one: using it is undefined behaviour.
  *
  * Usage
  *     printf("zoe %s\n", zoe_version());
@@ -74,6 +79,10 @@ typedef struct zoe_engine zoe_engine;
 
 typedef uint32_t zoe_tensor_id;
 typedef uint32_t zoe_group_id;
+
+/* What an id out-parameter holds after a failure; never the id of a tensor or group. */
+#define ZOE_TENSOR_ID_INVALID ((zoe_tensor_id)UINT32_MAX)
+#define ZOE_GROUP_ID_INVALID ((zoe_group_id)UINT32_MAX)
 
 /* Numbers are part of the ABI and never reused. */
 typedef enum zoe_tier { ZOE_TIER_DEVICE = 0, ZOE_TIER_HOST = 1, ZOE_TIER_NVME = 2 } zoe_tier;
@@ -209,7 +218,9 @@ ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** o
  * placed as the engine's configuration says (offload_optimizer: nvme / cpu, ratio, buffer_count,
  * sub_group_size). optim_json: {"name": str, "type": "AdamW"|"Adam"|"Adagrad"|"Lion",
  * "lr", "betas": [b1, b2], "eps", "weight_decay", "max_grad_norm", "moment_dtype": "fp32"|"bf16"}
- * (all but "name" optional). NO_SPACE / OUT_OF_MEMORY name the bytes needed and free. */
+ * (all but "name" optional; "Adam" is torch's Adam with L2 weight decay; Adagrad also takes
+ * "lr_decay"; defaults come from the engine's configuration). Names are unique. Ids are given
+ * 0, 1, 2, ... in creation order. NO_SPACE / OUT_OF_MEMORY name the bytes needed and free. */
 ZOE_API zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,
                                           const zoe_buffer_view* params, size_t n,
                                           zoe_group_id* out);

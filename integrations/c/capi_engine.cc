@@ -1,0 +1,70 @@
+// The engine's lifetime, flush, the async-error query, statistics and configuration.
+#include <string>
+
+#include "integrations/c/capi_guard.h"
+#include "integrations/c/capi_handles.h"
+
+using zoe::Status;
+using zoe::capi::CheckNotNull;
+using zoe::capi::CopyForCaller;
+using zoe::capi::EngineOf;
+using zoe::capi::Guard;
+using zoe::offload::Engine;
+
+extern "C" {
+
+zoe_status zoe_engine_create(const char* config_json, zoe_engine** out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = nullptr;
+    const std::string_view text = config_json != nullptr ? config_json : "";
+    ZOE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::CreateFromJson(text));
+    auto handle = std::make_unique<zoe_engine>();
+    handle->engine = std::move(engine);
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+void zoe_engine_destroy(zoe_engine* engine) {
+  (void)Guard([&]() -> Status {
+    delete engine;
+    return Status::Ok();
+  });
+}
+
+zoe_status zoe_engine_async_error(zoe_engine* engine) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    return e->TakeAsyncError();
+  });
+}
+
+zoe_status zoe_engine_flush(zoe_engine* engine) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    return e->Flush();
+  });
+}
+
+zoe_status zoe_engine_stats_json(zoe_engine* engine, char** out_json) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out_json, "out_json"));
+    *out_json = nullptr;
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(*out_json, CopyForCaller(e->StatsJson().dump()));
+    return Status::Ok();
+  });
+}
+
+zoe_status zoe_engine_config_json(zoe_engine* engine, char** out_json) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out_json, "out_json"));
+    *out_json = nullptr;
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(*out_json, CopyForCaller(e->ConfigJson().dump()));
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,168 @@
+// Optimizer groups (create, step, accumulate_grad, state and step count) and checkpoints.
+#include <fmt/format.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "integrations/c/capi_guard.h"
+#include "integrations/c/capi_handles.h"
+
+using zoe::Result;
+using zoe::Status;
+using zoe::capi::CheckNotNull;
+using zoe::capi::EngineOf;
+using zoe::capi::Guard;
+using zoe::capi::ToGroupId;
+using zoe::offload::Engine;
+namespace offload = zoe::offload;
+
+namespace {
+
+// `n` views from C as the engine's views; `name` names the array in errors ("params[2].dtype").
+template <class View>
+Result<std::vector<View>> ToViews(const zoe_buffer_view* views, size_t n, std::string_view name) {
+  std::vector<View> out;
+  if (n == 0) return out;
+  ZOE_RETURN_IF_ERROR(CheckNotNull(views, name));
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    View view;
+    view.data = views[i].data;
+    view.count = static_cast<size_t>(views[i].count);
+    ZOE_ASSIGN_OR_RETURN(view.dtype, zoe::capi::ToOptimDType(zoe::capi::RawEnum(views[i].dtype),
+                                                             fmt::format("{}[{}].dtype", name, i)));
+    out.push_back(view);
+  }
+  return out;
+}
+
+offload::StepHyperParams ToHyper(const zoe_hyper_params& hyper) {
+  offload::StepHyperParams out;
+  out.lr = hyper.lr;
+  out.beta1 = hyper.beta1;
+  out.beta2 = hyper.beta2;
+  out.eps = hyper.eps;
+  out.weight_decay = hyper.weight_decay;
+  return out;
+}
+
+void ToStepResult(const offload::StepReport& report, zoe_step_result* out) {
+  out->skipped = report.skipped ? 1 : 0;
+  out->grad_norm = report.grad_norm;
+  out->steps_taken = report.steps_taken;
+  out->bytes_read = report.bytes_read;
+  out->bytes_written = report.bytes_written;
+  out->seconds = report.seconds;
+}
+
+}  // namespace
+
+extern "C" {
+
+zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,
+                                  const zoe_buffer_view* params, size_t n, zoe_group_id* out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = ZOE_GROUP_ID_INVALID;
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_RETURN_IF_ERROR(CheckNotNull(optim_json, "optim_json"));
+    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> views,
+                         ToViews<offload::ParamView>(params, n, "params"));
+    ZOE_ASSIGN_OR_RETURN(const offload::GroupId id, e->CreateGroup(optim_json, views));
+    *out = id.value;
+    return Status::Ok();
+  });
+}
+
+zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group, const zoe_hyper_params* hyper,
+                          const zoe_buffer_view* grads, size_t n_grads,
+                          const zoe_buffer_view* params_out, size_t n_params, double loss_scale,
+                          zoe_step_result* out) {
+  return Guard([&]() -> Status {
+    if (out != nullptr) *out = zoe_step_result{};
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::GradView> grad_views,
+                         ToViews<offload::GradView>(grads, n_grads, "grads"));
+    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> param_views,
+                         ToViews<offload::ParamView>(params_out, n_params, "params_out"));
+    offload::EngineStepArgs args;
+    if (hyper != nullptr) args.hyper = ToHyper(*hyper);
+    args.grads = grad_views;
+    args.params = param_views;
+    args.loss_scale = loss_scale;
+    ZOE_ASSIGN_OR_RETURN(const offload::StepReport report, e->Step(ToGroupId(group), args));
+    if (out != nullptr) ToStepResult(report, out);
+    return Status::Ok();
+  });
+}
+
+zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group, uint64_t offset,
+                                     const zoe_buffer_view* grad) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_RETURN_IF_ERROR(CheckNotNull(grad, "grad"));
+    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::GradView> views,
+                         ToViews<offload::GradView>(grad, 1, "grad"));
+    return e->AccumulateGrad(ToGroupId(group), offset, views.front());
+  });
+}
+
+zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_state_slot slot,
+                                uint64_t offset, uint64_t count, float* out) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(const offload::StateSlot which,
+                         zoe::capi::ToStateSlot(zoe::capi::RawEnum(slot)));
+    if (count > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    return e->ReadState(ToGroupId(group), which, offset,
+                        std::span<float>(out, static_cast<size_t>(count)));
+  });
+}
+
+zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group, zoe_state_slot slot,
+                                 uint64_t offset, uint64_t count, const float* values) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(const offload::StateSlot which,
+                         zoe::capi::ToStateSlot(zoe::capi::RawEnum(slot)));
+    if (count > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(values, "values"));
+    return e->WriteState(ToGroupId(group), which, offset,
+                         std::span<const float>(values, static_cast<size_t>(count)));
+  });
+}
+
+zoe_status zoe_optim_group_steps(zoe_engine* engine, zoe_group_id group, int64_t* out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = 0;
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(*out, e->GroupSteps(ToGroupId(group)));
+    return Status::Ok();
+  });
+}
+
+zoe_status zoe_optim_group_set_steps(zoe_engine* engine, zoe_group_id group, int64_t steps) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    return e->SetGroupSteps(ToGroupId(group), steps);
+  });
+}
+
+zoe_status zoe_checkpoint_save(zoe_engine* engine, const char* dir) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_RETURN_IF_ERROR(CheckNotNull(dir, "dir"));
+    return e->SaveCheckpoint(dir);
+  });
+}
+
+zoe_status zoe_checkpoint_load(zoe_engine* engine, const char* dir) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_RETURN_IF_ERROR(CheckNotNull(dir, "dir"));
+    return e->LoadCheckpoint(dir);
+  });
+}
+
+}  // extern "C"

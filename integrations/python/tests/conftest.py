@@ -1,0 +1,50 @@
+"""Shared fixtures of the zoe Python tests: a temporary NVMe directory and small engines."""
+
+import os
+import shutil
+import sys
+import tempfile
+
+# torch's vectorised CPU kernels use fused multiply-adds (AVX2/AVX-512 builds) in their SIMD bodies
+# but not in their scalar tails; zoe's optimizer kernels never fuse. With ATen's portable kernels
+# ("default" capability, chosen before torch is first imported) torch does the same IEEE
+# arithmetic as zoe and the optimizer comparisons can demand identical bits.
+if "torch" not in sys.modules:
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
+EXACT_TORCH = os.environ.get("ATEN_CPU_CAPABILITY") == "default" and "torch" not in sys.modules
+
+import pytest  # noqa: E402
+
+import zoe  # noqa: E402
+
+
+@pytest.fixture
+def nvme_dir():
+    """A fresh directory under /var/tmp for swap files, removed afterwards."""
+    parent = "/var/tmp" if os.path.isdir("/var/tmp") else None
+    path = tempfile.mkdtemp(prefix="zoe-pytest-", dir=parent)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def small_config(nvme_path=None, offload="cpu", **zoe_options):
+    """A small engine configuration: host stand-in device, 64 KiB chunks, optional NVMe."""
+    section = {"device": offload}
+    if offload == "nvme":
+        section["nvme_path"] = nvme_path
+    options = {
+        "device": "host",
+        "chunk_size": "64K",
+        "host_budget": "256M",
+        "tensor_swap_bytes": "64M",
+        "log_level": "warn",
+    }
+    options.update(zoe_options)
+    return {"zero_optimization": {"stage": 3, "offload_optimizer": section}, "zoe": options}
+
+
+@pytest.fixture
+def engine(nvme_dir):
+    """An engine with its optimizer state on NVMe (in nvme_dir)."""
+    with zoe.Engine(small_config(nvme_dir, offload="nvme")) as e:
+        yield e

@@ -1,0 +1,129 @@
+"""The ctypes declarations in zoe/_capi.py against integrations/c/include/zoe.h: every function
+declared, the same argument count, and each declaration's comment quoting the header's
+prototype."""
+
+import os
+import re
+
+from zoe import _capi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADER = os.path.join(HERE, "..", "..", "c", "include", "zoe.h")
+CAPI = os.path.join(HERE, "..", "zoe", "_capi.py")
+
+
+def _normalise(prototype):
+    """One spacing for a C prototype: single spaces, none inside parentheses or before ';'."""
+    text = " ".join(prototype.split())
+    text = re.sub(r"\(\s+", "(", text)
+    text = re.sub(r"\s+\)", ")", text)
+    text = re.sub(r"\s+([,;])", r"\1", text)
+    return text
+
+
+def header_prototypes():
+    """{name: normalised prototype} for every ZOE_API function of zoe.h."""
+    text = open(HEADER, encoding="utf-8").read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    found = {}
+    for match in re.finditer(r"ZOE_API\s+([^;]*?\b(zoe_\w+)\s*\([^;]*?\)\s*;)", text):
+        found[match.group(2)] = _normalise(match.group(1))
+    return found
+
+
+def quoted_prototypes():
+    """{name: normalised prototype} from the comment block above each _declare in _capi.py."""
+    lines = open(CAPI, encoding="utf-8").read().splitlines()
+    found = {}
+    for index, line in enumerate(lines):
+        match = re.match(r"(zoe_\w+) = _declare\(", line)
+        if not match:
+            continue
+        comment = []
+        cursor = index - 1
+        while cursor >= 0 and lines[cursor].startswith("#"):
+            comment.insert(0, lines[cursor][1:])
+            cursor -= 1
+        found[match.group(1)] = _normalise(" ".join(comment))
+    return found
+
+
+def argument_count(prototype):
+    inside = prototype[prototype.index("(") + 1 : prototype.rindex(")")].strip()
+    return 0 if inside in ("", "void") else inside.count(",") + 1
+
+
+def test_header_is_parsed():
+    prototypes = header_prototypes()
+    text = open(HEADER, encoding="utf-8").read()
+    assert len(prototypes) == len(re.findall(r"^ZOE_API ", text, flags=re.M))
+    assert prototypes["zoe_engine_create"] == (
+        "zoe_status zoe_engine_create(const char* config_json, zoe_engine** out);"
+    )
+
+
+def test_every_function_is_declared():
+    missing = sorted(set(header_prototypes()) - set(_capi.DECLARATIONS))
+    extra = sorted(set(_capi.DECLARATIONS) - set(header_prototypes()))
+    assert missing == [], f"declared in zoe.h but not in _capi.py: {missing}"
+    assert extra == [], f"declared in _capi.py but not in zoe.h: {extra}"
+
+
+def test_argument_counts_match():
+    for name, prototype in header_prototypes().items():
+        declared = len(_capi.DECLARATIONS[name].argtypes)
+        assert declared == argument_count(prototype), f"{name}: {prototype}"
+
+
+def test_return_types_match():
+    for name, prototype in header_prototypes().items():
+        returns = prototype.split(name)[0].strip()
+        restype = _capi.DECLARATIONS[name].restype
+        expected = {"zoe_status": _capi.zoe_status, "void": None, "const char*": _capi.c_char_p}
+        assert restype is expected[returns], f"{name} returns {returns}"
+
+
+def test_quoted_prototypes_match_the_header():
+    quoted = quoted_prototypes()
+    for name, prototype in header_prototypes().items():
+        assert quoted.get(name) == prototype, f"comment above {name} in _capi.py"
+
+
+def test_struct_fields_match_the_header():
+    text = open(HEADER, encoding="utf-8").read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    for struct in ("zoe_tensor_desc", "zoe_buffer_view", "zoe_hyper_params", "zoe_step_result"):
+        body = re.search(r"typedef struct %s \{(.*?)\}" % struct, text, flags=re.S).group(1)
+        fields = [re.findall(r"(\w+)\s*;", decl)[0] for decl in body.split(";") if decl.strip()
+                  for decl in [decl + ";"]]
+        declared = [field[0] for field in getattr(_capi, struct)._fields_]
+        assert declared == fields, struct
+
+
+def test_enum_values_match_the_header():
+    text = open(HEADER, encoding="utf-8").read()
+    pairs = dict(re.findall(r"\b(ZOE_(?:ERR|OK|TIER|ACCESS|DTYPE|STATE)\w*)\s*=\s*(\d+)", text))
+    mirrors = {"ZOE_TIER_": _capi.Tier, "ZOE_ACCESS_": _capi.Access, "ZOE_DTYPE_": _capi.DType,
+               "ZOE_STATE_": _capi.StateSlot, "ZOE_ERR_": _capi.Status}
+    checked = 0
+    for name, value in pairs.items():
+        for prefix, enum in mirrors.items():
+            if name.startswith(prefix):
+                member = name[len(prefix):]
+                member = {"IO": "IO"}.get(member, member)
+                assert enum[member] == int(value), name
+                checked += 1
+    assert _capi.Status.OK == int(pairs["ZOE_OK"])
+    assert checked == len(pairs) - 1
+
+
+def test_library_loads_and_reports_its_version():
+    assert re.fullmatch(r"\d+\.\d+\.\d+", _capi.zoe_version().decode())
+    assert _capi.zoe_status_string(_capi.Status.NO_SPACE).decode() != "unknown status"
+
+
+def test_invalid_id_constants_match_the_header():
+    text = open(HEADER, encoding="utf-8").read()
+    for name, value in (("TENSOR", _capi.TENSOR_ID_INVALID), ("GROUP", _capi.GROUP_ID_INVALID)):
+        definition = re.search(r"#define ZOE_%s_ID_INVALID \(\(\w+\)(\w+)\)" % name, text)
+        assert definition and definition.group(1) == "UINT32_MAX" and value == 2**32 - 1

@@ -1,0 +1,393 @@
+"""ctypes declarations of zoe.h, one per C function, each under a comment quoting its prototype.
+
+Nothing here checks statuses or converts values: that is ``errors.check`` and ``engine.py``.
+The declarations bind lazily, on their first call, so ``import zoe`` works before the library
+is built; a test compares every declaration with the header (names, argument counts and the
+quoted prototypes).
+"""
+
+import ctypes
+import enum
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char_p,
+    c_double,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+
+from . import _library
+
+# --- enums (numbers are part of the ABI) -------------------------------------------------------
+
+
+class Status(enum.IntEnum):
+    """zoe_status."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    NOT_FOUND = 2
+    IO = 3
+    NO_SPACE = 4
+    CORRUPTION = 5
+    OUT_OF_MEMORY = 6
+    NOT_SUPPORTED = 7
+    FAILED_PRECONDITION = 8
+    BUSY = 9
+    PERMISSION_DENIED = 10
+    ABORTED = 11
+    INTERNAL = 12
+
+
+class Tier(enum.IntEnum):
+    """zoe_tier."""
+
+    DEVICE = 0
+    HOST = 1
+    NVME = 2
+
+
+class Access(enum.IntEnum):
+    """zoe_access."""
+
+    READ = 0
+    WRITE = 1
+    READ_WRITE = 2
+
+
+class DType(enum.IntEnum):
+    """zoe_dtype."""
+
+    FLOAT32 = 0
+    FLOAT16 = 1
+    BFLOAT16 = 2
+    INT8 = 3
+    UINT8 = 4
+    INT32 = 5
+    INT64 = 6
+    FLOAT64 = 7
+    BOOL = 8
+    FLOAT8_E4M3 = 9
+    FLOAT8_E5M2 = 10
+
+
+DTYPE_SIZES = {
+    DType.FLOAT32: 4,
+    DType.FLOAT16: 2,
+    DType.BFLOAT16: 2,
+    DType.INT8: 1,
+    DType.UINT8: 1,
+    DType.INT32: 4,
+    DType.INT64: 8,
+    DType.FLOAT64: 8,
+    DType.BOOL: 1,
+    DType.FLOAT8_E4M3: 1,
+    DType.FLOAT8_E5M2: 1,
+}
+
+
+class StateSlot(enum.IntEnum):
+    """zoe_state_slot."""
+
+    MASTER = 0
+    EXP_AVG = 1
+    EXP_AVG_SQ = 2
+
+
+# Enums travel as C ints.
+zoe_status = c_int
+zoe_tier = c_int
+zoe_access = c_int
+zoe_dtype = c_int
+zoe_state_slot = c_int
+zoe_tensor_id = c_uint32
+zoe_group_id = c_uint32
+
+# What an id out-parameter holds after a failure (ZOE_TENSOR_ID_INVALID, ZOE_GROUP_ID_INVALID).
+TENSOR_ID_INVALID = 0xFFFFFFFF
+GROUP_ID_INVALID = 0xFFFFFFFF
+
+# --- structs -----------------------------------------------------------------------------------
+
+
+class zoe_engine(Structure):
+    """Opaque: only pointers to it exist."""
+
+
+zoe_engine_p = POINTER(zoe_engine)
+
+
+class zoe_tensor_desc(Structure):
+    """struct zoe_tensor_desc."""
+
+    _fields_ = [
+        ("name", c_char_p),
+        ("bytes", c_uint64),
+        ("dtype", zoe_dtype),
+        ("home", zoe_tier),
+        ("group", c_char_p),
+    ]
+
+
+class zoe_buffer_view(Structure):
+    """struct zoe_buffer_view."""
+
+    _fields_ = [("data", c_void_p), ("dtype", zoe_dtype), ("count", c_uint64)]
+
+
+class zoe_hyper_params(Structure):
+    """struct zoe_hyper_params."""
+
+    _fields_ = [
+        ("lr", c_double),
+        ("beta1", c_double),
+        ("beta2", c_double),
+        ("eps", c_double),
+        ("weight_decay", c_double),
+    ]
+
+
+class zoe_step_result(Structure):
+    """struct zoe_step_result."""
+
+    _fields_ = [
+        ("skipped", c_int32),
+        ("grad_norm", c_double),
+        ("steps_taken", c_int64),
+        ("bytes_read", c_uint64),
+        ("bytes_written", c_uint64),
+        ("seconds", c_double),
+    ]
+
+
+# --- functions ---------------------------------------------------------------------------------
+
+DECLARATIONS = {}
+
+
+class _Function:
+    """A C function of libzoe, bound to the library on its first call."""
+
+    def __init__(self, name, restype, argtypes):
+        self.name = name
+        self.restype = restype
+        self.argtypes = list(argtypes)
+        self._bound = None
+
+    def _bind(self):
+        library = _library.load()
+        try:
+            function = getattr(library, self.name)
+        except AttributeError:
+            raise OSError(
+                f"zoe: the loaded libzoe.so ({library._name}) does not export {self.name}; "
+                "it is older than this binding -- rebuild it"
+            ) from None
+        function.restype = self.restype
+        function.argtypes = self.argtypes
+        self._bound = function
+        return function
+
+    def __call__(self, *args):
+        function = self._bound or self._bind()
+        return function(*args)
+
+
+def _declare(name, restype, *argtypes):
+    function = _Function(name, restype, argtypes)
+    DECLARATIONS[name] = function
+    return function
+
+
+# const char* zoe_version(void);
+zoe_version = _declare("zoe_version", c_char_p)
+
+# const char* zoe_status_string(zoe_status status);
+zoe_status_string = _declare("zoe_status_string", c_char_p, zoe_status)
+
+# const char* zoe_last_error(void);
+zoe_last_error = _declare("zoe_last_error", c_char_p)
+
+# void zoe_free(void* ptr);
+zoe_free = _declare("zoe_free", None, c_void_p)
+
+# zoe_status zoe_engine_create(const char* config_json, zoe_engine** out);
+zoe_engine_create = _declare(
+    "zoe_engine_create", zoe_status, c_char_p, POINTER(zoe_engine_p)
+)
+
+# void zoe_engine_destroy(zoe_engine* engine);
+zoe_engine_destroy = _declare("zoe_engine_destroy", None, zoe_engine_p)
+
+# zoe_status zoe_engine_async_error(zoe_engine* engine);
+zoe_engine_async_error = _declare("zoe_engine_async_error", zoe_status, zoe_engine_p)
+
+# zoe_status zoe_engine_flush(zoe_engine* engine);
+zoe_engine_flush = _declare("zoe_engine_flush", zoe_status, zoe_engine_p)
+
+# zoe_status zoe_engine_stats_json(zoe_engine* engine, char** out_json);
+zoe_engine_stats_json = _declare(
+    "zoe_engine_stats_json", zoe_status, zoe_engine_p, POINTER(c_void_p)
+)
+
+# zoe_status zoe_engine_config_json(zoe_engine* engine, char** out_json);
+zoe_engine_config_json = _declare(
+    "zoe_engine_config_json", zoe_status, zoe_engine_p, POINTER(c_void_p)
+)
+
+# zoe_status zoe_tensor_register(zoe_engine* engine, const zoe_tensor_desc* desc,
+#                                zoe_tensor_id* out);
+zoe_tensor_register = _declare(
+    "zoe_tensor_register",
+    zoe_status,
+    zoe_engine_p,
+    POINTER(zoe_tensor_desc),
+    POINTER(zoe_tensor_id),
+)
+
+# zoe_status zoe_tensor_find(zoe_engine* engine, const char* name, zoe_tensor_id* out);
+zoe_tensor_find = _declare(
+    "zoe_tensor_find", zoe_status, zoe_engine_p, c_char_p, POINTER(zoe_tensor_id)
+)
+
+# zoe_status zoe_tensor_acquire(zoe_engine* engine, zoe_tensor_id tensor, zoe_tier tier,
+#                               zoe_access access, void** out_ptr);
+zoe_tensor_acquire = _declare(
+    "zoe_tensor_acquire",
+    zoe_status,
+    zoe_engine_p,
+    zoe_tensor_id,
+    zoe_tier,
+    zoe_access,
+    POINTER(c_void_p),
+)
+
+# zoe_status zoe_tensor_release(zoe_engine* engine, zoe_tensor_id tensor);
+zoe_tensor_release = _declare("zoe_tensor_release", zoe_status, zoe_engine_p, zoe_tensor_id)
+
+# zoe_status zoe_tensor_prefetch(zoe_engine* engine, zoe_tensor_id tensor, zoe_tier tier);
+zoe_tensor_prefetch = _declare(
+    "zoe_tensor_prefetch", zoe_status, zoe_engine_p, zoe_tensor_id, zoe_tier
+)
+
+# zoe_status zoe_tensor_evict(zoe_engine* engine, zoe_tensor_id tensor);
+zoe_tensor_evict = _declare("zoe_tensor_evict", zoe_status, zoe_engine_p, zoe_tensor_id)
+
+# zoe_status zoe_trace_begin(zoe_engine* engine, const char* name);
+zoe_trace_begin = _declare("zoe_trace_begin", zoe_status, zoe_engine_p, c_char_p)
+
+# zoe_status zoe_trace_end(zoe_engine* engine);
+zoe_trace_end = _declare("zoe_trace_end", zoe_status, zoe_engine_p)
+
+# zoe_status zoe_trace_save(zoe_engine* engine, const char* name, const char* path);
+zoe_trace_save = _declare("zoe_trace_save", zoe_status, zoe_engine_p, c_char_p, c_char_p)
+
+# zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** out_name);
+zoe_trace_load = _declare(
+    "zoe_trace_load", zoe_status, zoe_engine_p, c_char_p, POINTER(c_void_p)
+)
+
+# zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,
+#                                   const zoe_buffer_view* params, size_t n,
+#                                   zoe_group_id* out);
+zoe_optim_group_create = _declare(
+    "zoe_optim_group_create",
+    zoe_status,
+    zoe_engine_p,
+    c_char_p,
+    POINTER(zoe_buffer_view),
+    c_size_t,
+    POINTER(zoe_group_id),
+)
+
+# zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group,
+#                           const zoe_hyper_params* hyper, const zoe_buffer_view* grads,
+#                           size_t n_grads, const zoe_buffer_view* params_out,
+#                           size_t n_params, double loss_scale, zoe_step_result* out);
+zoe_optim_step = _declare(
+    "zoe_optim_step",
+    zoe_status,
+    zoe_engine_p,
+    zoe_group_id,
+    POINTER(zoe_hyper_params),
+    POINTER(zoe_buffer_view),
+    c_size_t,
+    POINTER(zoe_buffer_view),
+    c_size_t,
+    c_double,
+    POINTER(zoe_step_result),
+)
+
+# zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group,
+#                                      uint64_t offset, const zoe_buffer_view* grad);
+zoe_optim_accumulate_grad = _declare(
+    "zoe_optim_accumulate_grad",
+    zoe_status,
+    zoe_engine_p,
+    zoe_group_id,
+    c_uint64,
+    POINTER(zoe_buffer_view),
+)
+
+# zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group,
+#                                 zoe_state_slot slot, uint64_t offset, uint64_t count,
+#                                 float* out);
+zoe_optim_state_read = _declare(
+    "zoe_optim_state_read",
+    zoe_status,
+    zoe_engine_p,
+    zoe_group_id,
+    zoe_state_slot,
+    c_uint64,
+    c_uint64,
+    c_void_p,
+)
+
+# zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group,
+#                                  zoe_state_slot slot, uint64_t offset, uint64_t count,
+#                                  const float* values);
+zoe_optim_state_write = _declare(
+    "zoe_optim_state_write",
+    zoe_status,
+    zoe_engine_p,
+    zoe_group_id,
+    zoe_state_slot,
+    c_uint64,
+    c_uint64,
+    c_void_p,
+)
+
+# zoe_status zoe_optim_group_steps(zoe_engine* engine, zoe_group_id group, int64_t* out);
+zoe_optim_group_steps = _declare(
+    "zoe_optim_group_steps", zoe_status, zoe_engine_p, zoe_group_id, POINTER(c_int64)
+)
+
+# zoe_status zoe_optim_group_set_steps(zoe_engine* engine, zoe_group_id group,
+#                                      int64_t steps);
+zoe_optim_group_set_steps = _declare(
+    "zoe_optim_group_set_steps", zoe_status, zoe_engine_p, zoe_group_id, c_int64
+)
+
+# zoe_status zoe_checkpoint_save(zoe_engine* engine, const char* dir);
+zoe_checkpoint_save = _declare("zoe_checkpoint_save", zoe_status, zoe_engine_p, c_char_p)
+
+# zoe_status zoe_checkpoint_load(zoe_engine* engine, const char* dir);
+zoe_checkpoint_load = _declare("zoe_checkpoint_load", zoe_status, zoe_engine_p, c_char_p)
+
+
+def take_string(pointer):
+    """Decodes a char* that zoe returned as "free with zoe_free", then frees it."""
+    if not pointer:
+        return None
+    try:
+        return ctypes.string_at(pointer).decode("utf-8")
+    finally:
+        zoe_free(pointer)
+
+

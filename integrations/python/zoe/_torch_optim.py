@@ -1,0 +1,525 @@
+"""zoe.torch.AdamW and zoe.torch.Adam: torch.optim.Optimizer subclasses whose state (fp32 master
+weights, exp_avg, exp_avg_sq) lives in a zoe engine, in pinned DRAM or on NVMe as the engine's
+configuration says. Each param group is one zoe optimizer group: the group's parameters,
+concatenated in order, are its elements, and a step hands zoe one buffer view per parameter
+(gradients in, updated parameters out, in the parameters' own dtype)."""
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+
+import torch
+
+from . import _capi
+from ._torch_common import _DTYPES, _invalid, _pager_of, _view
+from .engine import Engine, HyperParams
+from .errors import FailedPrecondition, NotFound
+
+def _current_values(param):
+    """A parameter's values as a contiguous tensor (a copy for a paged parameter)."""
+    pager = _pager_of(param)
+    if pager is None:
+        return param.detach()
+    with pager.held(param, _capi.Access.READ) as view:
+        return view.clone()
+
+
+@contextlib.contextmanager
+def _writable(param):
+    """The tensor to write a parameter's new values into (acquired when paged)."""
+    pager = _pager_of(param)
+    if pager is None:
+        yield param.detach()
+        return
+    with pager.held(param, _capi.Access.WRITE) as view:
+        yield view
+
+
+def _param_views(group_index, params):
+    """BufferViews of a group's parameters, which must be contiguous when stepped."""
+    for index, param in enumerate(params):
+        if not param.is_contiguous():
+            raise _invalid(
+                f"parameter {index} of param group {group_index} is not contiguous; zoe "
+                "optimizers step contiguous parameters"
+            )
+    return [_view(param) for param in params]
+
+
+def engine_config(offload="cpu", nvme_path=None, moment_dtype=None, **zoe_options):
+    """A configuration dict placing the optimizer state on ``offload`` ("cpu" or "nvme")."""
+    if offload not in ("cpu", "nvme"):
+        raise _invalid(f"offload = {offload!r} is not allowed; allowed: 'cpu', 'nvme'")
+    section = {"device": offload}
+    if offload == "nvme":
+        if not nvme_path:
+            raise _invalid("offload='nvme' needs nvme_path, a directory for the swap files")
+        section["nvme_path"] = os.fspath(nvme_path)
+    options = dict(zoe_options)
+    if moment_dtype:
+        options["moment_dtype"] = moment_dtype
+    # This engine holds optimizer groups only: no swap space for registered tensors is needed.
+    options.setdefault("tensor_swap_bytes", "1M")
+    return {"zero_optimization": {"offload_optimizer": section}, "zoe": options}
+
+
+class _ZoeAdamBase(torch.optim.Optimizer):
+    """The shared implementation of AdamW (decoupled weight decay) and Adam (L2)."""
+
+    _ZOE_TYPE = None  # "AdamW" or "Adam"
+
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.0,
+        amsgrad=False,
+        *,
+        engine=None,
+        offload="cpu",
+        nvme_path=None,
+        moment_dtype="fp32",
+        max_grad_norm=0.0,
+        name="zoe",
+        maximize=False,
+        foreach=None,
+        capturable=False,
+    ):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        for index, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if amsgrad or maximize or capturable:
+            raise _invalid("zoe optimizers support neither amsgrad, maximize nor capturable")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise _invalid(f"optimizer name {name!r} must be letters, digits, '_', '.', '-'")
+        self._name = name
+        self._moment_dtype = moment_dtype
+        self._max_grad_norm = float(max_grad_norm)
+        self._owns_engine = engine is None
+        self._engine = engine or Engine(
+            engine_config(offload, nvme_path, moment_dtype=moment_dtype)
+        )
+        self._zoe_groups = []  # per param group: zoe OptimizerGroup, created at its first use
+        self._versions = []  # per param group: the parameters' version counters after our write
+        self._pending = []  # per param group: a loaded state to apply when the group is created
+        self.last_step = []  # per param group: the StepResult of the latest step (None: none)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=False,
+            foreach=foreach,
+            maximize=False,
+            capturable=False,
+        )
+        try:
+            super().__init__(params, defaults)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    @property
+    def engine(self):
+        """The zoe engine holding the state."""
+        return self._engine
+
+    def close(self):
+        """Closes the engine when the optimizer created it (idempotent)."""
+        if self._owns_engine:
+            self._engine.close()
+
+    def __getstate__(self):
+        raise TypeError(
+            "zoe optimizers hold state in a zoe engine and cannot be pickled; "
+            "use state_dict() or save_checkpoint()"
+        )
+
+    # --- param groups ----------------------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        """As torch's; parameters must be contiguous CPU float32/bfloat16/float16 tensors."""
+        group_index = len(self.param_groups)
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        param_group["params"] = params  # a generator is read once, here
+        for index, param in enumerate(params):
+            where = f"parameter {index} of param group {group_index}"
+            if param.dtype not in _DTYPES:
+                raise _invalid(
+                    f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
+                    "torch.bfloat16 or torch.float16"
+                )
+            if param.device.type != "cpu":
+                raise _invalid(f"{where} is on {param.device}; zoe optimizers take CPU tensors")
+        super().add_param_group(param_group)
+        self._zoe_groups.append(None)
+        self._versions.append(None)
+        self._pending.append(None)
+        self.last_step.append(None)
+
+    def _group_name(self, group_index):
+        return f"{self._name}.{group_index}"
+
+    def _zoe_group(self, group_index):
+        """The zoe group of a param group, created from the parameters' current values."""
+        zoe_group = self._zoe_groups[group_index]
+        if zoe_group is not None:
+            return zoe_group
+        group = self.param_groups[group_index]
+        params = [_current_values(param) for param in group["params"]]
+        zoe_group = self._engine.optimizer_group(
+            self._group_name(group_index),
+            _param_views(group_index, params),
+            type=self._ZOE_TYPE,
+            lr=float(group["lr"]),
+            betas=list(group["betas"]),
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            max_grad_norm=self._max_grad_norm or None,
+            moment_dtype=self._moment_dtype,
+        )
+        self._zoe_groups[group_index] = zoe_group
+        self._record_versions(group_index)
+        pending, self._pending[group_index] = self._pending[group_index], None
+        if pending is not None:
+            self._apply_state(group_index, pending)
+        return zoe_group
+
+    def _record_versions(self, group_index):
+        params = self.param_groups[group_index]["params"]
+        self._versions[group_index] = [
+            None if _pager_of(param) else param._version for param in params
+        ]
+
+    def _sync_external_writes(self, group_index):
+        """Copies parameters written outside the optimizer (their version counter moved, e.g.
+        by model.load_state_dict) into the master weights before the step."""
+        params = self.param_groups[group_index]["params"]
+        recorded = self._versions[group_index]
+        if recorded is not None and len(recorded) != len(params):
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"param group {group_index} changed its parameter list after its first step",
+            )
+        offset = 0
+        for param, version in zip(params, recorded or []):
+            if version is not None and param._version != version:
+                values = param.detach().to(torch.float32).contiguous().view(-1)
+                self._zoe_groups[group_index].write_state(
+                    _capi.StateSlot.MASTER, offset, values.numel(), values.data_ptr()
+                )
+            offset += param.numel()
+
+    # --- the step --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every param group that has gradients; returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group_index, group in enumerate(self.param_groups):
+            grads = self._group_grads(group_index, group)
+            if grads is None:
+                self.last_step[group_index] = None
+                continue
+            zoe_group = self._zoe_group(group_index)
+            self._sync_external_writes(group_index)
+            params = [param.detach() for param in group["params"]]
+            paged = any(_pager_of(param) for param in group["params"])
+            beta1, beta2 = group["betas"]
+            hyper = HyperParams(
+                float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"]
+            )
+            result = zoe_group.step(
+                hyper,
+                grads=[_view(grad) for grad in grads],
+                params_out=[] if paged else _param_views(group_index, params),
+            )
+            if paged and not result.skipped:
+                self._write_back(group_index)
+            self.last_step[group_index] = result
+            self._record_versions(group_index)
+        return loss
+
+    def _write_back(self, group_index):
+        """Copies the master weights into the parameters one at a time (paged parameters are
+        acquired for writing one by one, so the group never needs to fit in DRAM at once)."""
+        zoe_group = self._zoe_groups[group_index]
+        offset = 0
+        for param in self.param_groups[group_index]["params"]:
+            n = param.numel()
+            with _writable(param) as target:
+                if target.dtype == torch.float32 and target.is_contiguous():
+                    zoe_group.read_state(_capi.StateSlot.MASTER, offset, n, target.data_ptr())
+                else:
+                    values = torch.empty(n, dtype=torch.float32)
+                    zoe_group.read_state(_capi.StateSlot.MASTER, offset, n, values.data_ptr())
+                    target.copy_(values.view_as(target))
+            offset += n
+
+    @staticmethod
+    def _group_grads(group_index, group):
+        """The group's gradients as contiguous CPU tensors; None when no parameter has one."""
+        params = group["params"]
+        present = [param.grad is not None for param in params]
+        if not any(present):
+            return None
+        if not all(present):
+            missing = [index for index, has in enumerate(present) if not has]
+            raise _invalid(
+                f"parameters {missing} of param group {group_index} have no gradient while "
+                "others do; zoe steps a group as a whole: give frozen parameters "
+                "requires_grad=False or a param group of their own"
+            )
+        grads = []
+        for index, param in enumerate(params):
+            grad = param.grad
+            if grad.is_sparse:
+                raise _invalid(f"parameter {index} of param group {group_index}: sparse gradient")
+            if grad.dtype not in _DTYPES or grad.device.type != "cpu":
+                raise _invalid(
+                    f"gradient of parameter {index} of param group {group_index} is "
+                    f"{grad.dtype} on {grad.device}; expected a CPU float tensor"
+                )
+            grads.append(grad.contiguous())
+        return grads
+
+    # --- state dicts -----------------------------------------------------------------------
+
+    def _read_slot(self, zoe_group, slot, count):
+        values = torch.empty(count, dtype=torch.float32)
+        zoe_group.read_state(slot, 0, count, values.data_ptr())
+        return values
+
+    def state_dict(self):
+        """torch's layout: per parameter 'step' (a float32 scalar tensor), 'exp_avg' and
+        'exp_avg_sq' (float32, the parameter's shape), plus 'master_param' for bfloat16 and
+        float16 parameters (the fp32 master weights; torch's optimizers keep it untouched)."""
+        packed_groups, state, next_index = [], {}, 0
+        for group_index, group in enumerate(self.param_groups):
+            params = group["params"]
+            packed = {key: value for key, value in group.items() if key != "params"}
+            packed["params"] = list(range(next_index, next_index + len(params)))
+            packed_groups.append(packed)
+            per_param = self._group_state(group_index)
+            for offset, param_state in enumerate(per_param):
+                if param_state is not None:
+                    state[next_index + offset] = param_state
+            next_index += len(params)
+        return {"state": state, "param_groups": packed_groups}
+
+    def _group_state(self, group_index):
+        """[per-parameter state dict or None] of one group."""
+        params = self.param_groups[group_index]["params"]
+        if self._pending[group_index] is not None:
+            return self._pending[group_index]
+        zoe_group = self._zoe_groups[group_index]
+        if zoe_group is None or zoe_group.steps == 0:
+            return [None] * len(params)
+        count = sum(param.numel() for param in params)
+        slots = {
+            "exp_avg": self._read_slot(zoe_group, _capi.StateSlot.EXP_AVG, count),
+            "exp_avg_sq": self._read_slot(zoe_group, _capi.StateSlot.EXP_AVG_SQ, count),
+        }
+        master = None
+        if any(param.dtype != torch.float32 for param in params):
+            master = self._read_slot(zoe_group, _capi.StateSlot.MASTER, count)
+        step = torch.tensor(float(zoe_group.steps))
+        result, offset = [], 0
+        for param in params:
+            n = param.numel()
+            entry = {"step": step.clone()}
+            for key, values in slots.items():
+                entry[key] = values[offset : offset + n].view_as(param).clone()
+            if param.dtype != torch.float32:
+                entry["master_param"] = master[offset : offset + n].view_as(param).clone()
+            result.append(entry)
+            offset += n
+        return result
+
+    def load_state_dict(self, state_dict):
+        """Loads a state dict of this optimizer or of torch's Adam/AdamW (same groups and
+        parameter counts). The state is applied when the group's zoe state exists (at once, or
+        at the group's first step, so parameters loaded afterwards still seed the master)."""
+        groups = self.param_groups
+        saved_groups = state_dict["param_groups"]
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for group, saved in zip(groups, saved_groups):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that doesn't match the size "
+                    "of optimizer's group"
+                )
+        saved_state = state_dict["state"]
+        for group_index, (group, saved) in enumerate(zip(groups, saved_groups)):
+            for key, value in saved.items():
+                if key != "params":
+                    group[key] = value
+            group["betas"] = tuple(group["betas"])
+            per_param = [
+                self._checked_param_state(group_index, index, param, saved_state.get(key))
+                for index, (param, key) in enumerate(zip(group["params"], saved["params"]))
+            ]
+            if self._zoe_groups[group_index] is None:
+                self._pending[group_index] = per_param
+            else:
+                self._apply_state(group_index, per_param)
+
+    @staticmethod
+    def _checked_param_state(group_index, index, param, param_state):
+        if not param_state:
+            return None
+        where = f"state of parameter {index} of param group {group_index}"
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            if key not in param_state:
+                raise ValueError(f"{where} lacks {key!r}")
+        for key in ("exp_avg", "exp_avg_sq", "master_param"):
+            if key in param_state and param_state[key].shape != param.shape:
+                raise ValueError(
+                    f"{where}: {key} has shape {tuple(param_state[key].shape)}, the parameter "
+                    f"{tuple(param.shape)}"
+                )
+        return param_state
+
+    def _apply_state(self, group_index, per_param):
+        """Writes a loaded per-parameter state into the group's zoe state."""
+        zoe_group = self._zoe_groups[group_index]
+        params = self.param_groups[group_index]["params"]
+        present = [entry is not None for entry in per_param]
+        if not any(present):
+            zoe_group.steps = 0
+            self._write_slots(zoe_group, params, lambda param, entry: None, per_param)
+            return
+        if not all(present):
+            raise _invalid(
+                f"param group {group_index}: the loaded state covers only some parameters; "
+                "zoe keeps one step count per group"
+            )
+        steps = {int(float(entry["step"])) for entry in per_param}
+        if len(steps) != 1:
+            raise _invalid(
+                f"param group {group_index}: the loaded parameters have different step counts "
+                f"{sorted(steps)}; zoe keeps one step count per group"
+            )
+
+        def master_of(param, entry):
+            # The master is taken only while it still rounds to the parameter (else the
+            # parameter was changed after the state was saved, and the parameter wins).
+            master = entry.get("master_param")
+            if master is None or param.dtype == torch.float32:
+                return None
+            master = master.to(torch.float32)
+            return master if torch.equal(master.to(param.dtype), _current_values(param)) else None
+
+        self._write_slots(zoe_group, params, master_of, per_param)
+        zoe_group.steps = steps.pop()
+
+    def _write_slots(self, zoe_group, params, master_of, per_param):
+        count = sum(param.numel() for param in params)
+        exp_avg = torch.zeros(count, dtype=torch.float32)
+        exp_avg_sq = torch.zeros(count, dtype=torch.float32)
+        master = torch.empty(count, dtype=torch.float32)
+        offset = 0
+        for param, entry in zip(params, per_param):
+            n = param.numel()
+            if entry is not None:
+                exp_avg[offset : offset + n] = entry["exp_avg"].reshape(-1).to(torch.float32)
+                exp_avg_sq[offset : offset + n] = entry["exp_avg_sq"].reshape(-1).float()
+            saved_master = master_of(param, entry) if entry is not None else None
+            source = saved_master if saved_master is not None else _current_values(param)
+            master[offset : offset + n] = source.reshape(-1).to(torch.float32)
+            offset += n
+        for slot, values in (
+            (_capi.StateSlot.EXP_AVG, exp_avg),
+            (_capi.StateSlot.EXP_AVG_SQ, exp_avg_sq),
+            (_capi.StateSlot.MASTER, master),
+        ):
+            zoe_group.write_state(slot, 0, count, values.data_ptr())
+
+    # --- streaming checkpoints -------------------------------------------------------------
+
+    _META = "zoe_torch_param_groups.json"
+
+    def save_checkpoint(self, directory):
+        """Saves the whole optimizer state to ``directory`` without holding it in RAM: every
+        group's master weights, moments and step count are streamed by the engine
+        (zoe_checkpoint_save, crash-safe), the param groups' hyper-parameters go to a JSON file
+        beside them. Creates the groups' state first where no step has been taken."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        self._engine.save_checkpoint(directory)
+        groups = [
+            {key: value for key, value in group.items() if key != "params"}
+            for group in self.param_groups
+        ]
+        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            json.dump({"name": self._name, "param_groups": groups}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, os.path.join(directory, self._META))
+
+    @torch.no_grad()
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint written by save_checkpoint for the same param groups, and sets the
+        parameters to the loaded master weights (cast to their dtype)."""
+        meta_path = os.path.join(directory, self._META)
+        if not os.path.exists(meta_path):
+            raise NotFound(
+                _capi.Status.NOT_FOUND, f"{directory!r} holds no zoe optimizer checkpoint"
+            )
+        with open(meta_path, encoding="utf-8") as file:
+            meta = json.load(file)
+        if len(meta["param_groups"]) != len(self.param_groups):
+            raise ValueError("the checkpoint has a different number of parameter groups")
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        self._engine.load_checkpoint(directory)
+        for group, saved in zip(self.param_groups, meta["param_groups"]):
+            group.update(saved)
+            group["betas"] = tuple(group["betas"])
+        for group_index in range(len(self.param_groups)):
+            self._write_back(group_index)
+            self._record_versions(group_index)
+
+
+class AdamW(_ZoeAdamBase):
+    """torch.optim.AdamW with its state offloaded through zoe (decoupled weight decay).
+
+    Arguments as torch's, plus keyword-only ``engine`` (a zoe.Engine; else one is created from
+    ``offload`` = "cpu" | "nvme" and ``nvme_path``), ``moment_dtype`` ("fp32" | "bf16"),
+    ``max_grad_norm`` (0: no clipping) and ``name`` (unique per engine; names the zoe groups in
+    checkpoints)."""
+
+    _ZOE_TYPE = "AdamW"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, **options):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **options)
+
+
+class Adam(_ZoeAdamBase):
+    """torch.optim.Adam (L2 weight decay added to the gradient) with its state offloaded
+    through zoe; arguments as AdamW's."""
+
+    _ZOE_TYPE = "Adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, **options):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **options)

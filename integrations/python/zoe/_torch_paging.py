@@ -1,0 +1,382 @@
+"""zoe.torch.offload_parameters: ZeRO-3-style paging of a module's parameters through a zoe
+engine, by module hooks and saved-tensor hooks, with trace-driven prefetch."""
+
+import contextlib
+import ctypes
+
+import torch
+
+from . import _capi
+from ._torch_common import _PAGED_DTYPES, _invalid
+from .errors import FailedPrecondition
+
+
+def _storage_pointer(tensor):
+    """The address of the storage a tensor views (views of one storage share it)."""
+    storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+    return storage.data_ptr()
+
+
+class _PagedParam:
+    """One parameter paged through a zoe tensor: how often it is acquired and the view of the
+    acquired memory that param.data points at meanwhile."""
+
+    def __init__(self, name, param, tensor, placeholder):
+        self.name = name
+        self.param = param
+        self.tensor = tensor
+        self.placeholder = placeholder
+        self.shape = param.shape
+        self.dtype = param.dtype
+        self.holds = 0  # forward and materialise holds
+        self.backward_holds = 0  # acquisitions made while unpacking saved tensors
+        self.view = None
+        self.address = None
+
+    def acquire(self, access):
+        """One zoe acquire; the first one points param.data at the acquired memory."""
+        address = self.tensor.acquire(_capi.Tier.HOST, access)
+        if self.view is None:
+            self.address = address
+            buffer = (ctypes.c_char * self.tensor.nbytes).from_address(address)
+            flat = torch.frombuffer(buffer, dtype=self.dtype, count=self.param.numel())
+            self.view = flat.view(self.shape)
+            self.param.data = self.view
+        elif address != self.address:
+            self.tensor.release()
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"parameter {self.name!r} moved while acquired ({self.address:#x} -> "
+                f"{address:#x})",
+            )
+        return self.view
+
+    def release_one(self):
+        """One zoe release; the last one points param.data back at the placeholder."""
+        if self.holds + self.backward_holds == 0:
+            self.param.data = self.placeholder
+            self.view = self.address = None
+        self.tensor.release()
+
+
+class ParameterPager:
+    """The handle offload_parameters returns: paging statistics, materialisation, removal."""
+
+    def __init__(self, model, engine, trace_name, home):
+        self.model = model
+        self.engine = engine
+        self.trace_name = trace_name
+        self.home = home
+        self.iterations = 0
+        self.iteration_stats = []  # per completed iteration: prefetch hits/misses, stall, bytes
+        self._records = {}  # id(param) -> _PagedParam
+        self._by_address = {}  # storage address -> _PagedParam, while acquired
+        self._handles = []
+        self._in_iteration = False
+        self._saved_hooks = None
+        self._backward_end_queued = False
+        self._snapshot = None  # prefetch counters when the current iteration began
+
+    # --- registration ----------------------------------------------------------------------
+
+    def _register(self, prefix):
+        seen = set()
+        for name, param in self.model.named_parameters():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            if param.numel() == 0:
+                continue  # nothing to page
+            if param.dtype not in _PAGED_DTYPES or param.device.type != "cpu":
+                raise _invalid(
+                    f"parameter {name!r}: {param.dtype} on {param.device} cannot be paged"
+                )
+            data = param.detach().contiguous()
+            nbytes = data.numel() * data.element_size()
+            tensor = self.engine.register_tensor(
+                prefix + name, nbytes, _PAGED_DTYPES[param.dtype], self.home
+            )
+            placeholder = torch.zeros(1, dtype=param.dtype).expand(param.shape)
+            record = _PagedParam(name, param, tensor, placeholder)
+            with tensor.acquired(_capi.Tier.HOST, _capi.Access.WRITE) as memory:
+                torch.frombuffer(memory, dtype=param.dtype, count=data.numel()).copy_(
+                    data.view(-1)
+                )
+            if self.home == _capi.Tier.NVME:
+                tensor.evict()  # written to NVMe; DRAM holds it only while it is needed
+            param.data = placeholder
+            param._zoe_pager = self
+            self._records[id(param)] = record
+
+    def _install_hooks(self):
+        # The root's own parameters are held by the iteration hooks, inside the trace.
+        self._root_records = self._direct_records(self.model)
+        self._handles.append(self.model.register_forward_pre_hook(self._root_pre_hook))
+        self._handles.append(self.model.register_forward_hook(self._root_post_hook))
+        for module in self.model.modules():
+            records = self._direct_records(module)
+            if records and module is not self.model:
+                self._handles.append(module.register_forward_pre_hook(self._pre_hook(records)))
+                self._handles.append(module.register_forward_hook(self._post_hook(records)))
+        for record in self._records.values():
+            if record.param.requires_grad:
+                self._handles.append(record.param.register_hook(self._grad_hook(record)))
+
+    def _direct_records(self, module):
+        return [
+            self._records[id(p)]
+            for p in module.parameters(recurse=False)
+            if id(p) in self._records
+        ]
+
+    # --- acquisition -----------------------------------------------------------------------
+
+    def _hold(self, record, access, backward=False):
+        view = record.acquire(access)
+        if backward:
+            record.backward_holds += 1
+        else:
+            record.holds += 1
+        self._by_address[_storage_pointer(view)] = record
+        return view
+
+    def _unhold(self, record, backward=False):
+        if backward:
+            record.backward_holds -= 1
+        else:
+            record.holds -= 1
+        address = _storage_pointer(record.view)
+        record.release_one()
+        if record.view is None:
+            self._by_address.pop(address, None)
+
+    def _pre_hook(self, records):
+        def hook(module, inputs):
+            for record in records:
+                self._hold(record, _capi.Access.READ)
+        return hook
+
+    def _post_hook(self, records):
+        def hook(module, inputs, output):
+            for record in records:
+                self._unhold(record)
+        return hook
+
+    # Saved tensors that live in acquired parameter memory are packed as a reference to the
+    # parameter and re-acquired when backward unpacks them; the parameter's gradient hook (or
+    # the end of backward) releases what backward acquired.
+    def _pack(self, tensor):
+        record = self._by_address.get(_storage_pointer(tensor)) if tensor.numel() else None
+        if record is None:
+            return tensor
+        return (record, tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+    def _unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        record, dtype, size, stride, offset = packed
+        view = self._hold(record, _capi.Access.READ, backward=True)
+        flat = view.view(-1)
+        if dtype != flat.dtype:
+            flat = flat.view(dtype)
+        return flat.as_strided(size, stride, offset)
+
+    def _grad_hook(self, record):
+        def hook(grad):
+            self._queue_backward_end()
+            while record.backward_holds:
+                self._unhold(record, backward=True)
+            return grad
+        return hook
+
+    # --- iterations ------------------------------------------------------------------------
+
+    def _root_pre_hook(self, module, inputs):
+        if self._saved_hooks is not None:  # the previous forward raised
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+        if self._in_iteration:
+            self._end_iteration()  # the previous forward had no backward
+        self._snapshot = self._prefetch_counters()
+        self.engine.trace_begin(self.trace_name)
+        self._in_iteration = True
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks.__enter__()
+        for record in self._root_records:
+            self._hold(record, _capi.Access.READ)
+
+    def _root_post_hook(self, module, inputs, output):
+        for record in self._root_records:
+            self._unhold(record)
+        if self._saved_hooks is not None:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+        tensors = [t for t in _tensors_in(output) if t.requires_grad]
+        if not tensors:
+            self._end_iteration()
+            return
+        self._backward_end_queued = False
+        for tensor in tensors:
+            tensor.register_hook(self._output_grad_hook)
+
+    def _output_grad_hook(self, grad):
+        self._queue_backward_end()
+        return grad
+
+    def _queue_backward_end(self):
+        if not self._backward_end_queued and self._in_iteration:
+            self._backward_end_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_iteration)
+
+    def _end_iteration(self):
+        if not self._in_iteration:
+            return
+        for record in self._records.values():
+            while record.backward_holds:
+                self._unhold(record, backward=True)
+        self.engine.trace_end()
+        self._in_iteration = False
+        now = self._prefetch_counters()
+        before = self._snapshot
+        delta = {key: now[key] - before[key] for key in now}
+        lookups = delta["hits"] + delta["misses"]
+        delta["hit_rate"] = delta["hits"] / lookups if lookups else 1.0
+        self.iteration_stats.append(delta)
+        self.iterations += 1
+
+    def _prefetch_counters(self):
+        stats = _tier_stats(self.engine.stats())
+        prefetch = stats.get("prefetch", {})
+        links = stats.get("links", {})
+        return {
+            "hits": prefetch.get("hits", 0),
+            "misses": prefetch.get("misses", 0),
+            "stall_ns": stats.get("stall", {}).get("nanoseconds", 0),
+            "nvme_to_host_bytes": links.get("nvme_to_host", {}).get("bytes", 0),
+            "host_to_nvme_bytes": links.get("host_to_nvme", {}).get("bytes", 0),
+        }
+
+    # --- what users call -------------------------------------------------------------------
+
+    def prefetch_hit_rate(self, skip_first=True):
+        """Hits / (hits + misses) over the completed iterations (after the recorded first one
+        when ``skip_first``); 1.0 when nothing was looked up."""
+        stats = self.iteration_stats[1:] if skip_first else self.iteration_stats
+        hits = sum(s["hits"] for s in stats)
+        lookups = hits + sum(s["misses"] for s in stats)
+        return hits / lookups if lookups else 1.0
+
+    def stats(self):
+        """Paging figures: iterations, per-iteration prefetch hits, misses, stall and bytes,
+        the hit rate after the first iteration, and the engine's statistics."""
+        return {
+            "iterations": self.iterations,
+            "per_iteration": list(self.iteration_stats),
+            "prefetch_hit_rate": self.prefetch_hit_rate(),
+            "engine": self.engine.stats(),
+        }
+
+    @contextlib.contextmanager
+    def held(self, param, access=_capi.Access.READ):
+        """One parameter acquired for the block; yields the tensor over its memory."""
+        record = self._records[id(param)]
+        view = self._hold(record, access)
+        try:
+            yield view
+        finally:
+            self._unhold(record)
+
+    @contextlib.contextmanager
+    def materialized(self, access=_capi.Access.READ_WRITE):
+        """Every parameter acquired and readable (writable with READ_WRITE) for the block: for a
+        torch optimizer's step, saving the model, or code that reads parameters directly. All
+        parameters must fit the tensors' HOST budget at once (else the acquire waits and then
+        raises zoe.Busy); zoe.torch optimizers do not need it (they acquire one parameter at a
+        time)."""
+        held = []
+        try:
+            for record in self._records.values():
+                self._hold(record, access)
+                held.append(record)
+            yield self.model
+        finally:
+            for record in reversed(held):
+                self._unhold(record)
+
+    def state_dict(self):
+        """model.state_dict() with every paged parameter's values (copies, acquired one at a
+        time, so the model need not fit in DRAM at once) instead of its placeholder."""
+        state = self.model.state_dict()
+        for module_name, module in self.model.named_modules():
+            for name, param in module._parameters.items():
+                key = f"{module_name}.{name}" if module_name else name
+                if param is not None and id(param) in self._records and key in state:
+                    with self.held(param) as values:
+                        state[key] = values.clone()
+        return state
+
+    def remove(self):
+        """Removes the hooks and gives every parameter back its data as an ordinary tensor."""
+        if self._in_iteration:
+            self._end_iteration()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        with torch.no_grad():
+            for record in self._records.values():
+                view = self._hold(record, _capi.Access.READ)
+                copy = view.clone()
+                self._unhold(record)
+                record.param.data = copy
+                del record.param._zoe_pager
+        self._records.clear()
+
+
+def _tier_stats(stats):
+    """The tier manager's statistics inside the engine's (where prefetch counters live)."""
+    if "prefetch" in stats:
+        return stats
+    for value in stats.values():
+        if isinstance(value, dict) and "prefetch" in value:
+            return value
+    return {}
+
+
+def _tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item)
+
+
+def offload_parameters(model, engine, home=_capi.Tier.NVME, trace_name="iteration",
+                       prefix="param."):
+    """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
+
+    Every parameter becomes a zoe tensor homed in ``home`` (NVME or HOST) holding its values;
+    ``param.data`` is replaced by a one-element placeholder expanded to the parameter's shape.
+
+    * Forward: a module's pre-hook acquires its own parameters (HOST tier) and points
+      ``param.data`` at the acquired memory; its post-hook releases them.
+    * Backward: tensors autograd saves that live in parameter memory are packed as references to
+      the parameter (``torch.autograd.graph.saved_tensors_hooks``) and re-acquired when backward
+      unpacks them, so nothing stays acquired between a module's forward and its backward. What
+      backward acquired is released by the parameter's gradient hook, or at the end of backward.
+    * Gradients land in ordinary ``param.grad`` tensors. ``zoe.torch.AdamW`` / ``Adam`` step
+      paged parameters directly (each is acquired for writing while its new values are copied
+      from the master weights); a torch optimizer steps them inside ``with pager.materialized():``
+      (which needs every parameter in DRAM at once).
+    * Each forward + backward is one trace iteration: the first is recorded, later ones prefetch
+      by it. An iteration without backward (no grad) ends with its forward.
+
+    Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).
+    """
+    pager = ParameterPager(model, engine, trace_name, home)
+    with torch.no_grad():
+        pager._register(prefix)
+    pager._install_hooks()
+    return pager

@@ -1,0 +1,18 @@
+"""PyTorch integration: offloaded Adam/AdamW optimizers and ZeRO-3-style parameter paging.
+
+``zoe.torch.AdamW`` and ``zoe.torch.Adam`` are ``torch.optim.Optimizer`` subclasses whose state
+(fp32 master weights, exp_avg, exp_avg_sq) lives in a zoe engine, in pinned DRAM or on NVMe as
+the engine's configuration says. Each param group is one zoe optimizer group: the group's
+parameters, concatenated in order, are its elements, and a step hands zoe one buffer view per
+parameter (gradients in, updated parameters out, in the parameters' own dtype).
+
+``offload_parameters(model, engine)`` pages a module's parameters through the engine (see its
+docstring); ``ParameterPager`` is the handle it returns.
+
+Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
+"""
+
+from ._torch_optim import Adam, AdamW, engine_config
+from ._torch_paging import ParameterPager, offload_parameters
+
+__all__ = ["Adam", "AdamW", "ParameterPager", "engine_config", "offload_parameters"]

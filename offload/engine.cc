@@ -1,0 +1,598 @@
+#include "offload/engine.h"
+
+#include <fmt/format.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "core/log.h"
+#include "io/backend.h"
+#include "io/swap_space.h"
+#include "offload/checkpoint_store.h"
+
+namespace zoe::offload {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t kDirectIoUnit = 4096;
+
+// Where a private swap directory goes when the configuration names none.
+std::string ScratchBase() {
+  const char* tmpdir = std::getenv("TMPDIR");
+  return tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/var/tmp";
+}
+
+Json HyperToJson(const optim::HyperParams& hyper) {
+  return {{"lr", hyper.lr},
+          {"beta1", hyper.beta1},
+          {"beta2", hyper.beta2},
+          {"eps", hyper.eps},
+          {"weight_decay", hyper.weight_decay},
+          {"lr_decay", hyper.lr_decay}};
+}
+
+Result<optim::HyperParams> HyperFromJson(const Json& json, optim::Kind kind) {
+  optim::HyperParams hyper;
+  hyper.kind = kind;
+  try {
+    hyper.lr = json.at("lr").get<double>();
+    hyper.beta1 = json.at("beta1").get<double>();
+    hyper.beta2 = json.at("beta2").get<double>();
+    hyper.eps = json.at("eps").get<double>();
+    hyper.weight_decay = json.at("weight_decay").get<double>();
+    hyper.lr_decay = json.at("lr_decay").get<double>();
+  } catch (const Json::exception& e) {
+    return Status::Corruption(fmt::format("hyper-parameters {}: {}", json.dump(), e.what()));
+  }
+  return hyper;
+}
+
+// Checks that `views` (grads or params) cover the group's `count` elements exactly.
+template <class View>
+Status CheckViews(std::span<const View> views, size_t count, std::string_view what) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].data == nullptr && views[i].count > 0)
+      return Status::InvalidArgument(fmt::format("{}[{}] has no data (NULL)", what, i));
+    if (views[i].count > std::numeric_limits<uint64_t>::max() - total)
+      return Status::InvalidArgument(
+          fmt::format("{}[{}] of {} elements overflows the {} elements of the views before it",
+                      what, i, views[i].count, total));
+    total += views[i].count;
+  }
+  if (total == count) return Status::Ok();
+  return Status::InvalidArgument(
+      fmt::format("{} cover {} elements in {} views; the group has {} parameters", what, total,
+                  views.size(), count));
+}
+
+Status CheckRange(uint64_t offset, uint64_t count, size_t group_count) {
+  if (offset <= group_count && count <= group_count - offset) return Status::Ok();
+  return Status::InvalidArgument(
+      fmt::format("elements [{}, {}) are outside the group's {} parameters", offset, offset + count,
+                  group_count));
+}
+
+Status CheckSlot(StateSlot slot) {
+  if (static_cast<uint8_t>(slot) <= static_cast<uint8_t>(StateSlot::kExpAvgSq)) return Status::Ok();
+  return Status::InvalidArgument(
+      fmt::format("state slot {} is not one of master (0), exp_avg (1), exp_avg_sq (2)",
+                  static_cast<int>(slot)));
+}
+
+}  // namespace
+
+std::string_view EngineVersion() { return "0.1.0"; }
+
+// A directory made with mkdtemp and removed with its contents when destroyed.
+class Engine::ScratchDirectory {
+ public:
+  static Result<std::unique_ptr<ScratchDirectory>> Create() {
+    std::string pattern = ScratchBase() + "/zoe-engine-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr)
+      return Status::FromErrno(errno, fmt::format("create a swap directory {}", pattern));
+    return std::unique_ptr<ScratchDirectory>(new ScratchDirectory(std::move(pattern)));
+  }
+  ~ScratchDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScratchDirectory(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+struct Engine::Group {
+  mutable std::mutex mutex;             // serialises every call on this group
+  std::unique_ptr<io::SwapSpace> swap;  // outlives `optimizer`, which holds extents in it
+  std::unique_ptr<OptimizerGroup> optimizer;
+  std::string name;
+  optim::HyperParams hyper;
+  // Step figures for StatsJson.
+  uint64_t steps_called = 0;
+  uint64_t steps_skipped = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  double seconds = 0.0;
+  double io_wait_seconds = 0.0;
+  double compute_seconds = 0.0;
+  double last_grad_norm = 0.0;
+};
+
+// ---- creation ---------------------------------------------------------------------------------
+
+Result<std::unique_ptr<Engine>> Engine::CreateFromJson(std::string_view json_text,
+                                                       EngineHooks hooks) {
+  ZOE_ASSIGN_OR_RETURN(config::EngineConfig config,
+                       config::ParseEngineConfig(json_text.empty() ? "{}" : json_text));
+  return Create(std::move(config), std::move(hooks));
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(config::EngineConfig config, EngineHooks hooks) {
+  const HostBudgets budgets = ResolveHostBudgets(config.zoe, PhysicalMemoryBytes());
+  std::vector<std::string> nvme_paths = config.zoe.nvme_paths;
+  if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
+  const std::string ignored = config::DescribeIgnoredKeys(config);
+  if (!ignored.empty()) ZOE_LOG_INFO("engine: {}", ignored);
+  std::unique_ptr<Engine> engine(new Engine(std::move(config), std::move(hooks), budgets));
+  ZOE_RETURN_IF_ERROR(engine->Build(std::move(nvme_paths)));
+  return engine;
+}
+
+Engine::Engine(config::EngineConfig config, EngineHooks hooks, HostBudgets budgets)
+    : config_(std::move(config)), hooks_(std::move(hooks)), budgets_(budgets) {}
+
+Status Engine::Build(std::vector<std::string> nvme_paths) {
+  if (nvme_paths.empty()) {
+    ZOE_ASSIGN_OR_RETURN(scratch_, ScratchDirectory::Create());
+    nvme_paths.push_back(scratch_->path());
+    ZOE_LOG_INFO("engine: no zoe.nvme_paths; tensors swap to {}", scratch_->path());
+  }
+  nvme_paths_ = nvme_paths;
+  ZOE_ASSIGN_OR_RETURN(TierManagerOptions options,
+                       MakeTierManagerOptions(config_, std::move(nvme_paths), budgets_));
+  options.engine_factory = hooks_.tensor_io_factory;
+  Result<std::unique_ptr<TierManager>> manager = TierManager::Create(std::move(options));
+  if (!manager.ok()) return std::move(manager).status().WithContext("engine: tensors");
+  tier_manager_ = std::move(manager).value();
+  PinnedPoolOptions pool;
+  pool.name = "optimizer state";
+  pool.budget_bytes = budgets_.optimizer;
+  ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool created, PinnedMemoryPool::Create(std::move(pool)));
+  optimizer_pool_.emplace(std::move(created));
+  return Status::Ok();
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(groups_mutex_);
+    groups_.clear();  // before the queue, pool and executor they borrow
+  }
+  optimizer_io_.reset();
+  tier_manager_.reset();
+}
+
+// ---- engine -----------------------------------------------------------------------------------
+
+void Engine::RecordAsyncError(Status status) {
+  std::lock_guard lock(async_mutex_);
+  if (async_error_.ok()) async_error_ = std::move(status);
+}
+
+Status Engine::TakeAsyncError() {
+  std::lock_guard lock(async_mutex_);
+  return std::exchange(async_error_, Status::Ok());
+}
+
+Status Engine::Flush() { return tier_manager_->Flush(); }
+
+Json Engine::GroupStatsJson(const Group& group) const {
+  std::lock_guard lock(group.mutex);
+  const OptimizerGroup& optimizer = *group.optimizer;
+  return {{"name", group.name},
+          {"type", optim::KindName(optimizer.options().kind)},
+          {"parameters", optimizer.count()},
+          {"placement", TierName(optimizer.options().placement)},
+          {"chunks", optimizer.chunk_count()},
+          {"nvme_chunks", optimizer.nvme_chunk_count()},
+          {"pinned_bytes", optimizer.pinned_bytes()},
+          {"nvme_bytes", optimizer.nvme_bytes()},
+          {"steps_taken", optimizer.steps_taken()},
+          {"steps_called", group.steps_called},
+          {"steps_skipped", group.steps_skipped},
+          {"bytes_read", group.bytes_read},
+          {"bytes_written", group.bytes_written},
+          {"seconds", group.seconds},
+          {"io_wait_seconds", group.io_wait_seconds},
+          {"compute_seconds", group.compute_seconds},
+          {"last_grad_norm", group.last_grad_norm},
+          {"hyper", HyperToJson(group.hyper)}};
+}
+
+Json Engine::StatsJson() const {
+  Json out = tier_manager_->StatsJson();
+  std::vector<const Group*> snapshot;
+  std::string optimizer_backend;
+  {
+    std::lock_guard lock(groups_mutex_);
+    for (const auto& group : groups_) snapshot.push_back(group.get());
+    optimizer_backend = optimizer_backend_;
+  }
+  // Each group's figures under its own mutex, after the vector's is released: a long step of one
+  // group delays these statistics, never another group's calls.
+  Json groups = Json::array();
+  for (const Group* group : snapshot) groups.push_back(GroupStatsJson(*group));
+  out["io_backend"] = {{"tensors", tier_manager_->io_backend()},
+                       {"optimizer", optimizer_backend.empty() ? Json() : Json(optimizer_backend)}};
+  out["host_budget"] = {{"total", budgets_.total},
+                        {"tensors", budgets_.tensors},
+                        {"optimizer", budgets_.optimizer},
+                        {"tensors_reserved", tier_manager_->host_reserved_bytes()},
+                        {"optimizer_used", optimizer_pool_->used_bytes()}};
+  out["device"] = {{"present", tier_manager_->has_device()},
+                   {"budget_bytes", tier_manager_->device_budget_bytes()},
+                   {"reserved_bytes", tier_manager_->device_reserved_bytes()}};
+  out["groups"] = std::move(groups);
+  return out;
+}
+
+Json Engine::ConfigJson() const {
+  config::EngineConfig effective = config_;
+  effective.zoe.host_budget = budgets_.total;
+  effective.zoe.tensor_host_budget = budgets_.tensors;
+  effective.zoe.nvme_paths = nvme_paths_;
+  if (effective.zero.sub_group_size == 0)
+    effective.zero.sub_group_size = effective.zoe.chunk_size / 4;
+  if (effective.zoe.device_budget == 0)
+    effective.zoe.device_budget = tier_manager_->device_budget_bytes();
+  return config::ToJson(effective);
+}
+
+// ---- tensors and traces -----------------------------------------------------------------------
+
+Result<TensorId> Engine::RegisterTensor(TensorDesc desc) {
+  return tier_manager_->RegisterTensor(std::move(desc));
+}
+
+Result<TensorId> Engine::FindTensor(std::string_view name) const {
+  return tier_manager_->Find(name);
+}
+
+Result<void*> Engine::Acquire(TensorId tensor, Tier tier, Access access) {
+  if (!IsValidAccess(access)) {
+    return Status::InvalidArgument(fmt::format(
+        "access {} is not one of read (0), write (1), read_write (2)", static_cast<int>(access)));
+  }
+  return tier_manager_->Acquire(tensor, tier, access);
+}
+
+Status Engine::Release(TensorId tensor) { return tier_manager_->Release(tensor); }
+
+Status Engine::Prefetch(TensorId tensor, Tier tier) {
+  Status started = tier_manager_->Prefetch(tensor, tier);
+  const StatusCode code = started.code();
+  if (started.ok() || code == StatusCode::kInvalidArgument || code == StatusCode::kNotFound)
+    return started;
+  RecordAsyncError(std::move(started));
+  return Status::Ok();
+}
+
+Status Engine::Evict(TensorId tensor) { return tier_manager_->Evict(tensor); }
+
+Status Engine::TraceBegin(std::string_view name) { return tier_manager_->TraceBegin(name); }
+Status Engine::TraceEnd() { return tier_manager_->TraceEnd(); }
+
+Status Engine::TraceSave(std::string_view name, const std::string& path) const {
+  return tier_manager_->TraceSave(name, path);
+}
+
+Result<std::string> Engine::TraceLoad(const std::string& path) {
+  return tier_manager_->TraceLoad(path);
+}
+
+// ---- optimizer groups -------------------------------------------------------------------------
+
+Result<Engine::Group*> Engine::FindGroupSlot(GroupId id) const {
+  std::lock_guard lock(groups_mutex_);
+  if (!id.valid() || id.value >= groups_.size()) {
+    return Status::NotFound(
+        fmt::format("optimizer group {} does not exist ({} groups)", id.value, groups_.size()));
+  }
+  return groups_[id.value].get();
+}
+
+Result<GroupId> Engine::FindGroup(std::string_view name) const {
+  std::lock_guard lock(groups_mutex_);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (groups_[i]->name == name) return GroupId(static_cast<uint32_t>(i));
+  }
+  return Status::NotFound(fmt::format("optimizer group '{}' does not exist", name));
+}
+
+size_t Engine::group_count() const {
+  std::lock_guard lock(groups_mutex_);
+  return groups_.size();
+}
+
+Status Engine::EnsureOptimizerIo() {
+  if (optimizer_io_) return Status::Ok();
+  std::unique_ptr<io::Engine> raw;
+  if (hooks_.optimizer_io_factory) {
+    ZOE_ASSIGN_OR_RETURN(raw, hooks_.optimizer_io_factory());
+  } else {
+    io::EngineOptions options;
+    ZOE_ASSIGN_OR_RETURN(options.backend, io::ParseBackend(config_.aio.backend));
+    options.queue_depth = static_cast<uint32_t>(config_.aio.queue_depth);
+    ZOE_ASSIGN_OR_RETURN(raw, io::CreateEngine(options));
+  }
+  ZOE_ASSIGN_OR_RETURN(optimizer_io_, io::IoQueue::Create(std::move(raw)));
+  std::lock_guard lock(groups_mutex_);
+  optimizer_backend_ = std::string(optimizer_io_->backend());
+  return Status::Ok();
+}
+
+Executor& Engine::EnsureExecutor() {
+  if (!executor_) executor_ = std::make_unique<Executor>();
+  return *executor_;
+}
+
+Result<std::unique_ptr<io::SwapSpace>> Engine::CreateGroupSwap(
+    const OptimizerGroupOptions& options) {
+  io::SwapOptions swap;
+  swap.files.open.direct = config_.aio.use_direct;
+  swap.files.stripe_unit = config_.zoe.stripe_unit;
+  swap.files.checksum_block = config_.zoe.checksum ? kDirectIoUnit : 0;
+  swap.alignment = kDirectIoUnit;
+  swap.name_prefix = "zoe-optimizer";
+  const uint64_t bytes = GroupSwapBytes(options, kDirectIoUnit);
+  return io::SwapSpace::Create(nvme_paths_, bytes, swap);
+}
+
+Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
+                                    std::span<const ParamView> params) {
+  uint64_t count = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].count > std::numeric_limits<uint64_t>::max() - count)
+      return Status::InvalidArgument(
+          fmt::format("optimizer group: params[{}] of {} elements overflows the {} elements of "
+                      "the views before it",
+                      i, params[i].count, count));
+    count += params[i].count;
+  }
+  Result<GroupSpec> parsed = ParseGroupSpec(optim_json, config_, count);
+  if (!parsed.ok()) return std::move(parsed).status().WithContext("optimizer group");
+  GroupSpec spec = std::move(parsed).value();
+  const std::string context = fmt::format("optimizer group '{}'", spec.options.name);
+  ZOE_RETURN_IF_ERROR(CheckViews(params, count, "params").WithContext(context));
+
+  std::lock_guard create(create_mutex_);
+  if (FindGroup(spec.options.name).ok())
+    return Status::InvalidArgument(fmt::format("{} already exists; names are unique", context));
+  auto group = std::make_unique<Group>();
+  group->name = spec.options.name;
+  group->hyper = spec.hyper;
+  spec.options.run.executor = &EnsureExecutor();
+  OptimizerResources resources;
+  resources.pinned = &*optimizer_pool_;
+  if (spec.options.placement == Tier::kNvme) {
+    ZOE_RETURN_IF_ERROR(EnsureOptimizerIo().WithContext(context));
+    Result<std::unique_ptr<io::SwapSpace>> swap = CreateGroupSwap(spec.options);
+    if (!swap.ok()) return std::move(swap).status().WithContext(context);
+    group->swap = std::move(swap).value();
+    resources.io = optimizer_io_.get();
+    resources.swap = group->swap.get();
+  }
+  Result<std::unique_ptr<OptimizerGroup>> created =
+      OptimizerGroup::Create(spec.options, resources, params);
+  if (!created.ok()) return std::move(created).status().WithContext(context);
+  group->optimizer = std::move(created).value();
+  std::lock_guard lock(groups_mutex_);
+  groups_.push_back(std::move(group));
+  return GroupId(static_cast<uint32_t>(groups_.size() - 1));
+}
+
+Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' step", group->name);
+  optim::HyperParams hyper = group->hyper;
+  if (args.hyper) {
+    hyper.lr = args.hyper->lr;
+    hyper.beta1 = args.hyper->beta1;
+    hyper.beta2 = args.hyper->beta2;
+    hyper.eps = args.hyper->eps;
+    hyper.weight_decay = args.hyper->weight_decay;
+    ZOE_RETURN_IF_ERROR(optim::ValidateHyperParams(hyper).WithContext(context));
+  }
+  if (!(args.loss_scale > 0.0) || !std::isfinite(args.loss_scale)) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: loss_scale = {} must be a finite number > 0 (1 for none)", context, args.loss_scale));
+  }
+  const size_t count = group->optimizer->count();
+  if (!args.grads.empty())
+    ZOE_RETURN_IF_ERROR(CheckViews(args.grads, count, "grads").WithContext(context));
+  if (!args.params.empty())
+    ZOE_RETURN_IF_ERROR(CheckViews(args.params, count, "params").WithContext(context));
+  StepArgs step;
+  step.hyper = hyper;
+  step.grads = args.grads;
+  step.params = args.params;
+  step.loss_scale = args.loss_scale;
+  Result<StepReport> report = group->optimizer->Step(step);
+  if (!report.ok()) return std::move(report).status().WithContext(context);
+  group->hyper = hyper;
+  ++group->steps_called;
+  if (report->skipped) ++group->steps_skipped;
+  group->bytes_read += report->bytes_read;
+  group->bytes_written += report->bytes_written;
+  group->seconds += report->seconds;
+  group->io_wait_seconds += report->io_wait_seconds;
+  group->compute_seconds += report->compute_seconds;
+  group->last_grad_norm = report->grad_norm;
+  return report;
+}
+
+Status Engine::AccumulateGrad(GroupId id, uint64_t offset, const GradView& grad) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' accumulate_grad", group->name);
+  if (grad.data == nullptr && grad.count > 0)
+    return Status::InvalidArgument(fmt::format("{}: grad has no data (NULL)", context));
+  ZOE_RETURN_IF_ERROR(
+      CheckRange(offset, grad.count, group->optimizer->count()).WithContext(context));
+  return group->optimizer->AccumulateGrad(static_cast<size_t>(offset), grad).WithContext(context);
+}
+
+Status Engine::ReadState(GroupId id, StateSlot slot, uint64_t offset, std::span<float> out) const {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' read state", group->name);
+  ZOE_RETURN_IF_ERROR(CheckSlot(slot).WithContext(context));
+  ZOE_RETURN_IF_ERROR(
+      CheckRange(offset, out.size(), group->optimizer->count()).WithContext(context));
+  return group->optimizer->ReadState(slot, static_cast<size_t>(offset), out).WithContext(context);
+}
+
+Status Engine::WriteState(GroupId id, StateSlot slot, uint64_t offset,
+                          std::span<const float> values) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' write state", group->name);
+  ZOE_RETURN_IF_ERROR(CheckSlot(slot).WithContext(context));
+  ZOE_RETURN_IF_ERROR(
+      CheckRange(offset, values.size(), group->optimizer->count()).WithContext(context));
+  return group->optimizer->WriteState(slot, static_cast<size_t>(offset), values)
+      .WithContext(context);
+}
+
+Result<int64_t> Engine::GroupSteps(GroupId id) const {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  return group->optimizer->steps_taken();
+}
+
+Status Engine::SetGroupSteps(GroupId id, int64_t steps) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  if (steps < 0) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': steps = {} must be >= 0", group->name, steps));
+  }
+  std::lock_guard lock(group->mutex);
+  group->optimizer->set_steps_taken(steps);
+  return Status::Ok();
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+std::vector<std::unique_lock<std::mutex>> Engine::LockAllGroups() const {
+  std::vector<Group*> groups;
+  {
+    std::lock_guard lock(groups_mutex_);
+    for (const auto& group : groups_) groups.push_back(group.get());
+  }
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (Group* group : groups) locks.emplace_back(group->mutex);
+  return locks;
+}
+
+Status Engine::SaveCheckpoint(const std::string& dir) {
+  std::lock_guard create(create_mutex_);
+  const auto locks = LockAllGroups();
+  Json identities = Json::array();
+  Json settings = Json::array();
+  for (const auto& group : groups_) {
+    identities.push_back(group->optimizer->Identity());
+    settings.push_back({{"name", group->name},
+                        {"steps_taken", group->optimizer->steps_taken()},
+                        {"hyper", HyperToJson(group->hyper)}});
+  }
+  Json metadata = {{"engine_version", EngineVersion()},
+                   {"groups", std::move(identities)},
+                   {"group_settings", std::move(settings)}};
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                       CheckpointWriter::Begin(dir, std::move(metadata)));
+  for (const auto& group : groups_) {
+    ZOE_RETURN_IF_ERROR(group->optimizer->Save(*writer).WithContext(
+        fmt::format("checkpoint save: optimizer group '{}'", group->name)));
+  }
+  return writer->Commit();
+}
+
+Status Engine::CheckCheckpointGroups(const Json& metadata) const {
+  Json current = Json::array();
+  for (const auto& group : groups_) current.push_back(group->optimizer->Identity());
+  const auto found = metadata.find("groups");
+  if (found != metadata.end() && *found == current) return Status::Ok();
+  return Status::FailedPrecondition(fmt::format(
+      "the checkpoint holds the groups {} but this engine has {}; it loads only into the same "
+      "groups (name, type, parameters, moment dtype, sub-group size)",
+      found != metadata.end() ? found->dump() : std::string("(none)"), current.dump()));
+}
+
+namespace {
+
+struct SavedSettings {
+  int64_t steps_taken = 0;
+  optim::HyperParams hyper;
+};
+
+}  // namespace
+
+Status Engine::LoadCheckpoint(const std::string& dir) {
+  std::lock_guard create(create_mutex_);
+  const auto locks = LockAllGroups();
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  const Json& metadata = reader->metadata();
+  ZOE_RETURN_IF_ERROR(CheckCheckpointGroups(metadata).WithContext("checkpoint load " + dir));
+  // Everything that could fail before a group changes is checked first.
+  std::vector<SavedSettings> saved(groups_.size());
+  const Json settings = metadata.value("group_settings", Json::array());
+  if (!settings.is_array() || settings.size() != groups_.size())
+    return Status::Corruption(fmt::format(
+        "checkpoint {}: group_settings {} do not match its groups", dir, settings.dump()));
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const Json& entry = settings[i];
+    const bool well_formed = entry.is_object() && entry.contains("hyper") &&
+                             entry.contains("steps_taken") &&
+                             entry["steps_taken"].is_number_integer();
+    if (!well_formed)
+      return Status::Corruption(
+          fmt::format("checkpoint {}: group_settings[{}] = {}", dir, i, entry.dump()));
+    saved[i].steps_taken = entry["steps_taken"].get<int64_t>();
+    if (saved[i].steps_taken < 0)
+      return Status::Corruption(fmt::format("checkpoint {}: group_settings[{}] steps_taken {} < 0",
+                                            dir, i, saved[i].steps_taken));
+    ZOE_ASSIGN_OR_RETURN(saved[i].hyper,
+                         HyperFromJson(entry["hyper"], groups_[i]->optimizer->options().kind));
+    const Status valid = optim::ValidateHyperParams(saved[i].hyper);
+    if (!valid.ok())
+      return Status::Corruption(
+          fmt::format("checkpoint {}: group_settings[{}] hyper: {}", dir, i, valid.message()));
+  }
+  // Every group prepares (all that can fail) before any commits, so the load is all or nothing.
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    Group& group = *groups_[i];
+    Status prepared = group.optimizer->PrepareLoad(*reader).WithContext(
+        fmt::format("checkpoint load {}: optimizer group '{}'", dir, group.name));
+    if (!prepared.ok()) {
+      for (size_t j = 0; j < i; ++j) groups_[j]->optimizer->DiscardLoad();
+      return prepared;
+    }
+  }
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    groups_[i]->optimizer->CommitLoad();
+    groups_[i]->optimizer->set_steps_taken(saved[i].steps_taken);
+    groups_[i]->hyper = saved[i].hyper;
+  }
+  return Status::Ok();
+}
+
+}  // namespace zoe::offload

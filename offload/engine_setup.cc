@@ -1,0 +1,257 @@
+#include "offload/engine_setup.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <optional>
+#include <utility>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/log.h"
+#include "io/backend.h"
+#include "offload/optimizer_group_layout.h"
+
+namespace zoe::offload {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t kDirectIoUnit = 4096;
+constexpr double kHugeNumber = 1e300;
+constexpr uint64_t kFallbackPhysicalBytes = uint64_t{8} << 30;
+
+constexpr std::array<std::string_view, 4> kGroupTypes = {"adamw", "adam", "adagrad", "lion"};
+constexpr std::array<std::string_view, 2> kMomentDTypes = {"fp32", "bf16"};
+
+optim::Kind KindOf(config::OptimizerType type) {
+  switch (type) {
+    case config::OptimizerType::kAdamW:
+      return optim::Kind::kAdamW;
+    case config::OptimizerType::kAdam:
+      return optim::Kind::kAdam;
+    case config::OptimizerType::kAdagrad:
+      return optim::Kind::kAdagrad;
+    case config::OptimizerType::kLion:
+      return optim::Kind::kLion;
+  }
+  return optim::Kind::kAdamW;
+}
+
+optim::DType StateDTypeOf(config::MomentDType dtype) {
+  return dtype == config::MomentDType::kBf16 ? optim::DType::kBF16 : optim::DType::kF32;
+}
+
+std::string Lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+Result<optim::Kind> ParseGroupType(const std::string& text) {
+  const std::string lower = Lower(text);
+  for (size_t i = 0; i < kGroupTypes.size(); ++i) {
+    if (lower == kGroupTypes[i]) return static_cast<optim::Kind>(i);
+  }
+  const std::vector<std::string> candidates(kGroupTypes.begin(), kGroupTypes.end());
+  const std::string closest = config::ClosestMatch(text, candidates);
+  return Status::InvalidArgument(
+      fmt::format("type = '{}' is not an optimizer;{} allowed: {} (any letter case)", text,
+                  closest.empty() ? "" : fmt::format(" did you mean '{}'?", closest),
+                  fmt::join(kGroupTypes, ", ")));
+}
+
+Status ReadBetas(const Json& value, optim::HyperParams* hyper) {
+  const bool pair_of_numbers =
+      value.is_array() && value.size() == 2 && value[0].is_number() && value[1].is_number();
+  if (!pair_of_numbers) {
+    return Status::InvalidArgument(
+        fmt::format("betas: expected two numbers [beta1, beta2], got {}", value.dump()));
+  }
+  hyper->beta1 = value[0].get<double>();
+  hyper->beta2 = value[1].get<double>();
+  return Status::Ok();
+}
+
+// The group document's keys, with the engine's configuration as defaults.
+struct GroupDocument {
+  std::string name;
+  std::string type;
+  std::optional<Json> betas;
+  std::string moment_dtype;
+  double lr_decay = -1.0;  // < 0: not given
+};
+
+Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* spec) {
+  if (!document.is_object()) {
+    return Status::InvalidArgument(
+        fmt::format("expected a JSON object {{\"name\": ...}}, got {}", document.dump()));
+  }
+  optim::HyperParams& hyper = spec->hyper;
+  config::ObjectReader reader(document, "");
+  reader.String("name", &doc->name)
+      .String("type", &doc->type)
+      .Double("lr", &hyper.lr, 0.0, kHugeNumber)
+      .Value("betas", &doc->betas)
+      .Double("eps", &hyper.eps, 0.0, kHugeNumber)
+      .Double("weight_decay", &hyper.weight_decay, 0.0, kHugeNumber)
+      .Double("max_grad_norm", &spec->options.max_grad_norm, 0.0, kHugeNumber)
+      .Enum("moment_dtype", &doc->moment_dtype, kMomentDTypes)
+      .Double("lr_decay", &doc->lr_decay, 0.0, kHugeNumber);
+  return reader.Finish();
+}
+
+Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
+  if (doc.name.empty())
+    return Status::InvalidArgument("name is missing or empty; every group needs a unique name");
+  if (doc.name.find('/') != std::string::npos || doc.name == "." || doc.name == "..") {
+    return Status::InvalidArgument(fmt::format(
+        "name = '{}' cannot name a checkpoint file; allowed: no '/', not '.' or '..'", doc.name));
+  }
+  spec->options.name = doc.name;
+  if (!doc.type.empty()) {
+    ZOE_ASSIGN_OR_RETURN(spec->options.kind, ParseGroupType(doc.type));
+  }
+  spec->hyper.kind = spec->options.kind;
+  if (doc.betas) ZOE_RETURN_IF_ERROR(ReadBetas(*doc.betas, &spec->hyper));
+  if (!doc.moment_dtype.empty()) {
+    spec->options.state_dtype =
+        doc.moment_dtype == "bf16" ? optim::DType::kBF16 : optim::DType::kF32;
+  }
+  if (doc.lr_decay >= 0.0) {
+    if (spec->options.kind != optim::Kind::kAdagrad) {
+      return Status::InvalidArgument(fmt::format("lr_decay applies to adagrad only; type is '{}'",
+                                                 optim::KindName(spec->options.kind)));
+    }
+    spec->hyper.lr_decay = doc.lr_decay;
+  }
+  if (spec->options.kind != optim::Kind::kAdagrad) spec->hyper.lr_decay = 0.0;
+  return optim::ValidateHyperParams(spec->hyper);
+}
+
+// Placement, pipeline and chunking from zero_optimization and zoe.
+void ApplyPlacement(const config::EngineConfig& config, size_t count, GroupSpec* spec) {
+  const config::OffloadOptimizerConfig& offload = config.zero.offload_optimizer;
+  OptimizerGroupOptions& options = spec->options;
+  const bool on_nvme = offload.device == config::OffloadDevice::kNvme && offload.ratio > 0.0;
+  options.placement = on_nvme ? Tier::kNvme : Tier::kHost;
+  options.nvme_ratio = on_nvme ? offload.ratio : 1.0;
+  options.buffer_count = static_cast<uint32_t>(std::max<uint64_t>(2, offload.buffer_count));
+  const uint64_t sub_group =
+      config.zero.sub_group_size != 0 ? config.zero.sub_group_size : config.zoe.chunk_size / 4;
+  options.chunk_elements = static_cast<size_t>(std::clamp<uint64_t>(sub_group, 1, count));
+  options.count = count;
+}
+
+// zoe.device: "cuda" is CUDA or an error; "host" the stand-in; "auto" CUDA when a device is
+// present, else the stand-in. The stand-in has no memory of its own to measure, so an automatic
+// (0) device budget gives it `stand_in_bytes`.
+std::function<Result<std::unique_ptr<DeviceBackend>>()> MakeDeviceFactory(
+    config::ComputeDevice device, uint64_t budget, uint64_t stand_in_bytes) {
+  return [device, budget, stand_in_bytes]() -> Result<std::unique_ptr<DeviceBackend>> {
+    const uint64_t stand_in_budget = budget != 0 ? budget : stand_in_bytes;
+    if (device == config::ComputeDevice::kHost) return CreateDeviceBackend("host", stand_in_budget);
+    Result<std::unique_ptr<DeviceBackend>> cuda = CreateDeviceBackend("cuda", budget);
+    const bool fall_back = device == config::ComputeDevice::kAuto && !cuda.ok() &&
+                           cuda.status().code() == StatusCode::kNotSupported;
+    if (!fall_back) return cuda;
+    ZOE_LOG_INFO("engine: device tier on the host stand-in ({} bytes): {}", stand_in_budget,
+                 cuda.status().message());
+    return CreateDeviceBackend("host", stand_in_budget);
+  };
+}
+
+}  // namespace
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return kFallbackPhysicalBytes;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t physical_bytes) {
+  HostBudgets budgets;
+  budgets.total =
+      zoe.host_budget != 0 ? zoe.host_budget : std::max<uint64_t>(physical_bytes / 2, 2);
+  budgets.tensors = zoe.tensor_host_budget != 0 ? zoe.tensor_host_budget : budgets.total / 2;
+  // With an automatic total, an explicit tensor share may exceed it: the total grows to give the
+  // optimizer the same share as the tensors would have left it.
+  if (budgets.tensors >= budgets.total) budgets.total = budgets.tensors * 2;
+  budgets.optimizer = budgets.total - budgets.tensors;
+  return budgets;
+}
+
+uint64_t TensorChecksumBlock(const config::EngineConfig& config) {
+  if (!config.zoe.checksum) return 0;
+  const uint64_t block = config.aio.block_size;
+  if (block != 0 && config.zoe.chunk_size % block == 0) return block;
+  return kDirectIoUnit;
+}
+
+Result<TierManagerOptions> MakeTierManagerOptions(const config::EngineConfig& config,
+                                                  std::vector<std::string> nvme_paths,
+                                                  const HostBudgets& budgets) {
+  const config::ZoeConfig& zoe = config.zoe;
+  TierManagerOptions options;
+  options.device_budget_bytes = zoe.device_budget;
+  options.device_factory = MakeDeviceFactory(zoe.device, zoe.device_budget, budgets.tensors);
+  options.host_budget_bytes = budgets.tensors;
+  options.layout.chunk_bytes = zoe.chunk_size;
+  options.nvme_paths = std::move(nvme_paths);
+  options.nvme_capacity_bytes = zoe.tensor_swap_bytes;
+  ZOE_ASSIGN_OR_RETURN(options.io_backend, io::ParseBackend(config.aio.backend));
+  options.queue_depth = static_cast<uint32_t>(config.aio.queue_depth);
+  options.checksum_block = TensorChecksumBlock(config);
+  options.lookahead_bytes = zoe.trace.lookahead_bytes;
+  options.prefetch_in_flight = static_cast<uint32_t>(zoe.trace.max_inflight);
+  options.trace_cursor.rerecord_min_mismatches = zoe.trace.mismatch_limit;
+  options.eviction =
+      zoe.eviction == config::EvictionKind::kLru ? EvictionMode::kLru : EvictionMode::kOpt;
+  return options;
+}
+
+Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::EngineConfig& config,
+                                 size_t count) {
+  if (count == 0)
+    return Status::InvalidArgument("a group needs at least one parameter; the views hold none");
+  GroupSpec spec;
+  spec.options.kind = KindOf(config.optimizer.type);
+  spec.options.state_dtype = StateDTypeOf(config.zoe.moment_dtype);
+  spec.options.max_grad_norm = config.gradient_clipping;
+  spec.hyper.lr = config.optimizer.lr;
+  spec.hyper.beta1 = config.optimizer.beta1;
+  spec.hyper.beta2 = config.optimizer.beta2;
+  spec.hyper.eps = config.optimizer.eps;
+  spec.hyper.weight_decay = config.optimizer.weight_decay;
+  spec.hyper.lr_decay = config.optimizer.lr_decay;
+  ZOE_ASSIGN_OR_RETURN(const Json document, config::ParseJson(json_text));
+  GroupDocument doc;
+  ZOE_RETURN_IF_ERROR(ReadGroupDocument(document, &doc, &spec));
+  ZOE_RETURN_IF_ERROR(ApplyGroupDocument(doc, &spec));
+  ApplyPlacement(config, count, &spec);
+  return spec;
+}
+
+uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block) {
+  if (options.placement != Tier::kNvme || options.count == 0 || options.chunk_elements == 0)
+    return 0;
+  const StateLayout layout(options.kind, options.state_dtype, options.count, options.chunk_elements,
+                           io_block);
+  // At least as many chunks as the group puts on NVMe, however it rounds the ratio.
+  const double wanted = std::ceil(options.nvme_ratio * static_cast<double>(layout.chunk_count()));
+  const size_t nvme_chunks =
+      std::min(layout.chunk_count(), static_cast<size_t>(std::max(wanted, 1.0)));
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < nvme_chunks; ++i) {
+    const uint64_t extent = layout.chunk(i).bytes;
+    bytes += 2 * ((extent + kDirectIoUnit - 1) / kDirectIoUnit * kDirectIoUnit);
+  }
+  return bytes;
+}
+
+}  // namespace zoe::offload

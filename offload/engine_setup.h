@@ -1,0 +1,71 @@
+// How an EngineConfig becomes the parts of an Engine: the tier manager's options, the split of the
+// host budget, and the options of each optimizer group (from the engine's configuration and the
+// group's own JSON document).
+//
+// Host budget. zoe.host_budget bounds all pinned DRAM the engine holds (0: half of the machine's
+// physical memory). Registered tensors (the tier manager's HOST tier) get zoe.tensor_host_budget
+// of it (0: half); the optimizer groups' state and pipeline buffers share the rest.
+//
+// Optimizer placement (zero_optimization.offload_optimizer):
+//   device "nvme" with ratio > 0  -> Tier::kNvme, nvme_ratio = ratio (the other chunks in HOST);
+//   device "cpu", "none", or ratio 0 -> Tier::kHost (groups always step on the CPU, so "none"
+//   keeps the state in DRAM too).
+// buffer_count -> OptimizerGroupOptions::buffer_count (at least 2: one chunk is updated while the
+// next is read); sub_group_size -> chunk_elements (0: zoe.chunk_size / 4), never more than the
+// group's parameters.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/engine_config.h"
+#include "core/result.h"
+#include "offload/optimizer_group.h"
+#include "offload/tier_manager.h"
+#include "optim/chunk.h"
+
+namespace zoe::offload {
+
+struct HostBudgets {
+  uint64_t total = 0;
+  uint64_t tensors = 0;    // the tier manager's HOST budget
+  uint64_t optimizer = 0;  // the optimizer groups' pinned pool
+};
+
+// Resolves the automatic values (0) of zoe.host_budget and zoe.tensor_host_budget.
+// `physical_bytes`: the machine's memory. Both shares are > 0.
+HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t physical_bytes);
+// sysconf(_SC_PHYS_PAGES) * page size.
+uint64_t PhysicalMemoryBytes();
+
+// The checksum block of swap files when zoe.checksum is on: aio.block_size where it divides the
+// chunk size, else 4096; 0 when checksums are off.
+uint64_t TensorChecksumBlock(const config::EngineConfig& config);
+
+// The tier manager's options. `nvme_paths`: the swap directories (the configured ones, or a
+// private temporary directory when none is configured).
+Result<TierManagerOptions> MakeTierManagerOptions(const config::EngineConfig& config,
+                                                  std::vector<std::string> nvme_paths,
+                                                  const HostBudgets& budgets);
+
+// An optimizer group as its JSON document and the engine's configuration describe it.
+struct GroupSpec {
+  OptimizerGroupOptions options;
+  optim::HyperParams hyper;  // the group's initial hyper-parameters (kind = options.kind)
+};
+
+// Parses the group document {"name", "type", "lr", "betas", "eps", "weight_decay",
+// "max_grad_norm", "moment_dtype", "lr_decay"} (all but "name" optional; defaults from the
+// configuration's optimizer section, gradient_clipping and zoe.moment_dtype) for a group of
+// `count` parameters. "type" is "adamw", "adam" (torch's Adam: L2 weight decay), "adagrad" or
+// "lion" in any letter case. Unknown keys are InvalidArgument naming the closest valid key.
+Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::EngineConfig& config,
+                                 size_t count);
+
+// Swap bytes that hold the NVMe chunks of a group with `options` (both slots of every chunk that
+// may be placed on NVMe), with extents rounded to `io_block`. 0 for a HOST group.
+uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block);
+
+}  // namespace zoe::offload

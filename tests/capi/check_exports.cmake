@@ -1,0 +1,37 @@
+# Description: libzoe.so exports exactly the functions zoe.h declares with ZOE_API, no more, no
+# fewer. Run as: cmake -DLIBRARY=<libzoe.so> -DHEADER=<zoe.h> -DNM=<nm> -P check_exports.cmake
+file(READ ${HEADER} header)
+string(REGEX MATCHALL "ZOE_API [^;(]*[ *](zoe_[a-z0-9_]+)\\(" declarations "${header}")
+set(declared)
+foreach(declaration IN LISTS declarations)
+  string(REGEX REPLACE ".*[ *](zoe_[a-z0-9_]+)\\($" "\\1" name "${declaration}")
+  list(APPEND declared ${name})
+endforeach()
+list(SORT declared)
+
+execute_process(COMMAND ${NM} -D --defined-only ${LIBRARY} OUTPUT_VARIABLE symbols
+                RESULT_VARIABLE nm_result)
+if(NOT nm_result EQUAL 0)
+  message(FATAL_ERROR "${NM} failed on ${LIBRARY}")
+endif()
+string(REGEX MATCHALL " T [A-Za-z0-9_]+" exported_lines "${symbols}")
+set(exported)
+foreach(line IN LISTS exported_lines)
+  string(REGEX REPLACE "^ T " "" name "${line}")
+  list(APPEND exported ${name})
+endforeach()
+list(SORT exported)
+
+list(LENGTH declared declared_count)
+if(declared_count LESS 20)
+  message(FATAL_ERROR "found only ${declared_count} declarations in ${HEADER}: ${declared}")
+endif()
+if(NOT declared STREQUAL exported)
+  set(missing ${declared})
+  list(REMOVE_ITEM missing ${exported})
+  set(extra ${exported})
+  list(REMOVE_ITEM extra ${declared})
+  message(FATAL_ERROR "exports differ from zoe.h; declared but not exported: ${missing}; "
+                      "exported but not declared: ${extra}")
+endif()
+message(STATUS "${declared_count} functions declared and exported")

@@ -1,0 +1,784 @@
+// Description: Engine and its configuration mapping -- tier manager options, host budget split,
+// optimizer group documents and placement, swap sizing; groups stepping like the in-memory
+// reference with per-step hyper-parameters; statistics and the configuration in effect;
+// checkpoints (round trip, identity mismatch, a damaged file changing nothing); injected I/O
+// faults; the async-error slot; concurrent callers.
+#include "offload/engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "io/backend.h"
+#include "io/fault_injection.h"
+#include "offload/optimizer_group_layout.h"
+#include "optim/group.h"
+#include "tests/offload/temp_dir.h"
+
+namespace zoe::offload {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+using Json = nlohmann::json;
+
+constexpr size_t kCount = 3000;
+constexpr uint64_t kSubGroup = 1024;
+
+std::string DirOf(const TempDir& dir) {
+  return std::filesystem::path(dir.File("x")).parent_path().string();
+}
+
+config::EngineConfig ParseConfig(const Json& document) {
+  Result<config::EngineConfig> parsed = config::ParseEngineConfigDocument(document);
+  EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+  return parsed.ok() ? *parsed : config::EngineConfig{};
+}
+
+// Small tiers: 64 KiB chunks, the optimizer on NVMe in sub-groups of 1024 parameters.
+Json SmallConfig(const TempDir& dir, std::string_view optimizer_device = "nvme") {
+  return {{"zero_optimization",
+           {{"sub_group_size", kSubGroup},
+            {"offload_optimizer", {{"device", optimizer_device}, {"nvme_path", DirOf(dir)}}}}},
+          {"aio", {{"backend", "psync"}, {"queue_depth", 8}}},
+          {"zoe",
+           {{"chunk_size", "64K"},
+            {"host_budget", "32M"},
+            {"tensor_host_budget", "256K"},
+            {"tensor_swap_bytes", "2M"},
+            {"device", "host"}}}};
+}
+
+std::unique_ptr<Engine> MakeEngine(const Json& document, EngineHooks hooks = {}) {
+  Result<std::unique_ptr<Engine>> engine = Engine::Create(ParseConfig(document), std::move(hooks));
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+std::vector<float> Ramp(size_t count, float start, float step) {
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) out[i] = start + step * static_cast<float>(i);
+  return out;
+}
+
+std::vector<float> Gradients(size_t count, int seed) {
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i)
+    out[i] = std::sin(static_cast<float>(i * 7 + seed * 13)) * 0.05f;
+  return out;
+}
+
+GroupId CreateGroup(Engine& engine, const std::string& json, std::vector<float>& params) {
+  const ParamView view{params.data(), optim::DType::kF32, params.size()};
+  Result<GroupId> id = engine.CreateGroup(json, std::span(&view, 1));
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  return id.ok() ? *id : GroupId();
+}
+
+std::vector<float> ReadSlot(const Engine& engine, GroupId group, StateSlot slot, size_t count) {
+  std::vector<float> out(count);
+  Status read = engine.ReadState(group, slot, 0, out);
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  return out;
+}
+
+Result<StepReport> StepWith(Engine& engine, GroupId group, const std::vector<float>& grads,
+                            std::optional<StepHyperParams> hyper = std::nullopt) {
+  const GradView view{grads.data(), optim::DType::kF32, grads.size()};
+  EngineStepArgs args;
+  args.hyper = hyper;
+  args.grads = std::span(&view, 1);
+  return engine.Step(group, args);
+}
+
+// ---- configuration mapping --------------------------------------------------------------------
+
+TEST(EngineSetup, TierManagerOptionsFollowTheConfiguration) {
+  const config::EngineConfig config = ParseConfig(
+      {{"aio", {{"backend", "libaio"}, {"queue_depth", 16}, {"block_size", "64K"}}},
+       {"zoe",
+        {{"chunk_size", "256K"},
+         {"tensor_swap_bytes", "8M"},
+         {"device_budget", "1M"},
+         {"checksum", true},
+         {"eviction", "lru"},
+         {"trace", {{"lookahead_bytes", "1M"}, {"max_inflight", 3}, {"mismatch_limit", 5}}}}}});
+  HostBudgets budgets{uint64_t{8} << 20, uint64_t{2} << 20, uint64_t{6} << 20};
+  Result<TierManagerOptions> options = MakeTierManagerOptions(config, {"/a", "/b"}, budgets);
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->layout.chunk_bytes, 256u << 10);
+  EXPECT_EQ(options->host_budget_bytes, 2u << 20);
+  EXPECT_EQ(options->device_budget_bytes, 1u << 20);
+  EXPECT_TRUE(static_cast<bool>(options->device_factory));
+  EXPECT_EQ(options->nvme_paths, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(options->nvme_capacity_bytes, 8u << 20);
+  EXPECT_EQ(options->io_backend, io::BackendKind::kLibaio);
+  EXPECT_EQ(options->queue_depth, 16u);
+  EXPECT_EQ(options->checksum_block, 64u << 10);  // aio.block_size divides the chunk
+  EXPECT_EQ(options->lookahead_bytes, 1u << 20);
+  EXPECT_EQ(options->prefetch_in_flight, 3u);
+  EXPECT_EQ(options->trace_cursor.rerecord_min_mismatches, 5u);
+  EXPECT_EQ(options->eviction, EvictionMode::kLru);
+}
+
+TEST(EngineSetup, ChecksumBlockFallsBackToTheDirectIoUnit) {
+  const config::EngineConfig off = ParseConfig(Json::object());
+  EXPECT_EQ(TensorChecksumBlock(off), 0u);
+  const config::EngineConfig odd = ParseConfig(
+      {{"aio", {{"block_size", "12K"}}}, {"zoe", {{"chunk_size", "64K"}, {"checksum", true}}}});
+  EXPECT_EQ(TensorChecksumBlock(odd), 4096u);
+}
+
+TEST(EngineSetup, StandInDeviceGetsTheTensorsHostBudgetWhenAutomatic) {
+  const config::EngineConfig config = ParseConfig({{"zoe", {{"device", "host"}}}});
+  HostBudgets budgets{uint64_t{4} << 20, uint64_t{1} << 20, uint64_t{3} << 20};
+  Result<TierManagerOptions> options = MakeTierManagerOptions(config, {"/a"}, budgets);
+  ASSERT_TRUE(options.ok());
+  Result<std::unique_ptr<DeviceBackend>> device = options->device_factory();
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  EXPECT_FALSE((*device)->is_real_gpu());
+  EXPECT_EQ((*device)->capacity_bytes(), 1u << 20);
+}
+
+TEST(EngineSetup, HostBudgetIsSplitBetweenTensorsAndOptimizer) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  config::ZoeConfig zoe;
+  HostBudgets automatic = ResolveHostBudgets(zoe, 16 * kGiB);
+  EXPECT_EQ(automatic.total, 8 * kGiB);
+  EXPECT_EQ(automatic.tensors, 4 * kGiB);
+  EXPECT_EQ(automatic.optimizer, 4 * kGiB);
+  zoe.host_budget = 10 * kGiB;
+  zoe.tensor_host_budget = 1 * kGiB;
+  HostBudgets given = ResolveHostBudgets(zoe, 16 * kGiB);
+  EXPECT_EQ(given.total, 10 * kGiB);
+  EXPECT_EQ(given.tensors, 1 * kGiB);
+  EXPECT_EQ(given.optimizer, 9 * kGiB);
+  zoe.host_budget = 0;
+  zoe.tensor_host_budget = 12 * kGiB;  // more than the automatic total
+  HostBudgets grown = ResolveHostBudgets(zoe, 16 * kGiB);
+  EXPECT_EQ(grown.tensors, 12 * kGiB);
+  EXPECT_EQ(grown.optimizer, 12 * kGiB);
+  EXPECT_GT(PhysicalMemoryBytes(), 0u);
+}
+
+TEST(EngineSetup, GroupDefaultsComeFromTheConfiguration) {
+  const config::EngineConfig config = ParseConfig(
+      {{"optimizer",
+        {{"type", "Adam"},
+         {"params",
+          {{"adam_w_mode", false},
+           {"lr", 0.02},
+           {"betas", {0.8, 0.9}},
+           {"eps", 1e-6},
+           {"weight_decay", 0.1}}}}},
+       {"gradient_clipping", 2.0},
+       {"zero_optimization",
+        {{"sub_group_size", 100},
+         {"offload_optimizer",
+          {{"device", "nvme"}, {"nvme_path", "/n"}, {"ratio", 0.5}, {"buffer_count", 1}}}}},
+       {"zoe", {{"moment_dtype", "bf16"}}}});
+  Result<GroupSpec> spec = ParseGroupSpec(R"({"name": "g"})", config, 1000);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const OptimizerGroupOptions& options = spec->options;
+  EXPECT_EQ(options.name, "g");
+  EXPECT_EQ(options.kind, optim::Kind::kAdam);
+  EXPECT_EQ(options.state_dtype, optim::DType::kBF16);
+  EXPECT_EQ(options.count, 1000u);
+  EXPECT_EQ(options.max_grad_norm, 2.0);
+  EXPECT_EQ(options.placement, Tier::kNvme);
+  EXPECT_EQ(options.nvme_ratio, 0.5);
+  EXPECT_EQ(options.chunk_elements, 100u);
+  EXPECT_EQ(options.buffer_count, 2u);  // at least two: one updated while the next is read
+  EXPECT_EQ(spec->hyper.kind, optim::Kind::kAdam);
+  EXPECT_EQ(spec->hyper.lr, 0.02);
+  EXPECT_EQ(spec->hyper.beta1, 0.8);
+  EXPECT_EQ(spec->hyper.beta2, 0.9);
+  EXPECT_EQ(spec->hyper.eps, 1e-6);
+  EXPECT_EQ(spec->hyper.weight_decay, 0.1);
+}
+
+TEST(EngineSetup, GroupDocumentOverridesTheDefaults) {
+  const config::EngineConfig config = ParseConfig({{"zoe", {{"chunk_size", "64K"}}}});
+  Result<GroupSpec> spec = ParseGroupSpec(
+      R"({"name": "emb", "type": "ADAGRAD", "lr": 0.5, "eps": 1e-5, "weight_decay": 0.01,
+          "max_grad_norm": 1.0, "moment_dtype": "bf16", "lr_decay": 0.25})",
+      config, 100000);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->options.kind, optim::Kind::kAdagrad);
+  EXPECT_EQ(spec->options.state_dtype, optim::DType::kBF16);
+  EXPECT_EQ(spec->options.max_grad_norm, 1.0);
+  EXPECT_EQ(spec->options.placement, Tier::kHost);  // offload_optimizer.device defaults to cpu
+  EXPECT_EQ(spec->options.chunk_elements, 16384u);  // chunk_size / 4
+  EXPECT_EQ(spec->hyper.lr, 0.5);
+  EXPECT_EQ(spec->hyper.lr_decay, 0.25);
+  Result<GroupSpec> lion =
+      ParseGroupSpec(R"({"name": "l", "type": "lion", "betas": [0.9, 0.99]})", config, 10);
+  ASSERT_TRUE(lion.ok()) << lion.status().ToString();
+  EXPECT_EQ(lion->options.kind, optim::Kind::kLion);
+  EXPECT_EQ(lion->hyper.beta2, 0.99);
+  EXPECT_EQ(lion->options.chunk_elements, 10u);  // never more than the group
+}
+
+TEST(EngineSetup, RatioZeroOrCpuKeepsTheStateInHost) {
+  for (const Json& offload : {Json{{"device", "nvme"}, {"nvme_path", "/n"}, {"ratio", 0.0}},
+                              Json{{"device", "cpu"}}, Json{{"device", "none"}}}) {
+    const config::EngineConfig config =
+        ParseConfig({{"zero_optimization", {{"offload_optimizer", offload}}}});
+    Result<GroupSpec> spec = ParseGroupSpec(R"({"name": "g"})", config, 10);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    EXPECT_EQ(spec->options.placement, Tier::kHost) << offload.dump();
+  }
+}
+
+TEST(EngineSetup, GroupDocumentErrorsNameTheKey) {
+  const config::EngineConfig config;
+  struct Case {
+    std::string json;
+    size_t count;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"name": "g", "lrr": 0.1})", 10, "unknown key 'lrr'; did you mean 'lr'?"},
+      {R"({"name": "g", "betas": [0.9]})", 10, "betas: expected two numbers"},
+      {R"({"name": "g", "betas": [0.9, 1.5]})", 10, "beta2"},
+      {R"({"name": "g", "type": "adagard"})", 10, "did you mean 'adagrad'?"},
+      {R"({"name": "g", "lr_decay": 0.1})", 10, "lr_decay applies to adagrad only"},
+      {R"({"name": "g", "moment_dtype": "fp16"})", 10, "allowed: fp32, bf16"},
+      {R"({"name": "g", "eps": 0})", 10, "eps"},
+      {R"({"name": "g", "lr": -1})", 10, "lr = -1 is out of range"},
+      {R"({"name": "a/b"})", 10, "cannot name a checkpoint file"},
+      {R"({"lr": 0.1})", 10, "name is missing"},
+      {R"(["g"])", 10, "expected a JSON object"},
+      {R"({"name": )", 10, ""},
+      {R"({"name": "g"})", 0, "at least one parameter"},
+  };
+  for (const Case& c : cases) {
+    Result<GroupSpec> spec = ParseGroupSpec(c.json, config, c.count);
+    ASSERT_FALSE(spec.ok()) << c.json;
+    EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument) << c.json;
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.message)) << c.json;
+  }
+}
+
+TEST(EngineSetup, GroupSwapHoldsBothSlotsOfEveryNvmeChunk) {
+  OptimizerGroupOptions options;
+  options.count = 2500;
+  options.chunk_elements = 1000;
+  options.placement = Tier::kHost;
+  EXPECT_EQ(GroupSwapBytes(options, 4096), 0u);
+  options.placement = Tier::kNvme;
+  const StateLayout layout(options.kind, options.state_dtype, options.count, options.chunk_elements,
+                           4096);
+  ASSERT_EQ(layout.chunk_count(), 3u);
+  const uint64_t all = 2 * (layout.chunk(0).bytes + layout.chunk(1).bytes + layout.chunk(2).bytes);
+  EXPECT_EQ(GroupSwapBytes(options, 4096), all);
+  options.nvme_ratio = 0.5;  // round(1.5) chunks at most, by any rounding: 2
+  EXPECT_EQ(GroupSwapBytes(options, 4096), 2 * (layout.chunk(0).bytes + layout.chunk(1).bytes));
+}
+
+// ---- engine -----------------------------------------------------------------------------------
+
+TEST(Engine, CreateFromJsonReportsConfigurationErrors) {
+  Result<std::unique_ptr<Engine>> engine = Engine::CreateFromJson(R"({"zoe": {"chunk_sise": 1}})");
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(engine.status().message()), HasSubstr("did you mean 'chunk_size'?"));
+}
+
+TEST(Engine, LogLevelIsAppliedAndIgnoredKeysAreLogged) {
+  TempDir dir;
+  const spdlog::level::level_enum before = log::Get().level();
+  Json document = SmallConfig(dir);
+  document["train_batch_size"] = 8;
+  document["zoe"]["log_level"] = "info";
+  {
+    log::ScopedCapture capture;
+    std::unique_ptr<Engine> engine = MakeEngine(document);
+    ASSERT_NE(engine, nullptr);
+    EXPECT_EQ(log::Get().level(), spdlog::level::info);
+    EXPECT_EQ(capture.Count("ignored DeepSpeed keys: train_batch_size"), 1u);
+  }
+  log::Get().set_level(before);
+}
+
+TEST(Engine, SwapThatCannotFitIsNoSpaceAtCreation) {
+  TempDir dir;
+  Json document = SmallConfig(dir);
+  document["zoe"]["tensor_swap_bytes"] = "1024T";
+  document["zoe"]["nvme_paths"] = {DirOf(dir)};
+  Result<std::unique_ptr<Engine>> engine = Engine::Create(ParseConfig(document));
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kNoSpace) << engine.status().ToString();
+  EXPECT_THAT(std::string(engine.status().message()), HasSubstr("engine: tensors"));
+}
+
+TEST(Engine, WithoutNvmePathsTensorsSwapToAPrivateDirectoryRemovedWithTheEngine) {
+  std::string scratch;
+  {
+    Result<std::unique_ptr<Engine>> engine =
+        Engine::CreateFromJson(R"({"zoe": {"chunk_size": "64K", "tensor_swap_bytes": "1M"}})");
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    const Json config = (*engine)->ConfigJson();
+    ASSERT_EQ(config["zoe"]["nvme_paths"].size(), 1u);
+    scratch = config["zoe"]["nvme_paths"][0].get<std::string>();
+    EXPECT_THAT(scratch, HasSubstr("zoe-engine-"));
+    EXPECT_TRUE(std::filesystem::is_directory(scratch));
+  }
+  EXPECT_FALSE(std::filesystem::exists(scratch));
+}
+
+TEST(Engine, ConfigJsonShowsResolvedValuesAndParsesBack) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  const Json printed = engine->ConfigJson();
+  EXPECT_EQ(printed["zoe"]["host_budget"], 32u << 20);
+  EXPECT_EQ(printed["zoe"]["tensor_host_budget"], 256u << 10);
+  EXPECT_EQ(printed["zoe"]["device_budget"], 256u << 10);  // the stand-in's automatic budget
+  EXPECT_EQ(printed["zero_optimization"]["sub_group_size"], kSubGroup);
+  EXPECT_EQ(printed["zoe"]["nvme_paths"], Json::array({DirOf(dir)}));
+  Result<config::EngineConfig> again = config::ParseEngineConfigDocument(printed);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(config::ToJson(*again), printed);
+}
+
+TEST(Engine, TensorsMoveThroughTheTiers) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 6; ++i) {  // six chunks through a HOST budget of four
+    TensorDesc desc{"t" + std::to_string(i), 64 << 10, DType::kUInt8, Tier::kNvme, ""};
+    Result<TensorId> id = engine->RegisterTensor(desc);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    ids.push_back(*id);
+    Result<void*> ptr = engine->Acquire(*id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(ptr.ok()) << ptr.status().ToString();
+    std::memset(*ptr, 'a' + i, 64 << 10);
+    ASSERT_TRUE(engine->Release(*id).ok());
+  }
+  for (int i = 0; i < 6; ++i) {
+    Result<void*> ptr = engine->Acquire(ids[i], Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(ptr.ok()) << ptr.status().ToString();
+    EXPECT_EQ(static_cast<const char*>(*ptr)[1000], 'a' + i);
+    ASSERT_TRUE(engine->Release(ids[i]).ok());
+  }
+  EXPECT_EQ(*engine->FindTensor("t4"), ids[4]);
+  EXPECT_EQ(engine->Acquire(ids[0], Tier::kHost, static_cast<Access>(5)).status().code(),
+            StatusCode::kInvalidArgument);
+  const Json stats = engine->StatsJson();
+  EXPECT_GT(stats["links"]["host_to_nvme"]["bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(stats["io_backend"]["tensors"], "psync");
+  EXPECT_TRUE(stats["io_backend"]["optimizer"].is_null());
+  EXPECT_EQ(stats["host_budget"]["tensors"], 256u << 10);
+  EXPECT_TRUE(stats["device"]["present"].get<bool>());
+}
+
+TEST(Engine, PrefetchHintsReturnArgumentErrors) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->Prefetch(TensorId(9), Tier::kHost).code(), StatusCode::kNotFound);
+  Result<TensorId> id = engine->RegisterTensor({"w", 4096, DType::kUInt8, Tier::kNvme, ""});
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(engine->Prefetch(*id, static_cast<Tier>(9)).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine->Prefetch(*id, Tier::kHost).ok());
+  EXPECT_TRUE(engine->TakeAsyncError().ok());
+}
+
+TEST(Engine, AsyncErrorSlotKeepsTheFirstFailureUntilRead) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  EXPECT_TRUE(engine->TakeAsyncError().ok());
+  engine->RecordAsyncError(Status::IoError("first"));
+  engine->RecordAsyncError(Status::NoSpace("second"));
+  const Status taken = engine->TakeAsyncError();
+  EXPECT_EQ(taken.code(), StatusCode::kIoError);
+  EXPECT_EQ(taken.message(), "first");
+  EXPECT_TRUE(engine->TakeAsyncError().ok());
+}
+
+// The engine's groups step exactly like the in-memory reference given the same hyper-parameters,
+// including a schedule that changes lr and a step that keeps the group's (hyper = nullopt).
+TEST(Engine, GroupStepsMatchTheReferenceWithPerStepHyperParameters) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, -1.0f, 0.001f);
+  const GroupId id =
+      CreateGroup(*engine, R"({"name": "g", "lr": 0.01, "weight_decay": 0.1})", params);
+  ASSERT_TRUE(id.valid());
+
+  optim::GroupOptions reference_options;
+  reference_options.count = kCount;
+  Result<std::unique_ptr<optim::Group>> reference = optim::Group::Create(reference_options);
+  ASSERT_TRUE(reference.ok());
+  std::vector<float> master = params;
+  optim::HyperParams hyper;
+  hyper.lr = 0.01;
+  hyper.weight_decay = 0.1;
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<float> grads = Gradients(kCount, step);
+    std::optional<StepHyperParams> given;
+    if (step != 2) {  // step 2 keeps the previous step's hyper-parameters
+      hyper.lr = 0.01 / (step + 1);
+      given = StepHyperParams{hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay};
+    }
+    Result<StepReport> report = StepWith(*engine, id, grads, given);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->steps_taken, step + 1);
+    EXPECT_GT(report->bytes_read, 0u);
+    ASSERT_TRUE((*reference)->Step(hyper, master.data(), grads.data()).ok());
+  }
+  EXPECT_EQ(ReadSlot(*engine, id, StateSlot::kMaster, kCount), master);
+  const auto* m = static_cast<const float*>((*reference)->exp_avg());
+  EXPECT_EQ(ReadSlot(*engine, id, StateSlot::kExpAvg, kCount), std::vector<float>(m, m + kCount));
+
+  const Json stats = engine->StatsJson();
+  ASSERT_EQ(stats["groups"].size(), 1u);
+  const Json& group = stats["groups"][0];
+  EXPECT_EQ(group["name"], "g");
+  EXPECT_EQ(group["placement"], "nvme");
+  EXPECT_EQ(group["chunks"], 3u);
+  EXPECT_EQ(group["steps_taken"], 4);
+  EXPECT_EQ(group["steps_called"], 4u);
+  EXPECT_GT(group["bytes_written"].get<uint64_t>(), 0u);
+  EXPECT_DOUBLE_EQ(group["hyper"]["lr"].get<double>(), 0.01 / 4);
+  EXPECT_EQ(stats["io_backend"]["optimizer"], "psync");
+}
+
+TEST(Engine, RejectedHyperParametersLeaveTheGroupsOwn) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.001f);
+  const GroupId id = CreateGroup(*engine, R"({"name": "g", "lr": 0.03})", params);
+  const std::vector<float> grads = Gradients(kCount, 1);
+  Result<StepReport> bad = StepWith(*engine, id, grads, StepHyperParams{0.1, 1.5, 0.999, 1e-8, 0});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("optimizer group 'g' step"));
+  EXPECT_EQ(engine->StatsJson()["groups"][0]["hyper"]["lr"], 0.03);
+  EXPECT_EQ(ReadSlot(*engine, id, StateSlot::kMaster, kCount), params);
+  EngineStepArgs args;
+  args.loss_scale = std::nan("");
+  EXPECT_EQ(engine->Step(id, args).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->Step(GroupId(7), args).status().code(), StatusCode::kNotFound);
+}
+
+TEST(Engine, GroupsHaveDenseIdsAndUniqueNames) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir, "cpu"));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> a = Ramp(100, 0, 1);
+  std::vector<float> b = Ramp(200, 0, 1);
+  EXPECT_EQ(CreateGroup(*engine, R"({"name": "a"})", a), GroupId(0));
+  EXPECT_EQ(CreateGroup(*engine, R"({"name": "b", "type": "lion"})", b), GroupId(1));
+  EXPECT_EQ(engine->group_count(), 2u);
+  EXPECT_EQ(*engine->FindGroup("b"), GroupId(1));
+  EXPECT_EQ(engine->FindGroup("c").status().code(), StatusCode::kNotFound);
+  const ParamView view{a.data(), optim::DType::kF32, a.size()};
+  Result<GroupId> again = engine->CreateGroup(R"({"name": "a"})", std::span(&view, 1));
+  EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("already exists"));
+  EXPECT_EQ(engine->StatsJson()["groups"][1]["placement"], "host");
+  EXPECT_TRUE(engine->StatsJson()["io_backend"]["optimizer"].is_null());  // no NVMe group
+  EXPECT_TRUE(engine->SetGroupSteps(GroupId(1), 12).ok());
+  EXPECT_EQ(*engine->GroupSteps(GroupId(1)), 12);
+  EXPECT_EQ(engine->SetGroupSteps(GroupId(1), -2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->GroupSteps(GroupId(5)).status().code(), StatusCode::kNotFound);
+}
+
+TEST(Engine, StateAccessChecksSlotsAndRanges) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0, 1);
+  const GroupId id = CreateGroup(*engine, R"({"name": "g"})", params);
+  std::vector<float> values(8, 0.5f);
+  EXPECT_TRUE(engine->WriteState(id, StateSlot::kExpAvgSq, kCount - 8, values).ok());
+  std::vector<float> back(8);
+  EXPECT_TRUE(engine->ReadState(id, StateSlot::kExpAvgSq, kCount - 8, back).ok());
+  EXPECT_EQ(back, values);
+  EXPECT_EQ(engine->ReadState(id, StateSlot::kMaster, kCount - 7, back).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->WriteState(id, static_cast<StateSlot>(3), 0, values).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->ReadState(GroupId(4), StateSlot::kMaster, 0, back).code(),
+            StatusCode::kNotFound);
+  const GradView grad{values.data(), optim::DType::kF32, values.size()};
+  EXPECT_EQ(engine->AccumulateGrad(id, kCount - 4, grad).code(), StatusCode::kInvalidArgument);
+  const GradView null_grad{nullptr, optim::DType::kF32, 4};
+  EXPECT_EQ(engine->AccumulateGrad(id, 0, null_grad).code(), StatusCode::kInvalidArgument);
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+class EngineCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_ = MakeEngine(SmallConfig(dir_));
+    ASSERT_NE(engine_, nullptr);
+    a_ = CreateGroup(*engine_, R"({"name": "a", "lr": 0.02})", params_a_);
+    b_ = CreateGroup(*engine_, R"({"name": "b", "moment_dtype": "bf16"})", params_b_);
+    ASSERT_TRUE(StepWith(*engine_, a_, Gradients(kCount, 1)).ok());
+    ASSERT_TRUE(StepWith(*engine_, b_, Gradients(500, 2)).ok());
+    ckpt_ = dir_.File("ckpt");
+    ASSERT_TRUE(engine_->SaveCheckpoint(ckpt_).ok());
+    saved_a_ = ReadSlot(*engine_, a_, StateSlot::kMaster, kCount);
+    saved_b_ = ReadSlot(*engine_, b_, StateSlot::kExpAvg, 500);
+  }
+
+  // Steps both groups so that their state differs from the checkpoint.
+  void StepAway() {
+    ASSERT_TRUE(
+        StepWith(*engine_, a_, Gradients(kCount, 3), StepHyperParams{0.5, 0.9, 0.999, 1e-8, 0})
+            .ok());
+    ASSERT_TRUE(StepWith(*engine_, b_, Gradients(500, 4)).ok());
+    ASSERT_NE(ReadSlot(*engine_, a_, StateSlot::kMaster, kCount), saved_a_);
+  }
+
+  std::string VersionFile(const std::string& name) {
+    std::ifstream latest(ckpt_ + "/LATEST");
+    std::string version;
+    std::getline(latest, version);
+    return ckpt_ + "/" + version + "/" + name;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<float> params_a_ = Ramp(kCount, 0.0f, 0.01f);
+  std::vector<float> params_b_ = Ramp(500, 1.0f, -0.01f);
+  GroupId a_, b_;
+  std::string ckpt_;
+  std::vector<float> saved_a_, saved_b_;
+};
+
+TEST_F(EngineCheckpointTest, LoadRestoresStateStepsAndHyperParameters) {
+  StepAway();
+  ASSERT_TRUE(engine_->LoadCheckpoint(ckpt_).ok());
+  EXPECT_EQ(ReadSlot(*engine_, a_, StateSlot::kMaster, kCount), saved_a_);
+  EXPECT_EQ(ReadSlot(*engine_, b_, StateSlot::kExpAvg, 500), saved_b_);
+  EXPECT_EQ(*engine_->GroupSteps(a_), 1);
+  EXPECT_EQ(*engine_->GroupSteps(b_), 1);
+  EXPECT_EQ(engine_->StatsJson()["groups"][0]["hyper"]["lr"], 0.02);
+  const Json manifest = Json::parse(std::ifstream(VersionFile("manifest.json")));
+  EXPECT_THAT(manifest.dump(), HasSubstr(std::string(EngineVersion())));
+}
+
+TEST_F(EngineCheckpointTest, CheckpointOfOtherGroupsIsRefusedAndChangesNothing) {
+  TempDir other_dir;
+  std::unique_ptr<Engine> other = MakeEngine(SmallConfig(other_dir));
+  ASSERT_NE(other, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
+  const GroupId only = CreateGroup(*other, R"({"name": "a", "lr": 0.02})", params);
+  const Status loaded = other->LoadCheckpoint(ckpt_);
+  EXPECT_EQ(loaded.code(), StatusCode::kFailedPrecondition) << loaded.ToString();
+  EXPECT_THAT(std::string(loaded.message()), HasSubstr("\"b\""));
+  EXPECT_EQ(ReadSlot(*other, only, StateSlot::kMaster, kCount), params);
+}
+
+TEST_F(EngineCheckpointTest, DamagedFileOfTheSecondGroupChangesNeitherGroup) {
+  StepAway();
+  const std::vector<float> now_a = ReadSlot(*engine_, a_, StateSlot::kMaster, kCount);
+  const std::vector<float> now_b = ReadSlot(*engine_, b_, StateSlot::kExpAvg, 500);
+  {
+    std::fstream file(VersionFile("b.state"), std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(file.is_open());
+    file.seekg(100);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    file.seekp(100);
+    file.write(&byte, 1);
+  }
+  const Status loaded = engine_->LoadCheckpoint(ckpt_);
+  EXPECT_EQ(loaded.code(), StatusCode::kCorruption) << loaded.ToString();
+  EXPECT_EQ(ReadSlot(*engine_, a_, StateSlot::kMaster, kCount), now_a);
+  EXPECT_EQ(ReadSlot(*engine_, b_, StateSlot::kExpAvg, 500), now_b);
+  EXPECT_EQ(*engine_->GroupSteps(a_), 2);
+}
+
+TEST_F(EngineCheckpointTest, SecondGroupThatCannotLoadLeavesTheFirstUnchanged) {
+  StepAway();
+  const std::vector<float> now_a = ReadSlot(*engine_, a_, StateSlot::kMaster, kCount);
+  const std::vector<float> grads = Gradients(100, 5);
+  const GradView partial{grads.data(), optim::DType::kF32, grads.size()};
+  ASSERT_TRUE(engine_->AccumulateGrad(b_, 0, partial).ok());
+  const Status loaded = engine_->LoadCheckpoint(ckpt_);
+  EXPECT_EQ(loaded.code(), StatusCode::kFailedPrecondition) << loaded.ToString();
+  EXPECT_THAT(std::string(loaded.message()), HasSubstr("optimizer group 'b'"));
+  EXPECT_EQ(ReadSlot(*engine_, a_, StateSlot::kMaster, kCount), now_a);
+  EXPECT_EQ(*engine_->GroupSteps(a_), 2);
+  EXPECT_EQ(engine_->StatsJson()["groups"][0]["hyper"]["lr"], 0.5);
+}
+
+// Values in the manifest outside their range are Corruption, found before any group changes.
+TEST_F(EngineCheckpointTest, OutOfRangeManifestValuesAreCorruptionAndChangeNothing) {
+  StepAway();
+  const std::vector<float> now_a = ReadSlot(*engine_, a_, StateSlot::kMaster, kCount);
+  const std::string path = VersionFile("manifest.json");
+  const Json original = Json::parse(std::ifstream(path));
+  ASSERT_TRUE(original["metadata"]["group_settings"].is_array()) << original.dump();
+  const std::vector<std::pair<std::string, Json>> edits = {
+      {"/metadata/group_settings/1/steps_taken", -1},
+      {"/metadata/group_settings/1/hyper/lr", -0.5},
+      {"/metadata/group_settings/1/hyper/beta1", 1.5},
+  };
+  for (const auto& [pointer, value] : edits) {
+    Json edited = original;
+    edited[Json::json_pointer(pointer)] = value;
+    std::ofstream(path, std::ios::trunc) << edited.dump(2);
+    const Status loaded = engine_->LoadCheckpoint(ckpt_);
+    EXPECT_EQ(loaded.code(), StatusCode::kCorruption) << pointer << ": " << loaded.ToString();
+    EXPECT_THAT(std::string(loaded.message()), HasSubstr("group_settings[1]")) << pointer;
+    EXPECT_EQ(ReadSlot(*engine_, a_, StateSlot::kMaster, kCount), now_a) << pointer;
+    EXPECT_EQ(*engine_->GroupSteps(a_), 2) << pointer;
+  }
+  std::ofstream(path, std::ios::trunc) << original.dump(2);
+  ASSERT_TRUE(engine_->LoadCheckpoint(ckpt_).ok());
+  EXPECT_EQ(ReadSlot(*engine_, a_, StateSlot::kMaster, kCount), saved_a_);
+}
+
+// View counts whose sum wraps around to the group's count are refused.
+TEST(Engine, ViewCountsThatWrapAroundAreRejected) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
+  const std::vector<ParamView> wrapping = {{params.data(), optim::DType::kF32, SIZE_MAX},
+                                           {params.data(), optim::DType::kF32, 11}};
+  Result<GroupId> created = engine->CreateGroup(R"({"name": "w"})", wrapping);
+  EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(created.status().message()), HasSubstr("params[1]"));
+
+  const GroupId id = CreateGroup(*engine, R"({"name": "g"})", params);
+  const std::vector<float> grads = Gradients(kCount, 1);
+  const std::vector<GradView> grad_views = {{grads.data(), optim::DType::kF32, SIZE_MAX},
+                                            {grads.data(), optim::DType::kF32, kCount + 1}};
+  EngineStepArgs args;
+  args.grads = grad_views;
+  Result<StepReport> stepped = engine->Step(id, args);
+  EXPECT_EQ(stepped.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(stepped.status().message()),
+              HasSubstr("grads[1] of 3001 elements overflows"));
+  EXPECT_EQ(ReadSlot(*engine, id, StateSlot::kMaster, kCount), params);
+}
+
+TEST_F(EngineCheckpointTest, MissingCheckpointIsNotFound) {
+  EXPECT_EQ(engine_->LoadCheckpoint(dir_.File("none")).code(), StatusCode::kNotFound);
+}
+
+// ---- injected faults --------------------------------------------------------------------------
+
+// Makes psync engines whose faults a test arms later.
+struct FaultyIo {
+  io::FaultInjectingEngine* engine = nullptr;
+
+  std::function<Result<std::unique_ptr<io::Engine>>()> Factory() {
+    return [this]() -> Result<std::unique_ptr<io::Engine>> {
+      ZOE_ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> raw, io::CreatePsyncEngine(8));
+      auto faulty = std::make_unique<io::FaultInjectingEngine>(std::move(raw), 11);
+      engine = faulty.get();
+      return std::unique_ptr<io::Engine>(std::move(faulty));
+    };
+  }
+
+  void Fail(io::FaultOps ops) {
+    io::FaultRule rule;
+    rule.kind = io::FaultKind::kEio;
+    rule.ops = ops;
+    rule.nth = 1;
+    rule.max_faults = 1;
+    engine->AddRule(rule);
+  }
+};
+
+TEST(EngineFaults, FailedOptimizerWriteLeavesTheStateAndTheNextStepSucceeds) {
+  TempDir dir;
+  FaultyIo faults;
+  EngineHooks hooks;
+  hooks.optimizer_io_factory = faults.Factory();
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir), hooks);
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
+  const GroupId id = CreateGroup(*engine, R"({"name": "g"})", params);
+  ASSERT_NE(faults.engine, nullptr);
+  faults.Fail(io::FaultOps::kWrites);
+  Result<StepReport> failed = StepWith(*engine, id, Gradients(kCount, 1));
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kIoError) << failed.status().ToString();
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("optimizer group 'g' step"));
+  EXPECT_EQ(ReadSlot(*engine, id, StateSlot::kMaster, kCount), params);
+  EXPECT_EQ(*engine->GroupSteps(id), 0);
+  EXPECT_EQ(engine->StatsJson()["groups"][0]["steps_called"], 0u);
+  ASSERT_TRUE(StepWith(*engine, id, Gradients(kCount, 1)).ok());
+  EXPECT_EQ(*engine->GroupSteps(id), 1);
+}
+
+TEST(EngineFaults, FailedTensorReadIsReturnedByTheAcquire) {
+  TempDir dir;
+  FaultyIo faults;
+  EngineHooks hooks;
+  hooks.tensor_io_factory = faults.Factory();
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir), hooks);
+  ASSERT_NE(engine, nullptr);
+  Result<TensorId> id = engine->RegisterTensor({"w", 64 << 10, DType::kUInt8, Tier::kNvme, ""});
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(engine->Acquire(*id, Tier::kHost, Access::kWrite).ok());
+  ASSERT_TRUE(engine->Release(*id).ok());
+  ASSERT_TRUE(engine->Evict(*id).ok());
+  faults.Fail(io::FaultOps::kReads);
+  Result<void*> ptr = engine->Acquire(*id, Tier::kHost, Access::kRead);
+  ASSERT_FALSE(ptr.ok());
+  EXPECT_EQ(ptr.status().code(), StatusCode::kIoError);
+  EXPECT_TRUE(engine->Acquire(*id, Tier::kHost, Access::kRead).ok());
+  EXPECT_TRUE(engine->Release(*id).ok());
+}
+
+// ---- concurrency ------------------------------------------------------------------------------
+
+TEST(EngineThreads, GroupsTensorsAndStatisticsFromSeveralThreads) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> a = Ramp(kCount, 0.0f, 0.01f);
+  std::vector<float> b = Ramp(kCount, 1.0f, 0.01f);
+  const GroupId ga = CreateGroup(*engine, R"({"name": "a"})", a);
+  const GroupId gb = CreateGroup(*engine, R"({"name": "b"})", b);
+  Result<TensorId> t = engine->RegisterTensor({"t", 4096, DType::kUInt8, Tier::kNvme, ""});
+  ASSERT_TRUE(t.ok());
+  std::atomic<int> errors{0};
+  auto stepper = [&](GroupId group, int seed) {
+    for (int i = 0; i < 5; ++i) {
+      if (!StepWith(*engine, group, Gradients(kCount, seed + i)).ok()) ++errors;
+    }
+  };
+  std::thread first(stepper, ga, 0);
+  std::thread second(stepper, gb, 10);
+  std::thread third(stepper, ga, 20);  // the same group as `first`: serialised by its mutex
+  for (int i = 0; i < 20; ++i) {
+    Result<void*> ptr = engine->Acquire(*t, Tier::kHost, Access::kReadWrite);
+    if (!ptr.ok() || !engine->Release(*t).ok()) ++errors;
+    if (engine->StatsJson()["groups"].size() != 2) ++errors;
+  }
+  first.join();
+  second.join();
+  third.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(*engine->GroupSteps(ga), 10);
+  EXPECT_EQ(*engine->GroupSteps(gb), 5);
+}
+
+}  // namespace
+}  // namespace zoe::offload
