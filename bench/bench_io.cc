@@ -14,6 +14,7 @@
 #include "bench/io_bench.h"
 #include "bench/io_fio.h"
 #include "bench/io_report.h"
+#include "bench/scratch_dir.h"
 #include "core/config.h"
 
 namespace zoe::cli {
@@ -36,25 +37,6 @@ struct IoCommandOptions {
   std::string output_format = "table";
   bool compare_fio = false;
   bool tune = false;
-};
-
-// A directory under /tmp for the test files when no --path is given, removed afterwards.
-class ScratchDir {
- public:
-  Status Create() {
-    std::string pattern = "/tmp/zoe-bench.XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + pattern);
-    path_ = pattern;
-    return Status::Ok();
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 Result<IoBenchSpec> BaseSpec(const IoCommandOptions& o, const std::vector<std::string>& dirs) {
@@ -172,11 +154,11 @@ std::string TuneReport(const std::vector<IoBenchRow>& rows) {
 }
 
 Status Run(IoCommandOptions o) {
-  ScratchDir scratch;
+  std::unique_ptr<ScratchDir> scratch;
   std::vector<std::string> dirs = o.paths;
   if (dirs.empty()) {
-    ZOE_RETURN_IF_ERROR(scratch.Create());
-    dirs.push_back(scratch.path());
+    ZOE_ASSIGN_OR_RETURN(scratch, ScratchDir::Create("/tmp/zoe-bench"));
+    dirs.push_back(scratch->path());
   }
   ZOE_ASSIGN_OR_RETURN(IoBenchSpec base, BaseSpec(o, dirs));
   std::vector<std::string> axes = o.sweep;

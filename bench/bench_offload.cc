@@ -12,6 +12,7 @@
 
 #include "bench/command.h"
 #include "bench/offload_bench.h"
+#include "bench/scratch_dir.h"
 #include "core/config.h"
 
 namespace zoe::cli {
@@ -33,25 +34,6 @@ struct OffloadCommandOptions {
   uint32_t prefetch_in_flight = 4;
   std::vector<std::string> policies = {"none+lru", "trace+lru", "trace+opt"};
   std::string output_format = "table";
-};
-
-// A directory under /var/tmp for the swap files when no --path is given, removed afterwards.
-class ScratchDir {
- public:
-  Status Create() {
-    std::string pattern = "/var/tmp/zoe-bench-offload.XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + pattern);
-    path_ = pattern;
-    return Status::Ok();
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 Result<OffloadBenchSpec> MakeSpec(const OffloadCommandOptions& o, const std::string& dir) {
@@ -204,16 +186,17 @@ void PrintTable(const OffloadBenchResult& r) {
 }
 
 void Run(const OffloadCommandOptions& options) {
-  ScratchDir scratch;
+  std::unique_ptr<ScratchDir> scratch;
   std::string dir = options.path;
   if (dir.empty()) {
-    Status created = scratch.Create();
+    Result<std::unique_ptr<ScratchDir>> created = ScratchDir::Create("/var/tmp/zoe-bench-offload");
     if (!created.ok()) {
-      std::cerr << "zoe bench offload: " << created.ToString() << "\n";
+      std::cerr << "zoe bench offload: " << created.status().ToString() << "\n";
       SetExitCode(1);
       return;
     }
-    dir = scratch.path();
+    scratch = std::move(*created);
+    dir = scratch->path();
   }
   Result<OffloadBenchSpec> spec = MakeSpec(options, dir);
   Result<OffloadBenchResult> result =

@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 
+#include "bench/scratch_dir.h"
 #include "core/aligned_buffer.h"
 #include "core/pinned_memory.h"
 #include "io/queue.h"
@@ -84,25 +85,6 @@ uint64_t ChunkElementsFor(const StepBenchSpec& spec, DType moments) {
   return std::max(kElementGranule, elements / kElementGranule * kElementGranule);
 }
 
-// A temporary directory under /var/tmp, removed with its contents on destruction.
-class ScratchDir {
- public:
-  static Result<std::unique_ptr<ScratchDir>> Create() {
-    std::string pattern = "/var/tmp/zoe-bench-step-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + pattern);
-    return std::make_unique<ScratchDir>(pattern);
-  }
-  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
-  ~ScratchDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // What every phase shares: kernel threads, one I/O queue (engine and queue depth), the paths.
 struct Rig {
   const StepBenchSpec& spec;
@@ -116,7 +98,7 @@ struct Rig {
 Result<std::unique_ptr<Rig>> MakeRig(const StepBenchSpec& spec) {
   auto rig = std::make_unique<Rig>(Rig{spec, spec.paths, nullptr, nullptr, {}, nullptr});
   if (rig->paths.empty()) {
-    ZOE_ASSIGN_OR_RETURN(rig->scratch, ScratchDir::Create());
+    ZOE_ASSIGN_OR_RETURN(rig->scratch, ScratchDir::Create("/var/tmp/zoe-bench-step"));
     rig->paths.push_back(rig->scratch->path());
   }
   ZOE_ASSIGN_OR_RETURN(rig->threads, optim::KernelThreads::Create(spec.threads, /*pin=*/true));

@@ -109,9 +109,9 @@ typedef enum zoe_dtype {
 
 /* Which optimizer-state array zoe_optim_state_read/write address. */
 typedef enum zoe_state_slot {
-  ZOE_STATE_MASTER = 0,     /* fp32 master weights */
-  ZOE_STATE_EXP_AVG = 1,    /* first moment (torch: exp_avg) */
-  ZOE_STATE_EXP_AVG_SQ = 2  /* second moment (torch: exp_avg_sq) */
+  ZOE_STATE_MASTER = 0,    /* fp32 master weights */
+  ZOE_STATE_EXP_AVG = 1,   /* first moment (torch: exp_avg) */
+  ZOE_STATE_EXP_AVG_SQ = 2 /* second moment (torch: exp_avg_sq) */
 } zoe_state_slot;
 
 /* A tensor to place. name: borrowed, copied; unique and non-empty. bytes: a multiple of the
@@ -143,18 +143,19 @@ typedef struct zoe_hyper_params {
 } zoe_hyper_params;
 
 typedef struct zoe_step_result {
-  int32_t skipped;        /* 1: a gradient was inf/NaN and nothing changed */
-  double grad_norm;       /* L2 norm of the unscaled gradients */
-  int64_t steps_taken;    /* the group's step count after this call */
-  uint64_t bytes_read;    /* NVMe bytes */
+  int32_t skipped;     /* 1: a gradient was inf/NaN and nothing changed */
+  double grad_norm;    /* L2 norm of the unscaled gradients */
+  int64_t steps_taken; /* the group's step count after this call */
+  uint64_t bytes_read; /* NVMe bytes */
   uint64_t bytes_written;
   double seconds;
 } zoe_step_result;
 
-/* Creates an engine from a JSON configuration (DeepSpeed-shaped: zero_optimization.offload_optimizer,
- * offload_param, aio, plus zoe's own "zoe" section; see docs/configuration.md). NULL or "" means
- * all defaults. Unknown keys are errors naming the closest valid key. On success *out owns the
- * engine (destroy with zoe_engine_destroy); on failure *out is set to NULL. */
+/* Creates an engine from a JSON configuration (DeepSpeed-shaped:
+ * zero_optimization.offload_optimizer, offload_param, aio, plus zoe's own "zoe" section; see
+ * docs/configuration.md). NULL or "" means all defaults. Unknown keys are errors naming the closest
+ * valid key. On success *out owns the engine (destroy with zoe_engine_destroy); on failure *out is
+ * set to NULL. */
 ZOE_API zoe_status zoe_engine_create(const char* config_json, zoe_engine** out);
 
 /* Waits for background work, releases memory and removes swap files. Accepts NULL. The handle
@@ -244,9 +245,8 @@ ZOE_API zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id gr
 
 /* Copies `count` elements of a state array starting at `offset` out as fp32 (read) or in from
  * fp32 (write; moments are rounded to the group's moment dtype). out / values: borrowed. */
-ZOE_API zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group,
-                                        zoe_state_slot slot, uint64_t offset, uint64_t count,
-                                        float* out);
+ZOE_API zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_state_slot slot,
+                                        uint64_t offset, uint64_t count, float* out);
 ZOE_API zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group,
                                          zoe_state_slot slot, uint64_t offset, uint64_t count,
                                          const float* values);
@@ -254,8 +254,7 @@ ZOE_API zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group,
 /* The group's step count (steps taken, skipped ones excluded), and setting it (for loading a
  * state dict). */
 ZOE_API zoe_status zoe_optim_group_steps(zoe_engine* engine, zoe_group_id group, int64_t* out);
-ZOE_API zoe_status zoe_optim_group_set_steps(zoe_engine* engine, zoe_group_id group,
-                                             int64_t steps);
+ZOE_API zoe_status zoe_optim_group_set_steps(zoe_engine* engine, zoe_group_id group, int64_t steps);
 
 /* Saves every optimizer group (master, moments, step counts, hyper-parameters) to `dir`,
  * streamed and crash-safe: a process killed during the save leaves the previous checkpoint
