@@ -14,8 +14,8 @@
 #include "bench/io_bench.h"
 #include "bench/io_fio.h"
 #include "bench/io_report.h"
-#include "bench/scratch_dir.h"
 #include "core/config.h"
+#include "core/scratch_dir.h"
 
 namespace zoe::cli {
 namespace {
@@ -157,7 +157,7 @@ Status Run(IoCommandOptions o) {
   std::unique_ptr<ScratchDir> scratch;
   std::vector<std::string> dirs = o.paths;
   if (dirs.empty()) {
-    ZOE_ASSIGN_OR_RETURN(scratch, ScratchDir::Create("/tmp/zoe-bench"));
+    ZOE_ASSIGN_OR_RETURN(scratch, ScratchDir::Create("/tmp/zoe-bench."));
     dirs.push_back(scratch->path());
   }
   ZOE_ASSIGN_OR_RETURN(IoBenchSpec base, BaseSpec(o, dirs));

@@ -12,8 +12,8 @@
 
 #include "bench/command.h"
 #include "bench/offload_bench.h"
-#include "bench/scratch_dir.h"
 #include "core/config.h"
+#include "core/scratch_dir.h"
 
 namespace zoe::cli {
 namespace {
@@ -189,7 +189,7 @@ void Run(const OffloadCommandOptions& options) {
   std::unique_ptr<ScratchDir> scratch;
   std::string dir = options.path;
   if (dir.empty()) {
-    Result<std::unique_ptr<ScratchDir>> created = ScratchDir::Create("/var/tmp/zoe-bench-offload");
+    Result<std::unique_ptr<ScratchDir>> created = ScratchDir::Create("/var/tmp/zoe-bench-offload.");
     if (!created.ok()) {
       std::cerr << "zoe bench offload: " << created.status().ToString() << "\n";
       SetExitCode(1);

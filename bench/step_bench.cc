@@ -15,9 +15,9 @@
 #include <memory>
 #include <sstream>
 
-#include "bench/scratch_dir.h"
 #include "core/aligned_buffer.h"
 #include "core/pinned_memory.h"
+#include "core/scratch_dir.h"
 #include "io/queue.h"
 #include "io/swap_space.h"
 #include "offload/optimizer_group.h"
@@ -98,7 +98,7 @@ struct Rig {
 Result<std::unique_ptr<Rig>> MakeRig(const StepBenchSpec& spec) {
   auto rig = std::make_unique<Rig>(Rig{spec, spec.paths, nullptr, nullptr, {}, nullptr});
   if (rig->paths.empty()) {
-    ZOE_ASSIGN_OR_RETURN(rig->scratch, ScratchDir::Create("/var/tmp/zoe-bench-step"));
+    ZOE_ASSIGN_OR_RETURN(rig->scratch, ScratchDir::Create("/var/tmp/zoe-bench-step-"));
     rig->paths.push_back(rig->scratch->path());
   }
   ZOE_ASSIGN_OR_RETURN(rig->threads, optim::KernelThreads::Create(spec.threads, /*pin=*/true));

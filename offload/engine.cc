@@ -1,12 +1,10 @@
 #include "offload/engine.h"
 
 #include <fmt/format.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <limits>
 #include <utility>
 
@@ -90,26 +88,6 @@ Status CheckSlot(StateSlot slot) {
 
 std::string_view EngineVersion() { return "0.1.0"; }
 
-// A directory made with mkdtemp and removed with its contents when destroyed.
-class Engine::ScratchDirectory {
- public:
-  static Result<std::unique_ptr<ScratchDirectory>> Create() {
-    std::string pattern = ScratchBase() + "/zoe-engine-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr)
-      return Status::FromErrno(errno, fmt::format("create a swap directory {}", pattern));
-    return std::unique_ptr<ScratchDirectory>(new ScratchDirectory(std::move(pattern)));
-  }
-  ~ScratchDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  explicit ScratchDirectory(std::string path) : path_(std::move(path)) {}
-  std::string path_;
-};
-
 struct Engine::Group {
   mutable std::mutex mutex;             // serialises every call on this group
   std::unique_ptr<io::SwapSpace> swap;  // outlives `optimizer`, which holds extents in it
@@ -152,7 +130,7 @@ Engine::Engine(config::EngineConfig config, EngineHooks hooks, HostBudgets budge
 
 Status Engine::Build(std::vector<std::string> nvme_paths) {
   if (nvme_paths.empty()) {
-    ZOE_ASSIGN_OR_RETURN(scratch_, ScratchDirectory::Create());
+    ZOE_ASSIGN_OR_RETURN(scratch_, ScratchDir::Create(ScratchBase() + "/zoe-engine-"));
     nvme_paths.push_back(scratch_->path());
     ZOE_LOG_INFO("engine: no zoe.nvme_paths; tensors swap to {}", scratch_->path());
   }

@@ -47,6 +47,7 @@
 #include "core/executor.h"
 #include "core/pinned_memory.h"
 #include "core/result.h"
+#include "core/scratch_dir.h"
 #include "io/engine.h"
 #include "io/queue.h"
 #include "offload/engine_setup.h"
@@ -158,7 +159,6 @@ class Engine {
 
  private:
   struct Group;
-  class ScratchDirectory;
 
   Engine(config::EngineConfig config, EngineHooks hooks, HostBudgets budgets);
   Status Build(std::vector<std::string> nvme_paths);
@@ -180,7 +180,7 @@ class Engine {
 
   // Declared in the order they may be destroyed last: the scratch directory outlives the swap
   // files in it, the pool, queue and executor outlive the groups that borrow them.
-  std::unique_ptr<ScratchDirectory> scratch_;
+  std::unique_ptr<ScratchDir> scratch_;
   std::unique_ptr<TierManager> tier_manager_;
   std::optional<PinnedMemoryPool> optimizer_pool_;
   std::unique_ptr<io::IoQueue> optimizer_io_;

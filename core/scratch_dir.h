@@ -12,13 +12,13 @@
 
 #include "core/result.h"
 
-namespace zoe::cli {
+namespace zoe {
 
 class ScratchDir {
  public:
-  // `prefix` is the directory name without the random suffix, e.g. "/var/tmp/zoe-bench-step".
+  // `prefix` is the path up to the six random characters mkdtemp adds, e.g. "/var/tmp/zoe-step-".
   static Result<std::unique_ptr<ScratchDir>> Create(const std::string& prefix) {
-    std::string pattern = prefix + ".XXXXXX";
+    std::string pattern = prefix + "XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) return Status::FromErrno(errno, "mkdtemp " + pattern);
     return std::unique_ptr<ScratchDir>(new ScratchDir(std::move(pattern)));
   }
@@ -37,4 +37,4 @@ class ScratchDir {
   std::string path_;
 };
 
-}  // namespace zoe::cli
+}  // namespace zoe
