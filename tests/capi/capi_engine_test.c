@@ -13,19 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "capi_check.h"
 #include "zoe.h"
-
-static int failures = 0;
-static int checks = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    ++checks;                                                                  \
-    if (!(cond)) {                                                             \
-      ++failures;                                                              \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                          \
-  } while (0)
 
 /* A call that must succeed; prints zoe_last_error() when it does not. */
 #define CHECK_OK(call)                                                         \
@@ -602,6 +591,5 @@ int main(void) {
   test_optimizer_errors();
   test_checkpoints();
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-  printf("%d passed, %d failed\n", checks - failures, failures);
-  return failures == 0 ? 0 : 1;
+  return finish_checks();
 }
