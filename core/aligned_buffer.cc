@@ -1,8 +1,9 @@
 #include "core/aligned_buffer.h"
 
-#include <cstdlib>
 #include <string>
 #include <utility>
+
+#include "core/io_memory.h"
 
 namespace zoe {
 
@@ -13,7 +14,7 @@ AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   if (this != &other) {
-    std::free(data_);
+    FreeIoMemory(data_, size_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     alignment_ = std::exchange(other.alignment_, 0);
@@ -21,7 +22,7 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   return *this;
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() { FreeIoMemory(data_, size_); }
 
 Result<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes, size_t alignment) {
   if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment < sizeof(void*)) {
@@ -32,7 +33,7 @@ Result<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes, size_t alignment) {
   buffer.alignment_ = alignment;
   if (bytes == 0) return buffer;
   const size_t rounded = AlignUp(bytes, alignment);
-  buffer.data_ = static_cast<std::byte*>(std::aligned_alloc(alignment, rounded));
+  buffer.data_ = static_cast<std::byte*>(AllocateIoMemory(rounded, alignment));
   if (buffer.data_ == nullptr) {
     return Status::OutOfMemory("cannot allocate " + std::to_string(rounded) + " bytes aligned to " +
                                std::to_string(alignment));

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/aligned_buffer.h"
+#include "core/io_memory.h"
 #include "core/log.h"
 #ifdef ZOE_HAVE_CUDA
 #include "core/cuda/cuda_host.h"
@@ -115,7 +116,7 @@ void PinnedBuffer::Release() {
     pool_->locker->Unlock(data_, size_);
     pool_->pinned.fetch_sub(size_);
   }
-  std::free(data_);
+  FreeIoMemory(data_, size_);
   pool_->used.fetch_sub(size_);
   pool_.reset();
   data_ = nullptr;
@@ -165,7 +166,7 @@ Result<PinnedBuffer> PinnedMemoryPool::Allocate(size_t bytes) {
 
 // Allocates and locks `rounded` bytes whose budget is already reserved.
 Result<PinnedBuffer> PinnedMemoryPool::AllocateReserved(size_t rounded) {
-  void* memory = std::aligned_alloc(state_->alignment, rounded);
+  void* memory = AllocateIoMemory(rounded, state_->alignment);
   if (memory == nullptr) {
     return Status::OutOfMemory(
         fmt::format("pinned memory pool '{}': the system refused {} bytes", state_->name, rounded));
