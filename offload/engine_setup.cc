@@ -207,6 +207,8 @@ Result<TierManagerOptions> MakeTierManagerOptions(const config::EngineConfig& co
   ZOE_ASSIGN_OR_RETURN(options.io_backend, io::ParseBackend(config.aio.backend));
   options.queue_depth = static_cast<uint32_t>(config.aio.queue_depth);
   options.checksum_block = TensorChecksumBlock(config);
+  options.stripe_unit = zoe.stripe_unit;
+  options.use_direct = config.aio.use_direct;
   options.lookahead_bytes = zoe.trace.lookahead_bytes;
   options.prefetch_in_flight = static_cast<uint32_t>(zoe.trace.max_inflight);
   options.trace_cursor.rerecord_min_mismatches = zoe.trace.mismatch_limit;

@@ -55,6 +55,8 @@ Result<std::unique_ptr<TierManager>> TierManager::Create(TierManagerOptions opti
   ZOE_ASSIGN_OR_RETURN(std::unique_ptr<io::IoQueue> io, io::IoQueue::Create(std::move(engine)));
   io::SwapOptions swap_options;
   swap_options.files.checksum_block = options.checksum_block;
+  swap_options.files.stripe_unit = options.stripe_unit;
+  swap_options.files.open.direct = options.use_direct;
   swap_options.alignment = 4096;
   ZOE_ASSIGN_OR_RETURN(
       std::unique_ptr<io::SwapSpace> swap,
@@ -594,7 +596,7 @@ Status TierManager::Prefetch(TensorId tensor, Tier tier) {
   const size_t run_index = tensors_[tensor.value].run;
   Run& run = runs_[run_index];
   if (tier == Tier::kDevice) {
-    if (run.device != Residency::kAbsent) return Status::Ok();
+    if (run.device != Residency::kAbsent || HasHostWriter(run)) return Status::Ok();
     if (run.host == Residency::kResident) {
       CollectDevicePrefetches(runs_.size());
       if (!device_budget_->TryReserve(run.bytes).ok()) return Status::Ok();

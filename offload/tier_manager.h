@@ -33,6 +33,8 @@
 //    dirty) and frees a clean one at once. Acquiring on HOST a run the device holds dirty copies it
 //    back first; acquiring it on HOST for writing drops the device copy. Both fail with
 //    FailedPrecondition while the device copy is pinned and dirty (or, for a HOST write, pinned).
+//    Conversely, a run with an outstanding HOST write acquire is not copied to the device: a
+//    DEVICE acquire of any of its tensors fails with FailedPrecondition, and prefetches skip it.
 //  - Traces. TraceBegin(name)/TraceEnd() bracket one iteration. The first time a name is seen
 //    (or after the replay asked for re-recording) the iteration's acquires are recorded; TraceEnd
 //    stores the trace and starts replaying it. While replaying, each acquire advances a
@@ -97,6 +99,8 @@ struct TierManagerOptions {
   io::BackendKind io_backend = io::BackendKind::kAuto;
   uint32_t queue_depth = 32;
   uint64_t checksum_block = 0;  // 0: no checksums; else xxh3 per block (a multiple of 4096)
+  uint64_t stripe_unit = uint64_t{1} << 20;  // bytes per nvme_paths entry before the next
+  bool use_direct = true;  // O_DIRECT swap files (buffered where the filesystem refuses it)
   // How long an acquire waits for a Release when every resident run is pinned before it fails
   // with Busy.
   std::chrono::nanoseconds busy_timeout = std::chrono::seconds(10);
@@ -259,6 +263,9 @@ class TierManager {
   Status ApplyDeviceCopy(size_t run_index, Status outcome);
   bool FinishAnyDeviceCopy(std::unique_lock<std::mutex>& lock, Status* outcome);
   void FreeDevice(size_t run_index);
+  // True while a HOST acquire for writing of one of the run's tensors is outstanding: the run
+  // must not be copied to the device then.
+  bool HasHostWriter(const Run& run) const;
   // What a HOST acquire must do first about the device copy; false when nothing.
   bool NeedsDeviceSync(const Run& run, Access access) const;
   Status SyncDeviceForHost(std::unique_lock<std::mutex>& lock, size_t run_index, Access access,

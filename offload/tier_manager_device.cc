@@ -58,6 +58,12 @@ Status TierManager::LoadToDevice(std::unique_lock<std::mutex>& lock, TensorId te
   ZOE_RETURN_IF_ERROR(BringToHost(lock, tensor, access, name, progress, HostUse::kDeviceStaging));
   const size_t run_index = tensors_[tensor.value].run;
   if (runs_[run_index].device != Residency::kAbsent) return Status::Ok();
+  if (HasHostWriter(runs_[run_index])) {
+    return Status::FailedPrecondition(fmt::format(
+        "tensor '{}' shares {} with tensors acquired on the host for writing; release them there "
+        "before acquiring it on the device",
+        name, Describe(runs_[run_index])));
+  }
   PinHostRun(run_index);
   Status reserved = ReserveDevice(lock, runs_[run_index].bytes, name);
   if (reserved.ok() && runs_[run_index].device != Residency::kAbsent) {
@@ -296,6 +302,17 @@ Status TierManager::EvictDeviceCopyForHost(std::unique_lock<std::mutex>& lock, b
   return Status::Ok();
 }
 
+// A device copy of the run taken now would miss the writes still to come through these acquires,
+// and copying it back later would undo them.
+bool TierManager::HasHostWriter(const Run& run) const {
+  for (TensorId tensor : run.tensors) {
+    for (const Acquired& acquired : tensors_[tensor.value].acquired) {
+      if (acquired.tier == Tier::kHost && Writes(acquired.access)) return true;
+    }
+  }
+  return false;
+}
+
 // A HOST acquire of a run the device holds must see the device's bytes (copy back when dirty),
 // and a HOST write must not leave a stale device copy behind (drop it).
 bool TierManager::NeedsDeviceSync(const Run& run, Access access) const {
@@ -366,7 +383,7 @@ void TierManager::IssueDevicePrefetches(size_t acquiring_run) {
     const size_t run_index = run_of_chunk_[chunk.value];
     const Run& run = runs_[run_index];
     if (run.device != Residency::kAbsent) continue;  // an earlier chunk of its run
-    if (run.host != Residency::kResident) return;
+    if (run.host != Residency::kResident || HasHostWriter(run)) return;
     if (!ReserveDeviceForPrefetch(run_index, cursor_->NextUseDistance(chunk))) return;
     Status started = StartDevicePrefetch(run_index);
     if (!started.ok()) {
@@ -425,7 +442,7 @@ Status TierManager::StartDevicePrefetch(size_t run_index) {
 void TierManager::StartWantedDeviceCopy(size_t run_index) {
   Run& run = runs_[run_index];
   run.device_wanted = false;
-  if (!device_ || run.device != Residency::kAbsent) return;
+  if (!device_ || run.device != Residency::kAbsent || HasHostWriter(run)) return;
   if (!device_budget_->TryReserve(run.bytes).ok()) return;
   Status started = StartDevicePrefetch(run_index);
   if (!started.ok())

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <map>
@@ -125,6 +126,40 @@ TEST(TierManagerTest, SwapTooSmallFailsAtRegistrationWithNoSpace) {
   Result<TensorId> id = manager->RegisterTensor({"b", kChunk, DType::kUInt8, Tier::kHost, ""});
   ASSERT_EQ(id.status().code(), StatusCode::kNoSpace);
   EXPECT_NE(id.status().message().find("'b'"), std::string_view::npos);
+}
+
+// The swap files follow the stripe unit and O_DIRECT choice: a 64 KiB run striped in 16 KiB units
+// over two directories leaves half its bytes in the second one.
+TEST(TierManagerTest, SwapFilesUseTheStripeUnitAndDirectChoice) {
+  TempDir first, second;
+  TierManagerOptions options = SmallOptions(first, 2);
+  options.nvme_paths = {first.File(""), second.File("")};
+  options.stripe_unit = 16 << 10;
+  options.use_direct = false;
+  auto manager = MakeManager(options);
+  ASSERT_NE(manager, nullptr);
+  TensorId a = Register(*manager, "a", kChunk);
+  const std::vector<std::byte> contents = Pattern(kChunk, 41);
+  std::memcpy(AcquireOk(*manager, a, Access::kWrite), contents.data(), kChunk);
+  ASSERT_TRUE(manager->Release(a).ok());
+  ASSERT_TRUE(manager->Evict(a).ok());
+  const auto second_half_of = [&contents](size_t stripe) {
+    return std::string(reinterpret_cast<const char*>(contents.data()) + stripe * (16 << 10),
+                       16 << 10);
+  };
+  std::string in_second;
+  for (const auto& entry : std::filesystem::directory_iterator(second.File("")))
+    in_second += testing::ReadBytes(entry.path().string());
+  EXPECT_NE(in_second.find(second_half_of(1)), std::string::npos);
+  EXPECT_NE(in_second.find(second_half_of(3)), std::string::npos);
+  ExpectContents(*manager, a, contents);
+
+  options.stripe_unit = 1000;  // not a multiple of the O_DIRECT alignment
+  options.use_direct = true;
+  Result<std::unique_ptr<TierManager>> refused = TierManager::Create(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("stripe"), std::string_view::npos)
+      << refused.status().ToString();
 }
 
 TEST(TierManagerTest, WrongTierAccessAndReleaseAreErrors) {
@@ -707,6 +742,36 @@ TEST_F(TierManagerDeviceTest, HostAcquireOfRunPinnedDirtyOnDeviceFails) {
   ASSERT_TRUE(manager->Release(a).ok());
   EXPECT_NE(AcquireOk(*manager, a, Access::kRead), nullptr);
   ASSERT_TRUE(manager->Release(a).ok());
+}
+
+// Two tensors in one run: a device copy taken while `a` is written on the host would carry a
+// stale `a`, and copying `b`'s device writes back would revert `a`.
+TEST_F(TierManagerDeviceTest, DeviceAcquireOfRunHeldForHostWritingFails) {
+  auto manager = Make();
+  ASSERT_NE(manager, nullptr);
+  TensorId a = Register(*manager, "a", 100);
+  TensorId b = Register(*manager, "b", 100);
+  std::byte* host_a = AcquireOk(*manager, a, Access::kWrite);
+  ASSERT_NE(host_a, nullptr);
+  Result<void*> device_b = manager->Acquire(b, Tier::kDevice, Access::kReadWrite);
+  ASSERT_EQ(device_b.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(device_b.status().message().find("'b'"), std::string_view::npos);
+  EXPECT_NE(device_b.status().message().find("for writing"), std::string_view::npos);
+  EXPECT_EQ(manager->Prefetch(b, Tier::kDevice).code(), StatusCode::kOk);  // a hint: skipped
+  const std::vector<std::byte> newer_a = Pattern(100, 31);
+  std::memcpy(host_a, newer_a.data(), 100);
+  ASSERT_TRUE(manager->Release(a).ok());
+
+  std::byte* on_device_b = OnDevice(*manager, b, Access::kWrite);  // allowed once released
+  ASSERT_NE(on_device_b, nullptr);
+  const std::vector<std::byte> newer_b = Pattern(100, 32);
+  std::memcpy(on_device_b, newer_b.data(), 100);
+  ASSERT_TRUE(manager->Release(b).ok());
+  ASSERT_TRUE(manager->Flush().ok());
+  ASSERT_TRUE(manager->Evict(a).ok());
+  ExpectContents(*manager, a, newer_a);  // from NVMe: both writes kept
+  ExpectContents(*manager, b, newer_b);
+  CheckBudgets(*manager);
 }
 
 TEST_F(TierManagerDeviceTest, EveryDeviceChunkPinnedIsBusy) {
