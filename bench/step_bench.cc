@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -196,6 +197,7 @@ Status RunGroupPhase(Rig& rig, DType moments, io::SwapSpace* swap, StepBenchResu
         return std::abs(a.seconds - out->step_seconds) < std::abs(b.seconds - out->step_seconds);
       });
   out->bytes_read = median->bytes_read;
+  out->bytes_reused = median->bytes_reused;
   out->bytes_written = median->bytes_written;
   out->io_wait_seconds = median->io_wait_seconds;
   out->compute_seconds = median->compute_seconds;
@@ -209,8 +211,9 @@ Status RunGroupPhase(Rig& rig, DType moments, io::SwapSpace* swap, StepBenchResu
 
 // Moves every NVMe chunk as the step's pipeline does -- read one slot into a free pipeline buffer,
 // write it to the other slot from the same buffer -- with `buffer_count` buffers, reads running
-// ahead of writes as far as free buffers allow, and the slots swapping roles every pass. Only the
-// update between the read and the write is missing.
+// ahead of writes as far as free buffers allow, and the slots swapping roles every pass. Like the
+// step, passes alternate direction and do not read again the chunks the previous pass left in
+// the buffers. Only the update between the read and the write is missing.
 class IoOnlyPipeline {
  public:
   static Result<std::unique_ptr<IoOnlyPipeline>> Create(Rig& rig, io::SwapSpace& swap,
@@ -248,29 +251,34 @@ class IoOnlyPipeline {
     }
   }
 
-  uint64_t bytes_per_pass() const {
-    uint64_t total = 0;
-    for (uint64_t length : lengths_) total += 2 * length;
-    return total;
-  }
-
   // One pass: the algorithm of the class comment.
   Status Pass() {
     const auto& from = slots_[pass_ % 2];
     const auto& to = slots_[1 - pass_ % 2];
-    ++pass_;
+    const bool descending = pass_ % 2 == 1;
     const size_t n = lengths_.size();
+    // After the first pass, the chunks the last one ended with are still in the buffers.
+    const size_t kept = pass_ > 0 ? std::min(buffers_.size(), n) : 0;
+    ++pass_;
+    const auto chunk_at = [&](size_t position) { return descending ? n - 1 - position : position; };
     std::deque<size_t> free;
-    for (size_t b = 0; b < buffers_.size(); ++b) free.push_back(b);
-    std::deque<std::pair<io::Ticket, size_t>> reads, writes;  // ticket, buffer
-    size_t issued = 0;
-    for (size_t c = 0; c < n; ++c) {
+    std::deque<std::pair<io::Ticket, size_t>> reads, writes;  // ticket (0: kept), buffer
+    for (size_t b = 0; b < buffers_.size(); ++b) {
+      if (b < kept) {
+        reads.emplace_back(0, b);
+      } else {
+        free.push_back(b);
+      }
+    }
+    size_t issued = kept;
+    for (size_t position = 0; position < n; ++position) {
+      const size_t c = chunk_at(position);
       // Reads run ahead while buffers are free; a buffer whose write has finished is taken back
       // without waiting, and waited for only when chunk c's own read cannot start otherwise.
       while (issued < n) {
         if (free.empty() && !writes.empty()) {
           std::optional<Status> done;
-          if (issued == c) {
+          if (issued == position) {
             done = rig_.queue->Wait(writes.front().first);
           } else {
             done = rig_.queue->Poll(writes.front().first);
@@ -283,11 +291,12 @@ class IoOnlyPipeline {
         if (free.empty()) break;
         const size_t b = free.front();
         free.pop_front();
-        ZOE_ASSIGN_OR_RETURN(io::Ticket t, Submit(io::Op::kRead, from[issued], b, issued));
+        const size_t next = chunk_at(issued);
+        ZOE_ASSIGN_OR_RETURN(io::Ticket t, Submit(io::Op::kRead, from[next], b, next));
         reads.emplace_back(t, b);
         ++issued;
       }
-      ZOE_RETURN_IF_ERROR(rig_.queue->Wait(reads.front().first));
+      if (reads.front().first != 0) ZOE_RETURN_IF_ERROR(rig_.queue->Wait(reads.front().first));
       const size_t b = reads.front().second;
       reads.pop_front();
       ZOE_ASSIGN_OR_RETURN(io::Ticket t, Submit(io::Op::kWrite, to[c], b, c));
@@ -376,22 +385,72 @@ Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
 
 // ---- DeepSpeed-style synchronous baseline -------------------------------------------------
 
+// The baseline's pinned buffer. kDeepSpeed allocates it as DeepSpeed's aio handle allocates its
+// pinned tensors (posix_memalign to the page size, then mlock), so the disk transfers into 4 KiB
+// pages; kZoe takes it from a zoe pinned pool (huge pages where the kernel has them, see
+// core/io_memory.h). When mlock is refused the DeepSpeed-style buffer stays unlocked, as
+// DeepSpeed's does after printing the error.
+class BaselineBuffer {
+ public:
+  static Result<BaselineBuffer> Allocate(BaselineMemory memory, uint64_t bytes) {
+    BaselineBuffer buffer;
+    if (memory == BaselineMemory::kZoe) {
+      ZOE_ASSIGN_OR_RETURN(
+          PinnedMemoryPool pool,
+          PinnedMemoryPool::Create({.name = "bench step baseline", .budget_bytes = bytes}));
+      buffer.pool_.emplace(std::move(pool));
+      ZOE_ASSIGN_OR_RETURN(buffer.pinned_, buffer.pool_->Allocate(bytes));
+      buffer.data_ = buffer.pinned_.data();
+      buffer.size_ = buffer.pinned_.size();
+      buffer.locked_ = buffer.pinned_.pinned();
+      return buffer;
+    }
+    void* data = nullptr;
+    if (posix_memalign(&data, static_cast<size_t>(sysconf(_SC_PAGESIZE)), bytes) != 0) {
+      return Status::OutOfMemory(fmt::format("baseline: cannot allocate {} bytes", bytes));
+    }
+    buffer.page_aligned_.reset(static_cast<std::byte*>(data));
+    buffer.data_ = buffer.page_aligned_.get();
+    buffer.size_ = bytes;
+    buffer.locked_ = mlock(data, bytes) == 0;
+    return buffer;
+  }
+  BaselineBuffer() = default;
+  BaselineBuffer(BaselineBuffer&&) = default;
+  BaselineBuffer& operator=(BaselineBuffer&&) = default;
+  ~BaselineBuffer() {
+    if (page_aligned_ && locked_) munlock(data_, size_);
+  }
+
+  std::byte* data() { return data_; }
+  uint64_t size() const { return size_; }
+  bool locked() const { return locked_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* data) const { std::free(data); }
+  };
+  std::optional<PinnedMemoryPool> pool_;
+  PinnedBuffer pinned_;
+  std::unique_ptr<std::byte, Free> page_aligned_;
+  std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
+  bool locked_ = false;
+};
+
 // One file per tensor (master, exp_avg, exp_avg_sq) in the first path; for each sub-group that
 // fits the pinned budget: read the three tensors' slices (in 1 MiB requests, all submitted
 // together, as DeepSpeed's aio handle does), wait, update, write them back, wait.
 class Baseline {
  public:
-  static Result<std::unique_ptr<Baseline>> Create(Rig& rig, DType moments, uint64_t budget) {
+  static Result<std::unique_ptr<Baseline>> Create(Rig& rig, DType moments, uint64_t budget,
+                                                  BaselineMemory memory) {
     auto b = std::unique_ptr<Baseline>(new Baseline(rig, moments));
     const uint64_t per_element = BytesPerElement(moments);
     b->subgroup_ =
         std::max(kElementGranule, budget / per_element / kElementGranule * kElementGranule);
     b->subgroup_ = std::min(b->subgroup_, AlignUp(rig.spec.params, kElementGranule));
-    ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool pool,
-                         PinnedMemoryPool::Create({.name = "bench step baseline",
-                                                   .budget_bytes = b->subgroup_ * per_element}));
-    b->pool_.emplace(std::move(pool));
-    ZOE_ASSIGN_OR_RETURN(b->buffer_, b->pool_->Allocate(b->subgroup_ * per_element));
+    ZOE_ASSIGN_OR_RETURN(b->buffer_, BaselineBuffer::Allocate(memory, b->subgroup_ * per_element));
     std::fill_n(b->buffer_.data(), b->buffer_.size(), std::byte{0});
     const char* names[] = {"master", "exp_avg", "exp_avg_sq"};
     const uint64_t padded = AlignUp(rig.spec.params, kElementGranule);
@@ -419,6 +478,7 @@ class Baseline {
 
   uint64_t subgroup_elements() const { return subgroup_; }
   uint64_t pinned_bytes() const { return buffer_.size(); }
+  bool locked() const { return buffer_.locked(); }
   uint64_t bytes_per_step() const {
     return 2 * AlignUp(rig_.spec.params, kElementGranule) * BytesPerElement(moments_);
   }
@@ -491,17 +551,19 @@ class Baseline {
   Rig& rig_;
   DType moments_;
   uint64_t subgroup_ = 0;
-  std::optional<PinnedMemoryPool> pool_;
-  PinnedBuffer buffer_;
+  BaselineBuffer buffer_;
   std::array<std::unique_ptr<io::FileSet>, 3> files_;
   SharedViews views_;
   int64_t step_ = 0;
 };
 
-Result<BaselineResult> RunBaselinePhase(Rig& rig, DType moments, uint64_t budget) {
+Result<BaselineResult> RunBaselinePhase(Rig& rig, DType moments, uint64_t budget,
+                                        BaselineMemory memory) {
   ResetPeakRss();
-  ZOE_ASSIGN_OR_RETURN(auto baseline, Baseline::Create(rig, moments, budget));
+  ZOE_ASSIGN_OR_RETURN(auto baseline, Baseline::Create(rig, moments, budget, memory));
   BaselineResult result;
+  result.memory = memory;
+  result.locked = baseline->locked();
   result.subgroup_elements = baseline->subgroup_elements();
   result.pinned_bytes = baseline->pinned_bytes();
   ZOE_ASSIGN_OR_RETURN(result.seconds, MedianSeconds(rig.spec.warmup, rig.spec.steps,
@@ -540,13 +602,35 @@ Result<StepBenchResult> RunOne(Rig& rig, DType moments) {
   swap.reset();
   if (spec.baseline && out.nvme_chunks > 0) {
     const uint64_t budget = PinnedNeed(layout, out.nvme_chunks, spec.buffer_count);
-    ZOE_ASSIGN_OR_RETURN(out.baseline, RunBaselinePhase(rig, moments, budget));
+    ZOE_ASSIGN_OR_RETURN(out.baseline,
+                         RunBaselinePhase(rig, moments, budget, BaselineMemory::kDeepSpeed));
+    ZOE_ASSIGN_OR_RETURN(out.baseline_zoe_memory,
+                         RunBaselinePhase(rig, moments, budget, BaselineMemory::kZoe));
   }
   return out;
 }
 
 double Gbps(uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+const char* BaselineMemoryName(BaselineMemory memory) {
+  return memory == BaselineMemory::kDeepSpeed ? "deepspeed" : "zoe";
+}
+
+nlohmann::json BaselineJson(const BaselineResult& b, uint64_t step_bytes, double step_seconds) {
+  const double baseline_gbps = Gbps(b.bytes_read + b.bytes_written, b.seconds);
+  return {{"memory", BaselineMemoryName(b.memory)},
+          {"locked", b.locked},
+          {"subgroup_elements", b.subgroup_elements},
+          {"pinned_bytes", b.pinned_bytes},
+          {"seconds", b.seconds},
+          {"bytes_read", b.bytes_read},
+          {"bytes_written", b.bytes_written},
+          {"gbytes_per_s", baseline_gbps},
+          {"peak_rss_bytes", b.peak_rss_bytes},
+          {"step_gbytes_per_s_ratio", Gbps(step_bytes, step_seconds) / baseline_gbps},
+          {"step_speedup", b.seconds / step_seconds}};
 }
 
 }  // namespace
@@ -598,6 +682,9 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
   nlohmann::json results = nlohmann::json::array();
   for (const StepBenchResult& r : report.results) {
     const uint64_t bytes = r.bytes_read + r.bytes_written;
+    // The state a step streams through the optimizer, read (or found in the buffers) and written:
+    // what the baseline moves for the same step.
+    const uint64_t state_bytes = bytes + r.bytes_reused;
     nlohmann::json row = {{"moment_dtype", optim::DTypeName(r.moment_dtype)},
                           {"backend", r.backend},
                           {"chunk_elements", r.chunk_elements},
@@ -606,7 +693,9 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                           {"step_seconds", r.step_seconds},
                           {"bytes_read", r.bytes_read},
                           {"bytes_written", r.bytes_written},
+                          {"bytes_reused", r.bytes_reused},
                           {"gbytes_per_s", Gbps(bytes, r.step_seconds)},
+                          {"state_gbytes_per_s", Gbps(state_bytes, r.step_seconds)},
                           {"step_io_wait_seconds", r.io_wait_seconds},
                           {"step_compute_seconds", r.compute_seconds},
                           {"io_only_seconds", r.io_only_seconds},
@@ -618,18 +707,10 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                           {"nvme_bytes", r.nvme_bytes},
                           {"peak_rss_bytes", r.peak_rss_bytes},
                           {"baseline", nullptr}};
-    if (r.baseline) {
-      const BaselineResult& b = *r.baseline;
-      const double baseline_gbps = Gbps(b.bytes_read + b.bytes_written, b.seconds);
-      row["baseline"] = {{"subgroup_elements", b.subgroup_elements},
-                         {"pinned_bytes", b.pinned_bytes},
-                         {"seconds", b.seconds},
-                         {"bytes_read", b.bytes_read},
-                         {"bytes_written", b.bytes_written},
-                         {"gbytes_per_s", baseline_gbps},
-                         {"peak_rss_bytes", b.peak_rss_bytes},
-                         {"step_gbytes_per_s_ratio", Gbps(bytes, r.step_seconds) / baseline_gbps},
-                         {"step_speedup", b.seconds / r.step_seconds}};
+    if (r.baseline) row["baseline"] = BaselineJson(*r.baseline, state_bytes, r.step_seconds);
+    if (r.baseline_zoe_memory) {
+      row["baseline_zoe_memory"] =
+          BaselineJson(*r.baseline_zoe_memory, state_bytes, r.step_seconds);
     }
     results.push_back(std::move(row));
   }
@@ -660,27 +741,31 @@ std::string StepReportTable(const nlohmann::json& json) {
       json["threads"].get<unsigned>(), json["isa"].get<std::string>(),
       json["buffer_count"].get<uint32_t>(), json["iodepth"].get<uint32_t>(),
       json["steps"].get<int>());
-  out << fmt::format("{:<6} {:<9} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8} {:>10} {:>10}\n",
-                     "moment", "backend", "chunk", "step s", "GB moved", "GB/s", "io-only s",
-                     "compute s", "overlap", "pinned MiB", "peak RSS MiB");
+  out << fmt::format(
+      "{:<6} {:<9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>11} {:>9} {:>9} {:>8} {:>10} {:>10}\n",
+      "moment", "backend", "chunk", "step s", "GB moved", "GB reused", "GB/s", "state GB/s",
+      "io-only s", "compute s", "overlap", "pinned MiB", "peak RSS MiB");
   for (const auto& r : json["results"]) {
     out << fmt::format(
-        "{:<6} {:<9} {:>10} {:>9.3f} {:>9.2f} {:>8.2f} {:>9.3f} {:>9.3f} {:>8.3f} {:>10.0f} "
-        "{:>10.0f}\n",
+        "{:<6} {:<9} {:>10} {:>9.3f} {:>9.2f} {:>9.2f} {:>8.2f} {:>11.2f} {:>9.3f} {:>9.3f} "
+        "{:>8.3f} {:>10.0f} {:>10.0f}\n",
         r["moment_dtype"].get<std::string>(), r["backend"].get<std::string>(),
         r["chunk_elements"].get<uint64_t>(), r["step_seconds"].get<double>(),
         static_cast<double>(r["bytes_read"].get<uint64_t>() + r["bytes_written"].get<uint64_t>()) /
             1e9,
-        r["gbytes_per_s"].get<double>(), r["io_only_seconds"].get<double>(),
-        r["compute_only_seconds"].get<double>(), r["overlap_efficiency"].get<double>(),
+        static_cast<double>(r["bytes_reused"].get<uint64_t>()) / 1e9,
+        r["gbytes_per_s"].get<double>(), r["state_gbytes_per_s"].get<double>(),
+        r["io_only_seconds"].get<double>(), r["compute_only_seconds"].get<double>(),
+        r["overlap_efficiency"].get<double>(),
         static_cast<double>(r["pinned_bytes"].get<uint64_t>()) / (1 << 20),
         static_cast<double>(r["peak_rss_bytes"].get<uint64_t>()) / (1 << 20));
-    if (!r["baseline"].is_null()) {
-      const auto& b = r["baseline"];
+    for (const char* key : {"baseline", "baseline_zoe_memory"}) {
+      if (!r.contains(key) || r[key].is_null()) continue;
+      const auto& b = r[key];
       out << fmt::format(
-          "  baseline (synchronous, one file per tensor, {} elements per sub-group, {:.0f} MiB "
-          "pinned): {:.3f} s, {:.2f} GB/s; step / baseline GB/s = {:.2f}\n",
-          b["subgroup_elements"].get<uint64_t>(),
+          "  baseline on {} memory (synchronous, one file per tensor, {} elements per sub-group, "
+          "{:.0f} MiB pinned): {:.3f} s, {:.2f} GB/s; step / baseline state GB/s = {:.2f}\n",
+          b["memory"].get<std::string>(), b["subgroup_elements"].get<uint64_t>(),
           static_cast<double>(b["pinned_bytes"].get<uint64_t>()) / (1 << 20),
           b["seconds"].get<double>(), b["gbytes_per_s"].get<double>(),
           b["step_gbytes_per_s_ratio"].get<double>());

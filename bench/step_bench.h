@@ -44,7 +44,13 @@ struct StepBenchSpec {
 // InvalidArgument naming the first bad field.
 Status ValidateStepSpec(const StepBenchSpec& spec);
 
+// Where the baseline's pinned buffer comes from: allocated as DeepSpeed allocates its pinned
+// tensors (page-aligned, mlock'ed 4 KiB pages), or from zoe's pinned pool (huge pages).
+enum class BaselineMemory : uint8_t { kDeepSpeed, kZoe };
+
 struct BaselineResult {
+  BaselineMemory memory = BaselineMemory::kDeepSpeed;
+  bool locked = false;  // the buffer is page-locked
   uint64_t subgroup_elements = 0;
   uint64_t pinned_bytes = 0;
   double seconds = 0;  // median per step
@@ -62,14 +68,16 @@ struct StepBenchResult {
   double step_seconds = 0;  // median
   uint64_t bytes_read = 0;  // per step
   uint64_t bytes_written = 0;
+  uint64_t bytes_reused = 0;   // state found in the pipeline buffers instead of read
   double io_wait_seconds = 0;  // the step's own accounting, at the median step
   double compute_seconds = 0;
   double io_only_seconds = 0;       // median
   double compute_only_seconds = 0;  // median
   uint64_t pinned_bytes = 0;
   uint64_t nvme_bytes = 0;
-  uint64_t peak_rss_bytes = 0;  // while the group existed
-  std::optional<BaselineResult> baseline;
+  uint64_t peak_rss_bytes = 0;                        // while the group existed
+  std::optional<BaselineResult> baseline;             // on DeepSpeed-style memory
+  std::optional<BaselineResult> baseline_zoe_memory;  // the same loop on zoe's pinned memory
 };
 
 struct StepBenchReport {

@@ -98,6 +98,7 @@ struct Engine::Group {
   uint64_t steps_called = 0;
   uint64_t steps_skipped = 0;
   uint64_t bytes_read = 0;
+  uint64_t bytes_reused = 0;
   uint64_t bytes_written = 0;
   double seconds = 0.0;
   double io_wait_seconds = 0.0;
@@ -187,6 +188,7 @@ Json Engine::GroupStatsJson(const Group& group) const {
           {"steps_called", group.steps_called},
           {"steps_skipped", group.steps_skipped},
           {"bytes_read", group.bytes_read},
+          {"bytes_reused", group.bytes_reused},
           {"bytes_written", group.bytes_written},
           {"seconds", group.seconds},
           {"io_wait_seconds", group.io_wait_seconds},
@@ -410,6 +412,7 @@ Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
   ++group->steps_called;
   if (report->skipped) ++group->steps_skipped;
   group->bytes_read += report->bytes_read;
+  group->bytes_reused += report->bytes_reused;
   group->bytes_written += report->bytes_written;
   group->seconds += report->seconds;
   group->io_wait_seconds += report->io_wait_seconds;

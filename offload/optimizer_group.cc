@@ -333,6 +333,7 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
     ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
   }
   // From here on the gradients are consumed, whatever the outcome.
+  impl.StartStepReads();
   if (!args.grads.empty()) {
     for (const PlacedView& view : grads) {
       Status scanned =
@@ -381,12 +382,14 @@ Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs, StepReport* rep
       },
       &totals));
   impl.Flip(order);
+  impl.CommitCache();
   const Clock::time_point start = Clock::now();
   for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
     ZOE_RETURN_IF_ERROR(UpdateChunkState(impl.layout.chunk(c), impl.host_state(c), inputs)
                             .WithContext(impl.ChunkName(c)));
   }
   report->bytes_read = totals.bytes_read;
+  report->bytes_reused = totals.bytes_reused;
   report->bytes_written = totals.bytes_written;
   report->io_wait_seconds = totals.io_wait_seconds;
   report->compute_seconds = totals.compute_seconds + SecondsSince(start);

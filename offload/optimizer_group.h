@@ -100,6 +100,9 @@ struct StepReport {
   double grad_norm = 0.0;   // of the unscaled gradients (inf when skipped)
   int64_t steps_taken = 0;  // after this call
   uint64_t bytes_read = 0;  // NVMe bytes
+  // State the step found still in its pinned buffers, left there by the step before (which
+  // wrote it), instead of reading it again.
+  uint64_t bytes_reused = 0;
   uint64_t bytes_written = 0;
   double seconds = 0.0;          // the whole call
   double io_wait_seconds = 0.0;  // time the pipeline waited for reads or writes

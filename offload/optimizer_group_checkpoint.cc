@@ -46,8 +46,11 @@ Status OptimizerGroup::Save(CheckpointWriter& writer) const {
     const ChunkRegions regions = impl.layout.chunk(c);
     std::byte* state = nullptr;
     if (impl.on_nvme(c)) {
-      state = impl.buffers.front().data();
-      ZOE_RETURN_IF_ERROR(impl.ReadChunk(c, state));
+      state = impl.CachedState(c);
+      if (state == nullptr) {
+        state = impl.ScratchBuffer();
+        ZOE_RETURN_IF_ERROR(impl.ReadChunk(c, state));
+      }
     } else {
       state = impl.host_state(c);
     }

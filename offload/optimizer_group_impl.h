@@ -57,6 +57,15 @@ struct OptimizerGroup::Impl {
   struct NvmeChunk {
     std::array<io::Extent, 2> slots;
     uint8_t live = 0;
+    uint64_t version = 0;  // counts flips: a copy of the state taken at another version is stale
+  };
+  // A pipeline buffer still holding a chunk's live state after the step that wrote it.
+  struct CachedChunk {
+    size_t chunk = 0;
+    uint64_t version = 0;
+    bool Holds(size_t c, uint64_t live_version) const {
+      return chunk == c && version == live_version;
+    }
   };
   // A transfer in flight through a pipeline buffer (ticket 0: none).
   struct InFlight {
@@ -70,6 +79,7 @@ struct OptimizerGroup::Impl {
   using InFlightList = std::vector<InFlight>;
   struct Totals {
     uint64_t bytes_read = 0;
+    uint64_t bytes_reused = 0;  // state found in the pipeline buffers instead of read
     uint64_t bytes_written = 0;
     double io_wait_seconds = 0.0;
     double compute_seconds = 0.0;
@@ -106,7 +116,23 @@ struct OptimizerGroup::Impl {
   void ResetAccumulation();
   std::vector<size_t> StepOrder() const;
   Status CheckCoverage() const;
+  // Makes chunk `chunk`'s state ready for the next step in a pipeline buffer: claims the buffer
+  // that still holds it, else starts its read into a free buffer (one holding no cached chunk
+  // first). Does nothing when no buffer is free.
   void StartPrefetch(size_t chunk);
+  // Claims every buffer still holding a chunk's live state, in the order of the next step.
+  void ClaimCachedChunks();
+  // At the start of a step: claims the cached chunks, then starts reads of the next chunks of
+  // the step's order into the buffers still free (they need no gradient, so they overlap the
+  // gradient scan).
+  void StartStepReads();
+  // After a successful step and its flip: the buffers' contents become the cache of their chunks.
+  void CommitCache();
+  // The free pipeline buffer holding chunk `chunk`'s live state, or nullptr.
+  std::byte* CachedState(size_t chunk);
+  // A free pipeline buffer to read into outside the pipeline (the group is idle): one holding no
+  // cached chunk if there is one, else the first, whose cache is dropped.
+  std::byte* ScratchBuffer();
   Status CheckIdle(std::string_view what) const;
   // optimizer_group.cc
   Status WriteInitialState(const detail::PlacedViews& params, const optim::RunOptions& run);
@@ -121,6 +147,11 @@ struct OptimizerGroup::Impl {
   std::vector<PinnedBuffer> host;     // chunks [nvme_count, chunk_count)
   std::vector<PinnedBuffer> buffers;  // the pipeline's
   std::vector<size_t> free_buffers;
+  // Steps keep in the pipeline buffers the last chunks they wrote and alternate their direction,
+  // so the next step starts with those chunks and does not read them again.
+  std::vector<std::optional<CachedChunk>> cached;   // per buffer
+  std::vector<std::optional<size_t>> last_written;  // per buffer, by the last RunPipeline
+  bool descending = false;                          // the direction of the next step
 
   // Gradients handed over by AccumulateGrad for the next step.
   GradScanner scanner;

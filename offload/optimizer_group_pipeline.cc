@@ -38,6 +38,8 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
     buffers.push_back(std::move(buffer));
     free_buffers.push_back(b);
   }
+  cached.resize(buffers.size());
+  last_written.resize(buffers.size());
   prefetched.reserve(buffers.size());
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.chunk(c).bytes));
@@ -103,6 +105,7 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& wri
   }
   const size_t buffer = free_buffers.back();
   free_buffers.pop_back();
+  cached[buffer].reset();
   return std::optional<size_t>(buffer);
 }
 
@@ -117,6 +120,11 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
   InFlightList reading;
   reading.reserve(buffers.size());
   if (read) reading.swap(prefetched);
+  for (const InFlight& entry : reading) {
+    (entry.ticket != 0 ? totals->bytes_read : totals->bytes_reused) +=
+        layout.chunk(entry.chunk).bytes;
+  }
+  std::fill(last_written.begin(), last_written.end(), std::nullopt);
   InFlightList writing;
   writing.reserve(buffers.size());
   size_t next = reading.size();
@@ -164,6 +172,7 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
       Result<io::Ticket> ticket = SubmitChunkIo(io::Op::kWrite, entry.chunk, inactive, state);
       if (ticket.ok()) {
         writing.push_back({entry.chunk, entry.buffer, *ticket});
+        last_written[entry.buffer] = entry.chunk;
         totals->bytes_written += layout.chunk(entry.chunk).bytes;
       } else {
         status = std::move(ticket).status();
@@ -191,7 +200,17 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
 }
 
 void OptimizerGroup::Impl::Flip(std::span<const size_t> chunks) {
-  for (size_t c : chunks) nvme[c].live ^= 1;
+  for (size_t c : chunks) {
+    nvme[c].live ^= 1;
+    ++nvme[c].version;
+  }
+}
+
+void OptimizerGroup::Impl::CommitCache() {
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (last_written[b]) cached[b] = CachedChunk{*last_written[b], nvme[*last_written[b]].version};
+  }
+  descending = !descending;
 }
 
 // Drops the accumulated gradients; reads started for them are waited for and their buffers freed.
@@ -206,7 +225,8 @@ void OptimizerGroup::Impl::ResetAccumulation() {
   scanner.Reset();
 }
 
-// The order a step visits NVMe chunks: those whose reads AccumulateGrad started, then the rest.
+// The order a step visits NVMe chunks: those already claimed (still cached, or read early), then
+// the rest in this step's direction.
 std::vector<size_t> OptimizerGroup::Impl::StepOrder() const {
   std::vector<size_t> order;
   std::vector<bool> listed(nvme_count, false);
@@ -214,7 +234,8 @@ std::vector<size_t> OptimizerGroup::Impl::StepOrder() const {
     order.push_back(entry.chunk);
     listed[entry.chunk] = true;
   }
-  for (size_t c = 0; c < nvme_count; ++c) {
+  for (size_t i = 0; i < nvme_count; ++i) {
+    const size_t c = descending ? nvme_count - 1 - i : i;
     if (!listed[c]) order.push_back(c);
   }
   return order;
@@ -238,12 +259,62 @@ Status OptimizerGroup::Impl::CheckCoverage() const {
 
 void OptimizerGroup::Impl::StartPrefetch(size_t chunk) {
   if (free_buffers.empty()) return;  // the step reads it
-  const size_t buffer = free_buffers.back();
+  auto holder = std::find_if(free_buffers.begin(), free_buffers.end(), [&](size_t b) {
+    return cached[b] && cached[b]->Holds(chunk, nvme[chunk].version);
+  });
+  if (holder != free_buffers.end()) {
+    const size_t buffer = *holder;
+    free_buffers.erase(holder);
+    cached[buffer].reset();
+    prefetched.push_back({chunk, buffer, 0});
+    return;
+  }
+  // Keep cached chunks as long as possible: overwrite a buffer that holds none first.
+  auto empty = std::find_if(free_buffers.begin(), free_buffers.end(),
+                            [&](size_t b) { return !cached[b].has_value(); });
+  auto taken = empty != free_buffers.end() ? empty : free_buffers.begin();
+  const size_t buffer = *taken;
   Result<io::Ticket> ticket =
       SubmitChunkIo(io::Op::kRead, chunk, nvme[chunk].live, buffers[buffer].data());
   if (!ticket.ok()) return;  // the step reads it again and reports the error
-  free_buffers.pop_back();
+  free_buffers.erase(taken);
+  cached[buffer].reset();
   prefetched.push_back({chunk, buffer, *ticket});
+}
+
+std::byte* OptimizerGroup::Impl::CachedState(size_t chunk) {
+  for (size_t b : free_buffers) {
+    if (cached[b] && cached[b]->Holds(chunk, nvme[chunk].version)) return buffers[b].data();
+  }
+  return nullptr;
+}
+
+std::byte* OptimizerGroup::Impl::ScratchBuffer() {
+  auto empty = std::find_if(free_buffers.begin(), free_buffers.end(),
+                            [&](size_t b) { return !cached[b].has_value(); });
+  const size_t buffer = empty != free_buffers.end() ? *empty : free_buffers.front();
+  cached[buffer].reset();
+  return buffers[buffer].data();
+}
+
+void OptimizerGroup::Impl::StartStepReads() {
+  ClaimCachedChunks();
+  std::vector<bool> claimed(nvme_count, false);
+  for (const InFlight& entry : prefetched) claimed[entry.chunk] = true;
+  for (size_t i = 0; i < nvme_count && !free_buffers.empty(); ++i) {
+    const size_t c = descending ? nvme_count - 1 - i : i;
+    if (!claimed[c]) StartPrefetch(c);
+  }
+}
+
+void OptimizerGroup::Impl::ClaimCachedChunks() {
+  for (size_t i = 0; i < nvme_count; ++i) {
+    const size_t c = descending ? nvme_count - 1 - i : i;
+    const bool held = std::any_of(free_buffers.begin(), free_buffers.end(), [&](size_t b) {
+      return cached[b] && cached[b]->Holds(c, nvme[c].version);
+    });
+    if (held) StartPrefetch(c);
+  }
 }
 
 // FailedPrecondition while gradients are accumulated: their reads hold pipeline buffers and

@@ -82,6 +82,48 @@ TEST(OptimizerGroupCheckpointTest, LoadedGroupContinuesExactlyLikeTheSavedOne) {
   EXPECT_EQ(loaded.params_bytes(), saved.params_bytes());
 }
 
+// A step keeps the chunks it wrote last in its pipeline buffers for the next step. State written
+// in between (WriteState) must not be served from there, neither to the next step nor to a
+// checkpoint: the group whose buffers may hold the old state continues exactly like one whose
+// buffers were emptied by a checkpoint round trip before the same writes.
+TEST(OptimizerGroupCheckpointTest, StateWrittenBetweenStepsIsNotServedFromThePipelineBuffers) {
+  TempDir checkpoints;
+  HarnessOptions options = CheckpointOptions();
+  options.group.nvme_ratio = 1.0;
+  GroupHarness written(options);
+  GroupHarness control(options);
+  GroupHarness restored(options);
+  ASSERT_TRUE(written.ok() && control.ok() && restored.ok());
+  Steps(written, 0, 3);
+  Steps(control, 0, 3);
+  ASSERT_TRUE(SaveTo(checkpoints.File("round-trip"), control.group()).ok());
+  ASSERT_TRUE(LoadFrom(checkpoints.File("round-trip"), control.group()).ok());
+  // Steps alternate direction (0..6, 6..0, 0..6), so the three buffers now hold chunks 4 to 6.
+  // Each WriteState below moves one chunk through the same buffer, so at least one of the two
+  // written chunks keeps an old copy in another buffer.
+  const std::vector<float> masters(100, 0.25f);  // in chunk 5
+  const std::vector<float> moments(50, 0.5f);    // in chunk 6, the short last one
+  for (GroupHarness* harness : {&written, &control}) {
+    ASSERT_TRUE(harness->group().WriteState(StateSlot::kMaster, 5 * 16384 + 10, masters).ok());
+    ASSERT_TRUE(harness->group().WriteState(StateSlot::kExpAvg, 6 * 16384 + 7, moments).ok());
+  }
+  ASSERT_TRUE(SaveTo(checkpoints.File("written"), written.group()).ok());
+  ASSERT_TRUE(LoadFrom(checkpoints.File("written"), restored.group()).ok());
+  EXPECT_EQ(restored.Snapshot(), control.Snapshot());
+
+  written.NewGradients(3);
+  Result<StepReport> report = written.Step(written.Hyper(3));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_GT(report->bytes_reused, 0u);  // chunks nobody wrote still come from the buffers
+  EXPECT_GT(report->bytes_read, 0u);    // the two written ones are read again
+  Steps(control, 3, 4);
+  EXPECT_EQ(written.Snapshot(), control.Snapshot());
+  Steps(written, 4, 6);
+  Steps(control, 4, 6);
+  EXPECT_EQ(written.Snapshot(), control.Snapshot());
+  EXPECT_EQ(written.params_bytes(), control.params_bytes());
+}
+
 TEST(OptimizerGroupCheckpointTest, CheckpointOfAnotherGroupIsRefusedAndChangesNothing) {
   TempDir checkpoints;
   const std::string dir = checkpoints.File("ckpt");
