@@ -3,7 +3,8 @@
 
 For each moment dtype: the median step time next to the two things it overlaps (the I/O-only time
 of the same bytes and the compute-only time) and, when the run had --baseline, the synchronous
-DeepSpeed-style swapper at the same pinned budget; each bar is labelled with its GB/s.
+DeepSpeed-style swapper at the same pinned budget on DeepSpeed-style and on zoe's pinned memory;
+each bar is labelled with the GB/s of optimizer state it streams.
 
 Usage: /usr/bin/python3 bench/plot_step.py RESULT.json OUTPUT.png
 """
@@ -27,17 +28,19 @@ def load(path):
 
 
 def bars(row):
-    """(label, seconds, GB/s or None) for one moment dtype's row."""
-    moved = (row["bytes_read"] + row["bytes_written"]) / 1e9
+    """(label, seconds, GB/s of state streamed or None) for one moment dtype's row."""
+    state = (row["bytes_read"] + row.get("bytes_reused", 0) + row["bytes_written"]) / 1e9
     out = [
-        ("zoe step", row["step_seconds"], moved / row["step_seconds"]),
-        ("I/O only", row["io_only_seconds"], moved / row["io_only_seconds"]),
+        ("zoe step", row["step_seconds"], state / row["step_seconds"]),
+        ("I/O only", row["io_only_seconds"], state / row["io_only_seconds"]),
         ("compute only", row["compute_only_seconds"], None),
     ]
-    base = row.get("baseline")
-    if base:
-        base_moved = (base["bytes_read"] + base["bytes_written"]) / 1e9
-        out.append(("sync baseline", base["seconds"], base_moved / base["seconds"]))
+    for key, label in (("baseline", "baseline,\nDeepSpeed memory"),
+                       ("baseline_zoe_memory", "baseline,\nzoe memory")):
+        base = row.get(key)
+        if base:
+            base_moved = (base["bytes_read"] + base["bytes_written"]) / 1e9
+            out.append((label, base["seconds"], base_moved / base["seconds"]))
     return out
 
 
@@ -46,12 +49,13 @@ def main(argv):
         raise SystemExit(__doc__)
     result = load(argv[1])
     rows = result["results"]
-    fig, axes = plt.subplots(1, len(rows), figsize=(5.5 * len(rows), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(rows), figsize=(7 * len(rows), 4.6), squeeze=False)
     for ax, row in zip(axes[0], rows):
         entries = bars(row)
         labels = [e[0] for e in entries]
         seconds = [e[1] for e in entries]
-        drawn = ax.bar(labels, seconds, color=["tab:blue", "tab:gray", "tab:green", "tab:orange"])
+        drawn = ax.bar(labels, seconds, color=["tab:blue", "tab:gray", "tab:green", "tab:orange",
+                                                 "tab:red"])
         for rect, (_, _, rate) in zip(drawn, entries):
             if rate is not None:
                 ax.annotate(f"{rate:.2f} GB/s", (rect.get_x() + rect.get_width() / 2,
