@@ -166,3 +166,18 @@ def test_no_grad_forward_is_an_iteration(paging_engine):
     pager.remove()
     for p_ref, p in zip(reference.parameters(), model.parameters()):
         assert torch.equal(p, p_ref)
+
+
+@pytest.mark.parametrize("device,home", [("cpu", zoe.Tier.HOST), ("nvme", zoe.Tier.NVME)])
+def test_home_follows_offload_param_device(nvme_dir, device, home):
+    config = small_config(nvme_dir)
+    config["zero_optimization"]["offload_param"] = {"device": device, "nvme_path": nvme_dir}
+    with zoe.Engine(config) as engine:
+        torch.manual_seed(4)
+        reference = TinyGPT()
+        model = copy.deepcopy(reference)
+        pager = zoe.torch.offload_parameters(model, engine)
+        assert pager.home == home
+        with torch.no_grad():
+            assert torch.equal(loss_of(model, 0)[0], loss_of(reference, 0)[0])
+        pager.remove()

@@ -208,6 +208,65 @@ def test_non_finite_gradient_skips_the_step():
     optimizer.close()
 
 
+class CpuLossScaler:
+    """The calls torch.cuda.amp.GradScaler makes on an optimizer, for CPU tensors.
+
+    torch 1.13's GradScaler cannot run without CUDA: its unscale and scale-update operators
+    (`_amp_foreach_non_finite_check_and_unscale_`, `_amp_update_scale_`) have no CPU kernels. This
+    class follows the same sequence with plain tensor operations: scale the loss, unscale the
+    gradients in place in `param_groups`, call `optimizer.step()` only when every gradient is
+    finite, then halve the scale after an overflow or double it after `growth_interval` good
+    steps.
+    """
+
+    def __init__(self, scale=2.0**16, growth_interval=3):
+        self.scale_value, self.growth_interval, self.good_steps = scale, growth_interval, 0
+
+    def scale(self, loss):
+        return loss * self.scale_value
+
+    def step(self, optimizer):
+        found_inf = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.div_(self.scale_value)
+                    found_inf |= not bool(torch.isfinite(p.grad).all())
+        if not found_inf:
+            optimizer.step()
+        self.good_steps = 0 if found_inf else self.good_steps + 1
+        if found_inf:
+            self.scale_value *= 0.5
+        elif self.good_steps % self.growth_interval == 0:
+            self.scale_value *= 2.0
+        return not found_inf
+
+
+def test_dynamic_loss_scaling_as_grad_scaler_drives_the_optimizer(offload):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    zoe_opt = zoe.torch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, **offload)
+    scalers = [CpuLossScaler(), CpuLossScaler()]
+    stepped = 0
+    for step in range(12):
+        overflow = step in (4, 5)  # a loss scale too large for fp32 gradients, twice in a row
+        results = []
+        for net, opt, scaler in zip((reference, model), (torch_opt, zoe_opt), scalers):
+            opt.zero_grad(set_to_none=True)
+            x, y = batch(step)
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            # An overflowing step: the scaled loss, and so the gradients, are not finite.
+            scaler.scale(loss * (2.0**120 if overflow else 1.0)).backward()
+            results.append(scaler.step(opt))
+        assert results[0] == results[1] == (not overflow)
+        stepped += not overflow
+        assert_params_close(model, reference)
+    assert scalers[0].scale_value == scalers[1].scale_value
+    assert int(zoe_opt.state_dict()["state"][0]["step"]) == stepped
+    assert zoe_opt.last_step[0].steps_taken == stepped
+    zoe_opt.engine.close()
+
+
 def test_closure_zero_grad_and_add_param_group():
     model = make_model()
     optimizer = zoe.torch.AdamW(model[0].parameters(), lr=1e-2)

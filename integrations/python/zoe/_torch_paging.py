@@ -353,12 +353,20 @@ def _tensors_in(value):
             yield from _tensors_in(item)
 
 
-def offload_parameters(model, engine, home=_capi.Tier.NVME, trace_name="iteration",
-                       prefix="param."):
+def _home_from_config(engine):
+    """HOST for ``zero_optimization.offload_param.device = "cpu"``, else NVME."""
+    device = engine.config.get("zero_optimization", {}).get("offload_param", {}).get("device")
+    return _capi.Tier.HOST if device == "cpu" else _capi.Tier.NVME
+
+
+def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param."):
     """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
 
     Every parameter becomes a zoe tensor homed in ``home`` (NVME or HOST) holding its values;
     ``param.data`` is replaced by a one-element placeholder expanded to the parameter's shape.
+    ``home=None`` follows the engine's ``zero_optimization.offload_param.device`` as DeepSpeed
+    does: ``"cpu"`` homes parameters in pinned DRAM, ``"nvme"`` (and ``"none"``, since calling
+    this function asks for offloading) on NVMe.
 
     * Forward: a module's pre-hook acquires its own parameters (HOST tier) and points
       ``param.data`` at the acquired memory; its post-hook releases them.
@@ -375,6 +383,8 @@ def offload_parameters(model, engine, home=_capi.Tier.NVME, trace_name="iteratio
 
     Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).
     """
+    if home is None:
+        home = _home_from_config(engine)
     pager = ParameterPager(model, engine, trace_name, home)
     with torch.no_grad():
         pager._register(prefix)
