@@ -385,6 +385,16 @@ Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
 
 // ---- DeepSpeed-style synchronous baseline -------------------------------------------------
 
+// Releases the DeepSpeed-style buffer, unlocking it first when mlock succeeded.
+struct UnlockAndFree {
+  uint64_t bytes = 0;
+  bool locked = false;
+  void operator()(std::byte* data) const {
+    if (locked) (void)munlock(data, bytes);
+    std::free(data);
+  }
+};
+
 // The baseline's pinned buffer. kDeepSpeed allocates it as DeepSpeed's aio handle allocates its
 // pinned tensors (posix_memalign to the page size, then mlock), so the disk transfers into 4 KiB
 // pages; kZoe takes it from a zoe pinned pool (huge pages where the kernel has them, see
@@ -409,17 +419,12 @@ class BaselineBuffer {
     if (posix_memalign(&data, static_cast<size_t>(sysconf(_SC_PAGESIZE)), bytes) != 0) {
       return Status::OutOfMemory(fmt::format("baseline: cannot allocate {} bytes", bytes));
     }
-    buffer.page_aligned_.reset(static_cast<std::byte*>(data));
+    buffer.locked_ = mlock(data, bytes) == 0;
+    buffer.page_aligned_ = std::unique_ptr<std::byte, UnlockAndFree>(
+        static_cast<std::byte*>(data), UnlockAndFree{bytes, buffer.locked_});
     buffer.data_ = buffer.page_aligned_.get();
     buffer.size_ = bytes;
-    buffer.locked_ = mlock(data, bytes) == 0;
     return buffer;
-  }
-  BaselineBuffer() = default;
-  BaselineBuffer(BaselineBuffer&&) = default;
-  BaselineBuffer& operator=(BaselineBuffer&&) = default;
-  ~BaselineBuffer() {
-    if (page_aligned_ && locked_) munlock(data_, size_);
   }
 
   std::byte* data() { return data_; }
@@ -427,12 +432,9 @@ class BaselineBuffer {
   bool locked() const { return locked_; }
 
  private:
-  struct Free {
-    void operator()(std::byte* data) const { std::free(data); }
-  };
   std::optional<PinnedMemoryPool> pool_;
   PinnedBuffer pinned_;
-  std::unique_ptr<std::byte, Free> page_aligned_;
+  std::unique_ptr<std::byte, UnlockAndFree> page_aligned_;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
   bool locked_ = false;

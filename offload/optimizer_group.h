@@ -173,7 +173,8 @@ class OptimizerGroup {
   // NVMe chunks written to their inactive slots, the HOST chunks read into staging buffers, the
   // checksum verified by EndFile -- and changes nothing a caller can observe. CommitLoad then
   // makes the prepared state live (flips the slots, swaps the staging buffers in, sets the step
-  // count) and cannot fail; it does nothing when no load is prepared. A prepared load that is not
+  // count, drops reads that gradients accumulated since PrepareLoad started from the old state)
+  // and cannot fail; it does nothing when no load is prepared. A prepared load that is not
   // committed is dropped by DiscardLoad, the next PrepareLoad, Step or WriteState: its inactive
   // slots are simply never made live.
   //

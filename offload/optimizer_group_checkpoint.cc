@@ -154,6 +154,9 @@ void OptimizerGroup::CommitLoad() {
   Impl& impl = *impl_;
   if (!impl.prepared_load.has_value()) return;
   impl.Flip(impl.prepared_load->nvme_chunks);
+  // Reads started by AccumulateGrad since PrepareLoad hold the state before the load; the step
+  // reads those chunks again.
+  impl.ReleasePrefetched();
   impl.host.swap(impl.prepared_load->host);
   steps_taken_ = impl.prepared_load->steps_taken;
   impl.prepared_load.reset();

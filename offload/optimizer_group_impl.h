@@ -67,11 +67,13 @@ struct OptimizerGroup::Impl {
       return chunk == c && version == live_version;
     }
   };
-  // A transfer in flight through a pipeline buffer (ticket 0: none).
+  // A transfer in flight through a pipeline buffer (ticket 0: none). For a read, `version` is the
+  // chunk's version when the read started (or when its cached copy was claimed).
   struct InFlight {
     size_t chunk = 0;
     size_t buffer = 0;
     io::Ticket ticket = 0;
+    uint64_t version = 0;
   };
   // Transfers in flight, oldest first. At most one per pipeline buffer, so each list reserves
   // that many entries before any transfer is submitted and recording one never allocates (a
@@ -114,6 +116,12 @@ struct OptimizerGroup::Impl {
   // optimizer_group_checkpoint.cc
   Status AllocateLoadStaging(std::vector<PinnedBuffer>* staging);
   void ResetAccumulation();
+  // Waits for a read the pipeline will not use and frees its buffer. A buffer whose read
+  // succeeded (or that was claimed from the cache) and whose chunk has not flipped since caches
+  // that chunk again, so a skipped or failed step does not cost the next one its reads.
+  void ReleaseUnusedRead(const InFlight& read);
+  // ReleaseUnusedRead on every read AccumulateGrad or StartStepReads started.
+  void ReleasePrefetched();
   std::vector<size_t> StepOrder() const;
   Status CheckCoverage() const;
   // Makes chunk `chunk`'s state ready for the next step in a pipeline buffer: claims the buffer

@@ -137,7 +137,7 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
         break;
       }
       if (!buffer->has_value()) break;
-      InFlight entry{order[next], **buffer, 0};
+      InFlight entry{order[next], **buffer, 0, nvme[order[next]].version};
       if (read) {
         Result<io::Ticket> ticket = SubmitChunkIo(
             io::Op::kRead, entry.chunk, nvme[entry.chunk].live, buffers[entry.buffer].data());
@@ -184,8 +184,11 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
     }
   }
   for (const InFlight& entry : reading) {
-    if (entry.ticket != 0) (void)resources.io->Wait(entry.ticket);
-    free_buffers.push_back(entry.buffer);
+    if (read) {
+      ReleaseUnusedRead(entry);
+    } else {
+      free_buffers.push_back(entry.buffer);
+    }
   }
   const Clock::time_point start = Clock::now();
   for (const InFlight& entry : writing) {
@@ -213,13 +216,22 @@ void OptimizerGroup::Impl::CommitCache() {
   descending = !descending;
 }
 
-// Drops the accumulated gradients; reads started for them are waited for and their buffers freed.
-void OptimizerGroup::Impl::ResetAccumulation() {
-  for (const InFlight& entry : prefetched) {
-    (void)resources.io->Wait(entry.ticket);
-    free_buffers.push_back(entry.buffer);
+void OptimizerGroup::Impl::ReleaseUnusedRead(const InFlight& read) {
+  const bool completed = read.ticket == 0 || resources.io->Wait(read.ticket).ok();
+  free_buffers.push_back(read.buffer);
+  if (completed && nvme[read.chunk].version == read.version) {
+    cached[read.buffer] = CachedChunk{read.chunk, read.version};
   }
+}
+
+void OptimizerGroup::Impl::ReleasePrefetched() {
+  for (const InFlight& entry : prefetched) ReleaseUnusedRead(entry);
   prefetched.clear();
+}
+
+// Drops the accumulated gradients; reads started for them are released (ReleaseUnusedRead).
+void OptimizerGroup::Impl::ResetAccumulation() {
+  ReleasePrefetched();
   accumulated.clear();
   std::fill(chunk_covered.begin(), chunk_covered.end(), 0);
   scanner.Reset();
@@ -266,7 +278,7 @@ void OptimizerGroup::Impl::StartPrefetch(size_t chunk) {
     const size_t buffer = *holder;
     free_buffers.erase(holder);
     cached[buffer].reset();
-    prefetched.push_back({chunk, buffer, 0});
+    prefetched.push_back({chunk, buffer, 0, nvme[chunk].version});
     return;
   }
   // Keep cached chunks as long as possible: overwrite a buffer that holds none first.
@@ -279,7 +291,7 @@ void OptimizerGroup::Impl::StartPrefetch(size_t chunk) {
   if (!ticket.ok()) return;  // the step reads it again and reports the error
   free_buffers.erase(taken);
   cached[buffer].reset();
-  prefetched.push_back({chunk, buffer, *ticket});
+  prefetched.push_back({chunk, buffer, *ticket, nvme[chunk].version});
 }
 
 std::byte* OptimizerGroup::Impl::CachedState(size_t chunk) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -66,6 +67,12 @@ TEST(IoMemoryTest, LargerAlignmentsThanAHugePageAreHonoured) {
   ASSERT_NE(data, nullptr);
   EXPECT_TRUE(IsAligned(data, alignment));
   FreeIoMemory(data, kHugePageBytes);
+}
+
+TEST(IoMemoryTest, SizesThatOverflowTheReservationAreRefused) {
+  EXPECT_EQ(AllocateIoMemory(std::numeric_limits<size_t>::max() - 4096, 4096), nullptr);
+  EXPECT_EQ(AllocateIoMemory(std::numeric_limits<size_t>::max() - kHugePageBytes, kHugePageBytes),
+            nullptr);
 }
 
 TEST(IoMemoryTest, SmallBuffersUseTheRequestedAlignment) {

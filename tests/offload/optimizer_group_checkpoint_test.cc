@@ -286,6 +286,47 @@ TEST(OptimizerGroupCheckpointTest, StepDropsAPreparedLoad) {
   EXPECT_EQ(target.group().steps_taken(), 1);
 }
 
+// Gradients accumulated between PrepareLoad and CommitLoad start reads of the state before the
+// load; the step after the commit must update the loaded state, as a group that loaded first and
+// accumulated after does.
+TEST(OptimizerGroupCheckpointTest, ReadsStartedBeforeACommittedLoadAreNotUsedByTheStep) {
+  TempDir checkpoints;
+  const std::string dir = checkpoints.File("ckpt");
+  HarnessOptions options = CheckpointOptions();
+  options.group.nvme_ratio = 1.0;
+  GroupHarness saved(options);
+  GroupHarness target(options);
+  GroupHarness control(options);
+  ASSERT_TRUE(saved.ok() && target.ok() && control.ok());
+  Steps(saved, 0, 2);
+  ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
+  Steps(target, 0, 3);  // a different state, so stale reads would show
+  ASSERT_TRUE(LoadFrom(dir, control.group()).ok());
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+
+  ASSERT_TRUE(target.group().PrepareLoad(**reader).ok());
+  for (GroupHarness* harness : {&target, &control}) {
+    harness->NewGradients(2);
+    size_t offset = 0;
+    for (const GradView& view : harness->grad_views()) {
+      ASSERT_TRUE(harness->group().AccumulateGrad(offset, view).ok());
+      offset += view.count;
+    }
+  }
+  ASSERT_GT(target.group().reads_started(), 0u);
+  target.group().CommitLoad();
+  EXPECT_EQ(target.group().reads_started(), 0u);
+  EXPECT_EQ(target.group().steps_taken(), 2);
+  for (GroupHarness* harness : {&target, &control}) {
+    Result<StepReport> report = harness->StepAccumulated(harness->Hyper(2));
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->steps_taken, 3);
+  }
+  EXPECT_EQ(target.Snapshot(), control.Snapshot());
+  EXPECT_EQ(target.params_bytes(), control.params_bytes());
+}
+
 // HOST chunks are staged in the pinned pool: a budget that holds the state once but not twice
 // refuses the load before anything changes.
 TEST(OptimizerGroupCheckpointTest, StagingBeyondThePinnedBudgetIsOutOfMemoryAndChangesNothing) {

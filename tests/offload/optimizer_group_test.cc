@@ -77,7 +77,9 @@ TEST_P(OptimizerGroupEquivalenceTest, FiftyStepsMatchTheInMemoryGroup) {
     EXPECT_EQ(report->bytes_read + report->bytes_reused, nvme_state);
     EXPECT_EQ(report->bytes_written, nvme_state);
     // After the first step, the chunks it left in the pipeline buffers are not read again.
-    if (step > 0 && nvme_state > 0) EXPECT_GT(report->bytes_reused, 0u);
+    if (step > 0 && nvme_state > 0) {
+      EXPECT_GT(report->bytes_reused, 0u);
+    }
     if (step == 0 || step == 49) harness.ExpectMatches(reference);
   }
   EXPECT_GT(reference.clipped_steps(), 0) << "clipping never engaged";
@@ -132,10 +134,40 @@ TEST(OptimizerGroupTest, NonFiniteGradientSkipsTheStepAndChangesNothing) {
   EXPECT_EQ(harness.Snapshot(), before);
   EXPECT_EQ(harness.params_bytes(), params_before);
 
-  // The next step counts as step 2, as if the skipped one never happened.
+  // The next step counts as step 2, as if the skipped one never happened. The chunks the first
+  // step left in the pipeline buffers, and those the skipped one read ahead, are still valid.
   harness.NewGradients(2);
-  ASSERT_TRUE(harness.Step(harness.Hyper(2)).ok());
+  Result<StepReport> next = harness.Step(harness.Hyper(2));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_GT(next->bytes_reused, 0u);
+  EXPECT_EQ(next->bytes_read + next->bytes_reused, harness.group().nvme_bytes() / 2);
   ASSERT_TRUE(reference.Step(harness.Hyper(2), harness));
+  harness.ExpectMatches(reference);
+}
+
+// A failed step returns the buffers it read into but did not update to the cache: the retry
+// finds them there and still matches the reference. The first step reads chunks 0, 1 and 2 into
+// its three buffers before the update of chunk 0 finds its read failed.
+TEST(OptimizerGroupTest, ChunksReadByAFailedStepServeItsRetry) {
+  HarnessOptions options;
+  options.inject_faults = true;
+  options.group.buffer_count = 3;
+  GroupHarness harness(options);
+  ASSERT_TRUE(harness.ok());
+  Reference reference(harness);
+  io::FaultRule rule;
+  rule.kind = io::FaultKind::kEio;
+  rule.ops = io::FaultOps::kReads;
+  rule.nth = 1;
+  rule.max_faults = 1;
+  harness.faults()->AddRule(rule);
+  harness.NewGradients(0);
+  EXPECT_EQ(harness.Step(harness.Hyper(0)).status().code(), StatusCode::kIoError);
+  Result<StepReport> retried = harness.Step(harness.Hyper(0));
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  EXPECT_GT(retried->bytes_reused, 0u);
+  EXPECT_EQ(retried->bytes_read + retried->bytes_reused, harness.group().nvme_bytes() / 2);
+  ASSERT_TRUE(reference.Step(harness.Hyper(0), harness));
   harness.ExpectMatches(reference);
 }
 
