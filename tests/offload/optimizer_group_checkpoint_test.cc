@@ -191,12 +191,7 @@ TEST(OptimizerGroupCheckpointTest, WriteFaultDuringLoadChangesNothing) {
   Steps(saved, 0, 2);
   ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
   const auto before = target.Snapshot();
-  io::FaultRule rule;
-  rule.kind = io::FaultKind::kEio;
-  rule.ops = io::FaultOps::kWrites;
-  rule.nth = 3;
-  rule.max_faults = 1;
-  target.faults()->AddRule(rule);
+  target.FailOnce(io::FaultKind::kEio, io::FaultOps::kWrites, 3);
   Status load = LoadFrom(dir, target.group());
   EXPECT_EQ(load.code(), StatusCode::kIoError) << load.ToString();
   EXPECT_NE(load.message().find("optimizer group 'g': chunk 2"), std::string::npos)
@@ -213,12 +208,7 @@ TEST(OptimizerGroupCheckpointTest, ReadFaultDuringSaveIsReportedAndTheOldCheckpo
   ASSERT_TRUE(saved.ok());
   ASSERT_TRUE(SaveTo(dir, saved.group()).ok());
   Steps(saved, 0, 1);
-  io::FaultRule rule;
-  rule.kind = io::FaultKind::kEio;
-  rule.ops = io::FaultOps::kReads;
-  rule.nth = 2;
-  rule.max_faults = 1;
-  saved.faults()->AddRule(rule);
+  saved.FailOnce(io::FaultKind::kEio, io::FaultOps::kReads, 2);
   Status save = SaveTo(dir, saved.group());
   EXPECT_EQ(save.code(), StatusCode::kIoError) << save.ToString();
   EXPECT_NE(save.message().find("chunk 1"), std::string::npos) << save.ToString();
@@ -308,11 +298,7 @@ TEST(OptimizerGroupCheckpointTest, ReadsStartedBeforeACommittedLoadAreNotUsedByT
   ASSERT_TRUE(target.group().PrepareLoad(**reader).ok());
   for (GroupHarness* harness : {&target, &control}) {
     harness->NewGradients(2);
-    size_t offset = 0;
-    for (const GradView& view : harness->grad_views()) {
-      ASSERT_TRUE(harness->group().AccumulateGrad(offset, view).ok());
-      offset += view.count;
-    }
+    ASSERT_TRUE(harness->AccumulateAll());
   }
   ASSERT_GT(target.group().reads_started(), 0u);
   target.group().CommitLoad();

@@ -118,6 +118,15 @@ class GroupHarness {
   size_t count() const { return options_.count; }
   OptimizerGroup& group() { return *group_; }
   io::FaultInjectingEngine* faults() { return faults_; }
+  // Makes the nth operation of `ops` from now on fail once with `kind` (inject_faults only).
+  void FailOnce(io::FaultKind kind, io::FaultOps ops, uint64_t nth) {
+    io::FaultRule rule;
+    rule.kind = kind;
+    rule.ops = ops;
+    rule.nth = nth;
+    rule.max_faults = 1;
+    faults_->AddRule(rule);
+  }
   io::SwapSpace& swap() { return *swap_; }
   PinnedMemoryPool& pinned() { return *pinned_; }
   const HarnessOptions& options() const { return options_; }
@@ -171,6 +180,17 @@ class GroupHarness {
   Result<StepReport> Step(const optim::HyperParams& hyper) {
     const std::vector<GradView> grads = grad_views();
     return StepWith(hyper, grads);
+  }
+  // Hands every gradient view to AccumulateGrad, in order; false at the first refusal.
+  bool AccumulateAll() {
+    size_t offset = 0;
+    for (const GradView& view : grad_views()) {
+      Status accumulated = group_->AccumulateGrad(offset, view);
+      EXPECT_TRUE(accumulated.ok()) << accumulated.ToString();
+      if (!accumulated.ok()) return false;
+      offset += view.count;
+    }
+    return true;
   }
   Result<StepReport> StepAccumulated(const optim::HyperParams& hyper) {
     return StepWith(hyper, {});

@@ -155,12 +155,7 @@ TEST(OptimizerGroupTest, ChunksReadByAFailedStepServeItsRetry) {
   GroupHarness harness(options);
   ASSERT_TRUE(harness.ok());
   Reference reference(harness);
-  io::FaultRule rule;
-  rule.kind = io::FaultKind::kEio;
-  rule.ops = io::FaultOps::kReads;
-  rule.nth = 1;
-  rule.max_faults = 1;
-  harness.faults()->AddRule(rule);
+  harness.FailOnce(io::FaultKind::kEio, io::FaultOps::kReads, 1);
   harness.NewGradients(0);
   EXPECT_EQ(harness.Step(harness.Hyper(0)).status().code(), StatusCode::kIoError);
   Result<StepReport> retried = harness.Step(harness.Hyper(0));
@@ -203,12 +198,7 @@ TEST_P(OptimizerGroupFaultTest, FailedStepLeavesTheStateAndTheNextStepMatches) {
   }
   const auto before = harness.Snapshot();
 
-  io::FaultRule rule;
-  rule.kind = c.kind;
-  rule.ops = c.ops;
-  rule.nth = c.nth;
-  rule.max_faults = 1;
-  harness.faults()->AddRule(rule);
+  harness.FailOnce(c.kind, c.ops, c.nth);
   harness.NewGradients(2);
   Result<StepReport> failed = harness.Step(harness.Hyper(2));
   ASSERT_FALSE(failed.ok());
@@ -251,12 +241,7 @@ TEST(OptimizerGroupTest, FailedWriteStateChangesNothing) {
   GroupHarness harness(options);
   ASSERT_TRUE(harness.ok());
   const auto before = harness.Snapshot();
-  io::FaultRule rule;
-  rule.kind = io::FaultKind::kEio;
-  rule.ops = io::FaultOps::kWrites;
-  rule.nth = 2;
-  rule.max_faults = 1;
-  harness.faults()->AddRule(rule);
+  harness.FailOnce(io::FaultKind::kEio, io::FaultOps::kWrites, 2);
   std::vector<float> values(harness.count(), 0.25f);
   Status written = harness.group().WriteState(StateSlot::kMaster, 0, values);
   EXPECT_EQ(written.code(), StatusCode::kIoError) << written.ToString();
@@ -372,18 +357,9 @@ TEST(OptimizerGroupTest, FailedEarlyReadFailsTheStepAndTheRetryUsesTheSameGradie
   ASSERT_TRUE(harness.ok());
   Reference reference(harness);
   const auto before = harness.Snapshot();
-  io::FaultRule rule;
-  rule.kind = io::FaultKind::kEio;
-  rule.ops = io::FaultOps::kReads;
-  rule.nth = 1;
-  rule.max_faults = 1;
-  harness.faults()->AddRule(rule);
+  harness.FailOnce(io::FaultKind::kEio, io::FaultOps::kReads, 1);
   harness.NewGradients(0);
-  size_t offset = 0;
-  for (const GradView& view : harness.grad_views()) {
-    ASSERT_TRUE(harness.group().AccumulateGrad(offset, view).ok());
-    offset += view.count;
-  }
+  ASSERT_TRUE(harness.AccumulateAll());
   EXPECT_GT(harness.group().reads_started(), 0u);
   Result<StepReport> failed = harness.StepAccumulated(harness.Hyper(0));
   EXPECT_EQ(failed.status().code(), StatusCode::kIoError) << failed.status().ToString();
