@@ -113,8 +113,6 @@ struct OptimizerGroup::Impl {
   Result<std::optional<size_t>> TakeBuffer(InFlightList& writing, bool block, Totals* totals);
   Status RunPipeline(std::span<const size_t> order, bool read, const ChunkFn& fn, Totals* totals);
   void Flip(std::span<const size_t> chunks);
-  // optimizer_group_checkpoint.cc
-  Status AllocateLoadStaging(std::vector<PinnedBuffer>* staging);
   void ResetAccumulation();
   // Waits for a read the pipeline will not use and frees its buffer. A buffer whose read
   // succeeded (or that was claimed from the cache) and whose chunk has not flipped since caches
@@ -142,6 +140,8 @@ struct OptimizerGroup::Impl {
   // cached chunk if there is one, else the first, whose cache is dropped.
   std::byte* ScratchBuffer();
   Status CheckIdle(std::string_view what) const;
+  // optimizer_group_checkpoint.cc
+  Status AllocateLoadStaging(std::vector<PinnedBuffer>* staging);
   // optimizer_group.cc
   Status WriteInitialState(const detail::PlacedViews& params, const optim::RunOptions& run);
   Status ApplyStep(const detail::StepInputs& inputs, StepReport* report);
