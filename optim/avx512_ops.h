@@ -46,6 +46,35 @@ struct Avx512Ops {
     const F plus = _mm512_maskz_mov_ps(positive, _mm512_set1_ps(1.0f));
     return _mm512_mask_mov_ps(plus, negative, _mm512_set1_ps(-1.0f));
   }
+  static F Abs(F a) { return _mm512_abs_ps(a); }
+  static F Max(F a, F b) { return _mm512_max_ps(a, b); }
+  // Lane by lane (max is exact, so the order does not matter): _mm512_reduce_max_ps trips
+  // GCC 12's uninitialized warning inside its own header.
+  static float ReduceMax(F a) {
+    alignas(64) float lanes[kWidth];
+    _mm512_store_ps(lanes, a);
+    float result = lanes[0];
+    for (size_t i = 1; i < kWidth; ++i) result = lanes[i] > result ? lanes[i] : result;
+    return result;
+  }
+  // values[codes[0..15]] by a gather.
+  static F Dequantize(const uint8_t* codes, const float* values) {
+    const __m512i index =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+    return _mm512_i32gather_ps(index, values, 4);
+  }
+  // quantize.h's QuantizeNormalized on sixteen lanes: the binary search gathers each lane's
+  // threshold and adds the step where the lane is above it.
+  static void StoreQuantized(uint8_t* codes, F normalized, const float* threshold) {
+    __m512i pos = _mm512_setzero_si512();
+    for (int step = 128; step > 0; step /= 2) {
+      const __m512i probe = _mm512_add_epi32(pos, _mm512_set1_epi32(step - 1));
+      const __mmask16 above =
+          _mm512_cmp_ps_mask(normalized, _mm512_i32gather_ps(probe, threshold, 4), _CMP_GT_OQ);
+      pos = _mm512_mask_add_epi32(pos, above, pos, _mm512_set1_epi32(step));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(pos));
+  }
 
 #if defined(ZOE_AVX512_NATIVE_BF16)
   static __m256i ToBf16(F x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }

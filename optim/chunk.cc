@@ -6,6 +6,7 @@
 
 #include "optim/dispatch.h"
 #include "optim/kernels.h"
+#include "optim/quantize.h"
 
 namespace zoe::optim {
 namespace {
@@ -76,9 +77,13 @@ UpdateConstants MakeUpdateConstants(const HyperParams& h, int64_t step,
 namespace {
 
 Status CheckLayout(const ChunkLayout& layout) {
-  if (layout.state != DType::kF32 && layout.state != DType::kBF16) {
+  if (layout.state != DType::kF32 && layout.state != DType::kBF16 && layout.state != DType::kI8) {
     return Status::InvalidArgument("optimizer state dtype " + std::string(DTypeName(layout.state)) +
-                                   " is not supported; allowed: fp32, bf16");
+                                   " is not supported; allowed: fp32, bf16, int8");
+  }
+  if (layout.grad == DType::kI8) {
+    return Status::InvalidArgument(
+        "gradient dtype int8 is not supported; allowed: fp32, bf16, fp16");
   }
   if (layout.param_copy.has_value() && *layout.param_copy == DType::kF32) {
     return Status::InvalidArgument("param_copy dtype fp32 is not supported; allowed: bf16, fp16");
@@ -98,6 +103,41 @@ Status CheckBuffers(Kind kind, const ChunkLayout& layout, const ChunkBuffers& ch
   if (UsesExpAvg(kind) && chunk.exp_avg == nullptr) return missing("exp_avg");
   if (UsesExpAvgSq(kind) && chunk.exp_avg_sq == nullptr) return missing("exp_avg_sq");
   if (layout.param_copy.has_value() && chunk.param_copy == nullptr) return missing("param_copy");
+  if (layout.state != DType::kI8) return Status::Ok();
+  if (chunk.block_offset >= kQuantBlock) {
+    return Status::InvalidArgument("int8 state block_offset " + std::to_string(chunk.block_offset) +
+                                   " is out of range; allowed: [0, " + std::to_string(kQuantBlock) +
+                                   ")");
+  }
+  if (UsesExpAvg(kind) && chunk.exp_avg_scale == nullptr) return missing("exp_avg_scale");
+  if (UsesExpAvgSq(kind) && chunk.exp_avg_sq_scale == nullptr) return missing("exp_avg_sq_scale");
+  return Status::Ok();
+}
+
+// Calls fn(first_block, last_block) on consecutive runs of whole blocks, about
+// run.tile_elements elements each, like ForEachTile.
+template <class Fn>
+void ForEachBlockTile(const RunOptions& run, size_t blocks, const Fn& fn) {
+  RunOptions in_blocks = run;
+  in_blocks.tile_elements = std::max<size_t>(1, run.tile_elements / kQuantBlock);
+  ForEachTile(in_blocks, blocks, fn);
+}
+
+Status UpdateQuantizedChunk(const KernelTable& kernels, const HyperParams& hyper,
+                            const ChunkLayout& layout, const ChunkBuffers& chunk,
+                            const UpdateConstants& constants, const RunOptions& run) {
+  const BlockUpdateFn update = kernels.block_update[KernelTable::BlockUpdateIndex(
+      hyper.kind, layout.grad, CopySlotOf(layout.param_copy))];
+  const UpdatePointers pointers{chunk.master,          chunk.grad,       chunk.exp_avg,
+                                chunk.exp_avg_sq,      chunk.param_copy, chunk.exp_avg_scale,
+                                chunk.exp_avg_sq_scale};
+  const size_t blocks = QuantBlockCount(chunk.count, chunk.block_offset);
+  ForEachBlockTile(run, blocks, [&](size_t first, size_t last) {
+    for (size_t b = first; b < last; ++b) {
+      const QuantBlockRange range = QuantBlockAt(chunk.count, chunk.block_offset, b);
+      update(constants, pointers, range.begin, range.end, b);
+    }
+  });
   return Status::Ok();
 }
 
@@ -183,9 +223,12 @@ Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& la
                    const ChunkBuffers& chunk, const GradScaling& scaling, const RunOptions& run) {
   ZOE_RETURN_IF_ERROR(ValidateUpdate(hyper, step, layout, chunk, scaling));
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
+  const UpdateConstants constants = MakeUpdateConstants(hyper, step, scaling);
+  if (layout.state == DType::kI8) {
+    return UpdateQuantizedChunk(*kernels, hyper, layout, chunk, constants, run);
+  }
   const UpdateFn update = kernels->update[KernelTable::UpdateIndex(
       hyper.kind, layout.grad, layout.state, CopySlotOf(layout.param_copy))];
-  const UpdateConstants constants = MakeUpdateConstants(hyper, step, scaling);
   const UpdatePointers pointers{chunk.master, chunk.grad, chunk.exp_avg, chunk.exp_avg_sq,
                                 chunk.param_copy};
   ForEachTile(run, chunk.count,
@@ -230,6 +273,82 @@ Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
   const ConvertFn convert = kernels->to_f32[static_cast<int>(src_dtype)];
   ForEachTile(run, count, [&](size_t begin, size_t end) { convert(src, dst, begin, end); });
+  return Status::Ok();
+}
+
+size_t QuantBlockCount(size_t count, size_t block_offset) {
+  if (count == 0) return 0;
+  const size_t first = std::min(count, kQuantBlock - block_offset);
+  const size_t rest = count - first;
+  return 1 + rest / kQuantBlock + (rest % kQuantBlock != 0);
+}
+
+QuantBlockRange QuantBlockAt(size_t count, size_t block_offset, size_t block) {
+  const size_t first = std::min(count, kQuantBlock - block_offset);
+  if (block == 0) return {0, first};
+  const size_t begin = first + (block - 1) * kQuantBlock;
+  return {begin, std::min(count, begin + kQuantBlock)};
+}
+
+namespace {
+
+Status CheckMomentArguments(const char* what, size_t count, size_t block_offset, const void* a,
+                            const void* b, const void* c) {
+  if (block_offset >= kQuantBlock) {
+    return Status::InvalidArgument(
+        std::string(what) + ": block_offset " + std::to_string(block_offset) +
+        " is out of range; allowed: [0, " + std::to_string(kQuantBlock) + ")");
+  }
+  if (count > 0 && (a == nullptr || b == nullptr || c == nullptr)) {
+    return Status::InvalidArgument(std::string(what) + " of " + std::to_string(count) +
+                                   " elements got a null buffer");
+  }
+  return Status::Ok();
+}
+
+// The first value of `values` that the code of `moment` cannot represent, or count.
+size_t FirstUnrepresentable(Moment moment, const float* values, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    if (!std::isfinite(values[i]) || (moment == Moment::kExpAvgSq && values[i] < 0.0f)) return i;
+  }
+  return count;
+}
+
+}  // namespace
+
+Status QuantizeMoments(Moment moment, const float* values, size_t count, size_t block_offset,
+                       uint8_t* codes, float* scales, const RunOptions& run) {
+  ZOE_RETURN_IF_ERROR(
+      CheckMomentArguments("int8 quantization", count, block_offset, values, codes, scales));
+  const size_t bad = FirstUnrepresentable(moment, values, count);
+  if (bad != count) {
+    return Status::InvalidArgument("int8 quantization: element " + std::to_string(bad) + " is " +
+                                   std::to_string(values[bad]) + "; allowed: finite values" +
+                                   (moment == Moment::kExpAvgSq ? ", >= 0 for exp_avg_sq" : ""));
+  }
+  ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
+  const QuantizeBlockFn quantize = kernels->quantize_block[moment == Moment::kExpAvg ? 1 : 0];
+  ForEachBlockTile(run, QuantBlockCount(count, block_offset), [&](size_t first, size_t last) {
+    for (size_t b = first; b < last; ++b) {
+      const QuantBlockRange r = QuantBlockAt(count, block_offset, b);
+      quantize(values + r.begin, r.end - r.begin, codes + r.begin, scales + b);
+    }
+  });
+  return Status::Ok();
+}
+
+Status DequantizeMoments(Moment moment, const uint8_t* codes, const float* scales, size_t count,
+                         size_t block_offset, float* out, const RunOptions& run) {
+  ZOE_RETURN_IF_ERROR(
+      CheckMomentArguments("int8 dequantization", count, block_offset, codes, scales, out));
+  ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
+  const DequantizeBlockFn dequantize = kernels->dequantize_block[moment == Moment::kExpAvg ? 1 : 0];
+  ForEachBlockTile(run, QuantBlockCount(count, block_offset), [&](size_t first, size_t last) {
+    for (size_t b = first; b < last; ++b) {
+      const QuantBlockRange r = QuantBlockAt(count, block_offset, b);
+      dequantize(codes + r.begin, r.end - r.begin, scales[b], out + r.begin);
+    }
+  });
   return Status::Ok();
 }
 

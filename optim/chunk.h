@@ -41,7 +41,7 @@ Status ValidateHyperParams(const HyperParams& hyper);
 // Element types of a chunk's buffers.
 struct ChunkLayout {
   DType grad = DType::kF32;         // any
-  DType state = DType::kF32;        // kF32 or kBF16 (halves the state bytes)
+  DType state = DType::kF32;        // kF32, kBF16 (halves the state bytes) or kI8 (quantize.h)
   std::optional<DType> param_copy;  // kBF16 or kF16: also write the updated parameter there
 };
 
@@ -54,7 +54,26 @@ struct ChunkBuffers {
   void* exp_avg_sq = nullptr;  // layout.state, updated in place
   void* param_copy = nullptr;  // *layout.param_copy, written (required when set)
   size_t count = 0;
+  // kI8 state only. Quantization blocks: element 0 starts one, which ends at the next multiple
+  // of kQuantBlock of (element + block_offset); the following ones are kQuantBlock long (the
+  // last one shorter). One fp32 scale per block of each moment the kind uses, updated in place.
+  size_t block_offset = 0;  // [0, kQuantBlock)
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
 };
+
+// The quantization blocks of `count` kI8 elements starting at `block_offset` (ChunkBuffers).
+size_t QuantBlockCount(size_t count, size_t block_offset);
+// Elements [begin, end) of block `block` of that layout.
+struct QuantBlockRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+QuantBlockRange QuantBlockAt(size_t count, size_t block_offset, size_t block);
+
+// Which code a kI8 moment uses: signed for exp_avg (and Lion's momentum), unsigned for
+// exp_avg_sq (and Adagrad's sum of squares).
+enum class Moment { kExpAvg, kExpAvgSq };
 
 // Factor every gradient is multiplied by before use: inv_loss_scale * clip_factor.
 struct GradScaling {
@@ -122,5 +141,14 @@ Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
 // Widens bf16/fp16 `src` to fp32 exactly.
 Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
                  const RunOptions& run = {});
+
+// Quantizes fp32 `values` into kI8 `codes` and `scales` (QuantBlockCount of them) laid out as
+// ChunkBuffers describes; DequantizeMoments is the inverse within MaxQuantError(code) * absmax
+// per element. exp_avg_sq values must not be negative (InvalidArgument otherwise); neither may
+// hold inf or NaN.
+Status QuantizeMoments(Moment moment, const float* values, size_t count, size_t block_offset,
+                       uint8_t* codes, float* scales, const RunOptions& run = {});
+Status DequantizeMoments(Moment moment, const uint8_t* codes, const float* scales, size_t count,
+                         size_t block_offset, float* out, const RunOptions& run = {});
 
 }  // namespace zoe::optim

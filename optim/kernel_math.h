@@ -18,6 +18,7 @@
 
 #include "optim/convert.h"
 #include "optim/kernels.h"
+#include "optim/quantize.h"
 
 namespace zoe::optim {
 namespace {  // NOLINT: internal linkage on purpose
@@ -42,6 +43,14 @@ struct ScalarOps {
   static F Sqrt(F a) { return __builtin_sqrtf(a); }
   // -1, 0 or +1 (0 for zero and NaN).
   static F Sign(F a) { return static_cast<float>(a > 0.0f) - static_cast<float>(a < 0.0f); }
+  static F Abs(F a) { return __builtin_fabsf(a); }
+  static F Max(F a, F b) { return a > b ? a : b; }
+  static float ReduceMax(F a) { return a; }
+  // values[*codes]: the dequantized code, before its block's scale.
+  static F Dequantize(const uint8_t* codes, const float* values) { return values[*codes]; }
+  static void StoreQuantized(uint8_t* codes, F normalized, const float* threshold) {
+    *codes = QuantizeNormalized(threshold, normalized);
+  }
 };
 
 template <class V, DType D>
@@ -79,8 +88,41 @@ void StoreCopy(void* base, size_t i, typename V::F x) {
 //   AdamW: p *= 1 - lr*wd          Adam: g += wd*p
 //   m = m*b1 + (1-b1)*g;  v = v*b2 + ((1-b2)*g)*g
 //   denom = sqrt(v) / sqrt(1-b2^t) + eps;  p += (-lr/(1-b1^t) * m) / denom
-template <class V, bool kDecoupled, DType G, DType S, CopySlot C>
-void AdamStep(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+// The state of the kI8 block being updated: its scales before the update, and where the updated
+// fp32 moments wait (element i at [i - begin]) until the block is requantized.
+struct BlockPointers : UpdatePointers {
+  float exp_avg_scale_old = 0.0f;
+  float exp_avg_sq_scale_old = 0.0f;
+  float* exp_avg_out = nullptr;
+  float* exp_avg_sq_out = nullptr;
+  size_t begin = 0;
+};
+
+// Moment loads and stores: in place for fp32/bf16 state; for kI8, dequantized with the block's
+// old scale and stored to the block's fp32 buffer. kSq picks exp_avg_sq, else exp_avg.
+template <class V, DType S, bool kSq, class P>
+typename V::F LoadMoment(const P& p, size_t i) {
+  if constexpr (S == DType::kI8) {
+    const QuantCode& code = kSq ? kUnsignedCode : kSignedCode;
+    const auto* codes = static_cast<const uint8_t*>(kSq ? p.exp_avg_sq : p.exp_avg);
+    return V::Mul(V::Dequantize(codes + i, code.value.data()),
+                  V::Set(kSq ? p.exp_avg_sq_scale_old : p.exp_avg_scale_old));
+  } else {
+    return Load<V, S>(kSq ? p.exp_avg_sq : p.exp_avg, i);
+  }
+}
+
+template <class V, DType S, bool kSq, class P>
+void StoreMoment(const P& p, size_t i, typename V::F x) {
+  if constexpr (S == DType::kI8) {
+    V::StoreF32((kSq ? p.exp_avg_sq_out : p.exp_avg_out) + (i - p.begin), x);
+  } else {
+    Store<V, S>(kSq ? p.exp_avg_sq : p.exp_avg, i, x);
+  }
+}
+
+template <class V, bool kDecoupled, DType G, DType S, CopySlot C, class P>
+void AdamStep(const UpdateConstants& k, const P& p, size_t i) {
   using F = typename V::F;
   F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
   F w = V::LoadF32(p.master + i);
@@ -89,53 +131,53 @@ void AdamStep(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
   } else {
     g = V::Add(g, V::Mul(w, V::Set(k.weight_decay)));
   }
-  F m = Load<V, S>(p.exp_avg, i);
-  F v = Load<V, S>(p.exp_avg_sq, i);
+  F m = LoadMoment<V, S, false>(p, i);
+  F v = LoadMoment<V, S, true>(p, i);
   m = V::Add(V::Mul(m, V::Set(k.beta1)), V::Mul(g, V::Set(k.one_minus_beta1)));
   v = V::Add(V::Mul(v, V::Set(k.beta2)), V::Mul(V::Mul(V::Set(k.one_minus_beta2), g), g));
   const F denom = V::Add(V::Div(V::Sqrt(v), V::Set(k.bias_correction2_sqrt)), V::Set(k.eps));
   w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), m), denom));
   V::StoreF32(p.master + i, w);
-  Store<V, S>(p.exp_avg, i, m);
-  Store<V, S>(p.exp_avg_sq, i, v);
+  StoreMoment<V, S, false>(p, i, m);
+  StoreMoment<V, S, true>(p, i, v);
   StoreCopy<V, C>(p.param_copy, i, w);
 }
 
 // Adagrad, torch 1.13 _single_tensor_adagrad with lr_decay folded into neg_step_size:
 //   g += wd*p;  s += g*g;  p += (-clr * g) / (sqrt(s) + eps)
-template <class V, DType G, DType S, CopySlot C>
-void AdagradStep(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+template <class V, DType G, DType S, CopySlot C, class P>
+void AdagradStep(const UpdateConstants& k, const P& p, size_t i) {
   using F = typename V::F;
   F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
   F w = V::LoadF32(p.master + i);
   g = V::Add(g, V::Mul(w, V::Set(k.weight_decay)));
-  F s = Load<V, S>(p.exp_avg_sq, i);
+  F s = LoadMoment<V, S, true>(p, i);
   s = V::Add(s, V::Mul(g, g));
   const F denom = V::Add(V::Sqrt(s), V::Set(k.eps));
   w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), g), denom));
   V::StoreF32(p.master + i, w);
-  Store<V, S>(p.exp_avg_sq, i, s);
+  StoreMoment<V, S, true>(p, i, s);
   StoreCopy<V, C>(p.param_copy, i, w);
 }
 
 // Lion (Chen et al. 2023, Algorithm 2 with decoupled decay):
 //   p *= 1 - lr*wd;  c = m*b1 + (1-b1)*g;  p += -lr * sign(c);  m = m*b2 + (1-b2)*g
-template <class V, DType G, DType S, CopySlot C>
-void LionStep(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+template <class V, DType G, DType S, CopySlot C, class P>
+void LionStep(const UpdateConstants& k, const P& p, size_t i) {
   using F = typename V::F;
   const F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
   F w = V::Mul(V::LoadF32(p.master + i), V::Set(k.decay));
-  F m = Load<V, S>(p.exp_avg, i);
+  F m = LoadMoment<V, S, false>(p, i);
   const F c = V::Add(V::Mul(m, V::Set(k.beta1)), V::Mul(g, V::Set(k.one_minus_beta1)));
   w = V::Add(w, V::Mul(V::Set(k.neg_step_size), V::Sign(c)));
   m = V::Add(V::Mul(m, V::Set(k.beta2)), V::Mul(g, V::Set(k.one_minus_beta2)));
   V::StoreF32(p.master + i, w);
-  Store<V, S>(p.exp_avg, i, m);
+  StoreMoment<V, S, false>(p, i, m);
   StoreCopy<V, C>(p.param_copy, i, w);
 }
 
-template <class V, Kind K, DType G, DType S, CopySlot C>
-void StepAt(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
+template <class V, Kind K, DType G, DType S, CopySlot C, class P>
+void StepAt(const UpdateConstants& k, const P& p, size_t i) {
   if constexpr (K == Kind::kAdamW || K == Kind::kAdam) {
     AdamStep<V, K == Kind::kAdamW, G, S, C>(k, p, i);
   } else if constexpr (K == Kind::kAdagrad) {
@@ -146,11 +188,81 @@ void StepAt(const UpdateConstants& k, const UpdatePointers& p, size_t i) {
 }
 
 // Full vectors first, then the tail element by element through ScalarOps.
-template <class V, Kind K, DType G, DType S, CopySlot C>
-void Update(const UpdateConstants& k, const UpdatePointers& p, size_t begin, size_t end) {
+template <class V, Kind K, DType G, DType S, CopySlot C, class P = UpdatePointers>
+void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
   size_t i = begin;
   for (; i + V::kWidth <= end; i += V::kWidth) StepAt<V, K, G, S, C>(k, p, i);
   for (; i < end; ++i) StepAt<ScalarOps, K, G, S, C>(k, p, i);
+}
+
+// Quantizes the n (<= kQuantBlock) fp32 values x into codes[0, n) with `code`, storing the
+// block's absmax to *scale. The absmax is a maximum (exact, order-free) and each byte comes from
+// exact comparisons of x / absmax (one correctly rounded division), so every path gives the
+// same bytes. An all-zero block gets scale 0 and the code of 0.
+template <class V>
+void QuantizeBlock(const float* x, size_t n, const QuantCode& code, uint8_t* codes, float* scale) {
+  float absmax = 0.0f;
+  size_t i = 0;
+  if constexpr (V::kWidth > 1) {
+    auto acc = V::Set(0.0f);
+    for (; i + V::kWidth <= n; i += V::kWidth) acc = V::Max(acc, V::Abs(V::LoadF32(x + i)));
+    absmax = V::ReduceMax(acc);
+  }
+  for (; i < n; ++i) absmax = ScalarOps::Max(absmax, ScalarOps::Abs(x[i]));
+  const float divisor = absmax > 0.0f ? absmax : 1.0f;
+  i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    V::StoreQuantized(codes + i, V::Div(V::LoadF32(x + i), V::Set(divisor)), code.threshold.data());
+  }
+  for (; i < n; ++i) codes[i] = QuantizeNormalized(code.threshold.data(), x[i] / divisor);
+  *scale = absmax;
+}
+
+// One kI8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on the
+// dequantized moments, kept in fp32 buffers on the stack until the block's new absmax is known,
+// then requantized.
+template <class V, Kind K, DType G, CopySlot C>
+void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
+                 size_t block) {
+  alignas(64) float exp_avg[kQuantBlock];
+  alignas(64) float exp_avg_sq[kQuantBlock];
+  BlockPointers p;
+  static_cast<UpdatePointers&>(p) = base;
+  p.begin = begin;
+  p.exp_avg_out = exp_avg;
+  p.exp_avg_sq_out = exp_avg_sq;
+  if constexpr (UsesExpAvg(K)) p.exp_avg_scale_old = base.exp_avg_scale[block];
+  if constexpr (UsesExpAvgSq(K)) p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
+  Update<V, K, G, DType::kI8, C>(k, p, begin, end);
+  if constexpr (UsesExpAvg(K)) {
+    QuantizeBlock<V>(exp_avg, end - begin, kSignedCode, static_cast<uint8_t*>(base.exp_avg) + begin,
+                     base.exp_avg_scale + block);
+  }
+  if constexpr (UsesExpAvgSq(K)) {
+    QuantizeBlock<V>(exp_avg_sq, end - begin, kUnsignedCode,
+                     static_cast<uint8_t*>(base.exp_avg_sq) + begin, base.exp_avg_sq_scale + block);
+  }
+}
+
+// Dequantizes the n codes of one block with its scale into out[0, n).
+template <class V>
+void DequantizeBlock(const uint8_t* codes, size_t n, const QuantCode& code, float scale,
+                     float* out) {
+  size_t i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    V::StoreF32(out + i, V::Mul(V::Dequantize(codes + i, code.value.data()), V::Set(scale)));
+  }
+  for (; i < n; ++i) out[i] = code.value[codes[i]] * scale;
+}
+
+template <class V, bool kSigned>
+void QuantizeBlockOf(const float* x, size_t n, uint8_t* codes, float* scale) {
+  QuantizeBlock<V>(x, n, kSigned ? kSignedCode : kUnsignedCode, codes, scale);
+}
+
+template <class V, bool kSigned>
+void DequantizeBlockOf(const uint8_t* codes, size_t n, float scale, float* out) {
+  DequantizeBlock<V>(codes, n, kSigned ? kSignedCode : kUnsignedCode, scale, out);
 }
 
 // Eight double lanes: vectors accumulate lanes 0..7 with their first eight elements, then their
@@ -211,11 +323,26 @@ constexpr void FillUpdates(KernelTable& table, std::index_sequence<I...>) {
   ((table.update[I] = UpdateEntry<V, I>()), ...);
 }
 
+template <class V, size_t I>
+constexpr BlockUpdateFn BlockUpdateEntry() {
+  // I = (kind * 3 + grad) * 3 + copy, as KernelTable::BlockUpdateIndex.
+  constexpr auto kind = static_cast<Kind>(I / 9);
+  constexpr auto grad = static_cast<DType>(I / 3 % 3);
+  constexpr auto copy = static_cast<CopySlot>(I % 3);
+  return &UpdateBlock<V, kind, grad, copy>;
+}
+
+template <class V, size_t... I>
+constexpr void FillBlockUpdates(KernelTable& table, std::index_sequence<I...>) {
+  ((table.block_update[I] = BlockUpdateEntry<V, I>()), ...);
+}
+
 template <class V>
 constexpr KernelTable MakeKernelTable(Isa isa) {
   KernelTable table;
   table.isa = isa;
   FillUpdates<V>(table, std::make_index_sequence<KernelTable::kUpdates>());
+  FillBlockUpdates<V>(table, std::make_index_sequence<KernelTable::kBlockUpdates>());
   table.sum_squares[0] = &SumSquares<V, DType::kF32>;
   table.sum_squares[1] = &SumSquares<V, DType::kBF16>;
   table.sum_squares[2] = &SumSquares<V, DType::kF16>;
@@ -224,6 +351,10 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
   table.to_f32[1] = &Convert<V, DType::kBF16, DType::kF32>;
   table.to_f32[2] = &Convert<V, DType::kF16, DType::kF32>;
   table.stream = &Stream<V>;
+  table.quantize_block[0] = &QuantizeBlockOf<V, false>;
+  table.quantize_block[1] = &QuantizeBlockOf<V, true>;
+  table.dequantize_block[0] = &DequantizeBlockOf<V, false>;
+  table.dequantize_block[1] = &DequantizeBlockOf<V, true>;
   return table;
 }
 

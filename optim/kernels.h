@@ -34,9 +34,20 @@ struct UpdatePointers {
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   void* param_copy = nullptr;
+  // kI8 state only: one fp32 scale (absmax) per quantization block, indexed by block.
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
 };
 
 using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin, size_t end);
+// kI8 state: updates the one quantization block [begin, end) (at most kQuantBlock elements, see
+// quantize.h) whose scales are exp_avg_scale[block] and exp_avg_sq_scale[block]: dequantizes its
+// moments, updates, and requantizes them with the block's new absmax.
+using BlockUpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin,
+                               size_t end, size_t block);
+// One block of at most kQuantBlock elements to and from kI8 (the unsigned or signed code).
+using QuantizeBlockFn = void (*)(const float* values, size_t count, uint8_t* codes, float* scale);
+using DequantizeBlockFn = void (*)(const uint8_t* codes, size_t count, float scale, float* out);
 // Sum of squares of grad[begin, end) in double, accumulated in a fixed order (eight lanes, element
 // i into lane (i - begin) % 8, lanes added pairwise) so every path returns the same bits. It is
 // +inf or NaN exactly when some element is not finite.
@@ -51,20 +62,28 @@ using StreamFn = void (*)(float* a, const float* b, float* c, float* d, size_t b
 enum class CopySlot { kNone = 0, kBF16 = 1, kF16 = 2 };
 
 struct KernelTable {
-  static constexpr size_t kUpdates = 4 * 3 * 2 * 3;  // kind x grad dtype x state dtype x copy
+  static constexpr size_t kUpdates = 4 * 3 * 2 * 3;   // kind x grad dtype x state dtype x copy
+  static constexpr size_t kBlockUpdates = 4 * 3 * 3;  // kind x grad dtype x copy (kI8 state)
 
   Isa isa = Isa::kScalar;
   UpdateFn update[kUpdates] = {};
+  BlockUpdateFn block_update[kBlockUpdates] = {};
   SumSquaresFn sum_squares[3] = {};  // by grad dtype
   ConvertFn from_f32[3] = {};        // fp32 -> dtype (index kF32 unused)
   ConvertFn to_f32[3] = {};          // dtype -> fp32 (index kF32 unused)
   StreamFn stream = nullptr;
+  QuantizeBlockFn quantize_block[2] = {};      // [0] unsigned code, [1] signed code
+  DequantizeBlockFn dequantize_block[2] = {};  // same
 
   // state must be kF32 or kBF16.
   static constexpr size_t UpdateIndex(Kind kind, DType grad, DType state, CopySlot copy) {
     return ((static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 2 +
             static_cast<size_t>(state)) *
                3 +
+           static_cast<size_t>(copy);
+  }
+  static constexpr size_t BlockUpdateIndex(Kind kind, DType grad, CopySlot copy) {
+    return (static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 3 +
            static_cast<size_t>(copy);
   }
 };

@@ -42,6 +42,37 @@ struct Avx2Ops {
     const F negative = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), one);
     return _mm256_sub_ps(positive, negative);
   }
+  static F Abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static F Max(F a, F b) { return _mm256_max_ps(a, b); }
+  static float ReduceMax(F a) {
+    alignas(32) float lanes[kWidth];
+    _mm256_store_ps(lanes, a);
+    float result = lanes[0];
+    for (size_t i = 1; i < kWidth; ++i) result = lanes[i] > result ? lanes[i] : result;
+    return result;
+  }
+  // values[codes[0..7]] by a gather.
+  static F Dequantize(const uint8_t* codes, const float* values) {
+    const __m256i index =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+    return _mm256_i32gather_ps(values, index, 4);
+  }
+  // quantize.h's QuantizeNormalized on eight lanes: the binary search gathers each lane's
+  // threshold and adds the step where the lane is above it.
+  static void StoreQuantized(uint8_t* codes, F normalized, const float* threshold) {
+    __m256i pos = _mm256_setzero_si256();
+    for (int step = static_cast<int>(kQuantCodeSize / 2); step > 0; step /= 2) {
+      const __m256i probe = _mm256_add_epi32(pos, _mm256_set1_epi32(step - 1));
+      const F above =
+          _mm256_cmp_ps(normalized, _mm256_i32gather_ps(threshold, probe, 4), _CMP_GT_OQ);
+      pos = _mm256_add_epi32(pos,
+                             _mm256_and_si256(_mm256_castps_si256(above), _mm256_set1_epi32(step)));
+    }
+    // Every lane is below 256: both packs are plain narrowings, in lane order.
+    const __m128i words =
+        _mm_packus_epi32(_mm256_castsi256_si128(pos), _mm256_extracti128_si256(pos, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(words, words));
+  }
 
   // convert.h's FloatToBf16 on eight lanes, narrowed to 16 bits.
   static __m128i ToBf16(F x) {

@@ -12,6 +12,8 @@ std::string_view DTypeName(DType type) {
       return "bf16";
     case DType::kF16:
       return "fp16";
+    case DType::kI8:
+      return "int8";
   }
   return "unknown";
 }
@@ -48,8 +50,9 @@ Result<DType> ParseDType(std::string_view name) {
   if (name == "fp32" || name == "f32" || name == "float32") return DType::kF32;
   if (name == "bf16" || name == "bfloat16") return DType::kBF16;
   if (name == "fp16" || name == "f16" || name == "float16") return DType::kF16;
+  if (name == "int8" || name == "i8") return DType::kI8;
   return Status::InvalidArgument("unknown element type '" + std::string(name) +
-                                 "'; allowed: fp32, bf16, fp16");
+                                 "'; allowed: fp32, bf16, fp16, int8");
 }
 
 Result<Kind> ParseKind(std::string_view name) {

@@ -9,8 +9,10 @@
 
 namespace zoe::optim {
 
-// Element type of a buffer the kernels read or write. Arithmetic is always fp32.
-enum class DType { kF32, kBF16, kF16 };
+// Element type of a buffer the kernels read or write. Arithmetic is always fp32. kI8 is only an
+// optimizer-state type: block-wise quantized moments (quantize.h), one byte per element plus an
+// fp32 scale per block.
+enum class DType { kF32, kBF16, kF16, kI8 };
 
 // Which update rule a step applies.
 enum class Kind {
@@ -31,19 +33,24 @@ enum class Isa {
 
 inline constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
 inline constexpr Kind kAllKinds[] = {Kind::kAdamW, Kind::kAdam, Kind::kAdagrad, Kind::kLion};
+// Element types of gradients and parameters (every type but kI8).
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+// Element types of optimizer state (moments).
+inline constexpr DType kStateDTypes[] = {DType::kF32, DType::kBF16, DType::kI8};
 
-// Bytes of one element.
-constexpr size_t SizeOf(DType type) { return type == DType::kF32 ? 4 : 2; }
+// Bytes of one element (for kI8 without its block's scale).
+constexpr size_t SizeOf(DType type) {
+  return type == DType::kF32 ? 4 : (type == DType::kI8 ? 1 : 2);
+}
 
-// "fp32", "bf16", "fp16".
+// "fp32", "bf16", "fp16", "int8".
 std::string_view DTypeName(DType type);
 // "adamw", "adam", "adagrad", "lion".
 std::string_view KindName(Kind kind);
 // "avx512bf16", "avx512", "avx2", "scalar" (the spellings ZOE_ISA accepts).
 std::string_view IsaName(Isa isa);
 
-// Inverses of the names above (also accepting "f32", "float32", "float16", "bfloat16"); an
+// Inverses of the names above (also accepting "f32", "float32", "float16", "bfloat16", "i8"); an
 // unknown name is an error listing the accepted ones.
 Result<DType> ParseDType(std::string_view name);
 Result<Kind> ParseKind(std::string_view name);

@@ -1,0 +1,339 @@
+// Description: int8 moments (optim/quantize.h): the dynamic codes, quantize/dequantize round trips
+// within the codes' stated error, the block layout, every instruction-set path of the fused
+// int8 update against the scalar reference (bit-identical), and the argument checks.
+#include "optim/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "optim/chunk.h"
+#include "optim_test_util.h"
+
+namespace zoe::optim {
+namespace {
+
+using testing::DefaultHyper;
+using testing::SupportedIsas;
+
+TEST(QuantCode, SignedCodeIsSortedSymmetricWithZeroAndOne) {
+  for (size_t i = 0; i + 1 < kQuantCodeSize; ++i) {
+    EXPECT_LT(kSignedCode.value[i], kSignedCode.value[i + 1]) << i;
+    EXPECT_GT(kSignedCode.threshold[i], kSignedCode.value[i]) << i;
+    EXPECT_LT(kSignedCode.threshold[i], kSignedCode.value[i + 1]) << i;
+  }
+  EXPECT_EQ(kSignedCode.value[255], 1.0f);
+  EXPECT_EQ(kSignedCode.value[127], 0.0f);
+  EXPECT_TRUE(std::isinf(kSignedCode.threshold[255]));
+  // 127 negative values mirroring the positive ones below 1.
+  for (size_t i = 0; i < 127; ++i) EXPECT_EQ(kSignedCode.value[i], -kSignedCode.value[254 - i]);
+  // Seven decades: the smallest magnitude is 10^-6 * 0.55.
+  EXPECT_NEAR(kSignedCode.value[128], 0.55e-6f, 1e-12f);
+}
+
+TEST(QuantCode, UnsignedCodeIsSortedNonNegativeAndFiner) {
+  EXPECT_EQ(kUnsignedCode.value[0], 0.0f);
+  EXPECT_EQ(kUnsignedCode.value[255], 1.0f);
+  for (size_t i = 0; i + 1 < kQuantCodeSize; ++i) {
+    EXPECT_LT(kUnsignedCode.value[i], kUnsignedCode.value[i + 1]) << i;
+  }
+  // The stated errors: the top decade holds 64 (signed) or 128 (unsigned) values over [0.1, 1].
+  EXPECT_NEAR(MaxQuantError(kSignedCode), 0.9 / 64 / 2, 1e-4);
+  EXPECT_NEAR(MaxQuantError(kUnsignedCode), 0.9 / 128 / 2, 1e-4);
+}
+
+TEST(QuantCode, NearestValueIsChosen) {
+  for (const QuantCode* code : {&kSignedCode, &kUnsignedCode}) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> unit(code == &kSignedCode ? -1.0f : 0.0f, 1.0f);
+    for (int n = 0; n < 20000; ++n) {
+      const float x = n % 2 == 0 ? unit(rng) : unit(rng) * 1e-4f;
+      const uint8_t byte = QuantizeNormalized(code->threshold.data(), x);
+      const float error = std::fabs(code->value[byte] - x);
+      for (size_t j = 0; j < kQuantCodeSize; ++j) {
+        ASSERT_LE(error, std::fabs(code->value[j] - x) * (1 + 1e-6f)) << x << " " << j;
+      }
+    }
+  }
+}
+
+TEST(QuantBlocks, LayoutFollowsTheOffset) {
+  EXPECT_EQ(QuantBlockCount(0, 0), 0u);
+  EXPECT_EQ(QuantBlockCount(256, 0), 1u);
+  EXPECT_EQ(QuantBlockCount(257, 0), 2u);
+  EXPECT_EQ(QuantBlockCount(256, 1), 2u);
+  EXPECT_EQ(QuantBlockCount(10, 250), 2u);
+  EXPECT_EQ(QuantBlockAt(10, 250, 0).end, 6u);
+  EXPECT_EQ(QuantBlockAt(10, 250, 1).begin, 6u);
+  EXPECT_EQ(QuantBlockAt(10, 250, 1).end, 10u);
+  EXPECT_EQ(QuantBlockAt(1000, 100, 1).begin, 156u);
+  EXPECT_EQ(QuantBlockAt(1000, 100, 1).end, 412u);
+}
+
+// Values over seven decades with an outlier per block, and an all-zero block.
+std::vector<float> MomentValues(Moment moment, size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) {
+    const float magnitude = std::pow(10.0f, -7.0f * std::fabs(unit(rng)));
+    values[i] =
+        moment == Moment::kExpAvg ? unit(rng) * magnitude : std::fabs(unit(rng)) * magnitude;
+    if (i % 300 == 17) values[i] *= 50.0f;
+  }
+  for (size_t i = 512; i < std::min<size_t>(count, 768); ++i) values[i] = 0.0f;
+  return values;
+}
+
+TEST(QuantizeMoments, RoundTripIsWithinTheStatedErrorOnEveryPath) {
+  for (Moment moment : {Moment::kExpAvg, Moment::kExpAvgSq}) {
+    const QuantCode& code = moment == Moment::kExpAvg ? kSignedCode : kUnsignedCode;
+    for (size_t offset : {size_t{0}, size_t{37}}) {
+      const size_t count = 3000;
+      const std::vector<float> values = MomentValues(moment, count, 3);
+      const size_t blocks = QuantBlockCount(count, offset);
+      std::vector<uint8_t> reference_codes;
+      std::vector<float> reference_scales;
+      for (Isa isa : SupportedIsas()) {
+        SCOPED_TRACE(IsaName(isa));
+        RunOptions run;
+        run.isa = isa;
+        run.tile_elements = 1024;
+        std::vector<uint8_t> codes(count);
+        std::vector<float> scales(blocks), back(count);
+        ASSERT_TRUE(
+            QuantizeMoments(moment, values.data(), count, offset, codes.data(), scales.data(), run)
+                .ok());
+        ASSERT_TRUE(
+            DequantizeMoments(moment, codes.data(), scales.data(), count, offset, back.data(), run)
+                .ok());
+        for (size_t b = 0; b < blocks; ++b) {
+          const QuantBlockRange r = QuantBlockAt(count, offset, b);
+          float absmax = 0.0f;
+          for (size_t i = r.begin; i < r.end; ++i) absmax = std::max(absmax, std::fabs(values[i]));
+          ASSERT_EQ(scales[b], absmax) << b;
+          const float bound = MaxQuantError(code) * absmax * (1 + 1e-5f);
+          for (size_t i = r.begin; i < r.end; ++i) {
+            ASSERT_LE(std::fabs(back[i] - values[i]), bound) << i;
+            if (absmax == 0.0f) ASSERT_EQ(back[i], 0.0f);
+          }
+        }
+        if (reference_codes.empty()) {
+          reference_codes = codes;
+          reference_scales = scales;
+        } else {
+          EXPECT_EQ(codes, reference_codes);
+          EXPECT_EQ(scales, reference_scales);
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizeMoments, RejectsWhatTheCodeCannotHold) {
+  std::vector<float> values(10, 0.5f);
+  std::vector<uint8_t> codes(10);
+  std::vector<float> scales(2);
+  values[3] = -1.0f;
+  Status negative =
+      QuantizeMoments(Moment::kExpAvgSq, values.data(), 10, 0, codes.data(), scales.data());
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.ToString().find("element 3"), std::string::npos) << negative.ToString();
+  EXPECT_TRUE(
+      QuantizeMoments(Moment::kExpAvg, values.data(), 10, 0, codes.data(), scales.data()).ok());
+  values[4] = NAN;
+  EXPECT_EQ(
+      QuantizeMoments(Moment::kExpAvg, values.data(), 10, 0, codes.data(), scales.data()).code(),
+      StatusCode::kInvalidArgument);
+  Status offset =
+      QuantizeMoments(Moment::kExpAvg, values.data(), 10, 256, codes.data(), scales.data());
+  EXPECT_EQ(offset.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(offset.ToString().find("allowed: [0, 256)"), std::string::npos);
+  EXPECT_EQ(DequantizeMoments(Moment::kExpAvg, codes.data(), nullptr, 10, 0, values.data()).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A chunk with int8 moments: master, gradient and copy as the fp32 tests, moments quantized from
+// the same random values.
+struct Int8Chunk {
+  Int8Chunk(Kind kind, const ChunkLayout& chunk_layout, size_t elements, size_t offset,
+            uint32_t seed)
+      : layout(chunk_layout),
+        count(elements),
+        block_offset(offset),
+        fp32(ChunkLayout{chunk_layout.grad, DType::kF32, chunk_layout.param_copy}, elements, seed),
+        exp_avg(count),
+        exp_avg_sq(count),
+        exp_avg_scale(QuantBlockCount(count, offset)),
+        exp_avg_sq_scale(QuantBlockCount(count, offset)) {
+    auto* m = reinterpret_cast<float*>(fp32.exp_avg.data());
+    auto* v = reinterpret_cast<float*>(fp32.exp_avg_sq.data());
+    EXPECT_TRUE(
+        QuantizeMoments(Moment::kExpAvg, m, count, offset, exp_avg.data(), exp_avg_scale.data())
+            .ok());
+    EXPECT_TRUE(QuantizeMoments(Moment::kExpAvgSq, v, count, offset, exp_avg_sq.data(),
+                                exp_avg_sq_scale.data())
+                    .ok());
+    if (!UsesExpAvg(kind)) std::fill(exp_avg_scale.begin(), exp_avg_scale.end(), 0.0f);
+  }
+
+  ChunkBuffers buffers() {
+    ChunkBuffers b = fp32.buffers();
+    b.exp_avg = exp_avg.data();
+    b.exp_avg_sq = exp_avg_sq.data();
+    b.block_offset = block_offset;
+    b.exp_avg_scale = exp_avg_scale.data();
+    b.exp_avg_sq_scale = exp_avg_sq_scale.data();
+    return b;
+  }
+
+  std::vector<std::byte> StateBytes() const {
+    std::vector<std::byte> bytes = fp32.StateBytes();
+    const auto append = [&](const void* data, size_t n) {
+      const auto* p = static_cast<const std::byte*>(data);
+      bytes.insert(bytes.end(), p, p + n);
+    };
+    append(exp_avg.data(), exp_avg.size());
+    append(exp_avg_sq.data(), exp_avg_sq.size());
+    append(exp_avg_scale.data(), exp_avg_scale.size() * 4);
+    append(exp_avg_sq_scale.data(), exp_avg_sq_scale.size() * 4);
+    return bytes;
+  }
+
+  ChunkLayout layout;
+  size_t count;
+  size_t block_offset;
+  testing::TestChunk fp32;
+  std::vector<uint8_t> exp_avg, exp_avg_sq;
+  std::vector<float> exp_avg_scale, exp_avg_sq_scale;
+};
+
+std::vector<ChunkLayout> Int8Layouts() {
+  std::vector<ChunkLayout> layouts;
+  for (DType grad : kAllDTypes) {
+    for (std::optional<DType> copy :
+         {std::optional<DType>(), std::optional(DType::kBF16), std::optional(DType::kF16)}) {
+      layouts.push_back(ChunkLayout{grad, DType::kI8, copy});
+    }
+  }
+  return layouts;
+}
+
+TEST(Int8Update, EveryPathMatchesTheScalarReferenceBitForBit) {
+  const size_t count = 1000;  // blocks of 256 and a short one, vector tails
+  for (Kind kind : kAllKinds) {
+    for (const ChunkLayout& layout : Int8Layouts()) {
+      for (size_t offset : {size_t{0}, size_t{200}}) {
+        SCOPED_TRACE(std::string(KindName(kind)) + " grad " + std::string(DTypeName(layout.grad)) +
+                     " offset " + std::to_string(offset));
+        std::vector<std::byte> reference;
+        for (Isa isa : SupportedIsas()) {
+          Int8Chunk chunk(kind, layout, count, offset, 11);
+          RunOptions run;
+          run.isa = isa;
+          run.tile_elements = 512;
+          for (int64_t step = 1; step <= 3; ++step) {
+            ASSERT_TRUE(
+                UpdateChunk(DefaultHyper(kind), step, layout, chunk.buffers(), {0.5, 1.0}, run)
+                    .ok());
+          }
+          if (reference.empty()) {
+            reference = chunk.StateBytes();
+          } else {
+            EXPECT_TRUE(chunk.StateBytes() == reference) << IsaName(isa);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The fused int8 update tracks the fp32 one: after many steps from zero moments the masters
+// differ by a small fraction of the distance they travelled.
+TEST(Int8Update, TracksTheFp32Update) {
+  const size_t count = 4096;
+  for (Kind kind : kAllKinds) {
+    SCOPED_TRACE(KindName(kind));
+    const ChunkLayout f32{DType::kF32, DType::kF32, std::nullopt};
+    const ChunkLayout i8{DType::kF32, DType::kI8, std::nullopt};
+    testing::TestChunk exact(f32, count, 5);
+    Int8Chunk quantized(kind, i8, count, 0, 5);
+    std::memset(exact.exp_avg.data(), 0, 4 * count);
+    std::memset(exact.exp_avg_sq.data(), 0, 4 * count);
+    std::fill(quantized.exp_avg_scale.begin(), quantized.exp_avg_scale.end(), 0.0f);
+    std::fill(quantized.exp_avg_sq_scale.begin(), quantized.exp_avg_sq_scale.end(), 0.0f);
+    std::vector<float> start(count);
+    for (size_t i = 0; i < count; ++i) start[i] = exact.Master(i);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> noise(0.0f, 1.0f);
+    auto* grad_exact = reinterpret_cast<float*>(exact.grad.data());
+    auto* grad_quantized = reinterpret_cast<float*>(quantized.fp32.grad.data());
+    const HyperParams hyper = DefaultHyper(kind);
+    for (int64_t step = 1; step <= 50; ++step) {
+      // A gradient pulling each weight to 0, plus noise.
+      for (size_t i = 0; i < count; ++i) {
+        grad_exact[i] = exact.Master(i) + 0.1f * noise(rng);
+        grad_quantized[i] = grad_exact[i] - exact.Master(i) + quantized.fp32.Master(i);
+      }
+      ASSERT_TRUE(UpdateChunk(hyper, step, f32, exact.buffers(), {}).ok());
+      ASSERT_TRUE(UpdateChunk(hyper, step, i8, quantized.buffers(), {}).ok());
+    }
+    double travelled = 0.0, difference = 0.0;
+    for (size_t i = 0; i < count; ++i) {
+      travelled += std::fabs(exact.Master(i) - start[i]);
+      difference += std::fabs(exact.Master(i) - quantized.fp32.Master(i));
+    }
+    EXPECT_GT(travelled, 0.0);
+    EXPECT_LT(difference, 0.05 * travelled) << difference << " of " << travelled;
+  }
+}
+
+// Splitting a chunk at a block boundary and updating the parts (with their own offsets and
+// scales) gives the bytes of one update: the block grid and the scale indices agree.
+TEST(Int8Update, SplitAtABlockBoundaryEqualsOneUpdate) {
+  const size_t count = 900, offset = 100, split = 156 + 256;  // blocks [0,156) [156,412) ...
+  const ChunkLayout layout{DType::kF32, DType::kI8, std::nullopt};
+  const HyperParams hyper = DefaultHyper(Kind::kAdamW);
+  Int8Chunk whole(Kind::kAdamW, layout, count, offset, 4);
+  Int8Chunk parts(Kind::kAdamW, layout, count, offset, 4);
+  ASSERT_TRUE(UpdateChunk(hyper, 1, layout, whole.buffers(), {}).ok());
+  ChunkBuffers first = parts.buffers();
+  first.count = split;
+  ChunkBuffers second = parts.buffers();
+  second.master += split;
+  second.grad = reinterpret_cast<const float*>(second.grad) + split;
+  second.exp_avg = static_cast<uint8_t*>(second.exp_avg) + split;
+  second.exp_avg_sq = static_cast<uint8_t*>(second.exp_avg_sq) + split;
+  second.exp_avg_scale += 2;
+  second.exp_avg_sq_scale += 2;
+  second.block_offset = 0;
+  second.count = count - split;
+  ASSERT_TRUE(UpdateChunk(hyper, 1, layout, second, {}).ok());
+  ASSERT_TRUE(UpdateChunk(hyper, 1, layout, first, {}).ok());
+  EXPECT_TRUE(parts.StateBytes() == whole.StateBytes());
+}
+
+TEST(Int8Update, ChecksItsBuffers) {
+  const ChunkLayout layout{DType::kF32, DType::kI8, std::nullopt};
+  Int8Chunk chunk(Kind::kAdamW, layout, 300, 0, 1);
+  ChunkBuffers buffers = chunk.buffers();
+  buffers.exp_avg_sq_scale = nullptr;
+  Status missing = UpdateChunk(DefaultHyper(Kind::kAdamW), 1, layout, buffers, {});
+  EXPECT_EQ(missing.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.ToString().find("exp_avg_sq_scale"), std::string::npos);
+  // Lion keeps no exp_avg_sq, so it needs no scale for it.
+  EXPECT_TRUE(UpdateChunk(DefaultHyper(Kind::kLion), 1, layout, buffers, {}).ok());
+  buffers = chunk.buffers();
+  buffers.block_offset = 256;
+  EXPECT_EQ(UpdateChunk(DefaultHyper(Kind::kAdamW), 1, layout, buffers, {}).code(),
+            StatusCode::kInvalidArgument);
+  const ChunkLayout int8_grad{DType::kI8, DType::kI8, std::nullopt};
+  EXPECT_EQ(UpdateChunk(DefaultHyper(Kind::kAdamW), 1, int8_grad, chunk.buffers(), {}).code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zoe::optim
