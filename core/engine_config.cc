@@ -26,7 +26,7 @@ constexpr std::array<std::string_view, 3> kOffloadDevices = {"none", "cpu", "nvm
 constexpr std::array<std::string_view, 3> kComputeDevices = {"auto", "cuda", "host"};
 constexpr std::array<std::string_view, 4> kOptimizerTypes = {"adamw", "adam", "adagrad", "lion"};
 constexpr std::array<std::string_view, 2> kEvictionKinds = {"opt", "lru"};
-constexpr std::array<std::string_view, 2> kMomentDTypes = {"fp32", "bf16"};
+constexpr std::array<std::string_view, 3> kMomentDTypes = {"fp32", "bf16", "int8"};
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};
 

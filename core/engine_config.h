@@ -31,11 +31,12 @@ enum class ComputeDevice { kAuto, kCuda, kHost };
 enum class OptimizerType { kAdamW, kAdam, kAdagrad, kLion };
 // Eviction by next use in the recorded trace (Belady/OPT), or least recently used.
 enum class EvictionKind { kOpt, kLru };
-// Element type of the optimizer's moments (Adam's m and v) in every tier.
-enum class MomentDType { kFp32, kBf16 };
+// Element type of the optimizer's moments (Adam's m and v) in every tier; int8 is block-wise
+// quantized (docs/int8-moments.md).
+enum class MomentDType { kFp32, kBf16, kInt8 };
 
 // The names used in the document: "none"/"cpu"/"nvme", "auto"/"cuda"/"host",
-// "adamw"/"adam"/"adagrad"/"lion", "opt"/"lru", "fp32"/"bf16".
+// "adamw"/"adam"/"adagrad"/"lion", "opt"/"lru", "fp32"/"bf16"/"int8".
 std::string_view OffloadDeviceName(OffloadDevice device);
 std::string_view ComputeDeviceName(ComputeDevice device);
 std::string_view OptimizerTypeName(OptimizerType type);

@@ -36,33 +36,63 @@ std::string LocateBlock(const io::FileSet* files, uint64_t offset) {
                      pieces.front().file_offset, offset);
 }
 
+// The blocks of a whole scale region (int8 state), which no stripe owns.
+BlockRange RegionBlocks(const ChunkRegions& regions, size_t r) {
+  return {regions.offset[r] / kStripeChecksumBlock,
+          (regions.offset[r] + AlignUp(regions.payload(r), kStateRegionAlignment)) /
+              kStripeChecksumBlock};
+}
+
+Status VerifyBlocks(const std::byte* state, const ChunkChecksums& checksums, BlockRange blocks) {
+  for (uint64_t b = blocks.first; b < blocks.last; ++b) {
+    const uint64_t offset = checksums.extent_offset + b * kStripeChecksumBlock;
+    const std::span block(state + b * kStripeChecksumBlock, kStripeChecksumBlock);
+    if (io::Xxh3(block) == checksums.expected[b]) continue;
+    return io::ChecksumTable::CheckBlock(
+        block, checksums.expected[b], offset,
+        fmt::format("{}, block {} read back from {}", checksums.where, b,
+                    LocateBlock(checksums.files, offset)));
+  }
+  return Status::Ok();
+}
+
+void HashBlocks(const std::byte* state, const ChunkChecksums& checksums, BlockRange blocks) {
+  for (uint64_t b = blocks.first; b < blocks.last; ++b) {
+    checksums.computed[b] =
+        io::Xxh3(std::span(state + b * kStripeChecksumBlock, kStripeChecksumBlock));
+  }
+}
+
 Status VerifyStripe(const ChunkRegions& regions, const std::byte* state,
                     const ChunkChecksums& checksums, size_t begin, size_t end) {
-  for (size_t r = 0; r < kStateRegions; ++r) {
+  for (size_t r = 0; r < kElementRegions; ++r) {
     if (!regions.used[r]) continue;
-    const BlockRange blocks = StripeBlocks(regions, r, begin, end);
-    for (uint64_t b = blocks.first; b < blocks.last; ++b) {
-      const uint64_t offset = checksums.extent_offset + b * kStripeChecksumBlock;
-      const std::span block(state + b * kStripeChecksumBlock, kStripeChecksumBlock);
-      if (io::Xxh3(block) == checksums.expected[b]) continue;
-      return io::ChecksumTable::CheckBlock(
-          block, checksums.expected[b], offset,
-          fmt::format("{}, block {} read back from {}", checksums.where, b,
-                      LocateBlock(checksums.files, offset)));
-    }
+    ZOE_RETURN_IF_ERROR(VerifyBlocks(state, checksums, StripeBlocks(regions, r, begin, end)));
   }
   return Status::Ok();
 }
 
 void HashStripe(const ChunkRegions& regions, const std::byte* state,
                 const ChunkChecksums& checksums, size_t begin, size_t end) {
-  for (size_t r = 0; r < kStateRegions; ++r) {
-    if (!regions.used[r]) continue;
-    const BlockRange blocks = StripeBlocks(regions, r, begin, end);
-    for (uint64_t b = blocks.first; b < blocks.last; ++b) {
-      checksums.computed[b] =
-          io::Xxh3(std::span(state + b * kStripeChecksumBlock, kStripeChecksumBlock));
-    }
+  for (size_t r = 0; r < kElementRegions; ++r) {
+    if (regions.used[r]) HashBlocks(state, checksums, StripeBlocks(regions, r, begin, end));
+  }
+}
+
+// The scale regions: small (1/64 of the codes), verified before any stripe and hashed after all.
+Status VerifyScales(const ChunkRegions& regions, const std::byte* state,
+                    const ChunkChecksums& checksums) {
+  for (size_t r = kElementRegions; r < kStateRegions; ++r) {
+    if (regions.used[r])
+      ZOE_RETURN_IF_ERROR(VerifyBlocks(state, checksums, RegionBlocks(regions, r)));
+  }
+  return Status::Ok();
+}
+
+void HashScales(const ChunkRegions& regions, const std::byte* state,
+                const ChunkChecksums& checksums) {
+  for (size_t r = kElementRegions; r < kStateRegions; ++r) {
+    if (regions.used[r]) HashBlocks(state, checksums, RegionBlocks(regions, r));
   }
 }
 
@@ -84,6 +114,7 @@ Status UpdateInStripes(const ChunkRegions& regions, std::byte* state,
         fmt::format("{}: checksums of {} and {} blocks for an extent of {} bytes", checksums.where,
                     checksums.expected.size(), checksums.computed.size(), regions.bytes));
   }
+  if (!checksums.expected.empty()) ZOE_RETURN_IF_ERROR(VerifyScales(regions, state, checksums));
   const size_t stripe = StripeElements(run);
   const size_t stripes = CeilDiv(regions.count, stripe);
   optim::RunOptions one_thread = run;
@@ -113,6 +144,7 @@ Status UpdateInStripes(const ChunkRegions& regions, std::byte* state,
   for (Status& status : results) {
     if (!status.ok()) return std::move(status);
   }
+  if (!checksums.computed.empty()) HashScales(regions, state, checksums);
   return Status::Ok();
 }
 

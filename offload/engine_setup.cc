@@ -26,7 +26,7 @@ constexpr double kHugeNumber = 1e300;
 constexpr uint64_t kFallbackPhysicalBytes = uint64_t{8} << 30;
 
 constexpr std::array<std::string_view, 4> kGroupTypes = {"adamw", "adam", "adagrad", "lion"};
-constexpr std::array<std::string_view, 2> kMomentDTypes = {"fp32", "bf16"};
+constexpr std::array<std::string_view, 3> kMomentDTypes = {"fp32", "bf16", "int8"};
 
 optim::Kind KindOf(config::OptimizerType type) {
   switch (type) {
@@ -43,7 +43,15 @@ optim::Kind KindOf(config::OptimizerType type) {
 }
 
 optim::DType StateDTypeOf(config::MomentDType dtype) {
-  return dtype == config::MomentDType::kBf16 ? optim::DType::kBF16 : optim::DType::kF32;
+  switch (dtype) {
+    case config::MomentDType::kFp32:
+      return optim::DType::kF32;
+    case config::MomentDType::kBf16:
+      return optim::DType::kBF16;
+    case config::MomentDType::kInt8:
+      return optim::DType::kI8;
+  }
+  return optim::DType::kF32;
 }
 
 std::string Lower(std::string_view text) {
@@ -139,8 +147,8 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
   if (doc.betas) ZOE_RETURN_IF_ERROR(ReadBetas(*doc.betas, &spec->hyper));
   if (doc.segments) ZOE_RETURN_IF_ERROR(ReadSegments(*doc.segments, &spec->options.segments));
   if (!doc.moment_dtype.empty()) {
-    spec->options.state_dtype =
-        doc.moment_dtype == "bf16" ? optim::DType::kBF16 : optim::DType::kF32;
+    // One of kMomentDTypes (the reader checked), each also a name optim::ParseDType accepts.
+    ZOE_ASSIGN_OR_RETURN(spec->options.state_dtype, optim::ParseDType(doc.moment_dtype));
   }
   if (doc.lr_decay >= 0.0) {
     if (spec->options.kind != optim::Kind::kAdagrad) {
@@ -293,8 +301,11 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
 uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block) {
   if (options.placement != Tier::kNvme || options.count == 0 || options.chunk_elements == 0)
     return 0;
+  std::vector<size_t> segment_ends;  // int8 moments: segment starts split quantization blocks
+  size_t end = 0;
+  for (size_t length : options.segments) segment_ends.push_back(end += length);
   const StateLayout layout(options.kind, options.state_dtype, options.count, options.chunk_elements,
-                           io_block);
+                           io_block, segment_ends);
   // At least as many chunks as the group puts on NVMe, however it rounds the ratio.
   const double wanted = std::ceil(options.nvme_ratio * static_cast<double>(layout.chunk_count()));
   const size_t nvme_chunks =

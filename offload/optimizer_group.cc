@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -13,6 +14,7 @@
 #include "core/log.h"
 #include "offload/chunk_update.h"
 #include "offload/optimizer_group_impl.h"
+#include "optim/quantize.h"
 
 namespace zoe::offload {
 namespace {
@@ -125,6 +127,22 @@ Status FillInitialState(const ChunkRegions& regions, std::byte* base, const Plac
   return Status::Ok();
 }
 
+// int8 state: the scales and block offset of a piece starting at chunk element `k` (a block
+// start: pieces start at segment starts and stripe starts, both block boundaries).
+void SetBlockScales(const ChunkRegions& regions, std::byte* base, size_t k,
+                    optim::ChunkBuffers* buffers) {
+  const size_t block = regions.BlockAt(k);
+  buffers->block_offset = k % optim::kQuantBlock;
+  if (regions.used[kExpAvgScaleRegion]) {
+    buffers->exp_avg_scale =
+        reinterpret_cast<float*>(base + regions.offset[kExpAvgScaleRegion]) + block;
+  }
+  if (regions.used[kExpAvgSqScaleRegion]) {
+    buffers->exp_avg_sq_scale =
+        reinterpret_cast<float*>(base + regions.offset[kExpAvgSqScaleRegion]) + block;
+  }
+}
+
 // Updates elements [from, to) of the chunk whose state is at `base` with gradient view `grad`
 // and step `step`, writing the parameter view `param` (null: none) in its dtype.
 Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
@@ -144,6 +162,7 @@ Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInput
   if (regions.used[2]) buffers.exp_avg_sq = base + regions.offset[2] + k * state_bytes;
   if (fused_copy) buffers.param_copy = ElementAt(*param, from);
   buffers.count = to - from;
+  if (in.state_dtype == DType::kI8) SetBlockScales(regions, base, k, &buffers);
   ZOE_RETURN_IF_ERROR(optim::UpdateChunk(*in.hyper, step, layout, buffers, in.scaling, run));
   if (param != nullptr && !fused_copy) {
     std::memcpy(ElementAt(*param, from), buffers.master, buffers.count * sizeof(float));
@@ -177,12 +196,95 @@ Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const Step
   return Status::Ok();
 }
 
+// int8 state, a block [from, to) that gradient or parameter views cut: its gradients are
+// gathered (widened exactly to fp32) and its parameters scattered (with the kernels' rounding)
+// through staging buffers, so the block is updated in one call, as if one view held it.
+Status UpdateStagedBlock(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
+                         size_t from, size_t to, int64_t step, const optim::RunOptions& run) {
+  std::array<float, optim::kQuantBlock> grad_buffer;
+  std::array<float, optim::kQuantBlock> param_buffer;
+  for (auto view = FindView(*in.grads, from); view != in.grads->end() && view->offset < to;
+       ++view) {
+    const size_t a = std::max(from, view->offset), b = std::min(to, view->end());
+    // Absent gradients are whole segments, and a block lies in one segment.
+    if (!view->present()) return Status::Ok();
+    if (view->dtype == DType::kF32) {
+      std::memcpy(&grad_buffer[a - from], ElementAt(*view, a), (b - a) * sizeof(float));
+    } else {
+      ZOE_RETURN_IF_ERROR(
+          optim::CastToF32(ElementAt(*view, a), view->dtype, &grad_buffer[a - from], b - a, run));
+    }
+  }
+  const PlacedView grad{from, reinterpret_cast<std::byte*>(grad_buffer.data()), DType::kF32,
+                        to - from};
+  const PlacedView param{from, reinterpret_cast<std::byte*>(param_buffer.data()), DType::kF32,
+                         to - from};
+  const bool with_params = !in.params->empty();
+  ZOE_RETURN_IF_ERROR(
+      UpdatePiece(regions, base, in, grad, with_params ? &param : nullptr, from, to, step, run));
+  if (!with_params) return Status::Ok();
+  for (auto view = FindView(*in.params, from); view != in.params->end() && view->offset < to;
+       ++view) {
+    const size_t a = std::max(from, view->offset), b = std::min(to, view->end());
+    if (view->dtype == DType::kF32) {
+      std::memcpy(ElementAt(*view, a), &param_buffer[a - from], (b - a) * sizeof(float));
+    } else {
+      ZOE_RETURN_IF_ERROR(optim::CastFromF32(&param_buffer[a - from], view->dtype,
+                                             ElementAt(*view, a), b - a, run));
+    }
+  }
+  return Status::Ok();
+}
+
+// int8 state: UpdateChunkRange with whole quantization blocks. A piece that a gradient or
+// parameter view ends inside a block updates the blocks before that one directly and the cut
+// block staged; every block is updated exactly once, with its segment's step.
+Status UpdateQuantizedRange(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
+                            size_t begin, size_t end, const optim::RunOptions& run) {
+  const size_t last = regions.first + end;
+  const bool with_params = !in.params->empty();
+  for (size_t pos = regions.first + begin; pos < last;) {
+    const size_t segment = SegmentAt(in.segment_ends, pos);
+    const size_t segment_end = std::min(last, in.segment_ends[segment]);
+    const auto grad = FindView(*in.grads, pos);
+    const auto param = with_params ? FindView(*in.params, pos) : in.params->end();
+    const size_t piece_end =
+        std::min({segment_end, grad->end(), with_params ? param->end() : segment_end});
+    const int64_t step = in.segment_step[segment];
+    const size_t relative_end = piece_end - regions.first;
+    if (piece_end == segment_end || relative_end % optim::kQuantBlock == 0) {
+      if (grad->present()) {
+        ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
+                                        pos, piece_end, step, run));
+      }
+      pos = piece_end;
+      continue;
+    }
+    // The block holding piece_end starts at a multiple of kQuantBlock, or at pos (a block start).
+    const size_t cut =
+        std::max(pos, regions.first + relative_end / optim::kQuantBlock * optim::kQuantBlock);
+    if (cut > pos && grad->present()) {
+      ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
+                                      pos, cut, step, run));
+    }
+    const size_t cut_end =
+        std::min(segment_end,
+                 regions.first + CeilDiv(relative_end, optim::kQuantBlock) * optim::kQuantBlock);
+    ZOE_RETURN_IF_ERROR(UpdateStagedBlock(regions, base, in, cut, cut_end, step, run));
+    pos = cut_end;
+  }
+  return Status::Ok();
+}
+
 // Updates one chunk whose state is at `base` in stripes on the kernel threads (chunk_update.h),
 // verifying and computing its block checksums as `checksums` asks.
 Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
                         const ChunkChecksums& checksums = {}) {
   return UpdateInStripes(regions, base, checksums, *in.run,
                          [&](size_t begin, size_t end, const optim::RunOptions& run) {
+                           if (in.state_dtype == DType::kI8) {
+                             return UpdateQuantizedRange(regions, base, in, begin, end, run);
+                           }
                            return UpdateChunkRange(regions, base, in, begin, end, run);
                          });
 }
@@ -226,8 +328,9 @@ Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r)
     return bad(fmt::format("kind {} is unknown; allowed: adamw, adam, adagrad, lion",
                            static_cast<int>(o.kind)));
   }
-  if (o.state_dtype != DType::kF32 && o.state_dtype != DType::kBF16) {
-    return bad(fmt::format("state_dtype {} is not supported; allowed: fp32, bf16",
+  if (o.state_dtype != DType::kF32 && o.state_dtype != DType::kBF16 &&
+      o.state_dtype != DType::kI8) {
+    return bad(fmt::format("state_dtype {} is not supported; allowed: fp32, bf16, int8",
                            IsKnownDType(o.state_dtype) ? optim::DTypeName(o.state_dtype)
                                                        : std::string_view("unknown")));
   }
@@ -270,7 +373,8 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
       count(options.count),
       segment_ends(SegmentEnds(options)),
       resources(borrowed),
-      layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block),
+      layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block,
+             segment_ends),
       nvme_count(NvmeChunkCount(options, layout.chunk_count())),
       scanner(options.count, options.run.tile_elements),
       chunk_covered(layout.chunk_count(), 0),
@@ -550,6 +654,69 @@ Status OptimizerGroup::CheckStateRange(StateSlot slot, size_t offset, size_t len
   return Status::Ok();
 }
 
+namespace {
+
+// int8 state: calls fn(widened_from, widened_to, from, to) for each stretch of chunk elements
+// [from, to) (relative to the chunk) between block splits, widened to whole blocks; the scales of
+// a widened stretch are contiguous from regions.BlockAt(widened_from) on.
+template <class Fn>
+Status ForEachQuantizedRun(const ChunkRegions& regions, size_t from, size_t to, const Fn& fn) {
+  std::vector<size_t> bounds = {0};
+  bounds.insert(bounds.end(), regions.block_splits.begin(), regions.block_splits.end());
+  bounds.push_back(regions.count);
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    const size_t a = std::max(from, bounds[i]), b = std::min(to, bounds[i + 1]);
+    if (a >= b) continue;
+    const size_t wide_a = std::max(bounds[i], a / optim::kQuantBlock * optim::kQuantBlock);
+    const size_t wide_b =
+        std::min(bounds[i + 1], CeilDiv(b, optim::kQuantBlock) * optim::kQuantBlock);
+    ZOE_RETURN_IF_ERROR(fn(wide_a, wide_b, a, b));
+  }
+  return Status::Ok();
+}
+
+size_t ScaleRegionOf(size_t r) { return r == 1 ? kExpAvgScaleRegion : kExpAvgSqScaleRegion; }
+optim::Moment MomentOf(size_t r) {
+  return r == 1 ? optim::Moment::kExpAvg : optim::Moment::kExpAvgSq;
+}
+
+// Dequantizes chunk elements [from, to) of int8 region `r` (1 or 2) into out.
+Status ReadQuantized(const ChunkRegions& regions, const std::byte* state, size_t r, size_t from,
+                     size_t to, float* out) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(state + regions.offset[r]);
+  const auto* scales = reinterpret_cast<const float*>(state + regions.offset[ScaleRegionOf(r)]);
+  std::vector<float> block_values;
+  return ForEachQuantizedRun(regions, from, to, [&](size_t wa, size_t wb, size_t a, size_t b) {
+    block_values.resize(wb - wa);
+    ZOE_RETURN_IF_ERROR(optim::DequantizeMoments(MomentOf(r), codes + wa,
+                                                 scales + regions.BlockAt(wa), wb - wa,
+                                                 wa % optim::kQuantBlock, block_values.data()));
+    std::copy(block_values.begin() + (a - wa), block_values.begin() + (b - wa), out + (a - from));
+    return Status::Ok();
+  });
+}
+
+// Stores values[0, to - from) as chunk elements [from, to) of int8 region `r`: each block it
+// touches is dequantized, overwritten where asked and requantized (an element of a partly
+// written block keeps its value within the code's error, its byte when the absmax holds).
+Status WriteQuantized(const ChunkRegions& regions, std::byte* state, size_t r, size_t from,
+                      size_t to, const float* values) {
+  auto* codes = reinterpret_cast<uint8_t*>(state + regions.offset[r]);
+  auto* scales = reinterpret_cast<float*>(state + regions.offset[ScaleRegionOf(r)]);
+  std::vector<float> block_values;
+  return ForEachQuantizedRun(regions, from, to, [&](size_t wa, size_t wb, size_t a, size_t b) {
+    const size_t block = regions.BlockAt(wa), offset = wa % optim::kQuantBlock;
+    block_values.resize(wb - wa);
+    ZOE_RETURN_IF_ERROR(optim::DequantizeMoments(MomentOf(r), codes + wa, scales + block, wb - wa,
+                                                 offset, block_values.data()));
+    std::copy(values + (a - from), values + (b - from), block_values.begin() + (a - wa));
+    return optim::QuantizeMoments(MomentOf(r), block_values.data(), wb - wa, offset, codes + wa,
+                                  scales + block);
+  });
+}
+
+}  // namespace
+
 Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float> out) const {
   ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, out.size()));
   Impl& impl = *impl_;
@@ -570,6 +737,12 @@ Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float>
       state = impl.host_state(c);
     }
     const size_t to = std::min(end, regions.first + regions.count);
+    if (options_.state_dtype == optim::DType::kI8 && r != 0) {
+      ZOE_RETURN_IF_ERROR(ReadQuantized(regions, state, r, pos - regions.first, to - regions.first,
+                                        out.data() + (pos - offset)));
+      pos = to;
+      continue;
+    }
     const std::byte* src =
         state + regions.offset[r] + (pos - regions.first) * regions.element_bytes[r];
     float* dst = out.data() + (pos - offset);
@@ -589,6 +762,10 @@ Status OptimizerGroup::StoreState(size_t chunk, std::byte* state, size_t r, size
   const ChunkRegions regions = impl_->layout.chunk(chunk);
   const size_t from = std::max(offset, regions.first);
   const size_t to = std::min(offset + values.size(), regions.first + regions.count);
+  if (options_.state_dtype == optim::DType::kI8 && r != 0) {
+    return WriteQuantized(regions, state, r, from - regions.first, to - regions.first,
+                          values.data() + (from - offset));
+  }
   std::byte* dst = state + regions.offset[r] + (from - regions.first) * regions.element_bytes[r];
   const float* src = values.data() + (from - offset);
   if (regions.element_bytes[r] == sizeof(float)) {
@@ -606,6 +783,7 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   impl.prepared_load.reset();
   if (values.empty()) return Status::Ok();
   const auto r = static_cast<size_t>(slot);
+  ZOE_RETURN_IF_ERROR(CheckQuantizable(slot, offset, values));
   const size_t first = impl.layout.ChunkOf(offset);
   const size_t last = impl.layout.ChunkOf(offset + values.size() - 1);
   std::vector<size_t> nvme_chunks;
@@ -620,6 +798,21 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   impl.Flip(nvme_chunks);
   for (size_t c = std::max(first, impl.nvme_count); c <= last; ++c) {
     ZOE_RETURN_IF_ERROR(StoreState(c, impl.host_state(c), r, offset, values));
+  }
+  return Status::Ok();
+}
+
+// int8 moments hold finite values, exp_avg_sq's none below zero: checked before anything is
+// written, so a bad value loses nothing.
+Status OptimizerGroup::CheckQuantizable(StateSlot slot, size_t offset,
+                                        std::span<const float> values) const {
+  if (options_.state_dtype != optim::DType::kI8 || slot == StateSlot::kMaster) return Status::Ok();
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i]) && (slot == StateSlot::kExpAvg || values[i] >= 0.0f)) continue;
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': {} element {} is {}; allowed with int8 moments: finite values{}",
+        options_.name, SlotName(slot), offset + i, values[i],
+        slot == StateSlot::kExpAvgSq ? ", >= 0" : ""));
   }
   return Status::Ok();
 }

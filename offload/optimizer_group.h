@@ -3,9 +3,10 @@
 //
 // Layout. The group's `count` parameters are cut into chunks of `chunk_elements` (the last one
 // shorter). A chunk's whole state -- master (fp32), exp_avg and exp_avg_sq (state_dtype), each
-// region starting on a 4096-byte boundary -- is one aligned extent, so one read and one write move
-// it. A chunk lives on NVMe or in pinned HOST memory: placement kHost keeps every chunk in HOST;
-// kNvme puts the first round(nvme_ratio * chunks) chunks on NVMe and the rest in HOST (DeepSpeed's
+// region starting on a 4096-byte boundary, and for int8 moments the scales of their quantization
+// blocks (optimizer_group_layout.h) -- is one aligned extent, so one read and one write move it. A
+// chunk lives on NVMe or in pinned HOST memory: placement kHost keeps every chunk in HOST; kNvme
+// puts the first round(nvme_ratio * chunks) chunks on NVMe and the rest in HOST (DeepSpeed's
 // offload_optimizer.ratio).
 //
 // Atomic steps. Every NVMe chunk owns two extents ("slots"); a step reads the live slot and writes
@@ -72,7 +73,7 @@ struct ParamView {
 struct OptimizerGroupOptions {
   std::string name;  // non-empty; named in errors, statistics and checkpoints
   optim::Kind kind = optim::Kind::kAdamW;
-  optim::DType state_dtype = optim::DType::kF32;  // moments: kF32 or kBF16
+  optim::DType state_dtype = optim::DType::kF32;  // moments: kF32, kBF16 or kI8
   size_t count = 0;                               // parameters, > 0
   // Lengths of the segments, in element order, summing to `count` (a length may be 0, for a
   // parameter without elements). Empty: one segment, the whole group.
@@ -219,6 +220,7 @@ class OptimizerGroup {
   void CountStep(const std::vector<bool>& present_segments, StepReport* report);
   // Stores the part of `values` (state elements from `offset`) that falls in `chunk` into region
   // `region` of the chunk's state at `state`.
+  Status CheckQuantizable(StateSlot slot, size_t offset, std::span<const float> values) const;
   Status StoreState(size_t chunk, std::byte* state, size_t region, size_t offset,
                     std::span<const float> values) const;
 

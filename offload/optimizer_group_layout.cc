@@ -3,24 +3,56 @@
 #include <algorithm>
 
 #include "core/aligned_buffer.h"
+#include "optim/quantize.h"
 
 namespace zoe::offload {
 
+size_t ChunkRegions::BlockAt(size_t element) const {
+  const auto splits_before = static_cast<size_t>(
+      std::lower_bound(block_splits.begin(), block_splits.end(), element) - block_splits.begin());
+  return CeilDiv(element, optim::kQuantBlock) + splits_before;
+}
+
 StateLayout::StateLayout(optim::Kind kind, optim::DType state_dtype, size_t count,
-                         size_t chunk_elements, uint64_t io_block)
+                         size_t chunk_elements, uint64_t io_block,
+                         std::span<const size_t> segment_ends)
     : kind_(kind),
       state_dtype_(state_dtype),
       count_(count),
       chunk_elements_(chunk_elements),
       io_block_(io_block),
-      chunk_count_(CeilDiv(count, chunk_elements)) {}
+      chunk_count_(CeilDiv(count, chunk_elements)),
+      split_begin_(chunk_count_ + 1, 0) {
+  if (state_dtype != optim::DType::kI8) return;
+  // Segment starts are the ends of every segment but the last (repeated by empty segments).
+  std::vector<size_t> chunk_of_split;
+  size_t previous = 0;
+  for (size_t s = 0; s + 1 < segment_ends.size(); ++s) {
+    const size_t start = segment_ends[s];
+    if (start == previous || start >= count) continue;
+    previous = start;
+    const size_t relative = start % chunk_elements;
+    if (relative % optim::kQuantBlock == 0) continue;
+    block_splits_.push_back(relative);
+    chunk_of_split.push_back(start / chunk_elements);
+  }
+  for (size_t chunk : chunk_of_split) ++split_begin_[chunk + 1];
+  for (size_t c = 0; c < chunk_count_; ++c) split_begin_[c + 1] += split_begin_[c];
+}
 
 ChunkRegions StateLayout::chunk(size_t index) const {
   ChunkRegions regions;
   regions.first = index * chunk_elements_;
   regions.count = std::min(chunk_elements_, count_ - regions.first);
-  regions.used = {true, optim::UsesExpAvg(kind_), optim::UsesExpAvgSq(kind_)};
-  regions.element_bytes = {4, optim::SizeOf(state_dtype_), optim::SizeOf(state_dtype_)};
+  const bool quantized = state_dtype_ == optim::DType::kI8;
+  regions.used = {true, optim::UsesExpAvg(kind_), optim::UsesExpAvgSq(kind_),
+                  quantized && optim::UsesExpAvg(kind_), quantized && optim::UsesExpAvgSq(kind_)};
+  regions.element_bytes = {4, optim::SizeOf(state_dtype_), optim::SizeOf(state_dtype_), 4, 4};
+  if (quantized) {
+    regions.block_splits = std::span(block_splits_.data() + split_begin_[index],
+                                     split_begin_[index + 1] - split_begin_[index]);
+    regions.block_count = CeilDiv(regions.count, optim::kQuantBlock) + regions.block_splits.size();
+  }
   uint64_t end = 0;
   for (size_t r = 0; r < kStateRegions; ++r) {
     regions.offset[r] = end;

@@ -1,16 +1,25 @@
 // StateLayout: where an optimizer group's state lives inside each chunk's extent.
 //
 // The group's `count` parameters are cut into chunks of `chunk_elements` (the last one shorter).
-// A chunk's extent holds up to three regions, in this order: master (fp32), exp_avg and
-// exp_avg_sq (the state dtype), each starting on a 4096-byte boundary; a region the optimizer
-// kind does not use (Adagrad's exp_avg, Lion's exp_avg_sq) takes no bytes. The extent's length
-// is rounded up to `io_block` (4096, or the swap space's checksum block), so one aligned read and
-// one aligned write move a chunk's whole state.
+// A chunk's extent holds up to five regions, in this order: master (fp32), exp_avg and
+// exp_avg_sq (the state dtype), and for int8 state the fp32 scales of exp_avg's and exp_avg_sq's
+// quantization blocks, each starting on a 4096-byte boundary; a region the optimizer kind does
+// not use (Adagrad's exp_avg, Lion's exp_avg_sq, the scales of other state types) takes no
+// bytes. The extent's length is rounded up to `io_block` (4096, or the swap space's checksum
+// block), so one aligned read and one aligned write move a chunk's whole state.
+//
+// Quantization blocks (int8 state). A chunk's blocks start at every multiple of kQuantBlock
+// (relative to the chunk's first element) and at every segment start, so a block never holds
+// elements of two segments (a segment without a gradient keeps every byte of its state, scales
+// included) and never straddles a stripe (stripes start at multiples of 4096 elements). A block
+// cut by a segment start is split in two, each with its own scale.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "optim/types.h"
 
@@ -23,26 +32,42 @@ inline constexpr size_t CeilDiv(size_t value, size_t divisor) {
 }
 
 inline constexpr uint64_t kStateRegionAlignment = 4096;
-inline constexpr size_t kStateRegions = 3;  // master, exp_avg, exp_avg_sq (StateSlot order)
+// master, exp_avg, exp_avg_sq (StateSlot order): one entry per element.
+inline constexpr size_t kElementRegions = 3;
+// ... then exp_avg's and exp_avg_sq's block scales (int8 state): one fp32 per block.
+inline constexpr size_t kExpAvgScaleRegion = 3;
+inline constexpr size_t kExpAvgSqScaleRegion = 4;
+inline constexpr size_t kStateRegions = 5;
 
 struct ChunkRegions {
   size_t first = 0;  // the group's first element in this chunk
   size_t count = 0;  // elements in this chunk
   std::array<bool, kStateRegions> used{};
   std::array<uint64_t, kStateRegions> offset{};         // byte offset inside the extent
-  std::array<uint64_t, kStateRegions> element_bytes{};  // 4 for master, the state dtype's size
+  std::array<uint64_t, kStateRegions> element_bytes{};  // 4 for master and scales, the state's
   uint64_t bytes = 0;                                   // the extent's length
+  // int8 state: the chunk's quantization blocks, and the segment starts (relative to `first`,
+  // ascending) that are not multiples of kQuantBlock, each of which splits a block.
+  size_t block_count = 0;
+  std::span<const size_t> block_splits;
 
-  // Bytes of region `r` that hold elements (without the alignment padding).
-  uint64_t payload(size_t r) const { return used[r] ? count * element_bytes[r] : 0; }
+  // Bytes of region `r` that hold elements or scales (without the alignment padding).
+  uint64_t payload(size_t r) const {
+    if (!used[r]) return 0;
+    return (r < kElementRegions ? count : block_count) * element_bytes[r];
+  }
+  // int8 state: the block starting at chunk element `element` (a multiple of kQuantBlock or a
+  // segment start): its index among the chunk's blocks.
+  size_t BlockAt(size_t element) const;
 };
 
 class StateLayout {
  public:
   // Preconditions (checked by the group): count > 0, chunk_elements > 0, io_block a power of two
-  // and a multiple of 4096, state dtype kF32 or kBF16.
+  // and a multiple of 4096, state dtype kF32, kBF16 or kI8. `segment_ends`: the exclusive end of
+  // each segment, ascending, the last one `count` (only kI8 uses them).
   StateLayout(optim::Kind kind, optim::DType state_dtype, size_t count, size_t chunk_elements,
-              uint64_t io_block);
+              uint64_t io_block, std::span<const size_t> segment_ends = {});
 
   size_t chunk_count() const { return chunk_count_; }
   size_t chunk_elements() const { return chunk_elements_; }
@@ -62,6 +87,10 @@ class StateLayout {
   size_t chunk_elements_;
   uint64_t io_block_;
   size_t chunk_count_;
+  // kI8: every segment start that splits a block, relative to its chunk, grouped by chunk:
+  // chunk c's are block_splits_[split_begin_[c], split_begin_[c + 1]).
+  std::vector<size_t> block_splits_;
+  std::vector<size_t> split_begin_;
 };
 
 }  // namespace zoe::offload

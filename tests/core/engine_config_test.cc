@@ -527,7 +527,7 @@ TEST(EngineConfig, EnumValuesOutsideTheirSetAreErrors) {
       {R"({"zoe": {"device": "gpu"}})", "zoe.device = 'gpu' is not allowed;"},
       {R"({"zoe": {"device": "cdua"}})", "did you mean 'cuda'? allowed: auto, cuda, host"},
       {R"({"zoe": {"eviction": "belady"}})", "zoe.eviction = 'belady' is not allowed; "},
-      {R"({"zoe": {"moment_dtype": "fp16"}})", "allowed: fp32, bf16"},
+      {R"({"zoe": {"moment_dtype": "fp16"}})", "allowed: fp32, bf16, int8"},
       {R"({"zoe": {"log_level": "verbose"}})",
        "allowed: trace, debug, info, warn, error, critical, off"},
   });

@@ -254,7 +254,7 @@ TEST(EngineSetup, GroupDocumentErrorsNameTheKey) {
       {R"({"name": "g", "betas": [0.9, 1.5]})", 10, "beta2"},
       {R"({"name": "g", "type": "adagard"})", 10, "did you mean 'adagrad'?"},
       {R"({"name": "g", "lr_decay": 0.1})", 10, "lr_decay applies to adagrad only"},
-      {R"({"name": "g", "moment_dtype": "fp16"})", 10, "allowed: fp32, bf16"},
+      {R"({"name": "g", "moment_dtype": "fp16"})", 10, "allowed: fp32, bf16, int8"},
       {R"({"name": "g", "eps": 0})", 10, "eps"},
       {R"({"name": "g", "lr": -1})", 10, "lr = -1 is out of range"},
       {R"({"name": "a/b"})", 10, "cannot name a checkpoint file"},
