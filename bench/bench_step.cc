@@ -31,16 +31,32 @@ struct StepCliOptions {
   std::string output_format = "text";
 };
 
+// "fp32", "bf16", "int8" or a comma list of them (each run in turn); "both" is fp32,bf16.
+Result<std::vector<optim::DType>> ParseMomentDTypes(const std::string& list) {
+  if (list == "both") return std::vector<optim::DType>{optim::DType::kF32, optim::DType::kBF16};
+  std::vector<optim::DType> dtypes;
+  size_t begin = 0;
+  while (begin <= list.size()) {
+    const size_t comma = std::min(list.find(',', begin), list.size());
+    const std::string word = list.substr(begin, comma - begin);
+    if (word != "fp32" && word != "bf16" && word != "int8") {
+      return Status::InvalidArgument("--moment-dtype: '" + word +
+                                     "' is not a moment dtype; allowed: fp32, bf16, int8, a comma "
+                                     "list of them (e.g. fp32,bf16,int8), or both (fp32,bf16)");
+    }
+    ZOE_ASSIGN_OR_RETURN(optim::DType dtype, optim::ParseDType(word));
+    dtypes.push_back(dtype);
+    begin = comma + 1;
+  }
+  return dtypes;
+}
+
 Result<StepBenchSpec> ToSpec(const StepCliOptions& o) {
   StepBenchSpec spec;
   ZOE_ASSIGN_OR_RETURN(spec.params, config::ParseSizeString(o.params));
   spec.offload = o.offload == "cpu" ? offload::Tier::kHost : offload::Tier::kNvme;
   spec.paths = o.paths;
-  if (o.moment_dtype == "both") {
-    spec.moment_dtypes = {optim::DType::kF32, optim::DType::kBF16};
-  } else {
-    spec.moment_dtypes = {o.moment_dtype == "bf16" ? optim::DType::kBF16 : optim::DType::kF32};
-  }
+  ZOE_ASSIGN_OR_RETURN(spec.moment_dtypes, ParseMomentDTypes(o.moment_dtype));
   spec.steps = o.steps;
   spec.warmup = o.warmup;
   spec.buffer_count = o.buffer_count;
@@ -70,8 +86,9 @@ void Attach(CLI::App& bench) {
   cmd->add_option("--path", o->paths,
                   "directory for the NVMe state (repeat to stripe); default: a temporary "
                   "directory under /var/tmp");
-  cmd->add_option("--moment-dtype", o->moment_dtype, "fp32, bf16, or both (one run each)")
-      ->check(CLI::IsMember({"fp32", "bf16", "both"}));
+  cmd->add_option("--moment-dtype", o->moment_dtype,
+                  "fp32, bf16, int8, or a comma list of them run in turn (e.g. fp32,bf16,int8); "
+                  "both = fp32,bf16");
   cmd->add_option("--steps", o->steps, "timed steps (median reported)");
   cmd->add_option("--warmup", o->warmup, "untimed steps before them");
   cmd->add_option("--buffer-count", o->buffer_count, "pinned pipeline buffers (>= 2)");

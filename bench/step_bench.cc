@@ -27,6 +27,7 @@
 #include "offload/optimizer_group_layout.h"
 #include "optim/chunk.h"
 #include "optim/dispatch.h"
+#include "optim/quantize.h"
 #include "optim/threads.h"
 
 namespace zoe::cli {
@@ -393,6 +394,23 @@ Status RunIoOnlyPhase(Rig& rig, DType moments, io::SwapSpace& swap, StepBenchRes
 
 // The step's compute on in-memory buffers of one chunk: the gradient scan over every element,
 // then the update of every chunk (the same chunk sizes), reusing the buffers.
+// int8 moments: the block scales of `elements` elements (none for other dtypes), held in memory.
+class QuantScales {
+ public:
+  QuantScales(DType moments, uint64_t elements)
+      : exp_avg_(moments == DType::kI8 ? optim::QuantBlockCount(elements, 0) : 0),
+        exp_avg_sq_(exp_avg_.size()) {}
+  // Points `buffers` (starting at element `first`, a multiple of kQuantBlock) at its scales.
+  void Attach(uint64_t first, optim::ChunkBuffers* buffers) {
+    if (exp_avg_.empty()) return;
+    buffers->exp_avg_scale = exp_avg_.data() + first / optim::kQuantBlock;
+    buffers->exp_avg_sq_scale = exp_avg_sq_.data() + first / optim::kQuantBlock;
+  }
+
+ private:
+  std::vector<float> exp_avg_, exp_avg_sq_;
+};
+
 Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
   const uint64_t count = rig.spec.params;
   const uint64_t chunk = out->chunk_elements;
@@ -409,6 +427,7 @@ Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
       optim::AllocateFirstTouch(chunk * state_bytes, tile * state_bytes, rig.run.executor));
   const optim::ChunkLayout chunk_layout{DType::kF32, moments, std::nullopt};
   const optim::HyperParams hyper = BenchHyper();
+  QuantScales scales(moments, chunk);
   int64_t step = 0;
   ZOE_ASSIGN_OR_RETURN(
       out->compute_only_seconds, MedianSeconds(rig.spec.warmup, rig.spec.steps, [&]() -> Status {
@@ -422,12 +441,13 @@ Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
         }
         ZOE_ASSIGN_OR_RETURN(optim::StepScaling scaling, optim::MakeStepScaling(total, 1.0, 0.0));
         for (uint64_t first = 0; first < count; first += chunk) {
-          const optim::ChunkBuffers buffers{reinterpret_cast<float*>(master.data()),
-                                            views.values.data(),
-                                            m.data(),
-                                            v.data(),
-                                            nullptr,
-                                            std::min(chunk, count - first)};
+          optim::ChunkBuffers buffers{reinterpret_cast<float*>(master.data()),
+                                      views.values.data(),
+                                      m.data(),
+                                      v.data(),
+                                      nullptr,
+                                      std::min(chunk, count - first)};
+          scales.Attach(0, &buffers);
           ZOE_RETURN_IF_ERROR(
               optim::UpdateChunk(hyper, step, chunk_layout, buffers, scaling.scaling, rig.run));
         }
@@ -505,6 +525,7 @@ class Baseline {
     b->subgroup_ =
         std::max(kElementGranule, budget / per_element / kElementGranule * kElementGranule);
     b->subgroup_ = std::min(b->subgroup_, AlignUp(rig.spec.params, kElementGranule));
+    b->scales_ = QuantScales(moments, b->subgroup_);
     ZOE_ASSIGN_OR_RETURN(b->buffer_, BaselineBuffer::Allocate(memory, b->subgroup_ * per_element));
     std::fill_n(b->buffer_.data(), b->buffer_.size(), std::byte{0});
     const char* names[] = {"master", "exp_avg", "exp_avg_sq"};
@@ -559,7 +580,7 @@ class Baseline {
   }
 
  private:
-  Baseline(Rig& rig, DType moments) : rig_(rig), moments_(moments) {}
+  Baseline(Rig& rig, DType moments) : rig_(rig), moments_(moments), scales_(moments, 0) {}
 
   uint64_t element_bytes(size_t tensor) const { return tensor == 0 ? 4 : optim::SizeOf(moments_); }
   std::byte* region(size_t tensor) {
@@ -591,12 +612,13 @@ class Baseline {
     const optim::ChunkLayout layout{DType::kF32, moments_, std::nullopt};
     const size_t state = optim::SizeOf(moments_);
     for (uint64_t at = 0; at < elements; at += grad_elements) {
-      const optim::ChunkBuffers buffers{reinterpret_cast<float*>(region(0)) + at,
-                                        views_.values.data(),
-                                        region(1) + at * state,
-                                        region(2) + at * state,
-                                        nullptr,
-                                        std::min(grad_elements, elements - at)};
+      optim::ChunkBuffers buffers{reinterpret_cast<float*>(region(0)) + at,
+                                  views_.values.data(),
+                                  region(1) + at * state,
+                                  region(2) + at * state,
+                                  nullptr,
+                                  std::min(grad_elements, elements - at)};
+      scales_.Attach(at, &buffers);
       ZOE_RETURN_IF_ERROR(
           optim::UpdateChunk(BenchHyper(), step_, layout, buffers, scaling.scaling, rig_.run));
     }
@@ -605,6 +627,8 @@ class Baseline {
 
   Rig& rig_;
   DType moments_;
+  // int8 moments: their scales (1/64 of the moments' bytes) stay in memory, not moved by I/O.
+  QuantScales scales_;
   uint64_t subgroup_ = 0;
   BaselineBuffer buffer_;
   std::array<std::unique_ptr<io::FileSet>, 3> files_;
@@ -713,8 +737,8 @@ Status ValidateStepSpec(const StepBenchSpec& spec) {
   }
   if (spec.moment_dtypes.empty()) return Status::InvalidArgument("--moment-dtype: none given");
   for (DType dtype : spec.moment_dtypes) {
-    if (dtype != DType::kF32 && dtype != DType::kBF16) {
-      return Status::InvalidArgument("--moment-dtype: allowed fp32, bf16 or both");
+    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kI8) {
+      return Status::InvalidArgument("--moment-dtype: allowed fp32, bf16, int8 or a comma list");
     }
   }
   if (spec.checksums.empty() || spec.checksums.size() > 2 ||
@@ -817,6 +841,10 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
   if (fp32 != nullptr && bf16 != nullptr) {
     json["bf16_speedup_over_fp32"] = fp32->step_seconds / bf16->step_seconds;
   }
+  const StepBenchResult* int8 = FindRow(report, DType::kI8, report.spec.checksums[0]);
+  if (fp32 != nullptr && int8 != nullptr) {
+    json["int8_speedup_over_fp32"] = fp32->step_seconds / int8->step_seconds;
+  }
   // What verifying every block read back costs the step: (with / without) - 1.
   nlohmann::json cost = nlohmann::json::object();
   for (DType moments : report.spec.moment_dtypes) {
@@ -879,6 +907,10 @@ std::string StepReportTable(const nlohmann::json& json) {
   if (json.contains("bf16_speedup_over_fp32")) {
     out << fmt::format("bf16 moments: {:.2f}x the speed of fp32 moments\n",
                        json["bf16_speedup_over_fp32"].get<double>());
+  }
+  if (json.contains("int8_speedup_over_fp32")) {
+    out << fmt::format("int8 moments: {:.2f}x the speed of fp32 moments\n",
+                       json["int8_speedup_over_fp32"].get<double>());
   }
   return out.str();
 }
