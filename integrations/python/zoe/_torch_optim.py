@@ -533,7 +533,8 @@ class AdamW(_ZoeAdamBase):
     Arguments as torch's, plus keyword-only ``engine`` (a zoe.Engine; else one is created from
     ``config``, a DeepSpeed-shaped configuration such as Hugging Face's ds_config_zero3.json whose
     "auto" values take this optimizer's arguments, or from ``offload`` = "cpu" | "nvme" and
-    ``nvme_path``), ``moment_dtype`` ("fp32" | "bf16"),
+    ``nvme_path``), ``moment_dtype`` ("fp32" | "bf16" | "int8": block-wise quantized, state_dict
+    still holds fp32 moments),
     ``max_grad_norm`` (0: no clipping) and ``name`` (unique per engine; names the zoe groups in
     checkpoints)."""
 

@@ -245,8 +245,8 @@ class Engine:
         """Creates an optimizer group whose master weights start as ``params``.
 
         ``params``: BufferViews that, concatenated, are the group's parameters (borrowed for the
-        call). ``options``: lr, betas, eps, weight_decay, max_grad_norm, moment_dtype ("fp32" or
-        "bf16"), segments (lengths of the segments, each with its own step count), as
+        call). ``options``: lr, betas, eps, weight_decay, max_grad_norm, moment_dtype ("fp32",
+        "bf16" or "int8"), segments (lengths of the segments, each with its own step count), as
         zoe_optim_group_create describes.
         """
         spec = {"name": name, "type": type}
