@@ -227,8 +227,8 @@ ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** o
  * that, concatenated, are the group's parameters; borrowed for the call) and whose state is
  * placed as the engine's configuration says (offload_optimizer: nvme / cpu, ratio, buffer_count,
  * sub_group_size). optim_json: {"name": str, "type": "AdamW"|"Adam"|"Adagrad"|"Lion",
- * "lr", "betas": [b1, b2], "eps", "weight_decay", "max_grad_norm", "moment_dtype": "fp32"|"bf16"|"int8",
- * "segments": [n0, n1, ...]} (all but "name" optional; "Adam" is torch's Adam with L2 weight
+ * "lr", "betas": [b1, b2], "eps", "weight_decay", "max_grad_norm",
+ * "moment_dtype": "fp32"|"bf16"|"int8", "segments": [n0, n1, ...]} (all but "name" optional; "Adam" is torch's Adam with L2 weight
  * decay; Adagrad also takes "lr_decay"; defaults come from the engine's configuration).
  * "segments" cuts the group into segments of those lengths (integers >= 0 adding up to the
  * group's elements; a framework's parameters), each with its own step count and bias correction
