@@ -143,9 +143,10 @@ Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
                  const RunOptions& run = {});
 
 // Quantizes fp32 `values` into kI8 `codes` and `scales` (QuantBlockCount of them) laid out as
-// ChunkBuffers describes; DequantizeMoments is the inverse within MaxQuantError(code) * absmax
-// per element. exp_avg_sq values must not be negative (InvalidArgument otherwise); neither may
-// hold inf or NaN.
+// ChunkBuffers describes; DequantizeMoments is the inverse within e * absmax per element for
+// exp_avg and (2e + e^2) * absmax for exp_avg_sq (stored as its square root), e being
+// MaxQuantError of the moment's code and absmax the largest magnitude of the element's block.
+// exp_avg_sq values must not be negative (InvalidArgument otherwise); neither may hold inf or NaN.
 Status QuantizeMoments(Moment moment, const float* values, size_t count, size_t block_offset,
                        uint8_t* codes, float* scales, const RunOptions& run = {});
 Status DequantizeMoments(Moment moment, const uint8_t* codes, const float* scales, size_t count,

@@ -99,14 +99,21 @@ struct BlockPointers : UpdatePointers {
 };
 
 // Moment loads and stores: in place for fp32/bf16 state; for kI8, dequantized with the block's
-// old scale and stored to the block's fp32 buffer. kSq picks exp_avg_sq, else exp_avg.
+// old scale and stored to the block's fp32 buffer. kSq picks exp_avg_sq, else exp_avg. int8
+// exp_avg_sq holds the square root of the moment (quantize.h): stored through a square root,
+// loaded through a square (both correctly rounded, so every path agrees).
 template <class V, DType S, bool kSq, class P>
 typename V::F LoadMoment(const P& p, size_t i) {
   if constexpr (S == DType::kI8) {
     const QuantCode& code = kSq ? kUnsignedCode : kSignedCode;
     const auto* codes = static_cast<const uint8_t*>(kSq ? p.exp_avg_sq : p.exp_avg);
-    return V::Mul(V::Dequantize(codes + i, code.value.data()),
-                  V::Set(kSq ? p.exp_avg_sq_scale_old : p.exp_avg_scale_old));
+    const typename V::F x = V::Mul(V::Dequantize(codes + i, code.value.data()),
+                                   V::Set(kSq ? p.exp_avg_sq_scale_old : p.exp_avg_scale_old));
+    if constexpr (kSq) {
+      return V::Mul(x, x);  // the square root is what is stored
+    } else {
+      return x;
+    }
   } else {
     return Load<V, S>(kSq ? p.exp_avg_sq : p.exp_avg, i);
   }
@@ -115,7 +122,11 @@ typename V::F LoadMoment(const P& p, size_t i) {
 template <class V, DType S, bool kSq, class P>
 void StoreMoment(const P& p, size_t i, typename V::F x) {
   if constexpr (S == DType::kI8) {
-    V::StoreF32((kSq ? p.exp_avg_sq_out : p.exp_avg_out) + (i - p.begin), x);
+    if constexpr (kSq) {
+      V::StoreF32(p.exp_avg_sq_out + (i - p.begin), V::Sqrt(x));
+    } else {
+      V::StoreF32(p.exp_avg_out + (i - p.begin), x);
+    }
   } else {
     Store<V, S>(kSq ? p.exp_avg_sq : p.exp_avg, i, x);
   }
@@ -255,14 +266,32 @@ void DequantizeBlock(const uint8_t* codes, size_t n, const QuantCode& code, floa
   for (; i < n; ++i) out[i] = code.value[codes[i]] * scale;
 }
 
+// A moment block from and to its stored form: exp_avg (kSigned) as is, exp_avg_sq (unsigned)
+// through its square root.
 template <class V, bool kSigned>
 void QuantizeBlockOf(const float* x, size_t n, uint8_t* codes, float* scale) {
-  QuantizeBlock<V>(x, n, kSigned ? kSignedCode : kUnsignedCode, codes, scale);
+  if constexpr (kSigned) {
+    QuantizeBlock<V>(x, n, kSignedCode, codes, scale);
+  } else {
+    alignas(64) float roots[kQuantBlock];
+    size_t i = 0;
+    for (; i + V::kWidth <= n; i += V::kWidth) V::StoreF32(roots + i, V::Sqrt(V::LoadF32(x + i)));
+    for (; i < n; ++i) roots[i] = ScalarOps::Sqrt(x[i]);
+    QuantizeBlock<V>(roots, n, kUnsignedCode, codes, scale);
+  }
 }
 
 template <class V, bool kSigned>
 void DequantizeBlockOf(const uint8_t* codes, size_t n, float scale, float* out) {
   DequantizeBlock<V>(codes, n, kSigned ? kSignedCode : kUnsignedCode, scale, out);
+  if constexpr (!kSigned) {
+    size_t i = 0;
+    for (; i + V::kWidth <= n; i += V::kWidth) {
+      const auto root = V::LoadF32(out + i);
+      V::StoreF32(out + i, V::Mul(root, root));
+    }
+    for (; i < n; ++i) out[i] = out[i] * out[i];
+  }
 }
 
 // Eight double lanes: vectors accumulate lanes 0..7 with their first eight elements, then their

@@ -9,7 +9,10 @@
 // signed code (exp_avg, Lion's momentum) spends its 254 values on both signs (n = 2^i), the
 // unsigned one (exp_avg_sq, Adagrad's sum) on positive values only (n = 2^(i+1)), so it resolves
 // the second moment twice as finely. Small values keep their relative precision where a linear
-// code would round them to zero, which is what makes 8-bit Adam train like fp32 Adam.
+// code would round them to zero, which is what makes 8-bit Adam train like fp32 Adam. exp_avg_sq
+// is stored as its square root (the kernels take the root before quantizing and square after
+// dequantizing): second moments are squares of gradients and span twice the decades, and one
+// rounded to zero under a non-zero exp_avg would make its step m / eps.
 //
 // Why 256 elements per block: a block's absmax sets the resolution of all its elements, so an
 // outlier costs precision to fewer neighbours in small blocks; 256 keeps the scales at 1/64 byte
