@@ -229,6 +229,8 @@ Json Engine::StatsJson() const {
                         {"tensors_reserved", tier_manager_->host_reserved_bytes()},
                         {"optimizer_used", optimizer_pool_->used_bytes()}};
   out["device"] = {{"present", tier_manager_->has_device()},
+                   {"backend", tier_manager_->device_name()},
+                   {"gpu", tier_manager_->device_is_gpu()},
                    {"budget_bytes", tier_manager_->device_budget_bytes()},
                    {"reserved_bytes", tier_manager_->device_reserved_bytes()}};
   out["groups"] = std::move(groups);
