@@ -569,8 +569,9 @@ class AdamW(_ZoeAdamBase):
     ``config``, a DeepSpeed-shaped configuration such as Hugging Face's ds_config_zero3.json whose
     "auto" values take this optimizer's arguments, or from ``offload`` = "cpu" | "nvme" and
     ``nvme_path``), ``moment_dtype`` ("fp32" | "bf16"),
-    ``max_grad_norm`` (0: no clipping) and ``name`` (unique per engine; names the zoe groups in
-    checkpoints)."""
+    ``max_grad_norm`` (0: no clipping), ``name`` (unique per engine; names the zoe groups in
+    checkpoints) and ``device_backend`` (a zoe.torch.HostTwin: CPU parameters take the device
+    path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``)."""
 
     _ZOE_TYPE = "AdamW"
 
