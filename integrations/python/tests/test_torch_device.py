@@ -281,3 +281,72 @@ def test_paging_into_the_nvme_tier_is_refused(device_paging_engine):
     model = torch.nn.Linear(2, 2)
     with pytest.raises(zoe.InvalidArgument, match="allowed: zoe.Tier.HOST, zoe.Tier.DEVICE"):
         zoe.torch.offload_parameters(model, device_paging_engine, tier=zoe.Tier.NVME)
+
+
+# --- failed copies ---------------------------------------------------------------------------
+
+
+class FailingTwin(HostTwin):
+    """A twin whose device -> host copies fail from the ``fail_from``-th one on while armed."""
+
+    def __init__(self, fail_from):
+        super().__init__(adversarial=True)
+        self.fail_from = fail_from
+        self.failing = True
+        self.to_host = 0
+
+    def copy_to_host(self, src, dst):
+        self.to_host += 1
+        if self.failing and self.to_host >= self.fail_from:
+            raise RuntimeError("injected copy failure")
+        return super().copy_to_host(src, dst)
+
+
+@pytest.mark.parametrize("overlapped", [True, False], ids=["in-backward", "at-step"])
+def test_failed_gradient_copy_leaves_the_state_and_the_next_step_exact(engine, overlapped):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    # The fifth copy of the second step fails: overlapped, two gradients were handed over by then.
+    backend = FailingTwin(fail_from=len(list(model.parameters())) + 5)
+    zoe_opt = zoe.torch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, engine=engine,
+                              device_backend=backend)
+    for step in range(3):
+        x, y = batch(step)
+        for m, opt in ((reference, torch_opt), (model, zoe_opt)):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            if opt is zoe_opt and step == 1:
+                before = zoe_opt.state_dict()
+                with pytest.raises(RuntimeError, match="injected copy failure"):
+                    backward(loss, zoe_opt, overlapped)
+                    zoe_opt.step()
+                after = zoe_opt.state_dict()
+                skipped = engine.stats()["groups"][0]["steps_skipped"]
+                assert skipped == (1 if overlapped else 0)  # zoe dropped what it was handed
+                for index, entry in before["state"].items():  # nothing changed
+                    for key in ("exp_avg", "exp_avg_sq", "step"):
+                        assert torch.equal(after["state"][index][key], entry[key])
+                backend.failing = False
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(m(x), y)
+            backward(loss, zoe_opt, overlapped and opt is zoe_opt)
+            opt.step()
+        assert_params_close(model, reference)
+    assert zoe_opt.last_step[0].steps_taken == 3
+    zoe_opt.close()
+
+
+def test_sparse_gradient_is_refused_and_changes_nothing(engine):
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(10, 4, sparse=True)
+    zoe_opt = twin_optimizer(model, engine)
+    before = model.weight.detach().clone()
+    model(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(zoe.InvalidArgument,
+                       match="gradient of parameter 0 of param group 0: sparse gradient"):
+        zoe_opt.step()
+    assert torch.equal(model.weight, before)
+    model.weight.grad = model.weight.grad.to_dense()
+    zoe_opt.step()
+    assert zoe_opt.last_step[0].steps_taken == 1 and not torch.equal(model.weight, before)
+    zoe_opt.close()

@@ -29,7 +29,7 @@ import torch
 from . import _capi
 from ._torch_common import _DTYPES, _invalid, _pager_of
 from .engine import BufferView
-from .errors import NoSpace
+from .errors import FailedPrecondition, Internal, NoSpace
 
 # zoe tensors occupy whole chunks (zoe.chunk_size, 64 MiB by default); staging is rounded to it
 # when the optimizer sizes its engine's tensor swap space.
@@ -301,10 +301,47 @@ class DeviceGroup:
 
     def _hook_for(self, index):
         def hook():
-            if self.armed:
+            if not self.armed:
+                return
+            try:
                 self._copy_grad(index)
                 self._hand_over_ready()
+            except BaseException:
+                self.abandon()
+                raise
         return hook
+
+    def abandon(self):
+        """Drops the step being gathered: copies in flight are waited for and forgotten, and the
+        gradients already handed to zoe are consumed by a step zoe skips (one gradient handed as
+        NaN, the others as "no gradient"), which changes nothing. param.grad stays as it is, so
+        step() can start the gathering again."""
+        for _, event in self._pending:
+            with contextlib.suppress(Exception):
+                self.backend.wait(event)
+        self._pending = []
+        if not self._handed:
+            return
+        missing = [index for index in range(len(self.params)) if index not in self._handed]
+        self._handed = set()
+        if not missing:  # zoe holds every gradient: a step() would consume them
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"param group {self.group_index}: every gradient was handed to zoe before the "
+                "failure; call step() to take the step",
+            )
+        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        poison = self._grad_host[missing[0]]
+        poison.fill_(float("nan"))
+        zoe_group.accumulate_grad(self.offsets[missing[0]], _staged_view(poison))
+        for index in missing[1:]:
+            param = self.params[index]
+            zoe_group.accumulate_grad(
+                self.offsets[index], BufferView(0, _DTYPES[param.dtype], param.numel())
+            )
+        result = zoe_group.step(None, grads=[], params_out=[])
+        if not result.skipped:
+            raise Internal(_capi.Status.INTERNAL, "an abandoned step was not skipped by zoe")
 
     def _copy_grad(self, index):
         """Starts the device -> host copy of a parameter's gradient (final now)."""
@@ -396,15 +433,17 @@ class DeviceGroup:
         ]
         try:
             self._drain()
-            for event in self._to_device:  # staging of the previous step's parameters is free
-                self.backend.wait(event)
-            self._to_device = []
-            zoe_group = self.optimizer._zoe_groups[self.group_index]
-            views = [_staged_view(values) for values in self._param_host]
-            result = zoe_group.step(hyper, grads=[], params_out=views)
-        finally:
-            self._handed = set()
-            self._pending = []
+        except BaseException:
+            self.abandon()
+            raise
+        for event in self._to_device:  # staging of the previous step's parameters is free
+            self.backend.wait(event)
+        self._to_device = []
+        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        views = [_staged_view(values) for values in self._param_host]
+        # A zoe step that fails keeps the gradients handed to it: step() again retries it.
+        result = zoe_group.step(hyper, grads=[], params_out=views)
+        self._handed = set()
         if not result.skipped:
             self._copy_params_to_device(present)
         self.stats["step_seconds"] += time.perf_counter() - started
