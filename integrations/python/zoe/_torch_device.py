@@ -226,7 +226,8 @@ def _post_accumulate_hook(param, hook):
     node). Returns (handle, node to keep alive)."""
     if hasattr(param, "register_post_accumulate_grad_hook"):
         return param.register_post_accumulate_grad_hook(lambda _: hook()), None
-    node = param.expand_as(param).grad_fn.next_functions[0][0]
+    with torch.enable_grad():  # an optimizer may be built under no_grad
+        node = param.expand_as(param).grad_fn.next_functions[0][0]
     return node.register_hook(lambda *_: hook()), node
 
 
