@@ -60,6 +60,37 @@ def test_fp32_twin_matches_torch_over_50_steps(engine, overlapped):
     zoe_opt.close()
 
 
+def test_adam_on_the_twin_matches_torch_adam(nvme_dir):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.Adam(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    with zoe.Engine(small_config(nvme_dir)) as engine:
+        zoe_opt = zoe.torch.Adam(model.parameters(), lr=3e-3, weight_decay=0.1, engine=engine,
+                                 device_backend=HostTwin(adversarial=True))
+        for step in range(10):
+            x, y = batch(step)
+            for m, opt in ((reference, torch_opt), (model, zoe_opt)):
+                opt.zero_grad(set_to_none=True)
+                backward(torch.nn.functional.mse_loss(m(x), y), zoe_opt, True)
+                opt.step()
+            assert_params_close(model, reference)
+        zoe_opt.close()
+
+
+def test_overlap_without_device_groups_changes_nothing(nvme_dir):
+    reference, model = make_model(), make_model()
+    with zoe.Engine(small_config(nvme_dir)) as engine:
+        plain = zoe.torch.AdamW(reference.parameters(), engine=engine, name="plain")
+        overlapped = zoe.torch.AdamW(model.parameters(), engine=engine, name="overlapped")
+        for step in range(3):
+            x, y = batch(step)
+            for m, opt in ((reference, plain), (model, overlapped)):
+                opt.zero_grad(set_to_none=True)
+                backward(torch.nn.functional.mse_loss(m(x), y), overlapped, opt is overlapped)
+                opt.step()
+        assert params_equal(model, reference)
+        assert overlapped._device_groups == [None]
+
+
 def test_bf16_twin_matches_torch_adamw_on_fp32_master_weights(engine):
     model = make_model(torch.bfloat16)
     master_model = copy.deepcopy(model).float()
