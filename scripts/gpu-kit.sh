@@ -13,10 +13,12 @@ bundle=${1:-build/gpu-kit}
 build=${ZOE_KIT_BUILD_DIR:-build/gpu-kit-build}
 programs=(zoe_core_tests zoe_optim_tests)
 
-if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [[ ! -x "$nvcc" ]]; then
   echo "gpu-kit: nvcc not found (PATH or /usr/local/cuda/bin); the kit needs CUDA" >&2
   exit 1
 fi
+mkdir -p "$(dirname "$build")"
 cmake --preset release -B "$build" -DZOE_WITH_CUDA=ON >"$build.log" 2>&1 ||
   { cat "$build.log"; exit 1; }
 cmake --build "$build" -j "${ZOE_KIT_JOBS:-$(nproc)}" --target zoe "${programs[@]}" \
@@ -55,8 +57,7 @@ chmod +x "$bundle/run.sh"
 {
   echo "zoe GPU validation kit"
   echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
-  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) with $(nvcc --version 2>/dev/null | tail -n 1 ||
-    /usr/local/cuda/bin/nvcc --version | tail -n 1)"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) with $("$nvcc" --version | tail -n 1)"
   echo "files:"
   (cd "$bundle" && find . -type f | sort | sed 's/^/  /')
 } >"$bundle/MANIFEST"
