@@ -381,3 +381,8 @@ def test_sparse_gradient_is_refused_and_changes_nothing(engine):
     zoe_opt.step()
     assert zoe_opt.last_step[0].steps_taken == 1 and not torch.equal(model.weight, before)
     zoe_opt.close()
+
+
+def test_a_tensor_instead_of_an_iterable_is_refused_as_torch_refuses_it():
+    with pytest.raises(TypeError, match="iterable of Tensors or dicts"):
+        zoe.torch.AdamW(torch.nn.Parameter(torch.ones(3)), device_backend=HostTwin())

@@ -481,7 +481,9 @@ def overlap(device_groups):
 def listed_params(params, device_backend):
     """``params`` (an iterable of tensors or of param-group dicts) read once into lists, and the
     tensor swap bytes the staging of its device groups needs (0 when every group is stepped on
-    the CPU in place)."""
+    the CPU in place). A tensor is returned as it is, for torch to refuse."""
+    if isinstance(params, torch.Tensor):
+        return params, 0
     params = list(params)
     if params and isinstance(params[0], dict):
         for group in params:
