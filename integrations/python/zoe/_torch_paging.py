@@ -83,7 +83,7 @@ class ParameterPager:
     # --- registration ----------------------------------------------------------------------
 
     def _register(self, prefix):
-        seen = set()
+        seen, devices_checked = set(), set()
         for name, param in self.model.named_parameters():
             if id(param) in seen:
                 continue
@@ -92,7 +92,9 @@ class ParameterPager:
                 continue  # nothing to page
             if param.dtype not in _PAGED_DTYPES:
                 raise _invalid(f"parameter {name!r}: {param.dtype} cannot be paged")
-            _torch_device.check_paging_tier(self.engine, self.tier, param.device)
+            if param.device not in devices_checked:
+                _torch_device.check_paging_tier(self.engine, self.tier, param.device)
+                devices_checked.add(param.device)
             data = param.detach().contiguous().cpu()
             nbytes = data.numel() * data.element_size()
             tensor = self.engine.register_tensor(
