@@ -1,9 +1,9 @@
 """zoe.torch on a CUDA model (run where torch sees a GPU and libzoe.so was built with CUDA;
 skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs them):
 zoe.torch.AdamW on a model on the GPU against torch's AdamW fed the same gradients on the CPU
-(identical bits under EXACT_TORCH), overlapped and not, fp32 and bf16, state in DRAM and on NVMe;
-against torch's AdamW on the GPU (within CUDA's rounding); offload_parameters into the GPU's
-DEVICE tier."""
+(identical bits with torch 1.13 under EXACT_TORCH), overlapped and not, fp32 and bf16, state in
+DRAM and on NVMe; against torch's AdamW on the GPU (within CUDA's rounding); offload_parameters
+into the GPU's DEVICE tier."""
 
 import copy
 
@@ -19,6 +19,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 STEPS = 50
+# zoe's kernels do torch 1.13's single-tensor AdamW arithmetic in its order (test_optim.py); the
+# bits are demanded where that is the torch in use, else the comparison allows CPU rounding.
+EXACT = EXACT_TORCH and torch.__version__.startswith("1.13")
 
 
 def gpu_config(nvme_dir, offload="cpu", **zoe_options):
@@ -80,10 +83,12 @@ def test_cuda_model_matches_torch_adamw_fed_the_same_gradients(engine, dtype, ov
             scheduler.step()
         for (name, reference), param in zip(master.named_parameters(), model.parameters()):
             expected = reference.detach().to(dtype)
-            if EXACT_TORCH:
+            if EXACT:
                 assert torch.equal(param.detach().cpu(), expected), (step, name)
-            else:
+            elif dtype == torch.float32:
                 torch.testing.assert_close(param.detach().cpu(), expected, rtol=1e-5, atol=1e-6)
+            else:  # a last-bit difference of the master can round to the next bf16
+                torch.testing.assert_close(param.detach().cpu(), expected, rtol=2**-7, atol=1e-5)
     assert zoe_opt.last_step[0].steps_taken == STEPS
     zoe_opt.close()
 
