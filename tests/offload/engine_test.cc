@@ -383,6 +383,8 @@ TEST(Engine, TensorsMoveThroughTheTiers) {
   EXPECT_TRUE(stats["io_backend"]["optimizer"].is_null());
   EXPECT_EQ(stats["host_budget"]["tensors"], 256u << 10);
   EXPECT_TRUE(stats["device"]["present"].get<bool>());
+  EXPECT_EQ(stats["device"]["backend"], "host stand-in");
+  EXPECT_FALSE(stats["device"]["gpu"].get<bool>());
 }
 
 TEST(Engine, PrefetchHintsReturnArgumentErrors) {
