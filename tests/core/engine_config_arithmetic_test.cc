@@ -28,7 +28,7 @@ TEST(EngineConfigArithmetic, ExactByDefaultFastWhenAskedAndPrinted) {
 TEST(EngineConfigArithmetic, UnknownValuesNameTheAllowedOnes) {
   Result<EngineConfig> bad = ParseEngineConfig(R"({"zoe": {"arithmetic": "approximate"}})");
   ASSERT_FALSE(bad.ok());
-  const std::string message = bad.status().message();
+  const std::string message(bad.status().message());
   EXPECT_NE(message.find("zoe.arithmetic = 'approximate' is not allowed"), std::string::npos)
       << message;
   EXPECT_NE(message.find("allowed: exact, fast"), std::string::npos) << message;
