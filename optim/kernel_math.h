@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include "optim/convert.h"
@@ -295,16 +296,23 @@ constexpr UpdateFn UpdateEntry() {
   return &Update<V, kind, grad, state, copy, variant>;
 }
 
-template <class V, size_t... I>
+// Entries [kBase, kBase + sizeof...(I)): one fold per optimizer kind, because clang limits a
+// fold expression to 256 operands.
+template <class V, size_t kBase, size_t... I>
 constexpr void FillUpdates(KernelTable& table, std::index_sequence<I...>) {
-  ((table.update[I] = UpdateEntry<V, I>()), ...);
+  ((table.update[kBase + I] = UpdateEntry<V, kBase + I>()), ...);
 }
 
 template <class V>
 constexpr KernelTable MakeKernelTable(Isa isa) {
   KernelTable table;
   table.isa = isa;
-  FillUpdates<V>(table, std::make_index_sequence<KernelTable::kUpdates>());
+  constexpr size_t kPerKind = KernelTable::kUpdates / std::size(kAllKinds);
+  static_assert(kPerKind * std::size(kAllKinds) == KernelTable::kUpdates);
+  FillUpdates<V, 0 * kPerKind>(table, std::make_index_sequence<kPerKind>());
+  FillUpdates<V, 1 * kPerKind>(table, std::make_index_sequence<kPerKind>());
+  FillUpdates<V, 2 * kPerKind>(table, std::make_index_sequence<kPerKind>());
+  FillUpdates<V, 3 * kPerKind>(table, std::make_index_sequence<kPerKind>());
   table.sum_squares[0] = &SumSquares<V, DType::kF32>;
   table.sum_squares[1] = &SumSquares<V, DType::kBF16>;
   table.sum_squares[2] = &SumSquares<V, DType::kF16>;
