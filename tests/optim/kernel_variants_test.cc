@@ -139,6 +139,10 @@ TEST_P(KernelVariants, StreamingWithIncongruentViewsGivesTheSameBytes) {
 // Fast arithmetic is itself bit-identical across paths: the same correctly rounded operations.
 TEST_P(KernelVariants, FastArithmeticIsIdenticalOnEveryPath) {
   const Kind kind = GetParam();
+  if (kind != Kind::kAdam && kind != Kind::kAdamW) {
+    GTEST_SKIP() << "fast arithmetic leaves " << KindName(kind)
+                 << " as it is (FastArithmeticStaysWithinTheStatedBoundOfExact checks the bits)";
+  }
   for (const ChunkLayout& layout : AllLayouts()) {
     for (size_t count : kCounts) {
       for (size_t offset : kOffsets) {
