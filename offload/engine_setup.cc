@@ -275,6 +275,9 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   spec.options.kind = KindOf(config.optimizer.type);
   spec.options.state_dtype = StateDTypeOf(config.zoe.moment_dtype);
   spec.options.max_grad_norm = config.gradient_clipping;
+  spec.options.run.arithmetic = config.zoe.arithmetic == config::Arithmetic::kFast
+                                    ? optim::Arithmetic::kFast
+                                    : optim::Arithmetic::kExact;
   spec.hyper.lr = config.optimizer.lr;
   spec.hyper.beta1 = config.optimizer.beta1;
   spec.hyper.beta2 = config.optimizer.beta2;

@@ -126,29 +126,25 @@ Status FillInitialState(const ChunkRegions& regions, std::byte* base, const Plac
 }
 
 // Updates elements [from, to) of the chunk whose state is at `base` with gradient view `grad`
-// and step `step`, writing the parameter view `param` (null: none) in its dtype.
+// and step `step`, writing the parameter view `param` (null: none) in its dtype, fp32 included,
+// in the kernel's own pass over the elements while they are in cache.
 Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
                    const PlacedView& grad, const PlacedView* param, size_t from, size_t to,
                    int64_t step, const optim::RunOptions& run) {
   const size_t k = from - regions.first;
   const size_t state_bytes = optim::SizeOf(in.state_dtype);
-  const bool fused_copy = param != nullptr && param->dtype != DType::kF32;
   optim::ChunkLayout layout;
   layout.grad = grad.dtype;
   layout.state = in.state_dtype;
-  if (fused_copy) layout.param_copy = param->dtype;
+  if (param != nullptr) layout.param_copy = param->dtype;
   optim::ChunkBuffers buffers;
   buffers.master = reinterpret_cast<float*>(base + regions.offset[0]) + k;
   buffers.grad = ElementAt(grad, from);
   if (regions.used[1]) buffers.exp_avg = base + regions.offset[1] + k * state_bytes;
   if (regions.used[2]) buffers.exp_avg_sq = base + regions.offset[2] + k * state_bytes;
-  if (fused_copy) buffers.param_copy = ElementAt(*param, from);
+  if (param != nullptr) buffers.param_copy = ElementAt(*param, from);
   buffers.count = to - from;
-  ZOE_RETURN_IF_ERROR(optim::UpdateChunk(*in.hyper, step, layout, buffers, in.scaling, run));
-  if (param != nullptr && !fused_copy) {
-    std::memcpy(ElementAt(*param, from), buffers.master, buffers.count * sizeof(float));
-  }
-  return Status::Ok();
+  return optim::UpdateChunk(*in.hyper, step, layout, buffers, in.scaling, run);
 }
 
 // Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
