@@ -1,0 +1,214 @@
+"""zoe.torch.AdamW / Adam sharded across ranks (ZeRO stages 1 and 2, process_group=...): 2 and 3
+ranks spawned with torch.multiprocessing over gloo train 20 steps and end with the parameters of
+one unsharded process within fp32 tolerance -- with uneven shards (parameters split across
+ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
+each rank's optimizer state on disk is 1/N of the total (within one chunk); the stage comes from
+the engine config too; a rank whose state fails its checksum on read makes every rank's step raise
+within the transport's timeout, never a hang."""
+
+import datetime
+import glob
+import os
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import zoe
+import zoe.torch
+from conftest import small_config
+
+STEPS = 20
+NAN_STEP = 7
+BATCH = 12  # divisible by 2 and 3: every rank averages the same number of samples
+SUB_GROUP = 256
+MAX_GRAD_NORM = 0.5
+JOIN_SECONDS = 90
+
+
+class Net(torch.nn.Module):
+    """Parameters of uneven sizes (so shards cut parameters) and ``extra``, used on even steps
+    only (no gradient on odd steps, on every rank)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1 = torch.nn.Linear(23, 41)
+        self.l2 = torch.nn.Linear(41, 7)
+        self.extra = torch.nn.Parameter(torch.randn(7) * 0.1)
+
+    def forward(self, x, step):
+        out = self.l2(torch.tanh(self.l1(x)))
+        if step % 2 == 0:
+            out = out * (1 + self.extra)
+        return out
+
+
+def batch(step):
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, 23, generator=generator)
+    y = torch.randn(BATCH, 7, generator=generator)
+    if step == NAN_STEP:
+        x[0, 0] = float("inf")  # sample 0, on rank 0: a NaN gradient, a skipped step
+    return x, y
+
+
+def train(optimizer, model, rank, world, steps=STEPS):
+    for step in range(steps):
+        x, y = batch(step)
+        per_rank = BATCH // world
+        x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x, step), y)
+        loss.backward()
+        optimizer.step()
+
+
+def make_optimizer(kind, params, nvme_path, config_stage=3, buffer_count=4, **options):
+    """A zoe optimizer with its state on NVMe in sub-groups of SUB_GROUP, clipping at
+    MAX_GRAD_NORM; ``config_stage``: the config's zero_optimization.stage; ``buffer_count``:
+    pipeline buffers (fewer than the shard's chunks: every step reads some state from disk)."""
+    config = small_config(nvme_path, offload="nvme")
+    config["zero_optimization"].update(stage=config_stage, sub_group_size=SUB_GROUP)
+    config["zero_optimization"]["offload_optimizer"]["buffer_count"] = buffer_count
+    cls = zoe.torch.AdamW if kind == "AdamW" else zoe.torch.Adam
+    return cls(params, lr=0.02, weight_decay=0.01, max_grad_norm=MAX_GRAD_NORM, config=config,
+               **options)
+
+
+def state_bytes(directory):
+    """Bytes of the optimizer swap files under ``directory``."""
+    return sum(os.path.getsize(path) for path in glob.glob(os.path.join(directory, "**",
+                                                                         "zoe-optimizer-*"),
+                                                       recursive=True))
+
+
+def worker(rank, world, init_file, out_dir, kind, stage, scenario):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=20))
+        model = Net()
+        nvme = os.path.join(out_dir, "nvme-{rank}")
+        options = {"process_group": dist.group.WORLD, "bucket_elements": 100}
+        if scenario == "fault":
+            options["buffer_count"] = 2
+        if stage == "config":
+            options["config_stage"] = 1
+        else:
+            options["zero_stage"] = stage
+        optimizer = make_optimizer(kind, model.parameters(), nvme, **options)
+        if scenario == "fault":
+            train(optimizer, model, rank, world, steps=2)
+            if rank == 1:  # the shard's state on disk no longer matches its checksums
+                for path in glob.glob(os.path.join(out_dir, f"nvme-{rank}", "zoe-optimizer-*")):
+                    with open(path, "r+b") as file:
+                        file.write(b"\xa5" * os.path.getsize(path))
+            try:
+                train(optimizer, model, rank, world, steps=2)
+                message = "no error"
+            except zoe.Error as error:
+                message = f"{type(error).__name__}: {error}"
+            with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as file:
+                file.write(message)
+            return
+        train(optimizer, model, rank, world)
+        torch.save(
+            {"params": [p.detach().clone() for p in model.parameters()],
+             "state_bytes": state_bytes(os.path.join(out_dir, f"nvme-{rank}")),
+             "stage": optimizer.zero_stage,
+             "skipped": [r.skipped for r in optimizer.last_step if r is not None]},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+        optimizer.close()
+    except BaseException:
+        with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
+            file.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(world, out_dir, kind="AdamW", stage=1, scenario="train"):
+    context = mp.start_processes(
+        worker, args=(world, os.path.join(out_dir, "init"), out_dir, kind, stage, scenario),
+        nprocs=world, join=False, start_method="spawn",
+    )
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=JOIN_SECONDS)
+    while not context.join(timeout=1):
+        if datetime.datetime.now() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"ranks still running after {JOIN_SECONDS} s: a hang")
+    crashes = glob.glob(os.path.join(out_dir, "crash*.txt"))
+    assert not crashes, open(crashes[0]).read()
+
+
+def reference(kind, nvme_dir):
+    """The unsharded run in this process."""
+    model = Net()
+    optimizer = make_optimizer(kind, model.parameters(), os.path.join(nvme_dir, "single"))
+    os.makedirs(os.path.join(nvme_dir, "single"), exist_ok=True)
+    train(optimizer, model, 0, 1)
+    params = [p.detach().clone() for p in model.parameters()]
+    total = state_bytes(os.path.join(nvme_dir, "single"))
+    optimizer.close()
+    return params, total
+
+
+@pytest.mark.parametrize("world,stage,kind", [
+    (2, 1, "AdamW"), (3, 1, "AdamW"), (2, 2, "AdamW"), (3, 2, "Adam"), (2, "config", "AdamW"),
+])
+def test_sharded_equals_one_process(world, stage, kind, nvme_dir):
+    os.makedirs(os.path.join(nvme_dir, "single"), exist_ok=True)
+    want, total = reference(kind, nvme_dir)
+    spawn(world, nvme_dir, kind, stage)
+    chunk = 2 * 3 * 4096  # both slots of one chunk: master, exp_avg, exp_avg_sq
+    for rank in range(world):
+        got = torch.load(os.path.join(nvme_dir, f"rank{rank}.pt"))
+        assert got["stage"] == (1 if stage == "config" else stage)
+        for index, (a, b) in enumerate(zip(got["params"], want)):
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                                       msg=f"rank {rank} parameter {index}")
+        assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
+
+
+def test_reference_run_clips_skips_and_leaves_params_alone(nvme_dir):
+    """The scenario really exercises what the sharded tests compare: the NaN step skips, the
+    norm exceeds max_grad_norm, and ``extra`` has no gradient on odd steps."""
+    model = Net()
+    os.makedirs(os.path.join(nvme_dir, "one"), exist_ok=True)
+    optimizer = make_optimizer("AdamW", model.parameters(), os.path.join(nvme_dir, "one"))
+    skipped, norms = [], []
+    for step in range(NAN_STEP + 1):
+        x, y = batch(step)
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x, step), y).backward()
+        if step % 2 == 1:
+            assert model.extra.grad is None
+        optimizer.step()
+        skipped.append(optimizer.last_step[0].skipped)
+        norms.append(optimizer.last_step[0].grad_norm)
+    optimizer.close()
+    assert skipped == [False] * NAN_STEP + [True]
+    assert max(norms[:NAN_STEP]) > MAX_GRAD_NORM
+
+
+def test_corrupt_state_on_one_rank_fails_every_rank(nvme_dir):
+    spawn(2, nvme_dir, scenario="fault", stage=2)
+    errors = [open(os.path.join(nvme_dir, f"error{rank}.txt")).read() for rank in range(2)]
+    assert errors[1].startswith("Corruption"), errors[1]
+    assert "rank(s) 1 failed the step" in errors[0], errors[0]
+
+
+def test_stage_out_of_range_is_refused(nvme_dir):
+    with pytest.raises(zoe.InvalidArgument, match="zero_stage = 0 is not allowed"):
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=f"file://{nvme_dir}/init", rank=0,
+                                    world_size=1)
+        try:
+            zoe.torch.AdamW(Net().parameters(), process_group=dist.group.WORLD, zero_stage=0)
+        finally:
+            dist.destroy_process_group()
