@@ -264,7 +264,7 @@ TEST(ShardedGroupFailures, IoErrorOnOneRankFailsEveryRankWithinTheBound) {
   const std::vector<float> before = Master(ranks[1]);
   io::FaultRule rule;
   rule.kind = io::FaultKind::kEio;
-  rule.ops = io::FaultOps::kReads;
+  rule.ops = io::FaultOps::kWrites;
   rule.nth = 1;
   rule.max_faults = 1;
   ranks[1].faults.engine->AddRule(rule);
