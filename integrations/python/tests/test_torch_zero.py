@@ -85,43 +85,57 @@ def state_bytes(directory):
                                                        recursive=True))
 
 
-def worker(rank, world, init_file, out_dir, kind, stage, scenario):
+def run_training(rank, world, out_dir, name, kind, stage):
+    """One sharded run; its results go to <out_dir>/<name>-rank<rank>.pt."""
+    model = Net()
+    options = {"process_group": dist.group.WORLD, "bucket_elements": 100}
+    if stage == "config":
+        options["config_stage"] = 1
+    else:
+        options["zero_stage"] = stage
+    nvme = os.path.join(out_dir, name + "-nvme-{rank}")
+    optimizer = make_optimizer(kind, model.parameters(), nvme, **options)
+    train(optimizer, model, rank, world)
+    torch.save(
+        {"params": [p.detach().clone() for p in model.parameters()],
+         "state_bytes": state_bytes(nvme.replace("{rank}", str(rank))),
+         "stage": optimizer.zero_stage},
+        os.path.join(out_dir, f"{name}-rank{rank}.pt"),
+    )
+    optimizer.close()
+
+
+def run_fault(rank, world, out_dir):
+    """Two steps, then rank 1's state file is overwritten and two more steps are tried; what
+    each rank's step raised goes to <out_dir>/error<rank>.txt."""
+    model = Net()
+    nvme = os.path.join(out_dir, "fault-nvme-{rank}")
+    optimizer = make_optimizer("AdamW", model.parameters(), nvme, buffer_count=2,
+                               process_group=dist.group.WORLD, zero_stage=2)
+    train(optimizer, model, rank, world, steps=2)
+    if rank == 1:  # the shard's state on disk no longer matches its checksums
+        for path in glob.glob(os.path.join(out_dir, f"fault-nvme-{rank}", "zoe-optimizer-*")):
+            with open(path, "r+b") as file:
+                file.write(b"\xa5" * os.path.getsize(path))
+    try:
+        train(optimizer, model, rank, world, steps=2)
+        message = "no error"
+    except zoe.Error as error:
+        message = f"{type(error).__name__}: {error}"
+    with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as file:
+        file.write(message)
+
+
+def worker(rank, world, init_file, out_dir, runs):
+    """``runs``: (name, kind, stage) of the training runs to make, or "fault"."""
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=20))
-        model = Net()
-        nvme = os.path.join(out_dir, "nvme-{rank}")
-        options = {"process_group": dist.group.WORLD, "bucket_elements": 100}
-        if scenario == "fault":
-            options["buffer_count"] = 2
-        if stage == "config":
-            options["config_stage"] = 1
-        else:
-            options["zero_stage"] = stage
-        optimizer = make_optimizer(kind, model.parameters(), nvme, **options)
-        if scenario == "fault":
-            train(optimizer, model, rank, world, steps=2)
-            if rank == 1:  # the shard's state on disk no longer matches its checksums
-                for path in glob.glob(os.path.join(out_dir, f"nvme-{rank}", "zoe-optimizer-*")):
-                    with open(path, "r+b") as file:
-                        file.write(b"\xa5" * os.path.getsize(path))
-            try:
-                train(optimizer, model, rank, world, steps=2)
-                message = "no error"
-            except zoe.Error as error:
-                message = f"{type(error).__name__}: {error}"
-            with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as file:
-                file.write(message)
+        if runs == "fault":
+            run_fault(rank, world, out_dir)
             return
-        train(optimizer, model, rank, world)
-        torch.save(
-            {"params": [p.detach().clone() for p in model.parameters()],
-             "state_bytes": state_bytes(os.path.join(out_dir, f"nvme-{rank}")),
-             "stage": optimizer.zero_stage,
-             "skipped": [r.skipped for r in optimizer.last_step if r is not None]},
-            os.path.join(out_dir, f"rank{rank}.pt"),
-        )
-        optimizer.close()
+        for name, kind, stage in runs:
+            run_training(rank, world, out_dir, name, kind, stage)
     except BaseException:
         with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
             file.write(traceback.format_exc())
@@ -131,9 +145,10 @@ def worker(rank, world, init_file, out_dir, kind, stage, scenario):
             dist.destroy_process_group()
 
 
-def spawn(world, out_dir, kind="AdamW", stage=1, scenario="train"):
+def spawn(world, out_dir, runs):
+    """Runs ``worker`` on ``world`` spawned ranks; fails on a crash or after JOIN_SECONDS."""
     context = mp.start_processes(
-        worker, args=(world, os.path.join(out_dir, "init"), out_dir, kind, stage, scenario),
+        worker, args=(world, os.path.join(out_dir, "init"), out_dir, runs),
         nprocs=world, join=False, start_method="spawn",
     )
     deadline = datetime.datetime.now() + datetime.timedelta(seconds=JOIN_SECONDS)
@@ -146,33 +161,39 @@ def spawn(world, out_dir, kind="AdamW", stage=1, scenario="train"):
     assert not crashes, open(crashes[0]).read()
 
 
-def reference(kind, nvme_dir):
-    """The unsharded run in this process."""
+def reference(kind, directory):
+    """The unsharded run in this process, its state in ``directory``."""
+    os.makedirs(directory, exist_ok=True)
     model = Net()
-    optimizer = make_optimizer(kind, model.parameters(), os.path.join(nvme_dir, "single"))
-    os.makedirs(os.path.join(nvme_dir, "single"), exist_ok=True)
+    optimizer = make_optimizer(kind, model.parameters(), directory)
     train(optimizer, model, 0, 1)
     params = [p.detach().clone() for p in model.parameters()]
-    total = state_bytes(os.path.join(nvme_dir, "single"))
+    total = state_bytes(directory)
     optimizer.close()
     return params, total
 
 
-@pytest.mark.parametrize("world,stage,kind", [
-    (2, 1, "AdamW"), (3, 1, "AdamW"), (2, 2, "AdamW"), (3, 2, "Adam"), (2, "config", "AdamW"),
-])
-def test_sharded_equals_one_process(world, stage, kind, nvme_dir):
-    os.makedirs(os.path.join(nvme_dir, "single"), exist_ok=True)
-    want, total = reference(kind, nvme_dir)
-    spawn(world, nvme_dir, kind, stage)
+# Per world size, the runs one spawn makes: stage 1 and 2, AdamW and Adam, the stage from the
+# config (1; its zero_stage left out).
+RUNS = {
+    2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config")],
+    3: [("s1", "AdamW", 1), ("s2", "Adam", 2)],
+}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_equals_one_process(world, nvme_dir):
+    spawn(world, nvme_dir, RUNS[world])
     chunk = 2 * 3 * 4096  # both slots of one chunk: master, exp_avg, exp_avg_sq
-    for rank in range(world):
-        got = torch.load(os.path.join(nvme_dir, f"rank{rank}.pt"))
-        assert got["stage"] == (1 if stage == "config" else stage)
-        for index, (a, b) in enumerate(zip(got["params"], want)):
-            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
-                                       msg=f"rank {rank} parameter {index}")
-        assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
+    for name, kind, stage in RUNS[world]:
+        want, total = reference(kind, os.path.join(nvme_dir, f"{name}-single"))
+        for rank in range(world):
+            got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
+            assert got["stage"] == (1 if stage == "config" else stage)
+            for index, (a, b) in enumerate(zip(got["params"], want)):
+                torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                                           msg=f"{name}: rank {rank} parameter {index}")
+            assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
 
 
 def test_reference_run_clips_skips_and_leaves_params_alone(nvme_dir):
@@ -197,7 +218,7 @@ def test_reference_run_clips_skips_and_leaves_params_alone(nvme_dir):
 
 
 def test_corrupt_state_on_one_rank_fails_every_rank(nvme_dir):
-    spawn(2, nvme_dir, scenario="fault", stage=2)
+    spawn(2, nvme_dir, "fault")
     errors = [open(os.path.join(nvme_dir, f"error{rank}.txt")).read() for rank in range(2)]
     assert errors[1].startswith("Corruption"), errors[1]
     assert "rank(s) 1 failed the step" in errors[0], errors[0]
