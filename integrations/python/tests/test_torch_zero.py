@@ -3,7 +3,8 @@ ranks spawned with torch.multiprocessing over gloo train 20 steps and end with t
 one unsharded process within fp32 tolerance -- with uneven shards (parameters split across
 ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
 each rank's optimizer state on disk is 1/N of the total (within one chunk); the stage comes from
-the engine config too; a rank whose state fails its checksum on read makes every rank's step raise
+the engine config too; a sharded checkpoint (one per rank and a manifest) loads bit-identically
+and training resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step raise
 within the transport's timeout, never a hang."""
 
 import datetime
@@ -55,8 +56,8 @@ def batch(step):
     return x, y
 
 
-def train(optimizer, model, rank, world, steps=STEPS):
-    for step in range(steps):
+def train(optimizer, model, rank, world, steps=STEPS, first=0):
+    for step in range(first, first + steps):
         x, y = batch(step)
         per_rank = BATCH // world
         x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
@@ -105,6 +106,38 @@ def run_training(rank, world, out_dir, name, kind, stage):
     optimizer.close()
 
 
+def run_checkpoint(rank, world, out_dir):
+    """10 steps straight, and 5 steps, a sharded checkpoint, a fresh model and optimizer that
+    load it and 5 more steps: the parameters must be the same bits."""
+    def fresh(name):
+        model = Net()
+        optimizer = make_optimizer("AdamW", model.parameters(),
+                                   os.path.join(out_dir, name + "-nvme-{rank}"),
+                                   process_group=dist.group.WORLD, zero_stage=2,
+                                   bucket_elements=100)
+        return model, optimizer
+
+    straight, straight_opt = fresh("straight")
+    train(straight_opt, straight, rank, world, steps=10)
+    first, first_opt = fresh("first")
+    train(first_opt, first, rank, world, steps=5)
+    directory = os.path.join(out_dir, "checkpoint")
+    first_opt.save_checkpoint(directory)
+    resumed, resumed_opt = fresh("resumed")
+    resumed_opt.load_checkpoint(directory)
+    loaded = [torch.equal(a, b) for a, b in zip(resumed.parameters(), first.parameters())]
+    train(resumed_opt, resumed, rank, world, steps=5, first=5)
+    torch.save(
+        {"loaded_equal": loaded,
+         "resumed_equal": [torch.equal(a, b) for a, b in zip(resumed.parameters(),
+                                                              straight.parameters())],
+         "files": sorted(os.listdir(directory))},
+        os.path.join(out_dir, f"ckpt-rank{rank}.pt"),
+    )
+    for optimizer in (straight_opt, first_opt, resumed_opt):
+        optimizer.close()
+
+
 def run_fault(rank, world, out_dir):
     """Two steps, then rank 1's state file is overwritten and two more steps are tried; what
     each rank's step raised goes to <out_dir>/error<rank>.txt."""
@@ -135,7 +168,10 @@ def worker(rank, world, init_file, out_dir, runs):
             run_fault(rank, world, out_dir)
             return
         for name, kind, stage in runs:
-            run_training(rank, world, out_dir, name, kind, stage)
+            if name == "ckpt":
+                run_checkpoint(rank, world, out_dir)
+            else:
+                run_training(rank, world, out_dir, name, kind, stage)
     except BaseException:
         with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
             file.write(traceback.format_exc())
@@ -176,9 +212,18 @@ def reference(kind, directory):
 # Per world size, the runs one spawn makes: stage 1 and 2, AdamW and Adam, the stage from the
 # config (1; its zero_stage left out).
 RUNS = {
-    2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config")],
+    2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config"),
+        ("ckpt", "AdamW", 2)],
     3: [("s1", "AdamW", 1), ("s2", "Adam", 2)],
 }
+
+
+def check_checkpoint(out_dir, world):
+    for rank in range(world):
+        got = torch.load(os.path.join(out_dir, f"ckpt-rank{rank}.pt"))
+        assert all(got["loaded_equal"]), got["loaded_equal"]
+        assert all(got["resumed_equal"]), got["resumed_equal"]
+        assert got["files"] == ["rank-0", "rank-1", "zoe_sharded_manifest.json"], got["files"]
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -186,6 +231,9 @@ def test_sharded_equals_one_process(world, nvme_dir):
     spawn(world, nvme_dir, RUNS[world])
     chunk = 2 * 3 * 4096  # both slots of one chunk: master, exp_avg, exp_avg_sq
     for name, kind, stage in RUNS[world]:
+        if name == "ckpt":
+            check_checkpoint(nvme_dir, world)
+            continue
         want, total = reference(kind, os.path.join(nvme_dir, f"{name}-single"))
         for rank in range(world):
             got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
@@ -222,6 +270,22 @@ def test_corrupt_state_on_one_rank_fails_every_rank(nvme_dir):
     errors = [open(os.path.join(nvme_dir, f"error{rank}.txt")).read() for rank in range(2)]
     assert errors[1].startswith("Corruption"), errors[1]
     assert "rank(s) 1 failed the step" in errors[0], errors[0]
+
+
+def test_checkpoint_of_another_layout_is_refused(nvme_dir):
+    dist.init_process_group("gloo", init_method=f"file://{nvme_dir}/init", rank=0, world_size=1)
+    try:
+        optimizer = zoe.torch.AdamW(Net().parameters(), process_group=dist.group.WORLD,
+                                    zero_stage=1)
+        with pytest.raises(zoe.NotFound, match="holds no sharded zoe checkpoint"):
+            optimizer.load_checkpoint(os.path.join(nvme_dir, "none"))
+        with open(os.path.join(nvme_dir, "zoe_sharded_manifest.json"), "w") as file:
+            file.write('{"world_size": 2, "groups": [{"name": "zoe.0", "count": 1285}]}')
+        with pytest.raises(zoe.FailedPrecondition, match="is of 2 ranks"):
+            optimizer.load_checkpoint(nvme_dir)
+        optimizer.close()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_stage_out_of_range_is_refused(nvme_dir):

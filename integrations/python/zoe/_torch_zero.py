@@ -25,6 +25,10 @@ for ``max_grad_norm`` by one all-reduce (every rank skips or clips together), st
 all-gathers the updated parameters into every rank's parameters. A rank that fails (an I/O error)
 makes every rank's step raise; the transport's timeout (init_process_group(timeout=...)) bounds
 the wait for a rank that dies.
+
+Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r> and a manifest (world
+size, stage, shard layout, hyper-parameters); load_checkpoint(dir) restores them on the same
+world size and layout. state_dict / load_state_dict (a consolidated torch layout) are not built.
 """
 
 import ctypes
@@ -37,6 +41,7 @@ import torch.distributed as dist
 from . import _capi
 from ._torch_common import _invalid, _pager_of, _view
 from .engine import BufferView, HyperParams, OptimizerGroup, StepResult, _config_text, _views
+from . import errors as zoe_errors
 from .errors import NotSupported, check
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 22
@@ -47,6 +52,11 @@ def _floats(address, count, ctype=ctypes.c_float, dtype=torch.float32):
     if count == 0:
         return torch.empty(0, dtype=dtype)
     return torch.frombuffer((ctype * count).from_address(address), dtype=dtype)
+
+
+def _shard_begin(count, rank, world_size):
+    """The first element of shard ``rank``: floor(rank * count / world_size)."""
+    return rank * count // world_size
 
 
 class TorchCollectives:
@@ -100,19 +110,19 @@ class TorchCollectives:
         begin = sum(counts[: self.rank])
         _floats(recv, counts[self.rank]).copy_(whole[begin : begin + counts[self.rank]])
 
-    def _all_gather(self, send, recv, counts):
-        # Uneven counts: every rank sends a buffer of the largest count.
-        counts = [counts[r] for r in range(self.world_size)]
-        largest = max(counts)
-        padded = torch.zeros(largest, dtype=torch.float32, device=self._device)
-        padded[: counts[self.rank]] = _floats(send, counts[self.rank])
+    def gather(self, shard, counts):
+        """Every rank's ``shard`` (counts[r] fp32 elements on rank r), concatenated in rank
+        order. Uneven counts: every rank sends a buffer of the largest count."""
+        padded = torch.zeros(max(counts), dtype=torch.float32, device=self._device)
+        padded[: counts[self.rank]] = shard
         gathered = [torch.empty_like(padded) for _ in counts]
         dist.all_gather(gathered, padded, group=self.group)
-        out = _floats(recv, sum(counts))
-        begin = 0
-        for count, piece in zip(counts, gathered):
-            out[begin : begin + count] = piece[:count]
-            begin += count
+        return torch.cat([piece[:count].cpu() for count, piece in zip(counts, gathered)])
+
+    def _all_gather(self, send, recv, counts):
+        counts = [counts[r] for r in range(self.world_size)]
+        shard = _floats(send, counts[self.rank])
+        _floats(recv, sum(counts)).copy_(self.gather(shard, counts))
 
     def _barrier(self):
         dist.barrier(group=self.group)
@@ -465,13 +475,122 @@ class ZeroMixin:
                     bucket.ready, bucket.reduced = 0, False
         return loss
 
+    # --- sharded checkpoints ---------------------------------------------------------------
+
+    _MANIFEST = "zoe_sharded_manifest.json"
+
+    def _agree(self, error, what):
+        """Raises on every rank when ``error`` (this rank's exception or None) or a peer's is
+        set (one all-reduce of a flag per rank)."""
+        flags = torch.zeros(self.world_size, dtype=torch.float64)
+        flags[self.rank] = 0.0 if error is None else 1.0
+        self._comm.all_reduce(flags)
+        if error is not None:
+            raise error
+        failed = [rank for rank in range(self.world_size) if flags[rank] > 0]
+        if failed:
+            raise zoe_errors.Aborted(
+                _capi.Status.ABORTED, f"{what} failed on rank(s) {failed}; see the error there"
+            )
+
+    def _layout(self):
+        return [
+            {"name": self._group_name(index),
+             "count": sum(param.numel() for param in group["params"]),
+             "shards": [[_shard_begin(sum(p.numel() for p in group["params"]), r, self.world_size),
+                         _shard_begin(sum(p.numel() for p in group["params"]), r + 1,
+                                      self.world_size)]
+                        for r in range(self.world_size)]}
+            for index, group in enumerate(self.param_groups)
+        ]
+
+    def save_checkpoint(self, directory):
+        """Every rank saves its shard to ``directory``/rank-<r> (the engine's streamed,
+        crash-safe checkpoint); rank 0 then writes the manifest naming the world size, the
+        stage and the shard layout. Every rank calls it."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        error = None
+        try:
+            rank_dir = os.path.join(directory, f"rank-{self.rank}")
+            os.makedirs(rank_dir, exist_ok=True)
+            self._engine.save_checkpoint(rank_dir)
+        except Exception as caught:  # agreed below, so no rank writes a manifest over it
+            error = caught
+        self._agree(error, "saving the sharded checkpoint")
+        if self.rank == 0:
+            manifest = {
+                "world_size": self.world_size,
+                "zero_stage": self._stage,
+                "groups": self._layout(),
+                "param_groups": [{key: value for key, value in group.items() if key != "params"}
+                                 for group in self.param_groups],
+            }
+            temporary = os.path.join(directory, f".{self._MANIFEST}.tmp")
+            with open(temporary, "w", encoding="utf-8") as file:
+                json.dump(manifest, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, os.path.join(directory, self._MANIFEST))
+        dist.barrier(group=self._comm.group)
+
+    @torch.no_grad()
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint save_checkpoint wrote on the same world size and shard layout:
+        each rank its shard (bit-identical), then every rank's parameters from the gathered
+        master weights. Every rank calls it."""
+        path = os.path.join(directory, self._MANIFEST)
+        if not os.path.exists(path):
+            raise zoe_errors.NotFound(
+                _capi.Status.NOT_FOUND, f"{directory!r} holds no sharded zoe checkpoint"
+            )
+        with open(path, encoding="utf-8") as file:
+            manifest = json.load(file)
+        if manifest["world_size"] != self.world_size or manifest["groups"] != self._layout():
+            raise zoe_errors.FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the checkpoint in {directory!r} is of {manifest['world_size']} ranks with "
+                f"groups {[(g['name'], g['count']) for g in manifest['groups']]}; this optimizer "
+                f"has {self.world_size} ranks and "
+                f"{[(g['name'], g['count']) for g in self._layout()]}: allowed: the same world "
+                "size and parameters",
+            )
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        error = None
+        try:
+            self._engine.load_checkpoint(os.path.join(directory, f"rank-{self.rank}"))
+        except Exception as caught:
+            error = caught
+        self._agree(error, "loading the sharded checkpoint")
+        for group, saved in zip(self.param_groups, manifest["param_groups"]):
+            group.update(saved)
+            group["betas"] = tuple(group["betas"])
+        for group_index in range(len(self.param_groups)):
+            self._gather_master(group_index)
+            self._record_versions(group_index)
+
+    def _gather_master(self, group_index):
+        """Every rank's parameters of a group from the shards' master weights."""
+        sharded = self._sharded[group_index]
+        shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
+        sharded.local.read_state(_capi.StateSlot.MASTER, 0, shard.numel(), shard.data_ptr())
+        params = self.param_groups[group_index]["params"]
+        count = sum(param.numel() for param in params)
+        counts = [_shard_begin(count, r + 1, self.world_size) - _shard_begin(count, r,
+                                                                             self.world_size)
+                  for r in range(self.world_size)]
+        whole = self._comm.gather(shard, counts)
+        for param, offset in zip(params, self._offsets(group_index)):
+            param.copy_(whole[offset : offset + param.numel()].view_as(param))
+
     # --- not yet for sharded optimizers ----------------------------------------------------
 
     def _unsupported(self, what):
         return NotSupported(
             _capi.Status.NOT_SUPPORTED,
-            f"{what} of a sharded zoe optimizer (process_group=...) is not supported yet; each "
-            "rank's shard is in its engine (engine.save_checkpoint saves it)",
+            f"{what} of a sharded zoe optimizer (process_group=...) is not supported yet; "
+            "save_checkpoint / load_checkpoint save and load every rank's shard",
         )
 
     def state_dict(self):
@@ -479,12 +598,6 @@ class ZeroMixin:
 
     def load_state_dict(self, state_dict):
         raise self._unsupported("load_state_dict")
-
-    def save_checkpoint(self, directory):
-        raise self._unsupported("save_checkpoint")
-
-    def load_checkpoint(self, directory):
-        raise self._unsupported("load_checkpoint")
 
     def close(self):
         for sharded in self._sharded:
