@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "core/config.h"
@@ -224,9 +225,9 @@ Status ShardedGroup::AgreeOutcome(const Status& local) {
 
 // Which global segments have a gradient on some rank, agreed with every rank's failure flag (the
 // flags follow the segments in one all-reduce).
-Result<std::vector<bool>> ShardedGroup::AgreePresence(std::span<const GradView> grads) {
+Result<std::vector<bool>> ShardedGroup::AgreePresence(std::span<const GradView> grads,
+                                                      const Status& local) {
   const size_t world = static_cast<size_t>(collectives_.world_size());
-  Status local = CheckCovers(TotalCount(grads), count_, "gradient");
   std::vector<double> values(segments_.size() + world, 0.0);
   std::vector<size_t> ends(segments_.size());
   size_t end = 0;
@@ -260,12 +261,13 @@ Result<std::vector<bool>> ShardedGroup::AgreePresence(std::span<const GradView> 
 // The whole local gradient, widened, reduce-scattered and averaged into shard_grads_; the shard's
 // views: one per local segment with elements, null where no rank has a gradient.
 Result<std::vector<GradView>> ShardedGroup::ReduceGradients(std::span<const GradView> grads) {
-  ZOE_ASSIGN_OR_RETURN(const std::vector<bool> present, AgreePresence(grads));
   std::vector<float> whole(count_);
-  ZOE_RETURN_IF_ERROR(WidenViews(grads, whole.data()));
-  const size_t world = static_cast<size_t>(collectives_.world_size());
-  std::vector<uint64_t> counts(world);
-  for (size_t r = 0; r < world; ++r) counts[r] = ShardOf(count_, static_cast<int>(r), world).size();
+  Status local = CheckCovers(TotalCount(grads), count_, "gradient");
+  if (local.ok()) local = WidenViews(grads, whole.data());
+  ZOE_ASSIGN_OR_RETURN(const std::vector<bool> present, AgreePresence(grads, local));
+  const int world = collectives_.world_size();
+  std::vector<uint64_t> counts(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) counts[static_cast<size_t>(r)] = ShardOf(count_, r, world).size();
   shard_grads_.resize(shard_.size());
   ZOE_RETURN_IF_ERROR(collectives_.ReduceScatterSum(whole, shard_grads_, counts));
   const float inverse = 1.0f / static_cast<float>(world);
@@ -283,12 +285,21 @@ Result<std::vector<GradView>> ShardedGroup::ReduceGradients(std::span<const Grad
 }
 
 Status ShardedGroup::GatherParams(std::span<const ParamView> params) {
-  const size_t world = static_cast<size_t>(collectives_.world_size());
-  std::vector<uint64_t> counts(world);
-  for (size_t r = 0; r < world; ++r) counts[r] = ShardOf(count_, static_cast<int>(r), world).size();
+  const int world = collectives_.world_size();
+  std::vector<uint64_t> counts(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) counts[static_cast<size_t>(r)] = ShardOf(count_, r, world).size();
   std::vector<float> whole(count_);
   ZOE_RETURN_IF_ERROR(collectives_.AllGather(shard_params_, whole, counts));
   return NarrowIntoViews(whole.data(), params);
+}
+
+Status ShardedGroup::Abort(Status error, bool with_grads) {
+  if (with_grads) {
+    (void)AgreePresence({}, error);
+  } else {
+    (void)AgreeScan({}, /*failed=*/true);
+  }
+  return error;
 }
 
 Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {

@@ -73,6 +73,12 @@ class ShardedGroup {
   // One sharded step (see above). The report is the local group's, with the agreed norm.
   Result<StepReport> Step(const ShardedStepArgs& args);
 
+  // For a rank whose step arguments were refused before Step (e.g. by the C API's conversion):
+  // makes the step's first collective call with this rank's failure flag, so the peers stop
+  // before their update too, and returns `error`. `with_grads`: whether the step was given
+  // gradients (every rank gives them or none).
+  Status Abort(Status error, bool with_grads);
+
   GroupId group() const { return group_; }  // the local group, for the engine's other calls
   ShardRange shard() const { return shard_; }
   size_t count() const { return count_; }
@@ -83,7 +89,9 @@ class ShardedGroup {
                std::vector<size_t> segments);
 
   Result<std::vector<GradView>> ReduceGradients(std::span<const GradView> grads);
-  Result<std::vector<bool>> AgreePresence(std::span<const GradView> grads);
+  // Which global segments have a gradient on some rank; `local` is this rank's failure so far,
+  // sent as its flag (the segments' flags are then left out).
+  Result<std::vector<bool>> AgreePresence(std::span<const GradView> grads, const Status& local);
   Status FillAbsentParams(std::span<const GradView> shard_grads);
   Status GatherParams(std::span<const ParamView> params);
   // The all-reduce of step 2 / 3: `failed` is this rank's flag; the message names failed peers.

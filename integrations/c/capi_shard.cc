@@ -133,15 +133,17 @@ zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group,
     ZOE_ASSIGN_OR_RETURN(offload::Engine * e, EngineOf(engine));
     (void)e;
     ZOE_ASSIGN_OR_RETURN(offload::ShardedGroup * sharded, GroupOf(engine, group));
-    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::GradView> grad_views,
-                         zoe::capi::ToViews<offload::GradView>(grads, n_grads, "grads"));
-    ZOE_ASSIGN_OR_RETURN(
-        const std::vector<offload::ParamView> param_views,
-        zoe::capi::ToViews<offload::ParamView>(params_out, n_params, "params_out"));
+    // Views refused here still reach the peers as this rank's failure (ShardedGroup::Abort).
+    Result<std::vector<offload::GradView>> grad_views =
+        zoe::capi::ToViews<offload::GradView>(grads, n_grads, "grads");
+    Result<std::vector<offload::ParamView>> param_views =
+        zoe::capi::ToViews<offload::ParamView>(params_out, n_params, "params_out");
+    if (!grad_views.ok()) return sharded->Abort(grad_views.status(), n_grads > 0);
+    if (!param_views.ok()) return sharded->Abort(param_views.status(), n_grads > 0);
     offload::ShardedStepArgs args;
     if (hyper != nullptr) args.hyper = zoe::capi::ToHyper(*hyper);
-    args.grads = grad_views;
-    args.params = param_views;
+    args.grads = *grad_views;
+    args.params = *param_views;
     args.loss_scale = loss_scale;
     ZOE_ASSIGN_OR_RETURN(const offload::StepReport report, sharded->Step(args));
     if (out != nullptr) zoe::capi::ToStepResult(report, out);

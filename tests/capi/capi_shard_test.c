@@ -2,7 +2,8 @@
  * threads, whose collectives exchange buffers in memory, step a group cut into uneven shards, and
  * every rank's parameters and shard state equal those of one unsharded group stepped with the
  * averaged gradients -- with clipping active, a skipped (NaN) step, a segment without a gradient
- * on every rank and one without a gradient on one rank only; and the errors of bad collectives. */
+ * on every rank and one without a gradient on one rank only; a rank whose arguments are refused
+ * stopping its peer too; and the errors of bad collectives. */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
 #include <math.h>
@@ -329,6 +330,71 @@ static void test_sharded_equals_unsharded(int world) {
   }
 }
 
+/* A rank whose gradient view has a dtype outside the enum: it fails with INVALID_ARGUMENT naming
+ * the view, and its peer, instead of waiting for it, fails with ABORTED naming the rank. */
+typedef struct bad_rank_run {
+  rank_context context;
+  zoe_status status;
+  char error[512];
+} bad_rank_run;
+
+static void* run_bad_rank(void* arg) {
+  bad_rank_run* run = arg;
+  const int rank = run->context.rank;
+  char name[32];
+  float params[kCount];
+  float grads[kCount];
+  zoe_buffer_view param_view = {params, ZOE_DTYPE_FLOAT32, kCount};
+  zoe_buffer_view grad_view = {grads, ZOE_DTYPE_FLOAT32, kCount};
+  zoe_collectives collectives = {NULL,       0,      0, all_reduce_sum, reduce_scatter_sum,
+                                 all_gather, barrier};
+  zoe_engine* engine = NULL;
+  zoe_sharded_group* group = NULL;
+  size_t i;
+  for (i = 0; i < kCount; ++i) params[i] = initial_param(i);
+  for (i = 0; i < kCount; ++i) grads[i] = gradient(0, rank, i);
+  collectives.context = &run->context;
+  collectives.rank = rank;
+  collectives.world_size = run->context.comm->world;
+  snprintf(name, sizeof name, "bad-rank%d", rank);
+  run->status = create_engine(name, &engine);
+  if (run->status == ZOE_OK) {
+    run->status = zoe_sharded_group_create(engine, kOptim, &param_view, 1, &collectives, &group);
+  }
+  if (run->status == ZOE_OK) {
+    if (rank == 1) memset(&grad_view.dtype, 0x7f, sizeof grad_view.dtype);
+    run->status =
+        zoe_sharded_step(engine, group, &kHyper, &grad_view, 1, &param_view, 1, 1.0, NULL);
+  }
+  snprintf(run->error, sizeof run->error, "%s", zoe_last_error());
+  zoe_sharded_group_destroy(group);
+  zoe_engine_destroy(engine);
+  return NULL;
+}
+
+static void test_bad_view_on_one_rank(void) {
+  bad_rank_run runs[2];
+  communicator comm;
+  pthread_t threads[2];
+  int r;
+  memset(&comm, 0, sizeof comm);
+  memset(runs, 0, sizeof runs);
+  comm.world = 2;
+  pthread_barrier_init(&comm.barrier, NULL, 2);
+  for (r = 0; r < 2; ++r) {
+    runs[r].context.comm = &comm;
+    runs[r].context.rank = r;
+    CHECK(pthread_create(&threads[r], NULL, run_bad_rank, &runs[r]) == 0);
+  }
+  for (r = 0; r < 2; ++r) pthread_join(threads[r], NULL);
+  pthread_barrier_destroy(&comm.barrier);
+  CHECK(runs[1].status == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(runs[1].error, "grads[0].dtype") != NULL);
+  CHECK(runs[0].status == ZOE_ERR_ABORTED);
+  CHECK(strstr(runs[0].error, "rank(s) 1 gave gradients that cannot be used") != NULL);
+  if (runs[0].status != ZOE_ERR_ABORTED) fprintf(stderr, "rank 0: %s\n", runs[0].error);
+}
+
 /* Bad collectives are refused before anything is created, naming what is wrong. */
 static void test_bad_collectives(void) {
   zoe_engine* engine = NULL;
@@ -376,6 +442,7 @@ int main(void) {
   }
   test_sharded_equals_unsharded(2);
   test_sharded_equals_unsharded(3);
+  test_bad_view_on_one_rank();
   test_bad_collectives();
   test_nccl_helper_without_communicator();
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
