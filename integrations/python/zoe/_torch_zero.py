@@ -186,7 +186,10 @@ class ShardedGroup:
             self._handle = None
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may already be gone
+            pass
 
 
 def _with_rank(path, rank):
@@ -494,15 +497,14 @@ class ZeroMixin:
             )
 
     def _layout(self):
-        return [
-            {"name": self._group_name(index),
-             "count": sum(param.numel() for param in group["params"]),
-             "shards": [[_shard_begin(sum(p.numel() for p in group["params"]), r, self.world_size),
-                         _shard_begin(sum(p.numel() for p in group["params"]), r + 1,
-                                      self.world_size)]
-                        for r in range(self.world_size)]}
-            for index, group in enumerate(self.param_groups)
-        ]
+        """Per param group: its zoe name, element count and every rank's shard range."""
+        layout, world = [], self.world_size
+        for index, group in enumerate(self.param_groups):
+            count = sum(param.numel() for param in group["params"])
+            shards = [[_shard_begin(count, r, world), _shard_begin(count, r + 1, world)]
+                      for r in range(world)]
+            layout.append({"name": self._group_name(index), "count": count, "shards": shards})
+        return layout
 
     def save_checkpoint(self, directory):
         """Every rank saves its shard to ``directory``/rank-<r> (the engine's streamed,
