@@ -3,7 +3,8 @@ ranks spawned with torch.multiprocessing over gloo train 20 steps and end with t
 one unsharded process within fp32 tolerance -- with uneven shards (parameters split across
 ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
 each rank's optimizer state on disk is 1/N of the total (within one chunk); the stage comes from
-the engine config too; a sharded checkpoint (one per rank and a manifest) loads bit-identically
+the engine config too; state_dict() consolidates every shard into torch's layout and a
+one-process state dict loads onto 2 and 3 ranks and continues alike; a sharded checkpoint (one per rank and a manifest) loads bit-identically
 and training resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step raise
 within the transport's timeout, never a hang."""
 
@@ -138,6 +139,34 @@ def run_checkpoint(rank, world, out_dir):
         optimizer.close()
 
 
+def run_state_dict(rank, world, out_dir):
+    """10 sharded steps, then the consolidated state dict (rank 0 saves it); and a fresh sharded
+    optimizer that loads the one-process state dict of step 10 (another world size) and takes
+    steps 10..19 (its parameters saved per rank)."""
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, "sd-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=1)
+    train(optimizer, model, rank, world, steps=10)
+    consolidated = optimizer.state_dict()
+    if rank == 0:
+        torch.save(consolidated, os.path.join(out_dir, "sd-consolidated.pt"))
+    optimizer.close()
+    saved = torch.load(os.path.join(out_dir, "reference10.pt"))
+    model = Net()
+    with torch.no_grad():
+        for param, value in zip(model.parameters(), saved["params"]):
+            param.copy_(value)
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, "sd-resumed-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100)
+    optimizer.load_state_dict(saved["state_dict"])
+    train(optimizer, model, rank, world, steps=10, first=10)
+    torch.save([p.detach().clone() for p in model.parameters()],
+               os.path.join(out_dir, f"sd-rank{rank}.pt"))
+    optimizer.close()
+
+
 def run_fault(rank, world, out_dir):
     """Two steps, then rank 1's state file is overwritten and two more steps are tried; what
     each rank's step raised goes to <out_dir>/error<rank>.txt."""
@@ -170,6 +199,8 @@ def worker(rank, world, init_file, out_dir, runs):
         for name, kind, stage in runs:
             if name == "ckpt":
                 run_checkpoint(rank, world, out_dir)
+            elif name == "sd":
+                run_state_dict(rank, world, out_dir)
             else:
                 run_training(rank, world, out_dir, name, kind, stage)
     except BaseException:
@@ -213,9 +244,44 @@ def reference(kind, directory):
 # config (1; its zero_stage left out).
 RUNS = {
     2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config"),
-        ("ckpt", "AdamW", 2)],
-    3: [("s1", "AdamW", 1), ("s2", "Adam", 2)],
+        ("ckpt", "AdamW", 2), ("sd", "AdamW", 1)],
+    3: [("s1", "AdamW", 1), ("s2", "Adam", 2), ("sd", "AdamW", 1)],
 }
+
+
+def prepare_state_dict(out_dir):
+    """One process: the state dict and parameters after 10 steps (saved for the ranks to load)
+    and the parameters after 20."""
+    directory = os.path.join(out_dir, "sd-single")
+    os.makedirs(directory, exist_ok=True)
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(), directory)
+    train(optimizer, model, 0, 1, steps=10)
+    state = optimizer.state_dict()
+    torch.save({"state_dict": state, "params": [p.detach().clone() for p in model.parameters()]},
+               os.path.join(out_dir, "reference10.pt"))
+    train(optimizer, model, 0, 1, steps=10, first=10)
+    optimizer.close()
+    return state, [p.detach().clone() for p in model.parameters()]
+
+
+def check_state_dict(out_dir, world, want_state, want_params):
+    """The consolidated state dict is one process's, in torch's layout; loaded on ``world`` ranks
+    the one-process state of step 10 continues as one process does."""
+    got = torch.load(os.path.join(out_dir, "sd-consolidated.pt"))
+    assert got["param_groups"] == want_state["param_groups"]
+    assert sorted(got["state"]) == sorted(want_state["state"])
+    for index, entry in want_state["state"].items():
+        assert sorted(got["state"][index]) == sorted(entry) == ["exp_avg", "exp_avg_sq", "step"]
+        assert float(got["state"][index]["step"]) == float(entry["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got["state"][index][key], entry[key], rtol=2e-5,
+                                       atol=1e-7, msg=f"parameter {index} {key}")
+    for rank in range(world):
+        params = torch.load(os.path.join(out_dir, f"sd-rank{rank}.pt"))
+        for index, (a, b) in enumerate(zip(params, want_params)):
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                                       msg=f"resumed from a state dict: rank {rank} param {index}")
 
 
 def check_checkpoint(out_dir, world):
@@ -228,11 +294,15 @@ def check_checkpoint(out_dir, world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_equals_one_process(world, nvme_dir):
+    want_state, want_params = prepare_state_dict(nvme_dir)
     spawn(world, nvme_dir, RUNS[world])
     chunk = 2 * 3 * 4096  # both slots of one chunk: master, exp_avg, exp_avg_sq
     for name, kind, stage in RUNS[world]:
         if name == "ckpt":
             check_checkpoint(nvme_dir, world)
+            continue
+        if name == "sd":
+            check_state_dict(nvme_dir, world, want_state, want_params)
             continue
         want, total = reference(kind, os.path.join(nvme_dir, f"{name}-single"))
         for rank in range(world):

@@ -28,7 +28,9 @@ the wait for a rank that dies.
 
 Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r> and a manifest (world
 size, stage, shard layout, hyper-parameters); load_checkpoint(dir) restores them on the same
-world size and layout. state_dict / load_state_dict (a consolidated torch layout) are not built.
+world size and layout. state_dict() gathers every shard into torch's AdamW layout (the same dict on
+every rank); load_state_dict() takes such a dict, from any world size, each rank its slice: the
+way to move training to another world size.
 """
 
 import ctypes
@@ -42,7 +44,7 @@ from . import _capi
 from ._torch_common import _invalid, _pager_of, _view
 from .engine import BufferView, HyperParams, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
-from .errors import NotSupported, check
+from .errors import check
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 22
 
@@ -234,6 +236,19 @@ def _stage_of(zero_stage, config, engine):
             "optimizer)"
         )
     return min(int(zero_stage), 2)
+
+
+class _ShardSlice:
+    """Passes the shard's part of whole-group state writes to the rank's group."""
+
+    def __init__(self, sharded):
+        self.sharded = sharded
+
+    def write_state(self, slot, offset, count, address):
+        begin, end = self.sharded.begin, self.sharded.end
+        lo, hi = max(offset, begin), min(offset + count, end)
+        if hi > lo:
+            self.sharded.local.write_state(slot, lo - begin, hi - lo, address + 4 * (lo - offset))
 
 
 class _Bucket:
@@ -586,20 +601,73 @@ class ZeroMixin:
         for param, offset in zip(params, self._offsets(group_index)):
             param.copy_(whole[offset : offset + param.numel()].view_as(param))
 
-    # --- not yet for sharded optimizers ----------------------------------------------------
-
-    def _unsupported(self, what):
-        return NotSupported(
-            _capi.Status.NOT_SUPPORTED,
-            f"{what} of a sharded zoe optimizer (process_group=...) is not supported yet; "
-            "save_checkpoint / load_checkpoint save and load every rank's shard",
-        )
+    # --- state dicts: torch's layout, consolidated ------------------------------------------
 
     def state_dict(self):
-        raise self._unsupported("state_dict")
+        """The whole optimizer's state in torch's layout (as an unsharded zoe optimizer's):
+        every rank's shard gathered, so every rank returns the same dict. Every rank calls it.
+        Memory: the whole state of one param group at a time."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        packed_groups, state, next_index = [], {}, 0
+        for group_index, group in enumerate(self.param_groups):
+            params = group["params"]
+            packed = {key: value for key, value in group.items() if key != "params"}
+            packed["params"] = list(range(next_index, next_index + len(params)))
+            packed_groups.append(packed)
+            for offset, entry in enumerate(self._gathered_state(group_index)):
+                if entry is not None:
+                    state[next_index + offset] = entry
+            next_index += len(params)
+        return {"state": state, "param_groups": packed_groups}
+
+    def _gathered_state(self, group_index):
+        """[per-parameter state or None] of a group, gathered from every rank's shard; a
+        parameter's step count comes from the rank holding its first element."""
+        sharded = self._sharded[group_index]
+        params = self.param_groups[group_index]["params"]
+        offsets = self._offsets(group_index)
+        count = sum(param.numel() for param in params)
+        counts = [_shard_begin(count, r + 1, self.world_size) - _shard_begin(count, r,
+                                                                             self.world_size)
+                  for r in range(self.world_size)]
+        slots = {}
+        for key, slot in (("exp_avg", _capi.StateSlot.EXP_AVG),
+                          ("exp_avg_sq", _capi.StateSlot.EXP_AVG_SQ),
+                          ("master_param", _capi.StateSlot.MASTER)):
+            shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
+            sharded.local.read_state(slot, 0, shard.numel(), shard.data_ptr())
+            slots[key] = self._comm.gather(shard, counts)
+        steps = torch.zeros(len(params), dtype=torch.float64)
+        local_steps = sharded.local.segment_steps
+        for index, (param, offset) in enumerate(zip(params, offsets)):
+            if param.numel() > 0 and sharded.begin <= offset < sharded.end:
+                steps[index] = local_steps[index]
+        self._comm.all_reduce(steps)
+        result = []
+        for param, offset, step in zip(params, offsets, steps.tolist()):
+            if step == 0:  # never stepped: torch keeps no state for it either
+                result.append(None)
+                continue
+            entry = {"step": torch.tensor(float(step))}
+            for key, values in slots.items():
+                if key != "master_param" or param.dtype != torch.float32:
+                    entry[key] = values[offset : offset + param.numel()].view_as(param).clone()
+            result.append(entry)
+        return result
 
     def load_state_dict(self, state_dict):
-        raise self._unsupported("load_state_dict")
+        """Loads a state dict in torch's layout (of torch's Adam/AdamW, an unsharded zoe
+        optimizer or a sharded one of any world size): each rank takes its shard's slice. Every
+        rank calls it."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        super().load_state_dict(state_dict)
+
+    def _write_slots(self, zoe_group, params, master_of, per_param):
+        """The whole group's state, as _ZoeAdamBase builds it, written to the shard only."""
+        sharded = next(s for s in self._sharded if s is not None and s.local is zoe_group)
+        super()._write_slots(_ShardSlice(sharded), params, master_of, per_param)
 
     def close(self):
         for sharded in self._sharded:
