@@ -423,6 +423,7 @@ Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
   step.grads = args.grads;
   step.params = args.params;
   step.loss_scale = args.loss_scale;
+  step.agree_scan = args.agree_scan;
   Result<StepReport> report = group->optimizer->Step(step);
   if (!report.ok()) return std::move(report).status().WithContext(context);
   group->hyper = hyper;

@@ -90,6 +90,8 @@ struct EngineStepArgs {
   std::span<const GradView> grads;       // empty: those given to AccumulateGrad
   std::span<const ParamView> params;     // empty: no parameters written
   double loss_scale = 1.0;               // > 0
+  // StepArgs::agree_scan, for sharded groups (offload/sharded_group.h).
+  std::function<Result<optim::GradScan>(const optim::GradScan& local)> agree_scan;
 };
 
 class Engine {

@@ -410,8 +410,11 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
       }
     }
   }
+  Result<optim::GradScan> scan = impl.scanner.Total();
+  if (args.agree_scan) scan = args.agree_scan(*scan);
   Result<optim::StepScaling> scaling =
-      optim::MakeStepScaling(impl.scanner.Total(), args.loss_scale, options_.max_grad_norm);
+      scan.ok() ? optim::MakeStepScaling(*scan, args.loss_scale, options_.max_grad_norm)
+                : Result<optim::StepScaling>(scan.status());
   StepReport report;
   Status status = scaling.status();
   if (scaling.ok()) {

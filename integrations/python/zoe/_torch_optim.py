@@ -100,6 +100,15 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     _ZOE_TYPE = None  # "AdamW" or "Adam"
 
+    def __new__(cls, *args, process_group=None, zero_stage=None, **kwargs):
+        """With ``process_group`` or ``zero_stage``: the optimizer sharded across the group's
+        ranks (ZeRO stages 1 and 2, zoe/_torch_zero.py)."""
+        if (process_group is None and zero_stage is None) or getattr(cls, "_zoe_sharded", False):
+            return super().__new__(cls)
+        from ._torch_zero import sharded_class
+
+        return super().__new__(sharded_class(cls))
+
     def __init__(
         self,
         params,
