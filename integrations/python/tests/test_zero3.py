@@ -224,3 +224,97 @@ def test_a_failing_rank_fails_every_rank_within_a_bound(nvme_dir):
     assert outcomes[1].startswith("Corruption"), outcomes[1]
     assert outcomes[0].startswith("Aborted"), outcomes[0]
     assert "another rank failed" in outcomes[0] and "parameter" in outcomes[0]
+
+
+@pytest.fixture
+def world_of_one(nvme_dir):
+    """A gloo process group of this process alone, destroyed afterwards."""
+    init(0, 1, nvme_dir)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tier", [zoe.Tier.HOST, zoe.Tier.DEVICE])
+def test_gathered_only_while_used_and_given_back_by_remove(world_of_one, nvme_dir, tier):
+    # DEVICE: the shards are paged into the engine's device tier (the host stand-in here).
+    torch.manual_seed(0)
+    reference, model = Model(), Model()
+    model.load_state_dict(reference.state_dict())
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one,
+                                             tier=tier)
+        for step in range(2):
+            loss = loss_of(model, step, slice(None))
+            # Nothing stays gathered between forward and backward (from the second iteration
+            # on, the first gathers of backward are in flight, issued ahead by the trace).
+            assert pager.gathered_bytes == 0
+            assert (pager.in_flight_bytes > 0) == (step > 0)
+            assert all(p.data.stride() == (0,) * p.dim() for p in model.parameters()
+                       if p.numel() > 1)
+            loss.backward()
+            assert pager.gathered_bytes == pager.in_flight_bytes == 0
+            assert all(p.grad is None for p in model.parameters())  # moved to the shards
+            loss_of(reference, step, slice(None)).backward()
+        for (name, p_ref), shard in zip(reference.named_parameters(), pager.shard_parameters()):
+            assert torch.equal(shard.grad, p_ref.grad.view(-1)), name
+        pager.remove()
+        for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+            assert torch.equal(p, p_ref), name
+
+
+def test_bad_arguments_are_named(world_of_one, nvme_dir):
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        with pytest.raises(zoe.InvalidArgument, match="prefetch_depth = -1 .* allowed: >= 0"):
+            zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one,
+                                         prefetch_depth=-1)
+        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
+        with pytest.raises(zoe.InvalidArgument, match="norm_type = 1 .* allowed: 2.0"):
+            pager.clip_grad_norm_(1.0, norm_type=1)
+
+
+def test_a_process_group_without_init_process_group_is_refused(engine):
+    assert not dist.is_initialized()
+    with pytest.raises(zoe.InvalidArgument, match="init_process_group"):
+        zoe.torch.offload_parameters(Model(), engine, process_group=object())
+
+
+class Broken:
+    """Stands in for a collective that fails (a peer died or timed out)."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.function} failed: Connection closed by peer")
+
+
+@pytest.mark.parametrize(
+    "collective, when, message",
+    [
+        ("all_gather", "forward", "all_gather of parameter 'scale'"),
+        ("all_reduce", "backward", "all_reduce of the gradient of parameter"),
+        ("all_reduce", "clip", "all_reduce of the gradient norm"),
+    ],
+)
+def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch, collective,
+                                             when, message):
+    from zoe import _torch_zero3
+
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
+        if when != "forward":
+            loss = loss_of(pager.model, 0, slice(None))
+        if when == "clip":
+            loss.backward()
+        monkeypatch.setattr(_torch_zero3.dist, collective, Broken(collective))
+        with pytest.raises(zoe.Aborted, match=message) as raised:
+            if when == "forward":
+                loss_of(pager.model, 0, slice(None))
+            elif when == "backward":
+                loss.backward()
+            else:
+                pager.clip_grad_norm_(1.0)
+        assert "Connection closed by peer" in str(raised.value)

@@ -109,8 +109,9 @@ class ShardedParameterPager(ParameterPager):
         self._accumulator_nodes = []
         self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0}
         self.shard_bytes = 0  # bytes of this rank's shards (paged through its engine)
-        self.gathered_bytes = 0  # bytes of full parameters gathered or in flight now
-        self.peak_gathered_bytes = 0
+        self.gathered_bytes = 0  # bytes of full parameters gathered now
+        self.in_flight_bytes = 0  # bytes of all-gathers issued and not yet waited for
+        self.peak_gathered_bytes = 0  # the peak of the two together
         self._root_records = []  # the base class's root holds: shards are held by gathers
 
     # --- registration ----------------------------------------------------------------------
@@ -199,12 +200,14 @@ class ShardedParameterPager(ParameterPager):
             )
         except RuntimeError as error:
             raise _collective_error("all_gather", entry.name, error) from None
-        self._count_gathered(entry.padded_bytes)
+        self._count(in_flight=entry.padded_bytes)
         return _PendingGather(handle, gathered)
 
-    def _count_gathered(self, delta):
-        self.gathered_bytes += delta
-        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
+    def _count(self, gathered=0, in_flight=0):
+        self.gathered_bytes += gathered
+        self.in_flight_bytes += in_flight
+        now = self.gathered_bytes + self.in_flight_bytes
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, now)
 
     def _finish_gather(self, entry, pending):
         """Waits for ``pending`` and makes ``entry``'s full values (shards side by side)."""
@@ -219,7 +222,8 @@ class ShardedParameterPager(ParameterPager):
         ]
         flat = pending.gathered if len(set(entry.counts)) == 1 else torch.cat(parts)
         full = flat[: sum(entry.counts) * entry.element_size].view(entry.dtype)
-        self._count_gathered(sum(entry.counts) * entry.element_size - entry.padded_bytes)
+        self._count(gathered=sum(entry.counts) * entry.element_size,
+                    in_flight=-entry.padded_bytes)
         return full.view(entry.shape)
 
     def _gather(self, entry):
@@ -235,7 +239,7 @@ class ShardedParameterPager(ParameterPager):
 
     def _free(self, entry):
         self._full_by_address.pop(_storage_pointer(entry.full), None)
-        self._count_gathered(-entry.full.numel() * entry.element_size)
+        self._count(gathered=-entry.full.numel() * entry.element_size)
         entry.full = None
         entry.param.data = entry.placeholder
 
@@ -298,7 +302,7 @@ class ShardedParameterPager(ParameterPager):
         except RuntimeError as error:
             raise _collective_error("all_gather", entry.name, error) from None
         finally:
-            self._count_gathered(-entry.padded_bytes)
+            self._count(in_flight=-entry.padded_bytes)
 
     # --- backward --------------------------------------------------------------------------
 
