@@ -20,10 +20,11 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
   runs the same hooks in the same order, so every rank issues the same collectives. An order
   that differs from the trace re-records it.
-- Gradients: when a parameter's full gradient is accumulated, it is summed over the ranks (gloo
-  in torch 1.13 has no reduce_scatter: all_reduce, then each rank keeps its slice), divided by
-  N (the mean, as DistributedDataParallel) and added to its shard's ``.grad``; the full gradient
-  is dropped. Like DistributedDataParallel without find_unused_parameters, every rank must
+- Gradients: when a parameter's full gradient is accumulated, its sum over the ranks starts
+  (``async_op=True``, at most REDUCTIONS_IN_FLIGHT at once, the rest finished by the end of
+  backward; gloo in torch 1.13 has no reduce_scatter: all_reduce, then each rank keeps its
+  slice), divided by N (the mean, as DistributedDataParallel) and added to its shard's
+  ``.grad``; the full gradient leaves ``param.grad``. Like DistributedDataParallel without find_unused_parameters, every rank must
   produce gradients for the same parameters in an iteration (a parameter unused on every rank
   in an iteration is simply skipped, and the optimizer skips it as torch does).
 - Clipping and the inf/NaN skip: ``pager.clip_grad_norm_(max_norm)`` all-reduces the squared
@@ -46,6 +47,7 @@ from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
 from .errors import Aborted
 
 DEFAULT_PREFETCH_DEPTH = 2
+REDUCTIONS_IN_FLIGHT = 2  # gradient all-reduces running while backward goes on
 
 
 def shard_bounds(numel, rank, world_size):
@@ -107,6 +109,7 @@ class ShardedParameterPager(ParameterPager):
         self._events = []  # gather order of the current iteration
         self._cursor = 0
         self._accumulator_nodes = []
+        self._reductions = []  # (entry, full gradient being summed, handle), oldest first
         self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0}
         self.shard_bytes = 0  # bytes of this rank's shards (paged through its engine)
         self.gathered_bytes = 0  # bytes of full parameters gathered now
@@ -330,14 +333,30 @@ class ShardedParameterPager(ParameterPager):
         return hook
 
     def _reduce_grad(self, entry):
-        """Sums the full gradient over the ranks, keeps this rank's slice / N in the shard's
-        .grad and drops the full gradient."""
+        """Starts summing the full gradient over the ranks (the full gradient leaves
+        param.grad); at most REDUCTIONS_IN_FLIGHT run while backward goes on, the oldest
+        finished first."""
         grad, entry.param.grad = entry.param.grad, None
         if grad is None:
             return
         total = grad.detach().reshape(-1).to(torch.float32, copy=True)
         try:
-            dist.all_reduce(total, group=self.group)
+            handle = dist.all_reduce(total, group=self.group, async_op=True)
+        except RuntimeError as error:
+            raise _collective_error("all_reduce of the gradient", entry.name, error) from None
+        self._reductions.append((entry, total, handle))
+        while len(self._reductions) > REDUCTIONS_IN_FLIGHT:
+            self._finish_reduction(*self._reductions.pop(0))
+
+    def _finish_reductions(self):
+        reductions, self._reductions = self._reductions, []
+        for reduction in reductions:
+            self._finish_reduction(*reduction)
+
+    def _finish_reduction(self, entry, total, handle):
+        """Waits for a gradient's sum and adds this rank's slice / N to the shard's .grad."""
+        try:
+            handle.wait()
         except RuntimeError as error:
             raise _collective_error("all_reduce of the gradient", entry.name, error) from None
         if entry.shard is None:
@@ -370,6 +389,7 @@ class ShardedParameterPager(ParameterPager):
             while entry.backward_holds:
                 self._unhold_full(entry, backward=True)
         self._drain_prefetches()
+        self._finish_reductions()
         if self._trace != self._events:
             self.gathers["rerecorded"] += self._trace is not None
             self._trace = list(self._events)
@@ -395,6 +415,7 @@ class ShardedParameterPager(ParameterPager):
         ``if not math.isfinite(norm)`` skips the step on every rank together."""
         if float(norm_type) != 2.0:
             raise _invalid(f"norm_type = {norm_type!r} is not supported; allowed: 2.0")
+        self._finish_reductions()
         squares = torch.zeros(1, dtype=torch.float64)
         grads = [s.grad for s in self.shard_parameters() if s.grad is not None]
         for grad in grads:
