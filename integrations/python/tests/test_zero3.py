@@ -272,6 +272,29 @@ def test_gathered_only_while_used_and_given_back_by_remove(world_of_one, nvme_di
             assert torch.equal(p, p_ref), name
 
 
+def test_a_torch_optimizer_steps_the_shards_inside_materialized(world_of_one, nvme_dir):
+    torch.manual_seed(0)
+    reference, model = Model(), Model()
+    model.load_state_dict(reference.state_dict())
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        optimizers = [torch.optim.SGD(reference.parameters(), lr=0.1),
+                      torch.optim.SGD(pager.shard_parameters(), lr=0.1)]
+        for step in range(3):
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            loss_of(reference, step, slice(None)).backward()
+            loss_of(model, step, slice(None)).backward()
+            optimizers[0].step()
+            with pager.materialized():  # the shards point at their acquired memory
+                optimizers[1].step()
+        state = pager.state_dict()
+        for name, expected in reference.state_dict().items():
+            assert torch.equal(state[name], expected), name
+        assert pager.gathered_bytes == pager.in_flight_bytes == 0
+
+
 def test_bad_arguments_are_named(world_of_one, nvme_dir):
     engine, _ = engine_for(nvme_dir, 0)
     with engine:

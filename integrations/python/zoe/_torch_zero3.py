@@ -8,7 +8,8 @@ uneven sizes differ by at most one element and a parameter smaller than N leaves
 empty. Sharding each parameter on its own (rather than a flat concatenation) lets a module
 gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
 (``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's
-parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer.
+parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer
+(a torch optimizer steps the shards inside ``with pager.materialized():``).
 
 - Forward: a module's pre-hook all-gathers its own parameters (bytes of the padded shards, so
   any dtype travels over gloo) and points ``param.data`` at the full values; its post-hook
@@ -280,7 +281,10 @@ class ShardedParameterPager(ParameterPager):
     def _advance_trace(self, entry):
         """Records a gather; with a recorded trace, moves its cursor past ``entry`` and issues
         the next ``prefetch_depth`` gathers of the trace that are neither gathered nor in
-        flight. Every rank sees the same gathers, so every rank issues the same ones."""
+        flight. Every rank sees the same gathers, so every rank issues the same ones. Gathers
+        outside an iteration (state_dict, remove) are neither recorded nor followed."""
+        if not self._in_iteration:
+            return
         self._events.append(entry.index)
         if self._trace is None:
             return
@@ -462,6 +466,7 @@ class ShardedParameterPager(ParameterPager):
         (a collective: every rank calls it)."""
         if self._in_iteration:
             self._end_iteration()
+        self._drain_prefetches()
         for handle in self._handles:
             handle.remove()
         self._handles = []
