@@ -301,6 +301,14 @@ def test_bad_arguments_are_named(world_of_one, nvme_dir):
         with pytest.raises(zoe.InvalidArgument, match="prefetch_depth = -1 .* allowed: >= 0"):
             zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one,
                                          prefetch_depth=-1)
+        model = Model()
+        model.phase = torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        with pytest.raises(zoe.InvalidArgument, match="'phase': torch.complex64 cannot be "
+                           "paged; allowed: torch.float32"):
+            zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        for name, p in model.named_parameters():  # nothing was sharded
+            assert torch.equal(p, before[name]), name
         pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
         with pytest.raises(zoe.InvalidArgument, match="norm_type = 1 .* allowed: 2.0"):
             pager.clip_grad_norm_(1.0, norm_type=1)

@@ -121,16 +121,23 @@ class ShardedParameterPager(ParameterPager):
     # --- registration ----------------------------------------------------------------------
 
     def _register(self, prefix):
-        seen, devices_checked = set(), set()
+        """Checks every parameter, then shards them: a parameter that cannot be paged leaves
+        the model untouched."""
+        named, seen, devices_checked = [], set(), set()
         for name, param in self.model.named_parameters():
             if id(param) in seen or param.numel() == 0:
                 continue
             seen.add(id(param))
             if param.dtype not in _PAGED_DTYPES:
-                raise _invalid(f"parameter {name!r}: {param.dtype} cannot be paged")
+                allowed = ", ".join(str(dtype) for dtype in _PAGED_DTYPES)
+                raise _invalid(
+                    f"parameter {name!r}: {param.dtype} cannot be paged; allowed: {allowed}"
+                )
             if param.device not in devices_checked:
                 _torch_device.check_paging_tier(self.engine, self.tier, param.device)
                 devices_checked.add(param.device)
+            named.append((name, param))
+        for name, param in named:
             self._register_one(prefix, name, param)
 
     def _register_one(self, prefix, name, param):
