@@ -365,7 +365,7 @@ def _home_from_config(engine):
 
 
 def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param.",
-                       tier=None):
+                       tier=None, process_group=None, prefetch_depth=2):
     """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
 
     Every parameter becomes a zoe tensor homed in ``home`` (NVME or HOST) holding its values;
@@ -393,6 +393,11 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
       a model on a GPU, the host stand-in's memory as CPU tensors for a model on the CPU (the CPU
       twin). ``None``: DEVICE for a model on a GPU, else HOST.
 
+    * ``process_group``: ZeRO stage 3 across its ranks: each rank pages only its shard of every
+      parameter, a module's parameters are all-gathered around its forward and backward (the
+      next ``prefetch_depth`` gathers issued ahead by the trace) and gradients reduced to the
+      owning shard; returns a ShardedParameterPager (see zoe/_torch_zero3.py, docs/zero3.md).
+
     Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).
     """
     if home is None:
@@ -400,6 +405,11 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
     if tier is None:
         on_gpu = any(param.device.type == "cuda" for param in model.parameters())
         tier = _capi.Tier.DEVICE if on_gpu else _capi.Tier.HOST
+    if process_group is not None:
+        from ._torch_zero3 import offload_sharded
+
+        return offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
+                               prefetch_depth)
     pager = ParameterPager(model, engine, trace_name, home, tier)
     with torch.no_grad():
         pager._register(prefix)

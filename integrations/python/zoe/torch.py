@@ -13,7 +13,8 @@ twin of a device (``device_backend=zoe.torch.HostTwin(adversarial=True)``) that 
 path in tests.
 
 ``offload_parameters(model, engine)`` pages a module's parameters through the engine (see its
-docstring); ``ParameterPager`` is the handle it returns.
+docstring); ``ParameterPager`` is the handle it returns. With ``process_group=pg`` it is ZeRO
+stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/zero3.md).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 """
@@ -21,6 +22,7 @@ Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 from ._torch_device import CudaBackend, DeviceBackend, HostTwin
 from ._torch_optim import Adam, AdamW, engine_config
 from ._torch_paging import ParameterPager, offload_parameters
+from ._torch_zero3 import ShardedParameterPager
 
 __all__ = [
     "Adam",
@@ -29,6 +31,7 @@ __all__ = [
     "DeviceBackend",
     "HostTwin",
     "ParameterPager",
+    "ShardedParameterPager",
     "engine_config",
     "offload_parameters",
 ]
