@@ -32,7 +32,7 @@ std::string OptimizerGroup::Impl::ChunkName(size_t chunk) const {
                      on_nvme(chunk) ? "NVMe" : "HOST");
 }
 
-Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
+Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count, bool speculative) {
   const uint64_t io_block = layout.io_block();
   for (size_t b = 0; b < pipeline_buffers(buffer_count); ++b) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.max_chunk_bytes()));
@@ -52,6 +52,9 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.chunk(c).bytes));
     host.push_back(std::move(buffer));
+    if (!speculative) continue;
+    ZOE_ASSIGN_OR_RETURN(PinnedBuffer spare, resources.pinned->Allocate(layout.chunk(c).bytes));
+    host_spare.push_back(std::move(spare));
   }
   nvme.resize(nvme_count);
   for (size_t c = 0; c < nvme_count; ++c) {
@@ -288,6 +291,7 @@ void OptimizerGroup::Impl::ReleasePrefetched() {
 
 // Drops the accumulated gradients; reads started for them are released (ReleaseUnusedRead).
 void OptimizerGroup::Impl::ResetAccumulation() {
+  speculation.reset();
   ReleasePrefetched();
   accumulated.clear();
   std::fill(chunk_covered.begin(), chunk_covered.end(), 0);
