@@ -397,6 +397,7 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   for (size_t s = 0; s < segment_step.size(); ++s) segment_step[s] = segment_steps_[s] + 1;
   // From here on the gradients are consumed, whatever the outcome. The chunks speculation
   // updated are read only if the step turns out to need them again.
+  impl.FinishSpeculativeWrites();
   impl.StartStepReads(impl.NotSpeculated(present_chunks));
   if (!args.grads.empty()) {
     for (const PlacedView& view : grads) {

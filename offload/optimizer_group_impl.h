@@ -166,8 +166,11 @@ struct OptimizerGroup::Impl {
   // checksums.computed, which the chunk's write records.
   ChunkChecksums ChecksumsFor(size_t chunk, size_t buffer, bool read_from_disk, bool fn_hashes,
                               Status* status);
+  // `carried` (may be null): writes left in flight by an earlier pipeline, which this one reaps
+  // for their buffers like its own, and where it leaves its own writes in flight when it
+  // succeeds (on failure every write is waited for and `carried` is empty).
   Status RunPipeline(std::span<const size_t> order, bool read, const ChunkFn& fn, Totals* totals,
-                     bool fn_hashes = false);
+                     bool fn_hashes = false, InFlightList* carried = nullptr);
   // Verifies a whole state read from chunk `chunk`'s live slot against its recorded checksums.
   Status VerifyWhole(size_t chunk, const std::byte* state) const;
   void Flip(std::span<const size_t> chunks);
@@ -227,6 +230,9 @@ struct OptimizerGroup::Impl {
   SpeculationOutcome DecideSpeculation(const optim::StepScaling& scaling,
                                        const optim::HyperParams& hyper,
                                        std::span<const int64_t> segment_step) const;
+  // Waits for the writes speculative updates left in flight and frees their buffers; a failed
+  // one becomes the speculation's failure.
+  void FinishSpeculativeWrites();
   // The speculated chunks' parameter views written back from their live master.
   Status RestoreParams();
   // After the Step (`status`: its outcome): counts what became of the speculated chunks into
@@ -273,6 +279,8 @@ struct OptimizerGroup::Impl {
 
   std::optional<Speculation> speculation;  // armed by Speculate until the Step
   std::vector<PinnedBuffer> host_spare;    // per HOST chunk, with options.speculative
+  // Writes of speculative updates still in flight: the next chunk's update overlaps them.
+  InFlightList speculative_writes;
   SpeculationStats speculation_totals;
 };
 

@@ -82,9 +82,10 @@ void OptimizerGroup::Impl::SpeculateChunk(size_t chunk) {
 
 // Through the pipeline like any step's chunk: its read (which AccumulateGrad just started, or
 // the pipeline starts) is verified, the chunk updated and written, with its checksums, to the
-// inactive slot -- which is not flipped, so the live one keeps the previous version. Every read
-// AccumulateGrad started before was consumed by its own chunk's update, so `prefetched` holds at
-// most this chunk's.
+// inactive slot -- which is not flipped, so the live one keeps the previous version. The write
+// is left in flight (speculative_writes) to overlap the next chunk's update; a failed one is
+// found when its buffer is needed again or by the Step. Every read AccumulateGrad started before
+// was consumed by its own chunk's update, so `prefetched` holds at most this chunk's.
 Status OptimizerGroup::Impl::SpeculateNvmeChunk(size_t chunk, const StepInputs& inputs) {
   const size_t order[] = {chunk};
   if (!prefetched.empty() && (prefetched.size() > 1 || prefetched.front().chunk != chunk)) {
@@ -96,7 +97,18 @@ Status OptimizerGroup::Impl::SpeculateNvmeChunk(size_t chunk, const StepInputs& 
       [&](size_t c, std::byte* state, const ChunkChecksums& checksums) {
         return detail::UpdateChunkState(layout.chunk(c), state, inputs, checksums);
       },
-      &speculation->totals, /*fn_hashes=*/true);
+      &speculation->totals, /*fn_hashes=*/true, &speculative_writes);
+}
+
+void OptimizerGroup::Impl::FinishSpeculativeWrites() {
+  for (const InFlight& entry : speculative_writes) {
+    Status written = resources.io->Wait(entry.ticket);
+    free_buffers.push_back(entry.buffer);
+    if (!written.ok() && speculation && speculation->failure.ok()) {
+      speculation->failure = std::move(written).WithContext(ChunkName(entry.chunk));
+    }
+  }
+  speculative_writes.clear();
 }
 
 std::vector<bool> OptimizerGroup::Impl::NotSpeculated(const std::vector<bool>& present) const {

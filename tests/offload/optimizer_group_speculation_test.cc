@@ -125,39 +125,57 @@ TEST_P(SpeculationTest, NonFiniteGradientInTheLastChunkDiscardsTheStep) {
   EXPECT_EQ(reports[2].chunks_committed, 7u);
 }
 
-// A write of a speculative update fails: the Step reports it naming the chunk, the state is the
-// previous one, the gradients stay, and retrying the step matches the plain group.
+struct SpeculativeFault {
+  const char* name;
+  io::FaultKind kind;
+  io::FaultOps ops;
+  uint64_t nth;
+  StatusCode code;
+};
+
+// A read, a write or a checksum of a speculative update fails -- found while AccumulateGrad goes
+// on, or (the last write) only by the Step: the Step reports it naming the chunk, the state is
+// the previous one, every speculative update counts as discarded, the gradients stay, and
+// retrying the step matches the plain group.
 TEST_P(SpeculationTest, FaultDuringASpeculativeStepLeavesThePreviousState) {
   if (GetParam().tier != Tier::kNvme) GTEST_SKIP() << "HOST chunks do no I/O";
-  HarnessOptions options = SpeculationOptions(GetParam(), 0.0);
-  GroupHarness plain(options);
-  options.inject_faults = true;
-  options.group.speculative = true;
-  GroupHarness speculative(options);
-  ASSERT_TRUE(plain.ok() && speculative.ok());
-  plain.NewGradients(0);
-  speculative.NewGradients(0);
-  const testing::StateBits before = speculative.Snapshot();
-  speculative.FailOnce(io::FaultKind::kEio, io::FaultOps::kWrites, 2);
-  Result<StepReport> failed = SpeculativeStep(speculative, speculative.Hyper(0));
-  ASSERT_EQ(failed.status().code(), StatusCode::kIoError) << failed.status().ToString();
-  EXPECT_NE(failed.status().message().find("optimizer group 'g': chunk"), std::string::npos)
-      << failed.status().ToString();
-  EXPECT_EQ(speculative.faults()->injected(), 1u);
-  EXPECT_TRUE(speculative.Snapshot() == before);
-  EXPECT_EQ(speculative.group().steps_taken(), 0);
-  const SpeculationStats& stats = speculative.group().speculation_stats();
-  EXPECT_EQ(stats.steps, 1u);
-  // The last view completed NVMe chunk 4 (its write the first) and HOST chunks 5 and 6; the
-  // second write failed, and nothing was updated speculatively after it.
-  EXPECT_EQ(stats.chunks_speculative, 3u);
-  EXPECT_EQ(stats.chunks_discarded, 3u);
-  Result<StepReport> retried = speculative.StepAccumulated(speculative.Hyper(0));
-  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
-  EXPECT_EQ(retried->chunks_speculative, 0u);
-  ASSERT_TRUE(plain.Step(plain.Hyper(0)).ok());
-  EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot());
-  EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes());
+  const SpeculativeFault faults[] = {
+      {"second write", io::FaultKind::kEio, io::FaultOps::kWrites, 2, StatusCode::kIoError},
+      {"last write", io::FaultKind::kEnospc, io::FaultOps::kWrites, 5, StatusCode::kNoSpace},
+      {"third read", io::FaultKind::kEio, io::FaultOps::kReads, 3, StatusCode::kIoError},
+      {"corrupted read", io::FaultKind::kCorruption, io::FaultOps::kReads, 1,
+       StatusCode::kCorruption},
+  };
+  for (const SpeculativeFault& fault : faults) {
+    SCOPED_TRACE(fault.name);
+    HarnessOptions options = SpeculationOptions(GetParam(), 0.0);
+    GroupHarness plain(options);
+    options.inject_faults = true;
+    options.group.speculative = true;
+    GroupHarness speculative(options);
+    ASSERT_TRUE(plain.ok() && speculative.ok());
+    plain.NewGradients(0);
+    speculative.NewGradients(0);
+    const testing::StateBits before = speculative.Snapshot();
+    speculative.FailOnce(fault.kind, fault.ops, fault.nth);
+    Result<StepReport> failed = SpeculativeStep(speculative, speculative.Hyper(0));
+    ASSERT_EQ(failed.status().code(), fault.code) << failed.status().ToString();
+    EXPECT_NE(failed.status().message().find("optimizer group 'g': chunk"), std::string::npos)
+        << failed.status().ToString();
+    EXPECT_EQ(speculative.faults()->injected(), 1u);
+    EXPECT_TRUE(speculative.Snapshot() == before);
+    EXPECT_EQ(speculative.group().steps_taken(), 0);
+    const SpeculationStats& stats = speculative.group().speculation_stats();
+    EXPECT_EQ(stats.steps, 1u);
+    EXPECT_EQ(stats.chunks_discarded, stats.chunks_speculative);
+    EXPECT_EQ(stats.chunks_committed, 0u);
+    Result<StepReport> retried = speculative.StepAccumulated(speculative.Hyper(0));
+    ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+    EXPECT_EQ(retried->chunks_speculative, 0u);
+    ASSERT_TRUE(plain.Step(plain.Hyper(0)).ok());
+    EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot());
+    EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes());
+  }
 }
 
 TEST_P(SpeculationTest, TotalsAddUpOverSteps) {
