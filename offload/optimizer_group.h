@@ -35,7 +35,8 @@
 // completes is updated at once, assuming finite gradients and no clipping: an NVMe chunk through
 // the pipeline into its inactive slot (not flipped), a HOST chunk into its spare buffer (a second
 // copy of every HOST chunk, taken from the pinned pool at Create and counted in pinned_bytes()),
-// its parameter views written as a step writes them. The previous version stays untouched until
+// its parameter views written as a step writes them; an NVMe chunk's write stays in flight while
+// the next chunk is updated, and the Step waits for it. The previous version stays untouched until
 // the Step that follows decides, once the global inf/NaN check and norm are known:
 //  - finite, clip factor 1 and the same hyper-parameters and loss scale: commit -- the remaining
 //    chunks are updated as in any step and every slot flips (spares swapped in) at once;
@@ -177,7 +178,8 @@ class OptimizerGroup {
   // (FailedPrecondition naming the first missing range otherwise; the gradients stay). Until that
   // Step, a Step with gradients, WriteState, Save and Load are FailedPrecondition. A read started
   // here that fails is reported by the Step. A Step that fails keeps the gradients, so it can be
-  // retried (after a skipped or successful step they are consumed).
+  // retried (after a skipped or successful step they are consumed). With speculation armed
+  // (Speculate), every chunk completed is also updated at once; see "Speculation".
   Status AccumulateGrad(size_t offset, const GradView& grad);
 
   // Arms speculation for the next step (see "Speculation"): args.hyper, args.loss_scale and
