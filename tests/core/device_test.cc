@@ -378,7 +378,7 @@ TEST(HostStandIn, AdversarialModeShowsPoisonToAReadWithoutWait) {
   GTEST_SKIP() << "the test reads a copy's destination without waiting, on purpose";
 #endif
   auto device = HostStandInDevice::Create(
-      {.capacity_bytes = kCapacity, .adversarial_delay = std::chrono::milliseconds(50)});
+      {.capacity_bytes = kCapacity, .adversarial_delay = std::chrono::milliseconds(250)});
   ASSERT_TRUE(device.ok());
   auto queue = (*device)->CreateQueue();
   auto a = (*device)->Allocate(4096);
