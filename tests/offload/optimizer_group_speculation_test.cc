@@ -5,6 +5,7 @@
 // speculation counts; argument errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -203,6 +204,80 @@ INSTANTIATE_TEST_SUITE_P(
                       Placement{"nvme_fp32", Tier::kNvme, 0.75, optim::DType::kF32},
                       Placement{"nvme_bf16", Tier::kNvme, 0.75, optim::DType::kBF16}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// ---- segments without a gradient ---------------------------------------------------------------
+
+// Segments of 100003 elements in chunks of 16384 (segment 1 holds chunk 1 whole; segment 3 ends
+// mid-chunk), and which have a gradient at each step.
+const std::vector<size_t> kSegments = {10000, 30000, 7, 19993, 40003};
+
+std::vector<bool> PresentAt(int step) {
+  return {true, step % 2 == 1, step >= 3, step % 3 != 0, true};
+}
+
+// The harness's gradients as views: a present segment whole, an absent one with null data.
+std::vector<GradView> SegmentViews(const GroupHarness& harness, const std::vector<bool>& present) {
+  std::vector<GradView> views;
+  const auto* grads = reinterpret_cast<const float*>(harness.grads());
+  size_t begin = 0;
+  for (size_t s = 0; s < kSegments.size(); ++s) {
+    views.push_back({present[s] ? grads + begin : nullptr, optim::DType::kF32, kSegments[s]});
+    begin += kSegments[s];
+  }
+  return views;
+}
+
+// Chunks partly or wholly without a gradient: speculation updates, commits, recomputes and
+// discards only what a plain step would touch, so the absent segments' state, parameters and
+// step counts stay as they are.
+TEST(SpeculationSegmentsTest, AbsentSegmentsMatchThePlainStep) {
+  HarnessOptions options = SpeculationOptions({"nvme", Tier::kNvme, 0.75, optim::DType::kBF16},
+                                              /*max_grad_norm=*/100.0);
+  options.group.segments = kSegments;
+  GroupHarness plain(options);
+  options.group.speculative = true;
+  GroupHarness speculative(options);
+  ASSERT_TRUE(plain.ok() && speculative.ok());
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step);
+    plain.NewGradients(step);
+    speculative.NewGradients(step);
+    if (step == 4) {
+      plain.PoisonGradient(1, std::numeric_limits<float>::quiet_NaN());
+      speculative.PoisonGradient(1, std::numeric_limits<float>::quiet_NaN());
+    }
+    const std::vector<GradView> views = SegmentViews(plain, PresentAt(step));
+    const std::vector<ParamView> plain_params = plain.param_views();
+    StepArgs args;
+    args.hyper = plain.Hyper(step);
+    args.grads = views;
+    args.params = plain_params;
+    ASSERT_TRUE(plain.group().Step(args).ok());
+
+    const std::vector<ParamView> params = speculative.param_views();
+    args.grads = {};
+    args.params = params;
+    ASSERT_TRUE(speculative.group().Speculate(args).ok());
+    const std::vector<GradView> spec_views = SegmentViews(speculative, PresentAt(step));
+    size_t offset = speculative.count();
+    for (size_t i = spec_views.size(); i-- > 0;) {
+      offset -= spec_views[i].count;
+      ASSERT_TRUE(speculative.group().AccumulateGrad(offset, spec_views[i]).ok());
+    }
+    Result<StepReport> report = speculative.group().Step(args);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->chunks_speculative,
+              report->chunks_committed + report->chunks_recomputed + report->chunks_discarded);
+    EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot());
+    EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes());
+    EXPECT_TRUE(
+        std::ranges::equal(speculative.group().segment_steps(), plain.group().segment_steps()));
+  }
+  const SpeculationStats& stats = speculative.group().speculation_stats();
+  EXPECT_GT(stats.chunks_committed, 0u);
+  EXPECT_GT(stats.chunks_recomputed, 0u);
+  EXPECT_GT(stats.chunks_discarded, 0u);
+}
 
 // ---- arguments and memory ---------------------------------------------------------------------
 
