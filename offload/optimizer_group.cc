@@ -526,6 +526,7 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
   }
   ZOE_RETURN_IF_ERROR(impl.scanner.Add(offset, grad.data, grad.dtype, grad.count, options_.run));
   impl.accumulated.emplace(offset, view);
+  impl.accumulated_elements += view.count;
   for (size_t c = impl.layout.ChunkOf(offset); c <= impl.layout.ChunkOf(view.end() - 1); ++c) {
     const ChunkRegions regions = impl.layout.chunk(c);
     const size_t from = std::max(offset, regions.first);
@@ -536,6 +537,10 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
     if (!complete || impl.chunk_present[c] == 0) continue;
     if (impl.on_nvme(c)) impl.StartPrefetch(c);
     if (impl.speculation) impl.SpeculateChunk(c);
+  }
+  // Once the gradients cover the group none will follow: the chunk kept waiting is due now.
+  if (impl.speculation && impl.accumulated_elements == count()) {
+    impl.SpeculateWaiting(/*keep_newest=*/false);
   }
   return Status::Ok();
 }

@@ -131,7 +131,8 @@ struct OptimizerGroup::Impl {
     std::vector<int64_t> segment_step;
     optim::DType state_dtype = optim::DType::kF32;
     optim::RunOptions run;
-    std::vector<bool> updated;  // per chunk: its new state waits in its inactive slot or spare
+    std::vector<bool> updated;    // per chunk: its new state waits in its inactive slot or spare
+    std::vector<size_t> waiting;  // complete NVMe chunks not updated yet, oldest first
     size_t updated_count = 0;
     Status failure;  // of the first speculative update that failed
     Totals totals;   // of the speculative updates, added to the Step's report
@@ -216,8 +217,12 @@ struct OptimizerGroup::Impl {
   // The gradient views overlapping chunk `chunk`, which accumulated views cover.
   detail::PlacedViews ChunkGrads(size_t chunk) const;
   // Updates chunk `chunk`, whose gradients are complete, into its inactive slot or spare.
+  // HOST chunks at once; NVMe chunks join `waiting` (SpeculateWaiting).
   void SpeculateChunk(size_t chunk);
-  Status SpeculateNvmeChunk(size_t chunk, const detail::StepInputs& inputs);
+  // Updates the waiting NVMe chunks, all but the newest when `keep_newest`.
+  void SpeculateWaiting(bool keep_newest);
+  // The speculated step's inputs for a chunk whose gradient views are `grads`.
+  detail::StepInputs SpeculativeInputs(const detail::PlacedViews& grads) const;
   // The parameter views of a speculative step are those given to Speculate: `params` (those given
   // to Step) must be the same or none (InvalidArgument).
   Status UseSpeculatedParams(detail::PlacedViews* params) const;
@@ -271,6 +276,7 @@ struct OptimizerGroup::Impl {
   // Gradients handed over by AccumulateGrad for the next step.
   GradScanner scanner;
   std::map<size_t, detail::PlacedView> accumulated;  // by offset
+  size_t accumulated_elements = 0;                   // their elements (they do not overlap)
   std::vector<size_t> chunk_covered;                 // elements of each chunk accumulated
   std::vector<size_t> chunk_present;                 // of those, elements with a gradient
   InFlightList prefetched;  // reads started for fully covered chunks, in order
@@ -281,6 +287,7 @@ struct OptimizerGroup::Impl {
   std::vector<PinnedBuffer> host_spare;    // per HOST chunk, with options.speculative
   // Writes of speculative updates still in flight: the next chunk's update overlaps them.
   InFlightList speculative_writes;
+  InFlightList held_reads;  // SpeculateWaiting's scratch
   SpeculationStats speculation_totals;
 };
 

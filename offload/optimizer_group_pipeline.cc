@@ -50,6 +50,7 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count, bool speculati
   }
   prefetched.reserve(buffers.size());
   speculative_writes.reserve(buffers.size());
+  held_reads.reserve(buffers.size());
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.chunk(c).bytes));
     host.push_back(std::move(buffer));
@@ -302,6 +303,7 @@ void OptimizerGroup::Impl::ResetAccumulation() {
   speculation.reset();
   ReleasePrefetched();
   accumulated.clear();
+  accumulated_elements = 0;
   std::fill(chunk_covered.begin(), chunk_covered.end(), 0);
   std::fill(chunk_present.begin(), chunk_present.end(), 0);
   scanner.Reset();

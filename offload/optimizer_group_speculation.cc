@@ -60,44 +60,72 @@ PlacedViews OptimizerGroup::Impl::ChunkGrads(size_t chunk) const {
   return views;
 }
 
+StepInputs OptimizerGroup::Impl::SpeculativeInputs(const PlacedViews& grads) const {
+  const Speculation& s = *speculation;
+  return StepInputs{&s.hyper,      segment_ends, s.segment_step, s.scaling,
+                    s.state_dtype, &grads,       &s.params,      &s.run};
+}
+
 void OptimizerGroup::Impl::SpeculateChunk(size_t chunk) {
   Speculation& s = *speculation;
   if (!s.failure.ok()) return;  // the Step reports it and recomputes nothing
-  const PlacedViews grads = ChunkGrads(chunk);
-  const StepInputs inputs{&s.hyper,      segment_ends, s.segment_step, s.scaling,
-                          s.state_dtype, &grads,       &s.params,      &s.run};
   if (on_nvme(chunk)) {
-    s.failure = SpeculateNvmeChunk(chunk, inputs);
-  } else {
-    // The spare receives the new state; the live buffer stays as it was until the commit.
-    std::byte* spare = host_spare[chunk - nvme_count].data();
-    std::memcpy(spare, host_state(chunk), layout.chunk(chunk).bytes);
-    s.failure =
-        detail::UpdateChunkState(layout.chunk(chunk), spare, inputs).WithContext(ChunkName(chunk));
+    s.waiting.push_back(chunk);
+    SpeculateWaiting(/*keep_newest=*/true);
+    return;
   }
+  // The spare receives the new state; the live buffer stays as it was until the commit.
+  const PlacedViews grads = ChunkGrads(chunk);
+  std::byte* spare = host_spare[chunk - nvme_count].data();
+  std::memcpy(spare, host_state(chunk), layout.chunk(chunk).bytes);
+  s.failure = detail::UpdateChunkState(layout.chunk(chunk), spare, SpeculativeInputs(grads))
+                  .WithContext(ChunkName(chunk));
   if (!s.failure.ok()) return;
   s.updated[chunk] = true;
   ++s.updated_count;
 }
 
-// Through the pipeline like any step's chunk: its read (which AccumulateGrad just started, or
-// the pipeline starts) is verified, the chunk updated and written, with its checksums, to the
-// inactive slot -- which is not flipped, so the live one keeps the previous version. The write
-// is left in flight (speculative_writes) to overlap the next chunk's update; a failed one is
-// found when its buffer is needed again or by the Step. Every read AccumulateGrad started before
-// was consumed by its own chunk's update, so `prefetched` holds at most this chunk's.
-Status OptimizerGroup::Impl::SpeculateNvmeChunk(size_t chunk, const StepInputs& inputs) {
-  const size_t order[] = {chunk};
-  if (!prefetched.empty() && (prefetched.size() > 1 || prefetched.front().chunk != chunk)) {
-    return Status::Internal(fmt::format("{}: {} reads are pending before its speculative update",
-                                        ChunkName(chunk), prefetched.size()));
+// Through the pipeline like any step's chunks: their reads (AccumulateGrad started them as the
+// chunks completed, or the pipeline starts them) are verified, the chunks updated and written,
+// with their checksums, to their inactive slots -- not flipped, so the live ones keep the
+// previous version. The newest chunk is kept waiting while more gradients may come: its read,
+// just started, then has until the next gradient arrives, instead of holding up this call. The
+// last writes are left in flight (speculative_writes) to overlap the next update; a failed one
+// is found when its buffer is needed again or by the Step.
+void OptimizerGroup::Impl::SpeculateWaiting(bool keep_newest) {
+  Speculation& s = *speculation;
+  const size_t due = s.waiting.size() - (keep_newest && !s.waiting.empty() ? 1 : 0);
+  if (due == 0 || !s.failure.ok()) return;
+  std::vector<bool> is_due(nvme_count, false);
+  for (size_t i = 0; i < due; ++i) is_due[s.waiting[i]] = true;
+  // The pipeline takes the reads in flight for due chunks first, in their order; the newest
+  // chunk's read waits aside (held, reserved like prefetched, so no allocation loses a ticket).
+  auto aside = std::stable_partition(prefetched.begin(), prefetched.end(),
+                                     [&](const InFlight& entry) { return is_due[entry.chunk]; });
+  held_reads.assign(aside, prefetched.end());
+  prefetched.erase(aside, prefetched.end());
+  std::vector<size_t> order;
+  for (const InFlight& entry : prefetched) {
+    order.push_back(entry.chunk);
+    is_due[entry.chunk] = false;
   }
-  return RunPipeline(
+  for (size_t i = 0; i < due; ++i) {
+    if (is_due[s.waiting[i]]) order.push_back(s.waiting[i]);
+  }
+  s.waiting.erase(s.waiting.begin(), s.waiting.begin() + static_cast<ptrdiff_t>(due));
+  s.failure = RunPipeline(
       order, /*read=*/true,
       [&](size_t c, std::byte* state, const ChunkChecksums& checksums) {
-        return detail::UpdateChunkState(layout.chunk(c), state, inputs, checksums);
+        const PlacedViews grads = ChunkGrads(c);
+        return detail::UpdateChunkState(layout.chunk(c), state, SpeculativeInputs(grads),
+                                        checksums);
       },
-      &speculation->totals, /*fn_hashes=*/true, &speculative_writes);
+      &s.totals, /*fn_hashes=*/true, &speculative_writes);
+  prefetched.insert(prefetched.end(), held_reads.begin(), held_reads.end());
+  held_reads.clear();
+  if (!s.failure.ok()) return;
+  for (size_t c : order) s.updated[c] = true;
+  s.updated_count += order.size();
 }
 
 void OptimizerGroup::Impl::FinishSpeculativeWrites() {
