@@ -35,7 +35,9 @@
 // completes is updated at once, assuming finite gradients and no clipping: an NVMe chunk through
 // the pipeline into its inactive slot (not flipped), a HOST chunk into its spare buffer (a second
 // copy of every HOST chunk, taken from the pinned pool at Create and counted in pinned_bytes()),
-// its parameter views written as a step writes them; an NVMe chunk's write stays in flight while
+// its parameter views written as a step writes them. An NVMe chunk's read starts when it
+// completes and the chunk is updated when the next NVMe chunk completes (or the gradients cover
+// the group), so the read overlaps the wait for that gradient; its write stays in flight while
 // the next chunk is updated, and the Step waits for it. The previous version stays untouched until
 // the Step that follows decides, once the global inf/NaN check and norm are known:
 //  - finite, clip factor 1 and the same hyper-parameters and loss scale: commit -- the remaining
