@@ -29,6 +29,8 @@ struct StepCliOptions {
   bool baseline = false;
   std::vector<std::string> checksum = {"on"};
   std::string output_format = "text";
+  double backward_ms = 0;
+  double max_grad_norm = 0;
 };
 
 Result<StepBenchSpec> ToSpec(const StepCliOptions& o) {
@@ -56,6 +58,8 @@ Result<StepBenchSpec> ToSpec(const StepCliOptions& o) {
   spec.baseline = o.baseline;
   spec.checksums.clear();
   for (const std::string& word : o.checksum) spec.checksums.push_back(word == "on");
+  spec.backward_ms = o.backward_ms;
+  spec.max_grad_norm = o.max_grad_norm;
   ZOE_RETURN_IF_ERROR(ValidateStepSpec(spec));
   return spec;
 }
@@ -90,6 +94,11 @@ void Attach(CLI::App& bench) {
                   "groups stepped in turn, the cost of checksums measured in one run")
       ->delimiter(',')
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--backward-ms", o->backward_ms,
+                  "also time iterations around an emulated backward of this many ms: the step "
+                  "after it, overlapped with it, and speculative (0: off)");
+  cmd->add_option("--max-grad-norm", o->max_grad_norm,
+                  "clip the gradients' global norm to this (0: no clipping)");
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "table", "json"}));
   cmd->callback([o] {

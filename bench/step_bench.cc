@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <sstream>
+#include <thread>
 
 #include "core/aligned_buffer.h"
 #include "core/pinned_memory.h"
@@ -152,11 +153,13 @@ uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, ui
   return bytes;
 }
 
-uint64_t PinnedNeed(const offload::StateLayout& layout, size_t nvme_chunks, uint32_t buffers) {
+// `speculative`: HOST chunks take a spare each.
+uint64_t PinnedNeed(const offload::StateLayout& layout, size_t nvme_chunks, uint32_t buffers,
+                    bool speculative = false) {
   uint64_t bytes =
       std::min<uint64_t>(buffers, nvme_chunks) * AlignUp(layout.max_chunk_bytes(), kPage);
   for (size_t c = nvme_chunks; c < layout.chunk_count(); ++c) {
-    bytes += AlignUp(layout.chunk(c).bytes, kPage);
+    bytes += (speculative ? 2 : 1) * AlignUp(layout.chunk(c).bytes, kPage);
   }
   return bytes;
 }
@@ -172,6 +175,7 @@ struct GroupUnderTest {
   std::unique_ptr<offload::OptimizerGroup> group;
   std::vector<offload::StepReport> reports;
   std::vector<double> samples;
+  std::array<std::vector<double>, 3> iteration_samples;  // per IterationMode
 };
 
 Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
@@ -190,9 +194,10 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
                      swap_options));
   }
   ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool pinned,
-                       PinnedMemoryPool::Create({.name = "bench step",
-                                                 .budget_bytes = PinnedNeed(layout, out.nvme_chunks,
-                                                                            spec.buffer_count)}));
+                       PinnedMemoryPool::Create(
+                           {.name = "bench step",
+                            .budget_bytes = PinnedNeed(layout, out.nvme_chunks, spec.buffer_count,
+                                                       spec.backward_ms > 0)}));
   g->pinned.emplace(std::move(pinned));
   ZOE_ASSIGN_OR_RETURN(g->views, MakeSharedViews(spec.params, out.chunk_elements));
   offload::OptimizerGroupOptions options;
@@ -202,6 +207,8 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
   options.placement = spec.offload;
   options.chunk_elements = out.chunk_elements;
   options.buffer_count = spec.buffer_count;
+  options.max_grad_norm = spec.max_grad_norm;
+  options.speculative = spec.backward_ms > 0;
   options.run = rig.run;
   ZOE_ASSIGN_OR_RETURN(
       g->group, offload::OptimizerGroup::Create(
@@ -224,6 +231,62 @@ void Summarize(const StepBenchSpec& spec, GroupUnderTest& g) {
   out.compute_seconds = median->compute_seconds;
   out.pinned_bytes = g.group->pinned_bytes();
   out.nvme_bytes = g.group->nvme_bytes();
+}
+
+// ---- iterations around an emulated backward ----------------------------------------------
+
+enum class IterationMode : uint8_t { kAfter = 0, kOverlap = 1, kSpeculative = 2 };
+
+// One iteration: over backward_ms the chunks' gradients become available last chunk first (the
+// k-th of n at (k + 1) / n of it), handed to AccumulateGrad as they arrive unless `mode` is kAfter;
+// then the step. Sleeping leaves the CPU to the group, as a GPU's backward does.
+Result<double> RunIteration(const StepBenchSpec& spec, GroupUnderTest& g, IterationMode mode) {
+  const Clock::time_point start = Clock::now();
+  const std::chrono::duration<double, std::milli> backward(spec.backward_ms);
+  const std::vector<offload::GradView>& grads = g.views.grads;
+  offload::StepArgs args;
+  args.hyper = BenchHyper();
+  if (mode == IterationMode::kSpeculative) ZOE_RETURN_IF_ERROR(g.group->Speculate(args));
+  for (size_t k = 0; k < grads.size(); ++k) {
+    const size_t chunk = grads.size() - 1 - k;
+    std::this_thread::sleep_until(
+        start + std::chrono::duration_cast<Clock::duration>(backward * static_cast<double>(k + 1) /
+                                                            static_cast<double>(grads.size())));
+    if (mode == IterationMode::kAfter) continue;
+    ZOE_RETURN_IF_ERROR(g.group->AccumulateGrad(chunk * g.out->chunk_elements, grads[chunk]));
+  }
+  if (mode == IterationMode::kAfter) args.grads = grads;
+  ZOE_RETURN_IF_ERROR(g.group->Step(args).status());
+  return SecondsSince(start);
+}
+
+// Every group runs `warmup + steps` rounds of one iteration per mode, the modes' order rotating
+// from round to round and the groups taking turns, as the steps do.
+Status RunIterations(const StepBenchSpec& spec, std::vector<GroupUnderTest>& groups) {
+  for (int round = 0; round < spec.warmup + spec.steps; ++round) {
+    for (size_t k = 0; k < groups.size(); ++k) {
+      GroupUnderTest& g = groups[round % 2 == 0 ? k : groups.size() - 1 - k];
+      for (int m = 0; m < 3; ++m) {
+        const auto mode = static_cast<IterationMode>((m + round) % 3);
+        ZOE_ASSIGN_OR_RETURN(const double seconds, RunIteration(spec, g, mode));
+        if (round >= spec.warmup) g.iteration_samples[static_cast<size_t>(mode)].push_back(seconds);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void SummarizeIterations(const StepBenchSpec& spec, GroupUnderTest& g) {
+  IterationResult it;
+  it.after = Median(g.iteration_samples[static_cast<size_t>(IterationMode::kAfter)]);
+  it.overlap = Median(g.iteration_samples[static_cast<size_t>(IterationMode::kOverlap)]);
+  it.speculative = Median(g.iteration_samples[static_cast<size_t>(IterationMode::kSpeculative)]);
+  it.step_alone = g.out->step_seconds;
+  it.bound = std::max(spec.backward_ms / 1e3, it.step_alone);
+  const offload::SpeculationStats& stats = g.group->speculation_stats();
+  it.chunks_speculative = stats.chunks_speculative;
+  it.chunks_recomputed = stats.chunks_recomputed;
+  g.out->iteration = it;
 }
 
 // Steps every group `warmup + steps` times, the groups taking turns step by step (in reverse
@@ -250,9 +313,11 @@ Status RunGroupPhase(Rig& rig, DType moments, std::span<StepBenchResult* const> 
       g.reports.push_back(report);
     }
   }
+  if (spec.backward_ms > 0) ZOE_RETURN_IF_ERROR(RunIterations(spec, groups));
   const uint64_t peak = PeakRssBytes();
   for (GroupUnderTest& g : groups) {
     Summarize(spec, g);
+    if (spec.backward_ms > 0) SummarizeIterations(spec, g);
     g.out->peak_rss_bytes = peak;
     g.group.reset();
     if (g.swap) ZOE_RETURN_IF_ERROR(g.swap->Close());
@@ -704,6 +769,18 @@ nlohmann::json BaselineJson(const BaselineResult& b, uint64_t step_bytes, double
           {"step_speedup", b.seconds / step_seconds}};
 }
 
+nlohmann::json IterationJson(const IterationResult& it) {
+  return {{"after", it.after},
+          {"overlap", it.overlap},
+          {"speculative", it.speculative},
+          {"step_alone", it.step_alone},
+          {"bound", it.bound},
+          {"speculative_over_bound", it.speculative / it.bound},
+          {"speedup_over_after", it.after / it.speculative},
+          {"chunks_speculative", it.chunks_speculative},
+          {"chunks_recomputed", it.chunks_recomputed}};
+}
+
 }  // namespace
 
 Status ValidateStepSpec(const StepBenchSpec& spec) {
@@ -734,6 +811,15 @@ Status ValidateStepSpec(const StepBenchSpec& spec) {
   }
   if (spec.iodepth < 1 || spec.iodepth > 4096) {
     return Status::InvalidArgument("--iodepth must be in 1..4096");
+  }
+  if (!(spec.backward_ms >= 0 && spec.backward_ms <= 3.6e6)) {
+    return Status::InvalidArgument(
+        fmt::format("--backward-ms {} is out of range; allowed: 0 (no iterations) to 3600000",
+                    spec.backward_ms));
+  }
+  if (!(spec.max_grad_norm >= 0 && std::isfinite(spec.max_grad_norm))) {
+    return Status::InvalidArgument(fmt::format(
+        "--max-grad-norm {} is out of range; allowed: 0 (no clipping) or > 0", spec.max_grad_norm));
   }
   return Status::Ok();
 }
@@ -796,6 +882,7 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                           {"peak_rss_bytes", r.peak_rss_bytes},
                           {"baseline", nullptr}};
     if (r.baseline) row["baseline"] = BaselineJson(*r.baseline, state_bytes, r.step_seconds);
+    if (r.iteration) row["iteration"] = IterationJson(*r.iteration);
     if (r.baseline_zoe_memory) {
       row["baseline_zoe_memory"] =
           BaselineJson(*r.baseline_zoe_memory, state_bytes, r.step_seconds);
@@ -809,6 +896,8 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                          {"buffer_count", report.spec.buffer_count},
                          {"iodepth", report.spec.iodepth},
                          {"steps", report.spec.steps},
+                         {"backward_ms", report.spec.backward_ms},
+                         {"max_grad_norm", report.spec.max_grad_norm},
                          {"threads", report.threads},
                          {"isa", report.isa},
                          {"results", results}};
@@ -858,6 +947,18 @@ std::string StepReportTable(const nlohmann::json& json) {
         r["overlap_efficiency"].get<double>(),
         static_cast<double>(r["pinned_bytes"].get<uint64_t>()) / (1 << 20),
         static_cast<double>(r["peak_rss_bytes"].get<uint64_t>()) / (1 << 20));
+    if (r.contains("iteration")) {
+      const auto& it = r["iteration"];
+      out << fmt::format(
+          "  iteration with a {:.0f} ms backward: after {:.3f} s, overlap {:.3f} s, speculative "
+          "{:.3f} s; step alone {:.3f} s, bound {:.3f} s; speculative = {:.2f}x the bound, "
+          "{:.2f}x faster than after ({} chunks recomputed of {})\n",
+          json["backward_ms"].get<double>(), it["after"].get<double>(), it["overlap"].get<double>(),
+          it["speculative"].get<double>(), it["step_alone"].get<double>(),
+          it["bound"].get<double>(), it["speculative_over_bound"].get<double>(),
+          it["speedup_over_after"].get<double>(), it["chunks_recomputed"].get<uint64_t>(),
+          it["chunks_speculative"].get<uint64_t>());
+    }
     for (const char* key : {"baseline", "baseline_zoe_memory"}) {
       if (!r.contains(key) || r[key].is_null()) continue;
       const auto& b = r[key];

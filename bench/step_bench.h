@@ -42,6 +42,11 @@ struct StepBenchSpec {
   // One group per entry, for each moment dtype, their steps taken in turn: true verifies a
   // checksum of every block read back from NVMe (the engine's default), false does not.
   std::vector<bool> checksums = {true};
+  // > 0: also time whole iterations around an emulated backward pass of this many milliseconds
+  // (StepBenchResult::iteration). The groups are then speculative (HOST chunks take a spare).
+  double backward_ms = 0;
+  double max_grad_norm = 0;  // > 0: the groups clip (the bench's gradients have a norm of ~0.6
+                             // per Mi parameters, so a small value clips every step)
 };
 
 // InvalidArgument naming the first bad field.
@@ -60,6 +65,20 @@ struct BaselineResult {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t peak_rss_bytes = 0;
+};
+
+// Iterations (backward + step, median seconds) around a backward pass of backward_ms: over that
+// time, a wait that leaves the CPU free as a GPU's backward does, the gradients become available
+// chunk by chunk, last chunk first; then the step is called.
+struct IterationResult {
+  double after = 0;        // the step starts after backward (DeepSpeed's default)
+  double overlap = 0;      // AccumulateGrad as gradients arrive: the state's reads start
+  double speculative = 0;  // Speculate, then AccumulateGrad updates the chunks as they arrive
+  double step_alone = 0;   // the step on its own (step_seconds)
+  double bound = 0;        // max(backward, step alone): what hiding the step fully would give
+  // Of the speculative iterations' chunks: updated speculatively, and recomputed (clipping).
+  uint64_t chunks_speculative = 0;
+  uint64_t chunks_recomputed = 0;
 };
 
 struct StepBenchResult {
@@ -85,6 +104,7 @@ struct StepBenchResult {
   uint64_t peak_rss_bytes = 0;                        // while the group existed
   std::optional<BaselineResult> baseline;             // on DeepSpeed-style memory
   std::optional<BaselineResult> baseline_zoe_memory;  // the same loop on zoe's pinned memory
+  std::optional<IterationResult> iteration;           // with backward_ms
 };
 
 struct StepBenchReport {

@@ -182,6 +182,14 @@ Status Engine::TakeAsyncError() {
 
 Status Engine::Flush() { return tier_manager_->Flush(); }
 
+// What speculation did in the group's steps (OptimizerGroup::speculation_stats).
+static Json SpeculationJson(const OptimizerGroup& optimizer) {
+  const SpeculationStats& s = optimizer.speculation_stats();
+  return {{"enabled", optimizer.options().speculative}, {"steps", s.steps},
+          {"chunks_speculative", s.chunks_speculative}, {"chunks_committed", s.chunks_committed},
+          {"chunks_recomputed", s.chunks_recomputed},   {"chunks_discarded", s.chunks_discarded}};
+}
+
 Json Engine::GroupStatsJson(const Group& group) const {
   std::lock_guard lock(group.mutex);
   const OptimizerGroup& optimizer = *group.optimizer;
@@ -204,6 +212,7 @@ Json Engine::GroupStatsJson(const Group& group) const {
           {"io_wait_seconds", group.io_wait_seconds},
           {"compute_seconds", group.compute_seconds},
           {"last_grad_norm", group.last_grad_norm},
+          {"speculation", SpeculationJson(optimizer)},
           {"hyper", HyperToJson(group.hyper)},
           {"auto", group.auto_values}};
 }
@@ -396,11 +405,11 @@ Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
   return GroupId(static_cast<uint32_t>(groups_.size() - 1));
 }
 
-Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
-  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
-  std::lock_guard lock(group->mutex);
-  const std::string context = fmt::format("optimizer group '{}' step", group->name);
-  optim::HyperParams hyper = group->hyper;
+// The group's step arguments from the engine's: its hyper-parameters with those given, checked,
+// and the views checked against the group's `count` elements.
+static Result<StepArgs> GroupStepArgs(const std::string& context, const optim::HyperParams& current,
+                                      size_t count, const EngineStepArgs& args) {
+  optim::HyperParams hyper = current;
   if (args.hyper) {
     hyper.lr = args.hyper->lr;
     hyper.beta1 = args.hyper->beta1;
@@ -413,7 +422,6 @@ Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
     return Status::InvalidArgument(fmt::format(
         "{}: loss_scale = {} must be a finite number > 0 (1 for none)", context, args.loss_scale));
   }
-  const size_t count = group->optimizer->count();
   if (!args.grads.empty())
     ZOE_RETURN_IF_ERROR(CheckViews(args.grads, count, "grads").WithContext(context));
   if (!args.params.empty())
@@ -424,6 +432,16 @@ Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
   step.params = args.params;
   step.loss_scale = args.loss_scale;
   step.agree_scan = args.agree_scan;
+  return step;
+}
+
+Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' step", group->name);
+  ZOE_ASSIGN_OR_RETURN(const StepArgs step,
+                       GroupStepArgs(context, group->hyper, group->optimizer->count(), args));
+  const optim::HyperParams& hyper = step.hyper;
   Result<StepReport> report = group->optimizer->Step(step);
   if (!report.ok()) return std::move(report).status().WithContext(context);
   group->hyper = hyper;
@@ -446,6 +464,21 @@ Status Engine::AccumulateGrad(GroupId id, uint64_t offset, const GradView& grad)
   ZOE_RETURN_IF_ERROR(
       CheckRange(offset, grad.count, group->optimizer->count()).WithContext(context));
   return group->optimizer->AccumulateGrad(static_cast<size_t>(offset), grad).WithContext(context);
+}
+
+Status Engine::Speculate(GroupId id, const EngineStepArgs& args) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' speculate", group->name);
+  ZOE_ASSIGN_OR_RETURN(const StepArgs step,
+                       GroupStepArgs(context, group->hyper, group->optimizer->count(), args));
+  return group->optimizer->Speculate(step).WithContext(context);
+}
+
+Result<SpeculationStats> Engine::GroupSpeculationStats(GroupId id) const {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  return group->optimizer->speculation_stats();
 }
 
 Status Engine::ReadState(GroupId id, StateSlot slot, uint64_t offset, std::span<float> out) const {

@@ -151,6 +151,11 @@ class Engine {
   // exactly, a null view, or hyper-parameters out of range (the group's are then unchanged).
   Result<StepReport> Step(GroupId group, const EngineStepArgs& args);
   Status AccumulateGrad(GroupId group, uint64_t offset, const GradView& grad);
+  // Arms speculation for the group's next step (OptimizerGroup::Speculate) with these
+  // hyper-parameters (empty: the group's current ones), parameter views and loss scale;
+  // args.grads must be empty. The group must have been created with "speculative": true.
+  Status Speculate(GroupId group, const EngineStepArgs& args);
+  Result<SpeculationStats> GroupSpeculationStats(GroupId group) const;
   Status ReadState(GroupId group, StateSlot slot, uint64_t offset, std::span<float> out) const;
   Status WriteState(GroupId group, StateSlot slot, uint64_t offset, std::span<const float> values);
   Result<int64_t> GroupSteps(GroupId group) const;

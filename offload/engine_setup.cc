@@ -85,6 +85,7 @@ struct GroupDocument {
   std::string moment_dtype;
   double lr_decay = -1.0;  // < 0: not given
   std::optional<Json> segments;
+  bool speculative = false;
 };
 
 Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* spec) {
@@ -103,7 +104,8 @@ Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* sp
       .Double("max_grad_norm", &spec->options.max_grad_norm, 0.0, kHugeNumber)
       .Enum("moment_dtype", &doc->moment_dtype, kMomentDTypes)
       .Double("lr_decay", &doc->lr_decay, 0.0, kHugeNumber)
-      .Value("segments", &doc->segments);
+      .Value("segments", &doc->segments)
+      .Bool("speculative", &doc->speculative);
   return reader.Finish();
 }
 
@@ -132,6 +134,7 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
         "name = '{}' cannot name a checkpoint file; allowed: no '/', not '.' or '..'", doc.name));
   }
   spec->options.name = doc.name;
+  spec->options.speculative = doc.speculative;
   if (!doc.type.empty()) {
     ZOE_ASSIGN_OR_RETURN(spec->options.kind, ParseGroupType(doc.type));
   }

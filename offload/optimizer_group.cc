@@ -18,11 +18,14 @@ namespace zoe::offload {
 namespace {
 
 using detail::Clock;
+using detail::ElementAt;
+using detail::FindView;
 using detail::PlacedView;
 using detail::PlacedViews;
 using detail::SecondsSince;
 using detail::SegmentAt;
 using detail::StepInputs;
+using detail::UpdateChunkState;
 using optim::DType;
 
 bool IsKnownDType(DType dtype) {
@@ -90,17 +93,6 @@ Result<PlacedViews> PlaceViews(const std::string& group, std::string_view what,
                     what, offset, count));
   }
   return placed;
-}
-
-// The view holding `element` (the views cover it).
-PlacedViews::const_iterator FindView(const PlacedViews& views, size_t element) {
-  auto it = std::upper_bound(views.begin(), views.end(), element,
-                             [](size_t e, const PlacedView& v) { return e < v.offset; });
-  return std::prev(it);
-}
-
-std::byte* ElementAt(const PlacedView& view, size_t element) {
-  return view.data + (element - view.offset) * optim::SizeOf(view.dtype);
 }
 
 // Fills a chunk's extent: master from the caller's parameters (widened exactly), moments and
@@ -171,16 +163,6 @@ Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const Step
     if (with_params && pos == param->end()) ++param;
   }
   return Status::Ok();
-}
-
-// Updates one chunk whose state is at `base` in stripes on the kernel threads (chunk_update.h),
-// verifying and computing its block checksums as `checksums` asks.
-Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
-                        const ChunkChecksums& checksums = {}) {
-  return UpdateInStripes(regions, base, checksums, *in.run,
-                         [&](size_t begin, size_t end, const optim::RunOptions& run) {
-                           return UpdateChunkRange(regions, base, in, begin, end, run);
-                         });
 }
 
 // The segments' lengths must add up to the group's count.
@@ -260,6 +242,14 @@ size_t NvmeChunkCount(const OptimizerGroupOptions& o, size_t chunks) {
 
 }  // namespace
 
+Status detail::UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
+                                const ChunkChecksums& checksums) {
+  return UpdateInStripes(regions, base, checksums, *in.run,
+                         [&](size_t begin, size_t end, const optim::RunOptions& run) {
+                           return UpdateChunkRange(regions, base, in, begin, end, run);
+                         });
+}
+
 OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResources borrowed,
                            uint64_t io_block)
     : name(options.name),
@@ -304,7 +294,8 @@ static Status CheckCapacity(const OptimizerGroupOptions& options, const StateLay
     if (c < nvme_count) {
       swap_bytes += 2 * layout.chunk(c).bytes;
     } else {
-      host_bytes += AlignUp(layout.chunk(c).bytes, page);
+      // Speculation keeps a spare of every HOST chunk for its new state.
+      host_bytes += (options.speculative ? 2 : 1) * AlignUp(layout.chunk(c).bytes, page);
     }
   }
   const uint64_t pinned_free =
@@ -364,7 +355,7 @@ Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(
   }
   auto impl = std::make_unique<Impl>(options, resources, io_block);
   ZOE_RETURN_IF_ERROR(CheckCapacity(options, impl->layout, impl->nvme_count, resources));
-  ZOE_RETURN_IF_ERROR(impl->AllocateState(options.buffer_count));
+  ZOE_RETURN_IF_ERROR(impl->AllocateState(options.buffer_count, options.speculative));
   ZOE_RETURN_IF_ERROR(impl->WriteInitialState(params, options.run));
   ZOE_LOG_DEBUG("optimizer group '{}': {} parameters in {} chunks, {} on NVMe", options.name,
                 options.count, impl->layout.chunk_count(), impl->nvme_count);
@@ -389,17 +380,21 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
     }
     ZOE_ASSIGN_OR_RETURN(grads, PlaceViews(options_.name, "gradient", args.grads, count()));
     ZOE_RETURN_IF_ERROR(CheckAbsentViews(args.grads));
+    impl.speculation.reset();  // armed, but no gradient came through AccumulateGrad
   }
   PlacedViews params;
   if (!args.params.empty()) {
     ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
   }
+  if (impl.speculation) ZOE_RETURN_IF_ERROR(impl.UseSpeculatedParams(&params));
   const std::vector<bool> present_segments = impl.PresentSegments(grads);
   const std::vector<bool> present_chunks = impl.PresentChunks(grads);
   std::vector<int64_t> segment_step(segment_steps_.size());
   for (size_t s = 0; s < segment_step.size(); ++s) segment_step[s] = segment_steps_[s] + 1;
-  // From here on the gradients are consumed, whatever the outcome.
-  impl.StartStepReads(present_chunks);
+  // From here on the gradients are consumed, whatever the outcome. The chunks speculation
+  // updated are read only if the step turns out to need them again.
+  impl.FinishSpeculativeWrites();
+  impl.StartStepReads(impl.NotSpeculated(present_chunks));
   if (!args.grads.empty()) {
     for (const PlacedView& view : grads) {
       Status scanned =
@@ -417,16 +412,24 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
                 : Result<optim::StepScaling>(scan.status());
   StepReport report;
   Status status = scaling.status();
-  if (scaling.ok()) {
+  using Outcome = Impl::SpeculationOutcome;
+  Outcome outcome = Outcome::kNone;
+  if (impl.speculation && !impl.speculation->failure.ok()) {
+    status = impl.speculation->failure;
+  } else if (scaling.ok()) {
     report.skipped = scaling->skip;
     report.grad_norm = scaling->grad_norm;
+    if (impl.speculation) outcome = impl.DecideSpeculation(*scaling, args.hyper, segment_step);
     if (!scaling->skip) {
       const StepInputs inputs{&args.hyper,      impl.segment_ends,    segment_step,
                               scaling->scaling, options_.state_dtype, &grads,
                               &params,          &options_.run};
-      status = impl.ApplyStep(inputs, present_chunks, &report);
+      status = impl.ApplyStep(inputs, present_chunks, outcome == Outcome::kCommit, &report);
+    } else if (outcome == Outcome::kDiscard) {
+      status = impl.RestoreParams();
     }
   }
+  if (impl.speculation) impl.EndSpeculation(outcome, status, &report);
   // A step that failed on accumulated gradients keeps them (their reads were consumed), so the
   // caller can retry it; gradients given with the step are the caller's to give again.
   if (!status.ok() && args.grads.empty()) return status;
@@ -442,11 +445,12 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
 // chunks in place. UpdateChunk fails only on arguments, which the first chunk checks, so the HOST
 // pass cannot fail half way.
 Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
-                                       const std::vector<bool>& present_chunks,
+                                       const std::vector<bool>& present_chunks, bool commit,
                                        StepReport* report) {
   Impl& impl = *this;
-  impl.ReleaseAbsentReads(present_chunks);
-  const std::vector<size_t> order = impl.StepOrder(present_chunks);
+  const std::vector<bool> pending = commit ? NotSpeculated(present_chunks) : present_chunks;
+  impl.ReleaseAbsentReads(pending);
+  const std::vector<size_t> order = impl.StepOrder(pending);
   Impl::Totals totals;
   ZOE_RETURN_IF_ERROR(impl.RunPipeline(
       order, /*read=*/true,
@@ -455,10 +459,13 @@ Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
       },
       &totals, /*fn_hashes=*/true));
   impl.Flip(order);
+  if (commit) impl.Flip(SpeculatedNvmeChunks());
   impl.CommitCache();
   const Clock::time_point start = Clock::now();
   for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
-    if (!present_chunks[c]) continue;
+    if (commit && speculation->updated[c])
+      std::swap(host[c - nvme_count], host_spare[c - nvme_count]);
+    if (!pending[c]) continue;
     ZOE_RETURN_IF_ERROR(UpdateChunkState(impl.layout.chunk(c), impl.host_state(c), inputs)
                             .WithContext(impl.ChunkName(c)));
   }
@@ -518,6 +525,7 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
   }
   ZOE_RETURN_IF_ERROR(impl.scanner.Add(offset, grad.data, grad.dtype, grad.count, options_.run));
   impl.accumulated.emplace(offset, view);
+  impl.accumulated_elements += view.count;
   for (size_t c = impl.layout.ChunkOf(offset); c <= impl.layout.ChunkOf(view.end() - 1); ++c) {
     const ChunkRegions regions = impl.layout.chunk(c);
     const size_t from = std::max(offset, regions.first);
@@ -525,9 +533,56 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
     impl.chunk_covered[c] += to - from;
     if (view.present()) impl.chunk_present[c] += to - from;
     const bool complete = impl.chunk_covered[c] == regions.count;
-    if (complete && impl.chunk_present[c] > 0 && impl.on_nvme(c)) impl.StartPrefetch(c);
+    if (!complete || impl.chunk_present[c] == 0) continue;
+    if (impl.on_nvme(c)) impl.StartPrefetch(c);
+    if (impl.speculation) impl.SpeculateChunk(c);
+  }
+  // Once the gradients cover the group none will follow: the chunk kept waiting is due now.
+  if (impl.speculation && impl.accumulated_elements == count()) {
+    impl.SpeculateWaiting(/*keep_newest=*/false);
   }
   return Status::Ok();
+}
+
+Status OptimizerGroup::Speculate(const StepArgs& args) {
+  Impl& impl = *impl_;
+  if (!options_.speculative) {
+    return Status::FailedPrecondition(fmt::format(
+        "optimizer group '{}': speculation is off; create the group with speculative on",
+        options_.name));
+  }
+  ZOE_RETURN_IF_ERROR(CheckStepArgs(args));
+  if (!args.grads.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': speculate takes no gradients; hand them over with "
+                    "AccumulateGrad",
+                    options_.name));
+  }
+  ZOE_RETURN_IF_ERROR(impl.CheckIdle("speculate"));
+  PlacedViews params;
+  if (!args.params.empty()) {
+    ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
+  }
+  // Finite gradients of norm 0 give the scaling of every step that is neither skipped nor clipped.
+  ZOE_ASSIGN_OR_RETURN(
+      optim::StepScaling scaling,
+      optim::MakeStepScaling(optim::GradScan{}, args.loss_scale, options_.max_grad_norm));
+  impl.prepared_load.reset();
+  Impl::Speculation& s = impl.speculation.emplace();
+  s.hyper = args.hyper;
+  s.loss_scale = args.loss_scale;
+  s.scaling = scaling.scaling;
+  s.params = std::move(params);
+  s.segment_step.resize(segment_steps_.size());
+  for (size_t i = 0; i < segment_steps_.size(); ++i) s.segment_step[i] = segment_steps_[i] + 1;
+  s.state_dtype = options_.state_dtype;
+  s.run = options_.run;
+  s.updated.assign(impl.layout.chunk_count(), false);
+  return Status::Ok();
+}
+
+const SpeculationStats& OptimizerGroup::speculation_stats() const {
+  return impl_->speculation_totals;
 }
 
 Status OptimizerGroup::CheckStateRange(StateSlot slot, size_t offset, size_t length) const {
@@ -675,6 +730,7 @@ uint64_t OptimizerGroup::pinned_bytes() const {
   uint64_t total = 0;
   for (const PinnedBuffer& buffer : impl_->buffers) total += buffer.size();
   for (const PinnedBuffer& buffer : impl_->host) total += buffer.size();
+  for (const PinnedBuffer& buffer : impl_->host_spare) total += buffer.size();
   return total;
 }
 uint64_t OptimizerGroup::nvme_bytes() const {

@@ -32,7 +32,7 @@ std::string OptimizerGroup::Impl::ChunkName(size_t chunk) const {
                      on_nvme(chunk) ? "NVMe" : "HOST");
 }
 
-Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
+Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count, bool speculative) {
   const uint64_t io_block = layout.io_block();
   for (size_t b = 0; b < pipeline_buffers(buffer_count); ++b) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.max_chunk_bytes()));
@@ -49,9 +49,14 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
     expected_sums.resize(blocks);
   }
   prefetched.reserve(buffers.size());
+  speculative_writes.reserve(buffers.size());
+  held_reads.reserve(buffers.size());
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.chunk(c).bytes));
     host.push_back(std::move(buffer));
+    if (!speculative) continue;
+    ZOE_ASSIGN_OR_RETURN(PinnedBuffer spare, resources.pinned->Allocate(layout.chunk(c).bytes));
+    host_spare.push_back(std::move(spare));
   }
   nvme.resize(nvme_count);
   for (size_t c = 0; c < nvme_count; ++c) {
@@ -160,7 +165,8 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& wri
 // still in flight is waited for and every buffer returned before it is reported. Slots are not
 // flipped here: the caller flips them once the whole operation succeeded.
 Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool read,
-                                         const ChunkFn& fn, Totals* totals, bool fn_hashes) {
+                                         const ChunkFn& fn, Totals* totals, bool fn_hashes,
+                                         InFlightList* carried) {
   InFlightList reading;
   reading.reserve(buffers.size());
   if (read) reading.swap(prefetched);
@@ -171,6 +177,7 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
   std::fill(last_written.begin(), last_written.end(), std::nullopt);
   InFlightList writing;
   writing.reserve(buffers.size());
+  if (carried != nullptr) writing.swap(*carried);
   size_t next = reading.size();
   Status failure;
   for (size_t pos = 0; pos < order.size() && failure.ok(); ++pos) {
@@ -243,6 +250,10 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
       free_buffers.push_back(entry.buffer);
     }
   }
+  if (carried != nullptr && failure.ok()) {
+    carried->swap(writing);
+    return failure;
+  }
   const Clock::time_point start = Clock::now();
   for (const InFlight& entry : writing) {
     Status written = resources.io->Wait(entry.ticket);
@@ -288,8 +299,11 @@ void OptimizerGroup::Impl::ReleasePrefetched() {
 
 // Drops the accumulated gradients; reads started for them are released (ReleaseUnusedRead).
 void OptimizerGroup::Impl::ResetAccumulation() {
+  FinishSpeculativeWrites();
+  speculation.reset();
   ReleasePrefetched();
   accumulated.clear();
+  accumulated_elements = 0;
   std::fill(chunk_covered.begin(), chunk_covered.end(), 0);
   std::fill(chunk_present.begin(), chunk_present.end(), 0);
   scanner.Reset();

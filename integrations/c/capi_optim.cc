@@ -73,6 +73,38 @@ zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group, uin
   });
 }
 
+zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
+                               const zoe_hyper_params* hyper, const zoe_buffer_view* params_out,
+                               size_t n_params, double loss_scale) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> param_views,
+                         ToViews<offload::ParamView>(params_out, n_params, "params_out"));
+    offload::EngineStepArgs args;
+    if (hyper != nullptr) args.hyper = ToHyper(*hyper);
+    args.params = param_views;
+    args.loss_scale = loss_scale;
+    return e->Speculate(ToGroupId(group), args);
+  });
+}
+
+zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
+                                             zoe_speculation_stats* out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = zoe_speculation_stats{};
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(const offload::SpeculationStats stats,
+                         e->GroupSpeculationStats(ToGroupId(group)));
+    out->steps = stats.steps;
+    out->chunks_speculative = stats.chunks_speculative;
+    out->chunks_committed = stats.chunks_committed;
+    out->chunks_recomputed = stats.chunks_recomputed;
+    out->chunks_discarded = stats.chunks_discarded;
+    return Status::Ok();
+  });
+}
+
 zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_state_slot slot,
                                 uint64_t offset, uint64_t count, float* out) {
   return Guard([&]() -> Status {

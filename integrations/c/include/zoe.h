@@ -260,6 +260,36 @@ ZOE_API zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group,
 ZOE_API zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group,
                                              uint64_t offset, const zoe_buffer_view* grad);
 
+/* Speculation: arms the group's next step to update each chunk as soon as
+ * zoe_optim_accumulate_grad completes its gradients, before the global inf/NaN check and gradient
+ * norm are known, into the chunk's other slot (the previous version stays untouched). The
+ * zoe_optim_step that follows (n_grads 0) then commits those updates (all finite, no clipping),
+ * discards them (a non-finite gradient: skipped, nothing changed) or recomputes them from the
+ * previous version (the norm exceeds max_grad_norm); state and params_out come out bit-identical
+ * to the same step without speculation. The group must be created with "speculative": true in
+ * optim_json (its HOST chunks then take a second copy from the pinned budget); FAILED_PRECONDITION
+ * otherwise, or once gradients are accumulated. hyper (NULL: the group's), params_out (borrowed
+ * until the step returns; that step must give the same views or none) and loss_scale are those
+ * of the coming step. A speculative update that fails is reported by the step, which then changes
+ * nothing. */
+ZOE_API zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
+                                       const zoe_hyper_params* hyper,
+                                       const zoe_buffer_view* params_out, size_t n_params,
+                                       double loss_scale);
+
+/* What speculation did in a group's steps since the group was created. */
+typedef struct zoe_speculation_stats {
+  uint64_t steps;              /* steps that speculated */
+  uint64_t chunks_speculative; /* chunks updated before their step's global checks */
+  uint64_t chunks_committed;   /* of those, updates that were final */
+  uint64_t chunks_recomputed;  /* updated again with the clip factor */
+  uint64_t chunks_discarded;   /* dropped: a non-finite gradient, or a failed step */
+} zoe_speculation_stats;
+
+/* Fills *out (caller-owned) with the group's speculation counts. */
+ZOE_API zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
+                                                     zoe_speculation_stats* out);
+
 /* Copies `count` elements of a state array starting at `offset` out as fp32 (read) or in from
  * fp32 (write; moments are rounded to the group's moment dtype). out / values: borrowed. */
 ZOE_API zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_state_slot slot,
