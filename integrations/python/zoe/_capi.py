@@ -166,6 +166,18 @@ class zoe_step_result(Structure):
     ]
 
 
+class zoe_speculation_stats(Structure):
+    """struct zoe_speculation_stats."""
+
+    _fields_ = [
+        ("steps", c_uint64),
+        ("chunks_speculative", c_uint64),
+        ("chunks_committed", c_uint64),
+        ("chunks_recomputed", c_uint64),
+        ("chunks_discarded", c_uint64),
+    ]
+
+
 # --- functions ---------------------------------------------------------------------------------
 
 DECLARATIONS = {}
@@ -386,6 +398,22 @@ zoe_optim_group_segment_steps = _declare(
 zoe_optim_group_set_segment_steps = _declare(
     "zoe_optim_group_set_segment_steps", zoe_status, zoe_engine_p, zoe_group_id,
     POINTER(c_int64), c_size_t
+)
+
+# zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
+#                                const zoe_hyper_params* hyper,
+#                                const zoe_buffer_view* params_out, size_t n_params,
+#                                double loss_scale);
+zoe_optim_speculate = _declare(
+    "zoe_optim_speculate", zoe_status, zoe_engine_p, zoe_group_id, POINTER(zoe_hyper_params),
+    POINTER(zoe_buffer_view), c_size_t, c_double
+)
+
+# zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
+#                                              zoe_speculation_stats* out);
+zoe_optim_group_speculation_stats = _declare(
+    "zoe_optim_group_speculation_stats", zoe_status, zoe_engine_p, zoe_group_id,
+    POINTER(zoe_speculation_stats)
 )
 
 # zoe_status zoe_checkpoint_save(zoe_engine* engine, const char* dir);
