@@ -172,6 +172,8 @@ class TierManager {
   uint64_t host_budget_bytes() const { return host_budget_.capacity(); }
   uint64_t device_reserved_bytes() const { return device_budget_ ? device_budget_->reserved() : 0; }
   uint64_t device_budget_bytes() const { return device_budget_ ? device_budget_->capacity() : 0; }
+  // The swap files of the tensors, one per NVMe path (their bytes_written: the wear).
+  const io::FileSet& swap_files() const { return swap_->files(); }
   bool has_device() const { return device_ != nullptr; }
   std::string_view io_backend() const { return io_->backend(); }
   // Acquires currently waiting for a Release because every resident run (HOST or DEVICE) is
