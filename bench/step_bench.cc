@@ -146,9 +146,12 @@ optim::HyperParams BenchHyper() {
   return hyper;
 }
 
-uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, uint64_t alignment) {
+uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, uint64_t alignment,
+                      uint32_t slots = 2) {
   uint64_t bytes = 0;
-  for (size_t c = 0; c < nvme_chunks; ++c) bytes += 2 * AlignUp(layout.chunk(c).bytes, alignment);
+  for (size_t c = 0; c < nvme_chunks; ++c) {
+    bytes += slots * AlignUp(layout.chunk(c).bytes, alignment);
+  }
   return bytes;
 }
 
@@ -172,6 +175,7 @@ struct GroupUnderTest {
   std::unique_ptr<offload::OptimizerGroup> group;
   std::vector<offload::StepReport> reports;
   std::vector<double> samples;
+  std::vector<uint64_t> written_before_timed;  // per swap file, when the timed steps began
 };
 
 Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
@@ -185,9 +189,10 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
     swap_options.files.checksum_block = out.checksum ? kPage : 0;
     out.checksum_block = swap_options.files.checksum_block;
     ZOE_ASSIGN_OR_RETURN(
-        g->swap, io::SwapSpace::Create(
-                     rig.paths, SwapCapacity(layout, out.nvme_chunks, swap_options.alignment),
-                     swap_options));
+        g->swap,
+        io::SwapSpace::Create(
+            rig.paths, SwapCapacity(layout, out.nvme_chunks, swap_options.alignment, spec.slots),
+            swap_options));
   }
   ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool pinned,
                        PinnedMemoryPool::Create({.name = "bench step",
@@ -202,6 +207,7 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
   options.placement = spec.offload;
   options.chunk_elements = out.chunk_elements;
   options.buffer_count = spec.buffer_count;
+  options.slots = spec.slots;
   options.run = rig.run;
   ZOE_ASSIGN_OR_RETURN(
       g->group, offload::OptimizerGroup::Create(
@@ -226,6 +232,34 @@ void Summarize(const StepBenchSpec& spec, GroupUnderTest& g) {
   out.nvme_bytes = g.group->nvme_bytes();
 }
 
+// Bytes written per swap file so far.
+std::vector<uint64_t> BytesWrittenPerFile(io::SwapSpace& swap) {
+  std::vector<uint64_t> written;
+  for (size_t i = 0; i < swap.files().file_count(); ++i) {
+    written.push_back(swap.files().file(i).bytes_written());
+  }
+  return written;
+}
+
+// The wear of each path: the swap space has one file per path, in the order of rig.paths.
+Status ProjectGroupWear(const Rig& rig, const GroupUnderTest& g) {
+  if (!g.swap) return Status::Ok();
+  const StepBenchSpec& spec = rig.spec;
+  const std::vector<uint64_t> written = BytesWrittenPerFile(*g.swap);
+  const double steps_per_day = spec.steps_per_day.value_or(StepsPerDayAt(g.out->step_seconds));
+  for (size_t i = 0; i < written.size() && i < rig.paths.size(); ++i) {
+    uint64_t capacity = spec.drive_capacity;
+    if (capacity == 0) {
+      ZOE_ASSIGN_OR_RETURN(capacity, FilesystemBytes(rig.paths[i]));
+    }
+    const uint64_t per_step = (written[i] - g.written_before_timed[i]) / spec.steps;
+    ZOE_ASSIGN_OR_RETURN(WearProjection wear,
+                         ProjectWear({rig.paths[i], per_step, capacity, steps_per_day}));
+    g.out->wear.push_back(std::move(wear));
+  }
+  return Status::Ok();
+}
+
 // Steps every group `warmup + steps` times, the groups taking turns step by step (in reverse
 // order every other round), so that each sees the same disk and machine: on these shared
 // machines throughput drifts within seconds, and phases run one after the other would compare
@@ -243,6 +277,7 @@ Status RunGroupPhase(Rig& rig, DType moments, std::span<StepBenchResult* const> 
   for (int round = 0; round < spec.warmup + spec.steps; ++round) {
     for (size_t k = 0; k < groups.size(); ++k) {
       GroupUnderTest& g = groups[round % 2 == 0 ? k : groups.size() - 1 - k];
+      if (round == spec.warmup && g.swap) g.written_before_timed = BytesWrittenPerFile(*g.swap);
       args.grads = g.views.grads;
       const Clock::time_point start = Clock::now();
       ZOE_ASSIGN_OR_RETURN(offload::StepReport report, g.group->Step(args));
@@ -253,6 +288,7 @@ Status RunGroupPhase(Rig& rig, DType moments, std::span<StepBenchResult* const> 
   const uint64_t peak = PeakRssBytes();
   for (GroupUnderTest& g : groups) {
     Summarize(spec, g);
+    ZOE_RETURN_IF_ERROR(ProjectGroupWear(rig, g));
     g.out->peak_rss_bytes = peak;
     g.group.reset();
     if (g.swap) ZOE_RETURN_IF_ERROR(g.swap->Close());
@@ -735,6 +771,15 @@ Status ValidateStepSpec(const StepBenchSpec& spec) {
   if (spec.iodepth < 1 || spec.iodepth > 4096) {
     return Status::InvalidArgument("--iodepth must be in 1..4096");
   }
+  if (spec.slots != 1 && spec.slots != 2) {
+    return Status::InvalidArgument(
+        fmt::format("--slots {}; allowed: 1 (in place) or 2 (atomic steps)", spec.slots));
+  }
+  if (spec.steps_per_day &&
+      (!(*spec.steps_per_day >= 0.0) || !std::isfinite(*spec.steps_per_day))) {
+    return Status::InvalidArgument(
+        fmt::format("--steps-per-day {}; allowed: a finite number >= 0", *spec.steps_per_day));
+  }
   return Status::Ok();
 }
 
@@ -794,7 +839,9 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                           {"pinned_bytes", r.pinned_bytes},
                           {"nvme_bytes", r.nvme_bytes},
                           {"peak_rss_bytes", r.peak_rss_bytes},
+                          {"wear", nlohmann::json::array()},
                           {"baseline", nullptr}};
+    for (const WearProjection& wear : r.wear) row["wear"].push_back(WearJson(wear));
     if (r.baseline) row["baseline"] = BaselineJson(*r.baseline, state_bytes, r.step_seconds);
     if (r.baseline_zoe_memory) {
       row["baseline_zoe_memory"] =
@@ -807,6 +854,7 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                          {"offload", report.spec.offload == offload::Tier::kNvme ? "nvme" : "cpu"},
                          {"paths", report.spec.paths},
                          {"buffer_count", report.spec.buffer_count},
+                         {"slots", report.spec.slots},
                          {"iodepth", report.spec.iodepth},
                          {"steps", report.spec.steps},
                          {"threads", report.threads},
@@ -833,12 +881,12 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
 std::string StepReportTable(const nlohmann::json& json) {
   std::ostringstream out;
   out << fmt::format(
-      "zoe bench step: {} params, offload {}, {} kernel threads ({}), {} buffers, "
-      "queue depth {}, median of {} steps\n",
+      "zoe bench step: {} params, offload {}, {} kernel threads ({}), {} buffers, {} slot(s) "
+      "per chunk, queue depth {}, median of {} steps\n",
       json["params"].get<uint64_t>(), json["offload"].get<std::string>(),
       json["threads"].get<unsigned>(), json["isa"].get<std::string>(),
-      json["buffer_count"].get<uint32_t>(), json["iodepth"].get<uint32_t>(),
-      json["steps"].get<int>());
+      json["buffer_count"].get<uint32_t>(), json["slots"].get<uint32_t>(),
+      json["iodepth"].get<uint32_t>(), json["steps"].get<int>());
   out << fmt::format(
       "{:<6} {:<6} {:<9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>11} {:>9} {:>9} {:>8} {:>10} {:>10}\n",
       "moment", "cksum", "backend", "chunk", "step s", "GB moved", "GB reused", "GB/s",
@@ -858,6 +906,16 @@ std::string StepReportTable(const nlohmann::json& json) {
         r["overlap_efficiency"].get<double>(),
         static_cast<double>(r["pinned_bytes"].get<uint64_t>()) / (1 << 20),
         static_cast<double>(r["peak_rss_bytes"].get<uint64_t>()) / (1 << 20));
+    for (const auto& w : r["wear"]) {
+      out << fmt::format(
+          "  wear of {}: {:.3f} GB written per step; at {:.0f} steps a day on {:.0f} GB, "
+          "{:.2f} drive writes per day\n",
+          w["path"].get<std::string>(),
+          static_cast<double>(w["bytes_written_per_step"].get<uint64_t>()) / 1e9,
+          w["steps_per_day"].get<double>(),
+          static_cast<double>(w["drive_capacity_bytes"].get<uint64_t>()) / 1e9,
+          w["drive_writes_per_day"].get<double>());
+    }
     for (const char* key : {"baseline", "baseline_zoe_memory"}) {
       if (!r.contains(key) || r[key].is_null()) continue;
       const auto& b = r[key];
