@@ -213,6 +213,18 @@ TEST(OptimizerGroupSingleSlotTest, LoadFailingAfterItsFirstWriteBreaksTheGroupAn
   c.ExpectRecovers();
 }
 
+TEST(OptimizerGroupSingleSlotTest, WriteStateFailingAfterItsFirstWriteBreaksTheGroup) {
+  Checkpointed c(FaultyOptions());
+  ASSERT_TRUE(c.harness.ok());
+  // Exp_avg of every chunk: the second chunk's write fails after the first was written in place.
+  c.harness.FailOnce(io::FaultKind::kEio, io::FaultOps::kWrites, 2);
+  const std::vector<float> values(c.harness.count(), 0.25f);
+  const Status failed = c.harness.group().WriteState(StateSlot::kExpAvg, 0, values);
+  EXPECT_EQ(failed.code(), StatusCode::kIoError) << failed.ToString();
+  ExpectRefusesWork(c.harness, "Input/output error");
+  c.ExpectRecovers();
+}
+
 TEST(OptimizerGroupSingleSlotTest, DiscardedInPlaceLoadBreaksTheGroup) {
   Checkpointed c(FaultyOptions());
   ASSERT_TRUE(c.harness.ok());
