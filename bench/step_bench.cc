@@ -147,9 +147,12 @@ optim::HyperParams BenchHyper() {
   return hyper;
 }
 
-uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, uint64_t alignment) {
+uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, uint64_t alignment,
+                      uint32_t slots = 2) {
   uint64_t bytes = 0;
-  for (size_t c = 0; c < nvme_chunks; ++c) bytes += 2 * AlignUp(layout.chunk(c).bytes, alignment);
+  for (size_t c = 0; c < nvme_chunks; ++c) {
+    bytes += slots * AlignUp(layout.chunk(c).bytes, alignment);
+  }
   return bytes;
 }
 
@@ -176,6 +179,7 @@ struct GroupUnderTest {
   std::vector<offload::StepReport> reports;
   std::vector<double> samples;
   std::array<std::vector<double>, 3> iteration_samples;  // per IterationMode
+  std::vector<uint64_t> written_before_timed;  // per swap file, when the timed steps began
 };
 
 Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
@@ -189,9 +193,10 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
     swap_options.files.checksum_block = out.checksum ? kPage : 0;
     out.checksum_block = swap_options.files.checksum_block;
     ZOE_ASSIGN_OR_RETURN(
-        g->swap, io::SwapSpace::Create(
-                     rig.paths, SwapCapacity(layout, out.nvme_chunks, swap_options.alignment),
-                     swap_options));
+        g->swap,
+        io::SwapSpace::Create(
+            rig.paths, SwapCapacity(layout, out.nvme_chunks, swap_options.alignment, spec.slots),
+            swap_options));
   }
   ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool pinned,
                        PinnedMemoryPool::Create(
@@ -209,6 +214,7 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
   options.buffer_count = spec.buffer_count;
   options.max_grad_norm = spec.max_grad_norm;
   options.speculative = spec.backward_ms > 0;
+  options.slots = spec.slots;
   options.run = rig.run;
   ZOE_ASSIGN_OR_RETURN(
       g->group, offload::OptimizerGroup::Create(
@@ -276,6 +282,34 @@ Status RunIterations(const StepBenchSpec& spec, std::vector<GroupUnderTest>& gro
   return Status::Ok();
 }
 
+// Bytes written per swap file so far.
+std::vector<uint64_t> BytesWrittenPerFile(io::SwapSpace& swap) {
+  std::vector<uint64_t> written;
+  for (size_t i = 0; i < swap.files().file_count(); ++i) {
+    written.push_back(swap.files().file(i).bytes_written());
+  }
+  return written;
+}
+
+// The wear of each path: the swap space has one file per path, in the order of rig.paths.
+Status ProjectGroupWear(const Rig& rig, const GroupUnderTest& g) {
+  if (!g.swap) return Status::Ok();
+  const StepBenchSpec& spec = rig.spec;
+  const std::vector<uint64_t> written = BytesWrittenPerFile(*g.swap);
+  const double steps_per_day = spec.steps_per_day.value_or(StepsPerDayAt(g.out->step_seconds));
+  for (size_t i = 0; i < written.size() && i < rig.paths.size(); ++i) {
+    uint64_t capacity = spec.drive_capacity;
+    if (capacity == 0) {
+      ZOE_ASSIGN_OR_RETURN(capacity, FilesystemBytes(rig.paths[i]));
+    }
+    const uint64_t per_step = (written[i] - g.written_before_timed[i]) / spec.steps;
+    ZOE_ASSIGN_OR_RETURN(WearProjection wear,
+                         ProjectWear({rig.paths[i], per_step, capacity, steps_per_day}));
+    g.out->wear.push_back(std::move(wear));
+  }
+  return Status::Ok();
+}
+
 void SummarizeIterations(const StepBenchSpec& spec, GroupUnderTest& g) {
   IterationResult it;
   it.after = Median(g.iteration_samples[static_cast<size_t>(IterationMode::kAfter)]);
@@ -306,6 +340,7 @@ Status RunGroupPhase(Rig& rig, DType moments, std::span<StepBenchResult* const> 
   for (int round = 0; round < spec.warmup + spec.steps; ++round) {
     for (size_t k = 0; k < groups.size(); ++k) {
       GroupUnderTest& g = groups[round % 2 == 0 ? k : groups.size() - 1 - k];
+      if (round == spec.warmup && g.swap) g.written_before_timed = BytesWrittenPerFile(*g.swap);
       args.grads = g.views.grads;
       const Clock::time_point start = Clock::now();
       ZOE_ASSIGN_OR_RETURN(offload::StepReport report, g.group->Step(args));
@@ -313,10 +348,14 @@ Status RunGroupPhase(Rig& rig, DType moments, std::span<StepBenchResult* const> 
       g.reports.push_back(report);
     }
   }
+  // The wear counts the timed steps only, so it is taken before the iterations.
+  for (GroupUnderTest& g : groups) {
+    Summarize(spec, g);
+    ZOE_RETURN_IF_ERROR(ProjectGroupWear(rig, g));
+  }
   if (spec.backward_ms > 0) ZOE_RETURN_IF_ERROR(RunIterations(spec, groups));
   const uint64_t peak = PeakRssBytes();
   for (GroupUnderTest& g : groups) {
-    Summarize(spec, g);
     if (spec.backward_ms > 0) SummarizeIterations(spec, g);
     g.out->peak_rss_bytes = peak;
     g.group.reset();
@@ -821,6 +860,15 @@ Status ValidateStepSpec(const StepBenchSpec& spec) {
     return Status::InvalidArgument(fmt::format(
         "--max-grad-norm {} is out of range; allowed: 0 (no clipping) or > 0", spec.max_grad_norm));
   }
+  if (spec.slots != 1 && spec.slots != 2) {
+    return Status::InvalidArgument(
+        fmt::format("--slots {}; allowed: 1 (in place) or 2 (atomic steps)", spec.slots));
+  }
+  if (spec.steps_per_day &&
+      (!(*spec.steps_per_day >= 0.0) || !std::isfinite(*spec.steps_per_day))) {
+    return Status::InvalidArgument(
+        fmt::format("--steps-per-day {}; allowed: a finite number >= 0", *spec.steps_per_day));
+  }
   return Status::Ok();
 }
 
@@ -880,7 +928,9 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                           {"pinned_bytes", r.pinned_bytes},
                           {"nvme_bytes", r.nvme_bytes},
                           {"peak_rss_bytes", r.peak_rss_bytes},
+                          {"wear", nlohmann::json::array()},
                           {"baseline", nullptr}};
+    for (const WearProjection& wear : r.wear) row["wear"].push_back(WearJson(wear));
     if (r.baseline) row["baseline"] = BaselineJson(*r.baseline, state_bytes, r.step_seconds);
     if (r.iteration) row["iteration"] = IterationJson(*r.iteration);
     if (r.baseline_zoe_memory) {
@@ -894,6 +944,7 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                          {"offload", report.spec.offload == offload::Tier::kNvme ? "nvme" : "cpu"},
                          {"paths", report.spec.paths},
                          {"buffer_count", report.spec.buffer_count},
+                         {"slots", report.spec.slots},
                          {"iodepth", report.spec.iodepth},
                          {"steps", report.spec.steps},
                          {"backward_ms", report.spec.backward_ms},
@@ -922,12 +973,12 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
 std::string StepReportTable(const nlohmann::json& json) {
   std::ostringstream out;
   out << fmt::format(
-      "zoe bench step: {} params, offload {}, {} kernel threads ({}), {} buffers, "
-      "queue depth {}, median of {} steps\n",
+      "zoe bench step: {} params, offload {}, {} kernel threads ({}), {} buffers, {} slot(s) "
+      "per chunk, queue depth {}, median of {} steps\n",
       json["params"].get<uint64_t>(), json["offload"].get<std::string>(),
       json["threads"].get<unsigned>(), json["isa"].get<std::string>(),
-      json["buffer_count"].get<uint32_t>(), json["iodepth"].get<uint32_t>(),
-      json["steps"].get<int>());
+      json["buffer_count"].get<uint32_t>(), json["slots"].get<uint32_t>(),
+      json["iodepth"].get<uint32_t>(), json["steps"].get<int>());
   out << fmt::format(
       "{:<6} {:<6} {:<9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>11} {:>9} {:>9} {:>8} {:>10} {:>10}\n",
       "moment", "cksum", "backend", "chunk", "step s", "GB moved", "GB reused", "GB/s",
@@ -958,6 +1009,16 @@ std::string StepReportTable(const nlohmann::json& json) {
           it["bound"].get<double>(), it["speculative_over_bound"].get<double>(),
           it["speedup_over_after"].get<double>(), it["chunks_recomputed"].get<uint64_t>(),
           it["chunks_speculative"].get<uint64_t>());
+    }
+    for (const auto& w : r["wear"]) {
+      out << fmt::format(
+          "  wear of {}: {:.3f} GB written per step; at {:.0f} steps a day on {:.0f} GB, "
+          "{:.2f} drive writes per day\n",
+          w["path"].get<std::string>(),
+          static_cast<double>(w["bytes_written_per_step"].get<uint64_t>()) / 1e9,
+          w["steps_per_day"].get<double>(),
+          static_cast<double>(w["drive_capacity_bytes"].get<uint64_t>()) / 1e9,
+          w["drive_writes_per_day"].get<double>());
     }
     for (const char* key : {"baseline", "baseline_zoe_memory"}) {
       if (!r.contains(key) || r[key].is_null()) continue;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/io_wear.h"
 #include "core/result.h"
 #include "io/backend.h"
 #include "offload/types.h"
@@ -47,6 +48,11 @@ struct StepBenchSpec {
   double backward_ms = 0;
   double max_grad_norm = 0;  // > 0: the groups clip (the bench's gradients have a norm of ~0.6
                              // per Mi parameters, so a small value clips every step)
+  uint32_t slots = 2;        // NVMe extents per chunk: 2 (atomic steps) or 1 (in place)
+  // The wear projection: steps a day (empty: the measured step rate around the clock) and the
+  // drive capacity in bytes (0: the size of the filesystem of each path).
+  std::optional<double> steps_per_day;
+  uint64_t drive_capacity = 0;
 };
 
 // InvalidArgument naming the first bad field.
@@ -101,7 +107,10 @@ struct StepBenchResult {
   double compute_only_seconds = 0;  // median
   uint64_t pinned_bytes = 0;
   uint64_t nvme_bytes = 0;
-  uint64_t peak_rss_bytes = 0;                        // while the group existed
+  uint64_t peak_rss_bytes = 0;  // while the group existed
+  // Per NVMe path: bytes the timed steps wrote there (File::bytes_written), per step, and the
+  // drive writes per day they project to.
+  std::vector<WearProjection> wear;
   std::optional<BaselineResult> baseline;             // on DeepSpeed-style memory
   std::optional<BaselineResult> baseline_zoe_memory;  // the same loop on zoe's pinned memory
   std::optional<IterationResult> iteration;           // with backward_ms

@@ -363,6 +363,7 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
       .Size("stripe_unit", &out->stripe_unit, kDirectIoUnit, uint64_t{1} << 30)
       .Size("chunk_size", &out->chunk_size, kDirectIoUnit, uint64_t{16} << 30)
       .Bool("checksum", &out->checksum)
+      .UInt("slots", &out->slots, 1, 2)
       .Enum("log_level", &out->log_level, kLogLevels)
       .Object("trace", [&](ObjectReader& r) { return ReadTrace(r, &out->trace); });
   ReadEnum(reader, "arithmetic", &out->arithmetic, kArithmetics);
@@ -516,6 +517,7 @@ Json ZoeToJson(const ZoeConfig& zoe) {
               {"chunk_size", zoe.chunk_size},
               {"checksum", zoe.checksum},
               {"arithmetic", ArithmeticName(zoe.arithmetic)},
+              {"slots", zoe.slots},
               {"trace",
                {{"lookahead_bytes", zoe.trace.lookahead_bytes},
                 {"max_inflight", zoe.trace.max_inflight},

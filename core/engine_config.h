@@ -146,7 +146,11 @@ struct ZoeConfig {
   uint64_t chunk_size = uint64_t{64} << 20;  // bytes of one chunk, the unit tiers move
   bool checksum = true;                      // xxh3 per block on NVMe, verified on read
   Arithmetic arithmetic = Arithmetic::kExact;  // of the CPU optimizer kernels
-  std::string log_level;                       // empty: ZOE_LOG_LEVEL, else info
+  // NVMe extents per optimizer chunk: 2 makes every step atomic; 1 updates the state in place,
+  // halving the NVMe space, and a step that fails mid-way leaves the group refusing work until a
+  // checkpoint is loaded (OptimizerGroupOptions::slots).
+  uint64_t slots = 2;
+  std::string log_level;  // empty: ZOE_LOG_LEVEL, else info
   TraceConfig trace;
   EvictionKind eviction = EvictionKind::kOpt;
   MomentDType moment_dtype = MomentDType::kFp32;

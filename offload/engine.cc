@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <type_traits>
 #include <utility>
 
@@ -110,7 +112,38 @@ struct Engine::Group {
   double io_wait_seconds = 0.0;
   double compute_seconds = 0.0;
   double last_grad_norm = 0.0;
+  // Bytes written to each of the swap's files in the last Step call, failed ones included.
+  std::vector<uint64_t> written_last_step;
 };
+
+namespace {
+
+// Bytes written so far to each file of `swap` (none when the group has no swap space).
+std::vector<uint64_t> BytesWritten(io::SwapSpace* swap) {
+  std::vector<uint64_t> written;
+  if (swap == nullptr) return written;
+  for (size_t i = 0; i < swap->files().file_count(); ++i) {
+    written.push_back(swap->files().file(i).bytes_written());
+  }
+  return written;
+}
+
+// `path` without "." and ".." parts, doubled or trailing separators, so that one directory has
+// one spelling.
+std::string NormalPath(const std::string& path) {
+  std::filesystem::path normal = std::filesystem::path(path).lexically_normal();
+  if (!normal.has_filename() && normal.has_parent_path() && normal != normal.root_path()) {
+    normal = normal.parent_path();
+  }
+  return normal.string();
+}
+
+// The directory a swap file lives in.
+std::string DirectoryOf(const std::string& path) {
+  return NormalPath(std::filesystem::path(path).lexically_normal().parent_path().string());
+}
+
+}  // namespace
 
 // ---- creation ---------------------------------------------------------------------------------
 
@@ -193,6 +226,16 @@ static Json SpeculationJson(const OptimizerGroup& optimizer) {
 Json Engine::GroupStatsJson(const Group& group) const {
   std::lock_guard lock(group.mutex);
   const OptimizerGroup& optimizer = *group.optimizer;
+  Json writes = Json::array();
+  const std::vector<uint64_t> written = BytesWritten(group.swap.get());
+  for (size_t i = 0; i < written.size(); ++i) {
+    const uint64_t last = i < group.written_last_step.size() ? group.written_last_step[i] : 0;
+    writes.push_back({{"file", group.swap->files().file(i).path()},
+                      {"bytes_written", written[i]},
+                      {"bytes_written_last_step", last}});
+  }
+  const Json broken =
+      optimizer.broken().ok() ? Json() : Json(std::string(optimizer.broken().ToString()));
   return {{"name", group.name},
           {"type", optim::KindName(optimizer.options().kind)},
           {"parameters", optimizer.count()},
@@ -201,6 +244,11 @@ Json Engine::GroupStatsJson(const Group& group) const {
           {"nvme_chunks", optimizer.nvme_chunk_count()},
           {"pinned_bytes", optimizer.pinned_bytes()},
           {"nvme_bytes", optimizer.nvme_bytes()},
+          {"nvme_bytes_per_parameter",
+           static_cast<double>(optimizer.nvme_bytes()) / static_cast<double>(optimizer.count())},
+          {"slots", optimizer.options().slots},
+          {"broken", broken},
+          {"nvme_writes", std::move(writes)},
           {"steps_taken", optimizer.steps_taken()},
           {"segments", optimizer.segment_count()},
           {"steps_called", group.steps_called},
@@ -242,7 +290,33 @@ Json Engine::StatsJson() const {
                    {"gpu", tier_manager_->device_is_gpu()},
                    {"budget_bytes", tier_manager_->device_budget_bytes()},
                    {"reserved_bytes", tier_manager_->device_reserved_bytes()}};
+  out["nvme_writes"] = NvmeWritesJson(groups);
   out["groups"] = std::move(groups);
+  return out;
+}
+
+// Bytes written to each NVMe path by the tensors and every group, in total and in each group's
+// last step: {"path", "bytes_written", "bytes_written_last_step"} per path.
+Json Engine::NvmeWritesJson(const Json& groups) const {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_path;  // total, last step
+  for (const std::string& path : nvme_paths_) by_path[NormalPath(path)];
+  const io::FileSet& tensors = tier_manager_->swap_files();
+  for (size_t i = 0; i < tensors.file_count(); ++i) {
+    by_path[DirectoryOf(tensors.file(i).path())].first += tensors.file(i).bytes_written();
+  }
+  for (const Json& group : groups) {
+    for (const Json& file : group["nvme_writes"]) {
+      auto& [total, last] = by_path[DirectoryOf(file["file"].get<std::string>())];
+      total += file["bytes_written"].get<uint64_t>();
+      last += file["bytes_written_last_step"].get<uint64_t>();
+    }
+  }
+  Json out = Json::array();
+  for (const auto& [path, written] : by_path) {
+    out.push_back({{"path", path},
+                   {"bytes_written", written.first},
+                   {"bytes_written_last_step", written.second}});
+  }
   return out;
 }
 
@@ -442,7 +516,12 @@ Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
   ZOE_ASSIGN_OR_RETURN(const StepArgs step,
                        GroupStepArgs(context, group->hyper, group->optimizer->count(), args));
   const optim::HyperParams& hyper = step.hyper;
+  const std::vector<uint64_t> written_before = BytesWritten(group->swap.get());
   Result<StepReport> report = group->optimizer->Step(step);
+  group->written_last_step = BytesWritten(group->swap.get());
+  for (size_t i = 0; i < written_before.size(); ++i) {
+    group->written_last_step[i] -= written_before[i];
+  }
   if (!report.ok()) return std::move(report).status().WithContext(context);
   group->hyper = hyper;
   ++group->steps_called;
@@ -597,7 +676,10 @@ struct SavedSettings {
 Status Engine::LoadCheckpoint(const std::string& dir) {
   std::lock_guard create(create_mutex_);
   const auto locks = LockAllGroups();
-  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  CheckpointReaderOptions options;
+  options.fault_for_testing = hooks_.checkpoint_fault_for_testing;
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                       CheckpointReader::Open(dir, std::move(options)));
   const Json& metadata = reader->metadata();
   ZOE_RETURN_IF_ERROR(CheckCheckpointGroups(metadata).WithContext("checkpoint load " + dir));
   // Everything that could fail before a group changes is checked first.

@@ -71,7 +71,8 @@ struct EngineHooks {
   // Swap files (tensors and optimizer groups) open as on a filesystem that refuses O_DIRECT, so
   // the buffered fallback runs (io::OpenOptions::refuse_direct_for_testing).
   bool refuse_direct_for_testing = false;
-  // Checkpoint saves fail their system calls as this says (CheckpointWriterOptions).
+  // Checkpoint saves and loads fail their system calls as this says (CheckpointWriterOptions,
+  // CheckpointReaderOptions).
   std::function<int(CheckpointSyscall call, const std::string& path)> checkpoint_fault_for_testing;
 };
 
@@ -187,6 +188,7 @@ class Engine {
   Executor& EnsureExecutor();
   Result<std::unique_ptr<io::SwapSpace>> CreateGroupSwap(const OptimizerGroupOptions& options);
   nlohmann::json GroupStatsJson(const Group& group) const;
+  nlohmann::json NvmeWritesJson(const nlohmann::json& groups) const;
   // Every group's mutex, in id order; held for checkpoints.
   std::vector<std::unique_lock<std::mutex>> LockAllGroups() const;
   Status CheckCheckpointGroups(const nlohmann::json& metadata) const;

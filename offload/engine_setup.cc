@@ -83,6 +83,7 @@ struct GroupDocument {
   std::string type;
   std::optional<Json> betas;
   std::string moment_dtype;
+  uint64_t slots = 0;      // 0: not given
   double lr_decay = -1.0;  // < 0: not given
   std::optional<Json> segments;
   bool speculative = false;
@@ -103,6 +104,7 @@ Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* sp
       .Double("weight_decay", &hyper.weight_decay, 0.0, kHugeNumber)
       .Double("max_grad_norm", &spec->options.max_grad_norm, 0.0, kHugeNumber)
       .Enum("moment_dtype", &doc->moment_dtype, kMomentDTypes)
+      .UInt("slots", &doc->slots, 1, 2)
       .Double("lr_decay", &doc->lr_decay, 0.0, kHugeNumber)
       .Value("segments", &doc->segments)
       .Bool("speculative", &doc->speculative);
@@ -145,6 +147,7 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
     spec->options.state_dtype =
         doc.moment_dtype == "bf16" ? optim::DType::kBF16 : optim::DType::kF32;
   }
+  if (doc.slots != 0) spec->options.slots = static_cast<uint32_t>(doc.slots);
   if (doc.lr_decay >= 0.0) {
     if (spec->options.kind != optim::Kind::kAdagrad) {
       return Status::InvalidArgument(fmt::format("lr_decay applies to adagrad only; type is '{}'",
@@ -281,6 +284,7 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   spec.options.run.arithmetic = config.zoe.arithmetic == config::Arithmetic::kFast
                                     ? optim::Arithmetic::kFast
                                     : optim::Arithmetic::kExact;
+  spec.options.slots = static_cast<uint32_t>(config.zoe.slots);
   spec.hyper.lr = config.optimizer.lr;
   spec.hyper.beta1 = config.optimizer.beta1;
   spec.hyper.beta2 = config.optimizer.beta2;
@@ -308,7 +312,7 @@ uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block)
   uint64_t bytes = 0;
   for (size_t i = 0; i < nvme_chunks; ++i) {
     const uint64_t extent = layout.chunk(i).bytes;
-    bytes += 2 * ((extent + kDirectIoUnit - 1) / kDirectIoUnit * kDirectIoUnit);
+    bytes += options.slots * ((extent + kDirectIoUnit - 1) / kDirectIoUnit * kDirectIoUnit);
   }
   return bytes;
 }

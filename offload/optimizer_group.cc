@@ -225,6 +225,10 @@ Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r)
   }
   if (o.chunk_elements == 0) return bad("chunk_elements is 0; allowed: >= 1");
   ZOE_RETURN_IF_ERROR(CheckSegments(o));
+  if (o.slots != 1 && o.slots != 2) {
+    return bad(fmt::format("slots {} is out of range; allowed: 1 (in place) or 2 (atomic steps)",
+                           o.slots));
+  }
   if (o.buffer_count < 2) {
     return bad(fmt::format("buffer_count {} is out of range; allowed: >= 2", o.buffer_count));
   }
@@ -254,6 +258,7 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
                            uint64_t io_block)
     : name(options.name),
       count(options.count),
+      slot_count(options.slots),
       segment_ends(SegmentEnds(options)),
       resources(borrowed),
       layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block),
@@ -292,7 +297,7 @@ static Status CheckCapacity(const OptimizerGroupOptions& options, const StateLay
   uint64_t swap_bytes = 0;
   for (size_t c = 0; c < layout.chunk_count(); ++c) {
     if (c < nvme_count) {
-      swap_bytes += 2 * layout.chunk(c).bytes;
+      swap_bytes += options.slots * layout.chunk(c).bytes;
     } else {
       // Speculation keeps a spare of every HOST chunk for its new state.
       host_bytes += (options.speculative ? 2 : 1) * AlignUp(layout.chunk(c).bytes, page);
@@ -310,9 +315,9 @@ static Status CheckCapacity(const OptimizerGroupOptions& options, const StateLay
   }
   if (swap_bytes > 0 && swap_bytes > resources.swap->free_bytes()) {
     return Status::NoSpace(fmt::format(
-        "optimizer group '{}' needs {} bytes of NVMe swap space ({} chunks, two slots each); "
+        "optimizer group '{}' needs {} bytes of NVMe swap space ({} chunks, {} slot(s) each); "
         "{} of {} bytes are free",
-        options.name, swap_bytes, nvme_count, resources.swap->free_bytes(),
+        options.name, swap_bytes, nvme_count, options.slots, resources.swap->free_bytes(),
         resources.swap->capacity()));
   }
   return Status::Ok();
@@ -366,7 +371,8 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   const Clock::time_point start = Clock::now();
   ZOE_RETURN_IF_ERROR(CheckStepArgs(args));
   Impl& impl = *impl_;
-  impl.prepared_load.reset();
+  impl.DropPreparedLoad();
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("step"));
   PlacedViews grads;
   if (args.grads.empty()) {
     ZOE_RETURN_IF_ERROR(impl.CheckCoverage());
@@ -432,7 +438,7 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   if (impl.speculation) impl.EndSpeculation(outcome, status, &report);
   // A step that failed on accumulated gradients keeps them (their reads were consumed), so the
   // caller can retry it; gradients given with the step are the caller's to give again.
-  if (!status.ok() && args.grads.empty()) return status;
+  if (!status.ok() && args.grads.empty() && impl.broken.ok()) return status;
   impl.ResetAccumulation();
   if (!status.ok()) return status;
   if (!report.skipped) CountStep(present_segments, &report);
@@ -452,12 +458,13 @@ Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
   impl.ReleaseAbsentReads(pending);
   const std::vector<size_t> order = impl.StepOrder(pending);
   Impl::Totals totals;
-  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+  Status applied = impl.RunPipeline(
       order, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums& checksums) {
         return UpdateChunkState(impl.layout.chunk(chunk), state, inputs, checksums);
       },
-      &totals, /*fn_hashes=*/true));
+      &totals, /*fn_hashes=*/true);
+  ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(applied), totals.bytes_written));
   impl.Flip(order);
   if (commit) impl.Flip(SpeculatedNvmeChunks());
   impl.CommitCache();
@@ -496,6 +503,7 @@ Status OptimizerGroup::CheckStepArgs(const StepArgs& args) const {
 
 Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
   Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("accumulate gradients"));
   ZOE_RETURN_IF_ERROR(CheckView(options_.name, "accumulated gradient", 0, grad.data, grad.dtype,
                                 grad.count, /*absent_allowed=*/true));
   if (grad.count == 0) {
@@ -607,6 +615,7 @@ Status OptimizerGroup::CheckStateRange(StateSlot slot, size_t offset, size_t len
 Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float> out) const {
   ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, out.size()));
   Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("read state"));
   const auto r = static_cast<size_t>(slot);
   const size_t end = offset + out.size();
   AlignedBuffer staging;
@@ -657,7 +666,8 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, values.size()));
   Impl& impl = *impl_;
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("write state"));
-  impl.prepared_load.reset();
+  impl.DropPreparedLoad();
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("write state"));
   if (values.empty()) return Status::Ok();
   const auto r = static_cast<size_t>(slot);
   const size_t first = impl.layout.ChunkOf(offset);
@@ -665,12 +675,13 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   std::vector<size_t> nvme_chunks;
   for (size_t c = first; c <= last && impl.on_nvme(c); ++c) nvme_chunks.push_back(c);
   Impl::Totals totals;
-  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+  Status stored = impl.RunPipeline(
       nvme_chunks, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return StoreState(chunk, state, r, offset, values);
       },
-      &totals));
+      &totals);
+  ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(stored), totals.bytes_written));
   impl.Flip(nvme_chunks);
   for (size_t c = std::max(first, impl.nvme_count); c <= last; ++c) {
     ZOE_RETURN_IF_ERROR(StoreState(c, impl.host_state(c), r, offset, values));
@@ -733,6 +744,7 @@ uint64_t OptimizerGroup::pinned_bytes() const {
   for (const PinnedBuffer& buffer : impl_->host_spare) total += buffer.size();
   return total;
 }
+const Status& OptimizerGroup::broken() const { return impl_->broken; }
 uint64_t OptimizerGroup::nvme_bytes() const {
   uint64_t total = 0;
   for (const Impl::NvmeChunk& chunk : impl_->nvme) {

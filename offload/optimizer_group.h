@@ -14,6 +14,16 @@
 // applies to the whole group or, when any read, write or checksum fails, leaves the state exactly
 // as it was before the step and returns the error naming the group and the chunk.
 //
+// Single slot. With `slots` 1 an NVMe chunk owns one extent and a step writes its state back in
+// place, halving the NVMe space (DeepSpeed's layout). The price is atomicity: a step (or a
+// WriteState, or a checkpoint load) that fails after its first write may leave some chunks
+// updated and others not, or a chunk torn. Such a failure is returned as it happens and the
+// group is then broken: Step, AccumulateGrad, ReadState, WriteState and Save are
+// FailedPrecondition naming the first failure until a checkpoint load commits, which rewrites
+// every chunk. A failure before any write (a failed read, a skipped step) leaves the group usable
+// as with two slots. A checkpoint load writes the chunks in place too, so a load whose later part
+// fails, or a prepared load that is discarded, breaks the group the same way.
+//
 // Pipeline. Step first scans every gradient (non-finite check, global norm, clipping; the sum
 // is taken in the same tiles and order as optim::ScanGradients over one buffer, however the views
 // are cut, so the norm and the clip factor are bit-identical to an in-memory step), then
@@ -106,7 +116,8 @@ struct OptimizerGroupOptions {
   size_t chunk_elements = size_t{1} << 23;  // the pipeline unit, > 0
   uint32_t buffer_count = 4;                // pinned pipeline buffers, >= 2
   bool speculative = false;                 // allows Speculate; HOST chunks get spare buffers
-  optim::RunOptions run;                    // kernel threads, ISA, tile size
+  uint32_t slots = 2;     // NVMe extents per chunk: 2 (atomic steps) or 1 (in place, "Single slot")
+  optim::RunOptions run;  // kernel threads, ISA, tile size
 };
 
 // What a group borrows; all must outlive it. `io` and `swap` are needed only when some chunk is
@@ -223,7 +234,9 @@ class OptimizerGroup {
   size_t chunk_count() const;
   size_t nvme_chunk_count() const;
   uint64_t pinned_bytes() const;  // pipeline buffers plus HOST chunks
-  uint64_t nvme_bytes() const;    // both slots of every NVMe chunk
+  uint64_t nvme_bytes() const;    // every slot of every NVMe chunk
+  // The failure that broke a single-slot group (see "Single slot"); OK while it is usable.
+  const Status& broken() const;
 
   // Identity written into checkpoints and compared on load: name, kind, count, state dtype,
   // chunk_elements (a checkpoint loads into a group with the same identity only).

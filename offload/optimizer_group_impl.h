@@ -82,7 +82,8 @@ Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const Step
 }  // namespace detail
 
 struct OptimizerGroup::Impl {
-  // An NVMe chunk's two extents; `live` holds the current state, the other receives the next.
+  // An NVMe chunk's extents; `live` holds the current state, the other (with two slots)
+  // receives the next. With one slot, slots[1] is empty and `live` is always 0.
   struct NvmeChunk {
     std::array<io::Extent, 2> slots;
     uint8_t live = 0;
@@ -121,6 +122,7 @@ struct OptimizerGroup::Impl {
     std::vector<PinnedBuffer> host;   // the new HOST chunks, in chunk order
     int64_t steps_taken = 0;
     std::vector<int64_t> segment_steps;
+    bool in_place = false;  // single slot: the NVMe chunks already hold the checkpoint's state
   };
   // A step whose chunks are updated as their gradients complete (OptimizerGroup::Speculate).
   struct Speculation {
@@ -174,7 +176,20 @@ struct OptimizerGroup::Impl {
                      bool fn_hashes = false, InFlightList* carried = nullptr);
   // Verifies a whole state read from chunk `chunk`'s live slot against its recorded checksums.
   Status VerifyWhole(size_t chunk, const std::byte* state) const;
+  // The slot a write of chunk `chunk` goes to: the inactive one, or with one slot the live one.
+  uint8_t WriteSlot(size_t chunk) const {
+    return slot_count == 2 ? nvme[chunk].live ^ 1 : nvme[chunk].live;
+  }
+  // Makes the slots just written live; with one slot only the version advances.
   void Flip(std::span<const size_t> chunks);
+  // Single slot: `failure` came after `written` bytes were written in place; if any were, the
+  // state may be torn and the group is broken until a checkpoint load commits. Returns `failure`.
+  Status BreakIfWritten(Status failure, uint64_t written);
+  // FailedPrecondition naming the failure that broke the group, before `what`; OK otherwise.
+  Status CheckUsable(std::string_view what) const;
+  // Drops a prepared load; one written in place breaks the group (its state is the checkpoint's
+  // while its step counts are not).
+  void DropPreparedLoad();
   void ResetAccumulation();
   // Waits for a read the pipeline will not use and frees its buffer. A buffer whose read
   // succeeded (or that was claimed from the cache) and whose chunk has not flipped since caches
@@ -253,6 +268,8 @@ struct OptimizerGroup::Impl {
 
   std::string name;
   size_t count;
+  uint32_t slot_count;               // extents per NVMe chunk, 1 or 2
+  Status broken;                     // single slot: the failure that left the state possibly torn
   std::vector<size_t> segment_ends;  // exclusive end of each segment, ascending; last = count
   OptimizerResources resources;
   StateLayout layout;

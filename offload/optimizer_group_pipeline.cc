@@ -60,7 +60,8 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count, bool speculati
   }
   nvme.resize(nvme_count);
   for (size_t c = 0; c < nvme_count; ++c) {
-    for (io::Extent& slot : nvme[c].slots) {
+    for (uint32_t s = 0; s < slot_count; ++s) {
+      io::Extent& slot = nvme[c].slots[s];
       Result<io::Extent> extent = resources.swap->Allocate(layout.chunk(c).bytes);
       if (!extent.ok()) return std::move(extent).status().WithContext(ChunkName(c));
       slot = *extent;
@@ -161,9 +162,11 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& wri
 // The pipeline. NVMe chunks go through the buffers in `order`: reads run ahead as far as free
 // buffers allow (the reads AccumulateGrad started come first), `fn` runs on chunk i while the
 // reads of the chunks after it and the write of the chunks before it are in flight, and every
-// chunk is written to its inactive slot. The first error stops the pipeline; every transfer
-// still in flight is waited for and every buffer returned before it is reported. Slots are not
-// flipped here: the caller flips them once the whole operation succeeded.
+// chunk is written to its inactive slot (with one slot, in place). The first error stops the
+// pipeline; every transfer still in flight is waited for and every buffer returned before it is
+// reported. Slots are not flipped here: the caller flips them once the whole operation
+// succeeded. `totals->bytes_written` counts every write submitted, so a caller knows whether a
+// failure came after the first write.
 Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool read,
                                          const ChunkFn& fn, Totals* totals, bool fn_hashes,
                                          InFlightList* carried) {
@@ -227,9 +230,9 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
       totals->compute_seconds += SecondsSince(start);
     }
     if (status.ok()) {
-      const uint8_t inactive = nvme[entry.chunk].live ^ 1;
-      Result<io::Ticket> ticket = SubmitChunkIo(io::Op::kWrite, entry.chunk, inactive, state,
-                                                /*for_pipeline=*/true, checksums.computed);
+      Result<io::Ticket> ticket =
+          SubmitChunkIo(io::Op::kWrite, entry.chunk, WriteSlot(entry.chunk), state,
+                        /*for_pipeline=*/true, checksums.computed);
       if (ticket.ok()) {
         writing.push_back({entry.chunk, entry.buffer, *ticket});
         last_written[entry.buffer] = entry.chunk;
@@ -268,9 +271,39 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
 
 void OptimizerGroup::Impl::Flip(std::span<const size_t> chunks) {
   for (size_t c : chunks) {
-    nvme[c].live ^= 1;
+    if (slot_count == 2) nvme[c].live ^= 1;
     ++nvme[c].version;
   }
+}
+
+Status OptimizerGroup::Impl::BreakIfWritten(Status failure, uint64_t written) {
+  if (failure.ok() || slot_count != 1 || written == 0 || !broken.ok()) return failure;
+  broken = failure;
+  ZOE_LOG_ERROR(
+      "optimizer group '{}': a single-slot operation failed after writing {} bytes of state in "
+      "place; the group refuses further work until a checkpoint is loaded: {}",
+      name, written, failure.ToString());
+  return failure;
+}
+
+Status OptimizerGroup::Impl::CheckUsable(std::string_view what) const {
+  if (broken.ok()) return Status::Ok();
+  return Status::FailedPrecondition(fmt::format(
+      "optimizer group '{}': cannot {}: the group keeps one slot per NVMe chunk and an earlier "
+      "operation failed after it began writing the state in place, so the state may be torn; "
+      "load a checkpoint to go on (or use two slots, zoe.slots = 2, whose steps are atomic). "
+      "The failure: {}",
+      name, what, broken.ToString()));
+}
+
+void OptimizerGroup::Impl::DropPreparedLoad() {
+  if (prepared_load && prepared_load->in_place && broken.ok()) {
+    broken = Status::Aborted(fmt::format(
+        "optimizer group '{}': a checkpoint load wrote the NVMe chunks in place and was "
+        "discarded before it was committed",
+        name));
+  }
+  prepared_load.reset();
 }
 
 void OptimizerGroup::Impl::CommitCache() {

@@ -172,6 +172,8 @@ class TierManager {
   uint64_t host_budget_bytes() const { return host_budget_.capacity(); }
   uint64_t device_reserved_bytes() const { return device_budget_ ? device_budget_->reserved() : 0; }
   uint64_t device_budget_bytes() const { return device_budget_ ? device_budget_->capacity() : 0; }
+  // The swap files of the tensors, one per NVMe path (their bytes_written: the wear).
+  const io::FileSet& swap_files() const { return swap_->files(); }
   bool has_device() const { return device_ != nullptr; }
   // The device backend's name ("" without a device tier) and whether it is a real GPU (device
   // addresses are then not host addresses).
