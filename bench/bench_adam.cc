@@ -1,6 +1,8 @@
 // zoe bench adam: optimizer-step throughput of the CPU kernels against the machine's streaming
 // memory bandwidth measured in the same run (the roofline: a kernel with AdamW's access pattern,
-// 4 fp32 reads + 3 fp32 writes per element, on the same threads, tiles and buffers).
+// 4 fp32 reads + 3 fp32 writes per element, on the same threads, tiles and buffers). The roofline
+// is the faster of two probes: ordinary stores, and the best this code knows for arrays larger
+// than the cache (non-temporal stores, software prefetch); both are reported.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -31,6 +33,8 @@ struct AdamBenchOptions {
   std::string threads = "all";
   std::string isa;  // empty: cpuid / ZOE_ISA
   std::string optimizers = "adamw";
+  std::string arithmetic = "exact,fast";  // comma list: a row per arithmetic
+  std::string stores = "auto";            // auto, cached or streaming
   int steps = 10;
   int warmup = 3;
   uint64_t tile_elements = optim::kDefaultTileElements;
@@ -43,6 +47,7 @@ struct Config {
   Kind kind;
   ChunkLayout layout;
   std::optional<DType> separate_cast;
+  optim::Arithmetic arithmetic = optim::Arithmetic::kExact;
 };
 
 struct Row {
@@ -56,7 +61,7 @@ double BytesPerParam(const Config& c) {
   const double state = static_cast<double>(optim::SizeOf(c.layout.state));
   double bytes = 2 * 4 + static_cast<double>(optim::SizeOf(c.layout.grad));  // master r+w, grad r
   bytes += 2 * state * optim::StateTensors(c.kind);
-  if (c.layout.param_copy) bytes += 2;
+  if (c.layout.param_copy) bytes += static_cast<double>(optim::SizeOf(*c.layout.param_copy));
   if (c.separate_cast) bytes += 4 + 2;  // the cast pass reads master, writes the copy
   return bytes;
 }
@@ -104,7 +109,7 @@ struct Buffers {
     Buffers b;
     void** slots[] = {&b.master, &b.grad_f32, &b.grad_bf16, &b.m_f32,
                       &b.v_f32,  &b.m_bf16,   &b.v_bf16,    &b.copy};
-    const size_t element_bytes[] = {4, 4, 2, 4, 4, 2, 2, 2};
+    const size_t element_bytes[] = {4, 4, 2, 4, 4, 2, 2, 4};  // the copy: fp32 at most
     for (size_t k = 0; k < 8; ++k) {
       const size_t pad = k * kStagger;
       ZOE_ASSIGN_OR_RETURN(b.storage[k], optim::AllocateFirstTouch(
@@ -147,16 +152,47 @@ struct Buffers {
   }
 };
 
-std::vector<Config> Configs(const std::vector<Kind>& kinds) {
+// Rows for each arithmetic; fast arithmetic only for the kinds it changes (Adam, AdamW).
+std::vector<Config> Configs(const std::vector<Kind>& kinds,
+                            const std::vector<optim::Arithmetic>& arithmetics) {
   std::vector<Config> configs;
-  for (Kind kind : kinds) {
-    configs.push_back({kind, {DType::kF32, DType::kF32, std::nullopt}, std::nullopt});
-    if (kind != Kind::kAdamW) continue;
-    configs.push_back({kind, {DType::kF32, DType::kF32, std::nullopt}, DType::kBF16});
-    configs.push_back({kind, {DType::kBF16, DType::kF32, DType::kBF16}, std::nullopt});
-    configs.push_back({kind, {DType::kBF16, DType::kBF16, DType::kBF16}, std::nullopt});
+  for (optim::Arithmetic arithmetic : arithmetics) {
+    for (Kind kind : kinds) {
+      const bool adam = kind == Kind::kAdamW || kind == Kind::kAdam;
+      if (arithmetic == optim::Arithmetic::kFast && !adam) continue;
+      configs.push_back({kind, {DType::kF32, DType::kF32, std::nullopt}, std::nullopt, arithmetic});
+      if (kind != Kind::kAdamW) continue;
+      // The fp32 parameters of the caller written in the update's pass (zoe.torch, params_out).
+      configs.push_back({kind, {DType::kF32, DType::kF32, DType::kF32}, std::nullopt, arithmetic});
+      configs.push_back({kind, {DType::kF32, DType::kF32, std::nullopt}, DType::kBF16, arithmetic});
+      configs.push_back(
+          {kind, {DType::kBF16, DType::kF32, DType::kBF16}, std::nullopt, arithmetic});
+      configs.push_back(
+          {kind, {DType::kBF16, DType::kBF16, DType::kBF16}, std::nullopt, arithmetic});
+    }
   }
   return configs;
+}
+
+Result<std::vector<optim::Arithmetic>> ParseArithmetics(const std::string& text) {
+  std::vector<optim::Arithmetic> arithmetics;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    Result<optim::Arithmetic> arithmetic =
+        optim::ParseArithmetic(text.substr(start, comma - start));
+    if (!arithmetic.ok()) return std::move(arithmetic).status().WithContext("--arithmetic");
+    arithmetics.push_back(*arithmetic);
+    start = comma + 1;
+  }
+  return arithmetics;
+}
+
+Result<optim::StoreMode> ParseStores(const std::string& text) {
+  if (text == "auto") return optim::StoreMode::kAuto;
+  if (text == "cached") return optim::StoreMode::kCached;
+  if (text == "streaming") return optim::StoreMode::kStreaming;
+  return Status::InvalidArgument("--stores '" + text + "'; allowed: auto, cached, streaming");
 }
 
 Result<std::vector<Kind>> ParseKinds(const std::string& text) {
@@ -187,22 +223,46 @@ struct Report {
   std::string isa;
   unsigned threads = 0;
   size_t params = 0;
-  double roofline_seconds = 0;
+  std::string stores;
+  double cached_roofline_seconds = 0;     // the probe with ordinary stores
+  double streaming_roofline_seconds = 0;  // with non-temporal stores and prefetch
   std::vector<Row> rows;
+
+  double roofline_seconds() const {
+    return std::min(cached_roofline_seconds, streaming_roofline_seconds);
+  }
 };
+
+// Median seconds of the roofline probe `stream` (a KernelTable::stream function) on the run's
+// threads, as the update kernels are run: the same tiles, the same buffers.
+template <class Stream>
+double TimeRoofline(const AdamBenchOptions& options, const optim::RunOptions& run, size_t n,
+                    const Stream& stream) {
+  return MedianSeconds(options.warmup, options.steps, [&] {
+    if (run.executor != nullptr) {
+      run.executor->ParallelFor(n, run.tile_elements, stream);
+    } else {
+      stream(0, n);
+    }
+  });
+}
 
 Result<Report> RunAdamBench(const AdamBenchOptions& options) {
   ZOE_ASSIGN_OR_RETURN(uint64_t params, config::ParseSizeString(options.params));
   if (params == 0) return Status::InvalidArgument("--params 0; allowed: >= 1");
   ZOE_ASSIGN_OR_RETURN(unsigned threads, ParseThreads(options.threads));
   ZOE_ASSIGN_OR_RETURN(std::vector<Kind> kinds, ParseKinds(options.optimizers));
+  ZOE_ASSIGN_OR_RETURN(std::vector<optim::Arithmetic> arithmetics,
+                       ParseArithmetics(options.arithmetic));
+  ZOE_ASSIGN_OR_RETURN(optim::StoreMode stores, ParseStores(options.stores));
   if (options.steps < 1 || options.warmup < 0) {
     return Status::InvalidArgument("--steps must be >= 1 and --warmup >= 0");
   }
   ZOE_ASSIGN_OR_RETURN(auto kernel_threads, optim::KernelThreads::Create(threads, /*pin=*/true));
   ZOE_RETURN_IF_ERROR(kernel_threads->PinCaller());
   optim::RunOptions run{.executor = kernel_threads->executor(),
-                        .tile_elements = options.tile_elements};
+                        .tile_elements = options.tile_elements,
+                        .stores = stores};
   if (!options.isa.empty()) {
     ZOE_ASSIGN_OR_RETURN(run.isa, optim::ParseIsa(options.isa));
   } else {
@@ -212,27 +272,30 @@ Result<Report> RunAdamBench(const AdamBenchOptions& options) {
   const size_t n = params;
   ZOE_ASSIGN_OR_RETURN(Buffers buffers, Buffers::Create(n, run));
 
-  Report report{std::string(optim::IsaName(*run.isa)), kernel_threads->participants(), n, 0, {}};
+  Report report;
+  report.isa = optim::IsaName(*run.isa);
+  report.threads = kernel_threads->participants();
+  report.params = n;
+  report.stores = options.stores;
   auto* a = static_cast<float*>(buffers.master);
   auto* b = static_cast<const float*>(buffers.grad_f32);
   auto* c = static_cast<float*>(buffers.m_f32);
   auto* d = static_cast<float*>(buffers.v_f32);
-  const auto roofline = [&] {
-    const auto stream = [&](size_t begin, size_t end) { kernels->stream(a, b, c, d, begin, end); };
-    if (run.executor != nullptr) {
-      run.executor->ParallelFor(n, run.tile_elements, stream);
-    } else {
-      stream(0, n);
-    }
+  const auto cached = [&](size_t begin, size_t end) { kernels->stream(a, b, c, d, begin, end); };
+  const auto streaming = [&](size_t begin, size_t end) {
+    kernels->stream_nt(a, b, c, d, begin, end);
   };
-  std::vector<double> roofline_samples;
-  roofline_samples.push_back(MedianSeconds(options.warmup, options.steps, roofline));
+  // Each probe is timed before and after the optimizer rows; the faster time of each counts.
+  report.cached_roofline_seconds = TimeRoofline(options, run, n, cached);
+  report.streaming_roofline_seconds = TimeRoofline(options, run, n, streaming);
   // Reset what the probe added so the optimizer starts from the same values on every run.
   Buffers::FillPseudoRandom(a, n, 1.0f, 1, run);
   std::fill_n(c, n, 0.0f);
   std::fill_n(d, n, 0.0f);
 
-  for (const Config& config : Configs(kinds)) {
+  for (const Config& config : Configs(kinds, arithmetics)) {
+    optim::RunOptions row_run = run;
+    row_run.arithmetic = config.arithmetic;
     optim::HyperParams hyper;
     hyper.kind = config.kind;
     hyper.weight_decay = 0.01;
@@ -241,7 +304,7 @@ Result<Report> RunAdamBench(const AdamBenchOptions& options) {
     const ChunkBuffers chunk = buffers.For(config, n);
     const double seconds = MedianSeconds(options.warmup, options.steps, [&] {
       if (!status.ok()) return;
-      status = optim::UpdateChunk(hyper, ++step, config.layout, chunk, {}, run);
+      status = optim::UpdateChunk(hyper, ++step, config.layout, chunk, {}, row_run);
       if (status.ok() && config.separate_cast) {
         status = optim::CastFromF32(chunk.master, *config.separate_cast, buffers.copy, n, run);
       }
@@ -249,8 +312,10 @@ Result<Report> RunAdamBench(const AdamBenchOptions& options) {
     ZOE_RETURN_IF_ERROR(status);
     report.rows.push_back({config, seconds, BytesPerParam(config)});
   }
-  roofline_samples.push_back(MedianSeconds(options.warmup, options.steps, roofline));
-  report.roofline_seconds = std::min(roofline_samples[0], roofline_samples[1]);
+  report.streaming_roofline_seconds =
+      std::min(report.streaming_roofline_seconds, TimeRoofline(options, run, n, streaming));
+  report.cached_roofline_seconds =
+      std::min(report.cached_roofline_seconds, TimeRoofline(options, run, n, cached));
   return report;
 }
 
@@ -264,6 +329,8 @@ nlohmann::json ToJson(const Report& report) {
                        {"grad_dtype", optim::DTypeName(row.config.layout.grad)},
                        {"state_dtype", optim::DTypeName(row.config.layout.state)},
                        {"param_copy_dtype", CopyName(row.config)},
+                       {"arithmetic", optim::ArithmeticName(row.config.arithmetic)},
+                       {"stores", report.stores},
                        {"isa", report.isa},
                        {"threads", report.threads},
                        {"params", report.params},
@@ -272,35 +339,45 @@ nlohmann::json ToJson(const Report& report) {
                        {"bytes_per_param", row.bytes_per_param},
                        {"gbytes_per_s", gparams * row.bytes_per_param}});
   }
-  const double roofline_gbytes =
-      static_cast<double>(report.params) * kRooflineBytesPerParam / report.roofline_seconds / 1e9;
-  return {{"schema_version", 1},
+  const auto gbytes = [&](double seconds) {
+    return static_cast<double>(report.params) * kRooflineBytesPerParam / seconds / 1e9;
+  };
+  const double roofline_gbytes = gbytes(report.roofline_seconds());
+  return {{"schema_version", 2},
           {"results", results},
           {"roofline",
            {{"gbytes_per_s", roofline_gbytes},
-            {"gparams_per_s_fp32_adamw", roofline_gbytes / kRooflineBytesPerParam}}}};
+            {"gparams_per_s_fp32_adamw", roofline_gbytes / kRooflineBytesPerParam},
+            {"probes",
+             {{"cached", {{"gbytes_per_s", gbytes(report.cached_roofline_seconds)}}},
+              {"streaming", {{"gbytes_per_s", gbytes(report.streaming_roofline_seconds)}}}}}}}};
 }
 
 void PrintTable(const nlohmann::json& json) {
   const auto& roof = json["roofline"];
   const double roof_gparams = roof["gparams_per_s_fp32_adamw"];
-  std::printf("%-8s %-5s %-5s %-14s %-10s %7s %12s %10s %9s %9s %9s\n", "optim", "grad", "state",
-              "param copy", "isa", "threads", "ms/step", "Gparam/s", "B/param", "GB/s", "x roof");
+  std::printf("%-8s %-5s %-5s %-14s %-6s %-10s %7s %12s %10s %9s %9s %9s\n", "optim", "grad",
+              "state", "param copy", "arith", "isa", "threads", "ms/step", "Gparam/s", "B/param",
+              "GB/s", "x roof");
   for (const auto& r : json["results"]) {
-    std::printf(
-        "%-8s %-5s %-5s %-14s %-10s %7u %12.3f %10.3f %9.0f %9.2f %9.2f\n",
-        r["optimizer"].get<std::string>().c_str(), r["grad_dtype"].get<std::string>().c_str(),
-        r["state_dtype"].get<std::string>().c_str(),
-        r["param_copy_dtype"].get<std::string>().c_str(), r["isa"].get<std::string>().c_str(),
-        r["threads"].get<unsigned>(), 1e3 * r["seconds_per_step"].get<double>(),
-        r["gparams_per_s"].get<double>(), r["bytes_per_param"].get<double>(),
-        r["gbytes_per_s"].get<double>(), r["gparams_per_s"].get<double>() / roof_gparams);
+    std::printf("%-8s %-5s %-5s %-14s %-6s %-10s %7u %12.3f %10.3f %9.0f %9.2f %9.2f\n",
+                r["optimizer"].get<std::string>().c_str(),
+                r["grad_dtype"].get<std::string>().c_str(),
+                r["state_dtype"].get<std::string>().c_str(),
+                r["param_copy_dtype"].get<std::string>().c_str(),
+                r["arithmetic"].get<std::string>().c_str(), r["isa"].get<std::string>().c_str(),
+                r["threads"].get<unsigned>(), 1e3 * r["seconds_per_step"].get<double>(),
+                r["gparams_per_s"].get<double>(), r["bytes_per_param"].get<double>(),
+                r["gbytes_per_s"].get<double>(), r["gparams_per_s"].get<double>() / roof_gparams);
   }
   std::printf(
       "roofline (4 fp32 reads + 3 fp32 writes per element): %.2f GB/s = %.3f G params/s "
-      "of fp32 AdamW (%zu params)\n",
+      "of fp32 AdamW (%zu params); probes: ordinary stores %.2f GB/s, non-temporal stores and "
+      "prefetch %.2f GB/s\n",
       roof["gbytes_per_s"].get<double>(), roof_gparams,
-      json["results"].empty() ? size_t{0} : json["results"][0]["params"].get<size_t>());
+      json["results"].empty() ? size_t{0} : json["results"][0]["params"].get<size_t>(),
+      roof["probes"]["cached"]["gbytes_per_s"].get<double>(),
+      roof["probes"]["streaming"]["gbytes_per_s"].get<double>());
 }
 
 void Attach(CLI::App& bench) {
@@ -315,6 +392,11 @@ void Attach(CLI::App& bench) {
   cmd->add_option("--steps", options->steps, "timed steps per row (median reported)");
   cmd->add_option("--warmup", options->warmup, "untimed steps before each row");
   cmd->add_option("--tile", options->tile_elements, "elements per tile handed to a thread");
+  cmd->add_option("--arithmetic", options->arithmetic,
+                  "exact, fast or a comma list (a row each; fast: Adam and AdamW only)");
+  cmd->add_option(
+      "--stores", options->stores,
+      "auto (streaming when the arrays exceed the last-level cache), cached, streaming");
   cmd->add_option("--output-format", options->output_format, "table or json")
       ->check(CLI::IsMember({"table", "json"}));
   cmd->callback([options] {

@@ -3,6 +3,7 @@
 // synchronous swapper at the same pinned budget (bench/step_bench.h).
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,12 @@ struct StepCliOptions {
   unsigned threads = 0;
   bool baseline = false;
   std::vector<std::string> checksum = {"on"};
+  uint32_t slots = 2;
+  std::optional<double> steps_per_day;
+  std::string drive_capacity;
   std::string output_format = "text";
+  double backward_ms = 0;
+  double max_grad_norm = 0;
 };
 
 // "fp32", "bf16", "int8" or a comma list of them (each run in turn); "both" is fp32,bf16.
@@ -72,6 +78,16 @@ Result<StepBenchSpec> ToSpec(const StepCliOptions& o) {
   spec.baseline = o.baseline;
   spec.checksums.clear();
   for (const std::string& word : o.checksum) spec.checksums.push_back(word == "on");
+  spec.backward_ms = o.backward_ms;
+  spec.max_grad_norm = o.max_grad_norm;
+  spec.slots = o.slots;
+  spec.steps_per_day = o.steps_per_day;
+  if (!o.drive_capacity.empty()) {
+    ZOE_ASSIGN_OR_RETURN(spec.drive_capacity, config::ParseSizeString(o.drive_capacity));
+    if (spec.drive_capacity == 0) {
+      return Status::InvalidArgument("--drive-capacity 0; allowed: a size > 0 (e.g. 1.6TB)");
+    }
+  }
   ZOE_RETURN_IF_ERROR(ValidateStepSpec(spec));
   return spec;
 }
@@ -107,6 +123,21 @@ void Attach(CLI::App& bench) {
                   "groups stepped in turn, the cost of checksums measured in one run")
       ->delimiter(',')
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--backward-ms", o->backward_ms,
+                  "also time iterations around an emulated backward of this many ms: the step "
+                  "after it, overlapped with it, and speculative (0: off)");
+  cmd->add_option("--max-grad-norm", o->max_grad_norm,
+                  "clip the gradients' global norm to this (0: no clipping)");
+  cmd->add_option("--slots", o->slots,
+                  "NVMe extents per chunk: 2 (default, atomic steps) or 1 (in place, half the "
+                  "space; a failed step needs a checkpoint load)")
+      ->check(CLI::IsMember({1, 2}));
+  cmd->add_option("--steps-per-day", o->steps_per_day,
+                  "step rate for the SSD wear projection (default: the measured step time "
+                  "around the clock)");
+  cmd->add_option("--drive-capacity", o->drive_capacity,
+                  "drive capacity for drive writes per day, e.g. 1.6TB (default: the size of "
+                  "the filesystem of each --path)");
   cmd->add_option("--output-format", o->output_format, "text or json")
       ->check(CLI::IsMember({"text", "table", "json"}));
   cmd->callback([o] {

@@ -1,6 +1,9 @@
 // `zoe info`: what this machine offers zoe — I/O backends (and why one is unavailable), io_uring
 // features, O_DIRECT support of the given paths, CPU topology and NUMA placement, the optimizer's
-// instruction-set path, and whether a CUDA device is present.
+// instruction-set path, whether a CUDA device is present, and the NVMe bytes the optimizer state
+// takes per parameter for each optimizer, moment dtype and number of slots.
+#include <fmt/format.h>
+
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,6 +13,7 @@
 #include "core/device.h"
 #include "core/topology.h"
 #include "io/backend.h"
+#include "offload/optimizer_group_layout.h"
 #include "optim/dispatch.h"
 
 namespace zoe::cli {
@@ -104,6 +108,29 @@ nlohmann::json DeviceJson() {
   return out;
 }
 
+// NVMe bytes per parameter of each optimizer's state with the default chunk (zoe.chunk_size 64 MiB:
+// 16 Mi parameters), checksum blocks of 4 KiB and a large group (2^30 parameters), so padding at
+// the ends of regions adds almost nothing: {"optimizer", "moment_dtype", "slots", "bytes"}.
+nlohmann::json NvmeBytesPerParameterJson() {
+  constexpr size_t kCount = size_t{1} << 30;
+  constexpr size_t kChunkElements = size_t{16} << 20;
+  nlohmann::json out = nlohmann::json::array();
+  for (optim::Kind kind : optim::kAllKinds) {
+    for (optim::DType moments : optim::kStateDTypes) {
+      const offload::StateLayout layout(kind, moments, kCount, kChunkElements, 4096);
+      uint64_t bytes = 0;
+      for (size_t c = 0; c < layout.chunk_count(); ++c) bytes += layout.chunk(c).bytes;
+      for (uint32_t slots : {2u, 1u}) {
+        out.push_back({{"optimizer", optim::KindName(kind)},
+                       {"moment_dtype", optim::DTypeName(moments)},
+                       {"slots", slots},
+                       {"bytes", static_cast<double>(slots * bytes) / kCount}});
+      }
+    }
+  }
+  return out;
+}
+
 nlohmann::json CollectInfo(const Probes& probes) {
   nlohmann::json paths = nlohmann::json::array();
   for (const auto& path : probes.paths) paths.push_back(PathJson(path));
@@ -113,7 +140,8 @@ nlohmann::json CollectInfo(const Probes& probes) {
           {"paths", paths},
           {"topology", TopologyJson()},
           {"cpu", CpuJson()},
-          {"device", DeviceJson()}};
+          {"device", DeviceJson()},
+          {"nvme_bytes_per_parameter", NvmeBytesPerParameterJson()}};
 }
 
 const char* YesNo(const nlohmann::json& flag) { return flag.get<bool>() ? "yes" : "no"; }
@@ -161,11 +189,22 @@ void PrintCpuAndDevice(const nlohmann::json& cpu, const nlohmann::json& device) 
   }
 }
 
+void PrintNvmeBytesPerParameter(const nlohmann::json& rows) {
+  std::cout << "\nOptimizer state on NVMe, bytes per parameter (zoe.slots 2 | 1)\n";
+  for (size_t i = 0; i + 1 < rows.size(); i += 2) {
+    std::cout << fmt::format("  {:<8} {} moments: {:>5.2f} | {:>5.2f}\n",
+                             rows[i]["optimizer"].get<std::string>(),
+                             rows[i]["moment_dtype"].get<std::string>(),
+                             rows[i]["bytes"].get<double>(), rows[i + 1]["bytes"].get<double>());
+  }
+}
+
 void PrintHuman(const Probes& probes, const nlohmann::json& info) {
   std::cout << "zoe " << info["version"].get<std::string>() << "\n\n";
   PrintIo(probes);
   PrintTopology(info["topology"]);
   PrintCpuAndDevice(info["cpu"], info["device"]);
+  PrintNvmeBytesPerParameter(info["nvme_bytes_per_parameter"]);
 }
 
 void AttachInfo(CLI::App& root) {

@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <sstream>
+#include <thread>
 
 #include "core/aligned_buffer.h"
 #include "core/pinned_memory.h"
@@ -147,17 +148,22 @@ optim::HyperParams BenchHyper() {
   return hyper;
 }
 
-uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, uint64_t alignment) {
+uint64_t SwapCapacity(const offload::StateLayout& layout, size_t nvme_chunks, uint64_t alignment,
+                      uint32_t slots = 2) {
   uint64_t bytes = 0;
-  for (size_t c = 0; c < nvme_chunks; ++c) bytes += 2 * AlignUp(layout.chunk(c).bytes, alignment);
+  for (size_t c = 0; c < nvme_chunks; ++c) {
+    bytes += slots * AlignUp(layout.chunk(c).bytes, alignment);
+  }
   return bytes;
 }
 
-uint64_t PinnedNeed(const offload::StateLayout& layout, size_t nvme_chunks, uint32_t buffers) {
+// `speculative`: HOST chunks take a spare each.
+uint64_t PinnedNeed(const offload::StateLayout& layout, size_t nvme_chunks, uint32_t buffers,
+                    bool speculative = false) {
   uint64_t bytes =
       std::min<uint64_t>(buffers, nvme_chunks) * AlignUp(layout.max_chunk_bytes(), kPage);
   for (size_t c = nvme_chunks; c < layout.chunk_count(); ++c) {
-    bytes += AlignUp(layout.chunk(c).bytes, kPage);
+    bytes += (speculative ? 2 : 1) * AlignUp(layout.chunk(c).bytes, kPage);
   }
   return bytes;
 }
@@ -173,6 +179,8 @@ struct GroupUnderTest {
   std::unique_ptr<offload::OptimizerGroup> group;
   std::vector<offload::StepReport> reports;
   std::vector<double> samples;
+  std::array<std::vector<double>, 3> iteration_samples;  // per IterationMode
+  std::vector<uint64_t> written_before_timed;  // per swap file, when the timed steps began
 };
 
 Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
@@ -186,14 +194,16 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
     swap_options.files.checksum_block = out.checksum ? kPage : 0;
     out.checksum_block = swap_options.files.checksum_block;
     ZOE_ASSIGN_OR_RETURN(
-        g->swap, io::SwapSpace::Create(
-                     rig.paths, SwapCapacity(layout, out.nvme_chunks, swap_options.alignment),
-                     swap_options));
+        g->swap,
+        io::SwapSpace::Create(
+            rig.paths, SwapCapacity(layout, out.nvme_chunks, swap_options.alignment, spec.slots),
+            swap_options));
   }
   ZOE_ASSIGN_OR_RETURN(PinnedMemoryPool pinned,
-                       PinnedMemoryPool::Create({.name = "bench step",
-                                                 .budget_bytes = PinnedNeed(layout, out.nvme_chunks,
-                                                                            spec.buffer_count)}));
+                       PinnedMemoryPool::Create(
+                           {.name = "bench step",
+                            .budget_bytes = PinnedNeed(layout, out.nvme_chunks, spec.buffer_count,
+                                                       spec.backward_ms > 0)}));
   g->pinned.emplace(std::move(pinned));
   ZOE_ASSIGN_OR_RETURN(g->views, MakeSharedViews(spec.params, out.chunk_elements));
   offload::OptimizerGroupOptions options;
@@ -203,6 +213,9 @@ Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
   options.placement = spec.offload;
   options.chunk_elements = out.chunk_elements;
   options.buffer_count = spec.buffer_count;
+  options.max_grad_norm = spec.max_grad_norm;
+  options.speculative = spec.backward_ms > 0;
+  options.slots = spec.slots;
   options.run = rig.run;
   ZOE_ASSIGN_OR_RETURN(
       g->group, offload::OptimizerGroup::Create(
@@ -227,6 +240,90 @@ void Summarize(const StepBenchSpec& spec, GroupUnderTest& g) {
   out.nvme_bytes = g.group->nvme_bytes();
 }
 
+// ---- iterations around an emulated backward ----------------------------------------------
+
+enum class IterationMode : uint8_t { kAfter = 0, kOverlap = 1, kSpeculative = 2 };
+
+// One iteration: over backward_ms the chunks' gradients become available last chunk first (the
+// k-th of n at (k + 1) / n of it), handed to AccumulateGrad as they arrive unless `mode` is kAfter;
+// then the step. Sleeping leaves the CPU to the group, as a GPU's backward does.
+Result<double> RunIteration(const StepBenchSpec& spec, GroupUnderTest& g, IterationMode mode) {
+  const Clock::time_point start = Clock::now();
+  const std::chrono::duration<double, std::milli> backward(spec.backward_ms);
+  const std::vector<offload::GradView>& grads = g.views.grads;
+  offload::StepArgs args;
+  args.hyper = BenchHyper();
+  if (mode == IterationMode::kSpeculative) ZOE_RETURN_IF_ERROR(g.group->Speculate(args));
+  for (size_t k = 0; k < grads.size(); ++k) {
+    const size_t chunk = grads.size() - 1 - k;
+    std::this_thread::sleep_until(
+        start + std::chrono::duration_cast<Clock::duration>(backward * static_cast<double>(k + 1) /
+                                                            static_cast<double>(grads.size())));
+    if (mode == IterationMode::kAfter) continue;
+    ZOE_RETURN_IF_ERROR(g.group->AccumulateGrad(chunk * g.out->chunk_elements, grads[chunk]));
+  }
+  if (mode == IterationMode::kAfter) args.grads = grads;
+  ZOE_RETURN_IF_ERROR(g.group->Step(args).status());
+  return SecondsSince(start);
+}
+
+// Every group runs `warmup + steps` rounds of one iteration per mode, the modes' order rotating
+// from round to round and the groups taking turns, as the steps do.
+Status RunIterations(const StepBenchSpec& spec, std::vector<GroupUnderTest>& groups) {
+  for (int round = 0; round < spec.warmup + spec.steps; ++round) {
+    for (size_t k = 0; k < groups.size(); ++k) {
+      GroupUnderTest& g = groups[round % 2 == 0 ? k : groups.size() - 1 - k];
+      for (int m = 0; m < 3; ++m) {
+        const auto mode = static_cast<IterationMode>((m + round) % 3);
+        ZOE_ASSIGN_OR_RETURN(const double seconds, RunIteration(spec, g, mode));
+        if (round >= spec.warmup) g.iteration_samples[static_cast<size_t>(mode)].push_back(seconds);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Bytes written per swap file so far.
+std::vector<uint64_t> BytesWrittenPerFile(io::SwapSpace& swap) {
+  std::vector<uint64_t> written;
+  for (size_t i = 0; i < swap.files().file_count(); ++i) {
+    written.push_back(swap.files().file(i).bytes_written());
+  }
+  return written;
+}
+
+// The wear of each path: the swap space has one file per path, in the order of rig.paths.
+Status ProjectGroupWear(const Rig& rig, const GroupUnderTest& g) {
+  if (!g.swap) return Status::Ok();
+  const StepBenchSpec& spec = rig.spec;
+  const std::vector<uint64_t> written = BytesWrittenPerFile(*g.swap);
+  const double steps_per_day = spec.steps_per_day.value_or(StepsPerDayAt(g.out->step_seconds));
+  for (size_t i = 0; i < written.size() && i < rig.paths.size(); ++i) {
+    uint64_t capacity = spec.drive_capacity;
+    if (capacity == 0) {
+      ZOE_ASSIGN_OR_RETURN(capacity, FilesystemBytes(rig.paths[i]));
+    }
+    const uint64_t per_step = (written[i] - g.written_before_timed[i]) / spec.steps;
+    ZOE_ASSIGN_OR_RETURN(WearProjection wear,
+                         ProjectWear({rig.paths[i], per_step, capacity, steps_per_day}));
+    g.out->wear.push_back(std::move(wear));
+  }
+  return Status::Ok();
+}
+
+void SummarizeIterations(const StepBenchSpec& spec, GroupUnderTest& g) {
+  IterationResult it;
+  it.after = Median(g.iteration_samples[static_cast<size_t>(IterationMode::kAfter)]);
+  it.overlap = Median(g.iteration_samples[static_cast<size_t>(IterationMode::kOverlap)]);
+  it.speculative = Median(g.iteration_samples[static_cast<size_t>(IterationMode::kSpeculative)]);
+  it.step_alone = g.out->step_seconds;
+  it.bound = std::max(spec.backward_ms / 1e3, it.step_alone);
+  const offload::SpeculationStats& stats = g.group->speculation_stats();
+  it.chunks_speculative = stats.chunks_speculative;
+  it.chunks_recomputed = stats.chunks_recomputed;
+  g.out->iteration = it;
+}
+
 // Steps every group `warmup + steps` times, the groups taking turns step by step (in reverse
 // order every other round), so that each sees the same disk and machine: on these shared
 // machines throughput drifts within seconds, and phases run one after the other would compare
@@ -244,6 +341,7 @@ Status RunGroupPhase(Rig& rig, DType moments, std::span<StepBenchResult* const> 
   for (int round = 0; round < spec.warmup + spec.steps; ++round) {
     for (size_t k = 0; k < groups.size(); ++k) {
       GroupUnderTest& g = groups[round % 2 == 0 ? k : groups.size() - 1 - k];
+      if (round == spec.warmup && g.swap) g.written_before_timed = BytesWrittenPerFile(*g.swap);
       args.grads = g.views.grads;
       const Clock::time_point start = Clock::now();
       ZOE_ASSIGN_OR_RETURN(offload::StepReport report, g.group->Step(args));
@@ -251,9 +349,15 @@ Status RunGroupPhase(Rig& rig, DType moments, std::span<StepBenchResult* const> 
       g.reports.push_back(report);
     }
   }
-  const uint64_t peak = PeakRssBytes();
+  // The wear counts the timed steps only, so it is taken before the iterations.
   for (GroupUnderTest& g : groups) {
     Summarize(spec, g);
+    ZOE_RETURN_IF_ERROR(ProjectGroupWear(rig, g));
+  }
+  if (spec.backward_ms > 0) ZOE_RETURN_IF_ERROR(RunIterations(spec, groups));
+  const uint64_t peak = PeakRssBytes();
+  for (GroupUnderTest& g : groups) {
+    if (spec.backward_ms > 0) SummarizeIterations(spec, g);
     g.out->peak_rss_bytes = peak;
     g.group.reset();
     if (g.swap) ZOE_RETURN_IF_ERROR(g.swap->Close());
@@ -728,6 +832,18 @@ nlohmann::json BaselineJson(const BaselineResult& b, uint64_t step_bytes, double
           {"step_speedup", b.seconds / step_seconds}};
 }
 
+nlohmann::json IterationJson(const IterationResult& it) {
+  return {{"after", it.after},
+          {"overlap", it.overlap},
+          {"speculative", it.speculative},
+          {"step_alone", it.step_alone},
+          {"bound", it.bound},
+          {"speculative_over_bound", it.speculative / it.bound},
+          {"speedup_over_after", it.after / it.speculative},
+          {"chunks_speculative", it.chunks_speculative},
+          {"chunks_recomputed", it.chunks_recomputed}};
+}
+
 }  // namespace
 
 Status ValidateStepSpec(const StepBenchSpec& spec) {
@@ -758,6 +874,24 @@ Status ValidateStepSpec(const StepBenchSpec& spec) {
   }
   if (spec.iodepth < 1 || spec.iodepth > 4096) {
     return Status::InvalidArgument("--iodepth must be in 1..4096");
+  }
+  if (!(spec.backward_ms >= 0 && spec.backward_ms <= 3.6e6)) {
+    return Status::InvalidArgument(
+        fmt::format("--backward-ms {} is out of range; allowed: 0 (no iterations) to 3600000",
+                    spec.backward_ms));
+  }
+  if (!(spec.max_grad_norm >= 0 && std::isfinite(spec.max_grad_norm))) {
+    return Status::InvalidArgument(fmt::format(
+        "--max-grad-norm {} is out of range; allowed: 0 (no clipping) or > 0", spec.max_grad_norm));
+  }
+  if (spec.slots != 1 && spec.slots != 2) {
+    return Status::InvalidArgument(
+        fmt::format("--slots {}; allowed: 1 (in place) or 2 (atomic steps)", spec.slots));
+  }
+  if (spec.steps_per_day &&
+      (!(*spec.steps_per_day >= 0.0) || !std::isfinite(*spec.steps_per_day))) {
+    return Status::InvalidArgument(
+        fmt::format("--steps-per-day {}; allowed: a finite number >= 0", *spec.steps_per_day));
   }
   return Status::Ok();
 }
@@ -818,8 +952,11 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                           {"pinned_bytes", r.pinned_bytes},
                           {"nvme_bytes", r.nvme_bytes},
                           {"peak_rss_bytes", r.peak_rss_bytes},
+                          {"wear", nlohmann::json::array()},
                           {"baseline", nullptr}};
+    for (const WearProjection& wear : r.wear) row["wear"].push_back(WearJson(wear));
     if (r.baseline) row["baseline"] = BaselineJson(*r.baseline, state_bytes, r.step_seconds);
+    if (r.iteration) row["iteration"] = IterationJson(*r.iteration);
     if (r.baseline_zoe_memory) {
       row["baseline_zoe_memory"] =
           BaselineJson(*r.baseline_zoe_memory, state_bytes, r.step_seconds);
@@ -831,8 +968,11 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                          {"offload", report.spec.offload == offload::Tier::kNvme ? "nvme" : "cpu"},
                          {"paths", report.spec.paths},
                          {"buffer_count", report.spec.buffer_count},
+                         {"slots", report.spec.slots},
                          {"iodepth", report.spec.iodepth},
                          {"steps", report.spec.steps},
+                         {"backward_ms", report.spec.backward_ms},
+                         {"max_grad_norm", report.spec.max_grad_norm},
                          {"threads", report.threads},
                          {"isa", report.isa},
                          {"results", results}};
@@ -861,12 +1001,12 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
 std::string StepReportTable(const nlohmann::json& json) {
   std::ostringstream out;
   out << fmt::format(
-      "zoe bench step: {} params, offload {}, {} kernel threads ({}), {} buffers, "
-      "queue depth {}, median of {} steps\n",
+      "zoe bench step: {} params, offload {}, {} kernel threads ({}), {} buffers, {} slot(s) "
+      "per chunk, queue depth {}, median of {} steps\n",
       json["params"].get<uint64_t>(), json["offload"].get<std::string>(),
       json["threads"].get<unsigned>(), json["isa"].get<std::string>(),
-      json["buffer_count"].get<uint32_t>(), json["iodepth"].get<uint32_t>(),
-      json["steps"].get<int>());
+      json["buffer_count"].get<uint32_t>(), json["slots"].get<uint32_t>(),
+      json["iodepth"].get<uint32_t>(), json["steps"].get<int>());
   out << fmt::format(
       "{:<6} {:<6} {:<9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>11} {:>9} {:>9} {:>8} {:>10} {:>10}\n",
       "moment", "cksum", "backend", "chunk", "step s", "GB moved", "GB reused", "GB/s",
@@ -886,6 +1026,28 @@ std::string StepReportTable(const nlohmann::json& json) {
         r["overlap_efficiency"].get<double>(),
         static_cast<double>(r["pinned_bytes"].get<uint64_t>()) / (1 << 20),
         static_cast<double>(r["peak_rss_bytes"].get<uint64_t>()) / (1 << 20));
+    if (r.contains("iteration")) {
+      const auto& it = r["iteration"];
+      out << fmt::format(
+          "  iteration with a {:.0f} ms backward: after {:.3f} s, overlap {:.3f} s, speculative "
+          "{:.3f} s; step alone {:.3f} s, bound {:.3f} s; speculative = {:.2f}x the bound, "
+          "{:.2f}x faster than after ({} chunks recomputed of {})\n",
+          json["backward_ms"].get<double>(), it["after"].get<double>(), it["overlap"].get<double>(),
+          it["speculative"].get<double>(), it["step_alone"].get<double>(),
+          it["bound"].get<double>(), it["speculative_over_bound"].get<double>(),
+          it["speedup_over_after"].get<double>(), it["chunks_recomputed"].get<uint64_t>(),
+          it["chunks_speculative"].get<uint64_t>());
+    }
+    for (const auto& w : r["wear"]) {
+      out << fmt::format(
+          "  wear of {}: {:.3f} GB written per step; at {:.0f} steps a day on {:.0f} GB, "
+          "{:.2f} drive writes per day\n",
+          w["path"].get<std::string>(),
+          static_cast<double>(w["bytes_written_per_step"].get<uint64_t>()) / 1e9,
+          w["steps_per_day"].get<double>(),
+          static_cast<double>(w["drive_capacity_bytes"].get<uint64_t>()) / 1e9,
+          w["drive_writes_per_day"].get<double>());
+    }
     for (const char* key : {"baseline", "baseline_zoe_memory"}) {
       if (!r.contains(key) || r[key].is_null()) continue;
       const auto& b = r[key];

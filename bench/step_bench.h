@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/io_wear.h"
 #include "core/result.h"
 #include "io/backend.h"
 #include "offload/types.h"
@@ -42,6 +43,16 @@ struct StepBenchSpec {
   // One group per entry, for each moment dtype, their steps taken in turn: true verifies a
   // checksum of every block read back from NVMe (the engine's default), false does not.
   std::vector<bool> checksums = {true};
+  // > 0: also time whole iterations around an emulated backward pass of this many milliseconds
+  // (StepBenchResult::iteration). The groups are then speculative (HOST chunks take a spare).
+  double backward_ms = 0;
+  double max_grad_norm = 0;  // > 0: the groups clip (the bench's gradients have a norm of ~0.6
+                             // per Mi parameters, so a small value clips every step)
+  uint32_t slots = 2;        // NVMe extents per chunk: 2 (atomic steps) or 1 (in place)
+  // The wear projection: steps a day (empty: the measured step rate around the clock) and the
+  // drive capacity in bytes (0: the size of the filesystem of each path).
+  std::optional<double> steps_per_day;
+  uint64_t drive_capacity = 0;
 };
 
 // InvalidArgument naming the first bad field.
@@ -60,6 +71,20 @@ struct BaselineResult {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t peak_rss_bytes = 0;
+};
+
+// Iterations (backward + step, median seconds) around a backward pass of backward_ms: over that
+// time, a wait that leaves the CPU free as a GPU's backward does, the gradients become available
+// chunk by chunk, last chunk first; then the step is called.
+struct IterationResult {
+  double after = 0;        // the step starts after backward (DeepSpeed's default)
+  double overlap = 0;      // AccumulateGrad as gradients arrive: the state's reads start
+  double speculative = 0;  // Speculate, then AccumulateGrad updates the chunks as they arrive
+  double step_alone = 0;   // the step on its own (step_seconds)
+  double bound = 0;        // max(backward, step alone): what hiding the step fully would give
+  // Of the speculative iterations' chunks: updated speculatively, and recomputed (clipping).
+  uint64_t chunks_speculative = 0;
+  uint64_t chunks_recomputed = 0;
 };
 
 struct StepBenchResult {
@@ -82,9 +107,13 @@ struct StepBenchResult {
   double compute_only_seconds = 0;  // median
   uint64_t pinned_bytes = 0;
   uint64_t nvme_bytes = 0;
-  uint64_t peak_rss_bytes = 0;                        // while the group existed
+  uint64_t peak_rss_bytes = 0;  // while the group existed
+  // Per NVMe path: bytes the timed steps wrote there (File::bytes_written), per step, and the
+  // drive writes per day they project to.
+  std::vector<WearProjection> wear;
   std::optional<BaselineResult> baseline;             // on DeepSpeed-style memory
   std::optional<BaselineResult> baseline_zoe_memory;  // the same loop on zoe's pinned memory
+  std::optional<IterationResult> iteration;           // with backward_ms
 };
 
 struct StepBenchReport {

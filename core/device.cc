@@ -139,7 +139,9 @@ namespace {
 constexpr std::string_view kKinds = "auto, cuda, host";
 
 Result<std::unique_ptr<DeviceBackend>> CreateHost(uint64_t capacity_bytes) {
-  ZOE_ASSIGN_OR_RETURN(auto device, HostStandInDevice::Create({.capacity_bytes = capacity_bytes}));
+  ZOE_ASSIGN_OR_RETURN(std::chrono::microseconds delay, AdversarialDelayFromEnv());
+  ZOE_ASSIGN_OR_RETURN(auto device, HostStandInDevice::Create({.capacity_bytes = capacity_bytes,
+                                                               .adversarial_delay = delay}));
   return std::unique_ptr<DeviceBackend>(std::move(device));
 }
 

@@ -26,6 +26,7 @@ constexpr std::array<std::string_view, 3> kOffloadDevices = {"none", "cpu", "nvm
 constexpr std::array<std::string_view, 3> kComputeDevices = {"auto", "cuda", "host"};
 constexpr std::array<std::string_view, 4> kOptimizerTypes = {"adamw", "adam", "adagrad", "lion"};
 constexpr std::array<std::string_view, 2> kEvictionKinds = {"opt", "lru"};
+constexpr std::array<std::string_view, 2> kArithmetics = {"exact", "fast"};
 constexpr std::array<std::string_view, 3> kMomentDTypes = {"fp32", "bf16", "int8"};
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};
@@ -362,8 +363,10 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
       .Size("stripe_unit", &out->stripe_unit, kDirectIoUnit, uint64_t{1} << 30)
       .Size("chunk_size", &out->chunk_size, kDirectIoUnit, uint64_t{16} << 30)
       .Bool("checksum", &out->checksum)
+      .UInt("slots", &out->slots, 1, 2)
       .Enum("log_level", &out->log_level, kLogLevels)
       .Object("trace", [&](ObjectReader& r) { return ReadTrace(r, &out->trace); });
+  ReadEnum(reader, "arithmetic", &out->arithmetic, kArithmetics);
   ReadEnum(reader, "eviction", &out->eviction, kEvictionKinds);
   ReadEnum(reader, "moment_dtype", &out->moment_dtype, kMomentDTypes);
   ZOE_RETURN_IF_ERROR(reader.Finish());
@@ -513,6 +516,8 @@ Json ZoeToJson(const ZoeConfig& zoe) {
               {"stripe_unit", zoe.stripe_unit},
               {"chunk_size", zoe.chunk_size},
               {"checksum", zoe.checksum},
+              {"arithmetic", ArithmeticName(zoe.arithmetic)},
+              {"slots", zoe.slots},
               {"trace",
                {{"lookahead_bytes", zoe.trace.lookahead_bytes},
                 {"max_inflight", zoe.trace.max_inflight},
@@ -529,6 +534,7 @@ std::string_view OffloadDeviceName(OffloadDevice device) { return NameOf(device,
 std::string_view ComputeDeviceName(ComputeDevice device) { return NameOf(device, kComputeDevices); }
 std::string_view OptimizerTypeName(OptimizerType type) { return NameOf(type, kOptimizerTypes); }
 std::string_view EvictionKindName(EvictionKind kind) { return NameOf(kind, kEvictionKinds); }
+std::string_view ArithmeticName(Arithmetic arithmetic) { return NameOf(arithmetic, kArithmetics); }
 std::string_view MomentDTypeName(MomentDType dtype) { return NameOf(dtype, kMomentDTypes); }
 
 Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {

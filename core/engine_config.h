@@ -24,6 +24,11 @@
 
 namespace zoe::config {
 
+// The optimizer kernels' arithmetic (optim::Arithmetic): "exact" (torch's bits, the default) or
+// "fast" (a reciprocal of Adam's bias correction, within optim/chunk.h's ulp bound).
+enum class Arithmetic { kExact, kFast };
+std::string_view ArithmeticName(Arithmetic arithmetic);
+
 // Where a DeepSpeed offload section puts its tensors.
 enum class OffloadDevice { kNone, kCpu, kNvme };
 // The device backend (core/device.h): CUDA when a GPU is found, else the host stand-in.
@@ -141,7 +146,12 @@ struct ZoeConfig {
   uint64_t stripe_unit = uint64_t{1} << 20;  // bytes per directory before the next, 4 KiB multiple
   uint64_t chunk_size = uint64_t{64} << 20;  // bytes of one chunk, the unit tiers move
   bool checksum = true;                      // xxh3 per block on NVMe, verified on read
-  std::string log_level;                     // empty: ZOE_LOG_LEVEL, else info
+  Arithmetic arithmetic = Arithmetic::kExact;  // of the CPU optimizer kernels
+  // NVMe extents per optimizer chunk: 2 makes every step atomic; 1 updates the state in place,
+  // halving the NVMe space, and a step that fails mid-way leaves the group refusing work until a
+  // checkpoint is loaded (OptimizerGroupOptions::slots).
+  uint64_t slots = 2;
+  std::string log_level;  // empty: ZOE_LOG_LEVEL, else info
   TraceConfig trace;
   EvictionKind eviction = EvictionKind::kOpt;
   MomentDType moment_dtype = MomentDType::kFp32;

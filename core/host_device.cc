@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -76,6 +77,9 @@ class HostStandInDevice::Queue final : public DeviceQueue {
     auto event = std::make_shared<HostEvent>();
     {
       std::lock_guard lock(mutex_);
+      // Poisoned now only when no earlier copy of this queue, which may still read the
+      // destination, is pending or running; otherwise when the copy starts.
+      if (adversarial() && completed_ == submitted_) Poison(request);
       pending_.push_back({request, event});
       ++submitted_;
     }
@@ -106,7 +110,17 @@ class HostStandInDevice::Queue final : public DeviceQueue {
     }
   }
 
+  bool adversarial() const { return device_.options_.adversarial_delay.count() > 0; }
+
+  static void Poison(const CopyRequest& request) {
+    std::memset(request.dst, static_cast<int>(kPoisonByte), request.bytes);
+  }
+
   Status Execute(const CopyRequest& request) const {
+    if (adversarial()) {
+      Poison(request);
+      std::this_thread::sleep_for(device_.options_.adversarial_delay);
+    }
     if (device_.options_.before_copy) {
       Status injected = device_.options_.before_copy(request.kind, request.bytes);
       if (!injected.ok()) {
@@ -179,5 +193,20 @@ Result<void*> HostStandInDevice::AllocateMemory(uint64_t bytes) {
 }
 
 void HostStandInDevice::FreeMemory(void* data, uint64_t) { std::free(data); }
+
+Result<std::chrono::microseconds> AdversarialDelayFromEnv() {
+  const char* value = std::getenv("ZOE_DEVICE_ADVERSARIAL_US");
+  if (value == nullptr || *value == '\0') return std::chrono::microseconds(0);
+  char* end = nullptr;
+  errno = 0;
+  const long long micros = std::strtoll(value, &end, 10);
+  if (*end != '\0' || errno != 0 || micros < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "ZOE_DEVICE_ADVERSARIAL_US='{}' is not a delay; allowed: a whole number of microseconds "
+        ">= 0 (0: the stand-in's adversarial mode off)",
+        value));
+  }
+  return std::chrono::microseconds(micros);
+}
 
 }  // namespace zoe

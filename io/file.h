@@ -4,6 +4,7 @@
 // addressed by a logical offset; optionally with per-block checksums.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +48,14 @@ class File {
   // Unlinks the path; the descriptor stays usable until destruction.
   Status Remove();
 
+  // Bytes written to the file that the kernel acknowledged (IoQueue counts every completed write,
+  // a short one by what it moved, a failed one not at all): the wear a drive sees from zoe. Any
+  // thread.
+  void CountWritten(uint64_t bytes) const {
+    bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+
  private:
   File(int fd, std::string path, bool direct);
   void LoadDirectAlignment();
@@ -56,6 +65,7 @@ class File {
   bool direct_;
   uint32_t mem_align_ = 1;
   uint32_t offset_align_ = 1;
+  mutable std::atomic<uint64_t> bytes_written_{0};
 };
 
 struct FileSetOptions {

@@ -229,6 +229,9 @@ void IoQueue::HandleCompletion(const RawCompletion& completion,
   free_slots_.push_back(slot);
   --in_flight_;
   const int64_t result = completion.result;
+  if (piece.op == Op::kWrite && result > 0) {
+    piece.file->CountWritten(std::min(static_cast<uint64_t>(result), piece.length));
+  }
   if (result == static_cast<int64_t>(piece.length)) return PieceDone(piece.ticket, finished);
   const std::string context = PieceContext(piece.op, *piece.file, piece.offset, piece.length);
   if (result == -EINTR || result == -EAGAIN || (result == 0 && piece.op == Op::kWrite)) {

@@ -609,6 +609,7 @@ const std::string& CheckpointWriter::version_path() const { return impl_->versio
 struct CheckpointReader::Impl {
   std::string version_path;
   Manifest manifest;
+  FaultHook hook;
 
   // The file being read.
   int fd = -1;
@@ -642,7 +643,8 @@ Status CheckpointReader::Impl::NotListed(std::string_view name) const {
                                       name, listed.empty() ? "none" : listed));
 }
 
-Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& dir) {
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& dir,
+                                                                 CheckpointReaderOptions options) {
   struct stat info;
   if (::stat(dir.c_str(), &info) != 0) {
     return Status::FromErrno(errno, "checkpoint " + dir);
@@ -652,6 +654,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
     return Status::NotFound(fmt::format("no checkpoint in {}: it has no {}", dir, kLatest));
   }
   auto impl = std::make_unique<Impl>();
+  impl->hook = std::move(options.fault_for_testing);
   impl->version_path = Join(dir, *latest);
   const std::string manifest_path = Join(impl->version_path, kManifest);
   auto text = ReadSmallFile(manifest_path);
@@ -698,7 +701,7 @@ Status CheckpointReader::BeginFile(std::string_view name) {
   const ManifestFile* file = impl_->Find(name);
   if (file == nullptr) return impl_->NotListed(name);
   const std::string path = Join(impl_->version_path, file->name);
-  Result<int> fd = OpenFile(path, O_RDONLY, nullptr);
+  Result<int> fd = OpenFile(path, O_RDONLY, impl_->hook);
   if (!fd.ok() && fd.status().sys_errno() == ENOENT) {
     return Status::Corruption(
         fmt::format("{} is listed in the manifest but missing: {}", path, fd.status().ToString()));
@@ -734,13 +737,19 @@ Status CheckpointReader::Read(std::span<std::byte> out) {
   // Reads until `out` is full: short reads go on, EINTR repeats, end of file is corruption.
   std::span<std::byte> rest = out;
   while (!rest.empty()) {
-    ssize_t n = ::read(impl_->fd, rest.data(), rest.size());
-    if (n < 0 && errno == EINTR) continue;
+    const int injected = Injected(impl_->hook, CheckpointSyscall::kRead, path);
+    const size_t asked = injected == CheckpointReaderOptions::kShortRead && rest.size() > 1
+                             ? rest.size() / 2
+                             : rest.size();
+    ssize_t n = injected > 0 ? -1 : ::read(impl_->fd, rest.data(), asked);
+    const int err = injected > 0 ? injected : errno;
+    if (n < 0 && err == EINTR) continue;
     const uint64_t offset = impl_->position + (out.size() - rest.size());
     if (n < 0) {
       return impl_->Finish(
-          Status::FromErrno(errno, fmt::format("read {} at offset {}", path, offset)));
+          Status::FromErrno(err, fmt::format("read {} at offset {}", path, offset)));
     }
+    if (n > 0 && injected == CheckpointReaderOptions::kCorruptRead) rest[0] ^= std::byte{0x20};
     if (n == 0) {
       return impl_->Finish(Status::Corruption(fmt::format(
           "{} ends at offset {}; the manifest says {} bytes", path, offset, file->size)));

@@ -36,8 +36,8 @@ namespace zoe::offload {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 
-// The system calls a save makes, named for the fault hook below.
-enum class CheckpointSyscall { kMkdir, kOpen, kWrite, kFsync, kRename, kRemove, kStatvfs };
+// The system calls a save or a load makes, named for the fault hooks below.
+enum class CheckpointSyscall { kMkdir, kOpen, kWrite, kFsync, kRename, kRemove, kStatvfs, kRead };
 
 struct CheckpointWriterOptions {
   // The sizes of the files the save will write, in any order (empty: not known). Begin then checks,
@@ -58,6 +58,16 @@ struct CheckpointWriterOptions {
 // number of files), LATEST and the version directory, each rounded up to whole blocks.
 uint64_t CheckpointSpaceNeeded(std::span<const uint64_t> file_sizes, const nlohmann::json& metadata,
                                uint64_t block_size);
+
+struct CheckpointReaderOptions {
+  // For tests: called before each open and read of a checkpoint file's data (BeginFile, Read),
+  // with its path. A positive return is an errno the call fails with (EINTR is retried like a
+  // real one); kShortRead makes the read return half of what it asked for, as a real short read
+  // may; kCorruptRead flips a byte of what it read, as bit rot on the disk would.
+  static constexpr int kShortRead = -1;
+  static constexpr int kCorruptRead = -2;
+  std::function<int(CheckpointSyscall call, const std::string& path)> fault_for_testing;
+};
 
 class CheckpointWriter {
  public:
@@ -97,7 +107,8 @@ class CheckpointReader {
   // LATEST does not exist; Corruption when LATEST is garbled or names a version without a manifest,
   // or the manifest is not JSON (or is nested deeper than config::kMaxJsonDepth).
   // A save that commits removes the version a reader has open: finish reading before saving again.
-  static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& dir);
+  static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& dir,
+                                                        CheckpointReaderOptions options = {});
   ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <type_traits>
 #include <utility>
 
@@ -110,7 +112,38 @@ struct Engine::Group {
   double io_wait_seconds = 0.0;
   double compute_seconds = 0.0;
   double last_grad_norm = 0.0;
+  // Bytes written to each of the swap's files in the last Step call, failed ones included.
+  std::vector<uint64_t> written_last_step;
 };
+
+namespace {
+
+// Bytes written so far to each file of `swap` (none when the group has no swap space).
+std::vector<uint64_t> BytesWritten(io::SwapSpace* swap) {
+  std::vector<uint64_t> written;
+  if (swap == nullptr) return written;
+  for (size_t i = 0; i < swap->files().file_count(); ++i) {
+    written.push_back(swap->files().file(i).bytes_written());
+  }
+  return written;
+}
+
+// `path` without "." and ".." parts, doubled or trailing separators, so that one directory has
+// one spelling.
+std::string NormalPath(const std::string& path) {
+  std::filesystem::path normal = std::filesystem::path(path).lexically_normal();
+  if (!normal.has_filename() && normal.has_parent_path() && normal != normal.root_path()) {
+    normal = normal.parent_path();
+  }
+  return normal.string();
+}
+
+// The directory a swap file lives in.
+std::string DirectoryOf(const std::string& path) {
+  return NormalPath(std::filesystem::path(path).lexically_normal().parent_path().string());
+}
+
+}  // namespace
 
 // ---- creation ---------------------------------------------------------------------------------
 
@@ -182,9 +215,27 @@ Status Engine::TakeAsyncError() {
 
 Status Engine::Flush() { return tier_manager_->Flush(); }
 
+// What speculation did in the group's steps (OptimizerGroup::speculation_stats).
+static Json SpeculationJson(const OptimizerGroup& optimizer) {
+  const SpeculationStats& s = optimizer.speculation_stats();
+  return {{"enabled", optimizer.options().speculative}, {"steps", s.steps},
+          {"chunks_speculative", s.chunks_speculative}, {"chunks_committed", s.chunks_committed},
+          {"chunks_recomputed", s.chunks_recomputed},   {"chunks_discarded", s.chunks_discarded}};
+}
+
 Json Engine::GroupStatsJson(const Group& group) const {
   std::lock_guard lock(group.mutex);
   const OptimizerGroup& optimizer = *group.optimizer;
+  Json writes = Json::array();
+  const std::vector<uint64_t> written = BytesWritten(group.swap.get());
+  for (size_t i = 0; i < written.size(); ++i) {
+    const uint64_t last = i < group.written_last_step.size() ? group.written_last_step[i] : 0;
+    writes.push_back({{"file", group.swap->files().file(i).path()},
+                      {"bytes_written", written[i]},
+                      {"bytes_written_last_step", last}});
+  }
+  const Json broken =
+      optimizer.broken().ok() ? Json() : Json(std::string(optimizer.broken().ToString()));
   return {{"name", group.name},
           {"type", optim::KindName(optimizer.options().kind)},
           {"parameters", optimizer.count()},
@@ -193,6 +244,11 @@ Json Engine::GroupStatsJson(const Group& group) const {
           {"nvme_chunks", optimizer.nvme_chunk_count()},
           {"pinned_bytes", optimizer.pinned_bytes()},
           {"nvme_bytes", optimizer.nvme_bytes()},
+          {"nvme_bytes_per_parameter",
+           static_cast<double>(optimizer.nvme_bytes()) / static_cast<double>(optimizer.count())},
+          {"slots", optimizer.options().slots},
+          {"broken", broken},
+          {"nvme_writes", std::move(writes)},
           {"steps_taken", optimizer.steps_taken()},
           {"segments", optimizer.segment_count()},
           {"steps_called", group.steps_called},
@@ -204,6 +260,7 @@ Json Engine::GroupStatsJson(const Group& group) const {
           {"io_wait_seconds", group.io_wait_seconds},
           {"compute_seconds", group.compute_seconds},
           {"last_grad_norm", group.last_grad_norm},
+          {"speculation", SpeculationJson(optimizer)},
           {"hyper", HyperToJson(group.hyper)},
           {"auto", group.auto_values}};
 }
@@ -229,9 +286,37 @@ Json Engine::StatsJson() const {
                         {"tensors_reserved", tier_manager_->host_reserved_bytes()},
                         {"optimizer_used", optimizer_pool_->used_bytes()}};
   out["device"] = {{"present", tier_manager_->has_device()},
+                   {"backend", tier_manager_->device_name()},
+                   {"gpu", tier_manager_->device_is_gpu()},
                    {"budget_bytes", tier_manager_->device_budget_bytes()},
                    {"reserved_bytes", tier_manager_->device_reserved_bytes()}};
+  out["nvme_writes"] = NvmeWritesJson(groups);
   out["groups"] = std::move(groups);
+  return out;
+}
+
+// Bytes written to each NVMe path by the tensors and every group, in total and in each group's
+// last step: {"path", "bytes_written", "bytes_written_last_step"} per path.
+Json Engine::NvmeWritesJson(const Json& groups) const {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_path;  // total, last step
+  for (const std::string& path : nvme_paths_) by_path[NormalPath(path)];
+  const io::FileSet& tensors = tier_manager_->swap_files();
+  for (size_t i = 0; i < tensors.file_count(); ++i) {
+    by_path[DirectoryOf(tensors.file(i).path())].first += tensors.file(i).bytes_written();
+  }
+  for (const Json& group : groups) {
+    for (const Json& file : group["nvme_writes"]) {
+      auto& [total, last] = by_path[DirectoryOf(file["file"].get<std::string>())];
+      total += file["bytes_written"].get<uint64_t>();
+      last += file["bytes_written_last_step"].get<uint64_t>();
+    }
+  }
+  Json out = Json::array();
+  for (const auto& [path, written] : by_path) {
+    out.push_back({{"path", path},
+                   {"bytes_written", written.first},
+                   {"bytes_written_last_step", written.second}});
+  }
   return out;
 }
 
@@ -394,11 +479,11 @@ Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
   return GroupId(static_cast<uint32_t>(groups_.size() - 1));
 }
 
-Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
-  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
-  std::lock_guard lock(group->mutex);
-  const std::string context = fmt::format("optimizer group '{}' step", group->name);
-  optim::HyperParams hyper = group->hyper;
+// The group's step arguments from the engine's: its hyper-parameters with those given, checked,
+// and the views checked against the group's `count` elements.
+static Result<StepArgs> GroupStepArgs(const std::string& context, const optim::HyperParams& current,
+                                      size_t count, const EngineStepArgs& args) {
+  optim::HyperParams hyper = current;
   if (args.hyper) {
     hyper.lr = args.hyper->lr;
     hyper.beta1 = args.hyper->beta1;
@@ -411,7 +496,6 @@ Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
     return Status::InvalidArgument(fmt::format(
         "{}: loss_scale = {} must be a finite number > 0 (1 for none)", context, args.loss_scale));
   }
-  const size_t count = group->optimizer->count();
   if (!args.grads.empty())
     ZOE_RETURN_IF_ERROR(CheckViews(args.grads, count, "grads").WithContext(context));
   if (!args.params.empty())
@@ -421,7 +505,23 @@ Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
   step.grads = args.grads;
   step.params = args.params;
   step.loss_scale = args.loss_scale;
+  step.agree_scan = args.agree_scan;
+  return step;
+}
+
+Result<StepReport> Engine::Step(GroupId id, const EngineStepArgs& args) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' step", group->name);
+  ZOE_ASSIGN_OR_RETURN(const StepArgs step,
+                       GroupStepArgs(context, group->hyper, group->optimizer->count(), args));
+  const optim::HyperParams& hyper = step.hyper;
+  const std::vector<uint64_t> written_before = BytesWritten(group->swap.get());
   Result<StepReport> report = group->optimizer->Step(step);
+  group->written_last_step = BytesWritten(group->swap.get());
+  for (size_t i = 0; i < written_before.size(); ++i) {
+    group->written_last_step[i] -= written_before[i];
+  }
   if (!report.ok()) return std::move(report).status().WithContext(context);
   group->hyper = hyper;
   ++group->steps_called;
@@ -443,6 +543,21 @@ Status Engine::AccumulateGrad(GroupId id, uint64_t offset, const GradView& grad)
   ZOE_RETURN_IF_ERROR(
       CheckRange(offset, grad.count, group->optimizer->count()).WithContext(context));
   return group->optimizer->AccumulateGrad(static_cast<size_t>(offset), grad).WithContext(context);
+}
+
+Status Engine::Speculate(GroupId id, const EngineStepArgs& args) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  const std::string context = fmt::format("optimizer group '{}' speculate", group->name);
+  ZOE_ASSIGN_OR_RETURN(const StepArgs step,
+                       GroupStepArgs(context, group->hyper, group->optimizer->count(), args));
+  return group->optimizer->Speculate(step).WithContext(context);
+}
+
+Result<SpeculationStats> Engine::GroupSpeculationStats(GroupId id) const {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  return group->optimizer->speculation_stats();
 }
 
 Status Engine::ReadState(GroupId id, StateSlot slot, uint64_t offset, std::span<float> out) const {
@@ -561,7 +676,10 @@ struct SavedSettings {
 Status Engine::LoadCheckpoint(const std::string& dir) {
   std::lock_guard create(create_mutex_);
   const auto locks = LockAllGroups();
-  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  CheckpointReaderOptions options;
+  options.fault_for_testing = hooks_.checkpoint_fault_for_testing;
+  ZOE_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                       CheckpointReader::Open(dir, std::move(options)));
   const Json& metadata = reader->metadata();
   ZOE_RETURN_IF_ERROR(CheckCheckpointGroups(metadata).WithContext("checkpoint load " + dir));
   // Everything that could fail before a group changes is checked first.

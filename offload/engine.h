@@ -71,7 +71,8 @@ struct EngineHooks {
   // Swap files (tensors and optimizer groups) open as on a filesystem that refuses O_DIRECT, so
   // the buffered fallback runs (io::OpenOptions::refuse_direct_for_testing).
   bool refuse_direct_for_testing = false;
-  // Checkpoint saves fail their system calls as this says (CheckpointWriterOptions).
+  // Checkpoint saves and loads fail their system calls as this says (CheckpointWriterOptions,
+  // CheckpointReaderOptions).
   std::function<int(CheckpointSyscall call, const std::string& path)> checkpoint_fault_for_testing;
 };
 
@@ -90,6 +91,8 @@ struct EngineStepArgs {
   std::span<const GradView> grads;       // empty: those given to AccumulateGrad
   std::span<const ParamView> params;     // empty: no parameters written
   double loss_scale = 1.0;               // > 0
+  // StepArgs::agree_scan, for sharded groups (offload/sharded_group.h).
+  std::function<Result<optim::GradScan>(const optim::GradScan& local)> agree_scan;
 };
 
 class Engine {
@@ -149,6 +152,11 @@ class Engine {
   // exactly, a null view, or hyper-parameters out of range (the group's are then unchanged).
   Result<StepReport> Step(GroupId group, const EngineStepArgs& args);
   Status AccumulateGrad(GroupId group, uint64_t offset, const GradView& grad);
+  // Arms speculation for the group's next step (OptimizerGroup::Speculate) with these
+  // hyper-parameters (empty: the group's current ones), parameter views and loss scale;
+  // args.grads must be empty. The group must have been created with "speculative": true.
+  Status Speculate(GroupId group, const EngineStepArgs& args);
+  Result<SpeculationStats> GroupSpeculationStats(GroupId group) const;
   Status ReadState(GroupId group, StateSlot slot, uint64_t offset, std::span<float> out) const;
   Status WriteState(GroupId group, StateSlot slot, uint64_t offset, std::span<const float> values);
   Result<int64_t> GroupSteps(GroupId group) const;
@@ -180,6 +188,7 @@ class Engine {
   Executor& EnsureExecutor();
   Result<std::unique_ptr<io::SwapSpace>> CreateGroupSwap(const OptimizerGroupOptions& options);
   nlohmann::json GroupStatsJson(const Group& group) const;
+  nlohmann::json NvmeWritesJson(const nlohmann::json& groups) const;
   // Every group's mutex, in id order; held for checkpoints.
   std::vector<std::unique_lock<std::mutex>> LockAllGroups() const;
   Status CheckCheckpointGroups(const nlohmann::json& metadata) const;

@@ -91,8 +91,10 @@ struct GroupDocument {
   std::string type;
   std::optional<Json> betas;
   std::string moment_dtype;
+  uint64_t slots = 0;      // 0: not given
   double lr_decay = -1.0;  // < 0: not given
   std::optional<Json> segments;
+  bool speculative = false;
 };
 
 Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* spec) {
@@ -110,8 +112,10 @@ Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* sp
       .Double("weight_decay", &hyper.weight_decay, 0.0, kHugeNumber)
       .Double("max_grad_norm", &spec->options.max_grad_norm, 0.0, kHugeNumber)
       .Enum("moment_dtype", &doc->moment_dtype, kMomentDTypes)
+      .UInt("slots", &doc->slots, 1, 2)
       .Double("lr_decay", &doc->lr_decay, 0.0, kHugeNumber)
-      .Value("segments", &doc->segments);
+      .Value("segments", &doc->segments)
+      .Bool("speculative", &doc->speculative);
   return reader.Finish();
 }
 
@@ -140,6 +144,7 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
         "name = '{}' cannot name a checkpoint file; allowed: no '/', not '.' or '..'", doc.name));
   }
   spec->options.name = doc.name;
+  spec->options.speculative = doc.speculative;
   if (!doc.type.empty()) {
     ZOE_ASSIGN_OR_RETURN(spec->options.kind, ParseGroupType(doc.type));
   }
@@ -150,6 +155,7 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
     // One of kMomentDTypes (the reader checked), each also a name optim::ParseDType accepts.
     ZOE_ASSIGN_OR_RETURN(spec->options.state_dtype, optim::ParseDType(doc.moment_dtype));
   }
+  if (doc.slots != 0) spec->options.slots = static_cast<uint32_t>(doc.slots);
   if (doc.lr_decay >= 0.0) {
     if (spec->options.kind != optim::Kind::kAdagrad) {
       return Status::InvalidArgument(fmt::format("lr_decay applies to adagrad only; type is '{}'",
@@ -283,6 +289,10 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   spec.options.kind = KindOf(config.optimizer.type);
   spec.options.state_dtype = StateDTypeOf(config.zoe.moment_dtype);
   spec.options.max_grad_norm = config.gradient_clipping;
+  spec.options.run.arithmetic = config.zoe.arithmetic == config::Arithmetic::kFast
+                                    ? optim::Arithmetic::kFast
+                                    : optim::Arithmetic::kExact;
+  spec.options.slots = static_cast<uint32_t>(config.zoe.slots);
   spec.hyper.lr = config.optimizer.lr;
   spec.hyper.beta1 = config.optimizer.beta1;
   spec.hyper.beta2 = config.optimizer.beta2;
@@ -313,7 +323,7 @@ uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block)
   uint64_t bytes = 0;
   for (size_t i = 0; i < nvme_chunks; ++i) {
     const uint64_t extent = layout.chunk(i).bytes;
-    bytes += 2 * ((extent + kDirectIoUnit - 1) / kDirectIoUnit * kDirectIoUnit);
+    bytes += options.slots * ((extent + kDirectIoUnit - 1) / kDirectIoUnit * kDirectIoUnit);
   }
   return bytes;
 }

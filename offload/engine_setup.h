@@ -68,7 +68,7 @@ struct GroupSpec {
 Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::EngineConfig& config,
                                  size_t count);
 
-// Swap bytes that hold the NVMe chunks of a group with `options` (both slots of every chunk that
+// Swap bytes that hold the NVMe chunks of a group with `options` (every slot of every chunk that
 // may be placed on NVMe), with extents rounded to `io_block`. 0 for a HOST group.
 uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block);
 

@@ -20,11 +20,14 @@ namespace zoe::offload {
 namespace {
 
 using detail::Clock;
+using detail::ElementAt;
+using detail::FindView;
 using detail::PlacedView;
 using detail::PlacedViews;
 using detail::SecondsSince;
 using detail::SegmentAt;
 using detail::StepInputs;
+using detail::UpdateChunkState;
 using optim::DType;
 
 bool IsKnownDType(DType dtype) {
@@ -94,17 +97,6 @@ Result<PlacedViews> PlaceViews(const std::string& group, std::string_view what,
   return placed;
 }
 
-// The view holding `element` (the views cover it).
-PlacedViews::const_iterator FindView(const PlacedViews& views, size_t element) {
-  auto it = std::upper_bound(views.begin(), views.end(), element,
-                             [](size_t e, const PlacedView& v) { return e < v.offset; });
-  return std::prev(it);
-}
-
-std::byte* ElementAt(const PlacedView& view, size_t element) {
-  return view.data + (element - view.offset) * optim::SizeOf(view.dtype);
-}
-
 // Fills a chunk's extent: master from the caller's parameters (widened exactly), moments and
 // padding zero.
 Status FillInitialState(const ChunkRegions& regions, std::byte* base, const PlacedViews& params,
@@ -144,30 +136,26 @@ void SetBlockScales(const ChunkRegions& regions, std::byte* base, size_t k,
 }
 
 // Updates elements [from, to) of the chunk whose state is at `base` with gradient view `grad`
-// and step `step`, writing the parameter view `param` (null: none) in its dtype.
+// and step `step`, writing the parameter view `param` (null: none) in its dtype, fp32 included,
+// in the kernel's own pass over the elements while they are in cache.
 Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
                    const PlacedView& grad, const PlacedView* param, size_t from, size_t to,
                    int64_t step, const optim::RunOptions& run) {
   const size_t k = from - regions.first;
   const size_t state_bytes = optim::SizeOf(in.state_dtype);
-  const bool fused_copy = param != nullptr && param->dtype != DType::kF32;
   optim::ChunkLayout layout;
   layout.grad = grad.dtype;
   layout.state = in.state_dtype;
-  if (fused_copy) layout.param_copy = param->dtype;
+  if (param != nullptr) layout.param_copy = param->dtype;
   optim::ChunkBuffers buffers;
   buffers.master = reinterpret_cast<float*>(base + regions.offset[0]) + k;
   buffers.grad = ElementAt(grad, from);
   if (regions.used[1]) buffers.exp_avg = base + regions.offset[1] + k * state_bytes;
   if (regions.used[2]) buffers.exp_avg_sq = base + regions.offset[2] + k * state_bytes;
-  if (fused_copy) buffers.param_copy = ElementAt(*param, from);
+  if (param != nullptr) buffers.param_copy = ElementAt(*param, from);
   buffers.count = to - from;
   if (in.state_dtype == DType::kI8) SetBlockScales(regions, base, k, &buffers);
-  ZOE_RETURN_IF_ERROR(optim::UpdateChunk(*in.hyper, step, layout, buffers, in.scaling, run));
-  if (param != nullptr && !fused_copy) {
-    std::memcpy(ElementAt(*param, from), buffers.master, buffers.count * sizeof(float));
-  }
-  return Status::Ok();
+  return optim::UpdateChunk(*in.hyper, step, layout, buffers, in.scaling, run);
 }
 
 // Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
@@ -276,19 +264,6 @@ Status UpdateQuantizedRange(const ChunkRegions& regions, std::byte* base, const 
   return Status::Ok();
 }
 
-// Updates one chunk whose state is at `base` in stripes on the kernel threads (chunk_update.h),
-// verifying and computing its block checksums as `checksums` asks.
-Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
-                        const ChunkChecksums& checksums = {}) {
-  return UpdateInStripes(regions, base, checksums, *in.run,
-                         [&](size_t begin, size_t end, const optim::RunOptions& run) {
-                           if (in.state_dtype == DType::kI8) {
-                             return UpdateQuantizedRange(regions, base, in, begin, end, run);
-                           }
-                           return UpdateChunkRange(regions, base, in, begin, end, run);
-                         });
-}
-
 // The segments' lengths must add up to the group's count.
 Status CheckSegments(const OptimizerGroupOptions& o) {
   size_t total = 0;
@@ -350,6 +325,10 @@ Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r)
   }
   if (o.chunk_elements == 0) return bad("chunk_elements is 0; allowed: >= 1");
   ZOE_RETURN_IF_ERROR(CheckSegments(o));
+  if (o.slots != 1 && o.slots != 2) {
+    return bad(fmt::format("slots {} is out of range; allowed: 1 (in place) or 2 (atomic steps)",
+                           o.slots));
+  }
   if (o.buffer_count < 2) {
     return bad(fmt::format("buffer_count {} is out of range; allowed: >= 2", o.buffer_count));
   }
@@ -367,10 +346,22 @@ size_t NvmeChunkCount(const OptimizerGroupOptions& o, size_t chunks) {
 
 }  // namespace
 
+Status detail::UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
+                                const ChunkChecksums& checksums) {
+  return UpdateInStripes(regions, base, checksums, *in.run,
+                         [&](size_t begin, size_t end, const optim::RunOptions& run) {
+                           if (in.state_dtype == optim::DType::kI8) {
+                             return UpdateQuantizedRange(regions, base, in, begin, end, run);
+                           }
+                           return UpdateChunkRange(regions, base, in, begin, end, run);
+                         });
+}
+
 OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResources borrowed,
                            uint64_t io_block)
     : name(options.name),
       count(options.count),
+      slot_count(options.slots),
       segment_ends(SegmentEnds(options)),
       resources(borrowed),
       layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block,
@@ -410,9 +401,10 @@ static Status CheckCapacity(const OptimizerGroupOptions& options, const StateLay
   uint64_t swap_bytes = 0;
   for (size_t c = 0; c < layout.chunk_count(); ++c) {
     if (c < nvme_count) {
-      swap_bytes += 2 * layout.chunk(c).bytes;
+      swap_bytes += options.slots * layout.chunk(c).bytes;
     } else {
-      host_bytes += AlignUp(layout.chunk(c).bytes, page);
+      // Speculation keeps a spare of every HOST chunk for its new state.
+      host_bytes += (options.speculative ? 2 : 1) * AlignUp(layout.chunk(c).bytes, page);
     }
   }
   const uint64_t pinned_free =
@@ -427,9 +419,9 @@ static Status CheckCapacity(const OptimizerGroupOptions& options, const StateLay
   }
   if (swap_bytes > 0 && swap_bytes > resources.swap->free_bytes()) {
     return Status::NoSpace(fmt::format(
-        "optimizer group '{}' needs {} bytes of NVMe swap space ({} chunks, two slots each); "
+        "optimizer group '{}' needs {} bytes of NVMe swap space ({} chunks, {} slot(s) each); "
         "{} of {} bytes are free",
-        options.name, swap_bytes, nvme_count, resources.swap->free_bytes(),
+        options.name, swap_bytes, nvme_count, options.slots, resources.swap->free_bytes(),
         resources.swap->capacity()));
   }
   return Status::Ok();
@@ -472,7 +464,7 @@ Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(
   }
   auto impl = std::make_unique<Impl>(options, resources, io_block);
   ZOE_RETURN_IF_ERROR(CheckCapacity(options, impl->layout, impl->nvme_count, resources));
-  ZOE_RETURN_IF_ERROR(impl->AllocateState(options.buffer_count));
+  ZOE_RETURN_IF_ERROR(impl->AllocateState(options.buffer_count, options.speculative));
   ZOE_RETURN_IF_ERROR(impl->WriteInitialState(params, options.run));
   ZOE_LOG_DEBUG("optimizer group '{}': {} parameters in {} chunks, {} on NVMe", options.name,
                 options.count, impl->layout.chunk_count(), impl->nvme_count);
@@ -483,7 +475,8 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   const Clock::time_point start = Clock::now();
   ZOE_RETURN_IF_ERROR(CheckStepArgs(args));
   Impl& impl = *impl_;
-  impl.prepared_load.reset();
+  impl.DropPreparedLoad();
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("step"));
   PlacedViews grads;
   if (args.grads.empty()) {
     ZOE_RETURN_IF_ERROR(impl.CheckCoverage());
@@ -497,17 +490,21 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
     }
     ZOE_ASSIGN_OR_RETURN(grads, PlaceViews(options_.name, "gradient", args.grads, count()));
     ZOE_RETURN_IF_ERROR(CheckAbsentViews(args.grads));
+    impl.speculation.reset();  // armed, but no gradient came through AccumulateGrad
   }
   PlacedViews params;
   if (!args.params.empty()) {
     ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
   }
+  if (impl.speculation) ZOE_RETURN_IF_ERROR(impl.UseSpeculatedParams(&params));
   const std::vector<bool> present_segments = impl.PresentSegments(grads);
   const std::vector<bool> present_chunks = impl.PresentChunks(grads);
   std::vector<int64_t> segment_step(segment_steps_.size());
   for (size_t s = 0; s < segment_step.size(); ++s) segment_step[s] = segment_steps_[s] + 1;
-  // From here on the gradients are consumed, whatever the outcome.
-  impl.StartStepReads(present_chunks);
+  // From here on the gradients are consumed, whatever the outcome. The chunks speculation
+  // updated are read only if the step turns out to need them again.
+  impl.FinishSpeculativeWrites();
+  impl.StartStepReads(impl.NotSpeculated(present_chunks));
   if (!args.grads.empty()) {
     for (const PlacedView& view : grads) {
       Status scanned =
@@ -518,23 +515,34 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
       }
     }
   }
+  Result<optim::GradScan> scan = impl.scanner.Total();
+  if (args.agree_scan) scan = args.agree_scan(*scan);
   Result<optim::StepScaling> scaling =
-      optim::MakeStepScaling(impl.scanner.Total(), args.loss_scale, options_.max_grad_norm);
+      scan.ok() ? optim::MakeStepScaling(*scan, args.loss_scale, options_.max_grad_norm)
+                : Result<optim::StepScaling>(scan.status());
   StepReport report;
   Status status = scaling.status();
-  if (scaling.ok()) {
+  using Outcome = Impl::SpeculationOutcome;
+  Outcome outcome = Outcome::kNone;
+  if (impl.speculation && !impl.speculation->failure.ok()) {
+    status = impl.speculation->failure;
+  } else if (scaling.ok()) {
     report.skipped = scaling->skip;
     report.grad_norm = scaling->grad_norm;
+    if (impl.speculation) outcome = impl.DecideSpeculation(*scaling, args.hyper, segment_step);
     if (!scaling->skip) {
       const StepInputs inputs{&args.hyper,      impl.segment_ends,    segment_step,
                               scaling->scaling, options_.state_dtype, &grads,
                               &params,          &options_.run};
-      status = impl.ApplyStep(inputs, present_chunks, &report);
+      status = impl.ApplyStep(inputs, present_chunks, outcome == Outcome::kCommit, &report);
+    } else if (outcome == Outcome::kDiscard) {
+      status = impl.RestoreParams();
     }
   }
+  if (impl.speculation) impl.EndSpeculation(outcome, status, &report);
   // A step that failed on accumulated gradients keeps them (their reads were consumed), so the
   // caller can retry it; gradients given with the step are the caller's to give again.
-  if (!status.ok() && args.grads.empty()) return status;
+  if (!status.ok() && args.grads.empty() && impl.broken.ok()) return status;
   impl.ResetAccumulation();
   if (!status.ok()) return status;
   if (!report.skipped) CountStep(present_segments, &report);
@@ -547,23 +555,28 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
 // chunks in place. UpdateChunk fails only on arguments, which the first chunk checks, so the HOST
 // pass cannot fail half way.
 Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
-                                       const std::vector<bool>& present_chunks,
+                                       const std::vector<bool>& present_chunks, bool commit,
                                        StepReport* report) {
   Impl& impl = *this;
-  impl.ReleaseAbsentReads(present_chunks);
-  const std::vector<size_t> order = impl.StepOrder(present_chunks);
+  const std::vector<bool> pending = commit ? NotSpeculated(present_chunks) : present_chunks;
+  impl.ReleaseAbsentReads(pending);
+  const std::vector<size_t> order = impl.StepOrder(pending);
   Impl::Totals totals;
-  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+  Status applied = impl.RunPipeline(
       order, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums& checksums) {
         return UpdateChunkState(impl.layout.chunk(chunk), state, inputs, checksums);
       },
-      &totals, /*fn_hashes=*/true));
+      &totals, /*fn_hashes=*/true);
+  ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(applied), totals.bytes_written));
   impl.Flip(order);
+  if (commit) impl.Flip(SpeculatedNvmeChunks());
   impl.CommitCache();
   const Clock::time_point start = Clock::now();
   for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
-    if (!present_chunks[c]) continue;
+    if (commit && speculation->updated[c])
+      std::swap(host[c - nvme_count], host_spare[c - nvme_count]);
+    if (!pending[c]) continue;
     ZOE_RETURN_IF_ERROR(UpdateChunkState(impl.layout.chunk(c), impl.host_state(c), inputs)
                             .WithContext(impl.ChunkName(c)));
   }
@@ -594,6 +607,7 @@ Status OptimizerGroup::CheckStepArgs(const StepArgs& args) const {
 
 Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
   Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("accumulate gradients"));
   ZOE_RETURN_IF_ERROR(CheckView(options_.name, "accumulated gradient", 0, grad.data, grad.dtype,
                                 grad.count, /*absent_allowed=*/true));
   if (grad.count == 0) {
@@ -623,6 +637,7 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
   }
   ZOE_RETURN_IF_ERROR(impl.scanner.Add(offset, grad.data, grad.dtype, grad.count, options_.run));
   impl.accumulated.emplace(offset, view);
+  impl.accumulated_elements += view.count;
   for (size_t c = impl.layout.ChunkOf(offset); c <= impl.layout.ChunkOf(view.end() - 1); ++c) {
     const ChunkRegions regions = impl.layout.chunk(c);
     const size_t from = std::max(offset, regions.first);
@@ -630,9 +645,56 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
     impl.chunk_covered[c] += to - from;
     if (view.present()) impl.chunk_present[c] += to - from;
     const bool complete = impl.chunk_covered[c] == regions.count;
-    if (complete && impl.chunk_present[c] > 0 && impl.on_nvme(c)) impl.StartPrefetch(c);
+    if (!complete || impl.chunk_present[c] == 0) continue;
+    if (impl.on_nvme(c)) impl.StartPrefetch(c);
+    if (impl.speculation) impl.SpeculateChunk(c);
+  }
+  // Once the gradients cover the group none will follow: the chunk kept waiting is due now.
+  if (impl.speculation && impl.accumulated_elements == count()) {
+    impl.SpeculateWaiting(/*keep_newest=*/false);
   }
   return Status::Ok();
+}
+
+Status OptimizerGroup::Speculate(const StepArgs& args) {
+  Impl& impl = *impl_;
+  if (!options_.speculative) {
+    return Status::FailedPrecondition(fmt::format(
+        "optimizer group '{}': speculation is off; create the group with speculative on",
+        options_.name));
+  }
+  ZOE_RETURN_IF_ERROR(CheckStepArgs(args));
+  if (!args.grads.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("optimizer group '{}': speculate takes no gradients; hand them over with "
+                    "AccumulateGrad",
+                    options_.name));
+  }
+  ZOE_RETURN_IF_ERROR(impl.CheckIdle("speculate"));
+  PlacedViews params;
+  if (!args.params.empty()) {
+    ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
+  }
+  // Finite gradients of norm 0 give the scaling of every step that is neither skipped nor clipped.
+  ZOE_ASSIGN_OR_RETURN(
+      optim::StepScaling scaling,
+      optim::MakeStepScaling(optim::GradScan{}, args.loss_scale, options_.max_grad_norm));
+  impl.prepared_load.reset();
+  Impl::Speculation& s = impl.speculation.emplace();
+  s.hyper = args.hyper;
+  s.loss_scale = args.loss_scale;
+  s.scaling = scaling.scaling;
+  s.params = std::move(params);
+  s.segment_step.resize(segment_steps_.size());
+  for (size_t i = 0; i < segment_steps_.size(); ++i) s.segment_step[i] = segment_steps_[i] + 1;
+  s.state_dtype = options_.state_dtype;
+  s.run = options_.run;
+  s.updated.assign(impl.layout.chunk_count(), false);
+  return Status::Ok();
+}
+
+const SpeculationStats& OptimizerGroup::speculation_stats() const {
+  return impl_->speculation_totals;
 }
 
 Status OptimizerGroup::CheckStateRange(StateSlot slot, size_t offset, size_t length) const {
@@ -720,6 +782,7 @@ Status WriteQuantized(const ChunkRegions& regions, std::byte* state, size_t r, s
 Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float> out) const {
   ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, out.size()));
   Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("read state"));
   const auto r = static_cast<size_t>(slot);
   const size_t end = offset + out.size();
   AlignedBuffer staging;
@@ -780,7 +843,8 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, values.size()));
   Impl& impl = *impl_;
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("write state"));
-  impl.prepared_load.reset();
+  impl.DropPreparedLoad();
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("write state"));
   if (values.empty()) return Status::Ok();
   const auto r = static_cast<size_t>(slot);
   ZOE_RETURN_IF_ERROR(CheckQuantizable(slot, offset, values));
@@ -789,12 +853,13 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   std::vector<size_t> nvme_chunks;
   for (size_t c = first; c <= last && impl.on_nvme(c); ++c) nvme_chunks.push_back(c);
   Impl::Totals totals;
-  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+  Status stored = impl.RunPipeline(
       nvme_chunks, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return StoreState(chunk, state, r, offset, values);
       },
-      &totals));
+      &totals);
+  ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(stored), totals.bytes_written));
   impl.Flip(nvme_chunks);
   for (size_t c = std::max(first, impl.nvme_count); c <= last; ++c) {
     ZOE_RETURN_IF_ERROR(StoreState(c, impl.host_state(c), r, offset, values));
@@ -869,8 +934,10 @@ uint64_t OptimizerGroup::pinned_bytes() const {
   uint64_t total = 0;
   for (const PinnedBuffer& buffer : impl_->buffers) total += buffer.size();
   for (const PinnedBuffer& buffer : impl_->host) total += buffer.size();
+  for (const PinnedBuffer& buffer : impl_->host_spare) total += buffer.size();
   return total;
 }
+const Status& OptimizerGroup::broken() const { return impl_->broken; }
 uint64_t OptimizerGroup::nvme_bytes() const {
   uint64_t total = 0;
   for (const Impl::NvmeChunk& chunk : impl_->nvme) {

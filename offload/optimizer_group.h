@@ -15,6 +15,16 @@
 // applies to the whole group or, when any read, write or checksum fails, leaves the state exactly
 // as it was before the step and returns the error naming the group and the chunk.
 //
+// Single slot. With `slots` 1 an NVMe chunk owns one extent and a step writes its state back in
+// place, halving the NVMe space (DeepSpeed's layout). The price is atomicity: a step (or a
+// WriteState, or a checkpoint load) that fails after its first write may leave some chunks
+// updated and others not, or a chunk torn. Such a failure is returned as it happens and the
+// group is then broken: Step, AccumulateGrad, ReadState, WriteState and Save are
+// FailedPrecondition naming the first failure until a checkpoint load commits, which rewrites
+// every chunk. A failure before any write (a failed read, a skipped step) leaves the group usable
+// as with two slots. A checkpoint load writes the chunks in place too, so a load whose later part
+// fails, or a prepared load that is discarded, breaks the group the same way.
+//
 // Pipeline. Step first scans every gradient (non-finite check, global norm, clipping; the sum
 // is taken in the same tiles and order as optim::ScanGradients over one buffer, however the views
 // are cut, so the norm and the clip factor are bit-identical to an in-memory step), then
@@ -31,12 +41,35 @@
 // chunks updated before the failure already hold their new values while the state does not; the
 // next successful step writes every view again.
 //
+// Speculation (options.speculative). After Speculate(args) gives a step's hyper-parameters, loss
+// scale and parameter views ahead of its gradients, every chunk whose gradients AccumulateGrad
+// completes is updated at once, assuming finite gradients and no clipping: an NVMe chunk through
+// the pipeline into its inactive slot (not flipped), a HOST chunk into its spare buffer (a second
+// copy of every HOST chunk, taken from the pinned pool at Create and counted in pinned_bytes()),
+// its parameter views written as a step writes them. An NVMe chunk's read starts when it
+// completes and the chunk is updated when the next NVMe chunk completes (or the gradients cover
+// the group), so the read overlaps the wait for that gradient; its write stays in flight while
+// the next chunk is updated, and the Step waits for it. The previous version stays untouched until
+// the Step that follows decides, once the global inf/NaN check and norm are known:
+//  - finite, clip factor 1 and the same hyper-parameters and loss scale: commit -- the remaining
+//    chunks are updated as in any step and every slot flips (spares swapped in) at once;
+//  - a non-finite gradient: discard -- the step is skipped, nothing changed; the parameter views
+//    of the updated chunks are written back from their (untouched) master, which is what the step
+//    before wrote there;
+//  - clipping active (or other hyper-parameters): recompute -- the whole step runs again from the
+//    untouched version with the real clip factor.
+// Each way the state and parameter views are bit-identical to the same step without speculation.
+// A speculative update that fails (I/O, checksum) is reported by the Step, which then changes
+// nothing and keeps the gradients, like any failed step. Speculation costs, besides the spares,
+// the writes of the chunks it recomputes or discards.
+//
 // Thread safety: one thread at a time per group (the engine serialises calls); the group borrows
 // the resources it was created with, which may be shared with other groups.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -83,7 +116,9 @@ struct OptimizerGroupOptions {
   double nvme_ratio = 1.0;                  // (0, 1], with kNvme
   size_t chunk_elements = size_t{1} << 23;  // the pipeline unit, > 0
   uint32_t buffer_count = 4;                // pinned pipeline buffers, >= 2
-  optim::RunOptions run;                    // kernel threads, ISA, tile size
+  bool speculative = false;                 // allows Speculate; HOST chunks get spare buffers
+  uint32_t slots = 2;     // NVMe extents per chunk: 2 (atomic steps) or 1 (in place, "Single slot")
+  optim::RunOptions run;  // kernel threads, ISA, tile size
 };
 
 // What a group borrows; all must outlive it. `io` and `swap` are needed only when some chunk is
@@ -99,6 +134,11 @@ struct StepArgs {
   std::span<const GradView> grads;    // empty: the gradients given to AccumulateGrad
   std::span<const ParamView> params;  // empty: no parameters written
   double loss_scale = 1.0;            // > 0; gradients are divided by it
+  // Set by a sharded group (offload/sharded_group.h): called once, after the gradients are scanned
+  // and before anything is read for the update, with this group's scan; returns the scan the step
+  // uses instead (the sum over every rank's shard, so all ranks skip and clip alike). An error
+  // fails the step with the state unchanged. Empty: the group's own scan.
+  std::function<Result<optim::GradScan>(const optim::GradScan& local)> agree_scan;
 };
 
 struct StepReport {
@@ -114,6 +154,21 @@ struct StepReport {
   double seconds = 0.0;          // the whole call
   double io_wait_seconds = 0.0;  // time the pipeline waited for reads or writes
   double compute_seconds = 0.0;  // time in the update kernels
+  // Speculation (see above): chunks updated speculatively before this Step, and of those the
+  // ones whose update was final (committed), done again (recomputed) or dropped (discarded).
+  size_t chunks_speculative = 0;
+  size_t chunks_committed = 0;
+  size_t chunks_recomputed = 0;
+  size_t chunks_discarded = 0;
+};
+
+// Speculation counts of a group since it was created, summed over its steps.
+struct SpeculationStats {
+  uint64_t steps = 0;  // steps that speculated
+  uint64_t chunks_speculative = 0;
+  uint64_t chunks_committed = 0;
+  uint64_t chunks_recomputed = 0;
+  uint64_t chunks_discarded = 0;
 };
 
 // Which state array ReadState and WriteState address.
@@ -143,8 +198,18 @@ class OptimizerGroup {
   // (FailedPrecondition naming the first missing range otherwise; the gradients stay). Until that
   // Step, a Step with gradients, WriteState, Save and Load are FailedPrecondition. A read started
   // here that fails is reported by the Step. A Step that fails keeps the gradients, so it can be
-  // retried (after a skipped or successful step they are consumed).
+  // retried (after a skipped or successful step they are consumed). With speculation armed
+  // (Speculate), every chunk completed is also updated at once; see "Speculation".
   Status AccumulateGrad(size_t offset, const GradView& grad);
+
+  // Arms speculation for the next step (see "Speculation"): args.hyper, args.loss_scale and
+  // args.params (borrowed until that Step returns) are used to update each chunk as AccumulateGrad
+  // completes it; args.grads must be empty. FailedPrecondition unless options.speculative and no
+  // gradient is accumulated yet; InvalidArgument for bad arguments, as Step. The Step that
+  // follows must use accumulated gradients and give either no parameter views or the same ones.
+  // Drops a prepared checkpoint load (its inactive slots would be overwritten).
+  Status Speculate(const StepArgs& args);
+  const SpeculationStats& speculation_stats() const;
 
   // Copies state elements [offset, offset + out.size()) out as fp32 / in from fp32 (rounded to the
   // state dtype for the moments). For state dicts and tests; each call reads (and writes) every
@@ -170,7 +235,9 @@ class OptimizerGroup {
   size_t chunk_count() const;
   size_t nvme_chunk_count() const;
   uint64_t pinned_bytes() const;  // pipeline buffers plus HOST chunks
-  uint64_t nvme_bytes() const;    // both slots of every NVMe chunk
+  uint64_t nvme_bytes() const;    // every slot of every NVMe chunk
+  // The failure that broke a single-slot group (see "Single slot"); OK while it is usable.
+  const Status& broken() const;
 
   // Identity written into checkpoints and compared on load: name, kind, count, state dtype,
   // chunk_elements (a checkpoint loads into a group with the same identity only).

@@ -56,6 +56,7 @@ bool IsCountList(const nlohmann::json& value) {
 Status OptimizerGroup::Save(CheckpointWriter& writer) const {
   Impl& impl = *impl_;
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("save"));
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("save a checkpoint"));
   const nlohmann::json metadata = {{"identity", Identity()},
                                    {"steps_taken", steps_taken_},
                                    {"segments", SegmentLengths(impl.segment_ends)},
@@ -155,7 +156,7 @@ Status OptimizerGroup::CheckSegmentSteps(const CheckpointReader& reader, const n
 // buffers from the pinned pool; CommitLoad makes both live.
 Status OptimizerGroup::PrepareLoad(CheckpointReader& reader) {
   Impl& impl = *impl_;
-  impl.prepared_load.reset();
+  impl.DropPreparedLoad();
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("load"));
   Impl::PreparedLoad prepared;
   ZOE_RETURN_IF_ERROR(CheckCheckpoint(reader, &prepared.steps_taken, &prepared.segment_steps));
@@ -163,19 +164,20 @@ Status OptimizerGroup::PrepareLoad(CheckpointReader& reader) {
   ZOE_RETURN_IF_ERROR(reader.BeginFile(StateFileName(options_.name)));
   prepared.nvme_chunks.resize(impl.nvme_count);
   for (size_t c = 0; c < impl.nvme_count; ++c) prepared.nvme_chunks[c] = c;
+  prepared.in_place = impl.slot_count == 1 && impl.nvme_count > 0;
   Impl::Totals totals;
-  ZOE_RETURN_IF_ERROR(impl.RunPipeline(
+  Status read = impl.RunPipeline(
       prepared.nvme_chunks, /*read=*/false,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return ReadChunkPayload(reader, impl.layout.chunk(chunk), state);
       },
-      &totals));
-  for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
+      &totals);
+  for (size_t c = impl.nvme_count; c < impl.layout.chunk_count() && read.ok(); ++c) {
     std::byte* staged = prepared.host[c - impl.nvme_count].data();
-    ZOE_RETURN_IF_ERROR(
-        ReadChunkPayload(reader, impl.layout.chunk(c), staged).WithContext(impl.ChunkName(c)));
+    read = ReadChunkPayload(reader, impl.layout.chunk(c), staged).WithContext(impl.ChunkName(c));
   }
-  ZOE_RETURN_IF_ERROR(reader.EndFile());
+  if (read.ok()) read = reader.EndFile();
+  ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(read), totals.bytes_written));
   impl.prepared_load = std::move(prepared);
   return Status::Ok();
 }
@@ -210,9 +212,11 @@ void OptimizerGroup::CommitLoad() {
   steps_taken_ = impl.prepared_load->steps_taken;
   segment_steps_ = std::move(impl.prepared_load->segment_steps);
   impl.prepared_load.reset();
+  // Every chunk now holds the checkpoint's state: a group broken by a torn write works again.
+  impl.broken = Status::Ok();
 }
 
-void OptimizerGroup::DiscardLoad() { impl_->prepared_load.reset(); }
+void OptimizerGroup::DiscardLoad() { impl_->DropPreparedLoad(); }
 
 Status OptimizerGroup::Load(CheckpointReader& reader) {
   ZOE_RETURN_IF_ERROR(PrepareLoad(reader));

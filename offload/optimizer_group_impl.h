@@ -50,6 +50,17 @@ inline size_t SegmentAt(std::span<const size_t> segment_ends, size_t element) {
                              segment_ends.begin());
 }
 
+// The view holding `element` (the views cover it).
+inline PlacedViews::const_iterator FindView(const PlacedViews& views, size_t element) {
+  auto it = std::upper_bound(views.begin(), views.end(), element,
+                             [](size_t e, const PlacedView& v) { return e < v.offset; });
+  return std::prev(it);
+}
+
+inline std::byte* ElementAt(const PlacedView& view, size_t element) {
+  return view.data + (element - view.offset) * optim::SizeOf(view.dtype);
+}
+
 // What one step hands to the update of each chunk.
 struct StepInputs {
   const optim::HyperParams* hyper;
@@ -62,10 +73,17 @@ struct StepInputs {
   const optim::RunOptions* run;
 };
 
+// Updates one chunk whose state is at `base` in stripes on the kernel threads (chunk_update.h),
+// verifying and computing its block checksums as `checksums` asks: the one update path of every
+// step, speculative or not.
+Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
+                        const ChunkChecksums& checksums = {});
+
 }  // namespace detail
 
 struct OptimizerGroup::Impl {
-  // An NVMe chunk's two extents; `live` holds the current state, the other receives the next.
+  // An NVMe chunk's extents; `live` holds the current state, the other (with two slots)
+  // receives the next. With one slot, slots[1] is empty and `live` is always 0.
   struct NvmeChunk {
     std::array<io::Extent, 2> slots;
     uint8_t live = 0;
@@ -104,6 +122,22 @@ struct OptimizerGroup::Impl {
     std::vector<PinnedBuffer> host;   // the new HOST chunks, in chunk order
     int64_t steps_taken = 0;
     std::vector<int64_t> segment_steps;
+    bool in_place = false;  // single slot: the NVMe chunks already hold the checkpoint's state
+  };
+  // A step whose chunks are updated as their gradients complete (OptimizerGroup::Speculate).
+  struct Speculation {
+    optim::HyperParams hyper;
+    double loss_scale = 1.0;
+    optim::GradScaling scaling;  // the step's own when its gradients are finite and not clipped
+    detail::PlacedViews params;  // empty: no parameters written
+    std::vector<int64_t> segment_step;
+    optim::DType state_dtype = optim::DType::kF32;
+    optim::RunOptions run;
+    std::vector<bool> updated;    // per chunk: its new state waits in its inactive slot or spare
+    std::vector<size_t> waiting;  // complete NVMe chunks not updated yet, oldest first
+    size_t updated_count = 0;
+    Status failure;  // of the first speculative update that failed
+    Totals totals;   // of the speculative updates, added to the Step's report
   };
   // Runs on each chunk of a pipeline, whose state is at `state`. With checksums on it verifies
   // `checksums.expected` (non-empty when the state was just read from disk) and fills
@@ -124,7 +158,7 @@ struct OptimizerGroup::Impl {
   std::string ChunkName(size_t chunk) const;
 
   // optimizer_group_pipeline.cc: memory and extents, chunk I/O, the pipeline, accumulation.
-  Status AllocateState(uint32_t buffer_count);
+  Status AllocateState(uint32_t buffer_count, bool speculative);
   // A read or write of chunk `chunk`'s slot `slot`. `for_pipeline`: a read is verified by the
   // chunk function that consumes it (hashing_in_stripes), a write records `sums` if not empty.
   Result<io::Ticket> SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer,
@@ -135,11 +169,27 @@ struct OptimizerGroup::Impl {
   // checksums.computed, which the chunk's write records.
   ChunkChecksums ChecksumsFor(size_t chunk, size_t buffer, bool read_from_disk, bool fn_hashes,
                               Status* status);
+  // `carried` (may be null): writes left in flight by an earlier pipeline, which this one reaps
+  // for their buffers like its own, and where it leaves its own writes in flight when it
+  // succeeds (on failure every write is waited for and `carried` is empty).
   Status RunPipeline(std::span<const size_t> order, bool read, const ChunkFn& fn, Totals* totals,
-                     bool fn_hashes = false);
+                     bool fn_hashes = false, InFlightList* carried = nullptr);
   // Verifies a whole state read from chunk `chunk`'s live slot against its recorded checksums.
   Status VerifyWhole(size_t chunk, const std::byte* state) const;
+  // The slot a write of chunk `chunk` goes to: the inactive one, or with one slot the live one.
+  uint8_t WriteSlot(size_t chunk) const {
+    return slot_count == 2 ? nvme[chunk].live ^ 1 : nvme[chunk].live;
+  }
+  // Makes the slots just written live; with one slot only the version advances.
   void Flip(std::span<const size_t> chunks);
+  // Single slot: `failure` came after `written` bytes were written in place; if any were, the
+  // state may be torn and the group is broken until a checkpoint load commits. Returns `failure`.
+  Status BreakIfWritten(Status failure, uint64_t written);
+  // FailedPrecondition naming the failure that broke the group, before `what`; OK otherwise.
+  Status CheckUsable(std::string_view what) const;
+  // Drops a prepared load; one written in place breaks the group (its state is the checkpoint's
+  // while its step counts are not).
+  void DropPreparedLoad();
   void ResetAccumulation();
   // Waits for a read the pipeline will not use and frees its buffer. A buffer whose read
   // succeeded (or that was claimed from the cache) and whose chunk has not flipped since caches
@@ -178,15 +228,48 @@ struct OptimizerGroup::Impl {
   std::vector<bool> PresentChunks(const detail::PlacedViews& grads) const;
   // Releases (ReleaseUnusedRead) the reads started for chunks the step does not update.
   void ReleaseAbsentReads(const std::vector<bool>& present_chunks);
+  // optimizer_group_speculation.cc
+  // The gradient views overlapping chunk `chunk`, which accumulated views cover.
+  detail::PlacedViews ChunkGrads(size_t chunk) const;
+  // Updates chunk `chunk`, whose gradients are complete, into its inactive slot or spare.
+  // HOST chunks at once; NVMe chunks join `waiting` (SpeculateWaiting).
+  void SpeculateChunk(size_t chunk);
+  // Updates the waiting NVMe chunks, all but the newest when `keep_newest`.
+  void SpeculateWaiting(bool keep_newest);
+  // The speculated step's inputs for a chunk whose gradient views are `grads`.
+  detail::StepInputs SpeculativeInputs(const detail::PlacedViews& grads) const;
+  // The parameter views of a speculative step are those given to Speculate: `params` (those given
+  // to Step) must be the same or none (InvalidArgument).
+  Status UseSpeculatedParams(detail::PlacedViews* params) const;
+  // `present` without the chunks speculation updated (unless it failed): what a commit updates.
+  std::vector<bool> NotSpeculated(const std::vector<bool>& present) const;
+  // The NVMe chunks speculation updated, whose inactive slots a commit makes live.
+  std::vector<size_t> SpeculatedNvmeChunks() const;
+  // Which way the Step goes, once its scaling is known (a failed speculation aside).
+  enum class SpeculationOutcome { kNone, kCommit, kDiscard, kRecompute };
+  SpeculationOutcome DecideSpeculation(const optim::StepScaling& scaling,
+                                       const optim::HyperParams& hyper,
+                                       std::span<const int64_t> segment_step) const;
+  // Waits for the writes speculative updates left in flight and frees their buffers; a failed
+  // one becomes the speculation's failure.
+  void FinishSpeculativeWrites();
+  // The speculated chunks' parameter views written back from their live master.
+  Status RestoreParams();
+  // After the Step (`status`: its outcome): counts what became of the speculated chunks into
+  // `report` and the totals, adds the speculative I/O to the report, and disarms speculation.
+  void EndSpeculation(SpeculationOutcome outcome, const Status& status, StepReport* report);
   // optimizer_group_checkpoint.cc
   Status AllocateLoadStaging(std::vector<PinnedBuffer>* staging);
   // optimizer_group.cc
   Status WriteInitialState(const detail::PlacedViews& params, const optim::RunOptions& run);
+  // `commit`: the chunks speculation updated are final; the others present are updated now.
   Status ApplyStep(const detail::StepInputs& inputs, const std::vector<bool>& present_chunks,
-                   StepReport* report);
+                   bool commit, StepReport* report);
 
   std::string name;
   size_t count;
+  uint32_t slot_count;               // extents per NVMe chunk, 1 or 2
+  Status broken;                     // single slot: the failure that left the state possibly torn
   std::vector<size_t> segment_ends;  // exclusive end of each segment, ascending; last = count
   OptimizerResources resources;
   StateLayout layout;
@@ -210,11 +293,19 @@ struct OptimizerGroup::Impl {
   // Gradients handed over by AccumulateGrad for the next step.
   GradScanner scanner;
   std::map<size_t, detail::PlacedView> accumulated;  // by offset
+  size_t accumulated_elements = 0;                   // their elements (they do not overlap)
   std::vector<size_t> chunk_covered;                 // elements of each chunk accumulated
   std::vector<size_t> chunk_present;                 // of those, elements with a gradient
   InFlightList prefetched;  // reads started for fully covered chunks, in order
 
   std::optional<PreparedLoad> prepared_load;
+
+  std::optional<Speculation> speculation;  // armed by Speculate until the Step
+  std::vector<PinnedBuffer> host_spare;    // per HOST chunk, with options.speculative
+  // Writes of speculative updates still in flight: the next chunk's update overlaps them.
+  InFlightList speculative_writes;
+  InFlightList held_reads;  // SpeculateWaiting's scratch
+  SpeculationStats speculation_totals;
 };
 
 }  // namespace zoe::offload

@@ -32,7 +32,7 @@ std::string OptimizerGroup::Impl::ChunkName(size_t chunk) const {
                      on_nvme(chunk) ? "NVMe" : "HOST");
 }
 
-Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
+Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count, bool speculative) {
   const uint64_t io_block = layout.io_block();
   for (size_t b = 0; b < pipeline_buffers(buffer_count); ++b) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.max_chunk_bytes()));
@@ -49,13 +49,19 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count) {
     expected_sums.resize(blocks);
   }
   prefetched.reserve(buffers.size());
+  speculative_writes.reserve(buffers.size());
+  held_reads.reserve(buffers.size());
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_ASSIGN_OR_RETURN(PinnedBuffer buffer, resources.pinned->Allocate(layout.chunk(c).bytes));
     host.push_back(std::move(buffer));
+    if (!speculative) continue;
+    ZOE_ASSIGN_OR_RETURN(PinnedBuffer spare, resources.pinned->Allocate(layout.chunk(c).bytes));
+    host_spare.push_back(std::move(spare));
   }
   nvme.resize(nvme_count);
   for (size_t c = 0; c < nvme_count; ++c) {
-    for (io::Extent& slot : nvme[c].slots) {
+    for (uint32_t s = 0; s < slot_count; ++s) {
+      io::Extent& slot = nvme[c].slots[s];
       Result<io::Extent> extent = resources.swap->Allocate(layout.chunk(c).bytes);
       if (!extent.ok()) return std::move(extent).status().WithContext(ChunkName(c));
       slot = *extent;
@@ -156,11 +162,14 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& wri
 // The pipeline. NVMe chunks go through the buffers in `order`: reads run ahead as far as free
 // buffers allow (the reads AccumulateGrad started come first), `fn` runs on chunk i while the
 // reads of the chunks after it and the write of the chunks before it are in flight, and every
-// chunk is written to its inactive slot. The first error stops the pipeline; every transfer
-// still in flight is waited for and every buffer returned before it is reported. Slots are not
-// flipped here: the caller flips them once the whole operation succeeded.
+// chunk is written to its inactive slot (with one slot, in place). The first error stops the
+// pipeline; every transfer still in flight is waited for and every buffer returned before it is
+// reported. Slots are not flipped here: the caller flips them once the whole operation
+// succeeded. `totals->bytes_written` counts every write submitted, so a caller knows whether a
+// failure came after the first write.
 Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool read,
-                                         const ChunkFn& fn, Totals* totals, bool fn_hashes) {
+                                         const ChunkFn& fn, Totals* totals, bool fn_hashes,
+                                         InFlightList* carried) {
   InFlightList reading;
   reading.reserve(buffers.size());
   if (read) reading.swap(prefetched);
@@ -171,6 +180,7 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
   std::fill(last_written.begin(), last_written.end(), std::nullopt);
   InFlightList writing;
   writing.reserve(buffers.size());
+  if (carried != nullptr) writing.swap(*carried);
   size_t next = reading.size();
   Status failure;
   for (size_t pos = 0; pos < order.size() && failure.ok(); ++pos) {
@@ -220,9 +230,9 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
       totals->compute_seconds += SecondsSince(start);
     }
     if (status.ok()) {
-      const uint8_t inactive = nvme[entry.chunk].live ^ 1;
-      Result<io::Ticket> ticket = SubmitChunkIo(io::Op::kWrite, entry.chunk, inactive, state,
-                                                /*for_pipeline=*/true, checksums.computed);
+      Result<io::Ticket> ticket =
+          SubmitChunkIo(io::Op::kWrite, entry.chunk, WriteSlot(entry.chunk), state,
+                        /*for_pipeline=*/true, checksums.computed);
       if (ticket.ok()) {
         writing.push_back({entry.chunk, entry.buffer, *ticket});
         last_written[entry.buffer] = entry.chunk;
@@ -243,6 +253,10 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
       free_buffers.push_back(entry.buffer);
     }
   }
+  if (carried != nullptr && failure.ok()) {
+    carried->swap(writing);
+    return failure;
+  }
   const Clock::time_point start = Clock::now();
   for (const InFlight& entry : writing) {
     Status written = resources.io->Wait(entry.ticket);
@@ -257,9 +271,39 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
 
 void OptimizerGroup::Impl::Flip(std::span<const size_t> chunks) {
   for (size_t c : chunks) {
-    nvme[c].live ^= 1;
+    if (slot_count == 2) nvme[c].live ^= 1;
     ++nvme[c].version;
   }
+}
+
+Status OptimizerGroup::Impl::BreakIfWritten(Status failure, uint64_t written) {
+  if (failure.ok() || slot_count != 1 || written == 0 || !broken.ok()) return failure;
+  broken = failure;
+  ZOE_LOG_ERROR(
+      "optimizer group '{}': a single-slot operation failed after writing {} bytes of state in "
+      "place; the group refuses further work until a checkpoint is loaded: {}",
+      name, written, failure.ToString());
+  return failure;
+}
+
+Status OptimizerGroup::Impl::CheckUsable(std::string_view what) const {
+  if (broken.ok()) return Status::Ok();
+  return Status::FailedPrecondition(fmt::format(
+      "optimizer group '{}': cannot {}: the group keeps one slot per NVMe chunk and an earlier "
+      "operation failed after it began writing the state in place, so the state may be torn; "
+      "load a checkpoint to go on (or use two slots, zoe.slots = 2, whose steps are atomic). "
+      "The failure: {}",
+      name, what, broken.ToString()));
+}
+
+void OptimizerGroup::Impl::DropPreparedLoad() {
+  if (prepared_load && prepared_load->in_place && broken.ok()) {
+    broken = Status::Aborted(fmt::format(
+        "optimizer group '{}': a checkpoint load wrote the NVMe chunks in place and was "
+        "discarded before it was committed",
+        name));
+  }
+  prepared_load.reset();
 }
 
 void OptimizerGroup::Impl::CommitCache() {
@@ -288,8 +332,11 @@ void OptimizerGroup::Impl::ReleasePrefetched() {
 
 // Drops the accumulated gradients; reads started for them are released (ReleaseUnusedRead).
 void OptimizerGroup::Impl::ResetAccumulation() {
+  FinishSpeculativeWrites();
+  speculation.reset();
   ReleasePrefetched();
   accumulated.clear();
+  accumulated_elements = 0;
   std::fill(chunk_covered.begin(), chunk_covered.end(), 0);
   std::fill(chunk_present.begin(), chunk_present.end(), 0);
   scanner.Reset();

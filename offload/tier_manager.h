@@ -172,7 +172,13 @@ class TierManager {
   uint64_t host_budget_bytes() const { return host_budget_.capacity(); }
   uint64_t device_reserved_bytes() const { return device_budget_ ? device_budget_->reserved() : 0; }
   uint64_t device_budget_bytes() const { return device_budget_ ? device_budget_->capacity() : 0; }
+  // The swap files of the tensors, one per NVMe path (their bytes_written: the wear).
+  const io::FileSet& swap_files() const { return swap_->files(); }
   bool has_device() const { return device_ != nullptr; }
+  // The device backend's name ("" without a device tier) and whether it is a real GPU (device
+  // addresses are then not host addresses).
+  std::string device_name() const { return device_ ? device_->name() : std::string(); }
+  bool device_is_gpu() const { return device_ && device_->is_real_gpu(); }
   std::string_view io_backend() const { return io_->backend(); }
   // Acquires currently waiting for a Release because every resident run (HOST or DEVICE) is
   // pinned.

@@ -27,6 +27,7 @@ struct Avx512Ops {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static void StoreF32(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static void StreamF32(float* p, F x) { _mm512_stream_ps(p, x); }  // p 64-byte aligned
   static void StoreBf16(uint16_t* p, F x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToBf16(x));
   }

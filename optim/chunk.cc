@@ -1,5 +1,7 @@
 #include "optim/chunk.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -63,6 +65,7 @@ UpdateConstants MakeUpdateConstants(const HyperParams& h, int64_t step,
     case Kind::kAdam:
       k.neg_step_size = static_cast<float>(-(h.lr / (1.0 - std::pow(h.beta1, t))));
       k.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, t)));
+      k.inv_bias_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(h.beta2, t)));
       break;
     case Kind::kAdagrad:
       k.neg_step_size = static_cast<float>(-(h.lr / (1.0 + (t - 1.0) * h.lr_decay)));
@@ -85,8 +88,9 @@ Status CheckLayout(const ChunkLayout& layout) {
     return Status::InvalidArgument(
         "gradient dtype int8 is not supported; allowed: fp32, bf16, fp16");
   }
-  if (layout.param_copy.has_value() && *layout.param_copy == DType::kF32) {
-    return Status::InvalidArgument("param_copy dtype fp32 is not supported; allowed: bf16, fp16");
+  if (layout.param_copy == DType::kI8) {
+    return Status::InvalidArgument(
+        "param_copy dtype int8 is not supported; allowed: fp32, bf16, fp16");
   }
   return Status::Ok();
 }
@@ -145,7 +149,64 @@ Status UpdateQuantizedChunk(const KernelTable& kernels, const HyperParams& hyper
 
 CopySlot CopySlotOf(const std::optional<DType>& copy) {
   if (!copy.has_value()) return CopySlot::kNone;
-  return *copy == DType::kBF16 ? CopySlot::kBF16 : CopySlot::kF16;
+  switch (*copy) {
+    case DType::kF32:
+      return CopySlot::kF32;
+    case DType::kBF16:
+      return CopySlot::kBF16;
+    case DType::kF16:
+      return CopySlot::kF16;
+    case DType::kI8:  // CheckLayout refuses it
+      break;
+  }
+  return CopySlot::kNone;
+}
+
+size_t LastLevelCacheBytes() {
+  static const size_t bytes = [] {
+    for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+      const long size = sysconf(name);
+      if (size > 0) return static_cast<size_t>(size);
+    }
+    return size_t{32} << 20;
+  }();
+  return bytes;
+}
+
+namespace {
+
+// Whether the fp32 arrays an update writes can be streamed: they must share master's alignment
+// modulo 64 bytes, so that one scalar prologue aligns them all (kernel_math.h).
+bool WritesCongruent(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk) {
+  const auto residue = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 64; };
+  const uintptr_t master = residue(chunk.master);
+  if (layout.state == DType::kF32) {
+    if (UsesExpAvg(kind) && residue(chunk.exp_avg) != master) return false;
+    if (UsesExpAvgSq(kind) && residue(chunk.exp_avg_sq) != master) return false;
+  }
+  return layout.param_copy != DType::kF32 || residue(chunk.param_copy) == master;
+}
+
+// Bytes one update of the chunk reads: master, gradient and the moments.
+size_t BytesRead(Kind kind, const ChunkLayout& layout, size_t count) {
+  const size_t per_element =
+      4 + SizeOf(layout.grad) + SizeOf(layout.state) * static_cast<size_t>(StateTensors(kind));
+  return per_element * count;
+}
+
+}  // namespace
+
+UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk,
+                                  const RunOptions& run) {
+  // The int8 block kernels have one variant: exact arithmetic, ordinary stores (kernels.h).
+  if (layout.state == DType::kI8) return {};
+  UpdateVariant variant;
+  variant.fast = run.arithmetic == Arithmetic::kFast;
+  const bool wanted = run.stores == StoreMode::kStreaming ||
+                      (run.stores == StoreMode::kAuto &&
+                       BytesRead(kind, layout, chunk.count) > LastLevelCacheBytes());
+  variant.streaming = wanted && WritesCongruent(kind, layout, chunk);
+  return variant;
 }
 
 Status ValidateHyperParams(const HyperParams& h) {
@@ -228,7 +289,8 @@ Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& la
     return UpdateQuantizedChunk(*kernels, hyper, layout, chunk, constants, run);
   }
   const UpdateFn update = kernels->update[KernelTable::UpdateIndex(
-      hyper.kind, layout.grad, layout.state, CopySlotOf(layout.param_copy))];
+      hyper.kind, layout.grad, layout.state, CopySlotOf(layout.param_copy),
+      ChooseUpdateVariant(hyper.kind, layout, chunk, run))];
   const UpdatePointers pointers{chunk.master, chunk.grad, chunk.exp_avg, chunk.exp_avg_sq,
                                 chunk.param_copy};
   ForEachTile(run, chunk.count,

@@ -40,9 +40,11 @@ Status ValidateHyperParams(const HyperParams& hyper);
 
 // Element types of a chunk's buffers.
 struct ChunkLayout {
-  DType grad = DType::kF32;         // any
-  DType state = DType::kF32;        // kF32, kBF16 (halves the state bytes) or kI8 (quantize.h)
-  std::optional<DType> param_copy;  // kBF16 or kF16: also write the updated parameter there
+  DType grad = DType::kF32;   // any but kI8
+  DType state = DType::kF32;  // kF32, kBF16 (halves the state bytes) or kI8 (quantize.h)
+  // Any dtype but kI8: also write the updated parameter there, in the same pass (fp32 included:
+  // the copy is then the master's bits).
+  std::optional<DType> param_copy;
 };
 
 // A chunk's buffers, all `count` elements long, borrowed for the call. Any alignment is accepted.
@@ -83,11 +85,35 @@ struct GradScaling {
 
 inline constexpr size_t kDefaultTileElements = size_t{1} << 15;
 
+// How an update writes its fp32 arrays. Streaming (non-temporal) stores skip the cache: faster
+// for arrays larger than the last-level cache, slower for data already in it (an offloaded
+// chunk's stripe, just read). Results do not depend on the choice.
+enum class StoreMode {
+  kAuto,       // streaming when the bytes the call reads exceed LastLevelCacheBytes()
+  kCached,     // ordinary stores
+  kStreaming,  // non-temporal stores where the arrays allow (see UpdateVariant in kernels.h)
+};
+
+// Arithmetic::kFast bound. In fast mode exp_avg and exp_avg_sq are bit-identical to exact mode;
+// the denominator is within 2 ulp of exact mode's, so the update term lr * m_hat / denom is
+// within 3 ulp of it, and a master weight the update changes by at most a quarter of its
+// magnitude (every practical step: lr * |m_hat / denom| is about lr) is within 2 ulp of exact
+// mode's. Every instruction-set path gives the same bits in either mode.
+inline constexpr int kFastUpdateUlps = 3;
+inline constexpr int kFastMasterUlps = 2;
+
 struct RunOptions {
   Executor* executor = nullptr;                 // null: run on the calling thread only
   std::optional<Isa> isa;                       // unset: DefaultIsa() (cpuid, or ZOE_ISA)
   size_t tile_elements = kDefaultTileElements;  // > 0; results do not depend on it
+  // Exact by default: the bits torch.optim computes, which tests, state_dict round trips with
+  // torch and users comparing runs rely on. Fast is an option (zoe.arithmetic = "fast").
+  Arithmetic arithmetic = Arithmetic::kExact;
+  StoreMode stores = StoreMode::kAuto;
 };
+
+// Size of the last-level cache (sysconf), or 32 MiB where the system does not say.
+size_t LastLevelCacheBytes();
 
 // Sum of squares of raw (still loss-scaled) gradients; +inf or NaN when any is not finite.
 struct GradScan {
@@ -127,6 +153,11 @@ Status ValidateUpdate(const HyperParams& hyper, int64_t step, const ChunkLayout&
 UpdateConstants MakeUpdateConstants(const HyperParams& hyper, int64_t step,
                                     const GradScaling& scaling);
 CopySlot CopySlotOf(const std::optional<DType>& copy);
+// The kernel variant UpdateChunk runs: run.arithmetic, and streaming stores per run.stores where
+// the fp32 arrays written are congruent to master modulo 64 bytes. kI8 state always gets exact
+// arithmetic and ordinary stores, the only variant its block kernels have.
+UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk,
+                                  const RunOptions& run);
 
 // Scan + update of a single-chunk group. When a gradient is not finite nothing is written and
 // the outcome says skip; the caller then does not advance its step counter.

@@ -9,11 +9,22 @@
 // vector go through ScalarOps, which by the same argument gives the same bits. The order of
 // operations follows torch.optim's single-tensor implementations (see each rule below).
 //
+// Fast arithmetic (UpdateVariant::fast) replaces Adam's division by sqrt(1 - beta2^t) with a
+// multiplication by its reciprocal: still a fixed sequence of correctly rounded operations, so
+// the paths stay bit-identical to each other in that mode too, and within the bound chunk.h states
+// of the exact mode.
+//
+// Streaming (UpdateVariant::streaming) changes only how fp32 arrays are written: non-temporal
+// stores on full, aligned vectors, which leave the bits as they are.
+//
 // Internal linkage throughout: see convert.h.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include "optim/convert.h"
@@ -32,6 +43,7 @@ struct ScalarOps {
   static F LoadBf16(const uint16_t* p) { return Bf16ToFloat(*p); }
   static F LoadF16(const uint16_t* p) { return F16ToFloat(*p); }
   static void StoreF32(float* p, F x) { *p = x; }
+  static void StreamF32(float* p, F x) { *p = x; }  // no scalar non-temporal store is worth it
   static void StoreBf16(uint16_t* p, F x) { *p = FloatToBf16(x); }
   static void StoreF16(uint16_t* p, F x) { *p = FloatToF16(x); }
   static F Add(F a, F b) { return a + b; }
@@ -64,9 +76,13 @@ typename V::F Load(const void* base, size_t i) {
   }
 }
 
-template <class V, DType D>
+// A streaming fp32 store needs a full vector at an address aligned to its width; the update loop
+// guarantees that for every fp32 array it writes when it streams (see Update).
+template <class V, DType D, bool kStreaming = false>
 void Store(void* base, size_t i, typename V::F x) {
-  if constexpr (D == DType::kF32) {
+  if constexpr (D == DType::kF32 && kStreaming) {
+    V::StreamF32(static_cast<float*>(base) + i, x);
+  } else if constexpr (D == DType::kF32) {
     V::StoreF32(static_cast<float*>(base) + i, x);
   } else if constexpr (D == DType::kBF16) {
     V::StoreBf16(static_cast<uint16_t*>(base) + i, x);
@@ -75,12 +91,14 @@ void Store(void* base, size_t i, typename V::F x) {
   }
 }
 
-template <class V, CopySlot C>
+template <class V, CopySlot C, bool kStreaming>
 void StoreCopy(void* base, size_t i, typename V::F x) {
   if constexpr (C == CopySlot::kBF16) {
     Store<V, DType::kBF16>(base, i, x);
   } else if constexpr (C == CopySlot::kF16) {
     Store<V, DType::kF16>(base, i, x);
+  } else if constexpr (C == CopySlot::kF32) {
+    Store<V, DType::kF32, kStreaming>(base, i, x);
   }
 }
 
@@ -119,20 +137,23 @@ typename V::F LoadMoment(const P& p, size_t i) {
   }
 }
 
-template <class V, DType S, bool kSq, class P>
+// kI8 moments go to the block's buffer on the stack (requantized there, never streamed).
+template <class V, DType S, bool kSq, bool kStreaming, class P>
 void StoreMoment(const P& p, size_t i, typename V::F x) {
   if constexpr (S == DType::kI8) {
+    static_assert(!kStreaming, "int8 blocks are updated with ordinary stores");
     if constexpr (kSq) {
       V::StoreF32(p.exp_avg_sq_out + (i - p.begin), V::Sqrt(x));
     } else {
       V::StoreF32(p.exp_avg_out + (i - p.begin), x);
     }
   } else {
-    Store<V, S>(kSq ? p.exp_avg_sq : p.exp_avg, i, x);
+    Store<V, S, kStreaming>(kSq ? p.exp_avg_sq : p.exp_avg, i, x);
   }
 }
 
-template <class V, bool kDecoupled, DType G, DType S, CopySlot C, class P>
+// Fast arithmetic: denom = sqrt(v) * (1 / sqrt(1-b2^t)) + eps, the reciprocal rounded once.
+template <class V, bool kDecoupled, DType G, DType S, CopySlot C, UpdateVariant kVariant, class P>
 void AdamStep(const UpdateConstants& k, const P& p, size_t i) {
   using F = typename V::F;
   F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
@@ -146,17 +167,24 @@ void AdamStep(const UpdateConstants& k, const P& p, size_t i) {
   F v = LoadMoment<V, S, true>(p, i);
   m = V::Add(V::Mul(m, V::Set(k.beta1)), V::Mul(g, V::Set(k.one_minus_beta1)));
   v = V::Add(V::Mul(v, V::Set(k.beta2)), V::Mul(V::Mul(V::Set(k.one_minus_beta2), g), g));
-  const F denom = V::Add(V::Div(V::Sqrt(v), V::Set(k.bias_correction2_sqrt)), V::Set(k.eps));
+  F corrected;
+  if constexpr (kVariant.fast) {
+    corrected = V::Mul(V::Sqrt(v), V::Set(k.inv_bias_correction2_sqrt));
+  } else {
+    corrected = V::Div(V::Sqrt(v), V::Set(k.bias_correction2_sqrt));
+  }
+  const F denom = V::Add(corrected, V::Set(k.eps));
   w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), m), denom));
-  V::StoreF32(p.master + i, w);
-  StoreMoment<V, S, false>(p, i, m);
-  StoreMoment<V, S, true>(p, i, v);
-  StoreCopy<V, C>(p.param_copy, i, w);
+  constexpr bool kStreaming = kVariant.streaming;
+  Store<V, DType::kF32, kStreaming>(p.master, i, w);
+  StoreMoment<V, S, false, kStreaming>(p, i, m);
+  StoreMoment<V, S, true, kStreaming>(p, i, v);
+  StoreCopy<V, C, kStreaming>(p.param_copy, i, w);
 }
 
 // Adagrad, torch 1.13 _single_tensor_adagrad with lr_decay folded into neg_step_size:
 //   g += wd*p;  s += g*g;  p += (-clr * g) / (sqrt(s) + eps)
-template <class V, DType G, DType S, CopySlot C, class P>
+template <class V, DType G, DType S, CopySlot C, bool kStreaming, class P>
 void AdagradStep(const UpdateConstants& k, const P& p, size_t i) {
   using F = typename V::F;
   F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
@@ -166,14 +194,14 @@ void AdagradStep(const UpdateConstants& k, const P& p, size_t i) {
   s = V::Add(s, V::Mul(g, g));
   const F denom = V::Add(V::Sqrt(s), V::Set(k.eps));
   w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), g), denom));
-  V::StoreF32(p.master + i, w);
-  StoreMoment<V, S, true>(p, i, s);
-  StoreCopy<V, C>(p.param_copy, i, w);
+  Store<V, DType::kF32, kStreaming>(p.master, i, w);
+  StoreMoment<V, S, true, kStreaming>(p, i, s);
+  StoreCopy<V, C, kStreaming>(p.param_copy, i, w);
 }
 
 // Lion (Chen et al. 2023, Algorithm 2 with decoupled decay):
 //   p *= 1 - lr*wd;  c = m*b1 + (1-b1)*g;  p += -lr * sign(c);  m = m*b2 + (1-b2)*g
-template <class V, DType G, DType S, CopySlot C, class P>
+template <class V, DType G, DType S, CopySlot C, bool kStreaming, class P>
 void LionStep(const UpdateConstants& k, const P& p, size_t i) {
   using F = typename V::F;
   const F g = V::Mul(Load<V, G>(p.grad, i), V::Set(k.grad_scale));
@@ -182,28 +210,70 @@ void LionStep(const UpdateConstants& k, const P& p, size_t i) {
   const F c = V::Add(V::Mul(m, V::Set(k.beta1)), V::Mul(g, V::Set(k.one_minus_beta1)));
   w = V::Add(w, V::Mul(V::Set(k.neg_step_size), V::Sign(c)));
   m = V::Add(V::Mul(m, V::Set(k.beta2)), V::Mul(g, V::Set(k.one_minus_beta2)));
-  V::StoreF32(p.master + i, w);
-  StoreMoment<V, S, false>(p, i, m);
-  StoreCopy<V, C>(p.param_copy, i, w);
+  Store<V, DType::kF32, kStreaming>(p.master, i, w);
+  StoreMoment<V, S, false, kStreaming>(p, i, m);
+  StoreCopy<V, C, kStreaming>(p.param_copy, i, w);
 }
 
-template <class V, Kind K, DType G, DType S, CopySlot C, class P>
+template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant, class P>
 void StepAt(const UpdateConstants& k, const P& p, size_t i) {
   if constexpr (K == Kind::kAdamW || K == Kind::kAdam) {
-    AdamStep<V, K == Kind::kAdamW, G, S, C>(k, p, i);
+    AdamStep<V, K == Kind::kAdamW, G, S, C, kVariant>(k, p, i);
   } else if constexpr (K == Kind::kAdagrad) {
-    AdagradStep<V, G, S, C>(k, p, i);
+    AdagradStep<V, G, S, C, kVariant.streaming>(k, p, i);
   } else {
-    LionStep<V, G, S, C>(k, p, i);
+    LionStep<V, G, S, C, kVariant.streaming>(k, p, i);
   }
 }
 
-// Full vectors first, then the tail element by element through ScalarOps.
-template <class V, Kind K, DType G, DType S, CopySlot C, class P = UpdatePointers>
+// Bytes ahead of the current element that the streaming loops prefetch each array they read:
+// enough to cover memory latency at one vector per few nanoseconds, and far less than L1.
+inline constexpr size_t kPrefetchBytes = 1024;
+
+template <class T>
+void PrefetchAhead(const T* base, size_t i) {
+  __builtin_prefetch(reinterpret_cast<const char*>(base + i) + kPrefetchBytes, 0, 0);
+}
+
+// The arrays a step at element i reads, prefetched kPrefetchBytes ahead.
+template <Kind K, DType G, DType S>
+void PrefetchStep(const UpdatePointers& p, size_t i) {
+  PrefetchAhead(p.master, i);
+  PrefetchAhead(static_cast<const std::byte*>(p.grad), i * SizeOf(G));
+  if constexpr (UsesExpAvg(K))
+    PrefetchAhead(static_cast<const std::byte*>(p.exp_avg), i * SizeOf(S));
+  if constexpr (UsesExpAvgSq(K)) {
+    PrefetchAhead(static_cast<const std::byte*>(p.exp_avg_sq), i * SizeOf(S));
+  }
+}
+
+// Full vectors first, then the tail element by element through ScalarOps. Streaming first steps
+// element by element up to the first element whose master address is aligned to a vector (the
+// caller makes every fp32 array written congruent to master modulo 64 bytes, so they are all
+// aligned there), prefetches the arrays it reads, and fences its non-temporal stores at the end
+// so they are ordered before whatever the caller does next (another thread may read them).
+// P is UpdatePointers, or BlockPointers for one kI8 block (UpdateBlock: exact, never streaming).
+template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant,
+          class P = UpdatePointers>
 void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
+  static_assert(S != DType::kI8 || (!kVariant.fast && !kVariant.streaming),
+                "int8 blocks have exact arithmetic and ordinary stores only");
+  constexpr UpdateVariant kTail{kVariant.fast, false};
   size_t i = begin;
-  for (; i + V::kWidth <= end; i += V::kWidth) StepAt<V, K, G, S, C>(k, p, i);
-  for (; i < end; ++i) StepAt<ScalarOps, K, G, S, C>(k, p, i);
+  if constexpr (kVariant.streaming) {
+    constexpr size_t kVectorBytes = V::kWidth * sizeof(float);
+    for (; i < end && reinterpret_cast<uintptr_t>(p.master + i) % kVectorBytes != 0; ++i) {
+      StepAt<ScalarOps, K, G, S, C, kTail>(k, p, i);
+    }
+    for (; i + V::kWidth <= end; i += V::kWidth) {
+      PrefetchStep<K, G, S>(p, i);
+      StepAt<V, K, G, S, C, kVariant>(k, p, i);
+    }
+  } else {
+    for (; i + V::kWidth <= end; i += V::kWidth) StepAt<V, K, G, S, C, kVariant>(k, p, i);
+  }
+  for (; i < end; ++i) StepAt<ScalarOps, K, G, S, C, kTail>(k, p, i);
+  if constexpr (kVariant.streaming) _mm_sfence();
 }
 
 // Quantizes the n (<= kQuantBlock) fp32 values x into codes[0, n) with `code`, storing the
@@ -231,7 +301,8 @@ void QuantizeBlock(const float* x, size_t n, const QuantCode& code, uint8_t* cod
 
 // One kI8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on the
 // dequantized moments, kept in fp32 buffers on the stack until the block's new absmax is known,
-// then requantized.
+// then requantized. Exact arithmetic and ordinary stores only (the block is in L1 by then); an
+// fp32 parameter copy (CopySlot::kF32) is written in the same pass, like the other copies.
 template <class V, Kind K, DType G, CopySlot C>
 void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
                  size_t block) {
@@ -244,7 +315,7 @@ void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t be
   p.exp_avg_sq_out = exp_avg_sq;
   if constexpr (UsesExpAvg(K)) p.exp_avg_scale_old = base.exp_avg_scale[block];
   if constexpr (UsesExpAvgSq(K)) p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
-  Update<V, K, G, DType::kI8, C>(k, p, begin, end);
+  Update<V, K, G, DType::kI8, C, UpdateVariant{}>(k, p, begin, end);
   if constexpr (UsesExpAvg(K)) {
     QuantizeBlock<V>(exp_avg, end - begin, kSignedCode, static_cast<uint8_t*>(base.exp_avg) + begin,
                      base.exp_avg_scale + block);
@@ -321,43 +392,71 @@ void Convert(const void* src, void* dst, size_t begin, size_t end) {
   for (; i < end; ++i) Store<ScalarOps, To>(dst, i, Load<ScalarOps, From>(src, i));
 }
 
-template <class V>
+// The roofline probe. Streaming (when a, c and d are congruent modulo 64 bytes, else it falls
+// back to plain stores) uses the update loop's techniques: scalar steps up to a's vector
+// alignment, prefetch of the four arrays read, non-temporal stores of the three written, a fence.
+template <class V, bool kStreaming>
 void Stream(float* a, const float* b, float* c, float* d, size_t begin, size_t end) {
   size_t i = begin;
+  if constexpr (kStreaming) {
+    const auto residue = [](const float* x) { return reinterpret_cast<uintptr_t>(x) % 64; };
+    if (residue(a) != residue(c) || residue(a) != residue(d)) {
+      return Stream<V, false>(a, b, c, d, begin, end);
+    }
+    for (; i < end && reinterpret_cast<uintptr_t>(a + i) % (V::kWidth * sizeof(float)) != 0; ++i) {
+      a[i] += b[i];
+      c[i] += b[i];
+      d[i] += b[i];
+    }
+  }
   for (; i + V::kWidth <= end; i += V::kWidth) {
+    if constexpr (kStreaming) {
+      PrefetchAhead(a, i);
+      PrefetchAhead(b, i);
+      PrefetchAhead(c, i);
+      PrefetchAhead(d, i);
+    }
     const auto x = V::LoadF32(b + i);
-    V::StoreF32(a + i, V::Add(V::LoadF32(a + i), x));
-    V::StoreF32(c + i, V::Add(V::LoadF32(c + i), x));
-    V::StoreF32(d + i, V::Add(V::LoadF32(d + i), x));
+    Store<V, DType::kF32, kStreaming>(a, i, V::Add(V::LoadF32(a + i), x));
+    Store<V, DType::kF32, kStreaming>(c, i, V::Add(V::LoadF32(c + i), x));
+    Store<V, DType::kF32, kStreaming>(d, i, V::Add(V::LoadF32(d + i), x));
   }
   for (; i < end; ++i) {
     a[i] += b[i];
     c[i] += b[i];
     d[i] += b[i];
   }
+  if constexpr (kStreaming) _mm_sfence();
 }
 
 template <class V, size_t I>
 constexpr UpdateFn UpdateEntry() {
-  // I = ((kind * 3 + grad) * 2 + state) * 3 + copy, as KernelTable::UpdateIndex.
-  constexpr auto kind = static_cast<Kind>(I / 18);
-  constexpr auto grad = static_cast<DType>(I / 6 % 3);
-  constexpr auto state = static_cast<DType>(I / 3 % 2);
-  constexpr auto copy = static_cast<CopySlot>(I % 3);
-  return &Update<V, kind, grad, state, copy>;
+  // I = ((((kind * 3 + grad) * 2 + state) * 4 + copy) * 2 + fast) * 2 + streaming, as
+  // KernelTable::UpdateIndex.
+  constexpr auto kind = static_cast<Kind>(I / 96);
+  constexpr auto grad = static_cast<DType>(I / 32 % 3);
+  constexpr auto state = static_cast<DType>(I / 16 % 2);
+  constexpr auto copy = static_cast<CopySlot>(I / 4 % 4);
+  // Fast arithmetic changes only Adam's rule, and the scalar path has nothing to stream: those
+  // entries share the plain instantiation.
+  constexpr bool adam = kind == Kind::kAdamW || kind == Kind::kAdam;
+  constexpr UpdateVariant variant{adam && I / 2 % 2 == 1, V::kWidth > 1 && I % 2 == 1};
+  return &Update<V, kind, grad, state, copy, variant>;
 }
 
-template <class V, size_t... I>
+// Entries [kBase, kBase + sizeof...(I)): one fold per optimizer kind, because clang limits a
+// fold expression to 256 operands.
+template <class V, size_t kBase, size_t... I>
 constexpr void FillUpdates(KernelTable& table, std::index_sequence<I...>) {
-  ((table.update[I] = UpdateEntry<V, I>()), ...);
+  ((table.update[kBase + I] = UpdateEntry<V, kBase + I>()), ...);
 }
 
 template <class V, size_t I>
 constexpr BlockUpdateFn BlockUpdateEntry() {
-  // I = (kind * 3 + grad) * 3 + copy, as KernelTable::BlockUpdateIndex.
-  constexpr auto kind = static_cast<Kind>(I / 9);
-  constexpr auto grad = static_cast<DType>(I / 3 % 3);
-  constexpr auto copy = static_cast<CopySlot>(I % 3);
+  // I = (kind * 3 + grad) * 4 + copy, as KernelTable::BlockUpdateIndex.
+  constexpr auto kind = static_cast<Kind>(I / 12);
+  constexpr auto grad = static_cast<DType>(I / 4 % 3);
+  constexpr auto copy = static_cast<CopySlot>(I % 4);
   return &UpdateBlock<V, kind, grad, copy>;
 }
 
@@ -370,7 +469,12 @@ template <class V>
 constexpr KernelTable MakeKernelTable(Isa isa) {
   KernelTable table;
   table.isa = isa;
-  FillUpdates<V>(table, std::make_index_sequence<KernelTable::kUpdates>());
+  constexpr size_t kPerKind = KernelTable::kUpdates / std::size(kAllKinds);
+  static_assert(kPerKind * std::size(kAllKinds) == KernelTable::kUpdates);
+  FillUpdates<V, 0 * kPerKind>(table, std::make_index_sequence<kPerKind>());
+  FillUpdates<V, 1 * kPerKind>(table, std::make_index_sequence<kPerKind>());
+  FillUpdates<V, 2 * kPerKind>(table, std::make_index_sequence<kPerKind>());
+  FillUpdates<V, 3 * kPerKind>(table, std::make_index_sequence<kPerKind>());
   FillBlockUpdates<V>(table, std::make_index_sequence<KernelTable::kBlockUpdates>());
   table.sum_squares[0] = &SumSquares<V, DType::kF32>;
   table.sum_squares[1] = &SumSquares<V, DType::kBF16>;
@@ -379,7 +483,8 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
   table.from_f32[2] = &Convert<V, DType::kF32, DType::kF16>;
   table.to_f32[1] = &Convert<V, DType::kBF16, DType::kF32>;
   table.to_f32[2] = &Convert<V, DType::kF16, DType::kF32>;
-  table.stream = &Stream<V>;
+  table.stream = &Stream<V, false>;
+  table.stream_nt = &Stream<V, V::kWidth != 1>;
   table.quantize_block[0] = &QuantizeBlockOf<V, false>;
   table.quantize_block[1] = &QuantizeBlockOf<V, true>;
   table.dequantize_block[0] = &DequantizeBlockOf<V, false>;

@@ -22,7 +22,8 @@ struct UpdateConstants {
   float one_minus_beta2 = 1.0f;
   float neg_step_size =
       0.0f;  // -lr / (1 - beta1^t) (Adam, AdamW); -lr / (1 + (t-1) lr_decay) (Adagrad); -lr (Lion)
-  float bias_correction2_sqrt = 1.0f;  // sqrt(1 - beta2^t) (Adam, AdamW)
+  float bias_correction2_sqrt = 1.0f;      // sqrt(1 - beta2^t) (Adam, AdamW)
+  float inv_bias_correction2_sqrt = 1.0f;  // 1 / sqrt(1 - beta2^t), rounded once (fast arithmetic)
   float eps = 0.0f;
 };
 
@@ -55,15 +56,29 @@ using SumSquaresFn = double (*)(const void* grad, size_t begin, size_t end);
 // Converts src[begin, end) into dst[begin, end).
 using ConvertFn = void (*)(const void* src, void* dst, size_t begin, size_t end);
 // The roofline probe: a += b, c += b, d += b over [begin, end) (4 fp32 reads, 3 fp32 writes per
-// element: AdamW's access pattern).
+// element: AdamW's access pattern). The streaming form writes with non-temporal stores where a,
+// c and d share an alignment modulo 64 bytes, prefetches ahead, and ends with a store fence.
 using StreamFn = void (*)(float* a, const float* b, float* c, float* d, size_t begin, size_t end);
 
-// Index of a parameter-copy type in the table: none, bf16, fp16.
-enum class CopySlot { kNone = 0, kBF16 = 1, kF16 = 2 };
+// Index of a parameter-copy type in the table: none, bf16, fp16, fp32.
+enum class CopySlot { kNone = 0, kBF16 = 1, kF16 = 2, kF32 = 3 };
+
+// How an update kernel writes and computes, beside the element types:
+//  - fast: Adam/AdamW multiply sqrt(v) by inv_bias_correction2_sqrt instead of dividing by
+//    bias_correction2_sqrt (Arithmetic::kFast, see chunk.h for the bound); other kinds ignore it.
+//  - streaming: fp32 arrays written (master, fp32 moments, an fp32 copy) that share master's
+//    alignment modulo 64 bytes are written with non-temporal stores, which skip the cache: for
+//    arrays larger than the last-level cache. The kernel ends with a store fence.
+struct UpdateVariant {
+  bool fast = false;
+  bool streaming = false;
+};
 
 struct KernelTable {
-  static constexpr size_t kUpdates = 4 * 3 * 2 * 3;   // kind x grad dtype x state dtype x copy
-  static constexpr size_t kBlockUpdates = 4 * 3 * 3;  // kind x grad dtype x copy (kI8 state)
+  // kind x grad dtype x state dtype x copy x fast x streaming
+  static constexpr size_t kUpdates = 4 * 3 * 2 * 4 * 2 * 2;
+  // kind x grad dtype x copy (kI8 state: exact arithmetic, ordinary stores)
+  static constexpr size_t kBlockUpdates = 4 * 3 * 4;
 
   Isa isa = Isa::kScalar;
   UpdateFn update[kUpdates] = {};
@@ -72,18 +87,20 @@ struct KernelTable {
   ConvertFn from_f32[3] = {};        // fp32 -> dtype (index kF32 unused)
   ConvertFn to_f32[3] = {};          // dtype -> fp32 (index kF32 unused)
   StreamFn stream = nullptr;
+  StreamFn stream_nt = nullptr;                // the streaming form of `stream`
   QuantizeBlockFn quantize_block[2] = {};      // [0] unsigned code, [1] signed code
   DequantizeBlockFn dequantize_block[2] = {};  // same
 
   // state must be kF32 or kBF16.
-  static constexpr size_t UpdateIndex(Kind kind, DType grad, DType state, CopySlot copy) {
-    return ((static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 2 +
-            static_cast<size_t>(state)) *
-               3 +
-           static_cast<size_t>(copy);
+  static constexpr size_t UpdateIndex(Kind kind, DType grad, DType state, CopySlot copy,
+                                      UpdateVariant variant = {}) {
+    const size_t element_types = (static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 2 +
+                                 static_cast<size_t>(state);
+    return ((element_types * 4 + static_cast<size_t>(copy)) * 2 + variant.fast) * 2 +
+           variant.streaming;
   }
   static constexpr size_t BlockUpdateIndex(Kind kind, DType grad, CopySlot copy) {
-    return (static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 3 +
+    return (static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 4 +
            static_cast<size_t>(copy);
   }
 };

@@ -23,6 +23,7 @@ struct Avx2Ops {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static void StoreF32(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static void StreamF32(float* p, F x) { _mm256_stream_ps(p, x); }  // p 32-byte aligned
   static void StoreBf16(uint16_t* p, F x) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), ToBf16(x));
   }

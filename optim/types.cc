@@ -46,6 +46,10 @@ std::string_view IsaName(Isa isa) {
   return "unknown";
 }
 
+std::string_view ArithmeticName(Arithmetic arithmetic) {
+  return arithmetic == Arithmetic::kFast ? "fast" : "exact";
+}
+
 Result<DType> ParseDType(std::string_view name) {
   if (name == "fp32" || name == "f32" || name == "float32") return DType::kF32;
   if (name == "bf16" || name == "bfloat16") return DType::kBF16;
@@ -69,6 +73,13 @@ Result<Isa> ParseIsa(std::string_view name) {
   }
   return Status::InvalidArgument("unknown instruction set '" + std::string(name) +
                                  "'; allowed: avx512bf16, avx512, avx2, scalar");
+}
+
+Result<Arithmetic> ParseArithmetic(std::string_view name) {
+  if (name == "exact") return Arithmetic::kExact;
+  if (name == "fast") return Arithmetic::kFast;
+  return Status::InvalidArgument("unknown arithmetic '" + std::string(name) +
+                                 "'; allowed: exact, fast");
 }
 
 }  // namespace zoe::optim

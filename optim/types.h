@@ -22,6 +22,12 @@ enum class Kind {
   kLion,     // Lion (Chen et al. 2023): sign of an interpolated momentum
 };
 
+// How Adam and AdamW compute the bias-corrected denominator (optim/chunk.h states the bound).
+enum class Arithmetic {
+  kExact,  // sqrt(v) / sqrt(1 - beta2^t): torch's operations, bit-identical to torch
+  kFast,   // sqrt(v) * (1 / sqrt(1 - beta2^t)): one division fewer per element
+};
+
 // Instruction-set path of the CPU kernels, best first. Every path computes bit-identical fp32
 // results (see kernel_math.h for why).
 enum class Isa {
@@ -49,12 +55,15 @@ std::string_view DTypeName(DType type);
 std::string_view KindName(Kind kind);
 // "avx512bf16", "avx512", "avx2", "scalar" (the spellings ZOE_ISA accepts).
 std::string_view IsaName(Isa isa);
+// "exact", "fast".
+std::string_view ArithmeticName(Arithmetic arithmetic);
 
 // Inverses of the names above (also accepting "f32", "float32", "float16", "bfloat16", "i8"); an
 // unknown name is an error listing the accepted ones.
 Result<DType> ParseDType(std::string_view name);
 Result<Kind> ParseKind(std::string_view name);
 Result<Isa> ParseIsa(std::string_view name);
+Result<Arithmetic> ParseArithmetic(std::string_view name);
 
 // Number of optimizer-state tensors a kind keeps per parameter: 2 for Adam/AdamW (exp_avg,
 // exp_avg_sq), 1 for Adagrad (sum of squares, kept in the exp_avg_sq slot) and Lion (exp_avg).

@@ -8,6 +8,7 @@
 
 #include "integrations/c/capi_guard.h"
 #include "integrations/c/capi_handles.h"
+#include "integrations/c/capi_views.h"
 
 using zoe::Result;
 using zoe::Status;
@@ -18,46 +19,9 @@ using zoe::capi::ToGroupId;
 using zoe::offload::Engine;
 namespace offload = zoe::offload;
 
-namespace {
-
-// `n` views from C as the engine's views; `name` names the array in errors ("params[2].dtype").
-template <class View>
-Result<std::vector<View>> ToViews(const zoe_buffer_view* views, size_t n, std::string_view name) {
-  std::vector<View> out;
-  if (n == 0) return out;
-  ZOE_RETURN_IF_ERROR(CheckNotNull(views, name));
-  out.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    View view;
-    view.data = views[i].data;
-    view.count = static_cast<size_t>(views[i].count);
-    ZOE_ASSIGN_OR_RETURN(view.dtype, zoe::capi::ToOptimDType(zoe::capi::RawEnum(views[i].dtype),
-                                                             fmt::format("{}[{}].dtype", name, i)));
-    out.push_back(view);
-  }
-  return out;
-}
-
-offload::StepHyperParams ToHyper(const zoe_hyper_params& hyper) {
-  offload::StepHyperParams out;
-  out.lr = hyper.lr;
-  out.beta1 = hyper.beta1;
-  out.beta2 = hyper.beta2;
-  out.eps = hyper.eps;
-  out.weight_decay = hyper.weight_decay;
-  return out;
-}
-
-void ToStepResult(const offload::StepReport& report, zoe_step_result* out) {
-  out->skipped = report.skipped ? 1 : 0;
-  out->grad_norm = report.grad_norm;
-  out->steps_taken = report.steps_taken;
-  out->bytes_read = report.bytes_read;
-  out->bytes_written = report.bytes_written;
-  out->seconds = report.seconds;
-}
-
-}  // namespace
+using zoe::capi::ToHyper;
+using zoe::capi::ToStepResult;
+using zoe::capi::ToViews;
 
 extern "C" {
 
@@ -106,6 +70,38 @@ zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group, uin
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::GradView> views,
                          ToViews<offload::GradView>(grad, 1, "grad"));
     return e->AccumulateGrad(ToGroupId(group), offset, views.front());
+  });
+}
+
+zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
+                               const zoe_hyper_params* hyper, const zoe_buffer_view* params_out,
+                               size_t n_params, double loss_scale) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> param_views,
+                         ToViews<offload::ParamView>(params_out, n_params, "params_out"));
+    offload::EngineStepArgs args;
+    if (hyper != nullptr) args.hyper = ToHyper(*hyper);
+    args.params = param_views;
+    args.loss_scale = loss_scale;
+    return e->Speculate(ToGroupId(group), args);
+  });
+}
+
+zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
+                                             zoe_speculation_stats* out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = zoe_speculation_stats{};
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(const offload::SpeculationStats stats,
+                         e->GroupSpeculationStats(ToGroupId(group)));
+    out->steps = stats.steps;
+    out->chunks_speculative = stats.chunks_speculative;
+    out->chunks_committed = stats.chunks_committed;
+    out->chunks_recomputed = stats.chunks_recomputed;
+    out->chunks_discarded = stats.chunks_discarded;
+    return Status::Ok();
   });
 }
 

@@ -64,6 +64,7 @@ __global__ void AdamWKernel(UpdateConstants k, UpdatePointers p, size_t count) {
     Store<S>(p.exp_avg_sq, i, v);
     if constexpr (C == CopySlot::kBF16) Store<DType::kBF16>(p.param_copy, i, w);
     if constexpr (C == CopySlot::kF16) Store<DType::kF16>(p.param_copy, i, w);
+    if constexpr (C == CopySlot::kF32) Store<DType::kF32>(p.param_copy, i, w);
   }
 }
 
@@ -86,6 +87,8 @@ int LaunchForCopy(const UpdateConstants& k, const UpdatePointers& p, size_t coun
       return Launch<G, S, CopySlot::kBF16>(k, p, count, stream);
     case CopySlot::kF16:
       return Launch<G, S, CopySlot::kF16>(k, p, count, stream);
+    case CopySlot::kF32:
+      return Launch<G, S, CopySlot::kF32>(k, p, count, stream);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

@@ -415,6 +415,59 @@ static void test_optimizer_group(void) {
   zoe_engine_destroy(engine);
 }
 
+/* A speculative group (updates as gradients arrive) and a plain one end bit-identical over a
+ * committed step, a skipped one (NaN) and a clipped one; the counts say which way each went. */
+static void test_speculation(void) {
+  zoe_engine* engine = create_engine();
+  static float spec_out[kParams];
+  static float plain_out[kParams];
+  static float spec_state[kParams];
+  static float plain_state[kParams];
+  zoe_buffer_view grad_view = view_of(grads, kParams);
+  zoe_buffer_view spec_view = view_of(spec_out, kParams);
+  zoe_buffer_view plain_view = view_of(plain_out, kParams);
+  zoe_buffer_view low = view_of(grads, kSubGroup);
+  zoe_buffer_view high = view_of(grads + kSubGroup, kParams - kSubGroup);
+  zoe_speculation_stats stats;
+  zoe_step_result result;
+  zoe_group_id spec;
+  zoe_group_id plain;
+  int step;
+  int i;
+  if (engine == NULL) return;
+  for (i = 0; i < kParams; ++i) params[i] = 0.5f + 0.001f * (float)i;
+  spec = create_group(engine, "{\"name\": \"s\", \"speculative\": true, \"max_grad_norm\": 1.0}");
+  plain = create_group(engine, "{\"name\": \"p\", \"max_grad_norm\": 1.0}");
+  CHECK_FAILS(zoe_optim_speculate(engine, plain, NULL, NULL, 0, 1.0), ZOE_ERR_FAILED_PRECONDITION,
+              "speculation is off");
+  for (step = 0; step < 3; ++step) {
+    /* Step 1 has a NaN; step 2's gradients have a norm above max_grad_norm. */
+    for (i = 0; i < kParams; ++i)
+      grads[i] = (i % 3 == 0 ? 1.0f : -0.5f) * 1e-3f * (float)(step + 1);
+    if (step == 1) grads[3] = NAN;
+    if (step == 2) grads[5] = 50.0f;
+    CHECK_OK(zoe_optim_speculate(engine, spec, NULL, &spec_view, 1, 1.0));
+    CHECK_OK(zoe_optim_accumulate_grad(engine, spec, kSubGroup, &high));
+    CHECK_OK(zoe_optim_accumulate_grad(engine, spec, 0, &low));
+    CHECK_OK(zoe_optim_step(engine, spec, NULL, NULL, 0, NULL, 0, 1.0, &result));
+    CHECK(result.skipped == (step == 1));
+    CHECK_OK(zoe_optim_step(engine, plain, NULL, &grad_view, 1, &plain_view, 1, 1.0, &result));
+    CHECK(memcmp(spec_out, plain_out, sizeof spec_out) == 0);
+    CHECK_OK(zoe_optim_state_read(engine, spec, ZOE_STATE_EXP_AVG_SQ, 0, kParams, spec_state));
+    CHECK_OK(zoe_optim_state_read(engine, plain, ZOE_STATE_EXP_AVG_SQ, 0, kParams, plain_state));
+    CHECK(memcmp(spec_state, plain_state, sizeof spec_state) == 0);
+  }
+  CHECK_OK(zoe_optim_group_speculation_stats(engine, spec, &stats));
+  CHECK(stats.steps == 3);
+  CHECK(stats.chunks_speculative ==
+        stats.chunks_committed + stats.chunks_discarded + stats.chunks_recomputed);
+  CHECK(stats.chunks_committed > 0 && stats.chunks_committed == stats.chunks_discarded &&
+        stats.chunks_committed == stats.chunks_recomputed);
+  CHECK_FAILS(zoe_optim_group_speculation_stats(engine, spec, NULL), ZOE_ERR_INVALID_ARGUMENT,
+              "out");
+  zoe_engine_destroy(engine);
+}
+
 static void test_optimizer_errors(void) {
   zoe_engine* engine = create_engine();
   zoe_buffer_view views[2];
@@ -655,6 +708,7 @@ int main(void) {
   test_traces();
   test_optimizer_group();
   test_optimizer_errors();
+  test_speculation();
   test_optimizer_segments();
   test_checkpoints();
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -5,8 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -21,6 +25,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr uint64_t kCapacity = 1 << 20;
+constexpr std::chrono::microseconds kAdversarialDelay{2000};
 
 std::vector<std::byte> Pattern(size_t bytes, unsigned seed) {
   std::vector<std::byte> data(bytes);
@@ -31,10 +36,20 @@ std::vector<std::byte> Pattern(size_t bytes, unsigned seed) {
 // ---------------------------------------------------------------------------------------------
 // Conformance: every backend that exists here
 
+// "host-adversarial" is the stand-in in adversarial mode: every copy late, its destination poison
+// until then, so a test that forgot a wait fails there.
+Result<std::unique_ptr<DeviceBackend>> CreateForTest(std::string_view kind) {
+  if (kind != "host-adversarial") return CreateDeviceBackend(kind, kCapacity);
+  ZOE_ASSIGN_OR_RETURN(auto device,
+                       HostStandInDevice::Create(
+                           {.capacity_bytes = kCapacity, .adversarial_delay = kAdversarialDelay}));
+  return std::unique_ptr<DeviceBackend>(std::move(device));
+}
+
 class DeviceConformance : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    auto backend = CreateDeviceBackend(GetParam(), kCapacity);
+    auto backend = CreateForTest(GetParam());
     if (!backend.ok() && backend.status().code() == StatusCode::kNotSupported) {
       GTEST_SKIP() << GetParam() << " backend absent: " << backend.status().ToString();
     }
@@ -215,8 +230,13 @@ TEST_P(DeviceConformance, AllocationsOfAnotherBackendAreRejected) {
   EXPECT_THAT(std::string(copy.status().message()), HasSubstr("is not an allocation of device"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DeviceConformance, ::testing::Values("host", "cuda"),
-                         [](const auto& param_info) { return std::string(param_info.param); });
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceConformance,
+                         ::testing::Values("host", "host-adversarial", "cuda"),
+                         [](const auto& param_info) {
+                           std::string name = param_info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // The host stand-in specifically
@@ -344,6 +364,69 @@ TEST(HostStandIn, ConcurrentSubmittersOnSharedQueues) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ((*device)->used_bytes(), 0u);
+}
+
+bool AllPoison(std::span<const std::byte> bytes) {
+  return std::all_of(bytes.begin(), bytes.end(), [](std::byte b) { return b == kPoisonByte; });
+}
+
+// A deliberately missing wait: the adversarial stand-in shows poison (NaN floats) where a fast
+// worker would have let the read pass by luck; the same reads after the wait see the data. The
+// wait-less reads race with the copy on purpose, so ThreadSanitizer would rightly report them.
+TEST(HostStandIn, AdversarialModeShowsPoisonToAReadWithoutWait) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the test reads a copy's destination without waiting, on purpose";
+#endif
+  auto device = HostStandInDevice::Create(
+      {.capacity_bytes = kCapacity, .adversarial_delay = std::chrono::milliseconds(250)});
+  ASSERT_TRUE(device.ok());
+  auto queue = (*device)->CreateQueue();
+  auto a = (*device)->Allocate(4096);
+  ASSERT_TRUE(queue.ok() && a.ok());
+  std::vector<float> source(1024, 1.5f);
+  std::vector<float> back(1024, 0.0f);
+  auto up = (*queue)->CopyToDevice(std::as_bytes(std::span(source)), {&*a, 0});
+  ASSERT_TRUE(up.ok());
+  ASSERT_TRUE(up->Wait().ok());
+  auto down = (*queue)->CopyToHost({&*a, 0}, std::as_writable_bytes(std::span(back)));
+  ASSERT_TRUE(down.ok());
+  EXPECT_FALSE(down->Ready());
+  EXPECT_TRUE(std::isnan(back[0])) << "read before the wait: the forgotten wait is caught";
+  EXPECT_TRUE(AllPoison(std::as_bytes(std::span(back))));
+  ASSERT_TRUE(down->Wait().ok());
+  EXPECT_EQ(back, source);
+}
+
+TEST(HostStandIn, AdversarialModePoisonsACopyQueuedBehindAnotherOnlyWhenItStarts) {
+  auto device = HostStandInDevice::Create(
+      {.capacity_bytes = kCapacity, .adversarial_delay = std::chrono::milliseconds(5)});
+  ASSERT_TRUE(device.ok());
+  auto queue = (*device)->CreateQueue();
+  auto a = (*device)->Allocate(4096);
+  ASSERT_TRUE(queue.ok() && a.ok());
+  const std::vector<std::byte> first = Pattern(4096, 1);
+  std::vector<std::byte> back(4096);
+  // The second copy overwrites what the first reads: in-order execution must still hold.
+  ASSERT_TRUE((*queue)->CopyToDevice(first, {&*a, 0}).ok());
+  auto down = (*queue)->CopyToHost({&*a, 0}, back);
+  auto overwrite = (*queue)->CopyToDevice(Pattern(4096, 2), {&*a, 0});
+  ASSERT_TRUE(down.ok() && overwrite.ok());
+  ASSERT_TRUE((*queue)->Synchronize().ok());
+  EXPECT_EQ(back, first);
+}
+
+TEST(AdversarialDelayFromEnv, ReadsMicrosecondsAndRejectsOtherText) {
+  ASSERT_EQ(setenv("ZOE_DEVICE_ADVERSARIAL_US", "250", 1), 0);
+  auto delay = AdversarialDelayFromEnv();
+  ASSERT_TRUE(delay.ok());
+  EXPECT_EQ(delay->count(), 250);
+  ASSERT_EQ(setenv("ZOE_DEVICE_ADVERSARIAL_US", "soon", 1), 0);
+  auto bad = AdversarialDelayFromEnv();
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("ZOE_DEVICE_ADVERSARIAL_US='soon'"));
+  EXPECT_EQ(CreateDeviceBackend("host", kCapacity).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_EQ(unsetenv("ZOE_DEVICE_ADVERSARIAL_US"), 0);
+  EXPECT_EQ(AdversarialDelayFromEnv()->count(), 0);
 }
 
 TEST(HostStandIn, ZeroCapacityIsRejected) {

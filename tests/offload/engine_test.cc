@@ -383,6 +383,8 @@ TEST(Engine, TensorsMoveThroughTheTiers) {
   EXPECT_TRUE(stats["io_backend"]["optimizer"].is_null());
   EXPECT_EQ(stats["host_budget"]["tensors"], 256u << 10);
   EXPECT_TRUE(stats["device"]["present"].get<bool>());
+  EXPECT_EQ(stats["device"]["backend"], "host stand-in");
+  EXPECT_FALSE(stats["device"]["gpu"].get<bool>());
 }
 
 TEST(Engine, PrefetchHintsReturnArgumentErrors) {
@@ -782,6 +784,96 @@ TEST(EngineThreads, GroupsTensorsAndStatisticsFromSeveralThreads) {
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(*engine->GroupSteps(ga), 10);
   EXPECT_EQ(*engine->GroupSteps(gb), 5);
+}
+
+// ---- single slot and NVMe writes ----------------------------------------------------------------
+
+// The bytes of every NVMe chunk's state of a group of `count` fp32-moment AdamW parameters.
+uint64_t StateBytes(size_t count) {
+  const StateLayout layout(optim::Kind::kAdamW, optim::DType::kF32, count, kSubGroup, 4096);
+  uint64_t bytes = 0;
+  for (size_t c = 0; c < layout.chunk_count(); ++c) bytes += layout.chunk(c).bytes;
+  return bytes;
+}
+
+TEST(Engine, SingleSlotFromTheConfigurationOrTheGroupHalvesTheNvmeBytes) {
+  TempDir dir;
+  Json config = SmallConfig(dir);
+  config["zoe"]["slots"] = 1;
+  std::unique_ptr<Engine> engine = MakeEngine(config);
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
+  CreateGroup(*engine, R"({"name": "one"})", params);
+  CreateGroup(*engine, R"({"name": "two", "slots": 2})", params);
+  const Json groups = engine->StatsJson()["groups"];
+  EXPECT_EQ(groups[0]["slots"], 1);
+  EXPECT_EQ(groups[1]["slots"], 2);
+  EXPECT_EQ(groups[0]["nvme_bytes"].get<uint64_t>(), StateBytes(kCount));
+  EXPECT_EQ(groups[1]["nvme_bytes"].get<uint64_t>(), 2 * StateBytes(kCount));
+  EXPECT_DOUBLE_EQ(groups[0]["nvme_bytes_per_parameter"].get<double>(),
+                   static_cast<double>(StateBytes(kCount)) / kCount);
+  EXPECT_TRUE(groups[0]["broken"].is_null());
+  EXPECT_EQ(engine->ConfigJson()["zoe"]["slots"], 1);
+  Json bad = SmallConfig(dir);
+  bad["zoe"]["slots"] = 3;
+  Result<config::EngineConfig> refused = config::ParseEngineConfigDocument(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().ToString(), HasSubstr("zoe.slots"));
+}
+
+// Creating a group writes its initial state once; each step writes every NVMe chunk once.
+TEST(Engine, StatsCountTheBytesWrittenToEachNvmePathInTotalAndInTheLastStep) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
+  const GroupId id = CreateGroup(*engine, R"({"name": "g"})", params);
+  const uint64_t state = StateBytes(kCount);
+  Json stats = engine->StatsJson();
+  ASSERT_EQ(stats["groups"][0]["nvme_writes"].size(), 1u);
+  EXPECT_EQ(stats["groups"][0]["nvme_writes"][0]["bytes_written"].get<uint64_t>(), state);
+  EXPECT_EQ(stats["groups"][0]["nvme_writes"][0]["bytes_written_last_step"].get<uint64_t>(), 0u);
+  for (int step = 1; step <= 2; ++step) {
+    Result<StepReport> report = StepWith(*engine, id, Gradients(kCount, step));
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->bytes_written, state);
+  }
+  stats = engine->StatsJson();
+  const Json& file = stats["groups"][0]["nvme_writes"][0];
+  EXPECT_EQ(file["bytes_written"].get<uint64_t>(), 3 * state);
+  EXPECT_EQ(file["bytes_written_last_step"].get<uint64_t>(), state);
+  ASSERT_EQ(stats["nvme_writes"].size(), 1u);
+  EXPECT_EQ(stats["nvme_writes"][0]["path"], DirOf(dir));
+  EXPECT_EQ(stats["nvme_writes"][0]["bytes_written"].get<uint64_t>(), 3 * state);
+  EXPECT_EQ(stats["nvme_writes"][0]["bytes_written_last_step"].get<uint64_t>(), state);
+}
+
+// A checkpoint read that fails leaves every group as it was (EngineHooks cover loads too).
+TEST(Engine, FailedCheckpointReadLeavesTheGroupsUsable) {
+  TempDir dir;
+  EngineHooks hooks;
+  bool fail_reads = false;
+  hooks.checkpoint_fault_for_testing = [&](CheckpointSyscall call, const std::string&) {
+    return fail_reads && call == CheckpointSyscall::kRead ? EIO : 0;
+  };
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir), hooks);
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
+  const GroupId id = CreateGroup(*engine, R"({"name": "g"})", params);
+  ASSERT_TRUE(StepWith(*engine, id, Gradients(kCount, 1)).ok());
+  ASSERT_TRUE(engine->SaveCheckpoint(dir.File("ckpt")).ok());
+  ASSERT_TRUE(StepWith(*engine, id, Gradients(kCount, 2)).ok());
+  const std::vector<float> now = ReadSlot(*engine, id, StateSlot::kMaster, kCount);
+  fail_reads = true;
+  const Status loaded = engine->LoadCheckpoint(dir.File("ckpt"));
+  EXPECT_EQ(loaded.code(), StatusCode::kIoError) << loaded.ToString();
+  EXPECT_THAT(loaded.ToString(), HasSubstr("g.state at offset 0"));
+  fail_reads = false;
+  EXPECT_EQ(ReadSlot(*engine, id, StateSlot::kMaster, kCount), now);
+  EXPECT_EQ(*engine->GroupSteps(id), 2);
+  EXPECT_TRUE(StepWith(*engine, id, Gradients(kCount, 3)).ok());
+  ASSERT_TRUE(engine->LoadCheckpoint(dir.File("ckpt")).ok());
+  EXPECT_EQ(*engine->GroupSteps(id), 1);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Description: OptimizerGroup with int8 moments — in DRAM and on NVMe, every kind, gradient and
 // parameter views that cut quantization blocks, segments whose starts split blocks: the state
 // matches the kernels run piece by piece bit for bit; an absent segment keeps every byte of its
-// state; bytes per parameter; state reads and writes; checkpoint round trip; a corrupted read is
-// detected.
+// state; speculative, single-slot and fast-arithmetic steps match plain ones; bytes per
+// parameter; state reads and writes; checkpoint round trip; a corrupted read is detected.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -220,6 +220,56 @@ TEST(OptimizerGroupInt8, AnAbsentSegmentKeepsEveryByteAndSplitBlocksMatchTheKern
 
 // A parameter's state is 4 + 1 + 1 bytes plus two scales per 256-element block (and one more
 // block per segment start that splits one).
+// Speculate, then the gradient views handed over last to first, then the Step on them.
+Result<StepReport> SpeculativeStep(GroupHarness& harness, const optim::HyperParams& hyper) {
+  const std::vector<ParamView> params = harness.param_views();
+  StepArgs args;
+  args.hyper = hyper;
+  args.params = params;
+  ZOE_RETURN_IF_ERROR(harness.group().Speculate(args));
+  const std::vector<GradView> views = harness.grad_views();
+  std::vector<size_t> offsets(views.size(), 0);
+  for (size_t i = 1; i < views.size(); ++i) offsets[i] = offsets[i - 1] + views[i - 1].count;
+  for (size_t i = views.size(); i-- > 0;) {
+    ZOE_RETURN_IF_ERROR(harness.group().AccumulateGrad(offsets[i], views[i]));
+  }
+  return harness.StepAccumulated(hyper);
+}
+
+// Speculative steps (their chunks updated through the same UpdateChunkState, int8 blocks
+// included) and a single slot give the bits of plain two-slot steps, fp32 parameters written by
+// the block kernels in their pass, on a DRAM/NVMe mix with checksums on; fast arithmetic asked
+// for changes nothing (the int8 kernels are exact).
+TEST(OptimizerGroupInt8, SpeculativeSingleSlotAndFastStepsMatchThePlainStep) {
+  HarnessOptions options = Int8Options(Kind::kAdamW, Tier::kNvme);
+  options.group.nvme_ratio = 0.5;
+  options.param_dtype = DType::kF32;
+  GroupHarness plain(options);
+  options.group.speculative = true;
+  GroupHarness speculative(options);
+  options.group.speculative = false;
+  options.group.slots = 1;
+  options.group.run.arithmetic = optim::Arithmetic::kFast;
+  options.group.run.stores = optim::StoreMode::kStreaming;
+  GroupHarness single_fast(options);
+  ASSERT_TRUE(plain.ok() && speculative.ok() && single_fast.ok());
+  for (int step = 1; step <= 3; ++step) {
+    for (GroupHarness* h : {&plain, &speculative, &single_fast}) h->NewGradients(step);
+    Result<StepReport> expected = plain.Step(plain.Hyper(step));
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    Result<StepReport> report = SpeculativeStep(speculative, speculative.Hyper(step));
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->chunks_speculative, 7u);
+    EXPECT_EQ(report->chunks_committed, 7u);
+    Result<StepReport> single = single_fast.Step(single_fast.Hyper(step));
+    ASSERT_TRUE(single.ok()) << single.status().ToString();
+    ExpectSameBits(speculative.Snapshot(), plain.Snapshot());
+    ExpectSameBits(single_fast.Snapshot(), plain.Snapshot());
+    EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes()) << "after step " << step;
+    EXPECT_TRUE(single_fast.params_bytes() == plain.params_bytes()) << "after step " << step;
+  }
+}
+
 TEST(OptimizerGroupInt8, HoldsAboutSixBytesPerParameter) {
   HarnessOptions options = Int8Options(Kind::kAdamW, Tier::kNvme);
   options.group.segments = kSegments;

@@ -102,6 +102,9 @@ const EquivalenceCase kEquivalenceCases[] = {
      optim::Kind::kAdagrad, DType::kBF16, DType::kF32, DType::kF32, 4096},
     {"host_bf16_state_bf16_params", io::BackendKind::kPsync, Tier::kHost, 1.0, optim::Kind::kAdamW,
      DType::kBF16, DType::kBF16},
+    // fp32 parameters in DRAM: written by the update kernel's own pass, as the master's bits.
+    {"host_fp32_params_bf16_grads", io::BackendKind::kPsync, Tier::kHost, 1.0, optim::Kind::kAdamW,
+     DType::kF32, DType::kF32, DType::kBF16},
     {"ratio_half_fp16_params_bf16_grads", io::BackendKind::kPsync, Tier::kNvme, 0.5,
      optim::Kind::kAdamW, DType::kF32, DType::kF16, DType::kBF16},
     {"ratio_half_bf16_state_bf16_params_adam", io::BackendKind::kPsync, Tier::kNvme, 0.5,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
@@ -20,6 +21,12 @@ namespace {
 using testing::TempDir;
 
 constexpr uint64_t kChunk = 64 << 10;
+// The device tests run on the stand-in as it is and in its adversarial mode (copies late,
+// destinations poison until their event), where a missing wait in the tier manager fails them.
+constexpr std::chrono::microseconds kAdversarialDelay{200};
+std::string AdversarialName(const ::testing::TestParamInfo<bool>& info) {
+  return info.param ? "adversarial" : "plain";
+}
 
 std::vector<std::byte> Pattern(uint64_t bytes, uint64_t seed) {
   std::vector<std::byte> out(bytes);
@@ -33,7 +40,7 @@ size_t Index(Link link) { return static_cast<size_t>(link); }
 // `layers` tensors holding known patterns (one chunk each, layer 1 layer1_chunks_), written down
 // to NVMe and evicted, under a manager with a device stand-in that fails the next fail_copies_
 // copies to the device of fail_copy_bytes_ bytes.
-class DevicePrefetchTest : public ::testing::Test {
+class DevicePrefetchTest : public ::testing::TestWithParam<bool> {
  protected:
   std::unique_ptr<TierManager> Make(uint64_t host_chunks, uint64_t device_chunks, int layers,
                                     EvictionMode eviction = EvictionMode::kOpt,
@@ -53,6 +60,7 @@ class DevicePrefetchTest : public ::testing::Test {
     options.device_factory = [this, device_chunks]() -> Result<std::unique_ptr<DeviceBackend>> {
       HostStandInOptions device;
       device.capacity_bytes = device_chunks * kChunk;
+      if (GetParam()) device.adversarial_delay = kAdversarialDelay;
       device.before_copy = [this](CopyKind kind, uint64_t bytes) {
         if (kind == CopyKind::kHostToDevice && bytes == fail_copy_bytes_.load() &&
             fail_copies_.fetch_sub(1) > 0) {
@@ -137,7 +145,7 @@ class DevicePrefetchTest : public ::testing::Test {
 // HOST holds every layer after the first iteration, so what replay gains is the device copies:
 // each one is started an acquire ahead and every device acquire of a replayed iteration finds its
 // copy done or in flight.
-TEST_F(DevicePrefetchTest, ReplayOfDeviceAcquiresGivesDevicePrefetchHits) {
+TEST_P(DevicePrefetchTest, ReplayOfDeviceAcquiresGivesDevicePrefetchHits) {
   auto manager = Make(/*host_chunks=*/6, /*device_chunks=*/2, /*layers=*/4);
   ASSERT_NE(manager, nullptr);
   Counts before = Snapshot(*manager);
@@ -159,7 +167,7 @@ TEST_F(DevicePrefetchTest, ReplayOfDeviceAcquiresGivesDevicePrefetchHits) {
 
 // HOST cannot hold every layer: runs come from NVMe each iteration, HOST and DEVICE prefetches
 // interleave, and the contents and both budgets hold at every acquire.
-TEST_F(DevicePrefetchTest, TightBudgetsKeepDataAndBudgets) {
+TEST_P(DevicePrefetchTest, TightBudgetsKeepDataAndBudgets) {
   auto manager = Make(/*host_chunks=*/4, /*device_chunks=*/2, /*layers=*/8);
   ASSERT_NE(manager, nullptr);
   for (int iteration = 0; iteration < 4; ++iteration) Iterate(*manager);
@@ -189,7 +197,7 @@ class FailedDevicePrefetchTest : public DevicePrefetchTest {
 // The failed prefetch of layer 1 leaves it absent on the device: acquires of other layers
 // meanwhile succeed (one of them collects the failed copy), the next acquire of layer 1 reports
 // the failure naming the tensor, and the one after copies it again.
-TEST_F(FailedDevicePrefetchTest, OtherAcquiresSucceedAndTheFailureReachesItsRun) {
+TEST_P(FailedDevicePrefetchTest, OtherAcquiresSucceedAndTheFailureReachesItsRun) {
   auto manager = MakeSteady();
   ASSERT_NE(manager, nullptr);
   UseOnDevice(*manager, 0);  // starts layer 1's copy, which fails
@@ -207,7 +215,7 @@ TEST_F(FailedDevicePrefetchTest, OtherAcquiresSucceedAndTheFailureReachesItsRun)
 
 // The acquire of the run whose prefetch failed reports it, naming the tensor; the next acquire of
 // it copies it again, and other layers are unaffected.
-TEST_F(FailedDevicePrefetchTest, SurfacesFromTheAcquireOfItsRunOnly) {
+TEST_P(FailedDevicePrefetchTest, SurfacesFromTheAcquireOfItsRunOnly) {
   auto manager = MakeSteady();
   ASSERT_NE(manager, nullptr);
   UseOnDevice(*manager, 0);
@@ -222,7 +230,7 @@ TEST_F(FailedDevicePrefetchTest, SurfacesFromTheAcquireOfItsRunOnly) {
   ASSERT_TRUE(manager->TraceEnd().ok());
 }
 
-TEST_F(DevicePrefetchTest, DeviceHintCopiesAResidentOrLoadingRun) {
+TEST_P(DevicePrefetchTest, DeviceHintCopiesAResidentOrLoadingRun) {
   auto manager = Make(/*host_chunks=*/4, /*device_chunks=*/2, /*layers=*/3);
   ASSERT_NE(manager, nullptr);
   // Layer 0 resident on HOST: the copy starts at once.
@@ -242,7 +250,7 @@ TEST_F(DevicePrefetchTest, DeviceHintCopiesAResidentOrLoadingRun) {
   EXPECT_EQ(manager->stats().Snapshot().links[Index(Link::kHostToDevice)].transfers, 2u);
 }
 
-TEST_F(DevicePrefetchTest, DeviceHintWithoutRoomEvictsNothing) {
+TEST_P(DevicePrefetchTest, DeviceHintWithoutRoomEvictsNothing) {
   auto manager = Make(/*host_chunks=*/4, /*device_chunks=*/2, /*layers=*/3);
   ASSERT_NE(manager, nullptr);
   Result<void*> a = manager->Acquire(ids_[0], Tier::kDevice, Access::kRead);
@@ -277,7 +285,7 @@ TEST(DevicePrefetchHint, WithoutADeviceTierDoesNothing) {
 
 // The eviction mode of a replayed trace, with demand loads only (no prefetch): a cycle of four
 // layers over HOST room for two reads three layers per iteration with OPT, all four with LRU.
-TEST_F(DevicePrefetchTest, LruModeEvictsByRecencyWhileReplaying) {
+TEST_P(DevicePrefetchTest, LruModeEvictsByRecencyWhileReplaying) {
   for (EvictionMode mode : {EvictionMode::kOpt, EvictionMode::kLru}) {
     auto manager = Make(/*host_chunks=*/2, /*device_chunks=*/2, /*layers=*/4, mode,
                         /*prefetch_in_flight=*/0);
@@ -301,6 +309,9 @@ TEST_F(DevicePrefetchTest, LruModeEvictsByRecencyWhileReplaying) {
         << (mode == EvictionMode::kOpt ? "opt" : "lru");
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(StandIn, DevicePrefetchTest, ::testing::Bool(), AdversarialName);
+INSTANTIATE_TEST_SUITE_P(StandIn, FailedDevicePrefetchTest, ::testing::Bool(), AdversarialName);
 
 }  // namespace
 }  // namespace zoe::offload

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -29,6 +30,12 @@ namespace {
 using testing::TempDir;
 
 constexpr uint64_t kChunk = 64 << 10;
+// The device tests run on the stand-in as it is and in its adversarial mode (copies late,
+// destinations poison until their event), where a missing wait in the tier manager fails them.
+constexpr std::chrono::microseconds kAdversarialDelay{200};
+std::string AdversarialName(const ::testing::TestParamInfo<bool>& info) {
+  return info.param ? "adversarial" : "plain";
+}
 
 TierManagerOptions SmallOptions(const TempDir& dir, uint64_t host_chunks) {
   TierManagerOptions options;
@@ -525,7 +532,7 @@ TEST_F(TierManagerFaultTest, CorruptedReadIsAChecksumError) {
 
 // ---- the device tier (host stand-in) --------------------------------------------------------
 
-class TierManagerDeviceTest : public ::testing::Test {
+class TierManagerDeviceTest : public ::testing::TestWithParam<bool> {
  protected:
   // A HOST budget of 5 chunks and a DEVICE budget of 2; device copies fail while fail_copies_.
   std::unique_ptr<TierManager> Make(uint64_t host_chunks = 5, uint64_t device_chunks = 2,
@@ -538,6 +545,7 @@ class TierManagerDeviceTest : public ::testing::Test {
     options.device_factory = [this, device_chunks]() -> Result<std::unique_ptr<DeviceBackend>> {
       HostStandInOptions device;
       device.capacity_bytes = device_chunks * kChunk;
+      if (GetParam()) device.adversarial_delay = kAdversarialDelay;
       device.before_copy = [this](CopyKind, uint64_t) {
         return fail_copies_.load() ? Status::IoError("injected device copy failure") : Status::Ok();
       };
@@ -609,7 +617,7 @@ class GatedEngine : public io::EngineWrapper {
   bool holding_ = false;
 };
 
-TEST_F(TierManagerDeviceTest, DirtyDeviceDataReachesHostAndNvme) {
+TEST_P(TierManagerDeviceTest, DirtyDeviceDataReachesHostAndNvme) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   ASSERT_TRUE(manager->has_device());
@@ -634,7 +642,7 @@ TEST_F(TierManagerDeviceTest, DirtyDeviceDataReachesHostAndNvme) {
   ExpectContents(*manager, a, contents);  // from NVMe
 }
 
-TEST_F(TierManagerDeviceTest, FlushWritesDeviceDataDownToNvme) {
+TEST_P(TierManagerDeviceTest, FlushWritesDeviceDataDownToNvme) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", 5000);
@@ -654,7 +662,7 @@ TEST_F(TierManagerDeviceTest, FlushWritesDeviceDataDownToNvme) {
 }
 
 // The device variant: a device write acquire held across a Flush keeps its later writes.
-TEST_F(TierManagerDeviceTest, DeviceWritesAfterFlushUnderAHeldAcquireSurviveEviction) {
+TEST_P(TierManagerDeviceTest, DeviceWritesAfterFlushUnderAHeldAcquireSurviveEviction) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", kChunk);
@@ -674,7 +682,7 @@ TEST_F(TierManagerDeviceTest, DeviceWritesAfterFlushUnderAHeldAcquireSurviveEvic
 
 // A device copy evicted back into the HOST copy while a Flush writes that HOST copy to NVMe: the
 // run must stay dirty after the write, so the newer device bytes reach NVMe before it is dropped.
-TEST_F(TierManagerDeviceTest, DeviceCopyBackDuringHostWriteBackKeepsTheRunDirty) {
+TEST_P(TierManagerDeviceTest, DeviceCopyBackDuringHostWriteBackKeepsTheRunDirty) {
   GatedEngine* gate = nullptr;
   engine_factory_ = [&gate]() -> Result<std::unique_ptr<io::Engine>> {
     ZOE_ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> engine, io::CreatePsyncEngine(8));
@@ -711,7 +719,7 @@ TEST_F(TierManagerDeviceTest, DeviceCopyBackDuringHostWriteBackKeepsTheRunDirty)
 
 // The HOST budget is held by the HOST copies of two unpinned device runs: a HOST acquire of a
 // third run evicts a device copy (copying its dirty bytes back) instead of failing with Busy.
-TEST_F(TierManagerDeviceTest, HostBackPressureEvictsUnpinnedDeviceCopies) {
+TEST_P(TierManagerDeviceTest, HostBackPressureEvictsUnpinnedDeviceCopies) {
   auto manager = Make(2, 2);
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", kChunk);
@@ -734,7 +742,7 @@ TEST_F(TierManagerDeviceTest, HostBackPressureEvictsUnpinnedDeviceCopies) {
   ExpectContents(*manager, a, contents);
 }
 
-TEST_F(TierManagerDeviceTest, HostAcquireOfRunPinnedDirtyOnDeviceFails) {
+TEST_P(TierManagerDeviceTest, HostAcquireOfRunPinnedDirtyOnDeviceFails) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", 100);
@@ -750,7 +758,7 @@ TEST_F(TierManagerDeviceTest, HostAcquireOfRunPinnedDirtyOnDeviceFails) {
 
 // Two tensors in one run: a device copy taken while `a` is written on the host would carry a
 // stale `a`, and copying `b`'s device writes back would revert `a`.
-TEST_F(TierManagerDeviceTest, DeviceAcquireOfRunHeldForHostWritingFails) {
+TEST_P(TierManagerDeviceTest, DeviceAcquireOfRunHeldForHostWritingFails) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", 100);
@@ -778,7 +786,7 @@ TEST_F(TierManagerDeviceTest, DeviceAcquireOfRunHeldForHostWritingFails) {
   CheckBudgets(*manager);
 }
 
-TEST_F(TierManagerDeviceTest, EveryDeviceChunkPinnedIsBusy) {
+TEST_P(TierManagerDeviceTest, EveryDeviceChunkPinnedIsBusy) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", kChunk);
@@ -794,7 +802,7 @@ TEST_F(TierManagerDeviceTest, EveryDeviceChunkPinnedIsBusy) {
   EXPECT_NE(OnDevice(*manager, c, Access::kRead), nullptr);
 }
 
-TEST_F(TierManagerDeviceTest, FailedDeviceCopyNamesTensorAndKeepsData) {
+TEST_P(TierManagerDeviceTest, FailedDeviceCopyNamesTensorAndKeepsData) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", kChunk);
@@ -811,7 +819,7 @@ TEST_F(TierManagerDeviceTest, FailedDeviceCopyNamesTensorAndKeepsData) {
 // A device write acquire that fails after staging the run on HOST must not leave an unread HOST
 // copy behind: a later HOST read sees what NVMe holds. `b` passes through the same memory first,
 // so an unread copy would show b's bytes.
-TEST_F(TierManagerDeviceTest, FailedDeviceWriteAcquireLeavesTheHostCopyRead) {
+TEST_P(TierManagerDeviceTest, FailedDeviceWriteAcquireLeavesTheHostCopyRead) {
   auto manager = Make(5, 1);
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", 2 * kChunk);  // HOST home: larger than the device budget
@@ -829,7 +837,7 @@ TEST_F(TierManagerDeviceTest, FailedDeviceWriteAcquireLeavesTheHostCopyRead) {
 }
 
 // The same after a failed copy to the device.
-TEST_F(TierManagerDeviceTest, FailedDeviceWriteCopyLeavesTheHostCopyRead) {
+TEST_P(TierManagerDeviceTest, FailedDeviceWriteCopyLeavesTheHostCopyRead) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
   TensorId a = Register(*manager, "a", kChunk);
@@ -847,7 +855,7 @@ TEST_F(TierManagerDeviceTest, FailedDeviceWriteCopyLeavesTheHostCopyRead) {
   ExpectContents(*manager, a, contents);
 }
 
-TEST_F(TierManagerDeviceTest, DeviceHomeLargerThanDeviceBudgetFailsAtRegistration) {
+TEST_P(TierManagerDeviceTest, DeviceHomeLargerThanDeviceBudgetFailsAtRegistration) {
   auto manager = Make(8, 2);
   ASSERT_NE(manager, nullptr);
   Result<TensorId> id =
@@ -858,7 +866,7 @@ TEST_F(TierManagerDeviceTest, DeviceHomeLargerThanDeviceBudgetFailsAtRegistratio
 
 // Random acquires on DEVICE and HOST over 10 tensors against shadow copies, budgets checked at
 // every step.
-TEST_F(TierManagerDeviceTest, RandomAccessOnBothTiersMatchesShadowCopy) {
+TEST_P(TierManagerDeviceTest, RandomAccessOnBothTiersMatchesShadowCopy) {
   auto manager = Make(4, 2);
   ASSERT_NE(manager, nullptr);
   std::mt19937_64 random(7);
@@ -894,7 +902,7 @@ TEST_F(TierManagerDeviceTest, RandomAccessOnBothTiersMatchesShadowCopy) {
 
 // A cyclic pass over four runs with room for two on the device: LRU copies every run in every
 // iteration; replaying the trace, eviction by next use (OPT) keeps the run needed soonest.
-TEST_F(TierManagerDeviceTest, ReplayedTraceEvictsFromDeviceByNextUse) {
+TEST_P(TierManagerDeviceTest, ReplayedTraceEvictsFromDeviceByNextUse) {
   auto manager = Make(5, 2, /*prefetch_in_flight=*/0);  // demand copies only
   ASSERT_NE(manager, nullptr);
   std::vector<TensorId> layers;
@@ -1104,6 +1112,8 @@ INSTANTIATE_TEST_SUITE_P(Tiers, TierManagerConcurrencyTest, ::testing::Bool(),
                          [](const auto& param_info) {
                            return std::string(param_info.param ? "device_and_host" : "host");
                          });
+
+INSTANTIATE_TEST_SUITE_P(StandIn, TierManagerDeviceTest, ::testing::Bool(), AdversarialName);
 
 }  // namespace
 }  // namespace zoe::offload

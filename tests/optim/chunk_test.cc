@@ -54,7 +54,7 @@ TEST(UpdateChunkCheck, RejectsBadStepLayoutsAndMissingBuffers) {
       UpdateChunk(hyper, 1, {DType::kF32, DType::kF16, std::nullopt}, chunk.buffers(), {}),
       "state dtype fp16");
   ExpectInvalid(UpdateChunk(hyper, 1, {DType::kF32, DType::kF32, DType::kF32}, chunk.buffers(), {}),
-                "param_copy dtype fp32");
+                "param_copy buffer");
   ExpectInvalid(
       UpdateChunk(hyper, 1, {DType::kF32, DType::kF32, DType::kBF16}, chunk.buffers(), {}),
       "param_copy buffer");

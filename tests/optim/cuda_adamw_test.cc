@@ -34,7 +34,7 @@ struct DeviceChunk {
   explicit DeviceChunk(testing::TestChunk& host) : host_(host) {
     const size_t n = host.count;
     sizes_ = {4 * n, SizeOf(host.layout.grad) * n, SizeOf(host.layout.state) * n,
-              SizeOf(host.layout.state) * n, 2 * n};
+              SizeOf(host.layout.state) * n, host.CopyBytes() * n};
     std::byte* sources[] = {host.master.data(), host.grad.data(), host.exp_avg.data(),
                             host.exp_avg_sq.data(), host.copy.data()};
     for (int i = 0; i < 5; ++i) {

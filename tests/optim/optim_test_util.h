@@ -74,7 +74,7 @@ struct TestChunk {
         grad(SizeOf(layout.grad) * count, SizeOf(layout.grad) * offset),
         exp_avg(SizeOf(layout.state) * count, SizeOf(layout.state) * offset),
         exp_avg_sq(SizeOf(layout.state) * count, SizeOf(layout.state) * offset),
-        copy(2 * count, 2 * offset) {
+        copy(CopyBytes() * count, CopyBytes() * offset) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     for (size_t i = 0; i < count; ++i) {
@@ -84,8 +84,11 @@ struct TestChunk {
       const float u = unit(rng);
       PutElement(exp_avg_sq.data(), layout.state, i, 0.01f * u * u);
     }
-    std::memset(copy.data(), 0, 2 * count);
+    std::memset(copy.data(), 0, CopyBytes() * count);
   }
+
+  // Bytes of one element of the parameter copy (2 when there is none, as before fp32 copies).
+  size_t CopyBytes() const { return layout.param_copy ? SizeOf(*layout.param_copy) : 2; }
 
   ChunkBuffers buffers() {
     return ChunkBuffers{
@@ -102,7 +105,7 @@ struct TestChunk {
     append(master, 4 * count);
     append(exp_avg, SizeOf(layout.state) * count);
     append(exp_avg_sq, SizeOf(layout.state) * count);
-    append(copy, 2 * count);
+    append(copy, CopyBytes() * count);
     return bytes;
   }
 
@@ -118,8 +121,8 @@ inline std::vector<ChunkLayout> AllLayouts() {
   std::vector<ChunkLayout> layouts;
   for (DType grad : kAllDTypes) {
     for (DType state : {DType::kF32, DType::kBF16}) {
-      for (std::optional<DType> copy :
-           {std::optional<DType>(), std::optional(DType::kBF16), std::optional(DType::kF16)}) {
+      for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::kBF16),
+                                        std::optional(DType::kF16), std::optional(DType::kF32)}) {
         layouts.push_back(ChunkLayout{grad, state, copy});
       }
     }

@@ -218,8 +218,8 @@ struct Int8Chunk {
 std::vector<ChunkLayout> Int8Layouts() {
   std::vector<ChunkLayout> layouts;
   for (DType grad : kAllDTypes) {
-    for (std::optional<DType> copy :
-         {std::optional<DType>(), std::optional(DType::kBF16), std::optional(DType::kF16)}) {
+    for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::kBF16),
+                                      std::optional(DType::kF16), std::optional(DType::kF32)}) {
       layouts.push_back(ChunkLayout{grad, DType::kI8, copy});
     }
   }
@@ -320,6 +320,50 @@ TEST(Int8Update, SplitAtABlockBoundaryEqualsOneUpdate) {
   EXPECT_TRUE(parts.StateBytes() == whole.StateBytes());
 }
 
+// The int8 block kernels write an fp32 parameter copy in their own pass: the master's bits.
+TEST(Int8Update, Fp32CopyIsTheMasterWrittenInTheSamePass) {
+  const size_t count = 700;
+  const ChunkLayout layout{DType::kBF16, DType::kI8, DType::kF32};
+  for (Kind kind : kAllKinds) {
+    for (Isa isa : SupportedIsas()) {
+      SCOPED_TRACE(std::string(KindName(kind)) + " " + std::string(IsaName(isa)));
+      Int8Chunk chunk(kind, layout, count, 30, 8);
+      RunOptions run;
+      run.isa = isa;
+      ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), 2, layout, chunk.buffers(), {}, run).ok());
+      EXPECT_EQ(std::memcmp(chunk.fp32.copy.data(), chunk.fp32.master.data(), 4 * count), 0);
+    }
+  }
+}
+
+// The block kernels have exact arithmetic and ordinary stores only: the chooser picks that
+// variant for int8 state whatever the run asks, and the bytes are those of the default run.
+TEST(Int8Update, FastArithmeticAndStreamingStoresRunExactAndCached) {
+  const size_t count = 1000;
+  const ChunkLayout layout{DType::kF32, DType::kI8, DType::kF32};
+  RunOptions fast_streaming;
+  fast_streaming.arithmetic = Arithmetic::kFast;
+  fast_streaming.stores = StoreMode::kStreaming;
+  for (Kind kind : kAllKinds) {
+    SCOPED_TRACE(KindName(kind));
+    Int8Chunk plain(kind, layout, count, 0, 6);
+    Int8Chunk asked(kind, layout, count, 0, 6);
+    const UpdateVariant variant =
+        ChooseUpdateVariant(kind, layout, asked.buffers(), fast_streaming);
+    EXPECT_FALSE(variant.fast);
+    EXPECT_FALSE(variant.streaming);
+    for (int64_t step = 1; step <= 3; ++step) {
+      ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), step, layout, plain.buffers(), {}).ok());
+      ASSERT_TRUE(
+          UpdateChunk(DefaultHyper(kind), step, layout, asked.buffers(), {}, fast_streaming).ok());
+    }
+    EXPECT_TRUE(asked.StateBytes() == plain.StateBytes());
+  }
+  // fp32 state does take the variant asked for (the chooser is not stuck on exact).
+  testing::TestChunk fp32({DType::kF32, DType::kF32, DType::kF32}, count, 6);
+  EXPECT_TRUE(ChooseUpdateVariant(Kind::kAdamW, fp32.layout, fp32.buffers(), fast_streaming).fast);
+}
+
 TEST(Int8Update, ChecksItsBuffers) {
   const ChunkLayout layout{DType::kF32, DType::kI8, std::nullopt};
   Int8Chunk chunk(Kind::kAdamW, layout, 300, 0, 1);
@@ -337,6 +381,10 @@ TEST(Int8Update, ChecksItsBuffers) {
   const ChunkLayout int8_grad{DType::kI8, DType::kI8, std::nullopt};
   EXPECT_EQ(UpdateChunk(DefaultHyper(Kind::kAdamW), 1, int8_grad, chunk.buffers(), {}).code(),
             StatusCode::kInvalidArgument);
+  const ChunkLayout int8_copy{DType::kF32, DType::kI8, DType::kI8};
+  Status copy = UpdateChunk(DefaultHyper(Kind::kAdamW), 1, int8_copy, chunk.buffers(), {});
+  EXPECT_EQ(copy.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(copy.ToString().find("param_copy dtype int8"), std::string::npos);
 }
 
 }  // namespace

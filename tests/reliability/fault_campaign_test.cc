@@ -14,106 +14,25 @@
 #include <string>
 #include <vector>
 
-#include "tests/offload/temp_dir.h"
-#include "tests/reliability/campaign.h"
+#include "reliability/campaign_run.h"
 
 namespace zoe::reliability {
 namespace {
 
-constexpr std::chrono::milliseconds kCaseDeadline{60'000};
-
-// The campaign's table: what was injected and what became of it, over many cases.
-struct Tally {
-  uint64_t cases = 0;
-  uint64_t injected = 0;     // every fault, recoverable or not
-  uint64_t reported = 0;     // calls that returned the error an injected fault causes
-  uint64_t recovered = 0;    // recoverable faults absorbed with the data still right
-  uint64_t refused = 0;      // runs whose engine failed the final pass with an error
-  uint64_t swallowed = 0;    // error faults in runs where no call reported an error
-  uint64_t unexplained = 0;  // errors no injected fault explains, or of an unexpected code
-  uint64_t silent = 0;       // acknowledged data that differs from the shadow
-  uint64_t crashes = 0;
-  uint64_t hangs = 0;
-  std::vector<std::string> problems;
-  std::vector<std::string> notes;
-
-  void Add(const std::string& name, const ForkedResult& result) {
-    ++cases;
-    if (result.exit != ExitKind::kNormal) {
-      ++(result.exit == ExitKind::kHung ? hangs : crashes);
-      problems.push_back(fmt::format("{}: {}", name, result.detail));
-      return;
-    }
-    const Outcome& o = result.outcome;
-    injected += o.injected_errors + o.injected_recoverable;
-    reported += o.errors_reported;
-    silent += o.silent_corruptions;
-    refused += o.final_pass_ok ? 0 : 1;
-    const bool swallowed_here = o.injected_errors > 0 && o.errors_reported == 0;
-    const bool unexplained_here = o.injected_errors == 0 && o.errors_reported > 0;
-    if (swallowed_here) swallowed += o.injected_errors;
-    if (unexplained_here) unexplained += o.errors_reported;
-    unexplained += o.other_errors;
-    if (!unexplained_here && o.silent_corruptions == 0) recovered += o.injected_recoverable;
-    if (!o.final_pass_ok && o.completed) {
-      notes.push_back(fmt::format("{}: refused further work (allowed): {}", name, o.first_problem));
-    }
-    const bool bad = swallowed_here || unexplained_here || o.other_errors > 0 ||
-                     o.silent_corruptions > 0 || !o.completed;
-    if (bad) {
-      problems.push_back(fmt::format(
-          "{}: injected {} errors + {} recoverable, reported {}, other {}, silent {}{}: {} {}",
-          name, o.injected_errors, o.injected_recoverable, o.errors_reported, o.other_errors,
-          o.silent_corruptions, o.completed ? "" : ", did not complete", o.first_problem,
-          o.first_error[0] != '\0' ? fmt::format("(first error: {})", o.first_error) : ""));
-    }
-  }
-
-  void Print(const std::string& title) const {
-    fmt::print("\n{}{}\n", title,
-               SmallCampaign() ? " (small campaign: sanitizers or ZOE_CAMPAIGN_SMALL)" : "");
-    fmt::print("  {:>6} {:>9} {:>9} {:>10} {:>8} {:>10} {:>12} {:>7} {:>8} {:>6}\n", "cases",
-               "injected", "reported", "recovered", "refused", "swallowed", "unexplained", "silent",
-               "crashes", "hangs");
-    fmt::print("  {:>6} {:>9} {:>9} {:>10} {:>8} {:>10} {:>12} {:>7} {:>8} {:>6}\n", cases,
-               injected, reported, recovered, refused, swallowed, unexplained, silent, crashes,
-               hangs);
-    for (const std::string& note : notes) fmt::print("  - {}\n", note);
-    for (const std::string& problem : problems) fmt::print("  ! {}\n", problem);
-    std::fflush(stdout);
-  }
-
-  void Expect() const {
-    EXPECT_EQ(swallowed, 0u) << "an injected error never reached a caller";
-    EXPECT_EQ(unexplained, 0u) << "a call failed with an error no injected fault explains";
-    EXPECT_EQ(silent, 0u) << "acknowledged data differs from the shadow";
-    EXPECT_EQ(crashes, 0u);
-    EXPECT_EQ(hangs, 0u);
-  }
-};
-
-ForkedResult RunCase(const FaultPlan& plan) {
-  offload::testing::TempDir dir;  // removed after the child is gone
-  EXPECT_FALSE(dir.path().empty());
-  return RunForked([&] { return RunWorkload(plan, dir.path()); }, kCaseDeadline);
+// A campaign table must be clean: every injected error reached a caller, every error is
+// explained by a fault, no acknowledged data differs from the shadow, nothing crashed or hung.
+void ExpectClean(const Tally& tally) {
+  EXPECT_EQ(tally.swallowed, 0u) << "an injected error never reached a caller";
+  EXPECT_EQ(tally.unexplained, 0u) << "a call failed with an error no injected fault explains";
+  EXPECT_EQ(tally.silent, 0u) << "acknowledged data differs from the shadow";
+  EXPECT_EQ(tally.crashes, 0u);
+  EXPECT_EQ(tally.hangs, 0u);
+  EXPECT_TRUE(tally.Clean());
 }
 
-std::string_view KindName(io::FaultKind kind) {
-  switch (kind) {
-    case io::FaultKind::kEio:
-      return "EIO";
-    case io::FaultKind::kEnospc:
-      return "ENOSPC";
-    case io::FaultKind::kEintr:
-      return "EINTR";
-    case io::FaultKind::kEagain:
-      return "EAGAIN";
-    case io::FaultKind::kShortTransfer:
-      return "short transfer";
-    case io::FaultKind::kCorruption:
-      return "corrupted read";
-  }
-  return "?";
+void Print(const Tally& tally, const std::string& title) {
+  fmt::print("{}", tally.Table(title));
+  std::fflush(stdout);
 }
 
 // ---- the workload without faults ----------------------------------------------------------------
@@ -152,22 +71,6 @@ TEST(FaultCampaign, RunnerCountsCrashesAndHangs) {
 
 // ---- countdown ------------------------------------------------------------------------------
 
-struct Countdown {
-  io::FaultKind kind;
-  io::FaultOps ops;
-  Target target;
-};
-
-std::string CountdownName(const Countdown& c) {
-  const char* target = c.target == Target::kTensors     ? "tensor"
-                       : c.target == Target::kOptimizer ? "optimizer"
-                                                        : "checkpoint";
-  return fmt::format("{} on {} {}", KindName(c.kind), target,
-                     c.ops == io::FaultOps::kAll     ? "I/O"
-                     : c.ops == io::FaultOps::kReads ? "reads"
-                                                     : "writes");
-}
-
 void PrintTo(const Countdown& c, std::ostream* os) { *os << CountdownName(c); }
 
 class FaultCountdown : public ::testing::TestWithParam<Countdown> {};
@@ -176,49 +79,25 @@ class FaultCountdown : public ::testing::TestWithParam<Countdown> {};
 // the workload then completed clean. The small campaign stops after 12 operations.
 TEST_P(FaultCountdown, EveryOperationFailsInTurn) {
   const Countdown& c = GetParam();
-  const uint64_t limit = SmallCampaign() ? 12 : 2000;
-  Tally tally;
-  bool finished = false;
-  for (uint64_t nth = 1; nth <= limit && !finished; ++nth) {
-    FaultPlan plan;
-    plan.seed = nth;
-    plan.rules.push_back({c.target, io::FaultRule{c.kind, c.ops, nth, 0, 1}});
-    const ForkedResult result = RunCase(plan);
-    tally.Add(fmt::format("{} #{}", CountdownName(c), nth), result);
-    const bool injected = result.exit != ExitKind::kNormal ||
-                          result.outcome.injected_errors + result.outcome.injected_recoverable > 0;
-    finished = !injected;
-  }
-  tally.Print(fmt::format("countdown: {} ({} runs{})", CountdownName(c), tally.cases,
-                          finished ? ", the last one clean" : ", range limit reached"));
-  tally.Expect();
+  const CountdownResult result = RunCountdown(c, SmallCampaign() ? 12 : 2000);
+  Print(result.tally,
+        fmt::format("countdown: {} ({} runs{})", CountdownName(c), result.tally.cases,
+                    result.finished ? ", the last one clean" : ", range limit reached"));
+  ExpectClean(result.tally);
   if (!SmallCampaign()) {
-    EXPECT_TRUE(finished) << "more operations than the countdown's limit";
+    EXPECT_TRUE(result.finished) << "more operations than the countdown's limit";
   }
-  EXPECT_GT(tally.injected, 0u);
+  EXPECT_GT(result.tally.injected, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Campaign, FaultCountdown,
-    ::testing::Values(
-        Countdown{io::FaultKind::kEio, io::FaultOps::kAll, Target::kTensors},
-        Countdown{io::FaultKind::kEio, io::FaultOps::kAll, Target::kOptimizer},
-        Countdown{io::FaultKind::kEnospc, io::FaultOps::kWrites, Target::kTensors},
-        Countdown{io::FaultKind::kEnospc, io::FaultOps::kWrites, Target::kOptimizer},
-        Countdown{io::FaultKind::kShortTransfer, io::FaultOps::kAll, Target::kTensors},
-        Countdown{io::FaultKind::kShortTransfer, io::FaultOps::kAll, Target::kOptimizer},
-        Countdown{io::FaultKind::kCorruption, io::FaultOps::kReads, Target::kTensors},
-        Countdown{io::FaultKind::kCorruption, io::FaultOps::kReads, Target::kOptimizer},
-        Countdown{io::FaultKind::kEio, io::FaultOps::kAll, Target::kCheckpoint},
-        Countdown{io::FaultKind::kEnospc, io::FaultOps::kWrites, Target::kCheckpoint},
-        Countdown{io::FaultKind::kShortTransfer, io::FaultOps::kWrites, Target::kCheckpoint}),
-    [](const ::testing::TestParamInfo<Countdown>& param_info) {
-      std::string name = CountdownName(param_info.param);
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Campaign, FaultCountdown, ::testing::ValuesIn(CampaignCountdowns()),
+                         [](const ::testing::TestParamInfo<Countdown>& param_info) {
+                           std::string name = CountdownName(param_info.param);
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
 
 // ---- one in N -------------------------------------------------------------------------------
 
@@ -229,27 +108,9 @@ TEST(FaultCampaign, OneInNWithSeeds) {
   const uint64_t seeds = wanted != nullptr ? std::strtoull(wanted, nullptr, 10)
                          : SmallCampaign() ? 8
                                            : 40;
-  const std::pair<io::FaultKind, uint64_t> chances[] = {
-      {io::FaultKind::kEio, 60},           {io::FaultKind::kEnospc, 80},
-      {io::FaultKind::kShortTransfer, 12}, {io::FaultKind::kCorruption, 60},
-      {io::FaultKind::kEintr, 25},         {io::FaultKind::kEagain, 25}};
-  Tally tally;
-  for (uint64_t seed = 1; seed <= seeds; ++seed) {
-    FaultPlan plan;
-    plan.seed = seed;
-    plan.refuse_direct = seed % 2 == 0;
-    for (const Target target : {Target::kTensors, Target::kOptimizer, Target::kCheckpoint}) {
-      for (const auto& [kind, one_in] : chances) {
-        const io::FaultOps ops = kind == io::FaultKind::kEnospc       ? io::FaultOps::kWrites
-                                 : kind == io::FaultKind::kCorruption ? io::FaultOps::kReads
-                                                                      : io::FaultOps::kAll;
-        plan.rules.push_back({target, io::FaultRule{kind, ops, 0, one_in}});
-      }
-    }
-    tally.Add(fmt::format("one-in-N seed {}", seed), RunCase(plan));
-  }
-  tally.Print(fmt::format("one in N: every kind on every target, {} seeds", seeds));
-  tally.Expect();
+  const Tally tally = RunOneInN(seeds);
+  Print(tally, fmt::format("one in N: every kind on every target, {} seeds", seeds));
+  ExpectClean(tally);
   EXPECT_GT(tally.injected, seeds);
 }
 

@@ -260,6 +260,36 @@ ZOE_API zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group,
 ZOE_API zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group,
                                              uint64_t offset, const zoe_buffer_view* grad);
 
+/* Speculation: arms the group's next step to update each chunk as soon as
+ * zoe_optim_accumulate_grad completes its gradients, before the global inf/NaN check and gradient
+ * norm are known, into the chunk's other slot (the previous version stays untouched). The
+ * zoe_optim_step that follows (n_grads 0) then commits those updates (all finite, no clipping),
+ * discards them (a non-finite gradient: skipped, nothing changed) or recomputes them from the
+ * previous version (the norm exceeds max_grad_norm); state and params_out come out bit-identical
+ * to the same step without speculation. The group must be created with "speculative": true in
+ * optim_json (its HOST chunks then take a second copy from the pinned budget); FAILED_PRECONDITION
+ * otherwise, or once gradients are accumulated. hyper (NULL: the group's), params_out (borrowed
+ * until the step returns; that step must give the same views or none) and loss_scale are those
+ * of the coming step. A speculative update that fails is reported by the step, which then changes
+ * nothing. */
+ZOE_API zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
+                                       const zoe_hyper_params* hyper,
+                                       const zoe_buffer_view* params_out, size_t n_params,
+                                       double loss_scale);
+
+/* What speculation did in a group's steps since the group was created. */
+typedef struct zoe_speculation_stats {
+  uint64_t steps;              /* steps that speculated */
+  uint64_t chunks_speculative; /* chunks updated before their step's global checks */
+  uint64_t chunks_committed;   /* of those, updates that were final */
+  uint64_t chunks_recomputed;  /* updated again with the clip factor */
+  uint64_t chunks_discarded;   /* dropped: a non-finite gradient, or a failed step */
+} zoe_speculation_stats;
+
+/* Fills *out (caller-owned) with the group's speculation counts. */
+ZOE_API zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
+                                                     zoe_speculation_stats* out);
+
 /* Copies `count` elements of a state array starting at `offset` out as fp32 (read) or in from
  * fp32 (write; moments are rounded to the group's moment dtype). out / values: borrowed. */
 ZOE_API zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_state_slot slot,
@@ -292,6 +322,91 @@ ZOE_API zoe_status zoe_optim_group_set_segment_steps(zoe_engine* engine, zoe_gro
  * dir: borrowed. */
 ZOE_API zoe_status zoe_checkpoint_save(zoe_engine* engine, const char* dir);
 ZOE_API zoe_status zoe_checkpoint_load(zoe_engine* engine, const char* dir);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sharded optimizer groups: ZeRO stages 1 and 2 across data-parallel ranks. Each rank has its own
+ * engine (its own DRAM budget and NVMe path) and creates the same group in it with the same
+ * arguments; the group's elements, concatenated, are cut into world_size contiguous shards and
+ * rank r keeps only shard r = [floor(r * count / world_size), floor((r + 1) * count / world_size))
+ * (sizes differ by at most one element). Collectives come from the caller's distributed engine.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The caller's collectives, called on the thread that called zoe_sharded_*; every rank calls them
+ * in the same order with the same counts. Each returns 0 on success and anything else on failure
+ * (the zoe call then fails on that rank with ZOE_ERR_ABORTED naming the callback). The
+ * transport's own timeouts bound how long a rank waits for a peer: zoe never waits otherwise, and
+ * a rank that fails inside zoe still makes every collective call of the step with its failure flag
+ * set, so its peers fail too instead of waiting. counts: world_size entries, borrowed for the
+ * call. context: borrowed, passed to every callback; the struct is copied at creation. */
+typedef struct zoe_collectives {
+  void* context;
+  int32_t rank;       /* in [0, world_size) */
+  int32_t world_size; /* >= 1 */
+  /* values[i] = sum over ranks of values[i], in place (fp64). */
+  int (*all_reduce_sum)(void* context, double* values, size_t count);
+  /* send: sum(counts) fp32 elements, rank r's part starting at counts[0] + ... + counts[r - 1];
+   * recv (counts[rank] elements) = the sum over ranks of this rank's part. */
+  int (*reduce_scatter_sum)(void* context, const float* send, float* recv,
+                            const uint64_t* counts);
+  /* send (counts[rank] fp32 elements) of every rank, concatenated in rank order into recv. */
+  int (*all_gather)(void* context, const float* send, float* recv, const uint64_t* counts);
+  int (*barrier)(void* context);
+} zoe_collectives;
+
+/* Opaque: one rank's part of a sharded group. Lives until zoe_sharded_group_destroy; the engine
+ * must outlive it. */
+typedef struct zoe_sharded_group zoe_sharded_group;
+
+/* Creates this rank's part of a sharded group: optim_json as for zoe_optim_group_create
+ * ("segments", if given, are the whole group's: rank r's group has one segment per entry, holding
+ * its part in shard r, 0 elements when none), params: n views covering the whole group (borrowed
+ * for the call; rank r reads only shard r). collectives: borrowed for the call and copied; its
+ * context must stay valid until the group is destroyed. Creation is agreed by an all-reduce: when
+ * any rank fails every rank fails (ABORTED naming the ranks on the others; a group created on
+ * them stays in their engine, as groups do). INVALID_ARGUMENT when a rank would hold no element.
+ * On success *out owns the group (destroy with zoe_sharded_group_destroy). */
+ZOE_API zoe_status zoe_sharded_group_create(zoe_engine* engine, const char* optim_json,
+                                            const zoe_buffer_view* params, size_t n,
+                                            const zoe_collectives* collectives,
+                                            zoe_sharded_group** out);
+
+/* Frees the handle; the group's state stays in the engine (groups live as long as it). Accepts
+ * NULL. */
+ZOE_API void zoe_sharded_group_destroy(zoe_sharded_group* group);
+
+/* The id of this rank's group in its engine, for zoe_optim_accumulate_grad (offsets relative to the
+ * shard), zoe_optim_state_read/write, step counts and checkpoints; and the shard's elements
+ * [*begin, *end) of the whole group (either pointer may be NULL). */
+ZOE_API zoe_status zoe_sharded_group_local(zoe_sharded_group* group, zoe_group_id* out_id,
+                                           uint64_t* begin, uint64_t* end);
+
+/* One step of every rank together. grads: n_grads views covering the whole group, this rank's
+ * gradients (a view with data NULL: no gradient on this rank for whole segments; a segment with no
+ * gradient on any rank keeps its state and step count, one with a gradient on some rank counts
+ * zeros on the others); they are reduce-scattered and averaged over the ranks. n_grads 0: the
+ * shard's gradients given with zoe_optim_accumulate_grad on zoe_sharded_group_local's id (already
+ * reduced by the caller). The inf/NaN skip and the gradient norm for max_grad_norm are those of the
+ * whole, reduced gradient, agreed by an all-reduce: every rank skips or clips together, and
+ * out->grad_norm is the global norm. params_out: n_params views covering the whole group that
+ * receive every rank's updated parameters (all-gathered; untouched when the step is skipped), or
+ * n_params 0. On failure every rank fails: the rank that failed with its own error, the others
+ * ABORTED naming it. A failure before the update (bad arguments on a rank) changes no rank's state;
+ * one during the update (an I/O error) leaves that rank's state as before and the others' updated:
+ * resume from a checkpoint. Every rank passes gradients or none, and parameters or none. */
+ZOE_API zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group,
+                                    const zoe_hyper_params* hyper, const zoe_buffer_view* grads,
+                                    size_t n_grads, const zoe_buffer_view* params_out,
+                                    size_t n_params, double loss_scale, zoe_step_result* out);
+
+/* Fills *out with collectives over an NCCL communicator the caller created (nccl_comm: an
+ * ncclComm_t; cuda_stream: a cudaStream_t, NULL for the default stream), staging the host buffers
+ * through device memory. out->context is owned by zoe: release it with
+ * zoe_nccl_collectives_destroy after the last group using it is destroyed. NOT_SUPPORTED when
+ * libzoe was built without NCCL. */
+ZOE_API zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream,
+                                               zoe_collectives* out);
+/* Releases what zoe_nccl_collectives_create allocated (not the communicator). Accepts NULL. */
+ZOE_API void zoe_nccl_collectives_destroy(zoe_collectives* collectives);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -166,6 +166,18 @@ class zoe_step_result(Structure):
     ]
 
 
+class zoe_speculation_stats(Structure):
+    """struct zoe_speculation_stats."""
+
+    _fields_ = [
+        ("steps", c_uint64),
+        ("chunks_speculative", c_uint64),
+        ("chunks_committed", c_uint64),
+        ("chunks_recomputed", c_uint64),
+        ("chunks_discarded", c_uint64),
+    ]
+
+
 # --- functions ---------------------------------------------------------------------------------
 
 DECLARATIONS = {}
@@ -388,11 +400,94 @@ zoe_optim_group_set_segment_steps = _declare(
     POINTER(c_int64), c_size_t
 )
 
+# zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
+#                                const zoe_hyper_params* hyper,
+#                                const zoe_buffer_view* params_out, size_t n_params,
+#                                double loss_scale);
+zoe_optim_speculate = _declare(
+    "zoe_optim_speculate", zoe_status, zoe_engine_p, zoe_group_id, POINTER(zoe_hyper_params),
+    POINTER(zoe_buffer_view), c_size_t, c_double
+)
+
+# zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
+#                                              zoe_speculation_stats* out);
+zoe_optim_group_speculation_stats = _declare(
+    "zoe_optim_group_speculation_stats", zoe_status, zoe_engine_p, zoe_group_id,
+    POINTER(zoe_speculation_stats)
+)
+
 # zoe_status zoe_checkpoint_save(zoe_engine* engine, const char* dir);
 zoe_checkpoint_save = _declare("zoe_checkpoint_save", zoe_status, zoe_engine_p, c_char_p)
 
 # zoe_status zoe_checkpoint_load(zoe_engine* engine, const char* dir);
 zoe_checkpoint_load = _declare("zoe_checkpoint_load", zoe_status, zoe_engine_p, c_char_p)
+
+
+# ---- sharded optimizer groups ----------------------------------------------------------------
+
+# int (*all_reduce_sum)(void* context, double* values, size_t count);
+all_reduce_sum_fn = ctypes.CFUNCTYPE(c_int, c_void_p, POINTER(c_double), c_size_t)
+# int (*reduce_scatter_sum)(void* context, const float* send, float* recv, const uint64_t* counts);
+reduce_scatter_sum_fn = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, POINTER(c_uint64))
+# int (*all_gather)(void* context, const float* send, float* recv, const uint64_t* counts);
+all_gather_fn = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, POINTER(c_uint64))
+# int (*barrier)(void* context);
+barrier_fn = ctypes.CFUNCTYPE(c_int, c_void_p)
+
+
+class zoe_collectives(Structure):
+    _fields_ = [
+        ("context", c_void_p),
+        ("rank", c_int32),
+        ("world_size", c_int32),
+        ("all_reduce_sum", all_reduce_sum_fn),
+        ("reduce_scatter_sum", reduce_scatter_sum_fn),
+        ("all_gather", all_gather_fn),
+        ("barrier", barrier_fn),
+    ]
+
+
+zoe_sharded_group_p = c_void_p
+
+# zoe_status zoe_sharded_group_create(zoe_engine* engine, const char* optim_json,
+#                                     const zoe_buffer_view* params, size_t n,
+#                                     const zoe_collectives* collectives,
+#                                     zoe_sharded_group** out);
+zoe_sharded_group_create = _declare(
+    "zoe_sharded_group_create", zoe_status, zoe_engine_p, c_char_p, POINTER(zoe_buffer_view),
+    c_size_t, POINTER(zoe_collectives), POINTER(zoe_sharded_group_p)
+)
+
+# void zoe_sharded_group_destroy(zoe_sharded_group* group);
+zoe_sharded_group_destroy = _declare("zoe_sharded_group_destroy", None, zoe_sharded_group_p)
+
+# zoe_status zoe_sharded_group_local(zoe_sharded_group* group, zoe_group_id* out_id,
+#                                    uint64_t* begin, uint64_t* end);
+zoe_sharded_group_local = _declare(
+    "zoe_sharded_group_local", zoe_status, zoe_sharded_group_p, POINTER(zoe_group_id),
+    POINTER(c_uint64), POINTER(c_uint64)
+)
+
+# zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group,
+#                             const zoe_hyper_params* hyper, const zoe_buffer_view* grads,
+#                             size_t n_grads, const zoe_buffer_view* params_out,
+#                             size_t n_params, double loss_scale, zoe_step_result* out);
+zoe_sharded_step = _declare(
+    "zoe_sharded_step", zoe_status, zoe_engine_p, zoe_sharded_group_p, POINTER(zoe_hyper_params),
+    POINTER(zoe_buffer_view), c_size_t, POINTER(zoe_buffer_view), c_size_t, c_double,
+    POINTER(zoe_step_result)
+)
+
+# zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream,
+#                                        zoe_collectives* out);
+zoe_nccl_collectives_create = _declare(
+    "zoe_nccl_collectives_create", zoe_status, c_void_p, c_void_p, POINTER(zoe_collectives)
+)
+
+# void zoe_nccl_collectives_destroy(zoe_collectives* collectives);
+zoe_nccl_collectives_destroy = _declare(
+    "zoe_nccl_collectives_destroy", None, POINTER(zoe_collectives)
+)
 
 
 def take_string(pointer):

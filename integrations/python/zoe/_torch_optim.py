@@ -15,7 +15,7 @@ import tempfile
 
 import torch
 
-from . import _capi
+from . import _capi, _torch_device
 from ._torch_common import _DTYPES, _invalid, _pager_of, _view
 from .engine import BufferView, Engine, HyperParams, _config_text
 from .errors import FailedPrecondition, NotFound
@@ -24,7 +24,7 @@ def _current_values(param):
     """A parameter's values as a contiguous tensor (a copy for a paged parameter)."""
     pager = _pager_of(param)
     if pager is None:
-        return param.detach()
+        return param.detach().cpu()
     with pager.held(param, _capi.Access.READ) as view:
         return view.clone()
 
@@ -100,6 +100,15 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     _ZOE_TYPE = None  # "AdamW" or "Adam"
 
+    def __new__(cls, *args, process_group=None, zero_stage=None, **kwargs):
+        """With ``process_group`` or ``zero_stage``: the optimizer sharded across the group's
+        ranks (ZeRO stages 1 and 2, zoe/_torch_zero.py)."""
+        if (process_group is None and zero_stage is None) or getattr(cls, "_zoe_sharded", False):
+            return super().__new__(cls)
+        from ._torch_zero import sharded_class
+
+        return super().__new__(sharded_class(cls))
+
     def __init__(
         self,
         params,
@@ -119,6 +128,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         maximize=False,
         foreach=None,
         capturable=False,
+        device_backend=None,
     ):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -137,9 +147,14 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._moment_dtype = moment_dtype
         self._max_grad_norm = float(max_grad_norm)
         self._owns_engine = engine is None
-        self._engine = engine or Engine(
-            _optimizer_engine_config(config, offload, nvme_path, moment_dtype)
-        )
+        self._device_backend = device_backend
+        params, staging_swap = _torch_device.listed_params(params, device_backend)
+        if engine is None:
+            document = _optimizer_engine_config(config, offload, nvme_path, moment_dtype)
+            if staging_swap:  # device parameters' staging is a zoe tensor homed in HOST
+                document["zoe"]["tensor_swap_bytes"] = staging_swap
+        self._engine = engine or Engine(document)
+        self._device_groups = []  # per param group: _torch_device.DeviceGroup, None on the CPU
         self._zoe_groups = []  # per param group: zoe OptimizerGroup, created at its first use
         self._versions = []  # per param group: the parameters' version counters after our write
         self._pending = []  # per param group: a loaded state to apply when the group is created
@@ -169,6 +184,9 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     def close(self):
         """Closes the engine when the optimizer created it (idempotent)."""
+        for device_group in getattr(self, "_device_groups", []):
+            if device_group is not None:
+                device_group.close()
         if self._owns_engine:
             self._engine.close()
 
@@ -181,7 +199,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
     # --- param groups ----------------------------------------------------------------------
 
     def add_param_group(self, param_group):
-        """As torch's; parameters must be contiguous CPU float32/bfloat16/float16 tensors."""
+        """As torch's; parameters must be contiguous float32/bfloat16/float16 tensors, on the
+        CPU or on one CUDA device per group (or on the CPU twin given as device_backend)."""
         group_index = len(self.param_groups)
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
@@ -193,9 +212,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                     f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
                     "torch.bfloat16 or torch.float16"
                 )
-            if param.device.type != "cpu":
-                raise _invalid(f"{where} is on {param.device}; zoe optimizers take CPU tensors")
+        backend = _torch_device.backend_for(group_index, params, self._device_backend)
         super().add_param_group(param_group)
+        self._device_groups.append(
+            None if backend is None else _torch_device.DeviceGroup(self, group_index, backend)
+        )
         self._zoe_groups.append(None)
         self._versions.append(None)
         self._pending.append(None)
@@ -249,7 +270,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         offset = 0
         for param, version in zip(params, recorded or []):
             if version is not None and param._version != version:
-                values = param.detach().to(torch.float32).contiguous().view(-1)
+                values = param.detach().to("cpu", torch.float32).contiguous().view(-1)
                 self._zoe_groups[group_index].write_state(
                     _capi.StateSlot.MASTER, offset, values.numel(), values.data_ptr()
                 )
@@ -265,6 +286,9 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group_index, group in enumerate(self.param_groups):
+            if self._device_groups[group_index] is not None:
+                self._device_step(group_index, group)
+                continue
             grads = self._group_grads(group_index, group)
             if grads is None:
                 self.last_step[group_index] = None
@@ -288,6 +312,25 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             self._record_versions(group_index)
         return loss
 
+    def _device_step(self, group_index, group):
+        """The step of a param group on a device (see _torch_device)."""
+        device_group = self._device_groups[group_index]
+        if not device_group.has_grads():
+            self.last_step[group_index] = None
+            return
+        self._zoe_group(group_index)
+        beta1, beta2 = group["betas"]
+        hyper = HyperParams(float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
+        self.last_step[group_index] = device_group.step(hyper)
+        self._record_versions(group_index)
+
+    def overlap(self):
+        """A context manager around the backward that ends a gradient accumulation: while it
+        is open, each device parameter's gradient is copied to the host as soon as it is final
+        and handed to zoe, which starts reading its state during backward. Without it, step()
+        copies the gradients after backward. CPU param groups are not affected."""
+        return _torch_device.overlap(self._device_groups)
+
     def _write_back(self, group_index, present=None):
         """Copies the master weights into the parameters one at a time (paged parameters are
         acquired for writing one by one, so the group never needs to fit in DRAM at once);
@@ -301,7 +344,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                 offset += n
                 continue
             with _writable(param) as target:
-                if target.dtype == torch.float32 and target.is_contiguous():
+                on_host = target.device.type == "cpu"
+                if target.dtype == torch.float32 and target.is_contiguous() and on_host:
                     zoe_group.read_state(_capi.StateSlot.MASTER, offset, n, target.data_ptr())
                 else:
                     values = torch.empty(n, dtype=torch.float32)
@@ -535,8 +579,9 @@ class AdamW(_ZoeAdamBase):
     "auto" values take this optimizer's arguments, or from ``offload`` = "cpu" | "nvme" and
     ``nvme_path``), ``moment_dtype`` ("fp32" | "bf16" | "int8": block-wise quantized, state_dict
     still holds fp32 moments),
-    ``max_grad_norm`` (0: no clipping) and ``name`` (unique per engine; names the zoe groups in
-    checkpoints)."""
+    ``max_grad_norm`` (0: no clipping), ``name`` (unique per engine; names the zoe groups in
+    checkpoints) and ``device_backend`` (a zoe.torch.HostTwin: CPU parameters take the device
+    path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``)."""
 
     _ZOE_TYPE = "AdamW"
 

@@ -2,11 +2,10 @@
 engine, by module hooks and saved-tensor hooks, with trace-driven prefetch."""
 
 import contextlib
-import ctypes
 
 import torch
 
-from . import _capi
+from . import _capi, _torch_device
 from ._torch_common import _PAGED_DTYPES, _invalid
 from .errors import FailedPrecondition
 
@@ -21,8 +20,10 @@ class _PagedParam:
     """One parameter paged through a zoe tensor: how often it is acquired and the view of the
     acquired memory that param.data points at meanwhile."""
 
-    def __init__(self, name, param, tensor, placeholder):
+    def __init__(self, name, param, tensor, placeholder, tier=_capi.Tier.HOST):
         self.name = name
+        self.tier = tier  # HOST, or DEVICE (HOST as staging)
+        self.device = placeholder.device
         self.param = param
         self.tensor = tensor
         self.placeholder = placeholder
@@ -35,11 +36,12 @@ class _PagedParam:
 
     def acquire(self, access):
         """One zoe acquire; the first one points param.data at the acquired memory."""
-        address = self.tensor.acquire(_capi.Tier.HOST, access)
+        address = self.tensor.acquire(self.tier, access)
         if self.view is None:
             self.address = address
-            buffer = (ctypes.c_char * self.tensor.nbytes).from_address(address)
-            flat = torch.frombuffer(buffer, dtype=self.dtype, count=self.param.numel())
+            flat = _torch_device.wrap_tier_memory(
+                address, self.tensor.nbytes, self.dtype, self.device
+            )
             self.view = flat.view(self.shape)
             self.param.data = self.view
         elif address != self.address:
@@ -62,11 +64,12 @@ class _PagedParam:
 class ParameterPager:
     """The handle offload_parameters returns: paging statistics, materialisation, removal."""
 
-    def __init__(self, model, engine, trace_name, home):
+    def __init__(self, model, engine, trace_name, home, tier=_capi.Tier.HOST):
         self.model = model
         self.engine = engine
         self.trace_name = trace_name
         self.home = home
+        self.tier = tier
         self.iterations = 0
         self.iteration_stats = []  # per completed iteration: prefetch hits/misses, stall, bytes
         self._records = {}  # id(param) -> _PagedParam
@@ -80,24 +83,26 @@ class ParameterPager:
     # --- registration ----------------------------------------------------------------------
 
     def _register(self, prefix):
-        seen = set()
+        seen, devices_checked = set(), set()
         for name, param in self.model.named_parameters():
             if id(param) in seen:
                 continue
             seen.add(id(param))
             if param.numel() == 0:
                 continue  # nothing to page
-            if param.dtype not in _PAGED_DTYPES or param.device.type != "cpu":
-                raise _invalid(
-                    f"parameter {name!r}: {param.dtype} on {param.device} cannot be paged"
-                )
-            data = param.detach().contiguous()
+            if param.dtype not in _PAGED_DTYPES:
+                raise _invalid(f"parameter {name!r}: {param.dtype} cannot be paged")
+            if param.device not in devices_checked:
+                _torch_device.check_paging_tier(self.engine, self.tier, param.device)
+                devices_checked.add(param.device)
+            data = param.detach().contiguous().cpu()
             nbytes = data.numel() * data.element_size()
             tensor = self.engine.register_tensor(
                 prefix + name, nbytes, _PAGED_DTYPES[param.dtype], self.home
             )
-            placeholder = torch.zeros(1, dtype=param.dtype).expand(param.shape)
-            record = _PagedParam(name, param, tensor, placeholder)
+            placeholder = torch.zeros(1, dtype=param.dtype, device=param.device)
+            placeholder = placeholder.expand(param.shape)
+            record = _PagedParam(name, param, tensor, placeholder, self.tier)
             with tensor.acquired(_capi.Tier.HOST, _capi.Access.WRITE) as memory:
                 torch.frombuffer(memory, dtype=param.dtype, count=data.numel()).copy_(
                     data.view(-1)
@@ -359,7 +364,8 @@ def _home_from_config(engine):
     return _capi.Tier.HOST if device == "cpu" else _capi.Tier.NVME
 
 
-def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param."):
+def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param.",
+                       tier=None, process_group=None, prefetch_depth=2):
     """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
 
     Every parameter becomes a zoe tensor homed in ``home`` (NVME or HOST) holding its values;
@@ -381,11 +387,30 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
     * Each forward + backward is one trace iteration: the first is recorded, later ones prefetch
       by it. An iteration without backward (no grad) ends with its forward.
 
+    * ``tier``: where a parameter is acquired while in use. ``zoe.Tier.HOST`` (pinned DRAM, for a
+      model on the CPU) or ``zoe.Tier.DEVICE`` (the engine's device tier, HOST as staging, with
+      prefetch and eviction by the trace on both links): GPU memory wrapped as a CUDA tensor for
+      a model on a GPU, the host stand-in's memory as CPU tensors for a model on the CPU (the CPU
+      twin). ``None``: DEVICE for a model on a GPU, else HOST.
+
+    * ``process_group``: ZeRO stage 3 across its ranks: each rank pages only its shard of every
+      parameter, a module's parameters are all-gathered around its forward and backward (the
+      next ``prefetch_depth`` gathers issued ahead by the trace) and gradients reduced to the
+      owning shard; returns a ShardedParameterPager (see zoe/_torch_zero3.py, docs/zero3.md).
+
     Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).
     """
     if home is None:
         home = _home_from_config(engine)
-    pager = ParameterPager(model, engine, trace_name, home)
+    if tier is None:
+        on_gpu = any(param.device.type == "cuda" for param in model.parameters())
+        tier = _capi.Tier.DEVICE if on_gpu else _capi.Tier.HOST
+    if process_group is not None:
+        from ._torch_zero3 import offload_sharded
+
+        return offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
+                               prefetch_depth)
+    pager = ParameterPager(model, engine, trace_name, home, tier)
     with torch.no_grad():
         pager._register(prefix)
     pager._install_hooks()

@@ -6,13 +6,32 @@ the engine's configuration says. Each param group is one zoe optimizer group: th
 parameters, concatenated in order, are its elements, and a step hands zoe one buffer view per
 parameter (gradients in, updated parameters out, in the parameters' own dtype).
 
+Parameters may live on a CUDA device (one per param group): gradients are copied to the host as
+they become final in backward (``with optimizer.overlap():`` around the backward that ends an
+accumulation) and the updated parameters copied back on a side stream. ``HostTwin`` is the CPU
+twin of a device (``device_backend=zoe.torch.HostTwin(adversarial=True)``) that runs the same
+path in tests.
+
 ``offload_parameters(model, engine)`` pages a module's parameters through the engine (see its
-docstring); ``ParameterPager`` is the handle it returns.
+docstring); ``ParameterPager`` is the handle it returns. With ``process_group=pg`` it is ZeRO
+stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/zero3.md).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 """
 
+from ._torch_device import CudaBackend, DeviceBackend, HostTwin
 from ._torch_optim import Adam, AdamW, engine_config
 from ._torch_paging import ParameterPager, offload_parameters
+from ._torch_zero3 import ShardedParameterPager
 
-__all__ = ["Adam", "AdamW", "ParameterPager", "engine_config", "offload_parameters"]
+__all__ = [
+    "Adam",
+    "AdamW",
+    "CudaBackend",
+    "DeviceBackend",
+    "HostTwin",
+    "ParameterPager",
+    "ShardedParameterPager",
+    "engine_config",
+    "offload_parameters",
+]

@@ -1,4 +1,4 @@
-#include "tests/reliability/campaign.h"
+#include "reliability/campaign.h"
 
 #include <fmt/format.h>
 #include <poll.h>

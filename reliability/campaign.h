@@ -1,5 +1,6 @@
 // The fault campaign's workload and the forked runner that survives it, shared by the campaign
-// test (fault_campaign_test.cc) and its regression cases.
+// test (tests/reliability/fault_campaign_test.cc), its regression cases and `zoe fault-campaign`
+// (through campaign_run.h).
 //
 // RunWorkload builds an Engine whose two I/O engines (registered tensors, optimizer groups) are
 // psync engines wrapped in one io::FaultInjectingEngine per rule of a FaultPlan, with checksums
@@ -29,8 +30,9 @@
 namespace zoe::reliability {
 
 // What a rule applies to: one of the engine's two I/O engines, or the system calls of checkpoint
-// saves (CheckpointWriterOptions::fault_for_testing). On checkpoints kEio and kEnospc fail the
-// call, kShortTransfer makes a write short, kEintr interrupts it; other kinds do not apply.
+// saves and loads (EngineHooks::checkpoint_fault_for_testing). On checkpoints kEio and kEnospc
+// fail the call (a load's opens and reads too, with kEio), kShortTransfer makes a write short,
+// kEintr interrupts it; other kinds do not apply.
 enum class Target : uint8_t { kTensors = 0, kOptimizer = 1, kCheckpoint = 2 };
 
 struct TargetedRule {

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Seconds per optimizer step as a CPU-offload user sees them.
+
+The model is LAYERS x Linear(2048, 2048) (16 layers: 67 M parameters) in fp32 or bf16, with
+gradients set; every optimizer steps the same model from the same seed on THREADS threads:
+
+  torch_foreach       torch.optim.AdamW(foreach=True); a bf16 model keeps fp32 master copies (the
+                      mixed-precision recipe): gradients widened, step, parameters narrowed back
+  deepspeed_cpu_adam  DeepSpeed's CPU Adam driven per parameter as DeepSpeedCPUAdam.step() does
+                      (fp32 masters for a bf16 model, as above), when its extension is built
+                      (../shared/peers/setup; ZOE_PEERS_KIT names the kit's folder)
+  zoe_cpu             zoe.torch.AdamW(offload="cpu"), exact arithmetic (the default)
+  zoe_cpu_fast        the same with zoe.arithmetic = "fast"
+
+Each round builds every optimizer in turn, in the opposite order on odd rounds, takes one
+untimed step (state creation) and STEPS timed ones; a round's figure is the median of its
+steps, the reported figure the median over ROUNDS rounds. One JSON line per optimizer and model
+dtype, then one with the ratios. Environment: THREADS (2), LAYERS (16), STEPS (5), ROUNDS (3),
+DTYPES ("fp32,bf16"), IMPLS (a comma list of the names above; default all).
+
+  ZOE_LIBRARY=build/release/integrations/libzoe.so PYTHONPATH=integrations/python \\
+    /usr/bin/python3 bench/user_step.py
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+THREADS = int(os.environ.get("THREADS", "2"))
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS)
+
+import zoe.torch as zt  # noqa: E402
+
+torch.set_num_threads(THREADS)
+
+WIDTH = 2048
+LAYERS = int(os.environ.get("LAYERS", "16"))
+STEPS = int(os.environ.get("STEPS", "5"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+
+def make_model(dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    model = model.to(dtype)
+    for p in model.parameters():
+        p.grad = (torch.randn(p.shape) * 1e-3).to(dtype)
+    return model
+
+
+def load_deepspeed():
+    """DeepSpeed's CPU Adam extension, or (None, why not)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    kit = os.environ.get("ZOE_PEERS_KIT", os.path.join(here, "..", "..", "shared", "peers"))
+    try:
+        sys.path.insert(0, os.path.abspath(kit))
+        import ds_ops
+
+        return ds_ops.load_cpu_adam(), None
+    except Exception as error:  # absent kit, unbuilt extension: reported, not fatal
+        return None, f"{type(error).__name__}: {error}"
+
+
+class MasterCopies:
+    """fp32 master copies of a low-precision model: what a user of an fp32-only optimizer keeps.
+    Each step widens the gradients into the masters', steps, and narrows the masters back."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.masters = [p.detach().float() for p in self.params]
+        for p, m in zip(self.params, self.masters):
+            m.grad = torch.empty_like(m)
+
+    def widen_grads(self):
+        for p, m in zip(self.params, self.masters):
+            m.grad.copy_(p.grad)
+
+    def narrow_params(self):
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                p.copy_(m)
+
+
+class TorchAdamW:
+    def __init__(self, model):
+        params = list(model.parameters())
+        self.copies = MasterCopies(params) if params[0].dtype != torch.float32 else None
+        stepped = self.copies.masters if self.copies else params
+        self.optimizer = torch.optim.AdamW(stepped, foreach=True, **HYPER)
+
+    def step(self):
+        if self.copies:
+            self.copies.widen_grads()
+        self.optimizer.step()
+        if self.copies:
+            self.copies.narrow_params()
+
+
+class DeepSpeedCpuAdam:
+    """DeepSpeedCPUAdam.step(): one adam_update per parameter, state fp32."""
+
+    def __init__(self, ds, model, optimizer_id):
+        self.ds, self.oid, self.step_id = ds, optimizer_id, 0
+        params = list(model.parameters())
+        self.copies = MasterCopies(params) if params[0].dtype != torch.float32 else None
+        self.params = self.copies.masters if self.copies else params
+        self.state = [(torch.zeros_like(p), torch.zeros_like(p)) for p in self.params]
+        b1, b2 = HYPER["betas"]
+        ds.create_adam(optimizer_id, HYPER["lr"], b1, b2, HYPER["eps"], HYPER["weight_decay"],
+                       True, False)
+
+    def step(self):
+        if self.copies:
+            self.copies.widen_grads()
+        self.step_id += 1
+        b1, b2 = HYPER["betas"]
+        for p, (m, v) in zip(self.params, self.state):
+            self.ds.adam_update(self.oid, self.step_id, HYPER["lr"], b1, b2, HYPER["eps"],
+                                HYPER["weight_decay"], True, p.data, p.grad, m, v)
+        if self.copies:
+            self.copies.narrow_params()
+
+    def close(self):
+        self.ds.destroy_adam(self.oid)
+
+
+def zoe_adamw(model, arithmetic):
+    config = zt.engine_config("cpu", arithmetic=arithmetic)
+    return zt.AdamW(model.parameters(), config=json.dumps(config), **HYPER)
+
+
+def makers(ds):
+    out = {
+        "torch_foreach": TorchAdamW,
+        "zoe_cpu": lambda model: zoe_adamw(model, "exact"),
+        "zoe_cpu_fast": lambda model: zoe_adamw(model, "fast"),
+    }
+    if ds is not None:
+        ids = iter(range(1, 1 << 30))
+        out["deepspeed_cpu_adam"] = lambda model: DeepSpeedCpuAdam(ds, model, next(ids))
+    wanted = os.environ.get("IMPLS")
+    if wanted:
+        out = {name: make for name, make in out.items() if name in wanted.split(",")}
+    return out
+
+
+def time_round(make, dtype):
+    """Median seconds of STEPS steps after one untimed step, and the parameter count."""
+    model = make_model(dtype)
+    optimizer = make(model)
+    optimizer.step()
+    samples = []
+    for _ in range(STEPS):
+        start = time.perf_counter()
+        optimizer.step()
+        samples.append(time.perf_counter() - start)
+    count = sum(p.numel() for p in model.parameters())
+    if hasattr(optimizer, "close"):
+        optimizer.close()
+    return statistics.median(samples), count
+
+
+def main():
+    ds, why_not = load_deepspeed()
+    if ds is None:
+        print(json.dumps({"impl": "deepspeed_cpu_adam", "skipped": why_not}))
+    impls = makers(ds)
+    for dtype_name in os.environ.get("DTYPES", "fp32,bf16").split(","):
+        dtype = DTYPES[dtype_name]
+        times = {name: [] for name in impls}
+        count = 0
+        for round_index in range(ROUNDS):
+            order = list(impls) if round_index % 2 == 0 else list(reversed(impls))
+            for name in order:
+                seconds, count = time_round(impls[name], dtype)
+                times[name].append(seconds)
+        medians = {name: statistics.median(samples) for name, samples in times.items()}
+        for name, seconds in medians.items():
+            print(json.dumps({
+                "impl": name, "model_dtype": dtype_name, "params": count, "threads": THREADS,
+                "steps": STEPS, "rounds": ROUNDS, "seconds_per_step": round(seconds, 5),
+                "gparams_per_s": round(count / seconds / 1e9, 3),
+                "round_seconds": [round(s, 5) for s in times[name]],
+            }))
+        ratios = {"model_dtype": dtype_name}
+        for zoe_name in ("zoe_cpu", "zoe_cpu_fast"):
+            for peer in ("deepspeed_cpu_adam", "torch_foreach"):
+                if zoe_name in medians and peer in medians:
+                    ratios[f"{zoe_name}_speedup_vs_{peer}"] = round(
+                        medians[peer] / medians[zoe_name], 2)
+        print(json.dumps(ratios))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+// zoe_nccl_collectives_*: a zoe_collectives whose callbacks run offload's NcclCollectives (its
+// context owns the object).
+#include <memory>
+#include <span>
+
+#include "integrations/c/capi_guard.h"
+#include "integrations/c/capi_handles.h"
+#include "offload/nccl_collectives.h"
+
+using zoe::Status;
+using zoe::capi::CheckNotNull;
+using zoe::capi::Guard;
+namespace offload = zoe::offload;
+
+namespace {
+
+// The callbacks: each returns the Status code (0 for OK); the message is logged by the Status's
+// receiver, the sharded step, which names the callback.
+offload::Collectives& Of(void* context) { return *static_cast<offload::Collectives*>(context); }
+
+int Code(const Status& status) { return static_cast<int>(status.code()); }
+
+int AllReduceSum(void* context, double* values, size_t count) {
+  return Code(Of(context).AllReduceSum(std::span<double>(values, count)));
+}
+
+int ReduceScatterSum(void* context, const float* send, float* recv, const uint64_t* counts) {
+  offload::Collectives& c = Of(context);
+  const std::span<const uint64_t> all(counts, static_cast<size_t>(c.world_size()));
+  size_t total = 0;
+  for (const uint64_t n : all) total += n;
+  return Code(c.ReduceScatterSum(std::span<const float>(send, total),
+                                 std::span<float>(recv, all[static_cast<size_t>(c.rank())]), all));
+}
+
+int AllGather(void* context, const float* send, float* recv, const uint64_t* counts) {
+  offload::Collectives& c = Of(context);
+  const std::span<const uint64_t> all(counts, static_cast<size_t>(c.world_size()));
+  size_t total = 0;
+  for (const uint64_t n : all) total += n;
+  return Code(c.AllGather(std::span<const float>(send, all[static_cast<size_t>(c.rank())]),
+                          std::span<float>(recv, total), all));
+}
+
+int Barrier(void* context) { return Code(Of(context).Barrier()); }
+
+}  // namespace
+
+extern "C" {
+
+zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream, zoe_collectives* out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = zoe_collectives{};
+    ZOE_ASSIGN_OR_RETURN(std::unique_ptr<offload::Collectives> collectives,
+                         offload::MakeNcclCollectives(nccl_comm, cuda_stream));
+    out->rank = collectives->rank();
+    out->world_size = collectives->world_size();
+    out->all_reduce_sum = AllReduceSum;
+    out->reduce_scatter_sum = ReduceScatterSum;
+    out->all_gather = AllGather;
+    out->barrier = Barrier;
+    out->context = collectives.release();
+    return Status::Ok();
+  });
+}
+
+void zoe_nccl_collectives_destroy(zoe_collectives* collectives) {
+  if (collectives == nullptr || collectives->context == nullptr) return;
+  delete static_cast<offload::Collectives*>(collectives->context);
+  collectives->context = nullptr;
+}
+
+}  // extern "C"

@@ -1,0 +1,154 @@
+// Sharded optimizer groups (zoe_sharded_*): the caller's zoe_collectives as an
+// offload::Collectives, and the handle that owns a rank's ShardedGroup.
+#include <fmt/format.h>
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "integrations/c/capi_guard.h"
+#include "integrations/c/capi_handles.h"
+#include "integrations/c/capi_views.h"
+#include "offload/collectives.h"
+#include "offload/sharded_group.h"
+
+using zoe::Result;
+using zoe::Status;
+using zoe::capi::CheckNotNull;
+using zoe::capi::EngineOf;
+using zoe::capi::Guard;
+namespace offload = zoe::offload;
+
+namespace {
+
+// Calls the caller's callbacks; a nonzero return is Aborted naming the callback and the rank.
+class CallbackCollectives final : public offload::Collectives {
+ public:
+  explicit CallbackCollectives(const zoe_collectives& c) : c_(c) {}
+  int rank() const override { return c_.rank; }
+  int world_size() const override { return c_.world_size; }
+  Status AllReduceSum(std::span<double> values) override {
+    return Check("all_reduce_sum", c_.all_reduce_sum(c_.context, values.data(), values.size()));
+  }
+  Status ReduceScatterSum(std::span<const float> send, std::span<float> recv,
+                          std::span<const uint64_t> counts) override {
+    return Check("reduce_scatter_sum",
+                 c_.reduce_scatter_sum(c_.context, send.data(), recv.data(), counts.data()));
+  }
+  Status AllGather(std::span<const float> send, std::span<float> recv,
+                   std::span<const uint64_t> counts) override {
+    return Check("all_gather", c_.all_gather(c_.context, send.data(), recv.data(), counts.data()));
+  }
+  Status Barrier() override { return Check("barrier", c_.barrier(c_.context)); }
+
+ private:
+  Status Check(const char* callback, int result) const {
+    if (result == 0) return Status::Ok();
+    return Status::Aborted(fmt::format("collective {} returned {} on rank {} of {}", callback,
+                                       result, c_.rank, c_.world_size));
+  }
+  zoe_collectives c_;
+};
+
+Status CheckCollectives(const zoe_collectives* c) {
+  ZOE_RETURN_IF_ERROR(CheckNotNull(c, "collectives"));
+  if (c->world_size < 1 || c->rank < 0 || c->rank >= c->world_size) {
+    return Status::InvalidArgument(
+        fmt::format("collectives: rank {} of world size {}; allowed: world_size >= 1 and 0 <= "
+                    "rank < world_size",
+                    c->rank, c->world_size));
+  }
+  ZOE_RETURN_IF_ERROR(CheckNotNull(reinterpret_cast<const void*>(c->all_reduce_sum),
+                                   "collectives->all_reduce_sum"));
+  ZOE_RETURN_IF_ERROR(CheckNotNull(reinterpret_cast<const void*>(c->reduce_scatter_sum),
+                                   "collectives->reduce_scatter_sum"));
+  ZOE_RETURN_IF_ERROR(
+      CheckNotNull(reinterpret_cast<const void*>(c->all_gather), "collectives->all_gather"));
+  return CheckNotNull(reinterpret_cast<const void*>(c->barrier), "collectives->barrier");
+}
+
+}  // namespace
+
+// Owns a rank's group and the collectives it calls; `engine` is the handle it was created in.
+struct zoe_sharded_group {
+  zoe_engine* engine = nullptr;
+  std::unique_ptr<CallbackCollectives> collectives;
+  std::unique_ptr<offload::ShardedGroup> group;
+};
+
+namespace {
+
+Result<offload::ShardedGroup*> GroupOf(zoe_engine* engine, zoe_sharded_group* group) {
+  ZOE_RETURN_IF_ERROR(CheckNotNull(group, "group"));
+  if (group->engine != engine) {
+    return Status::InvalidArgument("group was created in another engine; allowed: its own engine");
+  }
+  return group->group.get();
+}
+
+}  // namespace
+
+extern "C" {
+
+zoe_status zoe_sharded_group_create(zoe_engine* engine, const char* optim_json,
+                                    const zoe_buffer_view* params, size_t n,
+                                    const zoe_collectives* collectives, zoe_sharded_group** out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = nullptr;
+    ZOE_ASSIGN_OR_RETURN(offload::Engine * e, EngineOf(engine));
+    ZOE_RETURN_IF_ERROR(CheckNotNull(optim_json, "optim_json"));
+    ZOE_RETURN_IF_ERROR(CheckCollectives(collectives));
+    ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> views,
+                         zoe::capi::ToViews<offload::ParamView>(params, n, "params"));
+    auto handle = std::make_unique<zoe_sharded_group>();
+    handle->engine = engine;
+    handle->collectives = std::make_unique<CallbackCollectives>(*collectives);
+    ZOE_ASSIGN_OR_RETURN(
+        handle->group, offload::ShardedGroup::Create(*e, optim_json, views, *handle->collectives));
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+void zoe_sharded_group_destroy(zoe_sharded_group* group) { delete group; }
+
+zoe_status zoe_sharded_group_local(zoe_sharded_group* group, zoe_group_id* out_id, uint64_t* begin,
+                                   uint64_t* end) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(group, "group"));
+    if (out_id != nullptr) *out_id = group->group->group().value;
+    if (begin != nullptr) *begin = group->group->shard().begin;
+    if (end != nullptr) *end = group->group->shard().end;
+    return Status::Ok();
+  });
+}
+
+zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group,
+                            const zoe_hyper_params* hyper, const zoe_buffer_view* grads,
+                            size_t n_grads, const zoe_buffer_view* params_out, size_t n_params,
+                            double loss_scale, zoe_step_result* out) {
+  return Guard([&]() -> Status {
+    if (out != nullptr) *out = zoe_step_result{};
+    ZOE_ASSIGN_OR_RETURN(offload::Engine * e, EngineOf(engine));
+    (void)e;
+    ZOE_ASSIGN_OR_RETURN(offload::ShardedGroup * sharded, GroupOf(engine, group));
+    // Views refused here still reach the peers as this rank's failure (ShardedGroup::Abort).
+    Result<std::vector<offload::GradView>> grad_views =
+        zoe::capi::ToViews<offload::GradView>(grads, n_grads, "grads");
+    Result<std::vector<offload::ParamView>> param_views =
+        zoe::capi::ToViews<offload::ParamView>(params_out, n_params, "params_out");
+    if (!grad_views.ok()) return sharded->Abort(grad_views.status(), n_grads > 0);
+    if (!param_views.ok()) return sharded->Abort(param_views.status(), n_grads > 0);
+    offload::ShardedStepArgs args;
+    if (hyper != nullptr) args.hyper = zoe::capi::ToHyper(*hyper);
+    args.grads = *grad_views;
+    args.params = *param_views;
+    args.loss_scale = loss_scale;
+    ZOE_ASSIGN_OR_RETURN(const offload::StepReport report, sharded->Step(args));
+    if (out != nullptr) zoe::capi::ToStepResult(report, out);
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,137 @@
+"""zoe.torch on a CUDA model (run where torch sees a GPU and libzoe.so was built with CUDA;
+skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs them):
+zoe.torch.AdamW on a model on the GPU against torch's AdamW fed the same gradients on the CPU
+(identical bits with torch 1.13 under EXACT_TORCH), overlapped and not, fp32 and bf16, state in
+DRAM and on NVMe; against torch's AdamW on the GPU (within CUDA's rounding); offload_parameters
+into the GPU's DEVICE tier."""
+
+import copy
+
+import pytest
+import torch
+
+import zoe
+import zoe.torch
+from conftest import EXACT_TORCH
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device visible to torch"
+)
+
+STEPS = 50
+# zoe's kernels do torch 1.13's single-tensor AdamW arithmetic in its order (test_optim.py); the
+# bits are demanded where that is the torch in use, else the comparison allows CPU rounding.
+EXACT = EXACT_TORCH and torch.__version__.startswith("1.13")
+
+
+def gpu_config(nvme_dir, offload="cpu", **zoe_options):
+    section = {"device": offload}
+    if offload == "nvme":
+        section["nvme_path"] = nvme_dir
+    options = {"device": "cuda", "chunk_size": "64K", "host_budget": "512M",
+               "tensor_swap_bytes": "256M", "log_level": "warn"}
+    options.update(zoe_options)
+    return {"zero_optimization": {"stage": 3, "offload_optimizer": section}, "zoe": options}
+
+
+@pytest.fixture(params=["cpu", "nvme"])
+def engine(request, nvme_dir):
+    with zoe.Engine(gpu_config(nvme_dir, offload=request.param)) as e:
+        if not e.stats()["device"]["gpu"]:
+            pytest.skip(f"libzoe.so has no CUDA device tier: {e.stats()['device']['backend']}")
+        yield e
+
+
+def make_model(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.LayerNorm(256),
+        torch.nn.Linear(256, 16),
+    ).to(dtype)
+
+
+def batch(step, dtype, device):
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(32, 64, generator=generator).to(dtype)
+    y = torch.randn(32, 16, generator=generator).to(dtype)
+    return x.to(device), y.to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("overlapped", [True, False], ids=["overlap", "after"])
+def test_cuda_model_matches_torch_adamw_fed_the_same_gradients(engine, dtype, overlapped):
+    model = make_model(dtype).cuda()
+    master = make_model(dtype).float()  # the reference's fp32 master weights, on the CPU
+    torch_opt = torch.optim.AdamW(master.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
+    zoe_opt = zoe.torch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, engine=engine)
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + 0.05 * s))
+                 for o in (torch_opt, zoe_opt)]
+    for step in range(STEPS):
+        zoe_opt.zero_grad(set_to_none=True)
+        x, y = batch(step, dtype, "cuda")
+        loss = torch.nn.functional.mse_loss(model(x).float(), y.float())
+        if overlapped:
+            with zoe_opt.overlap():
+                loss.backward()
+        else:
+            loss.backward()
+        for reference, param in zip(master.parameters(), model.parameters()):
+            reference.grad = param.grad.float().cpu()
+        zoe_opt.step()
+        torch_opt.step()
+        for scheduler in schedules:
+            scheduler.step()
+        for (name, reference), param in zip(master.named_parameters(), model.parameters()):
+            expected = reference.detach().to(dtype)
+            if EXACT:
+                assert torch.equal(param.detach().cpu(), expected), (step, name)
+            elif dtype == torch.float32:
+                torch.testing.assert_close(param.detach().cpu(), expected, rtol=1e-5, atol=1e-6)
+            else:  # a last-bit difference of the master can round to the next bf16
+                torch.testing.assert_close(param.detach().cpu(), expected, rtol=2**-7, atol=1e-5)
+    assert zoe_opt.last_step[0].steps_taken == STEPS
+    zoe_opt.close()
+
+
+def test_cuda_model_close_to_torch_adamw_on_the_gpu(engine):
+    reference, model = make_model().cuda(), make_model().cuda()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.1)
+    zoe_opt = zoe.torch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, engine=engine)
+    for step in range(STEPS):
+        x, y = batch(step, torch.float32, "cuda")
+        for m, opt in ((reference, torch_opt), (model, zoe_opt)):
+            opt.zero_grad(set_to_none=True)
+            with zoe_opt.overlap():
+                torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+    for (name, a), b in zip(reference.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+    zoe_opt.close()
+
+
+def test_offload_parameters_into_the_gpu(nvme_dir):
+    config = gpu_config(nvme_dir, chunk_size="64K", tensor_host_budget="512K",
+                        device_budget="256K")
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir}
+    with zoe.Engine(config) as engine:
+        if not engine.stats()["device"]["gpu"]:
+            pytest.skip("libzoe.so has no CUDA device tier")
+        reference = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(8)]).cuda()
+        model = copy.deepcopy(reference)
+        pager = zoe.torch.offload_parameters(model, engine)
+        assert pager.tier == zoe.Tier.DEVICE
+        for step in range(4):
+            x, _ = batch(step, torch.float32, "cuda")
+            x = x.repeat(1, 2)
+            reference.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
+            out_ref, out = reference(x), model(x)
+            assert out.is_cuda and torch.equal(out, out_ref)
+            out_ref.square().sum().backward()
+            out.square().sum().backward()
+            for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+                assert torch.equal(p.grad, p_ref.grad), name
+        assert pager.prefetch_hit_rate() >= 0.9
+        assert engine.stats()["links"]["host_to_device"]["bytes"] > 0
+        pager.remove()
+        assert all(p.is_cuda for p in model.parameters())

@@ -1,0 +1,408 @@
+"""zoe.torch's device path on the CPU twin: a model on the stand-in device trained 50 steps with
+zoe.torch.AdamW (state in DRAM and on NVMe, fp32 and bf16, overlapped with backward or not, an LR
+scheduler, gradient accumulation) against torch's AdamW on the CPU; the adversarial twin catches
+a removed wait; bad param groups and too little staging space are clear errors; offload_parameters
+into the DEVICE tier. Exactness as in test_optim.py (identical bits under EXACT_TORCH)."""
+
+import contextlib
+import copy
+
+import pytest
+import torch
+
+import zoe
+import zoe.torch
+from conftest import EXACT_TORCH, small_config
+from test_offload_parameters import TinyGPT, loss_of
+from test_optim import assert_params_close, batch, make_model, schedule
+from zoe._torch_device import DeviceGroup, HostTwin
+
+STEPS = 50
+
+
+def twin_optimizer(model, engine, adversarial=True, **options):
+    return zoe.torch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, engine=engine,
+                           device_backend=HostTwin(adversarial=adversarial), **options)
+
+
+def backward(loss, optimizer, overlapped):
+    with optimizer.overlap() if overlapped else contextlib.nullcontext():
+        loss.backward()
+
+
+@pytest.fixture(params=["cpu", "nvme"])
+def engine(request, nvme_dir):
+    with zoe.Engine(small_config(nvme_dir, offload=request.param)) as e:
+        yield e
+
+
+@pytest.mark.parametrize("overlapped", [True, False], ids=["overlap", "after"])
+def test_fp32_twin_matches_torch_over_50_steps(engine, overlapped):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    zoe_opt = twin_optimizer(model, engine)
+    torch_sched, zoe_sched = schedule(torch_opt), schedule(zoe_opt)
+    for step in range(STEPS):
+        x, y = batch(step)
+        for m, opt, overlap in ((reference, torch_opt, False), (model, zoe_opt, overlapped)):
+            opt.zero_grad(set_to_none=True)
+            backward(torch.nn.functional.mse_loss(m(x), y), zoe_opt, overlap)
+            opt.step()
+        torch_sched.step()
+        zoe_sched.step()
+        assert_params_close(model, reference)
+    assert zoe_opt.last_step[0].steps_taken == STEPS
+    stats = zoe_opt._device_groups[0].stats
+    if overlapped:  # most gradients reached zoe during backward
+        assert stats["handed_in_backward"] > stats["handed_at_step"]
+    else:
+        assert stats["handed_in_backward"] == 0
+    zoe_opt.close()
+
+
+def test_adam_on_the_twin_matches_torch_adam(nvme_dir):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.Adam(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    with zoe.Engine(small_config(nvme_dir)) as engine:
+        zoe_opt = zoe.torch.Adam(model.parameters(), lr=3e-3, weight_decay=0.1, engine=engine,
+                                 device_backend=HostTwin(adversarial=True))
+        for step in range(10):
+            x, y = batch(step)
+            for m, opt in ((reference, torch_opt), (model, zoe_opt)):
+                opt.zero_grad(set_to_none=True)
+                backward(torch.nn.functional.mse_loss(m(x), y), zoe_opt, True)
+                opt.step()
+            assert_params_close(model, reference)
+        zoe_opt.close()
+
+
+def test_overlap_without_device_groups_changes_nothing(nvme_dir):
+    reference, model = make_model(), make_model()
+    with zoe.Engine(small_config(nvme_dir)) as engine:
+        plain = zoe.torch.AdamW(reference.parameters(), engine=engine, name="plain")
+        overlapped = zoe.torch.AdamW(model.parameters(), engine=engine, name="overlapped")
+        for step in range(3):
+            x, y = batch(step)
+            for m, opt in ((reference, plain), (model, overlapped)):
+                opt.zero_grad(set_to_none=True)
+                backward(torch.nn.functional.mse_loss(m(x), y), overlapped, opt is overlapped)
+                opt.step()
+        assert params_equal(model, reference)
+        assert overlapped._device_groups == [None]
+
+
+def test_bf16_twin_matches_torch_adamw_on_fp32_master_weights(engine):
+    model = make_model(torch.bfloat16)
+    master_model = copy.deepcopy(model).float()
+    reference = copy.deepcopy(model)
+    torch_opt = torch.optim.AdamW(master_model.parameters(), lr=3e-3, weight_decay=0.1)
+    zoe_opt = twin_optimizer(model, engine)
+    torch_sched, zoe_sched = schedule(torch_opt), schedule(zoe_opt)
+    for step in range(STEPS):
+        x, y = batch(step, torch.bfloat16)
+        reference.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(reference(x).float(), y.float()).backward()
+        for master, param in zip(master_model.parameters(), reference.parameters()):
+            master.grad = param.grad.float()
+        torch_opt.step()
+        with torch.no_grad():
+            for master, param in zip(master_model.parameters(), reference.parameters()):
+                param.copy_(master)
+        zoe_opt.zero_grad(set_to_none=True)
+        backward(torch.nn.functional.mse_loss(model(x).float(), y.float()), zoe_opt, True)
+        zoe_opt.step()
+        torch_sched.step()
+        zoe_sched.step()
+        assert_params_close(model, reference, rtol=2**-7, atol=1e-5)
+        same = sum(torch.eq(a, b).sum().item()
+                   for a, b in zip(model.parameters(), reference.parameters()))
+        total = sum(p.numel() for p in model.parameters())
+        assert same == total if EXACT_TORCH else same >= 0.99 * total
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    zoe_opt.close()
+
+
+def test_gradient_accumulation_overlaps_the_last_micro_batch(engine):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    zoe_opt = twin_optimizer(model, engine)
+    micro_batches = 3
+    for step in range(STEPS):
+        for m, opt, zoe_path in ((reference, torch_opt, False), (model, zoe_opt, True)):
+            opt.zero_grad(set_to_none=True)
+            for micro in range(micro_batches):
+                x, y = batch(step * micro_batches + micro)
+                loss = torch.nn.functional.mse_loss(m(x), y) / micro_batches
+                backward(loss, zoe_opt, zoe_path and micro == micro_batches - 1)
+            opt.step()
+        assert_params_close(model, reference)
+    stats = zoe_opt._device_groups[0].stats
+    # Only the last micro-batch's gradients (final) were copied and handed over early.
+    handed = stats["handed_in_backward"] + stats["handed_at_step"]
+    assert handed == STEPS * len(list(model.parameters()))
+    assert stats["handed_in_backward"] > 0
+    zoe_opt.close()
+
+
+def test_parameter_without_gradient_keeps_its_state(engine):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    zoe_opt = twin_optimizer(model, engine)
+    for step in range(6):
+        x, y = batch(step)
+        for m, opt in ((reference, torch_opt), (model, zoe_opt)):
+            opt.zero_grad(set_to_none=True)
+            # Overlapped, a gradient is taken when final: drop it in steps that are not.
+            backward(torch.nn.functional.mse_loss(m(x), y), zoe_opt, step % 2 == 0)
+            if step % 2:
+                m[0].bias.grad = None  # torch skips it: no state change, its own step count
+            opt.step()
+        assert_params_close(model, reference)
+    assert int(zoe_opt.state_dict()["state"][1]["step"]) == 3
+    zoe_opt.close()
+
+
+def test_staging_counts_against_the_host_budget(engine):
+    model = make_model()
+    zoe_opt = twin_optimizer(model, engine)
+    before = engine.stats()["host_budget"]["tensors_reserved"]
+    x, y = batch(0)
+    backward(torch.nn.functional.mse_loss(model(x), y), zoe_opt, True)
+    zoe_opt.step()
+    staged = sum(2 * p.numel() * 4 for p in model.parameters())
+    assert engine.stats()["host_budget"]["tensors_reserved"] - before >= staged
+    zoe_opt.close()
+
+
+# --- the twin can fail ---------------------------------------------------------------------
+
+
+def train_briefly(engine, adversarial, steps=3):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    name = "adversarial" if adversarial else "plain"
+    zoe_opt = twin_optimizer(model, engine, adversarial=adversarial, name=name)
+    for step in range(steps):
+        x, y = batch(step)
+        for m, opt in ((reference, torch_opt), (model, zoe_opt)):
+            opt.zero_grad(set_to_none=True)
+            backward(torch.nn.functional.mse_loss(m(x), y), zoe_opt, True)
+            opt.step()
+    return model, reference, zoe_opt
+
+
+def params_equal(a, b):
+    return all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters()))
+
+
+def test_adversarial_twin_detects_a_removed_gradient_wait(engine, monkeypatch):
+    # Handing a gradient over without waiting for its device -> host copy.
+    monkeypatch.setattr(DeviceGroup, "_await_copy", lambda self, event: None)
+    model, reference, zoe_opt = train_briefly(engine, adversarial=False)
+    assert_params_close(model, reference)  # the plain twin passes by luck
+    zoe_opt.close()
+    model, reference, zoe_opt = train_briefly(engine, adversarial=True)
+    assert zoe_opt.last_step[0].skipped  # it read the poison: NaN gradients
+    assert not params_equal(model, reference)
+    zoe_opt.close()
+
+
+def test_adversarial_twin_detects_a_removed_parameter_wait(engine, monkeypatch):
+    # Using the updated parameters without ordering the current stream after their copy.
+    monkeypatch.setattr(HostTwin, "wait_current", lambda self, event: None)
+    model, reference, zoe_opt = train_briefly(engine, adversarial=True, steps=1)
+    assert all(torch.isnan(p).all() for p in model.parameters())
+    zoe_opt.close()
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_group_on_two_devices_is_refused():
+    params = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, device="meta"))]
+    with pytest.raises(zoe.InvalidArgument, match="param group 0 has parameters on cpu, meta"):
+        zoe.torch.AdamW(params)
+
+
+def test_group_on_an_unsupported_device_is_refused():
+    params = [torch.nn.Parameter(torch.ones(2, device="meta"))]
+    with pytest.raises(zoe.InvalidArgument, match="take CPU or CUDA tensors"):
+        zoe.torch.AdamW(params)
+
+
+def test_staging_without_swap_space_is_a_clear_error(nvme_dir):
+    config = small_config(nvme_dir, tensor_swap_bytes="4K", chunk_size="4K")
+    with zoe.Engine(config) as engine:
+        model = make_model()
+        zoe_opt = twin_optimizer(model, engine)
+        x, y = batch(0)
+        with pytest.raises(zoe.NoSpace, match="staging of param group 0 .*tensor_swap_bytes"):
+            backward(torch.nn.functional.mse_loss(model(x), y), zoe_opt, True)
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(zoe.NoSpace):
+            zoe_opt.step()
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_optimizer_sizes_its_own_engine_for_the_staging():
+    model = make_model()
+    zoe_opt = zoe.torch.AdamW(model.parameters(), device_backend=HostTwin())
+    x, y = batch(0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    zoe_opt.step()
+    assert zoe_opt.last_step[0].steps_taken == 1
+    zoe_opt.close()
+
+
+# --- offload_parameters into DEVICE ----------------------------------------------------------
+
+
+@pytest.fixture
+def device_paging_engine(nvme_dir):
+    # 4 KiB chunks, a 64 KiB HOST tier and a 48 KiB device tier for TinyGPT's ~90 KiB of
+    # parameters: both links page, so prefetching by the trace matters on both.
+    config = small_config(nvme_dir, offload="cpu", chunk_size="4K", tensor_host_budget="64K",
+                          device_budget="48K")
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir}
+    with zoe.Engine(config) as engine:
+        yield engine
+
+
+def test_device_paging_identical_outputs_gradients_and_prefetch_hits(device_paging_engine):
+    torch.manual_seed(0)
+    reference = TinyGPT()
+    model = copy.deepcopy(reference)
+    pager = zoe.torch.offload_parameters(model, device_paging_engine, tier=zoe.Tier.DEVICE)
+    for step in range(4):
+        reference.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        logits_ref, loss_ref = loss_of(reference, step)
+        logits, loss = loss_of(model, step)
+        assert torch.equal(logits, logits_ref)
+        loss_ref.backward()
+        loss.backward()
+        for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+            assert p.grad is not None and torch.equal(p.grad, p_ref.grad), name
+    assert pager.prefetch_hit_rate() >= 0.9
+    stats = device_paging_engine.stats()
+    assert stats["links"]["host_to_device"]["bytes"] > 0  # parameters went through the device
+    assert stats["device"]["reserved_bytes"] <= 48 * 1024
+    assert stats["device"]["backend"] == "host stand-in" and not stats["device"]["gpu"]
+
+
+def test_device_paging_steps_with_zoe_adamw(device_paging_engine):
+    torch.manual_seed(1)
+    reference = TinyGPT()
+    model = copy.deepcopy(reference)
+    pager = zoe.torch.offload_parameters(model, device_paging_engine, tier=zoe.Tier.DEVICE)
+    reference_opt = zoe.torch.AdamW(reference.parameters(), lr=1e-2, name="reference",
+                                    engine=device_paging_engine)
+    zoe_opt = zoe.torch.AdamW(model.parameters(), lr=1e-2, name="paged",
+                              engine=device_paging_engine)
+    for step in range(3):
+        for m, opt in ((reference, reference_opt), (model, zoe_opt)):
+            opt.zero_grad(set_to_none=True)
+            loss_of(m, step)[1].backward()
+            opt.step()
+    pager.remove()
+    assert params_equal(model, reference)
+
+
+def test_paging_into_the_nvme_tier_is_refused(device_paging_engine):
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(zoe.InvalidArgument, match="allowed: zoe.Tier.HOST, zoe.Tier.DEVICE"):
+        zoe.torch.offload_parameters(model, device_paging_engine, tier=zoe.Tier.NVME)
+
+
+# --- failed copies ---------------------------------------------------------------------------
+
+
+class FailingTwin(HostTwin):
+    """A twin whose device -> host copies fail from the ``fail_from``-th one on while armed."""
+
+    def __init__(self, fail_from):
+        super().__init__(adversarial=True)
+        self.fail_from = fail_from
+        self.failing = True
+        self.to_host = 0
+
+    def copy_to_host(self, src, dst):
+        self.to_host += 1
+        if self.failing and self.to_host >= self.fail_from:
+            raise RuntimeError("injected copy failure")
+        return super().copy_to_host(src, dst)
+
+
+@pytest.mark.parametrize("overlapped", [True, False], ids=["in-backward", "at-step"])
+def test_failed_gradient_copy_leaves_the_state_and_the_next_step_exact(engine, overlapped):
+    reference, model = make_model(), make_model()
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    # The fifth copy of the second step fails: overlapped, two gradients were handed over by then.
+    backend = FailingTwin(fail_from=len(list(model.parameters())) + 5)
+    zoe_opt = zoe.torch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, engine=engine,
+                              device_backend=backend)
+    for step in range(3):
+        x, y = batch(step)
+        for m, opt in ((reference, torch_opt), (model, zoe_opt)):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            if opt is zoe_opt and step == 1:
+                before = zoe_opt.state_dict()
+                with pytest.raises(RuntimeError, match="injected copy failure"):
+                    backward(loss, zoe_opt, overlapped)
+                    zoe_opt.step()
+                after = zoe_opt.state_dict()
+                skipped = engine.stats()["groups"][0]["steps_skipped"]
+                assert skipped == (1 if overlapped else 0)  # zoe dropped what it was handed
+                for index, entry in before["state"].items():  # nothing changed
+                    for key in ("exp_avg", "exp_avg_sq", "step"):
+                        assert torch.equal(after["state"][index][key], entry[key])
+                backend.failing = False
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(m(x), y)
+            backward(loss, zoe_opt, overlapped and opt is zoe_opt)
+            opt.step()
+        assert_params_close(model, reference)
+    assert zoe_opt.last_step[0].steps_taken == 3
+    zoe_opt.close()
+
+
+def test_sparse_gradient_is_refused_and_changes_nothing(engine):
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(10, 4, sparse=True)
+    zoe_opt = twin_optimizer(model, engine)
+    before = model.weight.detach().clone()
+    model(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(zoe.InvalidArgument,
+                       match="gradient of parameter 0 of param group 0: sparse gradient"):
+        zoe_opt.step()
+    assert torch.equal(model.weight, before)
+    model.weight.grad = model.weight.grad.to_dense()
+    zoe_opt.step()
+    assert zoe_opt.last_step[0].steps_taken == 1 and not torch.equal(model.weight, before)
+    zoe_opt.close()
+
+
+def test_a_tensor_instead_of_an_iterable_is_refused_as_torch_refuses_it():
+    with pytest.raises(TypeError, match="iterable of Tensors or dicts"):
+        zoe.torch.AdamW(torch.nn.Parameter(torch.ones(3)), device_backend=HostTwin())
+
+
+def test_post_accumulate_grad_hook_is_used_where_torch_has_it(engine, monkeypatch):
+    # torch >= 2.1's contract, emulated on older torch: hook(param) once .grad is accumulated.
+    registered, nodes = [], []
+
+    def register_post_accumulate_grad_hook(param, hook):
+        registered.append(param)
+        with torch.enable_grad():
+            node = param.expand_as(param).grad_fn.next_functions[0][0]
+        nodes.append(node)
+        return node.register_hook(lambda *_: hook(param))
+
+    monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook",
+                        register_post_accumulate_grad_hook, raising=False)
+    model, reference, zoe_opt = train_briefly(engine, adversarial=True)
+    assert len(registered) == len(list(model.parameters()))
+    assert zoe_opt._device_groups[0].stats["handed_in_backward"] > 0
+    assert_params_close(model, reference)
+    zoe_opt.close()

@@ -1,0 +1,369 @@
+"""zoe.torch.AdamW / Adam sharded across ranks (ZeRO stages 1 and 2, process_group=...): 2 and 3
+ranks spawned with torch.multiprocessing over gloo train 20 steps and end with the parameters of
+one unsharded process within fp32 tolerance -- with uneven shards (parameters split across
+ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
+each rank's optimizer state on disk is 1/N of the total (within one chunk); the stage comes from
+the engine config too; state_dict() consolidates every shard into torch's layout and a
+one-process state dict loads onto 2 and 3 ranks and continues alike; a sharded checkpoint (one per rank and a manifest) loads bit-identically
+and training resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step raise
+within the transport's timeout, never a hang."""
+
+import datetime
+import glob
+import os
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import zoe
+import zoe.torch
+from conftest import small_config
+
+STEPS = 20
+NAN_STEP = 7
+BATCH = 12  # divisible by 2 and 3: every rank averages the same number of samples
+SUB_GROUP = 256
+MAX_GRAD_NORM = 0.5
+JOIN_SECONDS = 90
+
+
+class Net(torch.nn.Module):
+    """Parameters of uneven sizes (so shards cut parameters) and ``extra``, used on even steps
+    only (no gradient on odd steps, on every rank)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1 = torch.nn.Linear(23, 41)
+        self.l2 = torch.nn.Linear(41, 7)
+        self.extra = torch.nn.Parameter(torch.randn(7) * 0.1)
+
+    def forward(self, x, step):
+        out = self.l2(torch.tanh(self.l1(x)))
+        if step % 2 == 0:
+            out = out * (1 + self.extra)
+        return out
+
+
+def batch(step):
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, 23, generator=generator)
+    y = torch.randn(BATCH, 7, generator=generator)
+    if step == NAN_STEP:
+        x[0, 0] = float("inf")  # sample 0, on rank 0: a NaN gradient, a skipped step
+    return x, y
+
+
+def train(optimizer, model, rank, world, steps=STEPS, first=0):
+    for step in range(first, first + steps):
+        x, y = batch(step)
+        per_rank = BATCH // world
+        x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x, step), y)
+        loss.backward()
+        optimizer.step()
+
+
+def make_optimizer(kind, params, nvme_path, config_stage=3, buffer_count=4, **options):
+    """A zoe optimizer with its state on NVMe in sub-groups of SUB_GROUP, clipping at
+    MAX_GRAD_NORM; ``config_stage``: the config's zero_optimization.stage; ``buffer_count``:
+    pipeline buffers (fewer than the shard's chunks: every step reads some state from disk)."""
+    config = small_config(nvme_path, offload="nvme")
+    config["zero_optimization"].update(stage=config_stage, sub_group_size=SUB_GROUP)
+    config["zero_optimization"]["offload_optimizer"]["buffer_count"] = buffer_count
+    cls = zoe.torch.AdamW if kind == "AdamW" else zoe.torch.Adam
+    return cls(params, lr=0.02, weight_decay=0.01, max_grad_norm=MAX_GRAD_NORM, config=config,
+               **options)
+
+
+def state_bytes(directory):
+    """Bytes of the optimizer swap files under ``directory``."""
+    return sum(os.path.getsize(path) for path in glob.glob(os.path.join(directory, "**",
+                                                                         "zoe-optimizer-*"),
+                                                       recursive=True))
+
+
+def run_training(rank, world, out_dir, name, kind, stage):
+    """One sharded run; its results go to <out_dir>/<name>-rank<rank>.pt."""
+    model = Net()
+    options = {"process_group": dist.group.WORLD, "bucket_elements": 100}
+    if stage == "config":
+        options["config_stage"] = 1
+    else:
+        options["zero_stage"] = stage
+    nvme = os.path.join(out_dir, name + "-nvme-{rank}")
+    optimizer = make_optimizer(kind, model.parameters(), nvme, **options)
+    train(optimizer, model, rank, world)
+    torch.save(
+        {"params": [p.detach().clone() for p in model.parameters()],
+         "state_bytes": state_bytes(nvme.replace("{rank}", str(rank))),
+         "stage": optimizer.zero_stage},
+        os.path.join(out_dir, f"{name}-rank{rank}.pt"),
+    )
+    optimizer.close()
+
+
+def run_checkpoint(rank, world, out_dir):
+    """10 steps straight, and 5 steps, a sharded checkpoint, a fresh model and optimizer that
+    load it and 5 more steps: the parameters must be the same bits."""
+    def fresh(name):
+        model = Net()
+        optimizer = make_optimizer("AdamW", model.parameters(),
+                                   os.path.join(out_dir, name + "-nvme-{rank}"),
+                                   process_group=dist.group.WORLD, zero_stage=2,
+                                   bucket_elements=100)
+        return model, optimizer
+
+    straight, straight_opt = fresh("straight")
+    train(straight_opt, straight, rank, world, steps=10)
+    first, first_opt = fresh("first")
+    train(first_opt, first, rank, world, steps=5)
+    directory = os.path.join(out_dir, "checkpoint")
+    first_opt.save_checkpoint(directory)
+    resumed, resumed_opt = fresh("resumed")
+    resumed_opt.load_checkpoint(directory)
+    loaded = [torch.equal(a, b) for a, b in zip(resumed.parameters(), first.parameters())]
+    train(resumed_opt, resumed, rank, world, steps=5, first=5)
+    torch.save(
+        {"loaded_equal": loaded,
+         "resumed_equal": [torch.equal(a, b) for a, b in zip(resumed.parameters(),
+                                                              straight.parameters())],
+         "files": sorted(os.listdir(directory))},
+        os.path.join(out_dir, f"ckpt-rank{rank}.pt"),
+    )
+    for optimizer in (straight_opt, first_opt, resumed_opt):
+        optimizer.close()
+
+
+def run_state_dict(rank, world, out_dir):
+    """10 sharded steps, then the consolidated state dict (rank 0 saves it); and a fresh sharded
+    optimizer that loads the one-process state dict of step 10 (another world size) and takes
+    steps 10..19 (its parameters saved per rank)."""
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, "sd-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=1)
+    train(optimizer, model, rank, world, steps=10)
+    consolidated = optimizer.state_dict()
+    if rank == 0:
+        torch.save(consolidated, os.path.join(out_dir, "sd-consolidated.pt"))
+    optimizer.close()
+    saved = torch.load(os.path.join(out_dir, "reference10.pt"))
+    model = Net()
+    with torch.no_grad():
+        for param, value in zip(model.parameters(), saved["params"]):
+            param.copy_(value)
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, "sd-resumed-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100)
+    optimizer.load_state_dict(saved["state_dict"])
+    train(optimizer, model, rank, world, steps=10, first=10)
+    torch.save([p.detach().clone() for p in model.parameters()],
+               os.path.join(out_dir, f"sd-rank{rank}.pt"))
+    optimizer.close()
+
+
+def run_fault(rank, world, out_dir):
+    """Two steps, then rank 1's state file is overwritten and two more steps are tried; what
+    each rank's step raised goes to <out_dir>/error<rank>.txt."""
+    model = Net()
+    nvme = os.path.join(out_dir, "fault-nvme-{rank}")
+    optimizer = make_optimizer("AdamW", model.parameters(), nvme, buffer_count=2,
+                               process_group=dist.group.WORLD, zero_stage=2)
+    train(optimizer, model, rank, world, steps=2)
+    if rank == 1:  # the shard's state on disk no longer matches its checksums
+        for path in glob.glob(os.path.join(out_dir, f"fault-nvme-{rank}", "zoe-optimizer-*")):
+            with open(path, "r+b") as file:
+                file.write(b"\xa5" * os.path.getsize(path))
+    try:
+        train(optimizer, model, rank, world, steps=2)
+        message = "no error"
+    except zoe.Error as error:
+        message = f"{type(error).__name__}: {error}"
+    with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as file:
+        file.write(message)
+
+
+def worker(rank, world, init_file, out_dir, runs):
+    """``runs``: (name, kind, stage) of the training runs to make, or "fault"."""
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=20))
+        if runs == "fault":
+            run_fault(rank, world, out_dir)
+            return
+        for name, kind, stage in runs:
+            if name == "ckpt":
+                run_checkpoint(rank, world, out_dir)
+            elif name == "sd":
+                run_state_dict(rank, world, out_dir)
+            else:
+                run_training(rank, world, out_dir, name, kind, stage)
+    except BaseException:
+        with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
+            file.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(world, out_dir, runs):
+    """Runs ``worker`` on ``world`` spawned ranks; fails on a crash or after JOIN_SECONDS."""
+    context = mp.start_processes(
+        worker, args=(world, os.path.join(out_dir, "init"), out_dir, runs),
+        nprocs=world, join=False, start_method="spawn",
+    )
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=JOIN_SECONDS)
+    while not context.join(timeout=1):
+        if datetime.datetime.now() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"ranks still running after {JOIN_SECONDS} s: a hang")
+    crashes = glob.glob(os.path.join(out_dir, "crash*.txt"))
+    assert not crashes, open(crashes[0]).read()
+
+
+def reference(kind, directory):
+    """The unsharded run in this process, its state in ``directory``."""
+    os.makedirs(directory, exist_ok=True)
+    model = Net()
+    optimizer = make_optimizer(kind, model.parameters(), directory)
+    train(optimizer, model, 0, 1)
+    params = [p.detach().clone() for p in model.parameters()]
+    total = state_bytes(directory)
+    optimizer.close()
+    return params, total
+
+
+# Per world size, the runs one spawn makes: stage 1 and 2, AdamW and Adam, the stage from the
+# config (1; its zero_stage left out).
+RUNS = {
+    2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config"),
+        ("ckpt", "AdamW", 2), ("sd", "AdamW", 1)],
+    3: [("s1", "AdamW", 1), ("s2", "Adam", 2), ("sd", "AdamW", 1)],
+}
+
+
+def prepare_state_dict(out_dir):
+    """One process: the state dict and parameters after 10 steps (saved for the ranks to load)
+    and the parameters after 20."""
+    directory = os.path.join(out_dir, "sd-single")
+    os.makedirs(directory, exist_ok=True)
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(), directory)
+    train(optimizer, model, 0, 1, steps=10)
+    state = optimizer.state_dict()
+    torch.save({"state_dict": state, "params": [p.detach().clone() for p in model.parameters()]},
+               os.path.join(out_dir, "reference10.pt"))
+    train(optimizer, model, 0, 1, steps=10, first=10)
+    optimizer.close()
+    return state, [p.detach().clone() for p in model.parameters()]
+
+
+def check_state_dict(out_dir, world, want_state, want_params):
+    """The consolidated state dict is one process's, in torch's layout; loaded on ``world`` ranks
+    the one-process state of step 10 continues as one process does."""
+    got = torch.load(os.path.join(out_dir, "sd-consolidated.pt"))
+    assert got["param_groups"] == want_state["param_groups"]
+    assert sorted(got["state"]) == sorted(want_state["state"])
+    for index, entry in want_state["state"].items():
+        assert sorted(got["state"][index]) == sorted(entry) == ["exp_avg", "exp_avg_sq", "step"]
+        assert float(got["state"][index]["step"]) == float(entry["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got["state"][index][key], entry[key], rtol=2e-5,
+                                       atol=1e-7, msg=f"parameter {index} {key}")
+    for rank in range(world):
+        params = torch.load(os.path.join(out_dir, f"sd-rank{rank}.pt"))
+        for index, (a, b) in enumerate(zip(params, want_params)):
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                                       msg=f"resumed from a state dict: rank {rank} param {index}")
+
+
+def check_checkpoint(out_dir, world):
+    for rank in range(world):
+        got = torch.load(os.path.join(out_dir, f"ckpt-rank{rank}.pt"))
+        assert all(got["loaded_equal"]), got["loaded_equal"]
+        assert all(got["resumed_equal"]), got["resumed_equal"]
+        assert got["files"] == ["rank-0", "rank-1", "zoe_sharded_manifest.json"], got["files"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_equals_one_process(world, nvme_dir):
+    want_state, want_params = prepare_state_dict(nvme_dir)
+    spawn(world, nvme_dir, RUNS[world])
+    chunk = 2 * 3 * 4096  # both slots of one chunk: master, exp_avg, exp_avg_sq
+    for name, kind, stage in RUNS[world]:
+        if name == "ckpt":
+            check_checkpoint(nvme_dir, world)
+            continue
+        if name == "sd":
+            check_state_dict(nvme_dir, world, want_state, want_params)
+            continue
+        want, total = reference(kind, os.path.join(nvme_dir, f"{name}-single"))
+        for rank in range(world):
+            got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
+            assert got["stage"] == (1 if stage == "config" else stage)
+            for index, (a, b) in enumerate(zip(got["params"], want)):
+                torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                                           msg=f"{name}: rank {rank} parameter {index}")
+            assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
+
+
+def test_reference_run_clips_skips_and_leaves_params_alone(nvme_dir):
+    """The scenario really exercises what the sharded tests compare: the NaN step skips, the
+    norm exceeds max_grad_norm, and ``extra`` has no gradient on odd steps."""
+    model = Net()
+    os.makedirs(os.path.join(nvme_dir, "one"), exist_ok=True)
+    optimizer = make_optimizer("AdamW", model.parameters(), os.path.join(nvme_dir, "one"))
+    skipped, norms = [], []
+    for step in range(NAN_STEP + 1):
+        x, y = batch(step)
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x, step), y).backward()
+        if step % 2 == 1:
+            assert model.extra.grad is None
+        optimizer.step()
+        skipped.append(optimizer.last_step[0].skipped)
+        norms.append(optimizer.last_step[0].grad_norm)
+    optimizer.close()
+    assert skipped == [False] * NAN_STEP + [True]
+    assert max(norms[:NAN_STEP]) > MAX_GRAD_NORM
+
+
+def test_corrupt_state_on_one_rank_fails_every_rank(nvme_dir):
+    spawn(2, nvme_dir, "fault")
+    errors = [open(os.path.join(nvme_dir, f"error{rank}.txt")).read() for rank in range(2)]
+    assert errors[1].startswith("Corruption"), errors[1]
+    assert "rank(s) 1 failed the step" in errors[0], errors[0]
+
+
+def test_checkpoint_of_another_layout_is_refused(nvme_dir):
+    dist.init_process_group("gloo", init_method=f"file://{nvme_dir}/init", rank=0, world_size=1)
+    try:
+        optimizer = zoe.torch.AdamW(Net().parameters(), process_group=dist.group.WORLD,
+                                    zero_stage=1)
+        with pytest.raises(zoe.NotFound, match="holds no sharded zoe checkpoint"):
+            optimizer.load_checkpoint(os.path.join(nvme_dir, "none"))
+        with open(os.path.join(nvme_dir, "zoe_sharded_manifest.json"), "w") as file:
+            file.write('{"world_size": 2, "groups": [{"name": "zoe.0", "count": 1285}]}')
+        with pytest.raises(zoe.FailedPrecondition, match="is of 2 ranks"):
+            optimizer.load_checkpoint(nvme_dir)
+        optimizer.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_stage_out_of_range_is_refused(nvme_dir):
+    with pytest.raises(zoe.InvalidArgument, match="zero_stage = 0 is not allowed"):
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=f"file://{nvme_dir}/init", rank=0,
+                                    world_size=1)
+        try:
+            zoe.torch.AdamW(Net().parameters(), process_group=dist.group.WORLD, zero_stage=0)
+        finally:
+            dist.destroy_process_group()

@@ -1,0 +1,369 @@
+"""ZeRO stage 3 (offload_parameters with a process group) on 1, 2 and 3 gloo ranks started on
+this machine: 20 steps equal one unsharded process (uneven shards, clipping agreed across ranks,
+a skipped non-finite step, a module unused on odd steps), the bytes each rank holds fall with N,
+the trace prefetches gathers, and a rank whose swap file is corrupted makes every rank fail
+within a bounded time."""
+
+import datetime
+import math
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import zoe
+import zoe.torch
+from conftest import small_config
+
+STEPS = 20
+BATCH = 6  # rows per step, split evenly over 1, 2 or 3 ranks
+LR = 1e-3
+MAX_NORM = 0.5
+NONFINITE_STEP = 7  # rank 0's loss becomes inf: every rank must skip this step
+
+
+class Model(torch.nn.Module):
+    """Sizes that shard unevenly over 2 and 3 ranks, a 1-element bias (empty shards), a root
+    parameter, a weight tied to the embedding and a module used on even steps only."""
+
+    def __init__(self, vocab=11, width=10, layers=4):
+        super().__init__()
+        self.tokens = torch.nn.Embedding(vocab, width)
+        self.scale = torch.nn.Parameter(torch.ones(width) + 0.1 * torch.randn(width))
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+        self.even_only = torch.nn.Linear(width, width)
+        self.gate = torch.nn.Linear(width, 1)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight
+
+    def forward(self, idx, step):
+        x = self.tokens(idx).mean(1) * self.scale
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        if step % 2 == 0:
+            x = x + self.even_only(x)
+        return self.head(x * torch.sigmoid(self.gate(x)))
+
+
+def batch(step):
+    generator = torch.Generator().manual_seed(1000 + step)
+    idx = torch.randint(0, 11, (BATCH, 5), generator=generator)
+    return idx, torch.randint(0, 11, (BATCH,), generator=generator)
+
+
+def loss_of(model, step, rows):
+    idx, target = batch(step)
+    logits = model(idx[rows], step)
+    return torch.nn.functional.cross_entropy(logits, target[rows])
+
+
+def reference_parameters():
+    """One process, no sharding: torch's AdamW, torch's clipping, the same skipped step."""
+    torch.manual_seed(0)
+    model = Model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        loss_of(model, step, slice(None)).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        if step != NONFINITE_STEP and math.isfinite(norm):
+            optimizer.step()
+    return {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+
+def engine_for(directory, rank):
+    """Rank's engine: optimizer state and parameter shards on NVMe under its own paths (the
+    tensors' swap space is striped over both)."""
+    paths = [os.path.join(directory, f"{part}{rank}") for part in ("optim", "param")]
+    for path in paths:
+        os.makedirs(path, exist_ok=True)
+    config = small_config(paths[0], offload="nvme", chunk_size="4K", tensor_host_budget="64K")
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": paths[1]}
+    return zoe.Engine(config), paths
+
+
+def init(rank, world_size, directory, timeout_s=20):
+    dist.init_process_group(
+        "gloo", init_method="file://" + os.path.join(directory, "rendezvous"), rank=rank,
+        world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def train(rank, world_size, directory):
+    """One rank of the sharded run; rank 0 saves the full parameters and every rank its
+    statistics."""
+    init(rank, world_size, directory)
+    engine, _ = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=LR, weight_decay=0.01,
+                                engine=engine)
+    rows = slice(BATCH * rank // world_size, BATCH * (rank + 1) // world_size)
+    skipped = 0
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(model, step, rows)
+        if step == NONFINITE_STEP and rank == 0:
+            loss = loss * float("inf")
+        loss.backward()
+        norm = pager.clip_grad_norm_(MAX_NORM)
+        if not math.isfinite(norm):
+            skipped += 1
+            continue
+        optimizer.step()
+    state = pager.state_dict()
+    stats = pager.stats()
+    stats.pop("engine")
+    stats["skipped"] = skipped
+    if rank == 0:
+        torch.save(state, os.path.join(directory, "state.pt"))
+    torch.save(stats, os.path.join(directory, f"stats{rank}.pt"))
+    dist.destroy_process_group()
+    engine.close()
+
+
+def run_ranks(function, world_size, directory):
+    """Runs function(rank, world_size, directory) in world_size fresh processes. They start from
+    a fork server that imported torch and zoe once (multiprocessing's forkserver: a new process,
+    not a fork of this one) rather than each importing torch as spawn's do, which on 2 shared
+    cores takes seconds per process."""
+    mp.start_processes(function, args=(world_size, directory), nprocs=world_size, join=True,
+                       start_method="forkserver")
+
+
+multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "zoe.torch"])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_parameters()
+
+
+@pytest.fixture(scope="module")
+def training_runs():
+    """training_runs(N): the full parameters and each rank's statistics of train() on N ranks,
+    run once per N for the tests of this file."""
+    runs = {}
+    parent = tempfile.mkdtemp(prefix="zoe-zero3-", dir="/var/tmp" if os.path.isdir("/var/tmp")
+                              else None)
+
+    def run(world_size):
+        if world_size not in runs:
+            directory = os.path.join(parent, str(world_size))
+            os.makedirs(directory)
+            run_ranks(train, world_size, directory)
+            runs[world_size] = (
+                torch.load(os.path.join(directory, "state.pt")),
+                [torch.load(os.path.join(directory, f"stats{r}.pt")) for r in range(world_size)],
+            )
+        return runs[world_size]
+
+    yield run
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_sharded_training_equals_one_process(world_size, training_runs, reference):
+    state, stats = training_runs(world_size)
+    for name, expected in reference.items():
+        torch.testing.assert_close(state[name], expected, rtol=1e-4, atol=1e-5, msg=name)
+    assert all(s["skipped"] == 1 for s in stats)  # the non-finite step, on every rank
+    assert all(s["iterations"] == STEPS for s in stats)
+    # After the recorded first iteration, gathers were issued ahead by the trace; the even
+    # and odd iterations differ (even_only), so the trace is re-recorded as they alternate.
+    assert all(s["gathers"]["prefetched"] > s["gathers"]["on_demand"] for s in stats)
+
+
+def test_bytes_held_per_rank_fall_with_the_number_of_ranks(training_runs):
+    total = sum(p.numel() * p.element_size() for p in set(Model().parameters()))
+    peaks = []
+    for world_size in (1, 2, 3):
+        stats = training_runs(world_size)[1]
+        peak = max(s["peak_held_bytes"] for s in stats)
+        shard_bytes = [s["shard_bytes"] for s in stats]
+        assert sum(shard_bytes) == total  # the shards partition every parameter once
+        # Each rank's shard is 1/N of the model, within one element per parameter.
+        assert max(shard_bytes) <= total / world_size + 4 * 12
+        peaks.append(peak)
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+def fail_on_rank_1(rank, world_size, directory):
+    """Rank 1's parameter swap file is overwritten before training: its first gather reads a
+    block whose checksum fails. Each rank writes the error it got and how long it took."""
+    init(rank, world_size, directory, timeout_s=10)
+    engine, paths = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    if rank == 1:
+        for path in (os.path.join(p, name) for p in paths for name in os.listdir(p)):
+            with open(path, "r+b") as file:
+                file.write(b"\x5a" * os.path.getsize(path))
+    start = time.monotonic()
+    outcome = "no error"
+    try:
+        for step in range(3):
+            loss_of(model, step, slice(rank, rank + 1)).backward()
+    except Exception as error:  # the outcome under test
+        outcome = f"{type(error).__name__}: {error}"
+        traceback.print_exc()
+    with open(os.path.join(directory, f"outcome{rank}"), "w") as file:
+        file.write(f"{time.monotonic() - start:.3f}\n{outcome}")
+    del pager
+    engine.close()
+
+
+def test_a_failing_rank_fails_every_rank_within_a_bound(nvme_dir):
+    run_ranks(fail_on_rank_1, 2, nvme_dir)
+    outcomes = []
+    for rank in range(2):
+        with open(os.path.join(nvme_dir, f"outcome{rank}")) as file:
+            seconds, outcome = file.read().split("\n", 1)
+        outcomes.append(outcome)
+        assert float(seconds) < 15.0, outcome
+    assert outcomes[1].startswith("Corruption"), outcomes[1]
+    assert outcomes[0].startswith("Aborted"), outcomes[0]
+    assert "another rank failed" in outcomes[0] and "parameter" in outcomes[0]
+
+
+@pytest.fixture
+def world_of_one(nvme_dir):
+    """A gloo process group of this process alone, destroyed afterwards."""
+    init(0, 1, nvme_dir)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tier", [zoe.Tier.HOST, zoe.Tier.DEVICE])
+def test_gathered_only_while_used_and_given_back_by_remove(world_of_one, nvme_dir, tier):
+    # DEVICE: the shards are paged into the engine's device tier (the host stand-in here).
+    torch.manual_seed(0)
+    reference, model = Model(), Model()
+    model.load_state_dict(reference.state_dict())
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one,
+                                             tier=tier)
+        for step in range(2):
+            loss = loss_of(model, step, slice(None))
+            # Nothing stays gathered between forward and backward (from the second iteration
+            # on, the first gathers of backward are in flight, issued ahead by the trace).
+            assert pager.gathered_bytes == 0
+            assert (pager.in_flight_bytes > 0) == (step > 0)
+            assert all(p.data.stride() == (0,) * p.dim() for p in model.parameters()
+                       if p.numel() > 1)
+            loss.backward()
+            assert pager.gathered_bytes == pager.in_flight_bytes == 0
+            assert all(p.grad is None for p in model.parameters())  # moved to the shards
+            loss_of(reference, step, slice(None)).backward()
+        for (name, p_ref), shard in zip(reference.named_parameters(), pager.shard_parameters()):
+            assert torch.equal(shard.grad, p_ref.grad.view(-1)), name
+        pager.remove()
+        for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+            assert torch.equal(p, p_ref), name
+
+
+def test_a_torch_optimizer_steps_the_shards_inside_materialized(world_of_one, nvme_dir):
+    torch.manual_seed(0)
+    reference, model = Model(), Model()
+    model.load_state_dict(reference.state_dict())
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        optimizers = [torch.optim.SGD(reference.parameters(), lr=0.1),
+                      torch.optim.SGD(pager.shard_parameters(), lr=0.1)]
+        for step in range(3):
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            loss_of(reference, step, slice(None)).backward()
+            loss_of(model, step, slice(None)).backward()
+            optimizers[0].step()
+            with pager.materialized():  # the shards point at their acquired memory
+                optimizers[1].step()
+        state = pager.state_dict()
+        for name, expected in reference.state_dict().items():
+            assert torch.equal(state[name], expected), name
+        assert pager.gathered_bytes == pager.in_flight_bytes == 0
+
+
+def test_bad_arguments_are_named(world_of_one, nvme_dir):
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        with pytest.raises(zoe.InvalidArgument, match="prefetch_depth = -1 .* allowed: >= 0"):
+            zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one,
+                                         prefetch_depth=-1)
+        model = Model()
+        model.phase = torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        with pytest.raises(zoe.InvalidArgument, match="'phase': torch.complex64 cannot be "
+                           "paged; allowed: torch.float32"):
+            zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        for name, p in model.named_parameters():  # nothing was sharded
+            assert torch.equal(p, before[name]), name
+        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
+        with pytest.raises(zoe.InvalidArgument, match="norm_type = 1 .* allowed: 2.0"):
+            pager.clip_grad_norm_(1.0, norm_type=1)
+
+
+def test_a_process_group_without_init_process_group_is_refused(engine):
+    assert not dist.is_initialized()
+    with pytest.raises(zoe.InvalidArgument, match="init_process_group"):
+        zoe.torch.offload_parameters(Model(), engine, process_group=object())
+
+
+class Broken:
+    """Stands in for a collective that fails (a peer died or timed out) when it is called, or
+    (``in_wait``) when its asynchronous handle is waited for."""
+
+    def __init__(self, function, in_wait=False):
+        self.function = function
+        self.in_wait = in_wait
+
+    def __call__(self, *args, **kwargs):
+        if self.in_wait:
+            return self
+        self.wait()
+
+    def wait(self):
+        raise RuntimeError(f"{self.function} failed: Connection closed by peer")
+
+
+@pytest.mark.parametrize(
+    "collective, in_wait, when, message",
+    [
+        ("all_gather", False, "forward", "all_gather of parameter 'scale'"),
+        ("all_gather", True, "forward", "all_gather of parameter 'scale'"),
+        ("all_reduce", False, "backward", "all_reduce of the gradient of parameter"),
+        ("all_reduce", True, "backward", "all_reduce of the gradient of parameter"),
+        ("all_reduce", False, "clip", "all_reduce of the gradient norm"),
+    ],
+)
+def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch, collective,
+                                             in_wait, when, message):
+    from zoe import _torch_zero3
+
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
+        if when != "forward":
+            loss = loss_of(pager.model, 0, slice(None))
+        if when == "clip":
+            loss.backward()
+        monkeypatch.setattr(_torch_zero3.dist, collective, Broken(collective, in_wait))
+        with pytest.raises(zoe.Aborted, match=message) as raised:
+            if when == "forward":
+                loss_of(pager.model, 0, slice(None))
+            elif when == "backward":
+                loss.backward()
+            else:
+                pager.clip_grad_norm_(1.0)
+        assert "Connection closed by peer" in str(raised.value)

@@ -1,0 +1,553 @@
+"""Parameters on a device in zoe.torch's optimizers: ZeRO-Offload's data path.
+
+The model lives on a device (a CUDA GPU, or the CPU twin that stands in for one in tests); the
+optimizer state lives in zoe (DRAM or NVMe) and steps on the CPU. Per param group:
+
+* backward: as each parameter's gradient becomes final (its AccumulateGrad node has run), the
+  gradient is copied device -> host on a side stream into the group's staging memory, a zoe
+  tensor homed in HOST (pinned, counted against the HOST budget). Once that copy's event has
+  completed the gradient is handed to the zoe group with accumulate_grad, so the group starts
+  reading its state while backward goes on. This happens only while the hooks are armed
+  (``with optimizer.overlap():`` around the backward that ends the accumulation); otherwise the
+  gradients are copied and handed over at step().
+* step: the rest of the gradients are handed over (waiting for their copies), zoe steps with the
+  accumulated gradients and writes the updated parameters, in their dtype, into staging; each goes
+  host -> device on the side stream, and the current stream is made to wait for that copy, so the
+  next use of the parameters is ordered after it without blocking the host.
+
+The device logic is written once against ``DeviceBackend``; ``CudaBackend`` implements it with
+torch.cuda streams and events, ``HostTwin`` with CPU tensors. ``HostTwin(adversarial=True)``
+delays every copy (it completes only after a few polls, or when waited) and fills its destination
+with NaN until then, so a missing wait shows up as a wrong result instead of passing by luck."""
+
+import contextlib
+import ctypes
+import time
+
+import torch
+
+from . import _capi
+from ._torch_common import _DTYPES, _invalid, _pager_of
+from .engine import BufferView
+from .errors import FailedPrecondition, Internal, NoSpace
+
+# zoe tensors occupy whole chunks (zoe.chunk_size, 64 MiB by default); staging is rounded to it
+# when the optimizer sizes its engine's tensor swap space.
+_CHUNK_BYTES = 64 << 20
+_ALIGN = 64  # bytes between the starts of two parameters' staging
+
+
+class DeviceBackend:
+    """What the device path needs from a device: asynchronous copies on a side stream whose
+    completion is an event, and ordering the current stream after an event.
+
+    Contract: ``copy_to_host`` and ``copy_to_device`` return at once; the destination holds the
+    source's values only once ``ready(event)`` has returned True or ``wait(event)`` returned. A
+    copy reads its source after the work already issued on the current stream. After
+    ``wait_current(event)`` the current stream's later work (for the twin: the host) sees the
+    copy's result."""
+
+    name = "device"
+
+    def copy_to_host(self, src, dst):
+        raise NotImplementedError
+
+    def copy_to_device(self, src, dst):
+        raise NotImplementedError
+
+    def ready(self, event):
+        raise NotImplementedError
+
+    def wait(self, event):
+        raise NotImplementedError
+
+    def wait_current(self, event):
+        raise NotImplementedError
+
+
+class CudaBackend(DeviceBackend):
+    """torch.cuda: one side stream per device, copies with non_blocking=True, CUDA events."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.name = str(self.device)
+        self._stream = torch.cuda.Stream(device=self.device)
+
+    def _copy(self, src, dst):
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)  # src is final, dst no longer in use, on `current`
+        with torch.cuda.stream(self._stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        for tensor in (src, dst):
+            if tensor.is_cuda:  # the caching allocator must not reuse it before the copy ran
+                tensor.record_stream(self._stream)
+        return event
+
+    def copy_to_host(self, src, dst):
+        return self._copy(src, dst)
+
+    def copy_to_device(self, src, dst):
+        return self._copy(src, dst)
+
+    def ready(self, event):
+        return event.query()
+
+    def wait(self, event):
+        event.synchronize()
+
+    def wait_current(self, event):
+        torch.cuda.current_stream(self.device).wait_event(event)
+
+
+class _TwinCopy:
+    """A copy of the twin: performed when it completes (after ``polls_left`` polls or a wait)."""
+
+    def __init__(self, src, dst, polls_left):
+        self.src, self.dst, self.polls_left = src, dst, polls_left
+        self.done = False
+
+    def finished(self):
+        self.done = True
+        return self
+
+    def complete(self):
+        if not self.done:
+            self.dst.copy_(self.src)
+            self.done = True
+            self.src = None
+
+
+class HostTwin(DeviceBackend):
+    """The CPU twin of a device: the model's "device" tensors are CPU tensors.
+
+    Without ``adversarial`` copies complete at once. With it a copy takes a snapshot of its
+    source, fills its destination with NaN and completes only when it is waited, or after
+    ``late_polls`` calls of ready() returned False: code that reads a destination before the copy's
+    event completed reads NaN."""
+
+    name = "host twin"
+
+    def __init__(self, adversarial=False, late_polls=2):
+        self.adversarial = adversarial
+        self.late_polls = late_polls
+        self.copies = 0  # submitted copies, for tests
+
+    def _copy(self, src, dst):
+        self.copies += 1
+        if not self.adversarial:
+            dst.copy_(src)
+            return _TwinCopy(None, dst, 0).finished()
+        copy = _TwinCopy(src.detach().clone(), dst, self.late_polls)
+        dst.fill_(float("nan"))
+        return copy
+
+    def copy_to_host(self, src, dst):
+        return self._copy(src, dst)
+
+    def copy_to_device(self, src, dst):
+        return self._copy(src, dst)
+
+    def ready(self, event):
+        if event.done:
+            return True
+        if event.polls_left > 0:
+            event.polls_left -= 1
+            return False
+        event.complete()
+        return True
+
+    def wait(self, event):
+        event.complete()
+
+    def wait_current(self, event):
+        event.complete()  # the twin's current stream is the host
+
+
+def backend_for(group_index, params, device_backend):
+    """The DeviceBackend of a param group, or None for a group of CPU parameters stepped in place
+    (the CPU path). All parameters of a group must be on one device."""
+    devices = {param.device for param in params}
+    if len(devices) > 1:
+        listed = ", ".join(sorted(str(device) for device in devices))
+        raise _invalid(
+            f"param group {group_index} has parameters on {listed}; a param group's parameters "
+            "must be on one device (put each device's parameters in a param group of their own)"
+        )
+    device = next(iter(devices), torch.device("cpu"))
+    if any(_pager_of(param) for param in params):
+        if device.type != "cpu":
+            raise _invalid(
+                f"param group {group_index} holds parameters paged by offload_parameters on "
+                f"{device}; zoe optimizers step paged parameters on the CPU (or the CPU twin) "
+                "only so far: step these with a torch optimizer inside pager.materialized()"
+            )
+        return None  # stepped in place through the pager, one parameter at a time
+    if device.type == "cuda":
+        if device_backend is not None and not isinstance(device_backend, CudaBackend):
+            raise _invalid(
+                f"param group {group_index} is on {device}; device_backend="
+                f"{device_backend.name!r} is for parameters on the CPU (the CPU twin)"
+            )
+        return CudaBackend(device)
+    if device.type != "cpu":
+        raise _invalid(
+            f"param group {group_index} is on {device}; zoe optimizers take CPU or CUDA tensors"
+        )
+    return device_backend
+
+
+def staging_bytes(params):
+    """Bytes of HOST staging a group of device parameters needs: gradients and parameters."""
+    total = 0
+    for param in params:
+        total += 2 * _aligned(param.numel() * param.element_size())
+    return total
+
+
+def swap_bytes_for(param_groups):
+    """Tensor swap space an engine needs to hold the staging of these groups (each group's
+    staging is one zoe tensor, a whole number of chunks)."""
+    total = 0
+    for params in param_groups:
+        nbytes = staging_bytes(params)
+        total += -(-nbytes // _CHUNK_BYTES) * _CHUNK_BYTES
+    return total
+
+
+def _aligned(nbytes):
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _post_accumulate_hook(param, hook):
+    """Registers ``hook()`` to run once the parameter's gradient is accumulated into .grad
+    (register_post_accumulate_grad_hook where torch has it, else a hook on the AccumulateGrad
+    node). Returns (handle, node to keep alive)."""
+    if hasattr(param, "register_post_accumulate_grad_hook"):
+        return param.register_post_accumulate_grad_hook(lambda _: hook()), None
+    with torch.enable_grad():  # an optimizer may be built under no_grad
+        node = param.expand_as(param).grad_fn.next_functions[0][0]
+    return node.register_hook(lambda *_: hook()), node
+
+
+class DeviceGroup:
+    """The device path of one param group: staging, hooks, hand-over and write-back."""
+
+    def __init__(self, optimizer, group_index, backend):
+        self.optimizer = optimizer
+        self.group_index = group_index
+        self.backend = backend
+        self.params = list(optimizer.param_groups[group_index]["params"])
+        self.offsets = []
+        offset = 0
+        for param in self.params:
+            self.offsets.append(offset)
+            offset += param.numel()
+        self._staging = None  # the zoe tensor; acquired on HOST for the optimizer's life
+        self._grad_host = []  # per parameter: CPU tensor over its gradient staging
+        self._param_host = []  # per parameter: CPU tensor over its updated-parameter staging
+        self._pending = []  # [(parameter index, event)] gradient copies not handed over yet
+        self._handed = set()  # parameter indices handed over for the coming step
+        self._to_device = []  # events of the latest host -> device copies
+        self.armed = False
+        self._hooks = []
+        self.stats = {"handed_in_backward": 0, "handed_at_step": 0, "step_seconds": 0.0}
+        for index, param in enumerate(self.params):
+            if param.requires_grad:
+                self._hooks.append(_post_accumulate_hook(param, self._hook_for(index)))
+
+    # --- staging ---------------------------------------------------------------------------
+
+    def _ensure_staging(self):
+        if self._staging is not None:
+            return
+        engine = self.optimizer.engine
+        nbytes = staging_bytes(self.params)
+        name = f"{self.optimizer._group_name(self.group_index)}.staging"
+        try:
+            tensor = engine.register_tensor(name, nbytes, _capi.DType.UINT8, _capi.Tier.HOST)
+        except NoSpace as error:
+            raise NoSpace(
+                error.status,
+                f"{error}; the staging of param group {self.group_index} ({nbytes} bytes of "
+                "pinned DRAM for device parameters) is a zoe tensor homed in HOST: give the "
+                "engine zoe.tensor_swap_bytes and zoe.tensor_host_budget for it",
+            ) from error
+        address = tensor.acquire(_capi.Tier.HOST, _capi.Access.READ_WRITE)
+        self._staging = tensor
+        buffer = (ctypes.c_char * nbytes).from_address(address)
+        raw = torch.frombuffer(buffer, dtype=torch.uint8)
+        cursor = 0
+        for region in (self._grad_host, self._param_host):
+            for param in self.params:
+                n = param.numel() * param.element_size()
+                region.append(raw[cursor : cursor + n].view(param.dtype))
+                cursor += _aligned(n)
+
+    def close(self):
+        """Removes the hooks and releases the staging (idempotent)."""
+        for handle, _ in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for event in self._to_device:
+            self.backend.wait(event)
+        self._to_device = []
+        if self._staging is not None:
+            with contextlib.suppress(Exception):  # the engine may be closed already
+                self._staging.release()
+            self._staging = None
+
+    # --- backward --------------------------------------------------------------------------
+
+    def _hook_for(self, index):
+        def hook():
+            if not self.armed:
+                return
+            try:
+                self._copy_grad(index)
+                self._hand_over_ready()
+            except BaseException:
+                self.abandon()
+                raise
+        return hook
+
+    def abandon(self):
+        """Drops the step being gathered: copies in flight are waited for and forgotten, and the
+        gradients already handed to zoe are consumed by a step zoe skips (one gradient handed as
+        NaN, the others as "no gradient"), which changes nothing. param.grad stays as it is, so
+        step() can start the gathering again."""
+        for _, event in self._pending:
+            with contextlib.suppress(Exception):
+                self.backend.wait(event)
+        self._pending = []
+        if not self._handed:
+            return
+        missing = [index for index in range(len(self.params)) if index not in self._handed]
+        self._handed = set()
+        if not missing:  # zoe holds every gradient: a step() would consume them
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"param group {self.group_index}: every gradient was handed to zoe before the "
+                "failure; call step() to take the step",
+            )
+        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        poison = self._grad_host[missing[0]]
+        poison.fill_(float("nan"))
+        zoe_group.accumulate_grad(self.offsets[missing[0]], _staged_view(poison))
+        for index in missing[1:]:
+            param = self.params[index]
+            zoe_group.accumulate_grad(
+                self.offsets[index], BufferView(0, _DTYPES[param.dtype], param.numel())
+            )
+        result = zoe_group.step(None, grads=[], params_out=[])
+        if not result.skipped:
+            raise Internal(_capi.Status.INTERNAL, "an abandoned step was not skipped by zoe")
+
+    def _copy_grad(self, index):
+        """Starts the device -> host copy of a parameter's gradient (final now)."""
+        grad = self.params[index].grad
+        if grad is None or index in self._handed:
+            return
+        self._check_grad(index, grad)
+        self._ensure_staging()
+        self._begin_step()
+        # Earlier copies into this staging were handed over and stepped: the slot is free.
+        event = self.backend.copy_to_host(grad.detach().reshape(-1), self._grad_host[index])
+        self._pending = [(i, e) for i, e in self._pending if i != index]
+        self._pending.append((index, event))
+
+    def _check_grad(self, index, grad):
+        param = self.params[index]
+        where = f"gradient of parameter {index} of param group {self.group_index}"
+        if grad.is_sparse:
+            raise _invalid(f"{where}: sparse gradient")
+        if grad.dtype != param.dtype or grad.device != param.device:
+            raise _invalid(
+                f"{where} is {grad.dtype} on {grad.device}; expected {param.dtype} on "
+                f"{param.device}, the parameter's"
+            )
+
+    def _begin_step(self):
+        """Before the first hand-over of a step: the zoe group exists and holds the parameters'
+        latest values (written outside the optimizer, e.g. by load_state_dict)."""
+        if self._handed or self._pending:
+            return
+        self.optimizer._zoe_group(self.group_index)
+        self.optimizer._sync_external_writes(self.group_index)
+
+    def _hand_over_ready(self):
+        still = []
+        for index, event in self._pending:
+            if self.backend.ready(event):
+                self._hand_over(index)
+                self.stats["handed_in_backward"] += 1
+            else:
+                still.append((index, event))
+        self._pending = still
+
+    def _hand_over(self, index):
+        """Gives the group a gradient whose copy has completed."""
+        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        zoe_group.accumulate_grad(self.offsets[index], _staged_view(self._grad_host[index]))
+        self._handed.add(index)
+
+    def _await_copy(self, event):
+        """Waits for a device -> host copy of a gradient (the one wait before a hand-over)."""
+        self.backend.wait(event)
+
+    def _drain(self):
+        """Hands over every gradient not handed over yet; a parameter without one is handed as
+        "no gradient" (its state and step count stay as they are)."""
+        self._begin_step()
+        for index in range(len(self.params)):
+            if index not in self._handed and not any(i == index for i, _ in self._pending):
+                self._copy_grad(index)
+        for index, event in self._pending:
+            self._await_copy(event)
+            self._hand_over(index)
+            self.stats["handed_at_step"] += 1
+        self._pending = []
+        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        for index, param in enumerate(self.params):
+            if index not in self._handed:
+                count = param.numel()
+                zoe_group.accumulate_grad(
+                    self.offsets[index], BufferView(0, _DTYPES[param.dtype], count)
+                )
+
+    # --- the step --------------------------------------------------------------------------
+
+    def has_grads(self):
+        return bool(self._handed or self._pending) or any(
+            param.grad is not None for param in self.params
+        )
+
+    def step(self, hyper):
+        """Steps the group with the gradients handed over (the rest handed now) and starts the
+        host -> device copies of the updated parameters. Returns the zoe StepResult."""
+        started = time.perf_counter()
+        present = [
+            index in self._handed or any(i == index for i, _ in self._pending)
+            or self.params[index].grad is not None
+            for index in range(len(self.params))
+        ]
+        try:
+            self._drain()
+        except BaseException:
+            self.abandon()
+            raise
+        for event in self._to_device:  # staging of the previous step's parameters is free
+            self.backend.wait(event)
+        self._to_device = []
+        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        views = [_staged_view(values) for values in self._param_host]
+        # A zoe step that fails keeps the gradients handed to it: step() again retries it.
+        result = zoe_group.step(hyper, grads=[], params_out=views)
+        self._handed = set()
+        if not result.skipped:
+            self._copy_params_to_device(present)
+        self.stats["step_seconds"] += time.perf_counter() - started
+        return result
+
+    def _copy_params_to_device(self, present):
+        for index, param in enumerate(self.params):
+            if not present[index]:
+                continue
+            # .data: the optimizer's own write does not count as a write from outside.
+            target = param.data.view(-1)
+            event = self.backend.copy_to_device(self._param_host[index], target)
+            self.backend.wait_current(event)
+            self._to_device.append(event)
+
+
+def _staged_view(values):
+    return BufferView(values.data_ptr(), _DTYPES[values.dtype], values.numel())
+
+
+@contextlib.contextmanager
+def overlap(device_groups):
+    """Arms the gradient hooks of every device group for the block."""
+    armed = [group for group in device_groups if group is not None]
+    for group in armed:
+        group.armed = True
+    try:
+        yield
+    finally:
+        for group in armed:
+            group.armed = False
+
+
+def listed_params(params, device_backend):
+    """``params`` (an iterable of tensors or of param-group dicts) read once into lists, and the
+    tensor swap bytes the staging of its device groups needs (0 when every group is stepped on
+    the CPU in place). A tensor is returned as it is, for torch to refuse."""
+    if isinstance(params, torch.Tensor):
+        return params, 0
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        for group in params:
+            inner = group["params"]
+            group["params"] = [inner] if isinstance(inner, torch.Tensor) else list(inner)
+        groups = [group["params"] for group in params]
+    else:
+        groups = [params]
+    on_device = [
+        group for group in groups
+        if device_backend is not None or any(param.device.type != "cpu" for param in group)
+    ]
+    return params, swap_bytes_for(on_device)
+
+
+class _CudaMemory:
+    """Device memory zoe owns, described by __cuda_array_interface__ for torch.as_tensor."""
+
+    def __init__(self, address, nbytes):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def wrap_tier_memory(address, nbytes, dtype, device):
+    """A flat tensor of ``dtype`` over zoe memory at ``address``: on ``device`` when it is a CUDA
+    device (zoe's DEVICE tier on a GPU), else a CPU tensor (HOST, or DEVICE on the stand-in).
+    Borrowed: valid while zoe keeps the memory acquired."""
+    if device.type == "cuda":
+        raw = torch.as_tensor(_CudaMemory(address, nbytes), device=device)
+    else:
+        raw = torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8)
+    return raw.view(dtype)
+
+
+def check_paging_tier(engine, tier, device):
+    """InvalidArgument unless parameters on ``device`` can be paged into ``tier``: HOST takes a
+    CPU model; DEVICE takes a CUDA model when the engine's device tier is a GPU, and a CPU model
+    (the CPU twin) when it is the host stand-in."""
+    if tier == _capi.Tier.HOST:
+        if device.type != "cpu":
+            raise _invalid(
+                f"parameters on {device} cannot be paged into the HOST tier (they would become "
+                "CPU tensors); page them into tier=zoe.Tier.DEVICE"
+            )
+        return
+    if tier != _capi.Tier.DEVICE:
+        raise _invalid(f"tier = {tier!r} is not allowed; allowed: zoe.Tier.HOST, zoe.Tier.DEVICE")
+    device_info = engine.stats().get("device", {})
+    if not device_info.get("present", False):
+        raise _invalid("tier=DEVICE needs an engine with a device tier (zoe.device)")
+    gpu = bool(device_info.get("gpu", False))
+    if gpu and device.type != "cuda":
+        raise _invalid(
+            f"the engine's device tier is {device_info.get('backend')!r} (a GPU) and the model "
+            f"is on {device}; move the model to the GPU first"
+        )
+    if not gpu and device.type != "cpu":
+        raise _invalid(
+            f"the model is on {device} and the engine's device tier is "
+            f"{device_info.get('backend')!r} (the host stand-in); create the engine with "
+            '"zoe": {"device": "cuda"}'
+        )

@@ -1,0 +1,687 @@
+"""ZeRO stages 1 and 2 for zoe.torch.AdamW / Adam across the ranks of a torch.distributed process
+group (``process_group=``): each param group's elements, concatenated, are cut into N contiguous
+shards, shard r = [floor(r * n / N), floor((r + 1) * n / N)), and rank r's zoe group holds shard
+r only (master weights, moments and per-parameter step counts), in its own engine: a ``{rank}``
+in ``nvme_path`` (or in the config's offload_optimizer.nvme_path) gives each rank its own
+directory. A parameter may be split across ranks: each rank sees its slice as one segment.
+
+The model is not wrapped in DistributedDataParallel: the optimizer reduces the gradients.
+
+- Stage 1: at step(), which parameters have a gradient is agreed (one all-reduce: a parameter
+  with a gradient on some rank counts zeros on the others, one with none anywhere is skipped as
+  torch skips it), the gradients are all-reduced and averaged, and each rank hands its shard's
+  slice to zoe.
+- Stage 2: during backward, a hook on each parameter's gradient accumulator counts the
+  parameters of its bucket (consecutive parameters of a param group, ``bucket_elements`` at
+  least); when a bucket's last gradient is final the bucket is reduced and the shard's slice goes
+  straight to the zoe group (zoe_optim_accumulate_grad: its state reads start during backward).
+  Buckets whose gradients never all arrived are reduced at step(). Like DistributedDataParallel
+  without find_unused_parameters, stage 2 needs every rank to produce gradients for the same
+  parameters in an iteration, and one backward per step.
+
+Backends without reduce-scatter (gloo in torch 1.13) and uneven shards: a bucket is all-reduced
+and each rank takes its slice. At step() zoe agrees the inf/NaN skip and the global gradient norm
+for ``max_grad_norm`` by one all-reduce (every rank skips or clips together), steps its shard and
+all-gathers the updated parameters into every rank's parameters. A rank that fails (an I/O error)
+makes every rank's step raise; the transport's timeout (init_process_group(timeout=...)) bounds
+the wait for a rank that dies.
+
+Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r> and a manifest (world
+size, stage, shard layout, hyper-parameters); load_checkpoint(dir) restores them on the same
+world size and layout. state_dict() gathers every shard into torch's AdamW layout (the same dict on
+every rank); load_state_dict() takes such a dict, from any world size, each rank its slice: the
+way to move training to another world size.
+"""
+
+import ctypes
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import _capi
+from ._torch_common import _invalid, _pager_of, _view
+from .engine import BufferView, HyperParams, OptimizerGroup, StepResult, _config_text, _views
+from . import errors as zoe_errors
+from .errors import check
+
+DEFAULT_BUCKET_ELEMENTS = 1 << 22
+
+
+def _floats(address, count, ctype=ctypes.c_float, dtype=torch.float32):
+    """A tensor over ``count`` elements at ``address`` (no copy)."""
+    if count == 0:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer((ctype * count).from_address(address), dtype=dtype)
+
+
+def _shard_begin(count, rank, world_size):
+    """The first element of shard ``rank``: floor(rank * count / world_size)."""
+    return rank * count // world_size
+
+
+class TorchCollectives:
+    """zoe_collectives over a torch.distributed process group. The callbacks run on the thread
+    that steps (zoe calls them from zoe_sharded_*); an exception in one is kept in ``error`` and
+    reported to zoe as a failure (zoe then fails the step on this rank)."""
+
+    def __init__(self, process_group):
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        backend = dist.get_backend(process_group)
+        self._device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
+        self.error = None
+        self._callbacks = (
+            _capi.all_reduce_sum_fn(self._guarded(self._all_reduce_sum)),
+            _capi.reduce_scatter_sum_fn(self._guarded(self._reduce_scatter_sum)),
+            _capi.all_gather_fn(self._guarded(self._all_gather)),
+            _capi.barrier_fn(self._guarded(self._barrier)),
+        )
+        self.struct = _capi.zoe_collectives(None, self.rank, self.world_size, *self._callbacks)
+
+    def _guarded(self, function):
+        def callback(_context, *args):
+            try:
+                function(*args)
+                return 0
+            except Exception as error:  # reported to zoe, which fails the step on this rank
+                self.error = error
+                return 1
+
+        return callback
+
+    def all_reduce(self, tensor):
+        """Sums ``tensor`` over the ranks, in place."""
+        if self._device.type == "cpu":
+            dist.all_reduce(tensor, group=self.group)
+            return
+        moved = tensor.to(self._device)
+        dist.all_reduce(moved, group=self.group)
+        tensor.copy_(moved)
+
+    def _all_reduce_sum(self, values, count):
+        self.all_reduce(_floats(ctypes.addressof(values.contents), count, ctypes.c_double,
+                                torch.float64))
+
+    def _reduce_scatter_sum(self, send, recv, counts):
+        counts = [counts[r] for r in range(self.world_size)]
+        whole = _floats(send, sum(counts)).clone()
+        self.all_reduce(whole)
+        begin = sum(counts[: self.rank])
+        _floats(recv, counts[self.rank]).copy_(whole[begin : begin + counts[self.rank]])
+
+    def gather(self, shard, counts):
+        """Every rank's ``shard`` (counts[r] fp32 elements on rank r), concatenated in rank
+        order. Uneven counts: every rank sends a buffer of the largest count."""
+        padded = torch.zeros(max(counts), dtype=torch.float32, device=self._device)
+        padded[: counts[self.rank]] = shard
+        gathered = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(gathered, padded, group=self.group)
+        return torch.cat([piece[:count].cpu() for count, piece in zip(counts, gathered)])
+
+    def _all_gather(self, send, recv, counts):
+        counts = [counts[r] for r in range(self.world_size)]
+        shard = _floats(send, counts[self.rank])
+        _floats(recv, sum(counts)).copy_(self.gather(shard, counts))
+
+    def _barrier(self):
+        dist.barrier(group=self.group)
+
+
+class ShardedGroup:
+    """One rank's part of a sharded zoe optimizer group (zoe_sharded_group_*)."""
+
+    def __init__(self, engine, name, params, collectives, **options):
+        spec = {"name": name}
+        spec.update({key: value for key, value in options.items() if value is not None})
+        array, n = _views(params)
+        handle = ctypes.c_void_p()
+        self._collectives = collectives
+        self._call(
+            _capi.zoe_sharded_group_create(
+                engine._h(), json.dumps(spec).encode("utf-8"), array, n,
+                ctypes.byref(collectives.struct), ctypes.byref(handle),
+            ),
+            f"create sharded optimizer group {name!r}",
+        )
+        self._handle = handle
+        self.engine = engine
+        self.name = name
+        local = _capi.zoe_group_id()
+        begin, end = ctypes.c_uint64(), ctypes.c_uint64()
+        check(_capi.zoe_sharded_group_local(handle, ctypes.byref(local), ctypes.byref(begin),
+                                            ctypes.byref(end)))
+        self.begin, self.end = begin.value, end.value
+        segments = len(spec.get("segments", [0]))
+        self.local = OptimizerGroup(engine, local.value, name, self.end - self.begin, segments)
+
+    def _call(self, status, what):
+        """check(), naming the failed collective's Python exception when there was one."""
+        error, self._collectives.error = self._collectives.error, None
+        if status != _capi.Status.OK and error is not None:
+            what = f"{what} ({type(error).__name__} in a collective: {error})"
+        check(status, what)
+
+    def step(self, hyper, params_out, loss_scale=1.0):
+        """One sharded step on the gradients accumulated in ``local``; every rank calls it."""
+        c_hyper = ctypes.byref(
+            _capi.zoe_hyper_params(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
+                                   hyper.weight_decay)
+        )
+        param_array, n_params = _views(params_out)
+        out = _capi.zoe_step_result()
+        self._call(
+            _capi.zoe_sharded_step(
+                self.engine._h(), self._handle, c_hyper, None, 0, param_array, n_params,
+                float(loss_scale), ctypes.byref(out),
+            ),
+            f"sharded step of optimizer group {self.name!r}",
+        )
+        return StepResult(bool(out.skipped), out.grad_norm, out.steps_taken, out.bytes_read,
+                          out.bytes_written, out.seconds)
+
+    def close(self):
+        if self._handle:
+            _capi.zoe_sharded_group_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may already be gone
+            pass
+
+
+def _with_rank(path, rank):
+    """``path`` with ``{rank}`` replaced, its directory created."""
+    if path is None or "{rank}" not in str(path):
+        return path
+    resolved = os.fspath(path).replace("{rank}", str(rank))
+    os.makedirs(resolved, exist_ok=True)
+    return resolved
+
+
+def _config_with_rank(config, rank):
+    """The configuration document (dict, JSON text or path) with ``{rank}`` replaced in
+    zero_optimization.offload_optimizer.nvme_path; None stays None."""
+    if config is None:
+        return None
+    document = json.loads(_config_text(config) or "{}")
+    section = document.get("zero_optimization", {}).get("offload_optimizer", {})
+    paths = section.get("nvme_path")
+    if isinstance(paths, list):
+        section["nvme_path"] = [_with_rank(path, rank) for path in paths]
+    elif paths is not None:
+        section["nvme_path"] = _with_rank(paths, rank)
+    return document
+
+
+def _stage_of(zero_stage, config, engine):
+    """The ZeRO stage: ``zero_stage``, else the config's (or the engine's)
+    zero_optimization.stage; the optimizer's part of stage 3 is stage 2's."""
+    if zero_stage is None:
+        if config is not None:
+            document = json.loads(_config_text(config) or "{}")
+            zero_stage = document.get("zero_optimization", {}).get("stage", 2)
+        elif engine is not None:
+            zero_stage = engine.config().get("zero_optimization", {}).get("stage", 2)
+        else:
+            zero_stage = 2
+    if zero_stage not in (1, 2, 3):
+        raise _invalid(
+            f"zero_stage = {zero_stage!r} is not allowed with a process_group; allowed: 1 "
+            "(gradients all-reduced at step), 2 (reduced during backward), 3 (as 2 for the "
+            "optimizer)"
+        )
+    return min(int(zero_stage), 2)
+
+
+class _ShardSlice:
+    """Passes the shard's part of whole-group state writes to the rank's group."""
+
+    def __init__(self, sharded):
+        self.sharded = sharded
+
+    def write_state(self, slot, offset, count, address):
+        begin, end = self.sharded.begin, self.sharded.end
+        lo, hi = max(offset, begin), min(offset + count, end)
+        if hi > lo:
+            self.sharded.local.write_state(slot, lo - begin, hi - lo, address + 4 * (lo - offset))
+
+
+class _Bucket:
+    """Consecutive parameters of a param group reduced together in stage 2."""
+
+    def __init__(self, group_index, indices):
+        self.group_index = group_index
+        self.indices = indices
+        self.ready = 0  # gradients final so far in this iteration
+        self.reduced = False
+
+
+class ZeroMixin:
+    """Stages 1 and 2 on top of _ZoeAdamBase (see the module docstring)."""
+
+    _zoe_sharded = True
+
+    def __init__(self, params, *args, process_group=None, zero_stage=None,
+                 bucket_elements=DEFAULT_BUCKET_ELEMENTS, config=None, nvme_path=None,
+                 engine=None, **options):
+        if process_group is None:
+            process_group = dist.group.WORLD
+        self._comm = TorchCollectives(process_group)
+        self._stage = _stage_of(zero_stage, config, engine)
+        self._bucket_elements = int(bucket_elements)
+        self._sharded = []  # per param group: ShardedGroup, created at first use
+        self._shard_grads = []  # per param group: the reduced slices zoe borrows until step
+        self._buckets = []
+        self._hooks = []
+        rank = self._comm.rank
+        super().__init__(params, *args, config=_config_with_rank(config, rank),
+                         nvme_path=_with_rank(nvme_path, rank), engine=engine, **options)
+
+    @property
+    def zero_stage(self):
+        return self._stage
+
+    @property
+    def rank(self):
+        return self._comm.rank
+
+    @property
+    def world_size(self):
+        return self._comm.world_size
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        group_index = len(self.param_groups) - 1
+        self._sharded.append(None)
+        self._shard_grads.append([])
+        params = self.param_groups[group_index]["params"]
+        for index, param in enumerate(params):
+            if _pager_of(param) is not None:
+                raise _invalid(
+                    f"parameter {index} of param group {group_index} is paged; sharded zoe "
+                    "optimizers take ordinary CPU parameters"
+                )
+        buckets, current, size = [], [], 0
+        for index, param in enumerate(params):
+            current.append(index)
+            size += param.numel()
+            if size >= self._bucket_elements:
+                buckets.append(_Bucket(group_index, current))
+                current, size = [], 0
+        if current:
+            buckets.append(_Bucket(group_index, current))
+        self._buckets.append(buckets)
+        if self._stage == 2:
+            for bucket in buckets:
+                for index in bucket.indices:
+                    self._hook(params[index], bucket)
+
+    # --- layout ----------------------------------------------------------------------------
+
+    def _offsets(self, group_index):
+        offsets, offset = [], 0
+        for param in self.param_groups[group_index]["params"]:
+            offsets.append(offset)
+            offset += param.numel()
+        return offsets
+
+    def _zoe_group(self, group_index):
+        """The rank's sharded group of a param group (created by every rank together)."""
+        if self._sharded[group_index] is not None:
+            return self._sharded[group_index].local
+        group = self.param_groups[group_index]
+        params = [param.detach() for param in group["params"]]
+        for index, param in enumerate(params):
+            if not param.is_contiguous():
+                raise _invalid(
+                    f"parameter {index} of param group {group_index} is not contiguous; zoe "
+                    "optimizers step contiguous parameters"
+                )
+        sharded = ShardedGroup(
+            self._engine,
+            self._group_name(group_index),
+            [_view(param) for param in params],
+            self._comm,
+            type=self._ZOE_TYPE,
+            lr=float(group["lr"]),
+            betas=list(group["betas"]),
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            max_grad_norm=self._max_grad_norm or None,
+            moment_dtype=self._moment_dtype,
+            segments=[param.numel() for param in params],
+        )
+        self._sharded[group_index] = sharded
+        self._zoe_groups[group_index] = sharded.local
+        self._record_versions(group_index)
+        return sharded.local
+
+    def _sync_external_writes(self, group_index):
+        """Parameters written outside the optimizer: their slice in the shard goes to the
+        master weights (every rank holds the same full parameters)."""
+        sharded = self._sharded[group_index]
+        params = self.param_groups[group_index]["params"]
+        recorded = self._versions[group_index] or []
+        for param, version, offset in zip(params, recorded, self._offsets(group_index)):
+            if version is None or param._version == version:
+                continue
+            lo, hi = max(offset, sharded.begin), min(offset + param.numel(), sharded.end)
+            if hi <= lo:
+                continue
+            values = param.detach().to(torch.float32).contiguous().view(-1)[lo - offset : hi - offset]
+            sharded.local.write_state(_capi.StateSlot.MASTER, lo - sharded.begin, hi - lo,
+                                      values.data_ptr())
+
+    # --- gradients -------------------------------------------------------------------------
+
+    def _hook(self, param, bucket):
+        def ready(*_unused):
+            bucket.ready += 1
+            if bucket.ready == len(bucket.indices) and not bucket.reduced:
+                with torch.no_grad():
+                    self._reduce_bucket(bucket)
+
+        if hasattr(param, "register_post_accumulate_grad_hook"):
+            self._hooks.append(param.register_post_accumulate_grad_hook(ready))
+            return
+        # torch < 2.1: the hook of the parameter's AccumulateGrad node, which runs once the
+        # gradient is accumulated into .grad (the node is kept alive with the hook).
+        accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
+        self._hooks.append((accumulator, accumulator.register_hook(ready)))
+
+    def _reduce_bucket(self, bucket, present=None):
+        """All-reduces a bucket's gradients (zeros where a parameter has none on this rank),
+        averages them and hands the shard's slice of each parameter to zoe -- without data for
+        parameters that ``present`` (None: all) marks absent on every rank."""
+        group_index = bucket.group_index
+        local = self._zoe_group(group_index)
+        sharded = self._sharded[group_index]
+        params = self.param_groups[group_index]["params"]
+        offsets = self._offsets(group_index)
+        first, last = bucket.indices[0], bucket.indices[-1]
+        begin, end = offsets[first], offsets[last] + params[last].numel()
+        flat = torch.zeros(end - begin, dtype=torch.float32)
+        for index in bucket.indices:
+            grad = params[index].grad
+            if grad is not None:
+                start = offsets[index] - begin
+                flat[start : start + params[index].numel()] = grad.detach().reshape(-1)
+        self._comm.all_reduce(flat)
+        flat /= self.world_size
+        bucket.reduced = True
+        lo, hi = max(begin, sharded.begin), min(end, sharded.end)
+        if hi <= lo:
+            return
+        shard = flat[lo - begin : hi - begin].clone()
+        self._shard_grads[group_index].append(shard)  # borrowed by zoe until the step
+        for index in bucket.indices:
+            p_lo = max(offsets[index], lo)
+            p_hi = min(offsets[index] + params[index].numel(), hi)
+            if p_hi <= p_lo:
+                continue
+            if present is None or present[index]:
+                view = BufferView(shard[p_lo - lo :].data_ptr(), _capi.DType.FLOAT32, p_hi - p_lo)
+            else:
+                view = BufferView(0, _capi.DType.FLOAT32, p_hi - p_lo)
+            local.accumulate_grad(p_lo - sharded.begin, view)
+
+    def _agreed_presence(self, group_index):
+        """Per parameter, whether some rank has its gradient (one all-reduce)."""
+        params = self.param_groups[group_index]["params"]
+        flags = torch.tensor([float(param.grad is not None) for param in params],
+                             dtype=torch.float64)
+        self._comm.all_reduce(flags)
+        return [bool(flag > 0) for flag in flags]
+
+    def _reduce_for_step(self, group_index):
+        """Reduces what backward did not; False when no rank has a gradient in the group."""
+        buckets = self._buckets[group_index]
+        if self._stage == 1:
+            present = self._agreed_presence(group_index)
+            if not any(present):
+                return False
+            for bucket in buckets:
+                self._reduce_bucket(bucket, present)
+            return True
+        params = self.param_groups[group_index]["params"]
+        any_reduced = False
+        for bucket in buckets:
+            if bucket.reduced:
+                any_reduced = True
+                continue
+            present = [param.grad is not None for param in params]
+            if any(present[index] for index in bucket.indices):
+                self._reduce_bucket(bucket, present)
+                any_reduced = True
+        if any_reduced:
+            for bucket in buckets:  # a bucket without any gradient: its slices are absent
+                if not bucket.reduced:
+                    self._reduce_bucket(bucket, [False] * len(params))
+        return any_reduced
+
+    # --- the step --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every param group, on every rank together; returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group_index, group in enumerate(self.param_groups):
+            try:
+                if not self._reduce_for_step(group_index):
+                    self.last_step[group_index] = None
+                    continue
+                self._zoe_group(group_index)
+                self._sync_external_writes(group_index)
+                beta1, beta2 = group["betas"]
+                hyper = HyperParams(float(group["lr"]), beta1, beta2, group["eps"],
+                                    group["weight_decay"])
+                params = [param.detach() for param in group["params"]]
+                result = self._sharded[group_index].step(hyper, [_view(p) for p in params])
+                self.last_step[group_index] = result
+                self._record_versions(group_index)
+            finally:
+                self._shard_grads[group_index] = []
+                for bucket in self._buckets[group_index]:
+                    bucket.ready, bucket.reduced = 0, False
+        return loss
+
+    # --- sharded checkpoints ---------------------------------------------------------------
+
+    _MANIFEST = "zoe_sharded_manifest.json"
+
+    def _agree(self, error, what):
+        """Raises on every rank when ``error`` (this rank's exception or None) or a peer's is
+        set (one all-reduce of a flag per rank)."""
+        flags = torch.zeros(self.world_size, dtype=torch.float64)
+        flags[self.rank] = 0.0 if error is None else 1.0
+        self._comm.all_reduce(flags)
+        if error is not None:
+            raise error
+        failed = [rank for rank in range(self.world_size) if flags[rank] > 0]
+        if failed:
+            raise zoe_errors.Aborted(
+                _capi.Status.ABORTED, f"{what} failed on rank(s) {failed}; see the error there"
+            )
+
+    def _layout(self):
+        """Per param group: its zoe name, element count and every rank's shard range."""
+        layout, world = [], self.world_size
+        for index, group in enumerate(self.param_groups):
+            count = sum(param.numel() for param in group["params"])
+            shards = [[_shard_begin(count, r, world), _shard_begin(count, r + 1, world)]
+                      for r in range(world)]
+            layout.append({"name": self._group_name(index), "count": count, "shards": shards})
+        return layout
+
+    def save_checkpoint(self, directory):
+        """Every rank saves its shard to ``directory``/rank-<r> (the engine's streamed,
+        crash-safe checkpoint); rank 0 then writes the manifest naming the world size, the
+        stage and the shard layout. Every rank calls it."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        error = None
+        try:
+            rank_dir = os.path.join(directory, f"rank-{self.rank}")
+            os.makedirs(rank_dir, exist_ok=True)
+            self._engine.save_checkpoint(rank_dir)
+        except Exception as caught:  # agreed below, so no rank writes a manifest over it
+            error = caught
+        self._agree(error, "saving the sharded checkpoint")
+        if self.rank == 0:
+            manifest = {
+                "world_size": self.world_size,
+                "zero_stage": self._stage,
+                "groups": self._layout(),
+                "param_groups": [{key: value for key, value in group.items() if key != "params"}
+                                 for group in self.param_groups],
+            }
+            temporary = os.path.join(directory, f".{self._MANIFEST}.tmp")
+            with open(temporary, "w", encoding="utf-8") as file:
+                json.dump(manifest, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, os.path.join(directory, self._MANIFEST))
+        dist.barrier(group=self._comm.group)
+
+    @torch.no_grad()
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint save_checkpoint wrote on the same world size and shard layout:
+        each rank its shard (bit-identical), then every rank's parameters from the gathered
+        master weights. Every rank calls it."""
+        path = os.path.join(directory, self._MANIFEST)
+        if not os.path.exists(path):
+            raise zoe_errors.NotFound(
+                _capi.Status.NOT_FOUND, f"{directory!r} holds no sharded zoe checkpoint"
+            )
+        with open(path, encoding="utf-8") as file:
+            manifest = json.load(file)
+        if manifest["world_size"] != self.world_size or manifest["groups"] != self._layout():
+            raise zoe_errors.FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the checkpoint in {directory!r} is of {manifest['world_size']} ranks with "
+                f"groups {[(g['name'], g['count']) for g in manifest['groups']]}; this optimizer "
+                f"has {self.world_size} ranks and "
+                f"{[(g['name'], g['count']) for g in self._layout()]}: allowed: the same world "
+                "size and parameters",
+            )
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        error = None
+        try:
+            self._engine.load_checkpoint(os.path.join(directory, f"rank-{self.rank}"))
+        except Exception as caught:
+            error = caught
+        self._agree(error, "loading the sharded checkpoint")
+        for group, saved in zip(self.param_groups, manifest["param_groups"]):
+            group.update(saved)
+            group["betas"] = tuple(group["betas"])
+        for group_index in range(len(self.param_groups)):
+            self._gather_master(group_index)
+            self._record_versions(group_index)
+
+    def _gather_master(self, group_index):
+        """Every rank's parameters of a group from the shards' master weights."""
+        sharded = self._sharded[group_index]
+        shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
+        sharded.local.read_state(_capi.StateSlot.MASTER, 0, shard.numel(), shard.data_ptr())
+        params = self.param_groups[group_index]["params"]
+        count = sum(param.numel() for param in params)
+        counts = [_shard_begin(count, r + 1, self.world_size) - _shard_begin(count, r,
+                                                                             self.world_size)
+                  for r in range(self.world_size)]
+        whole = self._comm.gather(shard, counts)
+        for param, offset in zip(params, self._offsets(group_index)):
+            param.copy_(whole[offset : offset + param.numel()].view_as(param))
+
+    # --- state dicts: torch's layout, consolidated ------------------------------------------
+
+    def state_dict(self):
+        """The whole optimizer's state in torch's layout (as an unsharded zoe optimizer's):
+        every rank's shard gathered, so every rank returns the same dict. Every rank calls it.
+        Memory: the whole state of one param group at a time."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        packed_groups, state, next_index = [], {}, 0
+        for group_index, group in enumerate(self.param_groups):
+            params = group["params"]
+            packed = {key: value for key, value in group.items() if key != "params"}
+            packed["params"] = list(range(next_index, next_index + len(params)))
+            packed_groups.append(packed)
+            for offset, entry in enumerate(self._gathered_state(group_index)):
+                if entry is not None:
+                    state[next_index + offset] = entry
+            next_index += len(params)
+        return {"state": state, "param_groups": packed_groups}
+
+    def _gathered_state(self, group_index):
+        """[per-parameter state or None] of a group, gathered from every rank's shard; a
+        parameter's step count comes from the rank holding its first element."""
+        sharded = self._sharded[group_index]
+        params = self.param_groups[group_index]["params"]
+        offsets = self._offsets(group_index)
+        count = sum(param.numel() for param in params)
+        counts = [_shard_begin(count, r + 1, self.world_size) - _shard_begin(count, r,
+                                                                             self.world_size)
+                  for r in range(self.world_size)]
+        slots = {}
+        for key, slot in (("exp_avg", _capi.StateSlot.EXP_AVG),
+                          ("exp_avg_sq", _capi.StateSlot.EXP_AVG_SQ),
+                          ("master_param", _capi.StateSlot.MASTER)):
+            shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
+            sharded.local.read_state(slot, 0, shard.numel(), shard.data_ptr())
+            slots[key] = self._comm.gather(shard, counts)
+        steps = torch.zeros(len(params), dtype=torch.float64)
+        local_steps = sharded.local.segment_steps
+        for index, (param, offset) in enumerate(zip(params, offsets)):
+            if param.numel() > 0 and sharded.begin <= offset < sharded.end:
+                steps[index] = local_steps[index]
+        self._comm.all_reduce(steps)
+        result = []
+        for param, offset, step in zip(params, offsets, steps.tolist()):
+            if step == 0:  # never stepped: torch keeps no state for it either
+                result.append(None)
+                continue
+            entry = {"step": torch.tensor(float(step))}
+            for key, values in slots.items():
+                if key != "master_param" or param.dtype != torch.float32:
+                    entry[key] = values[offset : offset + param.numel()].view_as(param).clone()
+            result.append(entry)
+        return result
+
+    def load_state_dict(self, state_dict):
+        """Loads a state dict in torch's layout (of torch's Adam/AdamW, an unsharded zoe
+        optimizer or a sharded one of any world size): each rank takes its shard's slice. Every
+        rank calls it."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        super().load_state_dict(state_dict)
+
+    def _write_slots(self, zoe_group, params, master_of, per_param):
+        """The whole group's state, as _ZoeAdamBase builds it, written to the shard only."""
+        sharded = next(s for s in self._sharded if s is not None and s.local is zoe_group)
+        super()._write_slots(_ShardSlice(sharded), params, master_of, per_param)
+
+    def close(self):
+        for sharded in self._sharded:
+            if sharded is not None:
+                sharded.close()
+        super().close()
+
+
+_CLASSES = {}
+
+
+def sharded_class(base):
+    """The sharded subclass of a zoe optimizer class (one per class)."""
+    if base not in _CLASSES:
+        _CLASSES[base] = type(base.__name__, (ZeroMixin, base), {"__module__": base.__module__,
+                                                                  "__doc__": base.__doc__})
+    return _CLASSES[base]

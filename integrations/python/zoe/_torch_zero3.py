@@ -1,0 +1,505 @@
+"""ZeRO stage 3 for zoe.torch.offload_parameters(model, engine, process_group=pg): every
+parameter partitioned across the ranks of a torch.distributed process group, each rank paging
+only its own shard through its own engine's tiers.
+
+Layout: each parameter, flattened, is cut into N contiguous element shards, shard r =
+[floor(r * n / N), floor((r + 1) * n / N)) (the convention of the stage 1 and 2 optimizer), so
+uneven sizes differ by at most one element and a parameter smaller than N leaves some shards
+empty. Sharding each parameter on its own (rather than a flat concatenation) lets a module
+gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
+(``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's
+parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer
+(a torch optimizer steps the shards inside ``with pager.materialized():``).
+
+- Forward: a module's pre-hook all-gathers its own parameters (bytes of the padded shards, so
+  any dtype travels over gloo) and points ``param.data`` at the full values; its post-hook
+  frees them. Backward: tensors autograd saved from a gathered parameter are packed as a
+  reference and gathered again when backward unpacks them; the parameter's gradient
+  accumulator hook frees them.
+- Trace: the first iteration records the order in which parameters are gathered (forward and
+  backward); later iterations issue the next ``prefetch_depth`` gathers of that order ahead
+  with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
+  runs the same hooks in the same order, so every rank issues the same collectives. An order
+  that differs from the trace re-records it.
+- Gradients: when a parameter's full gradient is accumulated, its sum over the ranks starts
+  (``async_op=True``, at most REDUCTIONS_IN_FLIGHT at once, the rest finished by the end of
+  backward; gloo in torch 1.13 has no reduce_scatter: all_reduce, then each rank keeps its
+  slice), divided by N (the mean, as DistributedDataParallel) and added to its shard's
+  ``.grad``; the full gradient leaves ``param.grad``. Like DistributedDataParallel without find_unused_parameters, every rank must
+  produce gradients for the same parameters in an iteration (a parameter unused on every rank
+  in an iteration is simply skipped, and the optimizer skips it as torch does).
+- Clipping and the inf/NaN skip: ``pager.clip_grad_norm_(max_norm)`` all-reduces the squared
+  norms of the shard gradients, so every rank gets the same global norm (inf or NaN on every
+  rank when any gradient anywhere is not finite) and clips by the same factor. Do not give the
+  optimizer ``max_grad_norm``: it would see only its own shard.
+- Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
+  wait for a rank that died) raises zoe.Aborted naming the parameter and the collective; a rank
+  whose engine fails raises the engine's error, and its peers fail in their next collective.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import _capi, _torch_device
+from ._torch_common import _PAGED_DTYPES, _invalid
+from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
+from .errors import Aborted
+
+DEFAULT_PREFETCH_DEPTH = 2
+REDUCTIONS_IN_FLIGHT = 2  # gradient all-reduces running while backward goes on
+
+
+def shard_bounds(numel, rank, world_size):
+    """[begin, end) of rank's contiguous shard of ``numel`` elements."""
+    return numel * rank // world_size, numel * (rank + 1) // world_size
+
+
+def _collective_error(what, name, error):
+    return Aborted(
+        _capi.Status.ABORTED,
+        f"{what} of parameter {name!r} failed (another rank failed, died or timed out): {error}",
+    )
+
+
+class _PendingGather:
+    """An all-gather of one parameter's padded shards in flight (``async_op=True``)."""
+
+    def __init__(self, handle, gathered):
+        self.handle = handle
+        self.gathered = gathered  # N * largest shard, as bytes
+
+
+class _ShardedParam:
+    """One parameter: its shard on this rank and, while gathered, its full values."""
+
+    def __init__(self, index, name, param, counts, rank):
+        self.index = index
+        self.name = name
+        self.param = param
+        self.shape = param.shape
+        self.dtype = param.dtype
+        self.element_size = param.element_size()
+        self.counts = counts  # elements of each rank's shard
+        self.begin = sum(counts[:rank])
+        self.count = counts[rank]
+        self.shard = None  # this rank's shard as a leaf tensor (None when empty)
+        self.placeholder = None
+        self.full = None  # the gathered values, while gathered
+        self.padded_bytes = max(counts) * self.element_size * len(counts)
+        self.holds = 0
+        self.backward_holds = 0
+
+
+class ShardedParameterPager(ParameterPager):
+    """The handle offload_parameters(..., process_group=pg) returns: the shard tensors to
+    optimize, gathering statistics, clipping across ranks and removal."""
+
+    def __init__(self, model, engine, trace_name, home, tier, process_group, prefetch_depth):
+        super().__init__(model, engine, trace_name, home, tier)
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self.prefetch_depth = int(prefetch_depth)
+        self._params = []  # _ShardedParam in registration order
+        self._by_param = {}  # id(param) -> _ShardedParam
+        self._full_by_address = {}  # storage address of gathered values -> _ShardedParam
+        self._pending = {}  # _ShardedParam -> _PendingGather
+        self._trace = None  # gather order recorded in the first iteration (indices)
+        self._events = []  # gather order of the current iteration
+        self._cursor = 0
+        self._accumulator_nodes = []
+        self._reductions = []  # (entry, full gradient being summed, handle), oldest first
+        self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0}
+        self.shard_bytes = 0  # bytes of this rank's shards (paged through its engine)
+        self.gathered_bytes = 0  # bytes of full parameters gathered now
+        self.in_flight_bytes = 0  # bytes of all-gathers issued and not yet waited for
+        self.peak_gathered_bytes = 0  # the peak of the two together
+        self._root_records = []  # the base class's root holds: shards are held by gathers
+
+    # --- registration ----------------------------------------------------------------------
+
+    def _register(self, prefix):
+        """Checks every parameter, then shards them: a parameter that cannot be paged leaves
+        the model untouched."""
+        named, seen, devices_checked = [], set(), set()
+        for name, param in self.model.named_parameters():
+            if id(param) in seen or param.numel() == 0:
+                continue
+            seen.add(id(param))
+            if param.dtype not in _PAGED_DTYPES:
+                allowed = ", ".join(str(dtype) for dtype in _PAGED_DTYPES)
+                raise _invalid(
+                    f"parameter {name!r}: {param.dtype} cannot be paged; allowed: {allowed}"
+                )
+            if param.device not in devices_checked:
+                _torch_device.check_paging_tier(self.engine, self.tier, param.device)
+                devices_checked.add(param.device)
+            named.append((name, param))
+        for name, param in named:
+            self._register_one(prefix, name, param)
+
+    def _register_one(self, prefix, name, param):
+        numel = param.numel()
+        counts = [b - a for a, b in (shard_bounds(numel, r, self.world_size)
+                                     for r in range(self.world_size))]
+        entry = _ShardedParam(len(self._params), name, param, counts, self.rank)
+        values = param.detach().contiguous().view(-1)[entry.begin : entry.begin + entry.count]
+        if entry.count:
+            entry.shard = self._page_shard(prefix + name, values, param)
+        placeholder = torch.zeros(1, dtype=param.dtype, device=param.device)
+        entry.placeholder = placeholder.expand(param.shape)
+        param.data = entry.placeholder
+        param._zoe_sharded_pager = self
+        self._params.append(entry)
+        self._by_param[id(param)] = entry
+
+    def _page_shard(self, name, values, param):
+        """A leaf tensor over ``values`` (this rank's slice) paged through the engine."""
+        nbytes = values.numel() * values.element_size()
+        tensor = self.engine.register_tensor(name, nbytes, _PAGED_DTYPES[param.dtype], self.home)
+        with tensor.acquired(_capi.Tier.HOST, _capi.Access.WRITE) as memory:
+            torch.frombuffer(memory, dtype=param.dtype, count=values.numel()).copy_(values.cpu())
+        if self.home == _capi.Tier.NVME:
+            tensor.evict()
+        placeholder = torch.zeros(1, dtype=param.dtype, device=param.device)
+        placeholder = placeholder.expand(values.numel())
+        shard = torch.nn.Parameter(placeholder, requires_grad=param.requires_grad)
+        shard._zoe_pager = self
+        self._records[id(shard)] = _PagedParam(name, shard, tensor, placeholder, self.tier)
+        self.shard_bytes += nbytes
+        return shard
+
+    def _install_hooks(self):
+        self._handles.append(self.model.register_forward_pre_hook(self._root_pre_hook))
+        self._handles.append(self.model.register_forward_hook(self._root_post_hook))
+        self._root_entries = self._direct_entries(self.model)
+        for module in self.model.modules():
+            entries = self._direct_entries(module)
+            if entries and module is not self.model:
+                self._handles.append(module.register_forward_pre_hook(self._pre_hook(entries)))
+                self._handles.append(module.register_forward_hook(self._post_hook(entries)))
+        for entry in self._params:
+            if entry.param.requires_grad:
+                handle, node = _torch_device._post_accumulate_hook(
+                    entry.param, self._reduce_hook(entry)
+                )
+                self._handles.append(handle)
+                self._accumulator_nodes.append(node)
+
+    def _direct_entries(self, module):
+        return [
+            self._by_param[id(p)]
+            for p in module.parameters(recurse=False)
+            if id(p) in self._by_param
+        ]
+
+    # --- gathering -------------------------------------------------------------------------
+
+    def _issue_gather(self, entry):
+        """Starts the all-gather of ``entry``'s padded shards (bytes); returns it pending."""
+        largest = max(entry.counts) * entry.element_size
+        send = torch.zeros(largest, dtype=torch.uint8, device=entry.param.device)
+        if entry.shard is not None:
+            with self.held(entry.shard) as values:
+                send[: entry.count * entry.element_size] = values.view(-1).view(torch.uint8)
+        gathered = torch.empty(largest * self.world_size, dtype=torch.uint8, device=send.device)
+        try:
+            handle = dist.all_gather(
+                list(gathered.chunk(self.world_size)), send, group=self.group, async_op=True
+            )
+        except RuntimeError as error:
+            raise _collective_error("all_gather", entry.name, error) from None
+        self._count(in_flight=entry.padded_bytes)
+        return _PendingGather(handle, gathered)
+
+    def _count(self, gathered=0, in_flight=0):
+        self.gathered_bytes += gathered
+        self.in_flight_bytes += in_flight
+        now = self.gathered_bytes + self.in_flight_bytes
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, now)
+
+    def _finish_gather(self, entry, pending):
+        """Waits for ``pending`` and makes ``entry``'s full values (shards side by side)."""
+        try:
+            pending.handle.wait()
+        except RuntimeError as error:
+            raise _collective_error("all_gather", entry.name, error) from None
+        piece = max(entry.counts) * entry.element_size
+        parts = [
+            pending.gathered[r * piece : r * piece + count * entry.element_size]
+            for r, count in enumerate(entry.counts)
+        ]
+        flat = pending.gathered if len(set(entry.counts)) == 1 else torch.cat(parts)
+        full = flat[: sum(entry.counts) * entry.element_size].view(entry.dtype)
+        self._count(gathered=sum(entry.counts) * entry.element_size,
+                    in_flight=-entry.padded_bytes)
+        return full.view(entry.shape)
+
+    def _gather(self, entry):
+        """Makes ``entry`` gathered: its prefetched all-gather, or one issued now."""
+        pending = self._pending.pop(entry, None)
+        self.gathers["prefetched" if pending else "on_demand"] += 1
+        if pending is None:
+            pending = self._issue_gather(entry)
+        entry.full = self._finish_gather(entry, pending)
+        entry.param.data = entry.full
+        self._full_by_address[_storage_pointer(entry.full)] = entry
+        self._advance_trace(entry)
+
+    def _free(self, entry):
+        self._full_by_address.pop(_storage_pointer(entry.full), None)
+        self._count(gathered=-entry.full.numel() * entry.element_size)
+        entry.full = None
+        entry.param.data = entry.placeholder
+
+    def _hold_full(self, entry, backward=False):
+        if entry.full is None:
+            self._gather(entry)
+        if backward:
+            entry.backward_holds += 1
+        else:
+            entry.holds += 1
+        return entry.full
+
+    def _unhold_full(self, entry, backward=False):
+        if backward:
+            entry.backward_holds -= 1
+        else:
+            entry.holds -= 1
+        if entry.holds + entry.backward_holds == 0:
+            self._free(entry)
+
+    def _pre_hook(self, entries):
+        def hook(module, inputs):
+            for entry in entries:
+                self._hold_full(entry)
+        return hook
+
+    def _post_hook(self, entries):
+        def hook(module, inputs, output):
+            for entry in entries:
+                self._unhold_full(entry)
+        return hook
+
+    # --- the trace -------------------------------------------------------------------------
+
+    def _advance_trace(self, entry):
+        """Records a gather; with a recorded trace, moves its cursor past ``entry`` and issues
+        the next ``prefetch_depth`` gathers of the trace that are neither gathered nor in
+        flight. Every rank sees the same gathers, so every rank issues the same ones. Gathers
+        outside an iteration (state_dict, remove) are neither recorded nor followed."""
+        if not self._in_iteration:
+            return
+        self._events.append(entry.index)
+        if self._trace is None:
+            return
+        try:
+            self._cursor = self._trace.index(entry.index, self._cursor) + 1
+        except ValueError:
+            return  # not where the trace says: no look-ahead until it matches again
+        for index in self._trace[self._cursor : self._cursor + self.prefetch_depth]:
+            ahead = self._params[index]
+            if ahead.full is None and ahead not in self._pending:
+                self._pending[ahead] = self._issue_gather(ahead)
+
+    def _drain_prefetches(self):
+        """Waits for gathers issued ahead that the iteration did not use, and drops them."""
+        pending, self._pending = self._pending, {}
+        for entry, gather in pending.items():
+            self._free_unused(entry, gather)
+
+    def _free_unused(self, entry, gather):
+        try:
+            gather.handle.wait()
+        except RuntimeError as error:
+            raise _collective_error("all_gather", entry.name, error) from None
+        finally:
+            self._count(in_flight=-entry.padded_bytes)
+
+    # --- backward --------------------------------------------------------------------------
+
+    def _pack(self, tensor):
+        entry = self._full_by_address.get(_storage_pointer(tensor)) if tensor.numel() else None
+        if entry is None:
+            return tensor
+        return (entry, tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+    def _unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        entry, dtype, size, stride, offset = packed
+        flat = self._hold_full(entry, backward=True).view(-1)
+        if dtype != flat.dtype:
+            flat = flat.view(dtype)
+        return flat.as_strided(size, stride, offset)
+
+    def _reduce_hook(self, entry):
+        def hook():
+            self._queue_backward_end()
+            self._reduce_grad(entry)
+            while entry.backward_holds:
+                self._unhold_full(entry, backward=True)
+        return hook
+
+    def _reduce_grad(self, entry):
+        """Starts summing the full gradient over the ranks (the full gradient leaves
+        param.grad); at most REDUCTIONS_IN_FLIGHT run while backward goes on, the oldest
+        finished first."""
+        grad, entry.param.grad = entry.param.grad, None
+        if grad is None:
+            return
+        total = grad.detach().reshape(-1).to(torch.float32, copy=True)
+        try:
+            handle = dist.all_reduce(total, group=self.group, async_op=True)
+        except RuntimeError as error:
+            raise _collective_error("all_reduce of the gradient", entry.name, error) from None
+        self._reductions.append((entry, total, handle))
+        while len(self._reductions) > REDUCTIONS_IN_FLIGHT:
+            self._finish_reduction(*self._reductions.pop(0))
+
+    def _finish_reductions(self):
+        reductions, self._reductions = self._reductions, []
+        for reduction in reductions:
+            self._finish_reduction(*reduction)
+
+    def _finish_reduction(self, entry, total, handle):
+        """Waits for a gradient's sum and adds this rank's slice / N to the shard's .grad."""
+        try:
+            handle.wait()
+        except RuntimeError as error:
+            raise _collective_error("all_reduce of the gradient", entry.name, error) from None
+        if entry.shard is None:
+            return
+        mine = total[entry.begin : entry.begin + entry.count].div_(self.world_size)
+        mine = mine.to(entry.dtype)
+        if entry.shard.grad is None:
+            entry.shard.grad = mine.clone()
+        else:
+            entry.shard.grad.add_(mine)
+
+    # --- iterations ------------------------------------------------------------------------
+
+    def _root_pre_hook(self, module, inputs):
+        super()._root_pre_hook(module, inputs)
+        self._events = []
+        self._cursor = 0
+        for entry in self._root_entries:
+            self._hold_full(entry)
+
+    def _root_post_hook(self, module, inputs, output):
+        for entry in self._root_entries:
+            self._unhold_full(entry)
+        super()._root_post_hook(module, inputs, output)
+
+    def _end_iteration(self):
+        if not self._in_iteration:
+            return
+        for entry in self._params:
+            while entry.backward_holds:
+                self._unhold_full(entry, backward=True)
+        self._drain_prefetches()
+        self._finish_reductions()
+        if self._trace != self._events:
+            self.gathers["rerecorded"] += self._trace is not None
+            self._trace = list(self._events)
+        super()._end_iteration()
+
+    # --- what users call -------------------------------------------------------------------
+
+    def shard_parameters(self):
+        """This rank's non-empty shards, as leaf tensors in the model's parameter order: what
+        the stage 3 optimizer steps (their .grad holds the mean gradient after backward)."""
+        return [entry.shard for entry in self._params if entry.shard is not None]
+
+    def named_shard_parameters(self):
+        """(parameter name, shard) for this rank's non-empty shards."""
+        return [(entry.name, entry.shard) for entry in self._params if entry.shard is not None]
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm=None, norm_type=2.0):
+        """The global 2-norm of the gradients over every rank's shards (one all-reduce of the
+        squared norms), and with ``max_norm`` every shard gradient scaled by
+        max_norm / (norm + 1e-6) when that is below 1, as torch.nn.utils.clip_grad_norm_. Every
+        rank gets the same norm: inf or NaN on all ranks when any gradient is not finite, so
+        ``if not math.isfinite(norm)`` skips the step on every rank together."""
+        if float(norm_type) != 2.0:
+            raise _invalid(f"norm_type = {norm_type!r} is not supported; allowed: 2.0")
+        self._finish_reductions()
+        squares = torch.zeros(1, dtype=torch.float64)
+        grads = [s.grad for s in self.shard_parameters() if s.grad is not None]
+        for grad in grads:
+            squares += grad.double().pow(2).sum()
+        try:
+            dist.all_reduce(squares, group=self.group)
+        except RuntimeError as error:
+            raise _collective_error("all_reduce of the gradient norm", "*", error) from None
+        norm = math.sqrt(squares.item()) if squares.item() >= 0 else float("nan")
+        if max_norm is not None and math.isfinite(norm):
+            coefficient = float(max_norm) / (norm + 1e-6)
+            if coefficient < 1.0:
+                for grad in grads:
+                    grad.mul_(coefficient)
+        return norm
+
+    def stats(self):
+        """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
+        re-recorded), this rank's shard bytes and the peak bytes of gathered parameters."""
+        stats = super().stats()
+        stats.update(
+            gathers=dict(self.gathers),
+            shard_bytes=self.shard_bytes,
+            peak_gathered_bytes=self.peak_gathered_bytes,
+            peak_held_bytes=self.shard_bytes + self.peak_gathered_bytes,
+        )
+        return stats
+
+    def state_dict(self):
+        """model.state_dict() with every parameter's full values, gathered one at a time
+        (a collective: every rank calls it)."""
+        state = self.model.state_dict()
+        for module_name, module in self.model.named_modules():
+            for name, param in module._parameters.items():
+                key = f"{module_name}.{name}" if module_name else name
+                if param is not None and id(param) in self._by_param and key in state:
+                    entry = self._by_param[id(param)]
+                    state[key] = self._hold_full(entry).clone()
+                    self._unhold_full(entry)
+        return state
+
+    def remove(self):
+        """Removes the hooks and gives every parameter its full values as an ordinary tensor
+        (a collective: every rank calls it)."""
+        if self._in_iteration:
+            self._end_iteration()
+        self._drain_prefetches()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        with torch.no_grad():
+            for entry in self._params:
+                values = self._hold_full(entry).clone()
+                self._unhold_full(entry)
+                entry.param.data = values
+                del entry.param._zoe_sharded_pager
+        self._params.clear()
+        self._by_param.clear()
+        self._records.clear()
+
+
+def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
+                    prefetch_depth=DEFAULT_PREFETCH_DEPTH):
+    """offload_parameters with a process group (see the module docstring)."""
+    if not dist.is_initialized():
+        raise _invalid(
+            "process_group needs torch.distributed initialised (init_process_group) first"
+        )
+    if prefetch_depth < 0:
+        raise _invalid(f"prefetch_depth = {prefetch_depth!r} is not allowed; allowed: >= 0")
+    pager = ShardedParameterPager(model, engine, trace_name, home, tier, process_group,
+                                  prefetch_depth)
+    with torch.no_grad():
+        pager._register(prefix)
+    pager._install_hooks()
+    return pager

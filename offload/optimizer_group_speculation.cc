@@ -1,0 +1,245 @@
+// Speculation of an optimizer group (optimizer_group.h, "Speculation"): chunks updated as their
+// gradients complete, into the slot or spare buffer that the step would write anyway, and the
+// decision the Step takes once the gradients' global check and norm are known.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "offload/optimizer_group_impl.h"
+
+namespace zoe::offload {
+
+using detail::ElementAt;
+using detail::FindView;
+using detail::PlacedView;
+using detail::PlacedViews;
+using detail::StepInputs;
+
+namespace {
+
+// Writes the elements of chunk `regions` that have a gradient in `grads` into the parameter
+// views, from the master at `state`: fp32 copied, bf16/fp16 cast with the kernels' rounding, which
+// is what the fused update wrote there.
+Status WriteParamsFromMaster(const ChunkRegions& regions, const std::byte* state,
+                             const PlacedViews& grads, const PlacedViews& params,
+                             const optim::RunOptions& run) {
+  const auto* master = reinterpret_cast<const float*>(state + regions.offset[0]);
+  const size_t end = regions.first + regions.count;
+  auto grad = FindView(grads, regions.first);
+  auto param = FindView(params, regions.first);
+  for (size_t pos = regions.first; pos < end;) {
+    const size_t piece_end = std::min({end, grad->end(), param->end()});
+    const float* src = master + (pos - regions.first);
+    if (grad->present() && param->dtype == optim::DType::kF32) {
+      std::memcpy(ElementAt(*param, pos), src, (piece_end - pos) * sizeof(float));
+    } else if (grad->present()) {
+      ZOE_RETURN_IF_ERROR(
+          optim::CastFromF32(src, param->dtype, ElementAt(*param, pos), piece_end - pos, run));
+    }
+    pos = piece_end;
+    if (pos == grad->end()) ++grad;
+    if (pos == param->end()) ++param;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+PlacedViews OptimizerGroup::Impl::ChunkGrads(size_t chunk) const {
+  const ChunkRegions regions = layout.chunk(chunk);
+  PlacedViews views;
+  auto it = accumulated.upper_bound(regions.first);
+  if (it != accumulated.begin()) --it;
+  for (; it != accumulated.end() && it->first < regions.first + regions.count; ++it) {
+    if (it->second.end() > regions.first) views.push_back(it->second);
+  }
+  return views;
+}
+
+StepInputs OptimizerGroup::Impl::SpeculativeInputs(const PlacedViews& grads) const {
+  const Speculation& s = *speculation;
+  return StepInputs{&s.hyper,      segment_ends, s.segment_step, s.scaling,
+                    s.state_dtype, &grads,       &s.params,      &s.run};
+}
+
+void OptimizerGroup::Impl::SpeculateChunk(size_t chunk) {
+  Speculation& s = *speculation;
+  if (!s.failure.ok()) return;  // the Step reports it and recomputes nothing
+  if (on_nvme(chunk)) {
+    s.waiting.push_back(chunk);
+    SpeculateWaiting(/*keep_newest=*/true);
+    return;
+  }
+  // The spare receives the new state; the live buffer stays as it was until the commit.
+  const PlacedViews grads = ChunkGrads(chunk);
+  std::byte* spare = host_spare[chunk - nvme_count].data();
+  std::memcpy(spare, host_state(chunk), layout.chunk(chunk).bytes);
+  s.failure = detail::UpdateChunkState(layout.chunk(chunk), spare, SpeculativeInputs(grads))
+                  .WithContext(ChunkName(chunk));
+  if (!s.failure.ok()) return;
+  s.updated[chunk] = true;
+  ++s.updated_count;
+}
+
+// Through the pipeline like any step's chunks: their reads (AccumulateGrad started them as the
+// chunks completed, or the pipeline starts them) are verified, the chunks updated and written,
+// with their checksums, to their inactive slots -- not flipped, so the live ones keep the
+// previous version. The newest chunk is kept waiting while more gradients may come: its read,
+// just started, then has until the next gradient arrives, instead of holding up this call. The
+// last writes are left in flight (speculative_writes) to overlap the next update; a failed one
+// is found when its buffer is needed again or by the Step.
+void OptimizerGroup::Impl::SpeculateWaiting(bool keep_newest) {
+  Speculation& s = *speculation;
+  const size_t due = s.waiting.size() - (keep_newest && !s.waiting.empty() ? 1 : 0);
+  if (due == 0 || !s.failure.ok()) return;
+  std::vector<bool> is_due(nvme_count, false);
+  for (size_t i = 0; i < due; ++i) is_due[s.waiting[i]] = true;
+  // The pipeline takes the reads in flight for due chunks first, in their order; the newest
+  // chunk's read waits aside (held, reserved like prefetched, so no allocation loses a ticket).
+  auto aside = std::stable_partition(prefetched.begin(), prefetched.end(),
+                                     [&](const InFlight& entry) { return is_due[entry.chunk]; });
+  held_reads.assign(aside, prefetched.end());
+  prefetched.erase(aside, prefetched.end());
+  std::vector<size_t> order;
+  for (const InFlight& entry : prefetched) {
+    order.push_back(entry.chunk);
+    is_due[entry.chunk] = false;
+  }
+  for (size_t i = 0; i < due; ++i) {
+    if (is_due[s.waiting[i]]) order.push_back(s.waiting[i]);
+  }
+  s.waiting.erase(s.waiting.begin(), s.waiting.begin() + static_cast<ptrdiff_t>(due));
+  s.failure = RunPipeline(
+      order, /*read=*/true,
+      [&](size_t c, std::byte* state, const ChunkChecksums& checksums) {
+        const PlacedViews grads = ChunkGrads(c);
+        return detail::UpdateChunkState(layout.chunk(c), state, SpeculativeInputs(grads),
+                                        checksums);
+      },
+      &s.totals, /*fn_hashes=*/true, &speculative_writes);
+  prefetched.insert(prefetched.end(), held_reads.begin(), held_reads.end());
+  held_reads.clear();
+  if (!s.failure.ok()) return;
+  for (size_t c : order) s.updated[c] = true;
+  s.updated_count += order.size();
+}
+
+void OptimizerGroup::Impl::FinishSpeculativeWrites() {
+  for (const InFlight& entry : speculative_writes) {
+    Status written = resources.io->Wait(entry.ticket);
+    free_buffers.push_back(entry.buffer);
+    if (!written.ok() && speculation && speculation->failure.ok()) {
+      speculation->failure = std::move(written).WithContext(ChunkName(entry.chunk));
+    }
+  }
+  speculative_writes.clear();
+}
+
+std::vector<bool> OptimizerGroup::Impl::NotSpeculated(const std::vector<bool>& present) const {
+  std::vector<bool> pending = present;
+  if (!speculation || !speculation->failure.ok()) return pending;
+  for (size_t c = 0; c < pending.size(); ++c) {
+    if (speculation->updated[c]) pending[c] = false;
+  }
+  return pending;
+}
+
+// The parameter views of a speculative step are those given to Speculate: `params` (those given
+// to Step) must be the same or none.
+Status OptimizerGroup::Impl::UseSpeculatedParams(PlacedViews* params) const {
+  const PlacedViews& speculated = speculation->params;
+  const bool same = std::equal(params->begin(), params->end(), speculated.begin(), speculated.end(),
+                               [](const PlacedView& a, const PlacedView& b) {
+                                 return a.offset == b.offset && a.data == b.data &&
+                                        a.dtype == b.dtype && a.count == b.count;
+                               });
+  if (!params->empty() && !same) {
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': a speculative step got other parameter views than those given to "
+        "Speculate; allowed: the same views, or none",
+        name));
+  }
+  *params = speculated;
+  return Status::Ok();
+}
+
+std::vector<size_t> OptimizerGroup::Impl::SpeculatedNvmeChunks() const {
+  std::vector<size_t> chunks;
+  for (size_t c = 0; c < nvme_count; ++c) {
+    if (speculation->updated[c]) chunks.push_back(c);
+  }
+  return chunks;
+}
+
+OptimizerGroup::Impl::SpeculationOutcome OptimizerGroup::Impl::DecideSpeculation(
+    const optim::StepScaling& scaling, const optim::HyperParams& hyper,
+    std::span<const int64_t> segment_step) const {
+  const Speculation& s = *speculation;
+  if (scaling.skip) return SpeculationOutcome::kDiscard;
+  const bool same_scaling = scaling.scaling.inv_loss_scale == s.scaling.inv_loss_scale &&
+                            scaling.scaling.clip_factor == s.scaling.clip_factor;
+  const bool same_hyper = hyper.kind == s.hyper.kind && hyper.lr == s.hyper.lr &&
+                          hyper.beta1 == s.hyper.beta1 && hyper.beta2 == s.hyper.beta2 &&
+                          hyper.eps == s.hyper.eps && hyper.weight_decay == s.hyper.weight_decay &&
+                          hyper.lr_decay == s.hyper.lr_decay;
+  const bool same_steps = std::equal(segment_step.begin(), segment_step.end(),
+                                     s.segment_step.begin(), s.segment_step.end());
+  return same_scaling && same_hyper && same_steps ? SpeculationOutcome::kCommit
+                                                  : SpeculationOutcome::kRecompute;
+}
+
+// The live master of an NVMe chunk is read back (verified) into a buffer of its own: the
+// pipeline buffers may hold the step's reads.
+Status OptimizerGroup::Impl::RestoreParams() {
+  const Speculation& s = *speculation;
+  if (s.params.empty()) return Status::Ok();
+  AlignedBuffer staging;
+  for (size_t c = 0; c < s.updated.size(); ++c) {
+    if (!s.updated[c]) continue;
+    const std::byte* state = nullptr;
+    if (on_nvme(c)) {
+      if (staging.empty()) {
+        ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(layout.max_chunk_bytes()));
+      }
+      ZOE_RETURN_IF_ERROR(ReadChunk(c, staging.data()));
+      state = staging.data();
+    } else {
+      state = host_state(c);
+    }
+    ZOE_RETURN_IF_ERROR(
+        WriteParamsFromMaster(layout.chunk(c), state, ChunkGrads(c), s.params, s.run)
+            .WithContext(ChunkName(c)));
+  }
+  return Status::Ok();
+}
+
+void OptimizerGroup::Impl::EndSpeculation(SpeculationOutcome outcome, const Status& status,
+                                          StepReport* report) {
+  const Speculation& s = *speculation;
+  report->chunks_speculative = s.updated_count;
+  if (!status.ok() || outcome == SpeculationOutcome::kDiscard) {
+    report->chunks_discarded = s.updated_count;
+  } else if (outcome == SpeculationOutcome::kCommit) {
+    report->chunks_committed = s.updated_count;
+  } else {
+    report->chunks_recomputed = s.updated_count;
+  }
+  report->bytes_read += s.totals.bytes_read;
+  report->bytes_reused += s.totals.bytes_reused;
+  report->bytes_written += s.totals.bytes_written;
+  report->io_wait_seconds += s.totals.io_wait_seconds;
+  report->compute_seconds += s.totals.compute_seconds;
+  SpeculationStats& t = speculation_totals;
+  ++t.steps;
+  t.chunks_speculative += report->chunks_speculative;
+  t.chunks_committed += report->chunks_committed;
+  t.chunks_recomputed += report->chunks_recomputed;
+  t.chunks_discarded += report->chunks_discarded;
+  speculation.reset();
+}
+
+}  // namespace zoe::offload

@@ -1,0 +1,350 @@
+// ShardedGroup: the shard's range and segments, the agreed presence, scan and outcome, the
+// reduce-scatter of the gradients and the all-gather of the parameters.
+#include "offload/sharded_group.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "core/config.h"
+#include "optim/chunk.h"
+
+namespace zoe::offload {
+namespace {
+
+// floor(rank * count / world_size) without overflow: with count = q * world_size + m, it is
+// rank * q + floor(rank * m / world_size), and rank * m < world_size^2.
+size_t ShardStart(size_t count, int rank, int world_size) {
+  const auto r = static_cast<size_t>(rank);
+  const auto n = static_cast<size_t>(world_size);
+  return r * (count / n) + r * (count % n) / n;
+}
+
+// The intersections of `segments` (lengths, in order) with [shard.begin, shard.end).
+std::vector<size_t> CutSegments(std::span<const size_t> segments, ShardRange shard) {
+  std::vector<size_t> local;
+  local.reserve(segments.size());
+  size_t begin = 0;
+  for (const size_t length : segments) {
+    const size_t lo = std::max(begin, shard.begin);
+    const size_t hi = std::min(begin + length, shard.end);
+    local.push_back(hi > lo ? hi - lo : 0);
+    begin += length;
+  }
+  return local;
+}
+
+// The parts of `views` (covering a whole group, concatenated) that fall in [range.begin,
+// range.end), with their data pointers advanced; null data stays null.
+template <class View>
+std::vector<View> SliceViews(std::span<const View> views, ShardRange range) {
+  std::vector<View> out;
+  size_t begin = 0;
+  for (const View& view : views) {
+    const size_t lo = std::max(begin, range.begin);
+    const size_t hi = std::min(begin + view.count, range.end);
+    if (hi > lo) {
+      View part = view;
+      if (view.data != nullptr) {
+        using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(view.data)>>,
+                                        const std::byte, std::byte>;
+        part.data = static_cast<Byte*>(view.data) + (lo - begin) * optim::SizeOf(view.dtype);
+      }
+      part.count = hi - lo;
+      out.push_back(part);
+    }
+    begin += view.count;
+  }
+  return out;
+}
+
+Status CheckCovers(size_t total, size_t count, std::string_view what) {
+  if (total == count) return Status::Ok();
+  return Status::InvalidArgument(
+      fmt::format("sharded group: the {} views cover {} elements; allowed: exactly the group's {}",
+                  what, total, count));
+}
+
+template <class View>
+size_t TotalCount(std::span<const View> views) {
+  size_t total = 0;
+  for (const View& view : views) total += view.count;
+  return total;
+}
+
+// Widens every view into `out` (fp32, consecutive); null views give zeros.
+template <class View>
+Status WidenViews(std::span<const View> views, float* out) {
+  for (const View& view : views) {
+    if (view.data == nullptr) {
+      std::fill_n(out, view.count, 0.0f);
+    } else if (view.dtype == optim::DType::kF32) {
+      std::copy_n(static_cast<const float*>(view.data), view.count, out);
+    } else {
+      ZOE_RETURN_IF_ERROR(optim::CastToF32(view.data, view.dtype, out, view.count));
+    }
+    out += view.count;
+  }
+  return Status::Ok();
+}
+
+// Writes `values` (fp32, consecutive) into every view in its dtype.
+Status NarrowIntoViews(const float* values, std::span<const ParamView> views) {
+  for (const ParamView& view : views) {
+    if (view.dtype == optim::DType::kF32) {
+      std::copy_n(values, view.count, static_cast<float*>(view.data));
+    } else {
+      ZOE_RETURN_IF_ERROR(optim::CastFromF32(values, view.dtype, view.data, view.count));
+    }
+    values += view.count;
+  }
+  return Status::Ok();
+}
+
+// "1, 2" for the ranks whose flag in `flags` is set.
+std::string FlaggedRanks(std::span<const double> flags) {
+  std::string out;
+  for (size_t r = 0; r < flags.size(); ++r) {
+    if (flags[r] == 0.0) continue;
+    out += out.empty() ? fmt::format("{}", r) : fmt::format(", {}", r);
+  }
+  return out;
+}
+
+// The segment lengths of `optim_json` ("segments"), or one segment of `count`.
+Result<std::vector<size_t>> GlobalSegments(const nlohmann::json& spec, size_t count) {
+  if (!spec.contains("segments")) return std::vector<size_t>{count};
+  const nlohmann::json& list = spec["segments"];
+  std::vector<size_t> segments;
+  if (!list.is_array()) {
+    return Status::InvalidArgument("sharded group: \"segments\" must be an array of lengths");
+  }
+  for (const nlohmann::json& length : list) {
+    if (!length.is_number_unsigned()) {
+      return Status::InvalidArgument(
+          fmt::format("sharded group: segment length {} is not allowed; allowed: integers >= 0",
+                      length.dump()));
+    }
+    segments.push_back(length.get<size_t>());
+  }
+  return segments;
+}
+
+}  // namespace
+
+ShardRange ShardOf(size_t count, int rank, int world_size) {
+  return {ShardStart(count, rank, world_size), ShardStart(count, rank + 1, world_size)};
+}
+
+ShardedGroup::ShardedGroup(Engine& engine, Collectives& collectives, GroupId group, size_t count,
+                           std::vector<size_t> segments)
+    : engine_(engine),
+      collectives_(collectives),
+      group_(group),
+      count_(count),
+      shard_(ShardOf(count, collectives.rank(), collectives.world_size())),
+      segments_(std::move(segments)),
+      local_segments_(CutSegments(segments_, shard_)),
+      shard_params_(shard_.size()) {}
+
+Result<std::unique_ptr<ShardedGroup>> ShardedGroup::Create(Engine& engine,
+                                                           std::string_view optim_json,
+                                                           std::span<const ParamView> params,
+                                                           Collectives& collectives) {
+  const int world = collectives.world_size();
+  const int rank = collectives.rank();
+  if (world < 1 || rank < 0 || rank >= world) {
+    return Status::InvalidArgument(fmt::format(
+        "sharded group: rank {} of world size {}; allowed: world size >= 1, 0 <= rank < world size",
+        rank, world));
+  }
+  const size_t count = TotalCount(params);
+  Result<GroupId> created = Status::InvalidArgument("sharded group: no parameters");
+  std::vector<size_t> segments;
+  Result<nlohmann::json> spec = config::ParseJson(optim_json);
+  Result<std::vector<size_t>> parsed =
+      spec.ok() ? GlobalSegments(*spec, count) : Result<std::vector<size_t>>(spec.status());
+  if (parsed.ok() && count > 0) {
+    segments = *parsed;
+    const ShardRange shard = ShardOf(count, rank, world);
+    (*spec)["segments"] = CutSegments(segments, shard);
+    const std::vector<ParamView> local = SliceViews(params, shard);
+    created = shard.size() == 0
+                  ? Result<GroupId>(Status::InvalidArgument(fmt::format(
+                        "sharded group: {} elements leave rank {} of {} none; allowed: at least "
+                        "one element per rank",
+                        count, rank, world)))
+                  : engine.CreateGroup(spec->dump(), local);
+  } else if (!parsed.ok()) {
+    created = parsed.status();
+  }
+  // Agreed: every rank learns whether any rank failed.
+  std::vector<double> flags(static_cast<size_t>(world), 0.0);
+  flags[static_cast<size_t>(rank)] = created.ok() ? 0.0 : 1.0;
+  ZOE_RETURN_IF_ERROR(collectives.AllReduceSum(flags));
+  if (!created.ok()) return created.status();
+  if (std::any_of(flags.begin(), flags.end(), [](double f) { return f != 0.0; })) {
+    return Status::Aborted(fmt::format(
+        "sharded group: creation failed on rank(s) {}; see the error there", FlaggedRanks(flags)));
+  }
+  return std::unique_ptr<ShardedGroup>(
+      new ShardedGroup(engine, collectives, *created, count, std::move(segments)));
+}
+
+Result<optim::GradScan> ShardedGroup::AgreeScan(const optim::GradScan& local, bool failed) {
+  const size_t world = static_cast<size_t>(collectives_.world_size());
+  std::vector<double> values(1 + world, 0.0);
+  values[0] = failed ? 0.0 : local.sum_squares;
+  values[1 + static_cast<size_t>(collectives_.rank())] = failed ? 1.0 : 0.0;
+  ZOE_RETURN_IF_ERROR(collectives_.AllReduceSum(values));
+  const std::span<const double> flags(values.data() + 1, world);
+  if (std::any_of(flags.begin(), flags.end(), [](double f) { return f != 0.0; })) {
+    return Status::Aborted(
+        fmt::format("sharded group: rank(s) {} failed before the update; no rank changed its state",
+                    FlaggedRanks(flags)));
+  }
+  return optim::GradScan{values[0]};
+}
+
+Status ShardedGroup::AgreeOutcome(const Status& local) {
+  std::vector<double> flags(static_cast<size_t>(collectives_.world_size()), 0.0);
+  flags[static_cast<size_t>(collectives_.rank())] = local.ok() ? 0.0 : 1.0;
+  ZOE_RETURN_IF_ERROR(collectives_.AllReduceSum(flags));
+  if (!local.ok()) return local;
+  if (std::all_of(flags.begin(), flags.end(), [](double f) { return f == 0.0; })) {
+    return Status::Ok();
+  }
+  return Status::Aborted(fmt::format(
+      "sharded group: rank(s) {} failed the step (see the error there) after this rank updated "
+      "its shard; the ranks are out of step: resume from a checkpoint",
+      FlaggedRanks(flags)));
+}
+
+// Which global segments have a gradient on some rank, agreed with every rank's failure flag (the
+// flags follow the segments in one all-reduce).
+Result<std::vector<bool>> ShardedGroup::AgreePresence(std::span<const GradView> grads,
+                                                      const Status& local) {
+  const size_t world = static_cast<size_t>(collectives_.world_size());
+  std::vector<double> values(segments_.size() + world, 0.0);
+  std::vector<size_t> ends(segments_.size());
+  size_t end = 0;
+  for (size_t s = 0; s < ends.size(); ++s) ends[s] = end += segments_[s];
+  size_t begin = 0;
+  for (const GradView& view : grads) {
+    if (!local.ok()) break;
+    const size_t view_end = begin + view.count;
+    if (view.data != nullptr) {
+      // Every segment with an element in [begin, view_end) is present.
+      size_t s =
+          static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), begin) - ends.begin());
+      for (; s < ends.size() && ends[s] - segments_[s] < view_end; ++s) values[s] = 1.0;
+    }
+    begin = view_end;
+  }
+  values[segments_.size() + static_cast<size_t>(collectives_.rank())] = local.ok() ? 0.0 : 1.0;
+  ZOE_RETURN_IF_ERROR(collectives_.AllReduceSum(values));
+  if (!local.ok()) return local;
+  const std::span<const double> flags(values.data() + segments_.size(), world);
+  if (std::any_of(flags.begin(), flags.end(), [](double f) { return f != 0.0; })) {
+    return Status::Aborted(fmt::format(
+        "sharded group: rank(s) {} gave gradients that cannot be used; no rank changed its state",
+        FlaggedRanks(flags)));
+  }
+  std::vector<bool> present(segments_.size());
+  for (size_t s = 0; s < present.size(); ++s) present[s] = values[s] != 0.0;
+  return present;
+}
+
+// The whole local gradient, widened, reduce-scattered and averaged into shard_grads_; the shard's
+// views: one per local segment with elements, null where no rank has a gradient.
+Result<std::vector<GradView>> ShardedGroup::ReduceGradients(std::span<const GradView> grads) {
+  std::vector<float> whole(count_);
+  Status local = CheckCovers(TotalCount(grads), count_, "gradient");
+  if (local.ok()) local = WidenViews(grads, whole.data());
+  ZOE_ASSIGN_OR_RETURN(const std::vector<bool> present, AgreePresence(grads, local));
+  const int world = collectives_.world_size();
+  std::vector<uint64_t> counts(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) counts[static_cast<size_t>(r)] = ShardOf(count_, r, world).size();
+  shard_grads_.resize(shard_.size());
+  ZOE_RETURN_IF_ERROR(collectives_.ReduceScatterSum(whole, shard_grads_, counts));
+  const float inverse = 1.0f / static_cast<float>(world);
+  for (float& g : shard_grads_) g *= inverse;
+  std::vector<GradView> views;
+  size_t offset = 0;
+  for (size_t s = 0; s < local_segments_.size(); ++s) {
+    if (local_segments_[s] == 0) continue;
+    GradView view{present[s] ? shard_grads_.data() + offset : nullptr, optim::DType::kF32,
+                  local_segments_[s]};
+    views.push_back(view);
+    offset += local_segments_[s];
+  }
+  return views;
+}
+
+Status ShardedGroup::GatherParams(std::span<const ParamView> params) {
+  const int world = collectives_.world_size();
+  std::vector<uint64_t> counts(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) counts[static_cast<size_t>(r)] = ShardOf(count_, r, world).size();
+  std::vector<float> whole(count_);
+  ZOE_RETURN_IF_ERROR(collectives_.AllGather(shard_params_, whole, counts));
+  return NarrowIntoViews(whole.data(), params);
+}
+
+Status ShardedGroup::Abort(Status error, bool with_grads) {
+  if (with_grads) {
+    (void)AgreePresence({}, error);
+  } else {
+    (void)AgreeScan({}, /*failed=*/true);
+  }
+  return error;
+}
+
+Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
+  std::vector<GradView> shard_grads;
+  Status prepared = Status::Ok();
+  if (!args.grads.empty()) {
+    Result<std::vector<GradView>> reduced = ReduceGradients(args.grads);
+    if (!reduced.ok()) return reduced.status();  // every rank knows (AgreePresence)
+    shard_grads = std::move(reduced).value();
+  }
+  // The shard's parameter views start as the caller's values, so segments without a gradient
+  // (which the step leaves untouched) gather what every rank already holds.
+  std::vector<ParamView> shard_params;
+  if (!args.params.empty()) {
+    prepared = CheckCovers(TotalCount(args.params), count_, "parameter");
+    if (prepared.ok()) {
+      const std::vector<ParamView> local = SliceViews(args.params, shard_);
+      prepared = WidenViews(std::span<const ParamView>(local), shard_params_.data());
+    }
+    shard_params.push_back({shard_params_.data(), optim::DType::kF32, shard_params_.size()});
+  }
+  bool agreed = false;
+  bool stopped = false;  // the scan's agreement failed: every rank stops before the update
+  EngineStepArgs step;
+  step.hyper = args.hyper;
+  step.grads = shard_grads;
+  step.params = shard_params;
+  step.loss_scale = args.loss_scale;
+  step.agree_scan = [&](const optim::GradScan& local) {
+    agreed = true;
+    Result<optim::GradScan> scan = AgreeScan(local, /*failed=*/false);
+    stopped = !scan.ok();
+    return scan;
+  };
+  Result<StepReport> report = prepared.ok() ? engine_.Step(group_, step) : prepared;
+  if (!agreed) {
+    // Failed before the scan was agreed: the peers still wait for this rank's flag.
+    (void)AgreeScan({}, /*failed=*/true);
+    if (report.ok()) return Status::Internal("sharded group: a step never agreed its scan");
+    return report.status();
+  }
+  if (stopped) return report.status();
+  ZOE_RETURN_IF_ERROR(AgreeOutcome(report.status()));
+  if (!report->skipped && !args.params.empty()) ZOE_RETURN_IF_ERROR(GatherParams(args.params));
+  return report;
+}
+
+}  // namespace zoe::offload

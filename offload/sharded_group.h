@@ -1,0 +1,112 @@
+// ShardedGroup: one rank's part of an optimizer group sharded across N data-parallel ranks
+// (ZeRO stages 1 and 2). The group's `count` elements, concatenated, are cut into N contiguous
+// shards: rank r holds elements [floor(r * count / N), floor((r + 1) * count / N)) -- sizes differ
+// by at most one element -- in an ordinary OptimizerGroup of its own engine (its own DRAM and NVMe
+// path), so each rank keeps 1/N of the master weights and moments.
+//
+// Segments. The group's segments (a framework's parameters, OptimizerGroupOptions::segments) are
+// cut at the shard's edges: the local group has one segment per global segment, in the same order,
+// holding its intersection with the shard (0 elements when the parameter lies elsewhere). A
+// parameter split across ranks therefore has a piece on each of them, with the same step count.
+//
+// One step (Step):
+//  1. gradients given with the step (every rank's whole local gradient): which segments have a
+//     gradient on some rank is agreed by an all-reduce (a segment counts as present when any rank
+//     has it; absent elements count as zero on the ranks without it), then the gradient, widened to
+//     fp32, is reduce-scattered and divided by N (the average, as DistributedDataParallel does).
+//     No gradients: the shard's gradients given to the local group with Engine::AccumulateGrad.
+//  2. the local group steps with its scan replaced by the sum of every rank's scan (one all-reduce
+//     of the sum of squares and of a failure flag per rank): every rank skips a non-finite step,
+//     and clips by the global norm, together.
+//  3. one all-reduce of the outcome (a failure flag per rank); then, when every rank succeeded and
+//     the step was not skipped, the updated shards are all-gathered into the caller's parameter
+//     views (fp32, converted to each view's dtype).
+// A rank that fails anywhere still makes every collective call of steps 2 and 3 with its flag set,
+// so every rank returns an error within the collectives' own time bounds: the failing rank its
+// own error, the others Aborted naming the failed ranks. The failing rank's state is as before the
+// step (OptimizerGroup's contract), but ranks that committed keep their update: after a failed
+// step the ranks are out of step, and training resumes from a checkpoint.
+//
+// Memory: a step with gradients holds a fp32 copy of the whole gradient; a step with parameter
+// views a fp32 copy of the whole parameters (the all-gather's output), besides the shard's buffers.
+//
+// Thread safety: one thread at a time (the collectives are called on the stepping thread).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+#include "offload/collectives.h"
+#include "offload/engine.h"
+
+namespace zoe::offload {
+
+// Elements [begin, end) of a group of `count` elements held by `rank` of `world_size`.
+struct ShardRange {
+  size_t begin = 0;
+  size_t end = 0;
+  size_t size() const { return end - begin; }
+};
+ShardRange ShardOf(size_t count, int rank, int world_size);
+
+struct ShardedStepArgs {
+  std::optional<StepHyperParams> hyper;  // empty: the group's current hyper-parameters
+  std::span<const GradView> grads;       // the whole group's local gradients; empty: accumulated
+  std::span<const ParamView> params;     // the whole group's parameters; empty: none written
+  double loss_scale = 1.0;               // > 0
+};
+
+class ShardedGroup {
+ public:
+  // Creates this rank's group in `engine` from `optim_json` (Engine::CreateGroup's document, whose
+  // "segments", if any, are the whole group's) with its master weights from the shard's part of
+  // `params` (views covering the whole group). Creation is agreed: when any rank fails, every rank
+  // fails (the others Aborted naming it). `engine` and `collectives` must outlive the group.
+  static Result<std::unique_ptr<ShardedGroup>> Create(Engine& engine, std::string_view optim_json,
+                                                      std::span<const ParamView> params,
+                                                      Collectives& collectives);
+
+  // One sharded step (see above). The report is the local group's, with the agreed norm.
+  Result<StepReport> Step(const ShardedStepArgs& args);
+
+  // For a rank whose step arguments were refused before Step (e.g. by the C API's conversion):
+  // makes the step's first collective call with this rank's failure flag, so the peers stop
+  // before their update too, and returns `error`. `with_grads`: whether the step was given
+  // gradients (every rank gives them or none).
+  Status Abort(Status error, bool with_grads);
+
+  GroupId group() const { return group_; }  // the local group, for the engine's other calls
+  ShardRange shard() const { return shard_; }
+  size_t count() const { return count_; }
+  std::span<const size_t> local_segments() const { return local_segments_; }
+
+ private:
+  ShardedGroup(Engine& engine, Collectives& collectives, GroupId group, size_t count,
+               std::vector<size_t> segments);
+
+  Result<std::vector<GradView>> ReduceGradients(std::span<const GradView> grads);
+  // Which global segments have a gradient on some rank; `local` is this rank's failure so far,
+  // sent as its flag (the segments' flags are then left out).
+  Result<std::vector<bool>> AgreePresence(std::span<const GradView> grads, const Status& local);
+  Status FillAbsentParams(std::span<const GradView> shard_grads);
+  Status GatherParams(std::span<const ParamView> params);
+  // The all-reduce of step 2 / 3: `failed` is this rank's flag; the message names failed peers.
+  Result<optim::GradScan> AgreeScan(const optim::GradScan& local, bool failed);
+  Status AgreeOutcome(const Status& local);
+
+  Engine& engine_;
+  Collectives& collectives_;
+  GroupId group_;
+  size_t count_;
+  ShardRange shard_;
+  std::vector<size_t> segments_;        // the whole group's
+  std::vector<size_t> local_segments_;  // their intersections with the shard
+  std::vector<float> shard_grads_;      // fp32, the reduce-scattered gradient
+  std::vector<float> shard_params_;     // fp32, the step's updated parameters
+};
+
+}  // namespace zoe::offload

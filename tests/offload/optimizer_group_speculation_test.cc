@@ -1,0 +1,347 @@
+// Description: speculative steps of an OptimizerGroup -- chunks updated as AccumulateGrad
+// completes them, then committed, discarded (a non-finite gradient) or recomputed (clipping) --
+// give state and parameters bit-identical to the same steps without speculation, in HOST and on
+// NVMe with checksums on; a fault during a speculative step leaves the previous state; the
+// speculation counts; argument errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "io/fault_injection.h"
+#include "offload/chunk_update.h"
+#include "offload/optimizer_group.h"
+#include "tests/offload/optimizer_group_harness.h"
+
+namespace zoe::offload {
+namespace {
+
+using testing::GroupHarness;
+using testing::HarnessOptions;
+
+struct Placement {
+  const char* name;
+  Tier tier;
+  double nvme_ratio;  // with kNvme: the rest of the chunks stay in HOST
+  optim::DType param_dtype;
+};
+
+void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
+
+HarnessOptions SpeculationOptions(const Placement& placement, double max_grad_norm) {
+  HarnessOptions options;
+  options.checksum_block = kStripeChecksumBlock;
+  options.param_dtype = placement.param_dtype;
+  options.threads = 2;
+  options.group.placement = placement.tier;
+  options.group.nvme_ratio = placement.nvme_ratio;
+  options.group.max_grad_norm = max_grad_norm;
+  return options;
+}
+
+// Speculate, then the gradient views handed over last to first (as backward produces them),
+// then the Step on them.
+Result<StepReport> SpeculativeStep(GroupHarness& harness, const optim::HyperParams& hyper) {
+  const std::vector<ParamView> params = harness.param_views();
+  StepArgs args;
+  args.hyper = hyper;
+  args.params = params;
+  ZOE_RETURN_IF_ERROR(harness.group().Speculate(args));
+  const std::vector<GradView> views = harness.grad_views();
+  std::vector<size_t> offsets(views.size(), 0);
+  for (size_t i = 1; i < views.size(); ++i) offsets[i] = offsets[i - 1] + views[i - 1].count;
+  for (size_t i = views.size(); i-- > 0;) {
+    ZOE_RETURN_IF_ERROR(harness.group().AccumulateGrad(offsets[i], views[i]));
+  }
+  return harness.StepAccumulated(hyper);
+}
+
+class SpeculationTest : public ::testing::TestWithParam<Placement> {
+ protected:
+  // Runs `steps` steps on a speculative group and on a plain one (gradients given with the step),
+  // the gradients of step `poisoned` (if any) holding a NaN in the chunk handed over last, and
+  // checks after each that both hold the same bits. Returns the speculative reports.
+  std::vector<StepReport> RunBoth(double max_grad_norm, int steps, int poisoned = -1) {
+    HarnessOptions options = SpeculationOptions(GetParam(), max_grad_norm);
+    GroupHarness plain(options);
+    options.group.speculative = true;
+    GroupHarness speculative(options);
+    EXPECT_TRUE(plain.ok() && speculative.ok());
+    std::vector<StepReport> reports;
+    if (!plain.ok() || !speculative.ok()) return reports;
+    for (int step = 0; step < steps; ++step) {
+      plain.NewGradients(step);
+      speculative.NewGradients(step);
+      if (step == poisoned) {
+        plain.PoisonGradient(3, std::numeric_limits<float>::quiet_NaN());
+        speculative.PoisonGradient(3, std::numeric_limits<float>::quiet_NaN());
+      }
+      Result<StepReport> expected = plain.Step(plain.Hyper(step));
+      Result<StepReport> report = SpeculativeStep(speculative, speculative.Hyper(step));
+      EXPECT_TRUE(expected.ok()) << expected.status().ToString();
+      EXPECT_TRUE(report.ok()) << report.status().ToString();
+      if (!expected.ok() || !report.ok()) return reports;
+      EXPECT_EQ(report->skipped, expected->skipped);
+      EXPECT_EQ(report->grad_norm, expected->grad_norm);
+      EXPECT_EQ(report->steps_taken, expected->steps_taken);
+      EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot()) << "state differs after " << step;
+      EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes())
+          << "parameters differ after step " << step;
+      reports.push_back(*report);
+    }
+    return reports;
+  }
+};
+
+TEST_P(SpeculationTest, UnclippedFiniteStepsCommitEveryChunk) {
+  const std::vector<StepReport> reports = RunBoth(/*max_grad_norm=*/0.0, 3);
+  ASSERT_EQ(reports.size(), 3u);
+  for (const StepReport& report : reports) {
+    EXPECT_EQ(report.chunks_speculative, 7u) << "every chunk was completed by AccumulateGrad";
+    EXPECT_EQ(report.chunks_committed, 7u);
+    EXPECT_EQ(report.chunks_recomputed + report.chunks_discarded, 0u);
+  }
+}
+
+// Clipping engages on the steps with full-size gradients (step 0 and 3), nowhere else.
+TEST_P(SpeculationTest, ClippedStepsAreRecomputedFromTheUntouchedVersion) {
+  const std::vector<StepReport> reports = RunBoth(/*max_grad_norm=*/150.0, 4);
+  ASSERT_EQ(reports.size(), 4u);
+  for (int step = 0; step < 4; ++step) {
+    const bool clipped = step % 3 == 0;
+    EXPECT_EQ(reports[step].chunks_recomputed, clipped ? 7u : 0u) << step;
+    EXPECT_EQ(reports[step].chunks_committed, clipped ? 0u : 7u) << step;
+  }
+}
+
+TEST_P(SpeculationTest, NonFiniteGradientInTheLastChunkDiscardsTheStep) {
+  const std::vector<StepReport> reports = RunBoth(/*max_grad_norm=*/0.0, 3, /*poisoned=*/1);
+  ASSERT_EQ(reports.size(), 3u);
+  EXPECT_TRUE(reports[1].skipped);
+  EXPECT_EQ(reports[1].chunks_speculative, 7u);
+  EXPECT_EQ(reports[1].chunks_discarded, 7u);
+  EXPECT_EQ(reports[1].chunks_committed, 0u);
+  EXPECT_EQ(reports[2].chunks_committed, 7u);
+}
+
+struct SpeculativeFault {
+  const char* name;
+  io::FaultKind kind;
+  io::FaultOps ops;
+  uint64_t nth;
+  StatusCode code;
+};
+
+// A read, a write or a checksum of a speculative update fails -- found while AccumulateGrad goes
+// on, or (the last write) only by the Step: the Step reports it naming the chunk, the state is
+// the previous one, every speculative update counts as discarded, the gradients stay, and
+// retrying the step matches the plain group.
+TEST_P(SpeculationTest, FaultDuringASpeculativeStepLeavesThePreviousState) {
+  if (GetParam().tier != Tier::kNvme) GTEST_SKIP() << "HOST chunks do no I/O";
+  const SpeculativeFault faults[] = {
+      {"second write", io::FaultKind::kEio, io::FaultOps::kWrites, 2, StatusCode::kIoError},
+      {"last write", io::FaultKind::kEnospc, io::FaultOps::kWrites, 5, StatusCode::kNoSpace},
+      {"third read", io::FaultKind::kEio, io::FaultOps::kReads, 3, StatusCode::kIoError},
+      {"corrupted read", io::FaultKind::kCorruption, io::FaultOps::kReads, 1,
+       StatusCode::kCorruption},
+  };
+  for (const SpeculativeFault& fault : faults) {
+    SCOPED_TRACE(fault.name);
+    HarnessOptions options = SpeculationOptions(GetParam(), 0.0);
+    GroupHarness plain(options);
+    options.inject_faults = true;
+    options.group.speculative = true;
+    GroupHarness speculative(options);
+    ASSERT_TRUE(plain.ok() && speculative.ok());
+    plain.NewGradients(0);
+    speculative.NewGradients(0);
+    const testing::StateBits before = speculative.Snapshot();
+    speculative.FailOnce(fault.kind, fault.ops, fault.nth);
+    Result<StepReport> failed = SpeculativeStep(speculative, speculative.Hyper(0));
+    ASSERT_EQ(failed.status().code(), fault.code) << failed.status().ToString();
+    EXPECT_NE(failed.status().message().find("optimizer group 'g': chunk"), std::string::npos)
+        << failed.status().ToString();
+    EXPECT_EQ(speculative.faults()->injected(), 1u);
+    EXPECT_TRUE(speculative.Snapshot() == before);
+    EXPECT_EQ(speculative.group().steps_taken(), 0);
+    const SpeculationStats& stats = speculative.group().speculation_stats();
+    EXPECT_EQ(stats.steps, 1u);
+    EXPECT_EQ(stats.chunks_discarded, stats.chunks_speculative);
+    EXPECT_EQ(stats.chunks_committed, 0u);
+    Result<StepReport> retried = speculative.StepAccumulated(speculative.Hyper(0));
+    ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+    EXPECT_EQ(retried->chunks_speculative, 0u);
+    ASSERT_TRUE(plain.Step(plain.Hyper(0)).ok());
+    EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot());
+    EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes());
+  }
+}
+
+TEST_P(SpeculationTest, TotalsAddUpOverSteps) {
+  HarnessOptions options = SpeculationOptions(GetParam(), 150.0);
+  options.group.speculative = true;
+  GroupHarness harness(options);
+  ASSERT_TRUE(harness.ok());
+  for (int step = 0; step < 3; ++step) {
+    harness.NewGradients(step);
+    if (step == 2) harness.PoisonGradient(5, std::numeric_limits<float>::infinity());
+    ASSERT_TRUE(SpeculativeStep(harness, harness.Hyper(step)).ok());
+  }
+  const SpeculationStats& stats = harness.group().speculation_stats();
+  EXPECT_EQ(stats.steps, 3u);
+  EXPECT_EQ(stats.chunks_speculative, 21u);
+  EXPECT_EQ(stats.chunks_recomputed, 7u);  // step 0 clips
+  EXPECT_EQ(stats.chunks_committed, 7u);
+  EXPECT_EQ(stats.chunks_discarded, 7u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, SpeculationTest,
+    ::testing::Values(Placement{"dram_fp32", Tier::kHost, 1.0, optim::DType::kF32},
+                      Placement{"dram_bf16", Tier::kHost, 1.0, optim::DType::kBF16},
+                      Placement{"nvme_fp32", Tier::kNvme, 0.75, optim::DType::kF32},
+                      Placement{"nvme_bf16", Tier::kNvme, 0.75, optim::DType::kBF16}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- segments without a gradient ---------------------------------------------------------------
+
+// Segments of 100003 elements in chunks of 16384 (segment 1 holds chunk 1 whole; segment 3 ends
+// mid-chunk), and which have a gradient at each step.
+const std::vector<size_t> kSegments = {10000, 30000, 7, 19993, 40003};
+
+std::vector<bool> PresentAt(int step) {
+  return {true, step % 2 == 1, step >= 3, step % 3 != 0, true};
+}
+
+// The harness's gradients as views: a present segment whole, an absent one with null data.
+std::vector<GradView> SegmentViews(const GroupHarness& harness, const std::vector<bool>& present) {
+  std::vector<GradView> views;
+  const auto* grads = reinterpret_cast<const float*>(harness.grads());
+  size_t begin = 0;
+  for (size_t s = 0; s < kSegments.size(); ++s) {
+    views.push_back({present[s] ? grads + begin : nullptr, optim::DType::kF32, kSegments[s]});
+    begin += kSegments[s];
+  }
+  return views;
+}
+
+// Chunks partly or wholly without a gradient: speculation updates, commits, recomputes and
+// discards only what a plain step would touch, so the absent segments' state, parameters and
+// step counts stay as they are.
+TEST(SpeculationSegmentsTest, AbsentSegmentsMatchThePlainStep) {
+  HarnessOptions options = SpeculationOptions({"nvme", Tier::kNvme, 0.75, optim::DType::kBF16},
+                                              /*max_grad_norm=*/100.0);
+  options.group.segments = kSegments;
+  GroupHarness plain(options);
+  options.group.speculative = true;
+  GroupHarness speculative(options);
+  ASSERT_TRUE(plain.ok() && speculative.ok());
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step);
+    plain.NewGradients(step);
+    speculative.NewGradients(step);
+    if (step == 4) {
+      plain.PoisonGradient(1, std::numeric_limits<float>::quiet_NaN());
+      speculative.PoisonGradient(1, std::numeric_limits<float>::quiet_NaN());
+    }
+    const std::vector<GradView> views = SegmentViews(plain, PresentAt(step));
+    const std::vector<ParamView> plain_params = plain.param_views();
+    StepArgs args;
+    args.hyper = plain.Hyper(step);
+    args.grads = views;
+    args.params = plain_params;
+    ASSERT_TRUE(plain.group().Step(args).ok());
+
+    const std::vector<ParamView> params = speculative.param_views();
+    args.grads = {};
+    args.params = params;
+    ASSERT_TRUE(speculative.group().Speculate(args).ok());
+    const std::vector<GradView> spec_views = SegmentViews(speculative, PresentAt(step));
+    size_t offset = speculative.count();
+    for (size_t i = spec_views.size(); i-- > 0;) {
+      offset -= spec_views[i].count;
+      ASSERT_TRUE(speculative.group().AccumulateGrad(offset, spec_views[i]).ok());
+    }
+    Result<StepReport> report = speculative.group().Step(args);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->chunks_speculative,
+              report->chunks_committed + report->chunks_recomputed + report->chunks_discarded);
+    EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot());
+    EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes());
+    EXPECT_TRUE(
+        std::ranges::equal(speculative.group().segment_steps(), plain.group().segment_steps()));
+  }
+  const SpeculationStats& stats = speculative.group().speculation_stats();
+  EXPECT_GT(stats.chunks_committed, 0u);
+  EXPECT_GT(stats.chunks_recomputed, 0u);
+  EXPECT_GT(stats.chunks_discarded, 0u);
+}
+
+// ---- arguments and memory ---------------------------------------------------------------------
+
+TEST(SpeculationArgsTest, RefusedWhereItCannotApply) {
+  HarnessOptions options = SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kF32}, 0);
+  GroupHarness off(options);
+  ASSERT_TRUE(off.ok());
+  StepArgs args;
+  args.hyper = off.Hyper(0);
+  Status refused = off.group().Speculate(args);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(),
+            "optimizer group 'g': speculation is off; create the group with speculative on");
+
+  options.group.speculative = true;
+  GroupHarness on(options);
+  ASSERT_TRUE(on.ok());
+  on.NewGradients(0);
+  const std::vector<GradView> grads = on.grad_views();
+  args.grads = grads;
+  EXPECT_EQ(on.group().Speculate(args).code(), StatusCode::kInvalidArgument);
+  args.grads = {};
+  args.loss_scale = 0.0;
+  EXPECT_EQ(on.group().Speculate(args).code(), StatusCode::kInvalidArgument);
+  args.loss_scale = 1.0;
+  ASSERT_TRUE(on.group().AccumulateGrad(0, grads[0]).ok());
+  EXPECT_EQ(on.group().Speculate(args).code(), StatusCode::kFailedPrecondition)
+      << "gradients are already accumulated";
+}
+
+TEST(SpeculationArgsTest, AStepWithOtherParameterViewsIsRefusedAndChangesNothing) {
+  HarnessOptions options = SpeculationOptions({"dram", Tier::kHost, 1.0, optim::DType::kF32}, 0);
+  options.group.speculative = true;
+  GroupHarness harness(options);
+  ASSERT_TRUE(harness.ok());
+  harness.NewGradients(0);
+  StepArgs args;
+  args.hyper = harness.Hyper(0);
+  ASSERT_TRUE(harness.group().Speculate(args).ok());  // no parameter views
+  ASSERT_TRUE(harness.AccumulateAll());
+  const testing::StateBits before = harness.Snapshot();
+  Result<StepReport> refused = harness.StepAccumulated(harness.Hyper(0));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(harness.Snapshot() == before);
+  args.params = {};
+  Result<StepReport> done = harness.group().Step(args);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->chunks_committed, 7u);
+}
+
+TEST(SpeculationArgsTest, HostChunksTakeASpareFromThePinnedBudget) {
+  HarnessOptions options = SpeculationOptions({"dram", Tier::kHost, 1.0, optim::DType::kF32}, 0);
+  GroupHarness plain(options);
+  options.group.speculative = true;
+  GroupHarness speculative(options);
+  ASSERT_TRUE(plain.ok() && speculative.ok());
+  EXPECT_EQ(speculative.group().pinned_bytes(), 2 * plain.group().pinned_bytes());
+  EXPECT_EQ(speculative.pinned().used_bytes(), 2 * plain.pinned().used_bytes());
+  options.pinned_budget = plain.pinned().used_bytes() + 4096;
+  GroupHarness tight(options, /*create=*/false);
+  ASSERT_TRUE(tight.ok());
+  Result<std::unique_ptr<OptimizerGroup>> refused = tight.CreateGroup(tight.group_options());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfMemory);
+}
+
+}  // namespace
+}  // namespace zoe::offload

@@ -1,0 +1,366 @@
+// Description: ShardedGroup across ranks in threads with an in-memory communicator whose waits are
+// bounded: the shard ranges, and the failures that every rank must see -- an I/O error on one rank
+// during the update, bad gradients on one rank before it, a creation that fails on one rank --
+// each ending every rank's step with a clear error within the communicator's bound, never a hang.
+#include "offload/sharded_group.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/backend.h"
+#include "io/fault_injection.h"
+#include "tests/offload/temp_dir.h"
+
+namespace zoe::offload {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kCount = 3001;
+constexpr auto kCollectiveTimeout = std::chrono::seconds(10);
+
+// Ranks in threads: a collective publishes each rank's buffer, waits at a rendezvous, reads its
+// peers' buffers and waits again. A rendezvous that not every rank reaches within
+// kCollectiveTimeout fails (Aborted), so a test can never hang.
+class Communicator {
+ public:
+  explicit Communicator(int world) : world_(world), published_(static_cast<size_t>(world)) {}
+  int world() const { return world_; }
+
+  Status Rendezvous() {
+    std::unique_lock lock(mutex_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+      return Status::Ok();
+    }
+    if (changed_.wait_for(lock, kCollectiveTimeout, [&] { return generation_ != generation; })) {
+      return Status::Ok();
+    }
+    return Status::Aborted("in-memory collective: a peer did not arrive within the timeout");
+  }
+  void Publish(int rank, const void* buffer) { published_[static_cast<size_t>(rank)] = buffer; }
+  const void* Published(int rank) const { return published_[static_cast<size_t>(rank)]; }
+
+ private:
+  const int world_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  std::vector<const void*> published_;
+};
+
+class InMemoryCollectives final : public Collectives {
+ public:
+  InMemoryCollectives(Communicator& comm, int rank) : comm_(comm), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return comm_.world(); }
+
+  Status AllReduceSum(std::span<double> values) override {
+    std::vector<double> sum(values.size(), 0.0);
+    ZOE_RETURN_IF_ERROR(Exchange(values.data(), [&] {
+      for (int r = 0; r < comm_.world(); ++r) {
+        const auto* peer = static_cast<const double*>(comm_.Published(r));
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += peer[i];
+      }
+    }));
+    std::copy(sum.begin(), sum.end(), values.begin());
+    return Status::Ok();
+  }
+  Status ReduceScatterSum(std::span<const float> send, std::span<float> recv,
+                          std::span<const uint64_t> counts) override {
+    const size_t offset = OffsetOf(counts, rank_);
+    return Exchange(send.data(), [&] {
+      for (size_t i = 0; i < recv.size(); ++i) {
+        float sum = 0.0f;
+        for (int r = 0; r < comm_.world(); ++r) {
+          sum += static_cast<const float*>(comm_.Published(r))[offset + i];
+        }
+        recv[i] = sum;
+      }
+    });
+  }
+  Status AllGather(std::span<const float> send, std::span<float> recv,
+                   std::span<const uint64_t> counts) override {
+    return Exchange(send.data(), [&] {
+      for (int r = 0; r < comm_.world(); ++r) {
+        const auto* peer = static_cast<const float*>(comm_.Published(r));
+        std::copy_n(peer, counts[static_cast<size_t>(r)], recv.data() + OffsetOf(counts, r));
+      }
+    });
+  }
+  Status Barrier() override { return comm_.Rendezvous(); }
+
+ private:
+  static size_t OffsetOf(std::span<const uint64_t> counts, int rank) {
+    size_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += counts[static_cast<size_t>(r)];
+    return offset;
+  }
+  // Publish, wait, read the peers (`read`), wait until every rank has read.
+  Status Exchange(const void* buffer, const std::function<void()>& read) {
+    comm_.Publish(rank_, buffer);
+    ZOE_RETURN_IF_ERROR(comm_.Rendezvous());
+    read();
+    return comm_.Rendezvous();
+  }
+
+  Communicator& comm_;
+  const int rank_;
+};
+
+// Engines with the optimizer on NVMe (psync, so a FaultInjectingEngine can wrap it) in sub-groups
+// of 256 parameters: each shard spans several chunks.
+Json RankConfig(const std::string& dir) {
+  return {
+      {"zero_optimization",
+       {{"sub_group_size", 256}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir}}}}},
+      {"aio", {{"backend", "psync"}, {"queue_depth", 8}}},
+      {"zoe",
+       {{"host_budget", "32M"},
+        {"tensor_host_budget", "256K"},
+        {"tensor_swap_bytes", "1M"},
+        {"device", "host"}}}};
+}
+
+// Psync engines whose faults a test arms later (the engine the last factory call made).
+struct FaultyIo {
+  io::FaultInjectingEngine* engine = nullptr;
+  std::function<Result<std::unique_ptr<io::Engine>>()> Factory() {
+    return [this]() -> Result<std::unique_ptr<io::Engine>> {
+      ZOE_ASSIGN_OR_RETURN(std::unique_ptr<io::Engine> raw, io::CreatePsyncEngine(8));
+      auto faulty = std::make_unique<io::FaultInjectingEngine>(std::move(raw), 7);
+      engine = faulty.get();
+      return std::unique_ptr<io::Engine>(std::move(faulty));
+    };
+  }
+};
+
+struct Rank {
+  std::string dir;
+  FaultyIo faults;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<InMemoryCollectives> collectives;
+  std::unique_ptr<ShardedGroup> group;
+  std::vector<float> params;
+  Status created;
+  Status stepped;
+};
+
+// `world` ranks, each with its own engine and directory; every rank's group is created in its
+// own thread (creation is a collective). `optim_json(rank)` is each rank's group document.
+class Ranks {
+ public:
+  Ranks(
+      const TempDir& dir, int world,
+      const std::function<std::string(int)>& optim_json = [](int) { return R"({"name": "w"})"; })
+      : comm_(world), ranks_(static_cast<size_t>(world)) {
+    for (int r = 0; r < world; ++r) {
+      Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.dir = dir.File("rank" + std::to_string(r));
+      std::filesystem::create_directories(rank.dir);
+      EngineHooks hooks;
+      hooks.optimizer_io_factory = rank.faults.Factory();
+      Result<config::EngineConfig> config = config::ParseEngineConfigDocument(RankConfig(rank.dir));
+      EXPECT_TRUE(config.ok()) << config.status().ToString();
+      Result<std::unique_ptr<Engine>> engine = Engine::Create(*config, std::move(hooks));
+      EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+      rank.engine = std::move(engine).value();
+      rank.collectives = std::make_unique<InMemoryCollectives>(comm_, r);
+      rank.params.resize(kCount);
+      for (size_t i = 0; i < kCount; ++i) rank.params[i] = 0.001f * static_cast<float>(i % 101);
+    }
+    OnEveryRank([&](Rank& rank, int r) {
+      const ParamView view{rank.params.data(), optim::DType::kF32, kCount};
+      Result<std::unique_ptr<ShardedGroup>> group = ShardedGroup::Create(
+          *rank.engine, optim_json(r), std::span<const ParamView>(&view, 1), *rank.collectives);
+      rank.created = group.status();
+      if (group.ok()) rank.group = std::move(group).value();
+    });
+  }
+
+  // Runs `body` on every rank in its own thread and returns the seconds until all finished.
+  double OnEveryRank(const std::function<void(Rank&, int)>& body) {
+    const Clock::time_point start = Clock::now();
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      threads.emplace_back([&, r] { body(ranks_[r], static_cast<int>(r)); });
+    }
+    for (std::thread& thread : threads) thread.join();
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  // One sharded step on every rank with gradients `grads(rank)` (kCount elements).
+  double Step(const std::function<std::vector<float>(int)>& grads) {
+    return OnEveryRank([&](Rank& rank, int r) {
+      const std::vector<float> g = grads(r);
+      const GradView grad{g.data(), optim::DType::kF32, g.size()};
+      const ParamView param{rank.params.data(), optim::DType::kF32, kCount};
+      ShardedStepArgs args;
+      args.grads = std::span<const GradView>(&grad, 1);
+      args.params = std::span<const ParamView>(&param, 1);
+      Result<StepReport> report = rank.group->Step(args);
+      rank.stepped = report.status();
+    });
+  }
+
+  Rank& operator[](int r) { return ranks_[static_cast<size_t>(r)]; }
+
+ private:
+  Communicator comm_;
+  std::vector<Rank> ranks_;
+};
+
+std::vector<float> Ones(int) { return std::vector<float>(kCount, 0.01f); }
+
+std::vector<float> Master(Rank& rank) {
+  std::vector<float> out(rank.group->shard().size());
+  EXPECT_TRUE(rank.engine->ReadState(rank.group->group(), StateSlot::kMaster, 0, out).ok());
+  return out;
+}
+
+TEST(ShardOf, ContiguousUnevenShardsCoverTheGroup) {
+  for (const size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{3001}}) {
+    for (int world = 1; world <= 5; ++world) {
+      size_t next = 0;
+      for (int r = 0; r < world; ++r) {
+        const ShardRange shard = ShardOf(count, r, world);
+        EXPECT_EQ(shard.begin, next);
+        EXPECT_EQ(shard.begin, static_cast<size_t>(r) * count / static_cast<size_t>(world));
+        EXPECT_LE(shard.size(), count / static_cast<size_t>(world) + 1);
+        EXPECT_GE(shard.size(), count / static_cast<size_t>(world));
+        next = shard.end;
+      }
+      EXPECT_EQ(next, count);
+    }
+  }
+  // No overflow for counts near the top of size_t.
+  const size_t huge = SIZE_MAX - 3;
+  EXPECT_EQ(ShardOf(huge, 3, 3).begin, huge);
+  EXPECT_EQ(ShardOf(huge, 1, 2).begin, huge / 2);
+}
+
+TEST(ShardedGroupFailures, IoErrorOnOneRankFailsEveryRankWithinTheBound) {
+  TempDir dir;
+  Ranks ranks(dir, 3);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(ranks[r].created.ok()) << ranks[r].created.ToString();
+  ASSERT_TRUE(ranks.Step(Ones) < 10.0);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(ranks[r].stepped.ok()) << ranks[r].stepped.ToString();
+  const std::vector<float> before = Master(ranks[1]);
+  io::FaultRule rule;
+  rule.kind = io::FaultKind::kEio;
+  rule.ops = io::FaultOps::kWrites;
+  rule.nth = 1;
+  rule.max_faults = 1;
+  ranks[1].faults.engine->AddRule(rule);
+
+  const double seconds = ranks.Step(Ones);
+  EXPECT_LT(seconds, std::chrono::duration<double>(kCollectiveTimeout).count());
+  EXPECT_EQ(ranks[1].stepped.code(), StatusCode::kIoError) << ranks[1].stepped.ToString();
+  EXPECT_THAT(std::string(ranks[1].stepped.message()), HasSubstr("optimizer group 'w' step"));
+  for (const int r : {0, 2}) {
+    EXPECT_EQ(ranks[r].stepped.code(), StatusCode::kAborted) << ranks[r].stepped.ToString();
+    EXPECT_THAT(std::string(ranks[r].stepped.message()),
+                HasSubstr("rank(s) 1 failed the step (see the error there)"));
+  }
+  EXPECT_EQ(Master(ranks[1]), before);  // the failing rank's state is as before its step
+}
+
+TEST(ShardedGroupFailures, BadGradientsOnOneRankStopEveryRankBeforeTheUpdate) {
+  TempDir dir;
+  Ranks ranks(dir, 2);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(ranks[r].created.ok()) << ranks[r].created.ToString();
+  const std::vector<float> before0 = Master(ranks[0]);
+  const std::vector<float> before1 = Master(ranks[1]);
+  const double seconds = ranks.Step([](int r) {
+    return std::vector<float>(r == 1 ? kCount - 1 : kCount, 0.01f);  // rank 1 is one short
+  });
+  EXPECT_LT(seconds, std::chrono::duration<double>(kCollectiveTimeout).count());
+  EXPECT_EQ(ranks[1].stepped.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ranks[1].stepped.message()),
+              HasSubstr("cover 3000 elements; allowed: exactly the group's 3001"));
+  EXPECT_EQ(ranks[0].stepped.code(), StatusCode::kAborted);
+  EXPECT_THAT(std::string(ranks[0].stepped.message()),
+              HasSubstr("rank(s) 1 gave gradients that cannot be used; no rank changed its state"));
+  EXPECT_EQ(Master(ranks[0]), before0);
+  EXPECT_EQ(Master(ranks[1]), before1);
+}
+
+TEST(ShardedGroupFailures, BadParameterViewsOnOneRankStopEveryRankBeforeTheUpdate) {
+  TempDir dir;
+  Ranks ranks(dir, 2);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(ranks[r].created.ok()) << ranks[r].created.ToString();
+  const std::vector<float> before0 = Master(ranks[0]);
+  ranks.OnEveryRank([](Rank& rank, int r) {
+    const std::vector<float> g(kCount, 0.01f);
+    const GradView grad{g.data(), optim::DType::kF32, g.size()};
+    const ParamView param{rank.params.data(), optim::DType::kF32, r == 0 ? kCount - 5 : kCount};
+    ShardedStepArgs args;
+    args.grads = std::span<const GradView>(&grad, 1);
+    args.params = std::span<const ParamView>(&param, 1);
+    rank.stepped = rank.group->Step(args).status();
+  });
+  EXPECT_EQ(ranks[0].stepped.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ranks[1].stepped.code(), StatusCode::kAborted);
+  EXPECT_THAT(std::string(ranks[1].stepped.message()),
+              HasSubstr("rank(s) 0 failed before the update; no rank changed its state"));
+  EXPECT_EQ(Master(ranks[0]), before0);
+}
+
+TEST(ShardedGroupFailures, CreationFailingOnOneRankFailsEveryRank) {
+  TempDir dir;
+  Ranks ranks(dir, 3, [](int r) {
+    return r == 2 ? std::string(R"({"name": "w", "lr": -1})") : std::string(R"({"name": "w"})");
+  });
+  EXPECT_EQ(ranks[2].created.code(), StatusCode::kInvalidArgument) << ranks[2].created.ToString();
+  for (const int r : {0, 1}) {
+    EXPECT_EQ(ranks[r].created.code(), StatusCode::kAborted) << ranks[r].created.ToString();
+    EXPECT_THAT(std::string(ranks[r].created.message()), HasSubstr("creation failed on rank(s) 2"));
+  }
+}
+
+TEST(ShardedGroupFailures, MoreRanksThanElementsIsRefusedOnEveryRank) {
+  TempDir dir;
+  Ranks ranks(dir, 2);
+  ASSERT_TRUE(ranks[0].created.ok());
+  Communicator comm(3);
+  std::vector<Status> created(3);
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<InMemoryCollectives>> collectives;
+  for (int r = 0; r < 3; ++r) collectives.push_back(std::make_unique<InMemoryCollectives>(comm, r));
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      float params[2] = {1.0f, 2.0f};
+      const ParamView view{params, optim::DType::kF32, 2};
+      created[static_cast<size_t>(r)] =
+          ShardedGroup::Create(
+              *ranks[r == 2 ? 1 : r].engine, R"({"name": "tiny)" + std::to_string(r) + "\"}",
+              std::span<const ParamView>(&view, 1), *collectives[static_cast<size_t>(r)])
+              .status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(created[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      std::string(created[0].message()),
+      HasSubstr("2 elements leave rank 0 of 3 none; allowed: at least one element per rank"));
+  EXPECT_EQ(created[1].code(), StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace zoe::offload
