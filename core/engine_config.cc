@@ -26,8 +26,8 @@ constexpr std::array<std::string_view, 3> kOffloadDevices = {"none", "cpu", "nvm
 constexpr std::array<std::string_view, 3> kComputeDevices = {"auto", "cuda", "host"};
 constexpr std::array<std::string_view, 4> kOptimizerTypes = {"adamw", "adam", "adagrad", "lion"};
 constexpr std::array<std::string_view, 2> kEvictionKinds = {"opt", "lru"};
-constexpr std::array<std::string_view, 2> kArithmetics = {"exact", "fast"};
-constexpr std::array<std::string_view, 3> kMomentDTypes = {"fp32", "bf16", "int8"};
+static_assert(kArithmeticNames.size() == static_cast<size_t>(Arithmetic::kFast) + 1);
+static_assert(kMomentDTypeNames.size() == static_cast<size_t>(MomentDType::kInt8) + 1);
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};
 
@@ -366,9 +366,9 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
       .UInt("slots", &out->slots, 1, 2)
       .Enum("log_level", &out->log_level, kLogLevels)
       .Object("trace", [&](ObjectReader& r) { return ReadTrace(r, &out->trace); });
-  ReadEnum(reader, "arithmetic", &out->arithmetic, kArithmetics);
+  ReadEnum(reader, "arithmetic", &out->arithmetic, kArithmeticNames);
   ReadEnum(reader, "eviction", &out->eviction, kEvictionKinds);
-  ReadEnum(reader, "moment_dtype", &out->moment_dtype, kMomentDTypes);
+  ReadEnum(reader, "moment_dtype", &out->moment_dtype, kMomentDTypeNames);
   ZOE_RETURN_IF_ERROR(reader.Finish());
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "stripe_unit", out->stripe_unit));
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "chunk_size", out->chunk_size));
@@ -534,8 +534,10 @@ std::string_view OffloadDeviceName(OffloadDevice device) { return NameOf(device,
 std::string_view ComputeDeviceName(ComputeDevice device) { return NameOf(device, kComputeDevices); }
 std::string_view OptimizerTypeName(OptimizerType type) { return NameOf(type, kOptimizerTypes); }
 std::string_view EvictionKindName(EvictionKind kind) { return NameOf(kind, kEvictionKinds); }
-std::string_view ArithmeticName(Arithmetic arithmetic) { return NameOf(arithmetic, kArithmetics); }
-std::string_view MomentDTypeName(MomentDType dtype) { return NameOf(dtype, kMomentDTypes); }
+std::string_view ArithmeticName(Arithmetic arithmetic) {
+  return NameOf(arithmetic, kArithmeticNames);
+}
+std::string_view MomentDTypeName(MomentDType dtype) { return NameOf(dtype, kMomentDTypeNames); }
 
 Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {
   ZOE_ASSIGN_OR_RETURN(const Json document, ParseJson(json_text));

@@ -13,6 +13,7 @@
 // docs/configuration.md lists every key with its type, default and range.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,6 +40,11 @@ enum class EvictionKind { kOpt, kLru };
 // Element type of the optimizer's moments (Adam's m and v) in every tier; int8 is block-wise
 // quantized (docs/int8-moments.md).
 enum class MomentDType { kFp32, kBf16, kInt8 };
+
+// The document's names of Arithmetic and MomentDType values, in enum order: the one list of each,
+// which every reader of "arithmetic" and "moment_dtype" (an optimizer group's included) checks.
+inline constexpr std::array<std::string_view, 2> kArithmeticNames = {"exact", "fast"};
+inline constexpr std::array<std::string_view, 3> kMomentDTypeNames = {"fp32", "bf16", "int8"};
 
 // The names used in the document: "none"/"cpu"/"nvme", "auto"/"cuda"/"host",
 // "adamw"/"adam"/"adagrad"/"lion", "opt"/"lru", "fp32"/"bf16"/"int8".

@@ -26,7 +26,6 @@ constexpr double kHugeNumber = 1e300;
 constexpr uint64_t kFallbackPhysicalBytes = uint64_t{8} << 30;
 
 constexpr std::array<std::string_view, 4> kGroupTypes = {"adamw", "adam", "adagrad", "lion"};
-constexpr std::array<std::string_view, 3> kMomentDTypes = {"fp32", "bf16", "int8"};
 
 optim::Kind KindOf(config::OptimizerType type) {
   switch (type) {
@@ -111,7 +110,7 @@ Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* sp
       .Double("eps", &hyper.eps, 0.0, kHugeNumber)
       .Double("weight_decay", &hyper.weight_decay, 0.0, kHugeNumber)
       .Double("max_grad_norm", &spec->options.max_grad_norm, 0.0, kHugeNumber)
-      .Enum("moment_dtype", &doc->moment_dtype, kMomentDTypes)
+      .Enum("moment_dtype", &doc->moment_dtype, config::kMomentDTypeNames)
       .UInt("slots", &doc->slots, 1, 2)
       .Double("lr_decay", &doc->lr_decay, 0.0, kHugeNumber)
       .Value("segments", &doc->segments)
@@ -152,7 +151,8 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
   if (doc.betas) ZOE_RETURN_IF_ERROR(ReadBetas(*doc.betas, &spec->hyper));
   if (doc.segments) ZOE_RETURN_IF_ERROR(ReadSegments(*doc.segments, &spec->options.segments));
   if (!doc.moment_dtype.empty()) {
-    // One of kMomentDTypes (the reader checked), each also a name optim::ParseDType accepts.
+    // One of config::kMomentDTypeNames (the reader checked), each also a name optim::ParseDType
+    // accepts.
     ZOE_ASSIGN_OR_RETURN(spec->options.state_dtype, optim::ParseDType(doc.moment_dtype));
   }
   if (doc.slots != 0) spec->options.slots = static_cast<uint32_t>(doc.slots);

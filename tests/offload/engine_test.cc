@@ -208,6 +208,36 @@ TEST(EngineSetup, GroupDefaultsComeFromTheConfiguration) {
   EXPECT_EQ(spec->hyper.weight_decay, 0.1);
 }
 
+// Every name of the configuration's "moment_dtype" and "arithmetic" lists reaches the kernels:
+// in the engine document, in a group document, and as the optim layer's own name.
+TEST(EngineSetup, MomentDTypeAndArithmeticNamesReachTheKernels) {
+  const optim::DType dtypes[] = {optim::DType::kF32, optim::DType::kBF16, optim::DType::kI8};
+  static_assert(std::size(dtypes) == config::kMomentDTypeNames.size());
+  for (size_t i = 0; i < config::kMomentDTypeNames.size(); ++i) {
+    const std::string name(config::kMomentDTypeNames[i]);
+    SCOPED_TRACE(name);
+    EXPECT_EQ(optim::DTypeName(dtypes[i]), name);
+    const config::EngineConfig config = ParseConfig({{"zoe", {{"moment_dtype", name}}}});
+    Result<GroupSpec> engine_wide = ParseGroupSpec(R"({"name": "g"})", config, 1000);
+    ASSERT_TRUE(engine_wide.ok()) << engine_wide.status().ToString();
+    EXPECT_EQ(engine_wide->options.state_dtype, dtypes[i]);
+    Result<GroupSpec> group = ParseGroupSpec(Json{{"name", "g"}, {"moment_dtype", name}}.dump(),
+                                             config::EngineConfig{}, 1000);
+    ASSERT_TRUE(group.ok()) << group.status().ToString();
+    EXPECT_EQ(group->options.state_dtype, dtypes[i]);
+  }
+  const optim::Arithmetic arithmetics[] = {optim::Arithmetic::kExact, optim::Arithmetic::kFast};
+  static_assert(std::size(arithmetics) == config::kArithmeticNames.size());
+  for (size_t i = 0; i < config::kArithmeticNames.size(); ++i) {
+    const std::string name(config::kArithmeticNames[i]);
+    EXPECT_EQ(optim::ArithmeticName(arithmetics[i]), name);
+    const config::EngineConfig config = ParseConfig({{"zoe", {{"arithmetic", name}}}});
+    Result<GroupSpec> spec = ParseGroupSpec(R"({"name": "g"})", config, 1000);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    EXPECT_EQ(spec->options.run.arithmetic, arithmetics[i]) << name;
+  }
+}
+
 TEST(EngineSetup, GroupDocumentOverridesTheDefaults) {
   const config::EngineConfig config = ParseConfig({{"zoe", {{"chunk_size", "64K"}}}});
   Result<GroupSpec> spec = ParseGroupSpec(
