@@ -3,7 +3,8 @@
 through zoe, then trains the same model with torch.optim.AdamW and no offload from the same seed
 and compares the two loss curves. Then trains it as a model on a device would be (the CPU twin of
 one: zoe.torch.HostTwin) with the optimizer state on NVMe, once with the step after backward and
-once with the step overlapped with backward (optimizer.overlap()), and prints how much of the
+once with the step overlapped with backward (optimizer.overlap(), speculative=True: zoe updates
+each chunk as its gradients arrive and commits at step()), and prints how much of the
 optimizer step was hidden behind backward.
 
 The text is one that ships with Debian 12 (the GPL-3 in /usr/share/common-licenses, else Python's
@@ -239,7 +240,7 @@ def train_on_device(model, data, steps, seed, config, overlapped):
     with zoe.Engine(config) as engine:
         optimizer = zoe.torch.AdamW(
             model.parameters(), lr=LR, betas=(0.9, 0.99), weight_decay=WEIGHT_DECAY,
-            engine=engine, device_backend=zoe.torch.HostTwin(),
+            engine=engine, device_backend=zoe.torch.HostTwin(), speculative=overlapped,
         )
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
         for x, y in tqdm(batches(data, steps, seed), total=steps, desc=label, unit="step"):
@@ -258,6 +259,7 @@ def train_on_device(model, data, steps, seed, config, overlapped):
             schedule.step()
             losses.append(loss.item())
         handed = dict(optimizer._device_groups[0].stats)
+        handed["speculation"] = optimizer._zoe_groups[0].speculation_stats()
         optimizer.close()
     return losses, backward_seconds, step_seconds, handed
 
@@ -283,6 +285,10 @@ def print_overlap(after, overlapped):
     print(f"  hidden behind backward    {max(hidden, 0.0):.0%} of the step "
           f"(medians per step; on a CPU, backward and the step share the cores)")
     print(f"  gradients handed to zoe during backward: {handed['handed_in_backward']} of {total}")
+    speculation = handed["speculation"]
+    print(f"  chunks updated during backward (speculative): {speculation['chunks_speculative']}, "
+          f"committed {speculation['chunks_committed']}, recomputed "
+          f"{speculation['chunks_recomputed']}, discarded {speculation['chunks_discarded']}")
 
 
 def print_summary(summary, read, written):

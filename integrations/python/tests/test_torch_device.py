@@ -406,3 +406,48 @@ def test_post_accumulate_grad_hook_is_used_where_torch_has_it(engine, monkeypatc
     assert zoe_opt._device_groups[0].stats["handed_in_backward"] > 0
     assert_params_close(model, reference)
     zoe_opt.close()
+
+
+@pytest.mark.parametrize("case", ["commit", "clipped", "non-finite"])
+def test_speculative_steps_equal_plain_steps_bit_for_bit(engine, case):
+    """Speculation (zoe updates chunks as their gradients arrive in backward) gives the bits of
+    the same steps without it: committed as they are, recomputed when clipping turns out active,
+    discarded when a gradient turns out non-finite (here the first layer's weight, whose gradient
+    arrives last, on every fourth step)."""
+    max_grad_norm = 0.05 if case == "clipped" else 0.0
+    models = [make_model(), make_model()]
+    optimizers = [
+        twin_optimizer(model, engine, name=name, speculative=speculative,
+                       max_grad_norm=max_grad_norm)
+        for model, name, speculative in ((models[0], "plain", False), (models[1], "spec", True))
+    ]
+    for step in range(12):
+        x, y = batch(step)
+        for model, optimizer in zip(models, optimizers):
+            optimizer.zero_grad(set_to_none=True)
+            handle = None
+            if case == "non-finite" and step % 4 == 3:
+                handle = model[0].weight.register_hook(lambda g: g * float("nan"))
+            backward(torch.nn.functional.mse_loss(model(x), y), optimizer, True)
+            optimizer.step()
+            if handle is not None:
+                handle.remove()
+        for a, b in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(a, b)
+    plain, speculative = (opt.state_dict()["state"] for opt in optimizers)
+    for index, entry in plain.items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(speculative[index][key], entry[key])
+    stats = optimizers[1]._zoe_groups[0].speculation_stats()
+    assert stats["steps"] == 12 and stats["chunks_speculative"] > 0
+    if case == "commit":
+        assert stats["chunks_committed"] == stats["chunks_speculative"]
+    elif case == "clipped":
+        assert stats["chunks_recomputed"] == stats["chunks_speculative"]
+    else:
+        assert stats["chunks_discarded"] > 0 and stats["chunks_committed"] > 0
+        assert optimizers[1].last_step[0].steps_taken == 9
+    with pytest.raises(zoe.Error):  # a group created without speculation refuses it
+        optimizers[0]._zoe_groups[0].speculate(None)
+    for optimizer in optimizers:
+        optimizer.close()

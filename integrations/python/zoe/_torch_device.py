@@ -375,6 +375,22 @@ class DeviceGroup:
             return
         self.optimizer._zoe_group(self.group_index)
         self.optimizer._sync_external_writes(self.group_index)
+        if self.armed and self.optimizer._speculative_group(self.group_index):
+            self._speculate()
+
+    def _speculate(self):
+        """Lets zoe update each chunk as soon as its gradients are handed over, during backward
+        (zoe commits, recomputes or discards at step(); see OptimizerGroup.speculate). The
+        updates write the parameters' staging, so the previous step's host -> device copies out
+        of it must be complete first."""
+        for event in self._to_device:
+            self.backend.wait(event)
+        self._to_device = []
+        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        zoe_group.speculate(
+            self.optimizer._step_hyper(self.group_index),
+            params_out=[_staged_view(values) for values in self._param_host],
+        )
 
     def _hand_over_ready(self):
         still = []

@@ -129,6 +129,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         foreach=None,
         capturable=False,
         device_backend=None,
+        speculative=False,
     ):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -146,6 +147,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._name = name
         self._moment_dtype = moment_dtype
         self._max_grad_norm = float(max_grad_norm)
+        self._speculative = bool(speculative)
         self._owns_engine = engine is None
         self._device_backend = device_backend
         params, staging_swap = _torch_device.listed_params(params, device_backend)
@@ -243,6 +245,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             max_grad_norm=self._max_grad_norm or None,
             moment_dtype=self._moment_dtype,
             segments=[param.numel() for param in group["params"]],
+            speculative=True if self._speculative_group(group_index) else None,
         )
         self._zoe_groups[group_index] = zoe_group
         self._record_versions(group_index)
@@ -250,6 +253,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         if pending is not None:
             self._apply_state(group_index, pending)
         return zoe_group
+
+    def _speculative_group(self, group_index):
+        """Whether a param group's steps speculate: asked for, and the group takes the device
+        path (only there do gradients reach zoe during backward)."""
+        return self._speculative and self._device_groups[group_index] is not None
 
     def _record_versions(self, group_index):
         params = self.param_groups[group_index]["params"]
@@ -297,12 +305,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             self._sync_external_writes(group_index)
             params = [param.detach() for param in group["params"]]
             paged = any(_pager_of(param) for param in group["params"])
-            beta1, beta2 = group["betas"]
-            hyper = HyperParams(
-                float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"]
-            )
             result = zoe_group.step(
-                hyper,
+                self._step_hyper(group_index),
                 grads=[_grad_view(grad, param) for grad, param in zip(grads, params)],
                 params_out=[] if paged else _param_views(group_index, params),
             )
@@ -319,10 +323,14 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             self.last_step[group_index] = None
             return
         self._zoe_group(group_index)
-        beta1, beta2 = group["betas"]
-        hyper = HyperParams(float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
-        self.last_step[group_index] = device_group.step(hyper)
+        self.last_step[group_index] = device_group.step(self._step_hyper(group_index))
         self._record_versions(group_index)
+
+    def _step_hyper(self, group_index):
+        """The hyper-parameters the next step of a param group takes (as set now)."""
+        group = self.param_groups[group_index]
+        beta1, beta2 = group["betas"]
+        return HyperParams(float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
 
     def overlap(self):
         """A context manager around the backward that ends a gradient accumulation: while it
@@ -581,7 +589,10 @@ class AdamW(_ZoeAdamBase):
     still holds fp32 moments),
     ``max_grad_norm`` (0: no clipping), ``name`` (unique per engine; names the zoe groups in
     checkpoints) and ``device_backend`` (a zoe.torch.HostTwin: CPU parameters take the device
-    path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``)."""
+    path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``) and
+    ``speculative`` (device param groups: inside ``overlap()`` zoe updates each chunk as soon as
+    its gradients arrive and the step commits, recomputes or discards those updates, with the
+    same bits as without; HOST-placed state then needs a second pinned copy)."""
 
     _ZOE_TYPE = "AdamW"
 

@@ -246,8 +246,8 @@ class Engine:
 
         ``params``: BufferViews that, concatenated, are the group's parameters (borrowed for the
         call). ``options``: lr, betas, eps, weight_decay, max_grad_norm, moment_dtype ("fp32",
-        "bf16" or "int8"), segments (lengths of the segments, each with its own step count), as
-        zoe_optim_group_create describes.
+        "bf16" or "int8"), segments (lengths of the segments, each with its own step count),
+        speculative (allows speculate()), as zoe_optim_group_create describes.
         """
         spec = {"name": name, "type": type}
         spec.update({key: value for key, value in options.items() if value is not None})
@@ -365,6 +365,38 @@ class OptimizerGroup:
             bool(out.skipped), out.grad_norm, out.steps_taken, out.bytes_read,
             out.bytes_written, out.seconds,
         )
+
+    def speculate(self, hyper=None, params_out=(), loss_scale=1.0):
+        """Starts a speculative step (a group created with ``speculative=True``): the chunks
+        whose gradients accumulate_grad completes from now on are updated at once, into a copy
+        the step only keeps if it turns out final. The next step() commits them, recomputes them
+        (clipping active, or other hyper-parameters, parameter views or loss scale) or discards
+        them (a non-finite gradient), with the same result as a step without speculation.
+        ``hyper``, ``params_out`` and ``loss_scale`` are what that step will be given."""
+        c_hyper = None
+        if hyper is not None:
+            c_hyper = ctypes.byref(
+                _capi.zoe_hyper_params(
+                    hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay
+                )
+            )
+        param_array, n_params = _views(params_out)
+        check(
+            _capi.zoe_optim_speculate(
+                self.engine._h(), self.id, c_hyper, param_array, n_params, float(loss_scale)
+            ),
+            f"speculate in optimizer group {self.name!r}",
+        )
+
+    def speculation_stats(self):
+        """What speculation did since the group was created: a dict of steps,
+        chunks_speculative, chunks_committed, chunks_recomputed and chunks_discarded."""
+        out = _capi.zoe_speculation_stats()
+        check(
+            _capi.zoe_optim_group_speculation_stats(self.engine._h(), self.id, ctypes.byref(out)),
+            f"speculation statistics of group {self.name!r}",
+        )
+        return {name: getattr(out, name) for name, _ in _capi.zoe_speculation_stats._fields_}
 
     def accumulate_grad(self, offset, grad):
         """Hands over the gradients of elements [offset, offset + grad.count) early (borrowed
