@@ -405,11 +405,12 @@ TEST(HostStandIn, AdversarialModePoisonsACopyQueuedBehindAnotherOnlyWhenItStarts
   auto a = (*device)->Allocate(4096);
   ASSERT_TRUE(queue.ok() && a.ok());
   const std::vector<std::byte> first = Pattern(4096, 1);
+  const std::vector<std::byte> second = Pattern(4096, 2);  // borrowed until the copy completes
   std::vector<std::byte> back(4096);
   // The second copy overwrites what the first reads: in-order execution must still hold.
   ASSERT_TRUE((*queue)->CopyToDevice(first, {&*a, 0}).ok());
   auto down = (*queue)->CopyToHost({&*a, 0}, back);
-  auto overwrite = (*queue)->CopyToDevice(Pattern(4096, 2), {&*a, 0});
+  auto overwrite = (*queue)->CopyToDevice(second, {&*a, 0});
   ASSERT_TRUE(down.ok() && overwrite.ok());
   ASSERT_TRUE((*queue)->Synchronize().ok());
   EXPECT_EQ(back, first);
