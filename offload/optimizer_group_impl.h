@@ -126,6 +126,9 @@ struct OptimizerGroup::Impl {
   };
   // A step whose chunks are updated as their gradients complete (OptimizerGroup::Speculate).
   struct Speculation {
+    // Defined out of line: the member defaults below are usable only once Impl is complete,
+    // and std::optional<Speculation> asks whether it is default-constructible before that.
+    Speculation();
     optim::HyperParams hyper;
     double loss_scale = 1.0;
     optim::GradScaling scaling;  // the step's own when its gradients are finite and not clipped

@@ -13,6 +13,8 @@
 
 namespace zoe::offload {
 
+OptimizerGroup::Impl::Speculation::Speculation() = default;
+
 using detail::ElementAt;
 using detail::FindView;
 using detail::PlacedView;
