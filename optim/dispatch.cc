@@ -68,9 +68,16 @@ Result<Isa> SelectIsa(std::string_view zoe_isa, const CpuFeatures& cpu) {
   return isa;
 }
 
+// The CPU's features, detected once: cpuid traps to the hypervisor on a virtual machine (several
+// microseconds), the kernels ask on every call, and the answer cannot change while we run.
+static const CpuFeatures& HostCpuFeatures() {
+  static const CpuFeatures features = DetectCpuFeatures();
+  return features;
+}
+
 Result<Isa> DefaultIsa() {
   const char* forced = std::getenv("ZOE_ISA");
-  const CpuFeatures cpu = DetectCpuFeatures();
+  const CpuFeatures& cpu = HostCpuFeatures();
   ZOE_ASSIGN_OR_RETURN(Isa isa, SelectIsa(forced == nullptr ? "" : forced, cpu));
   static std::once_flag logged;
   std::call_once(logged, [&] {
@@ -82,7 +89,7 @@ Result<Isa> DefaultIsa() {
 }
 
 Result<const KernelTable*> KernelsFor(Isa isa) {
-  if (!IsaSupported(isa, DetectCpuFeatures())) {
+  if (!IsaSupported(isa, HostCpuFeatures())) {
     return Status::NotSupported("instruction set " + std::string(IsaName(isa)) +
                                 " is not supported by this CPU");
   }
