@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from . import _capi
 from ._torch_common import _invalid, _pager_of, _view
-from .engine import BufferView, HyperParams, OptimizerGroup, StepResult, _config_text, _views
+from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
 from .errors import check
 
@@ -625,32 +625,28 @@ class ZeroMixin:
 
     # --- the step --------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One step of every param group, on every rank together; returns the closure's loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group_index, group in enumerate(self.param_groups):
-            try:
-                if not self._reduce_for_step(group_index):
-                    self.last_step[group_index] = None
-                    continue
-                self._zoe_group(group_index)
-                self._sync_external_writes(group_index)
-                beta1, beta2 = group["betas"]
-                hyper = HyperParams(float(group["lr"]), beta1, beta2, group["eps"],
-                                    group["weight_decay"])
-                params = [param.detach() for param in group["params"]]
-                result = self._sharded[group_index].step(hyper, [_view(p) for p in params])
-                self.last_step[group_index] = result
-                self._record_versions(group_index)
-            finally:
-                self._shard_grads[group_index] = []
-                for bucket in self._buckets[group_index]:
-                    bucket.ready, bucket.reduced = 0, False
-        return loss
+    # --- the step: _ZoeAdamBase.step's loop, with the gradients reduced and the shard stepped
+
+    def _step_group(self, group_index, group):
+        """One param group's step on every rank together (its gradients reduced first); the
+        reduced slices and the buckets' counts are dropped whatever happens."""
+        try:
+            self._step_host_group(group_index, group)
+        finally:
+            self._shard_grads[group_index] = []
+            for bucket in self._buckets[group_index]:
+                bucket.ready, bucket.reduced = 0, False
+
+    def _group_grads(self, group_index, group):
+        """Reduces what backward did not: True, or None when no rank has a gradient in the
+        group (the shard's slices are already with zoe)."""
+        return True if self._reduce_for_step(group_index) else None
+
+    def _step_zoe(self, group_index, group, zoe_group, grads):
+        """The sharded step: this rank's shard, then every rank's parameters gathered."""
+        params = [param.detach() for param in group["params"]]
+        return self._sharded[group_index].step(self._step_hyper(group_index),
+                                               [_view(param) for param in params])
 
     # --- sharded checkpoints ---------------------------------------------------------------
 
