@@ -1,7 +1,8 @@
 """Sharded checkpoints on gloo ranks of this machine: every rank SIGKILLed during a save (at
 three points of it) leaves the previous checkpoint -- or, once the manifest was replaced, the new
 one -- loading on every rank, never a mix of two saves, and resuming gives an uninterrupted run's
-parameters bit for bit; a checkpoint consolidated without the ranks (the function and
+parameters bit for bit; a save that fails on one rank raises on every rank and leaves the previous
+checkpoint; a checkpoint consolidated without the ranks (the function and
 ``python3 -m zoe.consolidate``) equals the live ranks' state_dict() and, loaded by 3 ranks,
 continues as one process does; stage 3 saves and restores its parameter shards."""
 
@@ -192,6 +193,43 @@ def test_ranks_killed_during_a_save_load_one_checkpoint_and_resume(point, nvme_d
             assert torch.equal(a, b), f"rank {rank} parameter {index}: resumed != uninterrupted"
         # the save after the resume is the only one left: the killed save's shards are gone
         assert got["saves"] == [f"save-{(3 if published else 2):06d}"], got["saves"]
+
+
+@guarded
+def failed_save_run(rank, world, out_dir):
+    """Checkpoint A; 3 steps; save B fails on rank 1 (its directory cannot be made); then every
+    rank loads the checkpoint again."""
+    model, optimizer = sharded(out_dir, "failed")
+    directory = os.path.join(out_dir, "checkpoint")
+    train(optimizer, model, rank, world, steps=SAVE_A_STEP)
+    saved = params_of(model)
+    optimizer.save_checkpoint(directory)
+    train(optimizer, model, rank, world, steps=SAVE_B_STEP - SAVE_A_STEP, first=SAVE_A_STEP)
+    if rank == 1:
+        def refuse():
+            raise OSError(28, "No space left on device (injected)")
+
+        wrap("_fresh_directory", refuse)
+    try:
+        optimizer.save_checkpoint(directory)
+        message = "no error"
+    except Exception as error:  # what each rank's save raised
+        message = f"{type(error).__name__}: {error}"
+    optimizer.load_checkpoint(directory)
+    torch.save({"message": message,
+                "loaded_a": all(torch.equal(a, b) for a, b in zip(params_of(model), saved))},
+               os.path.join(out_dir, f"failed-rank{rank}.pt"))
+    optimizer.close()
+
+
+def test_a_save_that_fails_on_one_rank_raises_everywhere_and_keeps_the_checkpoint(nvme_dir):
+    join(start(failed_save_run, 2, nvme_dir), nvme_dir)
+    got = [torch.load(os.path.join(nvme_dir, f"failed-rank{rank}.pt")) for rank in range(2)]
+    assert got[1]["message"] == "OSError: [Errno 28] No space left on device (injected)"
+    assert "saving the sharded checkpoint failed on rank(s) [1]" in got[0]["message"], got[0]
+    assert got[0]["loaded_a"] and got[1]["loaded_a"]
+    with open(os.path.join(nvme_dir, "checkpoint", _torch_zero.MANIFEST)) as file:
+        assert json.load(file)["version"] == 1
 
 
 # --- consolidation without the ranks, then another world size ---------------------------------

@@ -32,6 +32,10 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   norms of the shard gradients, so every rank gets the same global norm (inf or NaN on every
   rank when any gradient anywhere is not finite) and clips by the same factor. Do not give the
   optimizer ``max_grad_norm``: it would see only its own shard.
+- Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
+  optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
+  each rank's save (ranks killed during a save all load the previous one: _torch_zero's
+  save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
 - Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
   wait for a rank that died) raises zoe.Aborted naming the parameter and the collective; a rank
   whose engine fails raises the engine's error, and its peers fail in their next collective.
