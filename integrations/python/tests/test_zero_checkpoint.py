@@ -291,7 +291,9 @@ def test_consolidated_checkpoint_equals_live_state_and_moves_to_three_ranks(nvme
     join(start(two_rank_run, 2, nvme_dir), nvme_dir)
     directory = os.path.join(nvme_dir, "checkpoint")
     out = os.path.join(nvme_dir, "consolidated.pt")
-    result = run_cli(directory, out)
+    scratch = os.path.join(nvme_dir, "scratch")
+    os.makedirs(scratch)
+    result = run_cli("--scratch-dir", scratch, directory, out)
     assert result.returncode == 0, result.stderr
     assert "the state of 5 parameters" in result.stdout, result.stdout
     live = torch.load(os.path.join(nvme_dir, "live.pt"))["state_dict"]

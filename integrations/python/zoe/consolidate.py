@@ -5,10 +5,12 @@ optimizer's ``state_dict()`` returns on the live ranks. A sharded (or unsharded)
 world size loads it with ``load_state_dict``: the way to move training to another world size.
 
 Streaming: one rank's shard at a time is loaded into an engine of this process (its checksums
-verified as on the ranks) and copied into the output, so the memory is the output (the whole
-state, as any state dict holds it) plus one rank's shard.
+verified as on the ranks) and copied into the output. The memory is the output (the whole state,
+as any state dict holds it) plus that engine's: with ``scratch_dir`` the engine keeps the shard
+in swap files there and holds only its pipeline buffers in DRAM; without, it holds the shard's
+state in DRAM (about 4 bytes x 3 per element of one rank's shard, twice while loading).
 
-    python3 -m zoe.consolidate CHECKPOINT_DIR OUT.pt
+    python3 -m zoe.consolidate [--scratch-dir DIR] CHECKPOINT_DIR OUT.pt
 
 ``zoe.torch.consolidate_checkpoint(directory, out_path)`` does the same from Python.
 """
@@ -97,15 +99,16 @@ def _engine_manifest(shard_dir):
     return manifest["metadata"]["groups"], files
 
 
-def _read_shard(directory, manifest, rank, outputs):
-    """Loads rank's shard into an engine of its own and copies it into ``outputs``."""
+def _read_shard(directory, manifest, rank, outputs, scratch_dir):
+    """Loads rank's shard into an engine of its own (state in ``scratch_dir`` when given, else
+    in DRAM) and copies it into ``outputs``."""
     shard_dir = shard_directory(directory, manifest, rank)
     identities, files = _engine_manifest(shard_dir)
     if [identity["name"] for identity in identities] != [g["name"] for g in manifest["groups"]]:
         raise _corrupt(f"rank {rank}'s shard {shard_dir!r} holds the groups "
                        f"{[identity['name'] for identity in identities]}; the manifest names "
                        f"{[g['name'] for g in manifest['groups']]}")
-    config = engine_config("cpu")
+    config = engine_config("nvme" if scratch_dir else "cpu", nvme_path=scratch_dir)
     config["zero_optimization"]["sub_group_size"] = max(
         [identity["chunk_elements"] for identity in identities] + [1])
     with Engine(config) as engine:
@@ -115,6 +118,7 @@ def _read_shard(directory, manifest, rank, outputs):
             if identity["count"] != end - begin:
                 raise _corrupt(f"rank {rank}'s shard of {identity['name']!r} holds "
                                f"{identity['count']} elements; the manifest gives {end - begin}")
+            # zeros: the load replaces them (a large one is mapped zero pages, not resident)
             seed = torch.zeros(identity["count"], dtype=torch.float32)
             group = engine.optimizer_group(
                 identity["name"], [BufferView(seed.data_ptr(), _capi.DType.FLOAT32, seed.numel())],
@@ -132,10 +136,12 @@ def _read_shard(directory, manifest, rank, outputs):
             output.take_steps(rank, files[identity["name"] + ".state"]["segment_steps"])
 
 
-def consolidated_state_dict(directory):
+def consolidated_state_dict(directory, scratch_dir=None):
     """The sharded checkpoint in ``directory`` as one state dict in torch's AdamW layout
     (per parameter 'step', 'exp_avg', 'exp_avg_sq', and 'master_param' for parameters that are
-    not float32; the param groups' hyper-parameters), without the ranks."""
+    not float32; the param groups' hyper-parameters), without the ranks. ``scratch_dir``: a
+    directory for the swap files of the engine that loads each shard (see the module docstring);
+    None keeps a shard in DRAM."""
     manifest = read_manifest(directory)
     if manifest.get("zero_stage") == 3:
         raise zoe_errors.FailedPrecondition(
@@ -153,7 +159,7 @@ def consolidated_state_dict(directory):
     outputs = [_GroupOutput(layout, params)
                for layout, params in zip(manifest["groups"], manifest["params"])]
     for rank in range(manifest["world_size"]):
-        _read_shard(directory, manifest, rank, outputs)
+        _read_shard(directory, manifest, rank, outputs, scratch_dir)
     packed_groups, state, next_index = [], {}, 0
     for output, saved in zip(outputs, manifest["param_groups"]):
         packed = dict(saved)
@@ -167,10 +173,10 @@ def consolidated_state_dict(directory):
     return {"state": state, "param_groups": packed_groups}
 
 
-def consolidate_checkpoint(directory, out_path):
-    """Writes consolidated_state_dict(directory) to ``out_path`` with torch.save (through a
-    temporary file renamed into place); returns the number of parameters with state."""
-    state_dict = consolidated_state_dict(directory)
+def consolidate_checkpoint(directory, out_path, scratch_dir=None):
+    """Writes consolidated_state_dict(directory, scratch_dir) to ``out_path`` with torch.save
+    (through a temporary file renamed into place); returns the number of parameters with state."""
+    state_dict = consolidated_state_dict(directory, scratch_dir)
     temporary = f"{out_path}.tmp"
     torch.save(state_dict, temporary)
     os.replace(temporary, out_path)
@@ -185,9 +191,11 @@ def main(argv=None):
     )
     parser.add_argument("checkpoint", help="the directory save_checkpoint wrote")
     parser.add_argument("out", help="the file to write (torch.save)")
+    parser.add_argument("--scratch-dir", help="a directory for the swap files of the engine that "
+                        "loads each rank's shard (default: the shard is held in DRAM)")
     args = parser.parse_args(argv)
     try:
-        count = consolidate_checkpoint(args.checkpoint, args.out)
+        count = consolidate_checkpoint(args.checkpoint, args.out, args.scratch_dir)
     except (zoe_errors.Error, OSError) as error:
         print(f"zoe.consolidate: {error}", file=sys.stderr)
         return 1
