@@ -7,8 +7,9 @@ world size loads it with ``load_state_dict``: the way to move training to anothe
 Streaming: one rank's shard at a time is loaded into an engine of this process (its checksums
 verified as on the ranks) and copied into the output. The memory is the output (the whole state,
 as any state dict holds it) plus that engine's: with ``scratch_dir`` the engine keeps the shard
-in swap files there and holds only its pipeline buffers in DRAM; without, it holds the shard's
-state in DRAM (about 4 bytes x 3 per element of one rank's shard, twice while loading).
+in swap files there and holds its pipeline buffers in DRAM, a few chunks of the size the ranks
+used (their sub_group_size: a sub_group_size as large as the shard makes a chunk the whole
+shard); without, it holds one rank's shard state (master and moments) in DRAM.
 
     python3 -m zoe.consolidate [--scratch-dir DIR] CHECKPOINT_DIR OUT.pt
 
