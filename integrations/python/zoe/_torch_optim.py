@@ -294,27 +294,43 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group_index, group in enumerate(self.param_groups):
-            if self._device_groups[group_index] is not None:
-                self._device_step(group_index, group)
-                continue
-            grads = self._group_grads(group_index, group)
-            if grads is None:
-                self.last_step[group_index] = None
-                continue
-            zoe_group = self._zoe_group(group_index)
-            self._sync_external_writes(group_index)
-            params = [param.detach() for param in group["params"]]
-            paged = any(_pager_of(param) for param in group["params"])
-            result = zoe_group.step(
-                self._step_hyper(group_index),
-                grads=[_grad_view(grad, param) for grad, param in zip(grads, params)],
-                params_out=[] if paged else _param_views(group_index, params),
-            )
-            if paged and not result.skipped:
-                self._write_back(group_index, present=[grad is not None for grad in grads])
-            self.last_step[group_index] = result
-            self._record_versions(group_index)
+            self._step_group(group_index, group)
         return loss
+
+    def _step_group(self, group_index, group):
+        """One param group's step, on its device or on the host."""
+        if self._device_groups[group_index] is not None:
+            self._device_step(group_index, group)
+            return
+        self._step_host_group(group_index, group)
+
+    def _step_host_group(self, group_index, group):
+        """The step of a param group zoe steps from host gradients: none when no parameter has
+        a gradient (last_step None), else the group's state created, parameters written
+        outside the optimizer taken into the master, the zoe step and its StepResult in
+        last_step. The sharded optimizer (_torch_zero) supplies its own _group_grads and
+        _step_zoe."""
+        grads = self._group_grads(group_index, group)
+        if grads is None:
+            self.last_step[group_index] = None
+            return
+        zoe_group = self._zoe_group(group_index)
+        self._sync_external_writes(group_index)
+        self.last_step[group_index] = self._step_zoe(group_index, group, zoe_group, grads)
+        self._record_versions(group_index)
+
+    def _step_zoe(self, group_index, group, zoe_group, grads):
+        """zoe's step of one group on ``grads`` (None for a parameter without a gradient)."""
+        params = [param.detach() for param in group["params"]]
+        paged = any(_pager_of(param) for param in group["params"])
+        result = zoe_group.step(
+            self._step_hyper(group_index),
+            grads=[_grad_view(grad, param) for grad, param in zip(grads, params)],
+            params_out=[] if paged else _param_views(group_index, params),
+        )
+        if paged and not result.skipped:
+            self._write_back(group_index, present=[grad is not None for grad in grads])
+        return result
 
     def _device_step(self, group_index, group):
         """The step of a param group on a device (see _torch_device)."""

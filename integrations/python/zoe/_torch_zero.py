@@ -26,27 +26,96 @@ all-gathers the updated parameters into every rank's parameters. A rank that fai
 makes every rank's step raise; the transport's timeout (init_process_group(timeout=...)) bounds
 the wait for a rank that dies.
 
-Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r> and a manifest (world
-size, stage, shard layout, hyper-parameters); load_checkpoint(dir) restores them on the same
-world size and layout. state_dict() gathers every shard into torch's AdamW layout (the same dict on
-every rank); load_state_dict() takes such a dict, from any world size, each rank its slice: the
-way to move training to another world size.
+Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r>/save-<n> and, once
+every rank succeeded, rank 0 replaces the manifest (world size, stage, shard layout, the
+parameters' shapes, hyper-parameters, and each rank's save) atomically: ranks killed during a save
+all load the previous checkpoint (save_sharded). load_checkpoint(dir) restores the save the
+manifest names on the same world size and layout. state_dict() gathers every shard into torch's
+AdamW layout (the same dict on every rank); zoe.consolidate does the same from the checkpoint
+without the ranks; load_state_dict() takes such a dict, from any world size, each rank its slice:
+the way to move training to another world size.
 """
 
+import contextlib
 import ctypes
 import json
 import os
+import shutil
 
 import torch
 import torch.distributed as dist
 
 from . import _capi
 from ._torch_common import _invalid, _pager_of, _view
-from .engine import BufferView, HyperParams, OptimizerGroup, StepResult, _config_text, _views
+from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
 from .errors import check
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 22
+MANIFEST = "zoe_sharded_manifest.json"
+MANIFEST_FORMAT = 2  # 1 (no "format"): the shards in rank-<r>, overwritten by every save
+
+
+def _shard_path(rank, version):
+    """Where rank's shard of save ``version`` lies, relative to the checkpoint directory."""
+    return os.path.join(f"rank-{rank}", f"save-{version:06d}")
+
+
+def _latest_of(engine_dir):
+    """The version an engine checkpoint directory's LATEST names ("v000001")."""
+    with open(os.path.join(engine_dir, "LATEST"), encoding="utf-8") as file:
+        return file.read().strip()
+
+
+def _fsync_directory(directory):
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def read_manifest(directory):
+    """The manifest of the sharded checkpoint in ``directory``; NotFound when there is none,
+    Corruption when it is not one."""
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        raise zoe_errors.NotFound(
+            _capi.Status.NOT_FOUND, f"{directory!r} holds no sharded zoe checkpoint"
+        )
+    try:
+        with open(path, encoding="utf-8") as file:
+            manifest = json.load(file)
+    except ValueError as error:
+        raise zoe_errors.Corruption(
+            _capi.Status.CORRUPTION, f"{path!r} is not a sharded zoe manifest: {error}"
+        ) from None
+    if not isinstance(manifest, dict) or "world_size" not in manifest or "groups" not in manifest:
+        raise zoe_errors.Corruption(
+            _capi.Status.CORRUPTION, f"{path!r} is not a sharded zoe manifest (no world_size or "
+            "groups)"
+        )
+    return manifest
+
+
+def shard_directory(directory, manifest, rank):
+    """The engine checkpoint of rank's shard that ``manifest`` names, checked to be the one it
+    recorded (Corruption when another save replaced it)."""
+    if "shards" not in manifest:  # format 1
+        return os.path.join(directory, f"rank-{rank}")
+    entry = manifest["shards"][rank]
+    path = os.path.join(directory, entry["path"])
+    try:
+        found = _latest_of(path)
+    except OSError as error:
+        found = f"nothing ({error.strerror})"
+    if found != entry["engine_version"]:
+        raise zoe_errors.Corruption(
+            _capi.Status.CORRUPTION,
+            f"rank {rank}'s shard {path!r} holds {found}; the manifest of {directory!r} names "
+            f"{entry['engine_version']}: the shard was changed after the manifest was written",
+        )
+    return path
 
 
 def _floats(address, count, ctype=ctypes.c_float, dtype=torch.float32):
@@ -59,6 +128,99 @@ def _floats(address, count, ctype=ctypes.c_float, dtype=torch.float32):
 def _shard_begin(count, rank, world_size):
     """The first element of shard ``rank``: floor(rank * count / world_size)."""
     return rank * count // world_size
+
+
+def agree_on_error(comm, error, what):
+    """Raises on every rank when ``error`` (this rank's exception or None) or a peer's is set
+    (one all-reduce of a flag per rank)."""
+    flags = torch.zeros(comm.world_size, dtype=torch.float64)
+    flags[comm.rank] = 0.0 if error is None else 1.0
+    comm.all_reduce(flags)
+    if error is not None:
+        raise error
+    failed = [rank for rank in range(comm.world_size) if flags[rank] > 0]
+    if failed:
+        raise zoe_errors.Aborted(
+            _capi.Status.ABORTED, f"{what} failed on rank(s) {failed}; see the error there"
+        )
+
+
+def save_sharded(directory, comm, save_shard, manifest):
+    """The sharded checkpoint protocol. Save n is one more than the live manifest's (rank 0
+    reads it and tells every rank). Every rank calls ``save_shard(path)`` on a fresh
+    ``directory``/rank-<r>/save-<n>; once every rank succeeded, rank 0 replaces the manifest
+    (``manifest`` plus the format, n, the world size and each rank's shard with the engine
+    version its LATEST names) atomically; after a barrier each rank removes its other saves.
+    A rank killed at any point before the manifest is replaced leaves the previous manifest,
+    which names the previous save of every rank: loaders never mix two saves."""
+    version = _next_version(directory, comm)
+    error = None
+    try:
+        shard_dir = os.path.join(directory, _shard_path(comm.rank, version))
+        _fresh_directory(shard_dir)
+        save_shard(shard_dir)
+    except Exception as caught:  # agreed below, so no rank writes a manifest over it
+        error = caught
+    agree_on_error(comm, error, "saving the sharded checkpoint")
+    engine_versions = [None] * comm.world_size
+    dist.all_gather_object(engine_versions, _latest_of(shard_dir), group=comm.group)
+    if comm.rank == 0:
+        manifest = dict(manifest, format=MANIFEST_FORMAT, version=version,
+                        world_size=comm.world_size)
+        manifest["shards"] = [{"path": _shard_path(rank, version), "engine_version": latest}
+                              for rank, latest in enumerate(engine_versions)]
+        _publish_manifest(directory, manifest)
+    dist.barrier(group=comm.group)
+    _remove_old_saves(directory, comm.rank, version)
+
+
+def _next_version(directory, comm):
+    """One more than the save the live manifest names (0 when there is none or it cannot be
+    read), as rank 0 sees it: every rank gets the same number."""
+    current = torch.zeros(1, dtype=torch.float64)
+    if comm.rank == 0:
+        try:
+            current[0] = float(read_manifest(directory).get("version", 0))
+        except (OSError, ValueError, zoe_errors.Error):
+            current[0] = 0.0
+    comm.all_reduce(current)
+    return int(current.item()) + 1
+
+
+def _fresh_directory(path):
+    """``path`` created empty (a save killed earlier may have left one of the same name: no
+    manifest names it)."""
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+
+
+def _publish_manifest(directory, manifest):
+    """Replaces the manifest: written to a temporary file, fsynced, renamed over the live one
+    and the directory fsynced, so a reader sees the old one or the new one, whole."""
+    temporary = os.path.join(directory, f".{MANIFEST}.tmp")
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(manifest, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, os.path.join(directory, MANIFEST))
+    _fsync_directory(directory)
+
+
+def _remove_old_saves(directory, rank, version):
+    """Removes rank's saves other than ``version`` (best effort: a later save removes what
+    stays behind)."""
+    keep = _shard_path(rank, version)
+    rank_dir = os.path.dirname(os.path.join(directory, keep))
+    for name in os.listdir(rank_dir):
+        path = os.path.join(rank_dir, name)
+        if name == os.path.basename(keep):
+            continue
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
 class TorchCollectives:
@@ -466,50 +628,33 @@ class ZeroMixin:
 
     # --- the step --------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One step of every param group, on every rank together; returns the closure's loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group_index, group in enumerate(self.param_groups):
-            try:
-                if not self._reduce_for_step(group_index):
-                    self.last_step[group_index] = None
-                    continue
-                self._zoe_group(group_index)
-                self._sync_external_writes(group_index)
-                beta1, beta2 = group["betas"]
-                hyper = HyperParams(float(group["lr"]), beta1, beta2, group["eps"],
-                                    group["weight_decay"])
-                params = [param.detach() for param in group["params"]]
-                result = self._sharded[group_index].step(hyper, [_view(p) for p in params])
-                self.last_step[group_index] = result
-                self._record_versions(group_index)
-            finally:
-                self._shard_grads[group_index] = []
-                for bucket in self._buckets[group_index]:
-                    bucket.ready, bucket.reduced = 0, False
-        return loss
+    # --- the step: _ZoeAdamBase.step's loop, with the gradients reduced and the shard stepped
+
+    def _step_group(self, group_index, group):
+        """One param group's step on every rank together (its gradients reduced first); the
+        reduced slices and the buckets' counts are dropped whatever happens."""
+        try:
+            self._step_host_group(group_index, group)
+        finally:
+            self._shard_grads[group_index] = []
+            for bucket in self._buckets[group_index]:
+                bucket.ready, bucket.reduced = 0, False
+
+    def _group_grads(self, group_index, group):
+        """Reduces what backward did not: True, or None when no rank has a gradient in the
+        group (the shard's slices are already with zoe)."""
+        return True if self._reduce_for_step(group_index) else None
+
+    def _step_zoe(self, group_index, group, zoe_group, grads):
+        """The sharded step: this rank's shard, then every rank's parameters gathered."""
+        params = [param.detach() for param in group["params"]]
+        return self._sharded[group_index].step(self._step_hyper(group_index),
+                                               [_view(param) for param in params])
 
     # --- sharded checkpoints ---------------------------------------------------------------
 
-    _MANIFEST = "zoe_sharded_manifest.json"
-
     def _agree(self, error, what):
-        """Raises on every rank when ``error`` (this rank's exception or None) or a peer's is
-        set (one all-reduce of a flag per rank)."""
-        flags = torch.zeros(self.world_size, dtype=torch.float64)
-        flags[self.rank] = 0.0 if error is None else 1.0
-        self._comm.all_reduce(flags)
-        if error is not None:
-            raise error
-        failed = [rank for rank in range(self.world_size) if flags[rank] > 0]
-        if failed:
-            raise zoe_errors.Aborted(
-                _capi.Status.ABORTED, f"{what} failed on rank(s) {failed}; see the error there"
-            )
+        agree_on_error(self._comm, error, what)
 
     def _layout(self):
         """Per param group: its zoe name, element count and every rank's shard range."""
@@ -521,48 +666,34 @@ class ZeroMixin:
             layout.append({"name": self._group_name(index), "count": count, "shards": shards})
         return layout
 
+    def _param_layout(self):
+        """Per param group, per parameter: its shape and dtype (what a consolidation without the
+        ranks needs to build torch's layout)."""
+        return [[{"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", "")}
+                 for param in group["params"]] for group in self.param_groups]
+
     def save_checkpoint(self, directory):
-        """Every rank saves its shard to ``directory``/rank-<r> (the engine's streamed,
-        crash-safe checkpoint); rank 0 then writes the manifest naming the world size, the
-        stage and the shard layout. Every rank calls it."""
+        """Every rank saves its shard (the engine's streamed, crash-safe checkpoint) and rank 0
+        the manifest naming them, the world size, the stage and the shard layout, as
+        save_sharded() describes: a save killed on any rank leaves the previous checkpoint the
+        one every rank loads. Every rank calls it."""
         for group_index in range(len(self.param_groups)):
             self._zoe_group(group_index)
-        error = None
-        try:
-            rank_dir = os.path.join(directory, f"rank-{self.rank}")
-            os.makedirs(rank_dir, exist_ok=True)
-            self._engine.save_checkpoint(rank_dir)
-        except Exception as caught:  # agreed below, so no rank writes a manifest over it
-            error = caught
-        self._agree(error, "saving the sharded checkpoint")
-        if self.rank == 0:
-            manifest = {
-                "world_size": self.world_size,
-                "zero_stage": self._stage,
-                "groups": self._layout(),
-                "param_groups": [{key: value for key, value in group.items() if key != "params"}
-                                 for group in self.param_groups],
-            }
-            temporary = os.path.join(directory, f".{self._MANIFEST}.tmp")
-            with open(temporary, "w", encoding="utf-8") as file:
-                json.dump(manifest, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, os.path.join(directory, self._MANIFEST))
-        dist.barrier(group=self._comm.group)
+        manifest = {
+            "zero_stage": self._stage,
+            "groups": self._layout(),
+            "params": self._param_layout(),
+            "param_groups": [{key: value for key, value in group.items() if key != "params"}
+                             for group in self.param_groups],
+        }
+        save_sharded(directory, self._comm, self._engine.save_checkpoint, manifest)
 
     @torch.no_grad()
     def load_checkpoint(self, directory):
-        """Loads a checkpoint save_checkpoint wrote on the same world size and shard layout:
-        each rank its shard (bit-identical), then every rank's parameters from the gathered
-        master weights. Every rank calls it."""
-        path = os.path.join(directory, self._MANIFEST)
-        if not os.path.exists(path):
-            raise zoe_errors.NotFound(
-                _capi.Status.NOT_FOUND, f"{directory!r} holds no sharded zoe checkpoint"
-            )
-        with open(path, encoding="utf-8") as file:
-            manifest = json.load(file)
+        """Loads the save the manifest names, written by save_checkpoint on the same world size
+        and shard layout: each rank its shard (bit-identical), then every rank's parameters from
+        the gathered master weights. Every rank calls it."""
+        manifest = read_manifest(directory)
         if manifest["world_size"] != self.world_size or manifest["groups"] != self._layout():
             raise zoe_errors.FailedPrecondition(
                 _capi.Status.FAILED_PRECONDITION,
@@ -576,7 +707,7 @@ class ZeroMixin:
             self._zoe_group(group_index)
         error = None
         try:
-            self._engine.load_checkpoint(os.path.join(directory, f"rank-{self.rank}"))
+            self._engine.load_checkpoint(shard_directory(directory, manifest, self.rank))
         except Exception as caught:
             error = caught
         self._agree(error, "loading the sharded checkpoint")

@@ -32,6 +32,10 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   norms of the shard gradients, so every rank gets the same global norm (inf or NaN on every
   rank when any gradient anywhere is not finite) and clips by the same factor. Do not give the
   optimizer ``max_grad_norm``: it would see only its own shard.
+- Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
+  optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
+  each rank's save (ranks killed during a save all load the previous one: _torch_zero's
+  save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
 - Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
   wait for a rank that died) raises zoe.Aborted naming the parameter and the collective; a rank
   whose engine fails raises the engine's error, and its peers fail in their next collective.
@@ -45,7 +49,7 @@ import torch.distributed as dist
 from . import _capi, _torch_device
 from ._torch_common import _PAGED_DTYPES, _invalid
 from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
-from .errors import Aborted
+from .errors import Aborted, FailedPrecondition
 
 DEFAULT_PREFETCH_DEPTH = 2
 REDUCTIONS_IN_FLIGHT = 2  # gradient all-reduces running while backward goes on
@@ -467,6 +471,52 @@ class ShardedParameterPager(ParameterPager):
                     state[key] = self._hold_full(entry).clone()
                     self._unhold_full(entry)
         return state
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def _checkpoint_layout(self):
+        """Every parameter's name, shape, dtype and per-rank shard sizes."""
+        return [{"name": entry.name, "shape": list(entry.shape),
+                 "dtype": str(entry.dtype).replace("torch.", ""), "counts": list(entry.counts)}
+                for entry in self._params]
+
+    def save_checkpoint(self, directory, optimizer):
+        """Saves this rank's parameter shards with their optimizer state: ``optimizer`` (the
+        zoe.torch.AdamW / Adam over ``shard_parameters()``) saves its master weights, moments
+        and step counts (the engine's streamed, crash-safe checkpoint) to
+        ``directory``/rank-<r>/save-<n>, and rank 0 a manifest naming every rank's save and the
+        parameters' layout; a save killed on any rank leaves the previous checkpoint the one
+        every rank loads (see _torch_zero.save_sharded). The shards the optimizer does not step
+        (parameters without requires_grad) are not saved. Every rank calls it."""
+        from ._torch_zero import TorchCollectives, save_sharded
+
+        manifest = {"zero_stage": 3, "groups": [], "parameters": self._checkpoint_layout()}
+        save_sharded(directory, TorchCollectives(self.group), optimizer.save_checkpoint, manifest)
+
+    def load_checkpoint(self, directory, optimizer):
+        """Loads what save_checkpoint wrote on the same world size and parameters: ``optimizer``
+        loads this rank's save that the manifest names, which sets every shard it steps to its
+        saved master weights. Every rank calls it; one rank's failure raises on every rank."""
+        from ._torch_zero import TorchCollectives, agree_on_error, read_manifest, shard_directory
+
+        manifest = read_manifest(directory)
+        layout = self._checkpoint_layout()
+        if (manifest.get("zero_stage") != 3 or manifest["world_size"] != self.world_size
+                or manifest.get("parameters") != layout):
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the checkpoint in {directory!r} is of stage {manifest.get('zero_stage')} on "
+                f"{manifest['world_size']} ranks with {len(manifest.get('parameters', []))} "
+                f"sharded parameters; this pager is stage 3 on {self.world_size} ranks with "
+                f"{len(layout)}: allowed: a stage 3 checkpoint of the same world size and "
+                "parameters (names, shapes, dtypes)"
+            )
+        error = None
+        try:
+            optimizer.load_checkpoint(shard_directory(directory, manifest, self.rank))
+        except Exception as caught:  # agreed below: every rank raises together
+            error = caught
+        agree_on_error(TorchCollectives(self.group), error, "loading the stage 3 checkpoint")
 
     def remove(self):
         """Removes the hooks and gives every parameter its full values as an ordinary tensor

@@ -15,6 +15,8 @@ path in tests.
 ``offload_parameters(model, engine)`` pages a module's parameters through the engine (see its
 docstring); ``ParameterPager`` is the handle it returns. With ``process_group=pg`` it is ZeRO
 stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/zero3.md).
+``consolidate_checkpoint(directory, out_path)`` turns a sharded optimizer checkpoint into one
+state dict file without the ranks (zoe/consolidate.py).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 """
@@ -23,6 +25,7 @@ from ._torch_device import CudaBackend, DeviceBackend, HostTwin
 from ._torch_optim import Adam, AdamW, engine_config
 from ._torch_paging import ParameterPager, offload_parameters
 from ._torch_zero3 import ShardedParameterPager
+from .consolidate import consolidate_checkpoint, consolidated_state_dict
 
 __all__ = [
     "Adam",
@@ -32,6 +35,8 @@ __all__ = [
     "HostTwin",
     "ParameterPager",
     "ShardedParameterPager",
+    "consolidate_checkpoint",
+    "consolidated_state_dict",
     "engine_config",
     "offload_parameters",
 ]

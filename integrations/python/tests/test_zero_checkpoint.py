@@ -1,0 +1,384 @@
+"""Sharded checkpoints on gloo ranks of this machine: every rank SIGKILLed during a save (at
+three points of it) leaves the previous checkpoint -- or, once the manifest was replaced, the new
+one -- loading on every rank, never a mix of two saves, and resuming gives an uninterrupted run's
+parameters bit for bit; a save that fails on one rank raises on every rank and leaves the previous
+checkpoint; a checkpoint consolidated without the ranks (the function and
+``python3 -m zoe.consolidate``) equals the live ranks' state_dict() and, loaded by 3 ranks,
+continues as one process does; stage 3 saves and restores its parameter shards."""
+
+import datetime
+import functools
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import zoe
+import zoe.torch
+from zoe import _torch_zero
+from test_torch_zero import Net, make_optimizer, train
+import test_zero3
+
+SAVE_A_STEP = 5  # checkpoint A: after steps 0..4
+SAVE_B_STEP = 8  # checkpoint B, killed: after steps 5..7
+TOTAL_STEPS = 10
+PAUSE_SECONDS = 300  # a paused rank waits to be killed
+JOIN_SECONDS = 120
+
+# Where the ranks are killed in save B, and which ranks announce that they reached it:
+# - one_shard_saved: rank 1 wrote its whole shard of B, rank 0 none of its own;
+# - shards_saved: every shard of B is written, rank 0 is about to replace the manifest;
+# - manifest_replaced: the manifest names B, the ranks are about to remove A.
+KILL_POINTS = {"one_shard_saved": (0, 1), "shards_saved": (0,), "manifest_replaced": (0, 1)}
+
+
+def init(rank, world, out_dir):
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "rendezvous"),
+                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
+
+
+def sharded(out_dir, name, zero_stage=2):
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, name + "-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=zero_stage,
+                               bucket_elements=100)
+    return model, optimizer
+
+
+def params_of(model):
+    return [param.detach().clone() for param in model.parameters()]
+
+
+def guarded(function):
+    """Runs a rank's body; a traceback goes to crash<rank>.txt for the parent to report."""
+
+    @functools.wraps(function)
+    def run(rank, world, out_dir, *args):
+        try:
+            init(rank, world, out_dir)
+            function(rank, world, out_dir, *args)
+        except BaseException:
+            with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
+                file.write(traceback.format_exc())
+            raise
+
+    return run
+
+
+def start(body, world, out_dir, *args):
+    """``body`` on ``world`` fresh ranks (forkserver: torch is imported once); the context."""
+    for path in glob.glob(os.path.join(out_dir, "rendezvous")):
+        os.remove(path)
+    return mp.start_processes(body, args=(world, out_dir, *args), nprocs=world, join=False,
+                              start_method="forkserver")
+
+
+def join(context, out_dir):
+    deadline = time.monotonic() + JOIN_SECONDS
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"ranks still running after {JOIN_SECONDS} s: a hang")
+    crashes = sorted(glob.glob(os.path.join(out_dir, "crash*.txt")))
+    assert not crashes, open(crashes[0]).read()
+
+
+# --- killed during a save ------------------------------------------------------------------
+
+
+def pause(out_dir, rank):
+    with open(os.path.join(out_dir, f"paused{rank}"), "w"):
+        pass
+    time.sleep(PAUSE_SECONDS)
+
+
+def wrap(name, before=None):
+    """Replaces _torch_zero.<name> in this rank with a version that calls ``before`` first."""
+    original = getattr(_torch_zero, name)
+
+    def wrapped(*args, **kwargs):
+        before()
+        return original(*args, **kwargs)
+
+    setattr(_torch_zero, name, wrapped)
+
+
+def pause_at(point, rank, out_dir):
+    """Makes this rank stop (announced, waiting to be killed) at ``point`` of its next save."""
+    stop = lambda: pause(out_dir, rank)  # noqa: E731
+    if point == "one_shard_saved":
+        # rank 0 before it writes anything of B; rank 1 after its whole shard of B
+        wrap("_fresh_directory" if rank == 0 else "agree_on_error", stop)
+    elif point == "shards_saved" and rank == 0:
+        wrap("_publish_manifest", stop)  # rank 1 waits in the barrier after it
+    elif point == "manifest_replaced":
+        wrap("_remove_old_saves", stop)
+
+
+@guarded
+def killed_run(rank, world, out_dir, point):
+    model, optimizer = sharded(out_dir, "killed")
+    directory = os.path.join(out_dir, "checkpoint")
+    train(optimizer, model, rank, world, steps=SAVE_A_STEP)
+    torch.save(params_of(model), os.path.join(out_dir, f"params-A-rank{rank}.pt"))
+    optimizer.save_checkpoint(directory)
+    train(optimizer, model, rank, world, steps=SAVE_B_STEP - SAVE_A_STEP, first=SAVE_A_STEP)
+    torch.save(params_of(model), os.path.join(out_dir, f"params-B-rank{rank}.pt"))
+    pause_at(point, rank, out_dir)
+    optimizer.save_checkpoint(directory)
+    with open(os.path.join(out_dir, f"finished{rank}"), "w"):
+        pass  # the parent fails the test: the save was to be killed
+
+
+@guarded
+def resumed_run(rank, world, out_dir, first_step):
+    """Loads the checkpoint, resumes at ``first_step`` up to TOTAL_STEPS, runs the same steps
+    uninterrupted beside it, then saves again (which removes what the killed save left)."""
+    directory = os.path.join(out_dir, "checkpoint")
+    model, optimizer = sharded(out_dir, "resumed")
+    optimizer.load_checkpoint(directory)
+    loaded = params_of(model)
+    train(optimizer, model, rank, world, steps=TOTAL_STEPS - first_step, first=first_step)
+    straight, straight_optimizer = sharded(out_dir, "straight")
+    train(straight_optimizer, straight, rank, world, steps=TOTAL_STEPS)
+    optimizer.save_checkpoint(directory)
+    torch.save({"loaded": loaded, "resumed": params_of(model), "straight": params_of(straight),
+                "saves": sorted(os.listdir(os.path.join(directory, f"rank-{rank}")))},
+               os.path.join(out_dir, f"resumed-rank{rank}.pt"))
+    for each in (optimizer, straight_optimizer):
+        each.close()
+
+
+def kill_when_paused(context, out_dir, ranks):
+    """SIGKILLs every rank once ``ranks`` announced their pause (each is mid-save)."""
+    deadline = time.monotonic() + JOIN_SECONDS
+    while not all(os.path.exists(os.path.join(out_dir, f"paused{r}")) for r in ranks):
+        crashes = glob.glob(os.path.join(out_dir, "crash*.txt"))
+        assert not crashes, open(crashes[0]).read()
+        assert time.monotonic() < deadline, "the ranks never reached the point of the kill"
+        time.sleep(0.05)
+    for process in context.processes:
+        process.kill()
+    for process in context.processes:
+        process.join()
+    assert not glob.glob(os.path.join(out_dir, "finished*")), "a save ran to its end"
+
+
+@pytest.mark.parametrize("point", sorted(KILL_POINTS))
+def test_ranks_killed_during_a_save_load_one_checkpoint_and_resume(point, nvme_dir):
+    world = 2
+    kill_when_paused(start(killed_run, world, nvme_dir, point), nvme_dir, KILL_POINTS[point])
+    published = point == "manifest_replaced"
+    name, first = ("B", SAVE_B_STEP) if published else ("A", SAVE_A_STEP)
+    with open(os.path.join(nvme_dir, "checkpoint", _torch_zero.MANIFEST)) as file:
+        assert json.load(file)["version"] == (2 if published else 1)
+    join(start(resumed_run, world, nvme_dir, first), nvme_dir)
+    want = torch.load(os.path.join(nvme_dir, f"params-{name}-rank0.pt"))
+    for rank in range(world):
+        got = torch.load(os.path.join(nvme_dir, f"resumed-rank{rank}.pt"))
+        for index, (a, b) in enumerate(zip(got["loaded"], want)):
+            assert torch.equal(a, b), f"rank {rank} parameter {index}: not checkpoint {name}"
+        for index, (a, b) in enumerate(zip(got["resumed"], got["straight"])):
+            assert torch.equal(a, b), f"rank {rank} parameter {index}: resumed != uninterrupted"
+        # the save after the resume is the only one left: the killed save's shards are gone
+        assert got["saves"] == [f"save-{(3 if published else 2):06d}"], got["saves"]
+
+
+@guarded
+def failed_save_run(rank, world, out_dir):
+    """Checkpoint A; 3 steps; save B fails on rank 1 (its directory cannot be made); then every
+    rank loads the checkpoint again."""
+    model, optimizer = sharded(out_dir, "failed")
+    directory = os.path.join(out_dir, "checkpoint")
+    train(optimizer, model, rank, world, steps=SAVE_A_STEP)
+    saved = params_of(model)
+    optimizer.save_checkpoint(directory)
+    train(optimizer, model, rank, world, steps=SAVE_B_STEP - SAVE_A_STEP, first=SAVE_A_STEP)
+    if rank == 1:
+        def refuse():
+            raise OSError(28, "No space left on device (injected)")
+
+        wrap("_fresh_directory", refuse)
+    try:
+        optimizer.save_checkpoint(directory)
+        message = "no error"
+    except Exception as error:  # what each rank's save raised
+        message = f"{type(error).__name__}: {error}"
+    optimizer.load_checkpoint(directory)
+    torch.save({"message": message,
+                "loaded_a": all(torch.equal(a, b) for a, b in zip(params_of(model), saved))},
+               os.path.join(out_dir, f"failed-rank{rank}.pt"))
+    optimizer.close()
+
+
+def test_a_save_that_fails_on_one_rank_raises_everywhere_and_keeps_the_checkpoint(nvme_dir):
+    join(start(failed_save_run, 2, nvme_dir), nvme_dir)
+    got = [torch.load(os.path.join(nvme_dir, f"failed-rank{rank}.pt")) for rank in range(2)]
+    assert got[1]["message"] == "OSError: [Errno 28] No space left on device (injected)"
+    assert "saving the sharded checkpoint failed on rank(s) [1]" in got[0]["message"], got[0]
+    assert got[0]["loaded_a"] and got[1]["loaded_a"]
+    with open(os.path.join(nvme_dir, "checkpoint", _torch_zero.MANIFEST)) as file:
+        assert json.load(file)["version"] == 1
+
+
+# --- consolidation without the ranks, then another world size ---------------------------------
+
+
+@guarded
+def two_rank_run(rank, world, out_dir):
+    """10 steps; a sharded checkpoint; the live consolidated state_dict() and the parameters
+    (rank 0 saves them)."""
+    model, optimizer = sharded(out_dir, "two")
+    train(optimizer, model, rank, world, steps=10)
+    optimizer.save_checkpoint(os.path.join(out_dir, "checkpoint"))
+    live = optimizer.state_dict()
+    if rank == 0:
+        torch.save({"state_dict": live, "params": params_of(model)},
+                   os.path.join(out_dir, "live.pt"))
+    optimizer.close()
+
+
+@guarded
+def three_rank_run(rank, world, out_dir):
+    """The 2-rank parameters and the consolidated file loaded on 3 ranks; steps 10..19."""
+    model, optimizer = sharded(out_dir, "three", zero_stage=1)
+    with torch.no_grad():
+        for param, value in zip(model.parameters(), torch.load(os.path.join(out_dir,
+                                                                            "live.pt"))["params"]):
+            param.copy_(value)
+    optimizer.load_state_dict(torch.load(os.path.join(out_dir, "consolidated.pt")))
+    train(optimizer, model, rank, world, steps=10, first=10)
+    torch.save(params_of(model), os.path.join(out_dir, f"three-rank{rank}.pt"))
+    optimizer.close()
+
+
+def one_process_parameters(directory):
+    """20 steps of the unsharded optimizer in this process."""
+    os.makedirs(directory)
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(), directory)
+    train(optimizer, model, 0, 1, steps=20)
+    optimizer.close()
+    return params_of(model)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "zoe.consolidate", *args], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=JOIN_SECONDS)
+
+
+def assert_same_state(got, want):
+    assert got["param_groups"] == want["param_groups"]
+    assert sorted(got["state"]) == sorted(want["state"])
+    for index, entry in want["state"].items():
+        assert sorted(got["state"][index]) == sorted(entry) == ["exp_avg", "exp_avg_sq", "step"]
+        for key, value in entry.items():
+            assert torch.equal(got["state"][index][key], value), f"parameter {index} {key}"
+
+
+def test_consolidated_checkpoint_equals_live_state_and_moves_to_three_ranks(nvme_dir):
+    join(start(two_rank_run, 2, nvme_dir), nvme_dir)
+    directory = os.path.join(nvme_dir, "checkpoint")
+    out = os.path.join(nvme_dir, "consolidated.pt")
+    scratch = os.path.join(nvme_dir, "scratch")
+    os.makedirs(scratch)
+    result = run_cli("--scratch-dir", scratch, directory, out)
+    assert result.returncode == 0, result.stderr
+    assert "the state of 5 parameters" in result.stdout, result.stdout
+    live = torch.load(os.path.join(nvme_dir, "live.pt"))["state_dict"]
+    assert_same_state(torch.load(out), live)
+    assert_same_state(zoe.torch.consolidated_state_dict(directory), live)
+
+    join(start(three_rank_run, 3, nvme_dir), nvme_dir)
+    want = one_process_parameters(os.path.join(nvme_dir, "one"))
+    for rank in range(3):
+        got = torch.load(os.path.join(nvme_dir, f"three-rank{rank}.pt"))
+        for index, (a, b) in enumerate(zip(got, want)):
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                                       msg=f"2 -> 3 ranks: rank {rank} parameter {index}")
+
+    # A shard replaced after the manifest was written is refused, naming the rank.
+    with open(os.path.join(directory, "rank-1", "save-000001", "LATEST"), "w") as file:
+        file.write("v000099\n")
+    with pytest.raises(zoe.Corruption, match="rank 1's shard .* holds v000099"):
+        zoe.torch.consolidated_state_dict(directory)
+    missing = run_cli(os.path.join(nvme_dir, "none"), out)
+    assert missing.returncode == 1
+    assert "holds no sharded zoe checkpoint" in missing.stderr, missing.stderr
+
+
+# --- stage 3 -------------------------------------------------------------------------------
+
+
+def stage3_run(rank, world, out_dir, name, steps, first=0, load=None, save=None):
+    """``steps`` stage 3 steps from ``first`` (after loading ``load``; then saving to ``save``);
+    the gathered parameters."""
+    engine, _ = test_zero3.engine_for(os.path.join(out_dir, name), rank)
+    torch.manual_seed(0)
+    model = test_zero3.Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=test_zero3.LR, weight_decay=0.01,
+                                engine=engine)
+    if load is not None:
+        pager.load_checkpoint(load, optimizer)
+    rows = slice(test_zero3.BATCH * rank // world, test_zero3.BATCH * (rank + 1) // world)
+    for step in range(first, first + steps):
+        optimizer.zero_grad(set_to_none=True)
+        test_zero3.loss_of(model, step, rows).backward()
+        if math.isfinite(pager.clip_grad_norm_(test_zero3.MAX_NORM)):
+            optimizer.step()
+    if save is not None:
+        pager.save_checkpoint(save, optimizer)
+    state = pager.state_dict()
+    pager.remove()
+    optimizer.close()
+    engine.close()
+    return state
+
+
+@guarded
+def stage3_checkpoint_run(rank, world, out_dir):
+    """6 steps straight; 3 steps and a checkpoint; a fresh model that loads it (its gathered
+    parameters right after the load) and takes the 3 others; a refused checkpoint."""
+    directory = os.path.join(out_dir, "checkpoint")
+    straight = stage3_run(rank, world, out_dir, "straight", 6)
+    saved = stage3_run(rank, world, out_dir, "first", 3, save=directory)
+    loaded = stage3_run(rank, world, out_dir, "loaded", 0, load=directory)
+    resumed = stage3_run(rank, world, out_dir, "resumed", 3, first=3, load=directory)
+    other = os.path.join(out_dir, "stage2")
+    os.makedirs(other, exist_ok=True)
+    with open(os.path.join(other, _torch_zero.MANIFEST), "w") as file:
+        json.dump({"world_size": world, "zero_stage": 2, "groups": []}, file)
+    try:
+        stage3_run(rank, world, out_dir, "refused", 0, load=other)
+        refused = "no error"
+    except zoe.FailedPrecondition as error:
+        refused = str(error)
+    torch.save({"straight": straight, "saved": saved, "loaded": loaded, "resumed": resumed,
+                "refused": refused, "files": sorted(os.listdir(directory))},
+               os.path.join(out_dir, f"stage3-rank{rank}.pt"))
+
+
+def test_stage3_checkpoint_restores_parameter_shards_and_resumes(nvme_dir):
+    join(start(stage3_checkpoint_run, 2, nvme_dir), nvme_dir)
+    for rank in range(2):
+        got = torch.load(os.path.join(nvme_dir, f"stage3-rank{rank}.pt"))
+        assert got["files"] == ["rank-0", "rank-1", _torch_zero.MANIFEST], got["files"]
+        assert sorted(got["loaded"]) == sorted(got["saved"])
+        for key, value in got["saved"].items():
+            assert torch.equal(got["loaded"][key], value), f"rank {rank} {key}: not loaded"
+            assert not torch.equal(got["straight"][key], value), f"{key}: no step after save"
+        for key, value in got["straight"].items():
+            assert torch.equal(got["resumed"][key], value), f"rank {rank} {key}: resumed"
+        assert "is of stage 2 on 2 ranks" in got["refused"], got["refused"]
