@@ -461,21 +461,37 @@ def summarize(world, impl, samples, opts):
     return result
 
 
+def read_samples(directory, world):
+    """Every sample the ranks wrote (complete lines only)."""
+    samples = []
+    for rank in range(world):
+        path = os.path.join(directory, f"samples-{world}-{rank}.jsonl")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as lines:
+                samples += [json.loads(line) for line in lines if line.endswith("\n")]
+    return samples
+
+
 def run_world(world, impls, opts, emit, samples_too):
+    """Runs every implementation on ``world`` ranks; returns the result lines by name, or None
+    when a rank died (its "error" line and the samples taken before are printed)."""
     directory = tempfile.mkdtemp(prefix=f"zoe-zero-bench-{world}-", dir=opts["dir"])
     try:
         mp.start_processes(rank_main, args=(world, impls, opts, directory), nprocs=world,
                            join=True, start_method="spawn")
-        samples = []
-        for rank in range(world):
-            with open(os.path.join(directory, f"samples-{world}-{rank}.jsonl"),
-                      encoding="utf-8") as lines:
-                samples += [json.loads(line) for line in lines]
+        failure = None
+    except Exception as error:  # a rank killed (out of memory) or raising: say so, keep going
+        failure = f"{type(error).__name__}: {error}"
     finally:
+        samples = read_samples(directory, world)
         shutil.rmtree(directory, ignore_errors=True)
-    if samples_too:
+    if samples_too or failure:
         for sample in samples:
             emit(dict(kind="sample", **sample))
+    if failure:
+        emit({"kind": "error", "world": world, "error": failure,
+              "samples_before": len(samples)})
+        return None
     results = {}
     for impl in impls:
         mine = [s for s in samples if s["impl"] == impl]
@@ -564,10 +580,14 @@ def main():
             opts["fsdp_probe"] = "probe failed: " + traceback.format_exc().splitlines()[-1]
         finally:
             shutil.rmtree(probe_dir, ignore_errors=True)
+    failed = False
     for world in worlds:
         results = run_world(world, impls, opts, emit, args.samples)
+        if results is None:
+            failed = True
+            continue
         emit(targets(world, results))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
