@@ -41,6 +41,7 @@ import ctypes
 import json
 import os
 import shutil
+import time
 
 import torch
 import torch.distributed as dist
@@ -226,7 +227,8 @@ def _remove_old_saves(directory, rank, version):
 class TorchCollectives:
     """zoe_collectives over a torch.distributed process group. The callbacks run on the thread
     that steps (zoe calls them from zoe_sharded_*); an exception in one is kept in ``error`` and
-    reported to zoe as a failure (zoe then fails the step on this rank)."""
+    reported to zoe as a failure (zoe then fails the step on this rank). ``seconds`` and
+    ``calls`` count the wall time spent inside its (blocking) collectives and how many ran."""
 
     def __init__(self, process_group):
         self.group = process_group
@@ -235,6 +237,8 @@ class TorchCollectives:
         backend = dist.get_backend(process_group)
         self._device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
         self.error = None
+        self.seconds = 0.0
+        self.calls = 0
         self._callbacks = (
             _capi.all_reduce_sum_fn(self._guarded(self._all_reduce_sum)),
             _capi.reduce_scatter_sum_fn(self._guarded(self._reduce_scatter_sum)),
@@ -254,13 +258,25 @@ class TorchCollectives:
 
         return callback
 
+    @contextlib.contextmanager
+    def _timed(self):
+        """Adds the wall time of the enclosed collective to ``seconds``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+
     def all_reduce(self, tensor):
         """Sums ``tensor`` over the ranks, in place."""
         if self._device.type == "cpu":
-            dist.all_reduce(tensor, group=self.group)
+            with self._timed():
+                dist.all_reduce(tensor, group=self.group)
             return
         moved = tensor.to(self._device)
-        dist.all_reduce(moved, group=self.group)
+        with self._timed():
+            dist.all_reduce(moved, group=self.group)
         tensor.copy_(moved)
 
     def _all_reduce_sum(self, values, count):
@@ -280,7 +296,8 @@ class TorchCollectives:
         padded = torch.zeros(max(counts), dtype=torch.float32, device=self._device)
         padded[: counts[self.rank]] = shard
         gathered = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(gathered, padded, group=self.group)
+        with self._timed():
+            dist.all_gather(gathered, padded, group=self.group)
         return torch.cat([piece[:count].cpu() for count, piece in zip(counts, gathered)])
 
     def _all_gather(self, send, recv, counts):
@@ -289,7 +306,8 @@ class TorchCollectives:
         _floats(recv, sum(counts)).copy_(self.gather(shard, counts))
 
     def _barrier(self):
-        dist.barrier(group=self.group)
+        with self._timed():
+            dist.barrier(group=self.group)
 
 
 class ShardedGroup:
@@ -455,6 +473,17 @@ class ZeroMixin:
     @property
     def world_size(self):
         return self._comm.world_size
+
+    @property
+    def collective_seconds(self):
+        """Wall seconds this rank spent inside the optimizer's collectives (gradient
+        reductions, the agreed norm and outcome, the parameters' all-gather) since creation."""
+        return self._comm.seconds
+
+    @property
+    def collective_calls(self):
+        """How many collectives the optimizer ran on this rank since creation."""
+        return self._comm.calls
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)

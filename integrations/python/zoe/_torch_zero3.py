@@ -41,7 +41,9 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   whose engine fails raises the engine's error, and its peers fail in their next collective.
 """
 
+import contextlib
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -120,6 +122,7 @@ class ShardedParameterPager(ParameterPager):
         self.gathered_bytes = 0  # bytes of full parameters gathered now
         self.in_flight_bytes = 0  # bytes of all-gathers issued and not yet waited for
         self.peak_gathered_bytes = 0  # the peak of the two together
+        self.collective_seconds = 0.0  # wall time blocked in collectives: issuing and waiting
         self._root_records = []  # the base class's root holds: shards are held by gathers
 
     # --- registration ----------------------------------------------------------------------
@@ -201,6 +204,15 @@ class ShardedParameterPager(ParameterPager):
 
     # --- gathering -------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _timed(self):
+        """Adds the wall time of the enclosed collective call or wait to collective_seconds."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.collective_seconds += time.perf_counter() - start
+
     def _issue_gather(self, entry):
         """Starts the all-gather of ``entry``'s padded shards (bytes); returns it pending."""
         largest = max(entry.counts) * entry.element_size
@@ -210,9 +222,10 @@ class ShardedParameterPager(ParameterPager):
                 send[: entry.count * entry.element_size] = values.view(-1).view(torch.uint8)
         gathered = torch.empty(largest * self.world_size, dtype=torch.uint8, device=send.device)
         try:
-            handle = dist.all_gather(
-                list(gathered.chunk(self.world_size)), send, group=self.group, async_op=True
-            )
+            with self._timed():
+                handle = dist.all_gather(
+                    list(gathered.chunk(self.world_size)), send, group=self.group, async_op=True
+                )
         except RuntimeError as error:
             raise _collective_error("all_gather", entry.name, error) from None
         self._count(in_flight=entry.padded_bytes)
@@ -227,7 +240,8 @@ class ShardedParameterPager(ParameterPager):
     def _finish_gather(self, entry, pending):
         """Waits for ``pending`` and makes ``entry``'s full values (shards side by side)."""
         try:
-            pending.handle.wait()
+            with self._timed():
+                pending.handle.wait()
         except RuntimeError as error:
             raise _collective_error("all_gather", entry.name, error) from None
         piece = max(entry.counts) * entry.element_size
@@ -316,7 +330,8 @@ class ShardedParameterPager(ParameterPager):
 
     def _free_unused(self, entry, gather):
         try:
-            gather.handle.wait()
+            with self._timed():
+                gather.handle.wait()
         except RuntimeError as error:
             raise _collective_error("all_gather", entry.name, error) from None
         finally:
@@ -356,7 +371,8 @@ class ShardedParameterPager(ParameterPager):
             return
         total = grad.detach().reshape(-1).to(torch.float32, copy=True)
         try:
-            handle = dist.all_reduce(total, group=self.group, async_op=True)
+            with self._timed():
+                handle = dist.all_reduce(total, group=self.group, async_op=True)
         except RuntimeError as error:
             raise _collective_error("all_reduce of the gradient", entry.name, error) from None
         self._reductions.append((entry, total, handle))
@@ -371,7 +387,8 @@ class ShardedParameterPager(ParameterPager):
     def _finish_reduction(self, entry, total, handle):
         """Waits for a gradient's sum and adds this rank's slice / N to the shard's .grad."""
         try:
-            handle.wait()
+            with self._timed():
+                handle.wait()
         except RuntimeError as error:
             raise _collective_error("all_reduce of the gradient", entry.name, error) from None
         if entry.shard is None:
@@ -436,7 +453,8 @@ class ShardedParameterPager(ParameterPager):
         for grad in grads:
             squares += grad.double().pow(2).sum()
         try:
-            dist.all_reduce(squares, group=self.group)
+            with self._timed():
+                dist.all_reduce(squares, group=self.group)
         except RuntimeError as error:
             raise _collective_error("all_reduce of the gradient norm", "*", error) from None
         norm = math.sqrt(squares.item()) if squares.item() >= 0 else float("nan")
@@ -449,13 +467,17 @@ class ShardedParameterPager(ParameterPager):
 
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
-        re-recorded), this rank's shard bytes and the peak bytes of gathered parameters."""
+        re-recorded), this rank's shard bytes, the peak bytes of gathered parameters and
+        ``collective_seconds``: the wall time this rank was blocked issuing or waiting for its
+        gathers and reductions (collectives running in the background while it computes are not
+        counted)."""
         stats = super().stats()
         stats.update(
             gathers=dict(self.gathers),
             shard_bytes=self.shard_bytes,
             peak_gathered_bytes=self.peak_gathered_bytes,
             peak_held_bytes=self.shard_bytes + self.peak_gathered_bytes,
+            collective_seconds=self.collective_seconds,
         )
         return stats
 
