@@ -9,8 +9,11 @@ gradients set; every optimizer steps the same model from the same seed on THREAD
   deepspeed_cpu_adam  DeepSpeed's CPU Adam driven per parameter as DeepSpeedCPUAdam.step() does
                       (fp32 masters for a bf16 model, as above), when its extension is built
                       (../shared/peers/setup; ZOE_PEERS_KIT names the kit's folder)
-  zoe_cpu             zoe.torch.AdamW(offload="cpu"), exact arithmetic (the default)
-  zoe_cpu_fast        the same with zoe.arithmetic = "fast"
+  zoe_cpu             zoe.torch.AdamW(offload="cpu"), exact arithmetic (the defaults; for an fp32
+                      model that is the zero-copy form: the parameters are the master weights)
+  zoe_cpu_copy        the same with zero_copy=False: a separate fp32 master, the updated
+                      parameters written back by the kernel's pass (what a bf16 model always does)
+  zoe_cpu_fast        zoe_cpu with zoe.arithmetic = "fast"
 
 Each round builds every optimizer in turn, in the opposite order on odd rounds, takes one
 untimed step (state creation) and STEPS timed ones; a round's figure is the median of its
@@ -129,15 +132,16 @@ class DeepSpeedCpuAdam:
         self.ds.destroy_adam(self.oid)
 
 
-def zoe_adamw(model, arithmetic):
+def zoe_adamw(model, arithmetic, zero_copy=None):
     config = zt.engine_config("cpu", arithmetic=arithmetic)
-    return zt.AdamW(model.parameters(), config=json.dumps(config), **HYPER)
+    return zt.AdamW(model.parameters(), config=json.dumps(config), zero_copy=zero_copy, **HYPER)
 
 
 def makers(ds):
     out = {
         "torch_foreach": TorchAdamW,
         "zoe_cpu": lambda model: zoe_adamw(model, "exact"),
+        "zoe_cpu_copy": lambda model: zoe_adamw(model, "exact", zero_copy=False),
         "zoe_cpu_fast": lambda model: zoe_adamw(model, "fast"),
     }
     if ds is not None:
@@ -188,7 +192,7 @@ def main():
                 "round_seconds": [round(s, 5) for s in times[name]],
             }))
         ratios = {"model_dtype": dtype_name}
-        for zoe_name in ("zoe_cpu", "zoe_cpu_fast"):
+        for zoe_name in ("zoe_cpu", "zoe_cpu_copy", "zoe_cpu_fast"):
             for peer in ("deepspeed_cpu_adam", "torch_foreach"):
                 if zoe_name in medians and peer in medians:
                     ratios[f"{zoe_name}_speedup_vs_{peer}"] = round(
