@@ -260,9 +260,10 @@ long MinorFaults() {
   return usage.ru_minflt;
 }
 
-// Steady-state steps touch only memory they touched before: a step that allocated and filled a
-// fresh buffer (a staging copy, a scratch area) would fault in its pages every time. Counts, not
-// times: 20 steps of 2^21 parameters may fault in fewer pages than one such 128 KiB buffer.
+// Steady-state steps touch only memory they touched before: a step that mapped a scratch area or
+// allocated a staging buffer too large for the heap to recycle (glibc maps those afresh every
+// time) would fault in its pages on every step. Counts, not times: 20 steps of 2^21 parameters
+// may fault in fewer pages than one 128 KiB buffer has.
 TEST(StepMemory, SteadyStateStepsFaultInNoFreshPages) {
   for (bool zero_copy : {false, true}) {
     HarnessOptions options = HostOptions(DType::kF32, zero_copy);
