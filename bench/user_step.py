@@ -17,8 +17,11 @@ gradients set; every optimizer steps the same model from the same seed on THREAD
 
 Each round builds every optimizer in turn, in the opposite order on odd rounds, takes one
 untimed step (state creation) and STEPS timed ones; a round's figure is the median of its
-steps, the reported figure the median over ROUNDS rounds. One JSON line per optimizer and model
-dtype, then one with the ratios. Environment: THREADS (2), LAYERS (16), STEPS (5), ROUNDS (3),
+steps, the reported figure the median over ROUNDS rounds. With MODE=interleaved every optimizer
+is built once (each on its own copy of the model) and their steps alternate one by one, ROUNDS x
+STEPS timed steps each, the figure being the median of those: on a shared machine whose load
+drifts, neighbouring steps see the same load. One JSON line per optimizer and model dtype, then
+one with the ratios. Environment: THREADS (2), LAYERS (16), STEPS (5), ROUNDS (3),
 DTYPES ("fp32,bf16"), IMPLS (a comma list of the names above; default all).
 
   ZOE_LIBRARY=build/release/integrations/libzoe.so PYTHONPATH=integrations/python \\
@@ -169,6 +172,24 @@ def time_round(make, dtype):
     return statistics.median(samples), count
 
 
+def time_interleaved(impls, dtype):
+    """Per optimizer: ROUNDS * STEPS step times, the optimizers' steps alternating one by one."""
+    built = {name: make(make_model(dtype)) for name, make in impls.items()}
+    for optimizer in built.values():
+        optimizer.step()  # state creation, untimed
+    times = {name: [] for name in built}
+    for index in range(ROUNDS * STEPS):
+        order = list(built) if index % 2 == 0 else list(reversed(built))
+        for name in order:
+            start = time.perf_counter()
+            built[name].step()
+            times[name].append(time.perf_counter() - start)
+    for optimizer in built.values():
+        if hasattr(optimizer, "close"):
+            optimizer.close()
+    return times
+
+
 def main():
     ds, why_not = load_deepspeed()
     if ds is None:
@@ -177,8 +198,11 @@ def main():
     for dtype_name in os.environ.get("DTYPES", "fp32,bf16").split(","):
         dtype = DTYPES[dtype_name]
         times = {name: [] for name in impls}
-        count = 0
-        for round_index in range(ROUNDS):
+        count = sum(p.numel() for p in make_model(dtype).parameters())
+        interleaved = os.environ.get("MODE") == "interleaved"
+        if interleaved:
+            times = time_interleaved(impls, dtype)
+        for round_index in range(0 if interleaved else ROUNDS):
             order = list(impls) if round_index % 2 == 0 else list(reversed(impls))
             for name in order:
                 seconds, count = time_round(impls[name], dtype)
@@ -187,9 +211,11 @@ def main():
         for name, seconds in medians.items():
             print(json.dumps({
                 "impl": name, "model_dtype": dtype_name, "params": count, "threads": THREADS,
-                "steps": STEPS, "rounds": ROUNDS, "seconds_per_step": round(seconds, 5),
+                "steps": STEPS, "rounds": ROUNDS, "mode": "interleaved" if interleaved else "rounds",
+                "seconds_per_step": round(seconds, 5),
                 "gparams_per_s": round(count / seconds / 1e9, 3),
-                "round_seconds": [round(s, 5) for s in times[name]],
+                "samples_seconds" if interleaved else "round_seconds": [
+                    round(s, 5) for s in times[name]],
             }))
         ratios = {"model_dtype": dtype_name}
         for zoe_name in ("zoe_cpu", "zoe_cpu_copy", "zoe_cpu_fast"):
