@@ -9,13 +9,19 @@ gradients set; every optimizer steps the same model from the same seed on THREAD
   deepspeed_cpu_adam  DeepSpeed's CPU Adam driven per parameter as DeepSpeedCPUAdam.step() does
                       (fp32 masters for a bf16 model, as above), when its extension is built
                       (../shared/peers/setup; ZOE_PEERS_KIT names the kit's folder)
-  zoe_cpu             zoe.torch.AdamW(offload="cpu"), exact arithmetic (the default)
-  zoe_cpu_fast        the same with zoe.arithmetic = "fast"
+  zoe_cpu             zoe.torch.AdamW(offload="cpu"), exact arithmetic (the defaults; for an fp32
+                      model that is the zero-copy form: the parameters are the master weights)
+  zoe_cpu_copy        the same with zero_copy=False: a separate fp32 master, the updated
+                      parameters written back by the kernel's pass (what a bf16 model always does)
+  zoe_cpu_fast        zoe_cpu with zoe.arithmetic = "fast"
 
 Each round builds every optimizer in turn, in the opposite order on odd rounds, takes one
 untimed step (state creation) and STEPS timed ones; a round's figure is the median of its
-steps, the reported figure the median over ROUNDS rounds. One JSON line per optimizer and model
-dtype, then one with the ratios. Environment: THREADS (2), LAYERS (16), STEPS (5), ROUNDS (3),
+steps, the reported figure the median over ROUNDS rounds. With MODE=interleaved every optimizer
+is built once (each on its own copy of the model) and their steps alternate one by one, ROUNDS x
+STEPS timed steps each, the figure being the median of those: on a shared machine whose load
+drifts, neighbouring steps see the same load. One JSON line per optimizer and model dtype, then
+one with the ratios. Environment: THREADS (2), LAYERS (16), STEPS (5), ROUNDS (3),
 DTYPES ("fp32,bf16"), IMPLS (a comma list of the names above; default all).
 
   ZOE_LIBRARY=build/release/integrations/libzoe.so PYTHONPATH=integrations/python \\
@@ -129,15 +135,16 @@ class DeepSpeedCpuAdam:
         self.ds.destroy_adam(self.oid)
 
 
-def zoe_adamw(model, arithmetic):
+def zoe_adamw(model, arithmetic, zero_copy=None):
     config = zt.engine_config("cpu", arithmetic=arithmetic)
-    return zt.AdamW(model.parameters(), config=json.dumps(config), **HYPER)
+    return zt.AdamW(model.parameters(), config=json.dumps(config), zero_copy=zero_copy, **HYPER)
 
 
 def makers(ds):
     out = {
         "torch_foreach": TorchAdamW,
         "zoe_cpu": lambda model: zoe_adamw(model, "exact"),
+        "zoe_cpu_copy": lambda model: zoe_adamw(model, "exact", zero_copy=False),
         "zoe_cpu_fast": lambda model: zoe_adamw(model, "fast"),
     }
     if ds is not None:
@@ -165,6 +172,24 @@ def time_round(make, dtype):
     return statistics.median(samples), count
 
 
+def time_interleaved(impls, dtype):
+    """Per optimizer: ROUNDS * STEPS step times, the optimizers' steps alternating one by one."""
+    built = {name: make(make_model(dtype)) for name, make in impls.items()}
+    for optimizer in built.values():
+        optimizer.step()  # state creation, untimed
+    times = {name: [] for name in built}
+    for index in range(ROUNDS * STEPS):
+        order = list(built) if index % 2 == 0 else list(reversed(built))
+        for name in order:
+            start = time.perf_counter()
+            built[name].step()
+            times[name].append(time.perf_counter() - start)
+    for optimizer in built.values():
+        if hasattr(optimizer, "close"):
+            optimizer.close()
+    return times
+
+
 def main():
     ds, why_not = load_deepspeed()
     if ds is None:
@@ -173,8 +198,11 @@ def main():
     for dtype_name in os.environ.get("DTYPES", "fp32,bf16").split(","):
         dtype = DTYPES[dtype_name]
         times = {name: [] for name in impls}
-        count = 0
-        for round_index in range(ROUNDS):
+        count = sum(p.numel() for p in make_model(dtype).parameters())
+        interleaved = os.environ.get("MODE") == "interleaved"
+        if interleaved:
+            times = time_interleaved(impls, dtype)
+        for round_index in range(0 if interleaved else ROUNDS):
             order = list(impls) if round_index % 2 == 0 else list(reversed(impls))
             for name in order:
                 seconds, count = time_round(impls[name], dtype)
@@ -183,12 +211,14 @@ def main():
         for name, seconds in medians.items():
             print(json.dumps({
                 "impl": name, "model_dtype": dtype_name, "params": count, "threads": THREADS,
-                "steps": STEPS, "rounds": ROUNDS, "seconds_per_step": round(seconds, 5),
+                "steps": STEPS, "rounds": ROUNDS, "mode": "interleaved" if interleaved else "rounds",
+                "seconds_per_step": round(seconds, 5),
                 "gparams_per_s": round(count / seconds / 1e9, 3),
-                "round_seconds": [round(s, 5) for s in times[name]],
+                "samples_seconds" if interleaved else "round_seconds": [
+                    round(s, 5) for s in times[name]],
             }))
         ratios = {"model_dtype": dtype_name}
-        for zoe_name in ("zoe_cpu", "zoe_cpu_fast"):
+        for zoe_name in ("zoe_cpu", "zoe_cpu_copy", "zoe_cpu_fast"):
             for peer in ("deepspeed_cpu_adam", "torch_foreach"):
                 if zoe_name in medians and peer in medians:
                     ratios[f"{zoe_name}_speedup_vs_{peer}"] = round(

@@ -94,6 +94,7 @@ struct GroupDocument {
   double lr_decay = -1.0;  // < 0: not given
   std::optional<Json> segments;
   bool speculative = false;
+  std::string master;  // "params": the initial parameters are the master; "" or "zoe": a copy
 };
 
 Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* spec) {
@@ -114,7 +115,8 @@ Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* sp
       .UInt("slots", &doc->slots, 1, 2)
       .Double("lr_decay", &doc->lr_decay, 0.0, kHugeNumber)
       .Value("segments", &doc->segments)
-      .Bool("speculative", &doc->speculative);
+      .Bool("speculative", &doc->speculative)
+      .String("master", &doc->master);
   return reader.Finish();
 }
 
@@ -144,6 +146,13 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
   }
   spec->options.name = doc.name;
   spec->options.speculative = doc.speculative;
+  if (doc.master != "" && doc.master != "zoe" && doc.master != "params") {
+    return Status::InvalidArgument(fmt::format(
+        "master = '{}' is not allowed; allowed: 'zoe' (a copy in the group's state, the default) "
+        "or 'params' (the initial fp32 parameters are the master, borrowed for the group's life)",
+        doc.master));
+  }
+  spec->options.master_in_params = doc.master == "params";
   if (!doc.type.empty()) {
     ZOE_ASSIGN_OR_RETURN(spec->options.kind, ParseGroupType(doc.type));
   }

@@ -98,10 +98,11 @@ Result<PlacedViews> PlaceViews(const std::string& group, std::string_view what,
 }
 
 // Fills a chunk's extent: master from the caller's parameters (widened exactly), moments and
-// padding zero.
+// padding zero. An external master is the caller's parameters already.
 Status FillInitialState(const ChunkRegions& regions, std::byte* base, const PlacedViews& params,
                         const optim::RunOptions& run) {
   std::memset(base, 0, regions.bytes);
+  if (regions.master_external) return Status::Ok();
   auto* master = reinterpret_cast<float*>(base + regions.offset[0]);
   const size_t end = regions.first + regions.count;
   for (auto view = FindView(params, regions.first); view != params.end() && view->offset < end;
@@ -137,10 +138,11 @@ void SetBlockScales(const ChunkRegions& regions, std::byte* base, size_t k,
 
 // Updates elements [from, to) of the chunk whose state is at `base` with gradient view `grad`
 // and step `step`, writing the parameter view `param` (null: none) in its dtype, fp32 included,
-// in the kernel's own pass over the elements while they are in cache.
+// in the kernel's own pass over the elements while they are in cache. `master`: the caller's fp32
+// view holding the master of [from, to) (master_in_params), or null for the chunk's own.
 Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
-                   const PlacedView& grad, const PlacedView* param, size_t from, size_t to,
-                   int64_t step, const optim::RunOptions& run) {
+                   const PlacedView& grad, const PlacedView* param, const PlacedView* master,
+                   size_t from, size_t to, int64_t step, const optim::RunOptions& run) {
   const size_t k = from - regions.first;
   const size_t state_bytes = optim::SizeOf(in.state_dtype);
   optim::ChunkLayout layout;
@@ -148,7 +150,8 @@ Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInput
   layout.state = in.state_dtype;
   if (param != nullptr) layout.param_copy = param->dtype;
   optim::ChunkBuffers buffers;
-  buffers.master = reinterpret_cast<float*>(base + regions.offset[0]) + k;
+  buffers.master = master != nullptr ? reinterpret_cast<float*>(ElementAt(*master, from))
+                                     : reinterpret_cast<float*>(base + regions.offset[0]) + k;
   buffers.grad = ElementAt(grad, from);
   if (regions.used[1]) buffers.exp_avg = base + regions.offset[1] + k * state_bytes;
   if (regions.used[2]) buffers.exp_avg_sq = base + regions.offset[2] + k * state_bytes;
@@ -159,30 +162,56 @@ Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInput
 }
 
 // Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
-// on the calling thread. The range is split at every gradient view, parameter view and segment
-// boundary, and UpdatePiece runs on each piece that has a gradient, with its segment's step
-// (bias correction); a piece without one (absent) is left as it is, state and parameter view
-// alike. The update is elementwise, so the result is the same as one call per segment.
+// on the calling thread. The range is split at every gradient view, parameter view, external
+// master view and segment boundary, and UpdatePiece runs on each piece that has a gradient, with
+// its segment's step (bias correction); a piece without one (absent) is left as it is, state and
+// parameter view alike. The update is elementwise, so the result is the same as one call per
+// segment.
 Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
                         size_t begin, size_t end, const optim::RunOptions& run) {
   const size_t last = regions.first + end;
   auto grad = FindView(*in.grads, regions.first + begin);
   const bool with_params = !in.params->empty();
   auto param = with_params ? FindView(*in.params, regions.first + begin) : in.params->end();
+  const bool external = in.external_master();
+  auto master =
+      external ? FindView(*in.masters, regions.first + begin) : PlacedViews::const_iterator();
   for (size_t pos = regions.first + begin; pos < last;) {
     const size_t segment = SegmentAt(in.segment_ends, pos);
-    const size_t piece_end =
-        std::min({last, grad->end(), with_params ? param->end() : last, in.segment_ends[segment]});
+    const size_t piece_end = std::min({last, grad->end(), with_params ? param->end() : last,
+                                       external ? master->end() : last, in.segment_ends[segment]});
     if (grad->present()) {
       ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
-                                      pos, piece_end, in.segment_step[segment], run));
+                                      external ? &*master : nullptr, pos, piece_end,
+                                      in.segment_step[segment], run));
     }
     pos = piece_end;
     if (pos == grad->end()) ++grad;
     if (with_params && pos == param->end()) ++param;
+    if (external && pos == master->end()) ++master;
   }
   return Status::Ok();
 }
+
+}  // namespace
+
+// Elements [from, to) of fp32 views that cover them, copied into `out` (element `from` at out[0]).
+void detail::GatherFromViews(const PlacedViews& views, size_t from, size_t to, float* out) {
+  for (auto view = FindView(views, from); view != views.end() && view->offset < to; ++view) {
+    const size_t a = std::max(from, view->offset), b = std::min(to, view->end());
+    std::memmove(out + (a - from), ElementAt(*view, a), (b - a) * sizeof(float));
+  }
+}
+
+// The inverse: `values` (element `from` at values[0]) copied into the views.
+void detail::ScatterToViews(const PlacedViews& views, size_t from, size_t to, const float* values) {
+  for (auto view = FindView(views, from); view != views.end() && view->offset < to; ++view) {
+    const size_t a = std::max(from, view->offset), b = std::min(to, view->end());
+    std::memmove(ElementAt(*view, a), values + (a - from), (b - a) * sizeof(float));
+  }
+}
+
+namespace {
 
 // int8 state, a block [from, to) that gradient or parameter views cut: its gradients are
 // gathered (widened exactly to fp32) and its parameters scattered (with the kernels' rounding)
@@ -207,9 +236,16 @@ Status UpdateStagedBlock(const ChunkRegions& regions, std::byte* base, const Ste
                         to - from};
   const PlacedView param{from, reinterpret_cast<std::byte*>(param_buffer.data()), DType::kF32,
                          to - from};
+  // An external master cut by the caller's views is staged the same way, in and out.
+  std::array<float, optim::kQuantBlock> master_buffer;
+  const PlacedView master{from, reinterpret_cast<std::byte*>(master_buffer.data()), DType::kF32,
+                          to - from};
+  const bool external = in.external_master();
+  if (external) detail::GatherFromViews(*in.masters, from, to, master_buffer.data());
   const bool with_params = !in.params->empty();
-  ZOE_RETURN_IF_ERROR(
-      UpdatePiece(regions, base, in, grad, with_params ? &param : nullptr, from, to, step, run));
+  ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, grad, with_params ? &param : nullptr,
+                                  external ? &master : nullptr, from, to, step, run));
+  if (external) detail::ScatterToViews(*in.masters, from, to, master_buffer.data());
   if (!with_params) return Status::Ok();
   for (auto view = FindView(*in.params, from); view != in.params->end() && view->offset < to;
        ++view) {
@@ -236,14 +272,18 @@ Status UpdateQuantizedRange(const ChunkRegions& regions, std::byte* base, const 
     const size_t segment_end = std::min(last, in.segment_ends[segment]);
     const auto grad = FindView(*in.grads, pos);
     const auto param = with_params ? FindView(*in.params, pos) : in.params->end();
+    const bool external = in.external_master();
+    const auto master = external ? FindView(*in.masters, pos) : in.params->end();
+    const PlacedView* master_view = external ? &*master : nullptr;
     const size_t piece_end =
-        std::min({segment_end, grad->end(), with_params ? param->end() : segment_end});
+        std::min({segment_end, grad->end(), with_params ? param->end() : segment_end,
+                  external ? master->end() : segment_end});
     const int64_t step = in.segment_step[segment];
     const size_t relative_end = piece_end - regions.first;
     if (piece_end == segment_end || relative_end % optim::kQuantBlock == 0) {
       if (grad->present()) {
         ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
-                                        pos, piece_end, step, run));
+                                        master_view, pos, piece_end, step, run));
       }
       pos = piece_end;
       continue;
@@ -253,7 +293,7 @@ Status UpdateQuantizedRange(const ChunkRegions& regions, std::byte* base, const 
         std::max(pos, regions.first + relative_end / optim::kQuantBlock * optim::kQuantBlock);
     if (cut > pos && grad->present()) {
       ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
-                                      pos, cut, step, run));
+                                      master_view, pos, cut, step, run));
     }
     const size_t cut_end =
         std::min(segment_end,
@@ -333,7 +373,30 @@ Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r)
     return bad(fmt::format("buffer_count {} is out of range; allowed: >= 2", o.buffer_count));
   }
   if (o.run.tile_elements == 0) return bad("run.tile_elements is 0; allowed: >= 1");
+  if (o.master_in_params && o.placement != Tier::kHost) {
+    return bad(fmt::format(
+        "the master in the caller's parameters (master_in_params) needs every chunk in HOST; "
+        "placement is {} (allowed with it: host, offload_optimizer.device = cpu)",
+        TierName(o.placement)));
+  }
+  if (o.master_in_params && o.speculative) {
+    return bad(
+        "speculation and the master in the caller's parameters (master_in_params) "
+        "exclude each other; allowed: one of them");
+  }
   if (r.pinned == nullptr) return bad("no pinned memory pool given");
+  return Status::Ok();
+}
+
+// master_in_params: the initial views are the master, so they must be fp32.
+Status CheckMasterViews(const std::string& group, std::span<const ParamView> views) {
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].count == 0 || views[i].dtype == DType::kF32) continue;
+    return Status::InvalidArgument(fmt::format(
+        "optimizer group '{}': initial parameter view {} is {}; the master in the caller's "
+        "parameters (master_in_params) needs fp32 views",
+        group, i, optim::DTypeName(views[i].dtype)));
+  }
   return Status::Ok();
 }
 
@@ -365,7 +428,7 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
       segment_ends(SegmentEnds(options)),
       resources(borrowed),
       layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block,
-             segment_ends),
+             segment_ends, options.master_in_params),
       nvme_count(NvmeChunkCount(options, layout.chunk_count())),
       scanner(options.count, options.run.tile_elements),
       chunk_covered(layout.chunk_count(), 0),
@@ -441,6 +504,7 @@ Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(
   ZOE_RETURN_IF_ERROR(CheckOptions(options, resources));
   ZOE_ASSIGN_OR_RETURN(PlacedViews params, PlaceViews(options.name, "initial parameter",
                                                       initial_params, options.count));
+  if (options.master_in_params) ZOE_RETURN_IF_ERROR(CheckMasterViews(options.name, initial_params));
   const size_t chunks = CeilDiv(options.count, options.chunk_elements);
   const bool uses_nvme = NvmeChunkCount(options, chunks) > 0;
   if (uses_nvme && (resources.io == nullptr || resources.swap == nullptr)) {
@@ -464,6 +528,7 @@ Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(
   }
   auto impl = std::make_unique<Impl>(options, resources, io_block);
   ZOE_RETURN_IF_ERROR(CheckCapacity(options, impl->layout, impl->nvme_count, resources));
+  if (options.master_in_params) impl->masters = params;
   ZOE_RETURN_IF_ERROR(impl->AllocateState(options.buffer_count, options.speculative));
   ZOE_RETURN_IF_ERROR(impl->WriteInitialState(params, options.run));
   ZOE_LOG_DEBUG("optimizer group '{}': {} parameters in {} chunks, {} on NVMe", options.name,
@@ -533,7 +598,7 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
     if (!scaling->skip) {
       const StepInputs inputs{&args.hyper,      impl.segment_ends,    segment_step,
                               scaling->scaling, options_.state_dtype, &grads,
-                              &params,          &options_.run};
+                              &params,          &options_.run,        &impl.masters};
       status = impl.ApplyStep(inputs, present_chunks, outcome == Outcome::kCommit, &report);
     } else if (outcome == Outcome::kDiscard) {
       status = impl.RestoreParams();
@@ -573,7 +638,9 @@ Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
   if (commit) impl.Flip(SpeculatedNvmeChunks());
   impl.CommitCache();
   const Clock::time_point start = Clock::now();
-  for (size_t c = impl.nvme_count; c < impl.layout.chunk_count(); ++c) {
+  // Last chunk first: the gradient scan just read the gradients in ascending order, so the last
+  // ones are the likeliest to be still in the cache when their update reads them again.
+  for (size_t c = impl.layout.chunk_count(); c-- > impl.nvme_count;) {
     if (commit && speculation->updated[c])
       std::swap(host[c - nvme_count], host_spare[c - nvme_count]);
     if (!pending[c]) continue;
@@ -785,6 +852,10 @@ Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float>
   ZOE_RETURN_IF_ERROR(impl.CheckUsable("read state"));
   const auto r = static_cast<size_t>(slot);
   const size_t end = offset + out.size();
+  if (slot == StateSlot::kMaster && !impl.masters.empty()) {
+    detail::GatherFromViews(impl.masters, offset, end, out.data());
+    return Status::Ok();
+  }
   AlignedBuffer staging;
   for (size_t pos = offset; pos < end;) {
     const size_t c = impl.layout.ChunkOf(pos);
@@ -825,6 +896,10 @@ Status OptimizerGroup::StoreState(size_t chunk, std::byte* state, size_t r, size
   const ChunkRegions regions = impl_->layout.chunk(chunk);
   const size_t from = std::max(offset, regions.first);
   const size_t to = std::min(offset + values.size(), regions.first + regions.count);
+  if (r == 0 && regions.master_external) {
+    detail::ScatterToViews(impl_->masters, from, to, values.data() + (from - offset));
+    return Status::Ok();
+  }
   if (options_.state_dtype == optim::DType::kI8 && r != 0) {
     return WriteQuantized(regions, state, r, from - regions.first, to - regions.first,
                           values.data() + (from - offset));

@@ -41,6 +41,18 @@
 // chunks updated before the failure already hold their new values while the state does not; the
 // next successful step writes every view again.
 //
+// Master in the caller's parameters (options.master_in_params). The fp32 parameters given to
+// Create ARE the master weights (as DeepSpeed's CPU Adam keeps them): the group borrows them for
+// its whole life, updates them in place in the kernel's pass, and its chunks hold only the
+// moments, saving 4 bytes per parameter and the write-back copy. Every chunk must be in HOST
+// (placement kHost), the initial views fp32, and speculation off (its spare copy of a chunk cannot
+// hold a master that lives outside it); InvalidArgument naming the first violation otherwise.
+// ReadState, WriteState, Save and Load address the master in the caller's memory, so state reads,
+// state dicts and checkpoint files are the same as without the option (a checkpoint written by
+// one form loads into the other). The caller must keep the buffers alive and in place; writing
+// them between steps changes the master (as an in-place write to a torch parameter changes
+// DeepSpeed's). A step needs no parameter views then (given ones are written as usual).
+//
 // Speculation (options.speculative). After Speculate(args) gives a step's hyper-parameters, loss
 // scale and parameter views ahead of its gradients, every chunk whose gradients AccumulateGrad
 // completes is updated at once, assuming finite gradients and no clipping: an NVMe chunk through
@@ -117,8 +129,10 @@ struct OptimizerGroupOptions {
   size_t chunk_elements = size_t{1} << 23;  // the pipeline unit, > 0
   uint32_t buffer_count = 4;                // pinned pipeline buffers, >= 2
   bool speculative = false;                 // allows Speculate; HOST chunks get spare buffers
-  uint32_t slots = 2;     // NVMe extents per chunk: 2 (atomic steps) or 1 (in place, "Single slot")
-  optim::RunOptions run;  // kernel threads, ISA, tile size
+  uint32_t slots = 2;  // NVMe extents per chunk: 2 (atomic steps) or 1 (in place, "Single slot")
+  bool master_in_params = false;  // the initial parameters are the master ("Master in the caller's
+                                  // parameters"); borrowed for the group's life
+  optim::RunOptions run;          // kernel threads, ISA, tile size
 };
 
 // What a group borrows; all must outlive it. `io` and `swap` are needed only when some chunk is

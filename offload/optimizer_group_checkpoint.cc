@@ -25,12 +25,29 @@ namespace {
 
 std::string StateFileName(const std::string& group) { return group + ".state"; }
 
-// Reads one chunk's regions from the reader into the padded layout at `state`.
-Status ReadChunkPayload(CheckpointReader& reader, const ChunkRegions& regions, std::byte* state) {
+// Reads one chunk's regions from the reader into the padded layout at `state`; an external
+// master (regions.master_external) into `master` instead, the chunk's first element at master[0].
+Status ReadChunkPayload(CheckpointReader& reader, const ChunkRegions& regions, std::byte* state,
+                        float* master = nullptr) {
   std::memset(state, 0, regions.bytes);
   for (size_t r = 0; r < kStateRegions; ++r) {
     if (!regions.used[r]) continue;
-    ZOE_RETURN_IF_ERROR(reader.Read(std::span(state + regions.offset[r], regions.payload(r))));
+    std::byte* target = state + regions.offset[r];
+    if (r == 0 && regions.master_external) target = reinterpret_cast<std::byte*>(master);
+    ZOE_RETURN_IF_ERROR(reader.Read(std::span(target, regions.payload(r))));
+  }
+  return Status::Ok();
+}
+
+// Appends the external master of chunk elements [first, first + count) from the caller's views.
+Status AppendExternalMaster(CheckpointWriter& writer, const detail::PlacedViews& masters,
+                            size_t first, size_t count) {
+  const size_t end = first + count;
+  for (auto view = detail::FindView(masters, first); view != masters.end() && view->offset < end;
+       ++view) {
+    const size_t a = std::max(first, view->offset), b = std::min(end, view->end());
+    ZOE_RETURN_IF_ERROR(
+        writer.Append(std::span(detail::ElementAt(*view, a), (b - a) * sizeof(float))));
   }
   return Status::Ok();
 }
@@ -77,8 +94,11 @@ Status OptimizerGroup::Save(CheckpointWriter& writer) const {
     }
     for (size_t r = 0; r < kStateRegions; ++r) {
       if (!regions.used[r]) continue;
-      ZOE_RETURN_IF_ERROR(writer.Append(std::span(state + regions.offset[r], regions.payload(r)))
-                              .WithContext(impl.ChunkName(c)));
+      Status appended =
+          r == 0 && regions.master_external
+              ? AppendExternalMaster(writer, impl.masters, regions.first, regions.count)
+              : writer.Append(std::span(state + regions.offset[r], regions.payload(r)));
+      ZOE_RETURN_IF_ERROR(appended.WithContext(impl.ChunkName(c)));
     }
   }
   return writer.EndFile();
@@ -172,9 +192,13 @@ Status OptimizerGroup::PrepareLoad(CheckpointReader& reader) {
         return ReadChunkPayload(reader, impl.layout.chunk(chunk), state);
       },
       &totals);
+  // An external master is staged whole, and copied into the caller's views by CommitLoad.
+  if (!impl.masters.empty()) prepared.master.resize(impl.count);
   for (size_t c = impl.nvme_count; c < impl.layout.chunk_count() && read.ok(); ++c) {
     std::byte* staged = prepared.host[c - impl.nvme_count].data();
-    read = ReadChunkPayload(reader, impl.layout.chunk(c), staged).WithContext(impl.ChunkName(c));
+    const ChunkRegions regions = impl.layout.chunk(c);
+    float* master = prepared.master.empty() ? nullptr : prepared.master.data() + regions.first;
+    read = ReadChunkPayload(reader, regions, staged, master).WithContext(impl.ChunkName(c));
   }
   if (read.ok()) read = reader.EndFile();
   ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(read), totals.bytes_written));
@@ -209,6 +233,9 @@ void OptimizerGroup::CommitLoad() {
   // reads those chunks again.
   impl.ReleasePrefetched();
   impl.host.swap(impl.prepared_load->host);
+  if (!impl.masters.empty()) {
+    detail::ScatterToViews(impl.masters, 0, impl.count, impl.prepared_load->master.data());
+  }
   steps_taken_ = impl.prepared_load->steps_taken;
   segment_steps_ = std::move(impl.prepared_load->segment_steps);
   impl.prepared_load.reset();

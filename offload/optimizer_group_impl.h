@@ -71,7 +71,15 @@ struct StepInputs {
   const PlacedViews* grads;
   const PlacedViews* params;  // empty: no parameters written
   const optim::RunOptions* run;
+  // The master in the caller's fp32 parameters (master_in_params); null or empty: in the chunk.
+  const PlacedViews* masters = nullptr;
+  bool external_master() const { return masters != nullptr && !masters->empty(); }
 };
+
+// Elements [from, to) of fp32 views that cover them, gathered into `out` (element `from` at
+// out[0]), and the inverse (memmove: a caller may hand a view its own values back).
+void GatherFromViews(const PlacedViews& views, size_t from, size_t to, float* out);
+void ScatterToViews(const PlacedViews& views, size_t from, size_t to, const float* values);
 
 // Updates one chunk whose state is at `base` in stripes on the kernel threads (chunk_update.h),
 // verifying and computing its block checksums as `checksums` asks: the one update path of every
@@ -122,7 +130,8 @@ struct OptimizerGroup::Impl {
     std::vector<PinnedBuffer> host;   // the new HOST chunks, in chunk order
     int64_t steps_taken = 0;
     std::vector<int64_t> segment_steps;
-    bool in_place = false;  // single slot: the NVMe chunks already hold the checkpoint's state
+    bool in_place = false;      // single slot: the NVMe chunks already hold the checkpoint's state
+    std::vector<float> master;  // master_in_params: the checkpoint's master, for every element
   };
   // A step whose chunks are updated as their gradients complete (OptimizerGroup::Speculate).
   struct Speculation {
@@ -276,6 +285,8 @@ struct OptimizerGroup::Impl {
   std::vector<size_t> segment_ends;  // exclusive end of each segment, ascending; last = count
   OptimizerResources resources;
   StateLayout layout;
+  // master_in_params: the caller's fp32 parameters, which are the master (borrowed); else empty.
+  detail::PlacedViews masters;
   size_t nvme_count;
   std::vector<NvmeChunk> nvme;        // chunks [0, nvme_count)
   std::vector<PinnedBuffer> host;     // chunks [nvme_count, chunk_count)

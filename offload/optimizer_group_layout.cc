@@ -15,12 +15,13 @@ size_t ChunkRegions::BlockAt(size_t element) const {
 
 StateLayout::StateLayout(optim::Kind kind, optim::DType state_dtype, size_t count,
                          size_t chunk_elements, uint64_t io_block,
-                         std::span<const size_t> segment_ends)
+                         std::span<const size_t> segment_ends, bool external_master)
     : kind_(kind),
       state_dtype_(state_dtype),
       count_(count),
       chunk_elements_(chunk_elements),
       io_block_(io_block),
+      external_master_(external_master),
       chunk_count_(CeilDiv(count, chunk_elements)),
       split_begin_(chunk_count_ + 1, 0) {
   if (state_dtype != optim::DType::kI8) return;
@@ -53,9 +54,11 @@ ChunkRegions StateLayout::chunk(size_t index) const {
                                      split_begin_[index + 1] - split_begin_[index]);
     regions.block_count = CeilDiv(regions.count, optim::kQuantBlock) + regions.block_splits.size();
   }
+  regions.master_external = external_master_;
   uint64_t end = 0;
   for (size_t r = 0; r < kStateRegions; ++r) {
     regions.offset[r] = end;
+    if (r == 0 && external_master_) continue;  // no bytes in the extent
     end += AlignUp(regions.payload(r), kStateRegionAlignment);
   }
   regions.bytes = AlignUp(end, io_block_);

@@ -13,6 +13,11 @@
 // elements of two segments (a segment without a gradient keeps every byte of its state, scales
 // included) and never straddles a stripe (stripes start at multiples of 4096 elements). A block
 // cut by a segment start is split in two, each with its own scale.
+//
+// External master. When the master weights are the caller's fp32 parameters (a group created with
+// master_in_params), the master region takes no bytes of the extent (its offset is 0 and nothing
+// is stored there) but keeps its payload: a checkpoint holds the master either way, so the file is
+// the same whichever form wrote it.
 #pragma once
 
 #include <array>
@@ -46,6 +51,7 @@ struct ChunkRegions {
   std::array<uint64_t, kStateRegions> offset{};         // byte offset inside the extent
   std::array<uint64_t, kStateRegions> element_bytes{};  // 4 for master and scales, the state's
   uint64_t bytes = 0;                                   // the extent's length
+  bool master_external = false;  // the master lives in the caller's memory, not in the extent
   // int8 state: the chunk's quantization blocks, and the segment starts (relative to `first`,
   // ascending) that are not multiples of kQuantBlock, each of which splits a block.
   size_t block_count = 0;
@@ -65,9 +71,11 @@ class StateLayout {
  public:
   // Preconditions (checked by the group): count > 0, chunk_elements > 0, io_block a power of two
   // and a multiple of 4096, state dtype kF32, kBF16 or kI8. `segment_ends`: the exclusive end of
-  // each segment, ascending, the last one `count` (only kI8 uses them).
+  // each segment, ascending, the last one `count` (only kI8 uses them). `external_master`: the
+  // extents hold no master (see "External master").
   StateLayout(optim::Kind kind, optim::DType state_dtype, size_t count, size_t chunk_elements,
-              uint64_t io_block, std::span<const size_t> segment_ends = {});
+              uint64_t io_block, std::span<const size_t> segment_ends = {},
+              bool external_master = false);
 
   size_t chunk_count() const { return chunk_count_; }
   size_t chunk_elements() const { return chunk_elements_; }
@@ -86,6 +94,7 @@ class StateLayout {
   size_t count_;
   size_t chunk_elements_;
   uint64_t io_block_;
+  bool external_master_;
   size_t chunk_count_;
   // kI8: every segment start that splits a block, relative to its chunk, grouped by chunk:
   // chunk c's are block_splits_[split_begin_[c], split_begin_[c + 1]).

@@ -232,7 +232,13 @@ ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** o
  * decay; Adagrad also takes "lr_decay"; defaults come from the engine's configuration).
  * "segments" cuts the group into segments of those lengths (integers >= 0 adding up to the
  * group's elements; a framework's parameters), each with its own step count and bias correction
- * like torch's per-parameter state['step']; without it the group is one segment. Names are unique.
+ * like torch's per-parameter state['step']; without it the group is one segment.
+ * "master": "params" makes the fp32 `params` the master weights themselves (zero copy, as
+ * DeepSpeed's CPU Adam keeps them): they stay borrowed for the group's life and every step updates
+ * them in place, so the group holds only the moments (4 bytes per parameter less) and a step needs
+ * no params_out; it needs offload_optimizer.device cpu (every chunk in DRAM), no "speculative", and
+ * fp32 views (INVALID_ARGUMENT naming the violation otherwise). State reads and writes, checkpoints
+ * and their files are the same as with "master": "zoe" (the default, a copy). Names are unique.
  * Ids are given 0, 1, 2, ... in creation order. NO_SPACE / OUT_OF_MEMORY name the bytes needed and
  * free. */
 ZOE_API zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,

@@ -5,7 +5,16 @@ concatenated in order, are its elements, each parameter one segment of the group
 count (torch's state[p]['step']), and a step hands zoe one buffer view per parameter (gradients
 in, updated parameters out, in the parameters' own dtype). A parameter whose .grad is None is
 skipped as torch skips it: a gradient view without data, which leaves its state, its step count
-and the parameter untouched and keeps it out of the gradient norm."""
+and the parameter untouched and keeps it out of the gradient norm.
+
+Zero copy. A param group of fp32, contiguous CPU parameters whose state is in DRAM
+(offload="cpu") keeps no separate master by default: the parameters' own storage is the master
+(zoe group option master="params", as DeepSpeed's CPU Adam keeps it), updated in place by the
+step's kernel pass, so the group saves 4 bytes per parameter and the write-back copy, with the same
+bits as the copy form. The optimizer holds a reference to each parameter's storage for the group's
+life; a step or checkpoint after a parameter's storage was replaced (param.data = ...) is refused
+with FailedPrecondition naming it. ``zero_copy=False`` keeps a copy; ``zero_copy=True`` insists
+(InvalidArgument naming the first parameter or setting that prevents it)."""
 
 import contextlib
 import json
@@ -130,6 +139,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         capturable=False,
         device_backend=None,
         speculative=False,
+        zero_copy=None,
     ):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -142,12 +152,17 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if amsgrad or maximize or capturable:
             raise _invalid("zoe optimizers support neither amsgrad, maximize nor capturable")
+        if zero_copy not in (None, True, False):
+            raise _invalid(
+                f"zero_copy = {zero_copy!r} is not allowed; allowed: None (auto), True, False"
+            )
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise _invalid(f"optimizer name {name!r} must be letters, digits, '_', '.', '-'")
         self._name = name
         self._moment_dtype = moment_dtype
         self._max_grad_norm = float(max_grad_norm)
         self._speculative = bool(speculative)
+        self._zero_copy = zero_copy
         self._owns_engine = engine is None
         self._device_backend = device_backend
         params, staging_swap = _torch_device.listed_params(params, device_backend)
@@ -160,6 +175,9 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._zoe_groups = []  # per param group: zoe OptimizerGroup, created at its first use
         self._versions = []  # per param group: the parameters' version counters after our write
         self._pending = []  # per param group: a loaded state to apply when the group is created
+        # per param group: under zero copy, the parameters' tensors whose storage is the master
+        # (kept alive here), else None
+        self._masters = []
         self.last_step = []  # per param group: the StepResult of the latest step (None: none)
         defaults = dict(
             lr=lr,
@@ -220,6 +238,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             None if backend is None else _torch_device.DeviceGroup(self, group_index, backend)
         )
         self._zoe_groups.append(None)
+        self._masters.append(None)
         self._versions.append(None)
         self._pending.append(None)
         self.last_step.append(None)
@@ -233,7 +252,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         if zoe_group is not None:
             return zoe_group
         group = self.param_groups[group_index]
-        params = [_current_values(param) for param in group["params"]]
+        zero_copy = self._zero_copy_group(group_index)
+        if zero_copy:
+            params = [param.detach() for param in group["params"]]
+        else:
+            params = [_current_values(param) for param in group["params"]]
         zoe_group = self._engine.optimizer_group(
             self._group_name(group_index),
             _param_views(group_index, params),
@@ -246,13 +269,58 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             moment_dtype=self._moment_dtype,
             segments=[param.numel() for param in group["params"]],
             speculative=True if self._speculative_group(group_index) else None,
+            master="params" if zero_copy else None,
         )
         self._zoe_groups[group_index] = zoe_group
+        self._masters[group_index] = params if zero_copy else None
         self._record_versions(group_index)
         pending, self._pending[group_index] = self._pending[group_index], None
         if pending is not None:
             self._apply_state(group_index, pending)
         return zoe_group
+
+    def _zero_copy_group(self, group_index):
+        """Whether a param group's parameters are its master (see "Zero copy")."""
+        if self._zero_copy is False:
+            return False
+        obstacle = self._zero_copy_obstacle(group_index)
+        if obstacle is not None and self._zero_copy:
+            raise _invalid(f"zero_copy=True: {obstacle}")
+        return obstacle is None
+
+    def _zero_copy_obstacle(self, group_index):
+        """Why a param group cannot step zero-copy, or None."""
+        if self._device_groups[group_index] is not None:
+            return f"param group {group_index} steps on a device; zero copy takes CPU parameters"
+        section = self._engine.config["zero_optimization"]["offload_optimizer"]
+        if section["device"] == "nvme" and section.get("ratio", 1.0) > 0:
+            return "the optimizer state is on NVMe; zero copy needs it in DRAM (offload='cpu')"
+        for index, param in enumerate(self.param_groups[group_index]["params"]):
+            where = f"parameter {index} of param group {group_index}"
+            if _pager_of(param) is not None:
+                return f"{where} is paged; zero copy takes resident parameters"
+            if param.dtype != torch.float32:
+                return f"{where} is {param.dtype}; zero copy takes torch.float32 parameters"
+            if param.device.type != "cpu" or not param.is_contiguous():
+                return f"{where} is not a contiguous CPU tensor"
+        return None
+
+    def _check_masters(self, group_index):
+        """FailedPrecondition when a zero-copy parameter's storage was replaced since the group
+        was created (the group would keep updating the old storage)."""
+        masters = self._masters[group_index]
+        if masters is None:
+            return
+        params = self.param_groups[group_index]["params"]
+        for index, (param, master) in enumerate(zip(params, masters)):
+            if param.data_ptr() != master.data_ptr():
+                raise FailedPrecondition(
+                    _capi.Status.FAILED_PRECONDITION,
+                    f"parameter {index} of param group {group_index} no longer uses the storage "
+                    "that is its master (zero copy): its storage was replaced (param.data = ...?) "
+                    "after the first step; write new values in place (param.copy_(...)) or create "
+                    "the optimizer with zero_copy=False",
+                )
 
     def _speculative_group(self, group_index):
         """Whether a param group's steps speculate: asked for, and the group takes the device
@@ -275,6 +343,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                 _capi.Status.FAILED_PRECONDITION,
                 f"param group {group_index} changed its parameter list after its first step",
             )
+        if self._masters[group_index] is not None:
+            return  # zero copy: a write into a parameter is a write into its master
         offset = 0
         for param, version in zip(params, recorded or []):
             if version is not None and param._version != version:
@@ -315,6 +385,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             self.last_step[group_index] = None
             return
         zoe_group = self._zoe_group(group_index)
+        self._check_masters(group_index)
         self._sync_external_writes(group_index)
         self.last_step[group_index] = self._step_zoe(group_index, group, zoe_group, grads)
         self._record_versions(group_index)
@@ -323,10 +394,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         """zoe's step of one group on ``grads`` (None for a parameter without a gradient)."""
         params = [param.detach() for param in group["params"]]
         paged = any(_pager_of(param) for param in group["params"])
+        zero_copy = self._masters[group_index] is not None
         result = zoe_group.step(
             self._step_hyper(group_index),
             grads=[_grad_view(grad, param) for grad, param in zip(grads, params)],
-            params_out=[] if paged else _param_views(group_index, params),
+            params_out=[] if paged or zero_copy else _param_views(group_index, params),
         )
         if paged and not result.skipped:
             self._write_back(group_index, present=[grad is not None for grad in grads])
@@ -360,6 +432,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         acquired for writing one by one, so the group never needs to fit in DRAM at once);
         ``present``: per parameter, whether to write it (None: all)."""
         zoe_group = self._zoe_groups[group_index]
+        if self._masters[group_index] is not None:
+            return  # zero copy: the parameters are the master
         params = self.param_groups[group_index]["params"]
         offset = 0
         for index, param in enumerate(params):
@@ -541,11 +615,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             source = saved_master if saved_master is not None else _current_values(param)
             master[offset : offset + n] = source.reshape(-1).to(torch.float32)
             offset += n
-        for slot, values in (
-            (_capi.StateSlot.EXP_AVG, exp_avg),
-            (_capi.StateSlot.EXP_AVG_SQ, exp_avg_sq),
-            (_capi.StateSlot.MASTER, master),
-        ):
+        slots = [(_capi.StateSlot.EXP_AVG, exp_avg), (_capi.StateSlot.EXP_AVG_SQ, exp_avg_sq)]
+        # Zero copy: the master is the parameters themselves, which hold it already.
+        if not getattr(zoe_group, "master_in_params", False):
+            slots.append((_capi.StateSlot.MASTER, master))
+        for slot, values in slots:
             zoe_group.write_state(slot, 0, count, values.data_ptr())
 
     # --- streaming checkpoints -------------------------------------------------------------
@@ -559,6 +633,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         beside them. Creates the groups' state first where no step has been taken."""
         for group_index in range(len(self.param_groups)):
             self._zoe_group(group_index)
+            self._check_masters(group_index)
         self._engine.save_checkpoint(directory)
         groups = [
             {key: value for key, value in group.items() if key != "params"}
@@ -586,6 +661,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             raise ValueError("the checkpoint has a different number of parameter groups")
         for group_index in range(len(self.param_groups)):
             self._zoe_group(group_index)
+            self._check_masters(group_index)
         self._engine.load_checkpoint(directory)
         for group, saved in zip(self.param_groups, meta["param_groups"]):
             group.update(saved)

@@ -247,7 +247,9 @@ class Engine:
         ``params``: BufferViews that, concatenated, are the group's parameters (borrowed for the
         call). ``options``: lr, betas, eps, weight_decay, max_grad_norm, moment_dtype ("fp32",
         "bf16" or "int8"), segments (lengths of the segments, each with its own step count),
-        speculative (allows speculate()), as zoe_optim_group_create describes.
+        speculative (allows speculate()), master ("params": the fp32 ``params`` ARE the master
+        weights, updated in place and borrowed for the group's life: keep them alive and in
+        place; "zoe", the default: a copy), as zoe_optim_group_create describes.
         """
         spec = {"name": name, "type": type}
         spec.update({key: value for key, value in options.items() if value is not None})
@@ -262,7 +264,9 @@ class Engine:
             f"create optimizer group {name!r}",
         )
         segments = len(spec["segments"]) if "segments" in spec else 1
-        return OptimizerGroup(self, out.value, name, sum(view.count for view in params), segments)
+        group = OptimizerGroup(self, out.value, name, sum(view.count for view in params), segments)
+        group.master_in_params = spec.get("master") == "params"
+        return group
 
     def save_checkpoint(self, directory):
         """Saves every optimizer group to ``directory`` (streamed, crash-safe)."""
@@ -335,6 +339,7 @@ class OptimizerGroup:
         self.name = name
         self.count = count
         self.segments = segments
+        self.master_in_params = False  # the master is the caller's parameters (master="params")
 
     def __repr__(self):
         return f"zoe.OptimizerGroup({self.name!r}, id={self.id}, count={self.count})"
