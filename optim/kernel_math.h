@@ -60,8 +60,11 @@ struct ScalarOps {
   static float ReduceMax(F a) { return a; }
   // values[*codes]: the dequantized code, before its block's scale.
   static F Dequantize(const uint8_t* codes, const float* values) { return values[*codes]; }
-  static void StoreQuantized(uint8_t* codes, F normalized, const float* threshold) {
-    *codes = QuantizeNormalized(threshold, normalized);
+  // The byte of normalized (in [-1, 1]; [0, 1] for the unsigned code) by the bucket lookup.
+  template <bool kSigned>
+  static void StoreQuantized(uint8_t* codes, F normalized, const QuantCode& code) {
+    *codes =
+        kSigned ? QuantizeSignedByte(code, normalized) : QuantizeUnsignedByte(code, normalized);
   }
 };
 
@@ -276,12 +279,14 @@ void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
   if constexpr (kVariant.streaming) _mm_sfence();
 }
 
-// Quantizes the n (<= kQuantBlock) fp32 values x into codes[0, n) with `code`, storing the
-// block's absmax to *scale. The absmax is a maximum (exact, order-free) and each byte comes from
-// exact comparisons of x / absmax (one correctly rounded division), so every path gives the
-// same bytes. An all-zero block gets scale 0 and the code of 0.
-template <class V>
-void QuantizeBlock(const float* x, size_t n, const QuantCode& code, uint8_t* codes, float* scale) {
+// Quantizes the n (<= kQuantBlock) fp32 values x into codes[0, n) with the signed or unsigned
+// code, storing the block's absmax to *scale. The absmax is a maximum (exact, order-free) and
+// each byte is the exact nearest-code count of x / absmax (one correctly rounded division, then
+// integer operations: quantize.h), so every path gives the same bytes. An all-zero block gets
+// scale 0 and the code of 0.
+template <class V, bool kSigned>
+void QuantizeBlock(const float* x, size_t n, uint8_t* codes, float* scale) {
+  const QuantCode& code = kSigned ? kSignedCode : kUnsignedCode;
   float absmax = 0.0f;
   size_t i = 0;
   if constexpr (V::kWidth > 1) {
@@ -293,9 +298,10 @@ void QuantizeBlock(const float* x, size_t n, const QuantCode& code, uint8_t* cod
   const float divisor = absmax > 0.0f ? absmax : 1.0f;
   i = 0;
   for (; i + V::kWidth <= n; i += V::kWidth) {
-    V::StoreQuantized(codes + i, V::Div(V::LoadF32(x + i), V::Set(divisor)), code.threshold.data());
+    V::template StoreQuantized<kSigned>(codes + i, V::Div(V::LoadF32(x + i), V::Set(divisor)),
+                                        code);
   }
-  for (; i < n; ++i) codes[i] = QuantizeNormalized(code.threshold.data(), x[i] / divisor);
+  for (; i < n; ++i) ScalarOps::StoreQuantized<kSigned>(codes + i, x[i] / divisor, code);
   *scale = absmax;
 }
 
@@ -317,12 +323,12 @@ void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t be
   if constexpr (UsesExpAvgSq(K)) p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
   Update<V, K, G, DType::kI8, C, UpdateVariant{}>(k, p, begin, end);
   if constexpr (UsesExpAvg(K)) {
-    QuantizeBlock<V>(exp_avg, end - begin, kSignedCode, static_cast<uint8_t*>(base.exp_avg) + begin,
-                     base.exp_avg_scale + block);
+    QuantizeBlock<V, true>(exp_avg, end - begin, static_cast<uint8_t*>(base.exp_avg) + begin,
+                           base.exp_avg_scale + block);
   }
   if constexpr (UsesExpAvgSq(K)) {
-    QuantizeBlock<V>(exp_avg_sq, end - begin, kUnsignedCode,
-                     static_cast<uint8_t*>(base.exp_avg_sq) + begin, base.exp_avg_sq_scale + block);
+    QuantizeBlock<V, false>(exp_avg_sq, end - begin, static_cast<uint8_t*>(base.exp_avg_sq) + begin,
+                            base.exp_avg_sq_scale + block);
   }
 }
 
@@ -342,13 +348,13 @@ void DequantizeBlock(const uint8_t* codes, size_t n, const QuantCode& code, floa
 template <class V, bool kSigned>
 void QuantizeBlockOf(const float* x, size_t n, uint8_t* codes, float* scale) {
   if constexpr (kSigned) {
-    QuantizeBlock<V>(x, n, kSignedCode, codes, scale);
+    QuantizeBlock<V, true>(x, n, codes, scale);
   } else {
     alignas(64) float roots[kQuantBlock];
     size_t i = 0;
     for (; i + V::kWidth <= n; i += V::kWidth) V::StoreF32(roots + i, V::Sqrt(V::LoadF32(x + i)));
     for (; i < n; ++i) roots[i] = ScalarOps::Sqrt(x[i]);
-    QuantizeBlock<V>(roots, n, kUnsignedCode, codes, scale);
+    QuantizeBlock<V, false>(roots, n, codes, scale);
   }
 }
 

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -55,6 +57,93 @@ TEST(QuantCode, NearestValueIsChosen) {
       const float error = std::fabs(code->value[byte] - x);
       for (size_t j = 0; j < kQuantCodeSize; ++j) {
         ASSERT_LE(error, std::fabs(code->value[j] - x) * (1 + 1e-6f)) << x << " " << j;
+      }
+    }
+  }
+}
+
+// The floats at which the byte of either the binary search (QuantizeNormalized) or the bucket
+// lookup can change, with a neighbour on each side: every threshold, every bucket boundary, the
+// ends of the range. Between two neighbouring points of this list both are constant (the search
+// changes only at thresholds, the lookup only there and at bucket boundaries), so agreeing on
+// all of them is agreeing on every float of [0, 1].
+std::vector<float> CriticalMagnitudes(const QuantCode& code) {
+  std::vector<float> points = {0.0f, std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::min(), 1e-30f, 1.0f};
+  const auto around = [&](float x) {
+    points.push_back(std::nextafter(x, 0.0f));
+    points.push_back(x);
+    if (x < 1.0f) points.push_back(std::nextafter(x, 2.0f));
+  };
+  for (size_t i = 0; i + 1 < kQuantCodeSize; ++i) {
+    if (code.threshold[i] > 0.0f) around(code.threshold[i]);
+  }
+  for (int32_t key = code.first_key; key <= kQuantLastKey; ++key) {
+    around(std::bit_cast<float>(static_cast<uint32_t>(key) << kQuantLowBits));
+  }
+  return points;
+}
+
+TEST(QuantCode, BucketLookupEqualsTheBinarySearchOnEveryFloat) {
+  static_assert(kQuantLastKey - kUnsignedCode.first_key < static_cast<int32_t>(kQuantBuckets));
+  for (float x : CriticalMagnitudes(kUnsignedCode)) {
+    ASSERT_EQ(QuantizeUnsignedByte(kUnsignedCode, x),
+              QuantizeNormalized(kUnsignedCode.threshold.data(), x))
+        << x;
+  }
+  for (float x : CriticalMagnitudes(kSignedCode)) {
+    for (float signed_x : {x, -x}) {
+      ASSERT_EQ(QuantizeSignedByte(kSignedCode, signed_x),
+                QuantizeNormalized(kSignedCode.threshold.data(), signed_x))
+          << signed_x;
+    }
+  }
+  // Outside the code's range the lookup stays in its table: negative values take the unsigned
+  // code's 0, as the search does; NaN and values above 1 the byte of 1.
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, -0.5f), 0);
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, -0.0f), 0);
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, NAN), 255);
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, INFINITY), 255);
+  EXPECT_EQ(QuantizeSignedByte(kSignedCode, 2.0f), 255);
+  EXPECT_EQ(QuantizeSignedByte(kSignedCode, -INFINITY), 0);
+}
+
+// Every path's quantizer against the definition on the critical floats: blocks whose first
+// element is the block's absmax 1 (so each normalized value is the element itself), quantized
+// by QuantizeMoments. exp_avg_sq goes through a square root, so its elements are squares of the
+// wanted roots (sqrt(x * x) == x for these floats).
+TEST(QuantizeMoments, EveryPathQuantizesTheCriticalFloatsToTheNearestCode) {
+  for (Moment moment : {Moment::kExpAvg, Moment::kExpAvgSq}) {
+    const bool is_signed = moment == Moment::kExpAvg;
+    const QuantCode& code = is_signed ? kSignedCode : kUnsignedCode;
+    std::vector<float> normalized;
+    for (float x : CriticalMagnitudes(code)) {
+      // Roots whose square underflows (the tiniest floats, all below the code's smallest
+      // threshold) cannot be given through exp_avg_sq.
+      if (!is_signed && std::sqrt(x * x) != x) continue;
+      if (normalized.size() % kQuantBlock == 0) normalized.push_back(1.0f);
+      normalized.push_back(x);
+      if (!is_signed) continue;
+      if (normalized.size() % kQuantBlock == 0) normalized.push_back(1.0f);
+      normalized.push_back(-x);
+    }
+    std::vector<float> values(normalized);
+    if (!is_signed) {
+      for (size_t i = 0; i < values.size(); ++i) values[i] = normalized[i] * normalized[i];
+    }
+    for (Isa isa : SupportedIsas()) {
+      SCOPED_TRACE(std::string(IsaName(isa)) + (is_signed ? " signed" : " unsigned"));
+      RunOptions run;
+      run.isa = isa;
+      std::vector<uint8_t> codes(values.size());
+      std::vector<float> scales(QuantBlockCount(values.size(), 0));
+      ASSERT_TRUE(
+          QuantizeMoments(moment, values.data(), values.size(), 0, codes.data(), scales.data(), run)
+              .ok());
+      for (float scale : scales) ASSERT_EQ(scale, 1.0f);
+      for (size_t i = 0; i < values.size(); ++i) {
+        ASSERT_EQ(codes[i], QuantizeNormalized(code.threshold.data(), normalized[i]))
+            << i << " " << normalized[i];
       }
     }
   }
