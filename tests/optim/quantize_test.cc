@@ -425,32 +425,74 @@ TEST(Int8Update, Fp32CopyIsTheMasterWrittenInTheSamePass) {
   }
 }
 
-// The block kernels have exact arithmetic and ordinary stores only: the chooser picks that
-// variant for int8 state whatever the run asks, and the bytes are those of the default run.
-TEST(Int8Update, FastArithmeticAndStreamingStoresRunExactAndCached) {
+// The block kernels have ordinary stores only: the chooser never picks streaming for int8
+// state, and a run asking for it gives the bytes of the default run. Fast arithmetic is taken.
+TEST(Int8Update, StreamingStoresAreNotUsedAndFastArithmeticIsChosen) {
   const size_t count = 1000;
   const ChunkLayout layout{DType::kF32, DType::kI8, DType::kF32};
-  RunOptions fast_streaming;
+  RunOptions streaming;
+  streaming.stores = StoreMode::kStreaming;
+  RunOptions fast_streaming = streaming;
   fast_streaming.arithmetic = Arithmetic::kFast;
-  fast_streaming.stores = StoreMode::kStreaming;
   for (Kind kind : kAllKinds) {
     SCOPED_TRACE(KindName(kind));
     Int8Chunk plain(kind, layout, count, 0, 6);
     Int8Chunk asked(kind, layout, count, 0, 6);
+    EXPECT_FALSE(ChooseUpdateVariant(kind, layout, asked.buffers(), streaming).streaming);
     const UpdateVariant variant =
         ChooseUpdateVariant(kind, layout, asked.buffers(), fast_streaming);
-    EXPECT_FALSE(variant.fast);
+    EXPECT_TRUE(variant.fast);
     EXPECT_FALSE(variant.streaming);
     for (int64_t step = 1; step <= 3; ++step) {
       ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), step, layout, plain.buffers(), {}).ok());
       ASSERT_TRUE(
-          UpdateChunk(DefaultHyper(kind), step, layout, asked.buffers(), {}, fast_streaming).ok());
+          UpdateChunk(DefaultHyper(kind), step, layout, asked.buffers(), {}, streaming).ok());
     }
     EXPECT_TRUE(asked.StateBytes() == plain.StateBytes());
   }
   // fp32 state does take the variant asked for (the chooser is not stuck on exact).
   testing::TestChunk fp32({DType::kF32, DType::kF32, DType::kF32}, count, 6);
   EXPECT_TRUE(ChooseUpdateVariant(Kind::kAdamW, fp32.layout, fp32.buffers(), fast_streaming).fast);
+}
+
+// Fast arithmetic (Adam's reciprocal bias correction, quantization by the absmax's reciprocal):
+// the same bytes on every path, and masters that stay close to exact arithmetic's.
+TEST(Int8Update, FastArithmeticIsBitIdenticalAcrossPathsAndCloseToExact) {
+  const size_t count = 1000;
+  for (Kind kind : kAllKinds) {
+    for (const ChunkLayout& layout : {ChunkLayout{DType::kF32, DType::kI8, std::nullopt},
+                                      ChunkLayout{DType::kBF16, DType::kI8, DType::kBF16}}) {
+      SCOPED_TRACE(std::string(KindName(kind)) + " grad " + std::string(DTypeName(layout.grad)));
+      Int8Chunk exact(kind, layout, count, 100, 12);
+      std::vector<float> start(count);
+      for (size_t i = 0; i < count; ++i) start[i] = exact.fp32.Master(i);
+      for (int64_t step = 1; step <= 5; ++step) {
+        ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), step, layout, exact.buffers(), {}).ok());
+      }
+      std::vector<std::byte> reference;
+      for (Isa isa : SupportedIsas()) {
+        Int8Chunk fast(kind, layout, count, 100, 12);
+        RunOptions run;
+        run.isa = isa;
+        run.arithmetic = Arithmetic::kFast;
+        for (int64_t step = 1; step <= 5; ++step) {
+          ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), step, layout, fast.buffers(), {}, run).ok());
+        }
+        if (reference.empty()) {
+          reference = fast.StateBytes();
+          double travelled = 0.0, difference = 0.0;
+          for (size_t i = 0; i < count; ++i) {
+            travelled += std::fabs(exact.fp32.Master(i) - start[i]);
+            difference += std::fabs(exact.fp32.Master(i) - fast.fp32.Master(i));
+          }
+          EXPECT_GT(travelled, 0.0);
+          EXPECT_LT(difference, 0.01 * travelled) << difference << " of " << travelled;
+        } else {
+          EXPECT_TRUE(fast.StateBytes() == reference) << IsaName(isa);
+        }
+      }
+    }
+  }
 }
 
 TEST(Int8Update, ChecksItsBuffers) {
