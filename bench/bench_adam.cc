@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -112,8 +113,9 @@ struct Buffers {
     const size_t element_bytes[] = {4, 4, 2, 4, 4, 2, 2, 4};  // the copy: fp32 at most
     for (size_t k = 0; k < 8; ++k) {
       const size_t pad = k * kStagger;
+      const size_t int8_scales = 128;  // the bf16 moments' buffers also hold int8 moments (For)
       ZOE_ASSIGN_OR_RETURN(b.storage[k], optim::AllocateFirstTouch(
-                                             element_bytes[k] * n + pad,
+                                             element_bytes[k] * n + pad + int8_scales,
                                              run.tile_elements * element_bytes[k], run.executor));
       *slots[k] = b.storage[k].data() + pad;
     }
@@ -145,10 +147,25 @@ struct Buffers {
 
   ChunkBuffers For(const Config& c, size_t n) const {
     const bool bf16_state = c.layout.state == DType::kBF16;
-    return ChunkBuffers{
+    ChunkBuffers chunk{
         static_cast<float*>(master),          c.layout.grad == DType::kBF16 ? grad_bf16 : grad_f32,
         bf16_state ? m_bf16 : m_f32,          bf16_state ? v_bf16 : v_f32,
         c.layout.param_copy ? copy : nullptr, n};
+    if (c.layout.state == DType::kI8) {
+      // int8 moments in the bf16 moments' buffers (2 bytes per element): n codes, then the
+      // block scales (1/64 byte per element) on a 64-byte boundary.
+      const size_t scales_at = (n + 63) / 64 * 64;
+      chunk.exp_avg = m_bf16;
+      chunk.exp_avg_sq = v_bf16;
+      chunk.exp_avg_scale = reinterpret_cast<float*>(static_cast<std::byte*>(m_bf16) + scales_at);
+      chunk.exp_avg_sq_scale =
+          reinterpret_cast<float*>(static_cast<std::byte*>(v_bf16) + scales_at);
+      // Zero moments (the bf16 rows left their bytes there).
+      const size_t bytes = scales_at + optim::QuantBlockCount(n, 0) * sizeof(float);
+      std::memset(m_bf16, 0, bytes);
+      std::memset(v_bf16, 0, bytes);
+    }
+    return chunk;
   }
 };
 
@@ -169,6 +186,8 @@ std::vector<Config> Configs(const std::vector<Kind>& kinds,
           {kind, {DType::kBF16, DType::kF32, DType::kBF16}, std::nullopt, arithmetic});
       configs.push_back(
           {kind, {DType::kBF16, DType::kBF16, DType::kBF16}, std::nullopt, arithmetic});
+      // 8-bit moments (block-wise quantized, docs/int8-moments.md).
+      configs.push_back({kind, {DType::kF32, DType::kI8, std::nullopt}, std::nullopt, arithmetic});
     }
   }
   return configs;

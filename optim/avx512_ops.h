@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "optim/quantize.h"
+
 namespace zoe::optim {
 namespace {  // NOLINT: internal linkage on purpose (see convert.h)
 
@@ -64,17 +66,34 @@ struct Avx512Ops {
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
     return _mm512_i32gather_ps(index, values, 4);
   }
-  // quantize.h's QuantizeNormalized on sixteen lanes: the binary search gathers each lane's
-  // threshold and adds the step where the lane is above it.
-  static void StoreQuantized(uint8_t* codes, F normalized, const float* threshold) {
-    __m512i pos = _mm512_setzero_si512();
-    for (int step = 128; step > 0; step /= 2) {
-      const __m512i probe = _mm512_add_epi32(pos, _mm512_set1_epi32(step - 1));
-      const __mmask16 above =
-          _mm512_cmp_ps_mask(normalized, _mm512_i32gather_ps(probe, threshold, 4), _CMP_GT_OQ);
-      pos = _mm512_mask_add_epi32(pos, above, pos, _mm512_set1_epi32(step));
+  // quantize.h's QuantizeSignedByte / QuantizeUnsignedByte on sixteen lanes: one gather of the
+  // lanes' bucket entries, then the same integer operations.
+  template <bool kSigned>
+  static void StoreQuantized(uint8_t* codes, F normalized, const QuantCode& code) {
+    const __m512i bits = _mm512_castps_si512(normalized);
+    const __m512i magnitude =
+        kSigned ? _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)) : bits;
+    const __m512i first_key = _mm512_set1_epi32(code.first_key);
+    __m512i key = _mm512_srai_epi32(magnitude, kQuantLowBits);
+    key = _mm512_min_epi32(_mm512_max_epi32(key, first_key), _mm512_set1_epi32(kQuantLastKey));
+    const __m512i entry =
+        _mm512_i32gather_epi32(_mm512_sub_epi32(key, first_key), code.bucket.data(), 4);
+    const __m512i low = _mm512_and_si512(magnitude, _mm512_set1_epi32(kQuantLowMask));
+    const __m512i threshold_low =
+        _mm512_and_si512(entry, _mm512_set1_epi32((1 << kQuantCountShift) - 1));
+    const __m512i below = _mm512_srli_epi32(entry, kQuantCountShift);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __mmask16 passed = _mm512_cmpgt_epu32_mask(low, threshold_low);
+    __m512i result = _mm512_mask_add_epi32(below, passed, below, one);
+    if constexpr (kSigned) {
+      const __m512i c127 = _mm512_set1_epi32(127);
+      const __mmask16 reached = _mm512_cmpge_epu32_mask(low, threshold_low);
+      const __m512i at_most = _mm512_mask_add_epi32(below, reached, below, one);
+      const __m512i negative = _mm512_sub_epi32(c127, _mm512_min_epu32(at_most, c127));
+      result = _mm512_mask_mov_epi32(_mm512_add_epi32(c127, result), _mm512_movepi32_mask(bits),
+                                     negative);
     }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(pos));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(result));
   }
 
 #if defined(ZOE_AVX512_NATIVE_BF16)

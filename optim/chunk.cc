@@ -131,7 +131,8 @@ Status UpdateQuantizedChunk(const KernelTable& kernels, const HyperParams& hyper
                             const ChunkLayout& layout, const ChunkBuffers& chunk,
                             const UpdateConstants& constants, const RunOptions& run) {
   const BlockUpdateFn update = kernels.block_update[KernelTable::BlockUpdateIndex(
-      hyper.kind, layout.grad, CopySlotOf(layout.param_copy))];
+      hyper.kind, layout.grad, CopySlotOf(layout.param_copy),
+      ChooseUpdateVariant(hyper.kind, layout, chunk, run).fast)];
   const UpdatePointers pointers{chunk.master,          chunk.grad,       chunk.exp_avg,
                                 chunk.exp_avg_sq,      chunk.param_copy, chunk.exp_avg_scale,
                                 chunk.exp_avg_sq_scale};
@@ -198,10 +199,11 @@ size_t BytesRead(Kind kind, const ChunkLayout& layout, size_t count) {
 
 UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk,
                                   const RunOptions& run) {
-  // The int8 block kernels have one variant: exact arithmetic, ordinary stores (kernels.h).
-  if (layout.state == DType::kI8) return {};
   UpdateVariant variant;
   variant.fast = run.arithmetic == Arithmetic::kFast;
+  // The int8 block kernels store with ordinary stores only: each block's fp32 moments are on
+  // the stack, in L1, when they are requantized (kernels.h).
+  if (layout.state == DType::kI8) return variant;
   const bool wanted = run.stores == StoreMode::kStreaming ||
                       (run.stores == StoreMode::kAuto &&
                        BytesRead(kind, layout, chunk.count) > LastLevelCacheBytes());

@@ -98,7 +98,9 @@ enum class StoreMode {
 // the denominator is within 2 ulp of exact mode's, so the update term lr * m_hat / denom is
 // within 3 ulp of it, and a master weight the update changes by at most a quarter of its
 // magnitude (every practical step: lr * |m_hat / denom| is about lr) is within 2 ulp of exact
-// mode's. Every instruction-set path gives the same bits in either mode.
+// mode's. Every instruction-set path gives the same bits in either mode. With int8 moments, fast
+// mode also normalizes each block by a multiplication with the reciprocal of its absmax, so a
+// code may differ from exact mode's where an element lies within an ulp of a threshold.
 inline constexpr int kFastUpdateUlps = 3;
 inline constexpr int kFastMasterUlps = 2;
 
@@ -154,8 +156,8 @@ UpdateConstants MakeUpdateConstants(const HyperParams& hyper, int64_t step,
                                     const GradScaling& scaling);
 CopySlot CopySlotOf(const std::optional<DType>& copy);
 // The kernel variant UpdateChunk runs: run.arithmetic, and streaming stores per run.stores where
-// the fp32 arrays written are congruent to master modulo 64 bytes. kI8 state always gets exact
-// arithmetic and ordinary stores, the only variant its block kernels have.
+// the fp32 arrays written are congruent to master modulo 64 bytes. kI8 state gets run.arithmetic
+// and always ordinary stores, the only stores its block kernels have.
 UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk,
                                   const RunOptions& run);
 

@@ -60,8 +60,11 @@ struct ScalarOps {
   static float ReduceMax(F a) { return a; }
   // values[*codes]: the dequantized code, before its block's scale.
   static F Dequantize(const uint8_t* codes, const float* values) { return values[*codes]; }
-  static void StoreQuantized(uint8_t* codes, F normalized, const float* threshold) {
-    *codes = QuantizeNormalized(threshold, normalized);
+  // The byte of normalized (in [-1, 1]; [0, 1] for the unsigned code) by the bucket lookup.
+  template <bool kSigned>
+  static void StoreQuantized(uint8_t* codes, F normalized, const QuantCode& code) {
+    *codes =
+        kSigned ? QuantizeSignedByte(code, normalized) : QuantizeUnsignedByte(code, normalized);
   }
 };
 
@@ -256,8 +259,7 @@ void PrefetchStep(const UpdatePointers& p, size_t i) {
 template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant,
           class P = UpdatePointers>
 void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
-  static_assert(S != DType::kI8 || (!kVariant.fast && !kVariant.streaming),
-                "int8 blocks have exact arithmetic and ordinary stores only");
+  static_assert(S != DType::kI8 || !kVariant.streaming, "int8 blocks have ordinary stores only");
   constexpr UpdateVariant kTail{kVariant.fast, false};
   size_t i = begin;
   if constexpr (kVariant.streaming) {
@@ -276,12 +278,16 @@ void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
   if constexpr (kVariant.streaming) _mm_sfence();
 }
 
-// Quantizes the n (<= kQuantBlock) fp32 values x into codes[0, n) with `code`, storing the
-// block's absmax to *scale. The absmax is a maximum (exact, order-free) and each byte comes from
-// exact comparisons of x / absmax (one correctly rounded division), so every path gives the
-// same bytes. An all-zero block gets scale 0 and the code of 0.
-template <class V>
-void QuantizeBlock(const float* x, size_t n, const QuantCode& code, uint8_t* codes, float* scale) {
+// Quantizes the n (<= kQuantBlock) fp32 values x into codes[0, n) with the signed or unsigned
+// code, storing the block's absmax to *scale. The absmax is a maximum (exact, order-free) and
+// each byte is the exact nearest-code count of x / absmax (one correctly rounded division, then
+// integer operations: quantize.h), so every path gives the same bytes. An all-zero block gets
+// scale 0 and the code of 0. kFast multiplies by the reciprocal of the absmax (rounded once)
+// instead of dividing: the same bytes on every path, each at most about one ulp of the element
+// further from the nearest code than with the division.
+template <class V, bool kSigned, bool kFast = false>
+void QuantizeBlock(const float* x, size_t n, uint8_t* codes, float* scale) {
+  const QuantCode& code = kSigned ? kSignedCode : kUnsignedCode;
   float absmax = 0.0f;
   size_t i = 0;
   if constexpr (V::kWidth > 1) {
@@ -291,19 +297,31 @@ void QuantizeBlock(const float* x, size_t n, const QuantCode& code, uint8_t* cod
   }
   for (; i < n; ++i) absmax = ScalarOps::Max(absmax, ScalarOps::Abs(x[i]));
   const float divisor = absmax > 0.0f ? absmax : 1.0f;
+  const float reciprocal = 1.0f / divisor;
+  const auto normalize = [&](auto ops, auto value) {
+    using Ops = decltype(ops);
+    if constexpr (kFast) {
+      return Ops::Mul(value, Ops::Set(reciprocal));
+    } else {
+      return Ops::Div(value, Ops::Set(divisor));
+    }
+  };
   i = 0;
   for (; i + V::kWidth <= n; i += V::kWidth) {
-    V::StoreQuantized(codes + i, V::Div(V::LoadF32(x + i), V::Set(divisor)), code.threshold.data());
+    V::template StoreQuantized<kSigned>(codes + i, normalize(V{}, V::LoadF32(x + i)), code);
   }
-  for (; i < n; ++i) codes[i] = QuantizeNormalized(code.threshold.data(), x[i] / divisor);
+  for (; i < n; ++i) {
+    ScalarOps::StoreQuantized<kSigned>(codes + i, normalize(ScalarOps{}, x[i]), code);
+  }
   *scale = absmax;
 }
 
 // One kI8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on the
 // dequantized moments, kept in fp32 buffers on the stack until the block's new absmax is known,
-// then requantized. Exact arithmetic and ordinary stores only (the block is in L1 by then); an
-// fp32 parameter copy (CopySlot::kF32) is written in the same pass, like the other copies.
-template <class V, Kind K, DType G, CopySlot C>
+// then requantized. Ordinary stores only (the block is in L1 by then); kFast is Adam's fast
+// arithmetic and QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written
+// in the same pass, like the other copies.
+template <class V, Kind K, DType G, CopySlot C, bool kFast>
 void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
                  size_t block) {
   alignas(64) float exp_avg[kQuantBlock];
@@ -315,14 +333,15 @@ void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t be
   p.exp_avg_sq_out = exp_avg_sq;
   if constexpr (UsesExpAvg(K)) p.exp_avg_scale_old = base.exp_avg_scale[block];
   if constexpr (UsesExpAvgSq(K)) p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
-  Update<V, K, G, DType::kI8, C, UpdateVariant{}>(k, p, begin, end);
+  Update<V, K, G, DType::kI8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
   if constexpr (UsesExpAvg(K)) {
-    QuantizeBlock<V>(exp_avg, end - begin, kSignedCode, static_cast<uint8_t*>(base.exp_avg) + begin,
-                     base.exp_avg_scale + block);
+    QuantizeBlock<V, true, kFast>(exp_avg, end - begin, static_cast<uint8_t*>(base.exp_avg) + begin,
+                                  base.exp_avg_scale + block);
   }
   if constexpr (UsesExpAvgSq(K)) {
-    QuantizeBlock<V>(exp_avg_sq, end - begin, kUnsignedCode,
-                     static_cast<uint8_t*>(base.exp_avg_sq) + begin, base.exp_avg_sq_scale + block);
+    QuantizeBlock<V, false, kFast>(exp_avg_sq, end - begin,
+                                   static_cast<uint8_t*>(base.exp_avg_sq) + begin,
+                                   base.exp_avg_sq_scale + block);
   }
 }
 
@@ -342,13 +361,13 @@ void DequantizeBlock(const uint8_t* codes, size_t n, const QuantCode& code, floa
 template <class V, bool kSigned>
 void QuantizeBlockOf(const float* x, size_t n, uint8_t* codes, float* scale) {
   if constexpr (kSigned) {
-    QuantizeBlock<V>(x, n, kSignedCode, codes, scale);
+    QuantizeBlock<V, true>(x, n, codes, scale);
   } else {
     alignas(64) float roots[kQuantBlock];
     size_t i = 0;
     for (; i + V::kWidth <= n; i += V::kWidth) V::StoreF32(roots + i, V::Sqrt(V::LoadF32(x + i)));
     for (; i < n; ++i) roots[i] = ScalarOps::Sqrt(x[i]);
-    QuantizeBlock<V>(roots, n, kUnsignedCode, codes, scale);
+    QuantizeBlock<V, false>(roots, n, codes, scale);
   }
 }
 
@@ -453,11 +472,11 @@ constexpr void FillUpdates(KernelTable& table, std::index_sequence<I...>) {
 
 template <class V, size_t I>
 constexpr BlockUpdateFn BlockUpdateEntry() {
-  // I = (kind * 3 + grad) * 4 + copy, as KernelTable::BlockUpdateIndex.
-  constexpr auto kind = static_cast<Kind>(I / 12);
-  constexpr auto grad = static_cast<DType>(I / 4 % 3);
-  constexpr auto copy = static_cast<CopySlot>(I % 4);
-  return &UpdateBlock<V, kind, grad, copy>;
+  // I = ((kind * 3 + grad) * 4 + copy) * 2 + fast, as KernelTable::BlockUpdateIndex.
+  constexpr auto kind = static_cast<Kind>(I / 24);
+  constexpr auto grad = static_cast<DType>(I / 8 % 3);
+  constexpr auto copy = static_cast<CopySlot>(I / 2 % 4);
+  return &UpdateBlock<V, kind, grad, copy, I % 2 == 1>;
 }
 
 template <class V, size_t... I>

@@ -43,7 +43,9 @@ struct UpdatePointers {
 using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin, size_t end);
 // kI8 state: updates the one quantization block [begin, end) (at most kQuantBlock elements, see
 // quantize.h) whose scales are exp_avg_scale[block] and exp_avg_sq_scale[block]: dequantizes its
-// moments, updates, and requantizes them with the block's new absmax.
+// moments, updates, and requantizes them with the block's new absmax. The fast entries use
+// Adam's fast arithmetic and normalize by a multiplication with the absmax's reciprocal
+// (rounded once) instead of a division.
 using BlockUpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin,
                                size_t end, size_t block);
 // One block of at most kQuantBlock elements to and from kI8 (the unsigned or signed code).
@@ -77,8 +79,8 @@ struct UpdateVariant {
 struct KernelTable {
   // kind x grad dtype x state dtype x copy x fast x streaming
   static constexpr size_t kUpdates = 4 * 3 * 2 * 4 * 2 * 2;
-  // kind x grad dtype x copy (kI8 state: exact arithmetic, ordinary stores)
-  static constexpr size_t kBlockUpdates = 4 * 3 * 4;
+  // kind x grad dtype x copy x fast (kI8 state: ordinary stores only)
+  static constexpr size_t kBlockUpdates = 4 * 3 * 4 * 2;
 
   Isa isa = Isa::kScalar;
   UpdateFn update[kUpdates] = {};
@@ -99,9 +101,11 @@ struct KernelTable {
     return ((element_types * 4 + static_cast<size_t>(copy)) * 2 + variant.fast) * 2 +
            variant.streaming;
   }
-  static constexpr size_t BlockUpdateIndex(Kind kind, DType grad, CopySlot copy) {
-    return (static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 4 +
-           static_cast<size_t>(copy);
+  static constexpr size_t BlockUpdateIndex(Kind kind, DType grad, CopySlot copy, bool fast) {
+    return ((static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 4 +
+            static_cast<size_t>(copy)) *
+               2 +
+           fast;
   }
 };
 

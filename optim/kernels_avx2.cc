@@ -58,20 +58,38 @@ struct Avx2Ops {
         _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
     return _mm256_i32gather_ps(values, index, 4);
   }
-  // quantize.h's QuantizeNormalized on eight lanes: the binary search gathers each lane's
-  // threshold and adds the step where the lane is above it.
-  static void StoreQuantized(uint8_t* codes, F normalized, const float* threshold) {
-    __m256i pos = _mm256_setzero_si256();
-    for (int step = static_cast<int>(kQuantCodeSize / 2); step > 0; step /= 2) {
-      const __m256i probe = _mm256_add_epi32(pos, _mm256_set1_epi32(step - 1));
-      const F above =
-          _mm256_cmp_ps(normalized, _mm256_i32gather_ps(threshold, probe, 4), _CMP_GT_OQ);
-      pos = _mm256_add_epi32(pos,
-                             _mm256_and_si256(_mm256_castps_si256(above), _mm256_set1_epi32(step)));
+  // quantize.h's QuantizeSignedByte / QuantizeUnsignedByte on eight lanes: one gather of the
+  // lanes' bucket entries, then the same integer operations.
+  template <bool kSigned>
+  static void StoreQuantized(uint8_t* codes, F normalized, const QuantCode& code) {
+    const __m256i bits = _mm256_castps_si256(normalized);
+    const __m256i magnitude =
+        kSigned ? _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)) : bits;
+    const __m256i first_key = _mm256_set1_epi32(code.first_key);
+    __m256i key = _mm256_srai_epi32(magnitude, kQuantLowBits);
+    key = _mm256_min_epi32(_mm256_max_epi32(key, first_key), _mm256_set1_epi32(kQuantLastKey));
+    const __m256i entry = _mm256_i32gather_epi32(reinterpret_cast<const int*>(code.bucket.data()),
+                                                 _mm256_sub_epi32(key, first_key), 4);
+    const __m256i low = _mm256_and_si256(magnitude, _mm256_set1_epi32(kQuantLowMask));
+    const __m256i threshold_low =
+        _mm256_and_si256(entry, _mm256_set1_epi32((1 << kQuantCountShift) - 1));
+    const __m256i below = _mm256_srli_epi32(entry, kQuantCountShift);
+    // Both operands are below 2^24: signed comparisons are exact. cmpgt gives -1 where true.
+    const __m256i passed = _mm256_cmpgt_epi32(low, threshold_low);  // low > threshold
+    __m256i result = _mm256_sub_epi32(below, passed);
+    if constexpr (kSigned) {
+      const __m256i c127 = _mm256_set1_epi32(127);
+      // below + (low >= threshold) = below + 1 + (threshold > low ? -1 : 0)
+      const __m256i at_most = _mm256_add_epi32(_mm256_add_epi32(below, _mm256_set1_epi32(1)),
+                                               _mm256_cmpgt_epi32(threshold_low, low));
+      const __m256i negative = _mm256_sub_epi32(c127, _mm256_min_epi32(at_most, c127));
+      const __m256i positive = _mm256_add_epi32(c127, result);
+      result = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(positive),
+                                                    _mm256_castsi256_ps(negative), normalized));
     }
     // Every lane is below 256: both packs are plain narrowings, in lane order.
     const __m128i words =
-        _mm_packus_epi32(_mm256_castsi256_si128(pos), _mm256_extracti128_si256(pos, 1));
+        _mm_packus_epi32(_mm256_castsi256_si128(result), _mm256_extracti128_si256(result, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(words, words));
   }
 

@@ -22,14 +22,21 @@
 //
 // Bytes are indices into the code sorted ascending, so the tables below are all a kernel needs:
 // value[byte] dequantizes; the byte of a normalized x in [-1, 1] is the number of thresholds
-// (midpoints between neighbouring values) below x, found by an eight-step branchless binary
-// search that SIMD paths run with gathers and get the same bytes (comparisons are exact).
+// (midpoints between neighbouring values) below x (QuantizeNormalized, a binary search: the
+// definition). The kernels find that count without searching (QuantizeUnsignedByte,
+// QuantizeSignedByte): a float's bits above its low kQuantLowBits (exponent and the top seven
+// mantissa bits) name a bucket, a range of floats 2^-7 of its binade wide, narrower than the
+// gap between any two thresholds of either code, so a bucket holds at most one of them. One
+// 32-bit entry per bucket holds how many thresholds lie below the bucket and the low bits of the
+// one inside it, if any; one lookup and one integer comparison give the exact count (floats of
+// one sign order as their bits do). Same integer operations on every path, so the same bytes.
 //
 // Internal linkage (constexpr tables) so that every kernel translation unit uses the same bits.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -39,10 +46,27 @@ namespace zoe::optim {
 inline constexpr size_t kQuantBlock = 256;
 inline constexpr size_t kQuantCodeSize = 256;
 
+// The bucket table (see the top of this file). A bucket key is a float's bits shifted right by
+// kQuantLowBits; the table covers keys kQuantFirstKey(code) .. kQuantLastKey (the bucket of 1.0),
+// the first of them empty and below every positive threshold, so clamping a key into the range
+// is exact for every float of magnitude at most 1.
+inline constexpr int kQuantLowBits = 16;
+inline constexpr uint32_t kQuantLowMask = (uint32_t{1} << kQuantLowBits) - 1;
+inline constexpr int32_t kQuantLastKey = static_cast<int32_t>(0x3f800000u >> kQuantLowBits);
+inline constexpr size_t kQuantBuckets = 2944;  // enough for both codes (static_assert below)
+// An entry: (positive thresholds below the bucket) << kQuantCountShift | the low bits of the
+// bucket's threshold, or kQuantNoThreshold (above any low bits) when it holds none.
+inline constexpr int kQuantCountShift = 24;
+inline constexpr uint32_t kQuantNoThreshold = kQuantLowMask + 1;
+
 struct QuantCode {
   std::array<float, kQuantCodeSize> value{};  // ascending
   std::array<float, kQuantCodeSize>
       threshold{};  // [j] = midpoint of value[j], value[j+1]; last +inf
+  // Bucket table over the positive thresholds (all of the unsigned code's, the signed code's
+  // upper 128); bucket[key - first_key].
+  int32_t first_key = 0;
+  std::array<uint32_t, kQuantBuckets> bucket{};
 };
 
 namespace quant_detail {
@@ -52,6 +76,35 @@ constexpr double Pow10(int exponent) {
   for (int i = 0; i < exponent; ++i) result *= 10.0;
   for (int i = 0; i > exponent; --i) result /= 10.0;
   return result;
+}
+
+constexpr int32_t KeyOf(float x) {
+  return static_cast<int32_t>(std::bit_cast<uint32_t>(x) >> kQuantLowBits);
+}
+
+// The bucket table of `code`, its thresholds filled in. Throws (a compile error in a constant
+// expression) when a bucket would hold two thresholds.
+constexpr void FillBuckets(QuantCode& code) {
+  size_t first = 0;  // the first positive threshold
+  while (!(code.threshold[first] > 0.0f)) ++first;
+  code.first_key = KeyOf(code.threshold[first]) - 1;  // an empty bucket below them all
+  if (kQuantLastKey - code.first_key + 1 > static_cast<int32_t>(kQuantBuckets)) {
+    throw "kQuantBuckets is too small for this code";
+  }
+  size_t next = first;  // the next threshold not yet placed
+  for (int32_t key = code.first_key; key <= kQuantLastKey; ++key) {
+    uint32_t entry = static_cast<uint32_t>(next - first) << kQuantCountShift | kQuantNoThreshold;
+    if (next + 1 < kQuantCodeSize && KeyOf(code.threshold[next]) == key) {
+      entry = static_cast<uint32_t>(next - first) << kQuantCountShift |
+              (std::bit_cast<uint32_t>(code.threshold[next]) & kQuantLowMask);
+      ++next;
+      if (next + 1 < kQuantCodeSize && KeyOf(code.threshold[next]) == key) {
+        throw "two thresholds in one bucket: use more mantissa bits per key";
+      }
+    }
+    code.bucket[static_cast<size_t>(key - code.first_key)] = entry;
+  }
+  if (next + 1 != kQuantCodeSize) throw "a threshold above 1";
 }
 
 constexpr QuantCode MakeDynamicCode(bool is_signed) {
@@ -75,6 +128,7 @@ constexpr QuantCode MakeDynamicCode(bool is_signed) {
     code.threshold[i] = static_cast<float>((values[i] + values[i + 1]) / 2.0);
   }
   code.threshold[kQuantCodeSize - 1] = std::numeric_limits<float>::infinity();
+  FillBuckets(code);
   return code;
 }
 
@@ -87,13 +141,52 @@ constexpr QuantCode kSignedCode = quant_detail::MakeDynamicCode(true);
 // exp_avg_sq and Adagrad's sum of squares (never negative).
 constexpr QuantCode kUnsignedCode = quant_detail::MakeDynamicCode(false);
 
-// The byte of `normalized` (in [-1, 1]): the count of a code's thresholds below it.
+// The byte of `normalized` (in [-1, 1]): the count of a code's thresholds below it. The
+// definition the kernels' bucket lookups below are tested against.
 inline uint8_t QuantizeNormalized(const float* threshold, float normalized) {
   size_t pos = 0;
   for (size_t step = kQuantCodeSize / 2; step > 0; step /= 2) {
     if (normalized > threshold[pos + step - 1]) pos += step;
   }
   return static_cast<uint8_t>(pos);
+}
+
+// The entry of the bucket of a float whose bits are `bits` (as a signed integer: negative floats
+// clamp to the empty first bucket, NaN and values above 1 to the bucket of 1.0).
+inline uint32_t BucketEntry(const QuantCode& code, int32_t bits) {
+  const int32_t key = std::clamp(bits >> kQuantLowBits, code.first_key, kQuantLastKey);
+  return code.bucket[static_cast<size_t>(key - code.first_key)];
+}
+
+// How many of the code's positive thresholds lie below (kAtMost: at or below) the non-negative
+// float whose bits are `bits`: the bucket's count, plus one when its threshold is passed.
+template <bool kAtMost>
+uint32_t PositiveThresholdsBelow(const QuantCode& code, int32_t bits) {
+  const uint32_t entry = BucketEntry(code, bits);
+  const uint32_t low = static_cast<uint32_t>(bits) & kQuantLowMask;
+  const uint32_t threshold_low = entry & ((uint32_t{1} << kQuantCountShift) - 1);
+  const bool passed = kAtMost ? low >= threshold_low : low > threshold_low;
+  return (entry >> kQuantCountShift) + static_cast<uint32_t>(passed);
+}
+
+// QuantizeNormalized(kUnsignedCode.threshold, x) for x in [0, 1] (and 0 for negative x), by
+// one bucket lookup. The scalar reference of the SIMD paths' StoreQuantized.
+inline uint8_t QuantizeUnsignedByte(const QuantCode& code, float x) {
+  return static_cast<uint8_t>(PositiveThresholdsBelow<false>(code, std::bit_cast<int32_t>(x)));
+}
+
+// QuantizeNormalized(kSignedCode.threshold, x) for x in [-1, 1]. The code is symmetric about
+// value[127] = 0 except for its top value 1: x >= 0 is 127 plus the positive thresholds below x;
+// x < 0 (sign bit set) is 127 less the mirrored thresholds at or below |x| (a threshold equal to
+// |x| mirrors one equal to x, which is not below it), of which there are 127.
+inline uint8_t QuantizeSignedByte(const QuantCode& code, float x) {
+  const auto bits = std::bit_cast<int32_t>(x);
+  const int32_t magnitude = bits & 0x7fffffff;
+  if (bits < 0) {
+    return static_cast<uint8_t>(127 -
+                                std::min(PositiveThresholdsBelow<true>(code, magnitude), 127u));
+  }
+  return static_cast<uint8_t>(127 + PositiveThresholdsBelow<false>(code, magnitude));
 }
 
 }  // namespace

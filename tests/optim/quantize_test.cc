@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -55,6 +57,93 @@ TEST(QuantCode, NearestValueIsChosen) {
       const float error = std::fabs(code->value[byte] - x);
       for (size_t j = 0; j < kQuantCodeSize; ++j) {
         ASSERT_LE(error, std::fabs(code->value[j] - x) * (1 + 1e-6f)) << x << " " << j;
+      }
+    }
+  }
+}
+
+// The floats at which the byte of either the binary search (QuantizeNormalized) or the bucket
+// lookup can change, with a neighbour on each side: every threshold, every bucket boundary, the
+// ends of the range. Between two neighbouring points of this list both are constant (the search
+// changes only at thresholds, the lookup only there and at bucket boundaries), so agreeing on
+// all of them is agreeing on every float of [0, 1].
+std::vector<float> CriticalMagnitudes(const QuantCode& code) {
+  std::vector<float> points = {0.0f, std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::min(), 1e-30f, 1.0f};
+  const auto around = [&](float x) {
+    points.push_back(std::nextafter(x, 0.0f));
+    points.push_back(x);
+    if (x < 1.0f) points.push_back(std::nextafter(x, 2.0f));
+  };
+  for (size_t i = 0; i + 1 < kQuantCodeSize; ++i) {
+    if (code.threshold[i] > 0.0f) around(code.threshold[i]);
+  }
+  for (int32_t key = code.first_key; key <= kQuantLastKey; ++key) {
+    around(std::bit_cast<float>(static_cast<uint32_t>(key) << kQuantLowBits));
+  }
+  return points;
+}
+
+TEST(QuantCode, BucketLookupEqualsTheBinarySearchOnEveryFloat) {
+  static_assert(kQuantLastKey - kUnsignedCode.first_key < static_cast<int32_t>(kQuantBuckets));
+  for (float x : CriticalMagnitudes(kUnsignedCode)) {
+    ASSERT_EQ(QuantizeUnsignedByte(kUnsignedCode, x),
+              QuantizeNormalized(kUnsignedCode.threshold.data(), x))
+        << x;
+  }
+  for (float x : CriticalMagnitudes(kSignedCode)) {
+    for (float signed_x : {x, -x}) {
+      ASSERT_EQ(QuantizeSignedByte(kSignedCode, signed_x),
+                QuantizeNormalized(kSignedCode.threshold.data(), signed_x))
+          << signed_x;
+    }
+  }
+  // Outside the code's range the lookup stays in its table: negative values take the unsigned
+  // code's 0, as the search does; NaN and values above 1 the byte of 1.
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, -0.5f), 0);
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, -0.0f), 0);
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, NAN), 255);
+  EXPECT_EQ(QuantizeUnsignedByte(kUnsignedCode, INFINITY), 255);
+  EXPECT_EQ(QuantizeSignedByte(kSignedCode, 2.0f), 255);
+  EXPECT_EQ(QuantizeSignedByte(kSignedCode, -INFINITY), 0);
+}
+
+// Every path's quantizer against the definition on the critical floats: blocks whose first
+// element is the block's absmax 1 (so each normalized value is the element itself), quantized
+// by QuantizeMoments. exp_avg_sq goes through a square root, so its elements are squares of the
+// wanted roots (sqrt(x * x) == x for these floats).
+TEST(QuantizeMoments, EveryPathQuantizesTheCriticalFloatsToTheNearestCode) {
+  for (Moment moment : {Moment::kExpAvg, Moment::kExpAvgSq}) {
+    const bool is_signed = moment == Moment::kExpAvg;
+    const QuantCode& code = is_signed ? kSignedCode : kUnsignedCode;
+    std::vector<float> normalized;
+    for (float x : CriticalMagnitudes(code)) {
+      // Roots whose square underflows (the tiniest floats, all below the code's smallest
+      // threshold) cannot be given through exp_avg_sq.
+      if (!is_signed && std::sqrt(x * x) != x) continue;
+      if (normalized.size() % kQuantBlock == 0) normalized.push_back(1.0f);
+      normalized.push_back(x);
+      if (!is_signed) continue;
+      if (normalized.size() % kQuantBlock == 0) normalized.push_back(1.0f);
+      normalized.push_back(-x);
+    }
+    std::vector<float> values(normalized);
+    if (!is_signed) {
+      for (size_t i = 0; i < values.size(); ++i) values[i] = normalized[i] * normalized[i];
+    }
+    for (Isa isa : SupportedIsas()) {
+      SCOPED_TRACE(std::string(IsaName(isa)) + (is_signed ? " signed" : " unsigned"));
+      RunOptions run;
+      run.isa = isa;
+      std::vector<uint8_t> codes(values.size());
+      std::vector<float> scales(QuantBlockCount(values.size(), 0));
+      ASSERT_TRUE(
+          QuantizeMoments(moment, values.data(), values.size(), 0, codes.data(), scales.data(), run)
+              .ok());
+      for (float scale : scales) ASSERT_EQ(scale, 1.0f);
+      for (size_t i = 0; i < values.size(); ++i) {
+        ASSERT_EQ(codes[i], QuantizeNormalized(code.threshold.data(), normalized[i]))
+            << i << " " << normalized[i];
       }
     }
   }
@@ -336,32 +425,74 @@ TEST(Int8Update, Fp32CopyIsTheMasterWrittenInTheSamePass) {
   }
 }
 
-// The block kernels have exact arithmetic and ordinary stores only: the chooser picks that
-// variant for int8 state whatever the run asks, and the bytes are those of the default run.
-TEST(Int8Update, FastArithmeticAndStreamingStoresRunExactAndCached) {
+// The block kernels have ordinary stores only: the chooser never picks streaming for int8
+// state, and a run asking for it gives the bytes of the default run. Fast arithmetic is taken.
+TEST(Int8Update, StreamingStoresAreNotUsedAndFastArithmeticIsChosen) {
   const size_t count = 1000;
   const ChunkLayout layout{DType::kF32, DType::kI8, DType::kF32};
-  RunOptions fast_streaming;
+  RunOptions streaming;
+  streaming.stores = StoreMode::kStreaming;
+  RunOptions fast_streaming = streaming;
   fast_streaming.arithmetic = Arithmetic::kFast;
-  fast_streaming.stores = StoreMode::kStreaming;
   for (Kind kind : kAllKinds) {
     SCOPED_TRACE(KindName(kind));
     Int8Chunk plain(kind, layout, count, 0, 6);
     Int8Chunk asked(kind, layout, count, 0, 6);
+    EXPECT_FALSE(ChooseUpdateVariant(kind, layout, asked.buffers(), streaming).streaming);
     const UpdateVariant variant =
         ChooseUpdateVariant(kind, layout, asked.buffers(), fast_streaming);
-    EXPECT_FALSE(variant.fast);
+    EXPECT_TRUE(variant.fast);
     EXPECT_FALSE(variant.streaming);
     for (int64_t step = 1; step <= 3; ++step) {
       ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), step, layout, plain.buffers(), {}).ok());
       ASSERT_TRUE(
-          UpdateChunk(DefaultHyper(kind), step, layout, asked.buffers(), {}, fast_streaming).ok());
+          UpdateChunk(DefaultHyper(kind), step, layout, asked.buffers(), {}, streaming).ok());
     }
     EXPECT_TRUE(asked.StateBytes() == plain.StateBytes());
   }
   // fp32 state does take the variant asked for (the chooser is not stuck on exact).
   testing::TestChunk fp32({DType::kF32, DType::kF32, DType::kF32}, count, 6);
   EXPECT_TRUE(ChooseUpdateVariant(Kind::kAdamW, fp32.layout, fp32.buffers(), fast_streaming).fast);
+}
+
+// Fast arithmetic (Adam's reciprocal bias correction, quantization by the absmax's reciprocal):
+// the same bytes on every path, and masters that stay close to exact arithmetic's.
+TEST(Int8Update, FastArithmeticIsBitIdenticalAcrossPathsAndCloseToExact) {
+  const size_t count = 1000;
+  for (Kind kind : kAllKinds) {
+    for (const ChunkLayout& layout : {ChunkLayout{DType::kF32, DType::kI8, std::nullopt},
+                                      ChunkLayout{DType::kBF16, DType::kI8, DType::kBF16}}) {
+      SCOPED_TRACE(std::string(KindName(kind)) + " grad " + std::string(DTypeName(layout.grad)));
+      Int8Chunk exact(kind, layout, count, 100, 12);
+      std::vector<float> start(count);
+      for (size_t i = 0; i < count; ++i) start[i] = exact.fp32.Master(i);
+      for (int64_t step = 1; step <= 5; ++step) {
+        ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), step, layout, exact.buffers(), {}).ok());
+      }
+      std::vector<std::byte> reference;
+      for (Isa isa : SupportedIsas()) {
+        Int8Chunk fast(kind, layout, count, 100, 12);
+        RunOptions run;
+        run.isa = isa;
+        run.arithmetic = Arithmetic::kFast;
+        for (int64_t step = 1; step <= 5; ++step) {
+          ASSERT_TRUE(UpdateChunk(DefaultHyper(kind), step, layout, fast.buffers(), {}, run).ok());
+        }
+        if (reference.empty()) {
+          reference = fast.StateBytes();
+          double travelled = 0.0, difference = 0.0;
+          for (size_t i = 0; i < count; ++i) {
+            travelled += std::fabs(exact.fp32.Master(i) - start[i]);
+            difference += std::fabs(exact.fp32.Master(i) - fast.fp32.Master(i));
+          }
+          EXPECT_GT(travelled, 0.0);
+          EXPECT_LT(difference, 0.01 * travelled) << difference << " of " << travelled;
+        } else {
+          EXPECT_TRUE(fast.StateBytes() == reference) << IsaName(isa);
+        }
+      }
+    }
+  }
 }
 
 TEST(Int8Update, ChecksItsBuffers) {
