@@ -8,6 +8,7 @@ one-process state dict loads onto 2 and 3 ranks and continues alike; a sharded c
 and training resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step raise
 within the transport's timeout, never a hang."""
 
+import ctypes
 import datetime
 import glob
 import os
@@ -228,7 +229,9 @@ def _same_tensors(found, first):
 
 def run_gather(rank, world, out_dir):
     """TorchCollectives.gather of even and uneven shards, twice each (the second time with other
-    values, through the reused buffers): every rank's shard in rank order."""
+    values, through the reused buffers): every rank's shard in rank order; and its
+    reduce-scatter callback, twice per layout: the sum of the ranks' slices, the sender's buffer
+    left as it was."""
     from zoe._torch_zero import TorchCollectives
 
     comm = TorchCollectives(dist.group.WORLD)
@@ -237,7 +240,17 @@ def run_gather(rank, world, out_dir):
         for sign in (1.0, -1.0):
             shard = sign * (torch.arange(counts[rank], dtype=torch.float32) + 100 * rank)
             gathered.append((counts, sign, comm.gather(shard, counts).tolist()))
-    torch.save(gathered, os.path.join(out_dir, f"gather-rank{rank}.pt"))
+    scattered = []
+    for counts in ([3] * world, [2 + r for r in range(world)]):
+        for sign in (1.0, -1.0):  # the second time through the reused buffer
+            send = sign * (torch.arange(sum(counts), dtype=torch.float32) + 1000 * rank)
+            sent = send.clone()
+            recv = torch.empty(counts[rank], dtype=torch.float32)
+            comm._reduce_scatter_sum(send.data_ptr(), recv.data_ptr(),
+                                     (ctypes.c_uint64 * world)(*counts))
+            scattered.append((counts, sign, recv.tolist(), torch.equal(send, sent)))
+    torch.save({"gathered": gathered, "scattered": scattered},
+               os.path.join(out_dir, f"gather-rank{rank}.pt"))
 
 
 def worker(rank, world, init_file, out_dir, runs):
@@ -374,7 +387,7 @@ def test_steady_state_steps_reuse_their_buffers(nvme_dir):
     """Stages 1 and 2 build no full-size buffer per step: the flat gradient buffers and the
     collectives' scratch buffers are the same memory after every step (shards uneven: the
     padded all-gather's buffers are among them); and the gather through reused buffers returns
-    every call's values."""
+    every call's values, as does the reduce-scatter callback."""
     world = 2
     spawn(world, nvme_dir, [("buffers", None, None), ("gather", None, None)])
     for rank in range(world):
@@ -384,9 +397,15 @@ def test_steady_state_steps_reuse_their_buffers(nvme_dir):
             assert result["names"] == ["('gather_received', 1286)", "('gather_send', 643)",
                                        "grads"], result
             assert result["same"] == [True] * 7, (stage, result)
-        for counts, sign, got in torch.load(os.path.join(nvme_dir, f"gather-rank{rank}.pt")):
+        collectives = torch.load(os.path.join(nvme_dir, f"gather-rank{rank}.pt"))
+        for counts, sign, got in collectives["gathered"]:
             want = [sign * (index + 100 * r) for r in range(world) for index in range(counts[r])]
             assert got == want, (counts, sign, got)
+        for counts, sign, got, send_unchanged in collectives["scattered"]:
+            begin = sum(counts[:rank])
+            want = [sign * sum(index + 1000 * r for r in range(world))
+                    for index in range(begin, begin + counts[rank])]
+            assert got == want and send_unchanged, (counts, sign, got, send_unchanged)
 
 
 def test_reference_run_clips_skips_and_leaves_params_alone(nvme_dir):
