@@ -19,6 +19,11 @@ The model is not wrapped in DistributedDataParallel: the optimizer reduces the g
   without find_unused_parameters, stage 2 needs every rank to produce gradients for the same
   parameters in an iteration, and one backward per step.
 
+Steady-state steps allocate no whole-group buffer in Python: each param group's flat fp32
+gradient buffer (which the buckets' reductions write in place and whose shard slices zoe borrows)
+and the collectives' padded all-gather buffers are made once and again only when the group's
+element count changes; equal shards are gathered straight into the buffer zoe passes.
+
 Backends without reduce-scatter (gloo in torch 1.13) and uneven shards: a bucket is all-reduced
 and each rank takes its slice. At step() zoe agrees the inf/NaN skip and the global gradient norm
 for ``max_grad_norm`` by one all-reduce (every rank skips or clips together), steps its shard and
@@ -639,7 +644,7 @@ class ZeroMixin:
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
         if hi <= lo:
             return
-        shard = flat[lo - begin : hi - begin]  # no copy: the buffer is not written until then
+        shard = flat[lo - begin : hi - begin]  # no copy: not written again before the step
         self._shard_grads[group_index].append(shard)  # borrowed by zoe until the step
         for index in bucket.indices:
             p_lo = max(offsets[index], lo)
