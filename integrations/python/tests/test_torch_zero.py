@@ -8,6 +8,7 @@ one-process state dict loads onto 2 and 3 ranks and continues alike; a sharded c
 and training resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step raise
 within the transport's timeout, never a hang."""
 
+import ctypes
 import datetime
 import glob
 import os
@@ -188,6 +189,70 @@ def run_fault(rank, world, out_dir):
         file.write(message)
 
 
+def reused_buffers(optimizer):
+    """The optimizer's reused buffers: per param group its flat gradient buffer, and the
+    collectives' scratch buffers by purpose and size."""
+    return {"grads": list(optimizer._grad_buffers), **optimizer._comm._scratch}
+
+
+def run_buffers(rank, world, out_dir):
+    """Stage 1 and 2, 8 steps each (the NaN step and steps without ``extra``'s gradient among
+    them). Saved to <out_dir>/buffers-rank<rank>.pt, per stage: the buffers' names after the
+    first step and, per later step, whether each buffer is the first step's tensor at the same
+    address (the first step's tensors are held, so a new one cannot take their memory)."""
+    results = {}
+    for stage in (1, 2):
+        model = Net()
+        optimizer = make_optimizer("AdamW", model.parameters(),
+                                   os.path.join(out_dir, f"buffers{stage}-nvme-{{rank}}"),
+                                   process_group=dist.group.WORLD, zero_stage=stage,
+                                   bucket_elements=100)
+        train(optimizer, model, rank, world, steps=1)
+        first = reused_buffers(optimizer)
+        same = []
+        for step in range(1, 8):
+            train(optimizer, model, rank, world, steps=1, first=step)
+            found = reused_buffers(optimizer)
+            same.append(found.keys() == first.keys() and all(
+                _same_tensors(found[key], first[key]) for key in first))
+        results[stage] = {"names": sorted(map(str, first)), "grads": len(first["grads"]),
+                          "same": same}
+        optimizer.close()
+    torch.save(results, os.path.join(out_dir, f"buffers-rank{rank}.pt"))
+
+
+def _same_tensors(found, first):
+    if isinstance(first, list):
+        return len(found) == len(first) and all(map(_same_tensors, found, first))
+    return found is first and found.data_ptr() == first.data_ptr()
+
+
+def run_gather(rank, world, out_dir):
+    """TorchCollectives.gather of even and uneven shards, twice each (the second time with other
+    values, through the reused buffers): every rank's shard in rank order; and its
+    reduce-scatter callback, twice per layout: the sum of the ranks' slices, the sender's buffer
+    left as it was."""
+    from zoe._torch_zero import TorchCollectives
+
+    comm = TorchCollectives(dist.group.WORLD)
+    gathered = []
+    for counts in ([3] * world, [2 + r for r in range(world)], [0] * world):
+        for sign in (1.0, -1.0):
+            shard = sign * (torch.arange(counts[rank], dtype=torch.float32) + 100 * rank)
+            gathered.append((counts, sign, comm.gather(shard, counts).tolist()))
+    scattered = []
+    for counts in ([3] * world, [2 + r for r in range(world)]):
+        for sign in (1.0, -1.0):  # the second time through the reused buffer
+            send = sign * (torch.arange(sum(counts), dtype=torch.float32) + 1000 * rank)
+            sent = send.clone()
+            recv = torch.empty(counts[rank], dtype=torch.float32)
+            comm._reduce_scatter_sum(send.data_ptr(), recv.data_ptr(),
+                                     (ctypes.c_uint64 * world)(*counts))
+            scattered.append((counts, sign, recv.tolist(), torch.equal(send, sent)))
+    torch.save({"gathered": gathered, "scattered": scattered},
+               os.path.join(out_dir, f"gather-rank{rank}.pt"))
+
+
 def worker(rank, world, init_file, out_dir, runs):
     """``runs``: (name, kind, stage) of the training runs to make, or "fault"."""
     try:
@@ -197,7 +262,11 @@ def worker(rank, world, init_file, out_dir, runs):
             run_fault(rank, world, out_dir)
             return
         for name, kind, stage in runs:
-            if name == "ckpt":
+            if name == "buffers":
+                run_buffers(rank, world, out_dir)
+            elif name == "gather":
+                run_gather(rank, world, out_dir)
+            elif name == "ckpt":
                 run_checkpoint(rank, world, out_dir)
             elif name == "sd":
                 run_state_dict(rank, world, out_dir)
@@ -312,6 +381,31 @@ def test_sharded_equals_one_process(world, nvme_dir):
                 torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
                                            msg=f"{name}: rank {rank} parameter {index}")
             assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
+
+
+def test_steady_state_steps_reuse_their_buffers(nvme_dir):
+    """Stages 1 and 2 build no full-size buffer per step: the flat gradient buffers and the
+    collectives' scratch buffers are the same memory after every step (shards uneven: the
+    padded all-gather's buffers are among them); and the gather through reused buffers returns
+    every call's values, as does the reduce-scatter callback."""
+    world = 2
+    spawn(world, nvme_dir, [("buffers", None, None), ("gather", None, None)])
+    for rank in range(world):
+        results = torch.load(os.path.join(nvme_dir, f"buffers-rank{rank}.pt"))
+        for stage, result in results.items():
+            assert result["grads"] == 1, result
+            assert result["names"] == ["('gather_received', 1286)", "('gather_send', 643)",
+                                       "grads"], result
+            assert result["same"] == [True] * 7, (stage, result)
+        collectives = torch.load(os.path.join(nvme_dir, f"gather-rank{rank}.pt"))
+        for counts, sign, got in collectives["gathered"]:
+            want = [sign * (index + 100 * r) for r in range(world) for index in range(counts[r])]
+            assert got == want, (counts, sign, got)
+        for counts, sign, got, send_unchanged in collectives["scattered"]:
+            begin = sum(counts[:rank])
+            want = [sign * sum(index + 1000 * r for r in range(world))
+                    for index in range(begin, begin + counts[rank])]
+            assert got == want and send_unchanged, (counts, sign, got, send_unchanged)
 
 
 def test_reference_run_clips_skips_and_leaves_params_alone(nvme_dir):

@@ -19,6 +19,11 @@ The model is not wrapped in DistributedDataParallel: the optimizer reduces the g
   without find_unused_parameters, stage 2 needs every rank to produce gradients for the same
   parameters in an iteration, and one backward per step.
 
+Steady-state steps allocate no whole-group buffer in Python: each param group's flat fp32
+gradient buffer (which the buckets' reductions write in place and whose shard slices zoe borrows)
+and the collectives' padded all-gather buffers are made once and again only when the group's
+element count changes; equal shards are gathered straight into the buffer zoe passes.
+
 Backends without reduce-scatter (gloo in torch 1.13) and uneven shards: a bucket is all-reduced
 and each rank takes its slice. At step() zoe agrees the inf/NaN skip and the global gradient norm
 for ``max_grad_norm`` by one all-reduce (every rank skips or clips together), steps its shard and
@@ -239,6 +244,7 @@ class TorchCollectives:
         self.error = None
         self.seconds = 0.0
         self.calls = 0
+        self._scratch = {}  # (purpose, element count) -> a buffer reused by every call
         self._callbacks = (
             _capi.all_reduce_sum_fn(self._guarded(self._all_reduce_sum)),
             _capi.reduce_scatter_sum_fn(self._guarded(self._reduce_scatter_sum)),
@@ -283,27 +289,52 @@ class TorchCollectives:
         self.all_reduce(_floats(ctypes.addressof(values.contents), count, ctypes.c_double,
                                 torch.float64))
 
+    def _buffer(self, purpose, count, device=None):
+        """A float32 buffer of ``count`` elements kept for ``purpose`` (allocated zeroed at the
+        first call with that count, then the same memory: its contents are the last user's)."""
+        key = (purpose, count)
+        buffer = self._scratch.get(key)
+        if buffer is None:
+            buffer = torch.zeros(count, dtype=torch.float32, device=device or self._device)
+            self._scratch[key] = buffer
+        return buffer
+
     def _reduce_scatter_sum(self, send, recv, counts):
         counts = [counts[r] for r in range(self.world_size)]
-        whole = _floats(send, sum(counts)).clone()
+        whole = self._buffer("reduce_scatter", sum(counts), torch.device("cpu"))
+        whole.copy_(_floats(send, whole.numel()))  # send is the caller's: not reduced in place
         self.all_reduce(whole)
         begin = sum(counts[: self.rank])
         _floats(recv, counts[self.rank]).copy_(whole[begin : begin + counts[self.rank]])
 
-    def gather(self, shard, counts):
+    def gather(self, shard, counts, out=None):
         """Every rank's ``shard`` (counts[r] fp32 elements on rank r), concatenated in rank
-        order. Uneven counts: every rank sends a buffer of the largest count."""
-        padded = torch.zeros(max(counts), dtype=torch.float32, device=self._device)
+        order, into ``out`` (a fresh CPU tensor when None), which is returned. Equal counts on
+        a CPU backend: gathered straight into ``out``'s slices; otherwise every rank sends a
+        reused buffer of the largest count (the padding's contents are never read)."""
+        if out is None:
+            out = torch.empty(sum(counts), dtype=torch.float32)
+        largest = max(counts)
+        if largest == 0:  # nothing to gather on any rank (gloo fails on empty tensors)
+            return out
+        if self._device.type == "cpu" and len(set(counts)) == 1:
+            with self._timed():
+                dist.all_gather(list(out.split(largest)), shard, group=self.group)
+            return out
+        padded = self._buffer("gather_send", largest)
         padded[: counts[self.rank]] = shard
-        gathered = [torch.empty_like(padded) for _ in counts]
+        received = self._buffer("gather_received", largest * len(counts))
         with self._timed():
-            dist.all_gather(gathered, padded, group=self.group)
-        return torch.cat([piece[:count].cpu() for count, piece in zip(counts, gathered)])
+            dist.all_gather(list(received.split(largest)), padded, group=self.group)
+        begin = 0
+        for rank, count in enumerate(counts):
+            out[begin : begin + count].copy_(received[rank * largest : rank * largest + count])
+            begin += count
+        return out
 
     def _all_gather(self, send, recv, counts):
         counts = [counts[r] for r in range(self.world_size)]
-        shard = _floats(send, counts[self.rank])
-        _floats(recv, sum(counts)).copy_(self.gather(shard, counts))
+        self.gather(_floats(send, counts[self.rank]), counts, out=_floats(recv, sum(counts)))
 
     def _barrier(self):
         with self._timed():
@@ -456,6 +487,7 @@ class ZeroMixin:
         self._bucket_elements = int(bucket_elements)
         self._sharded = []  # per param group: ShardedGroup, created at first use
         self._shard_grads = []  # per param group: the reduced slices zoe borrows until step
+        self._grad_buffers = []  # per param group: the flat gradient buffer (_grad_buffer)
         self._buckets = []
         self._hooks = []
         rank = self._comm.rank
@@ -490,6 +522,7 @@ class ZeroMixin:
         group_index = len(self.param_groups) - 1
         self._sharded.append(None)
         self._shard_grads.append([])
+        self._grad_buffers.append(None)
         params = self.param_groups[group_index]["params"]
         for index, param in enumerate(params):
             if _pager_of(param) is not None:
@@ -596,19 +629,22 @@ class ZeroMixin:
         offsets = self._offsets(group_index)
         first, last = bucket.indices[0], bucket.indices[-1]
         begin, end = offsets[first], offsets[last] + params[last].numel()
-        flat = torch.zeros(end - begin, dtype=torch.float32)
+        flat = self._grad_buffer(group_index, offsets[-1] + params[-1].numel())[begin:end]
         for index in bucket.indices:
             grad = params[index].grad
-            if grad is not None:
-                start = offsets[index] - begin
-                flat[start : start + params[index].numel()] = grad.detach().reshape(-1)
+            start = offsets[index] - begin
+            target = flat[start : start + params[index].numel()]
+            if grad is None:
+                target.zero_()
+            else:
+                target.copy_(grad.detach().reshape(-1))
         self._comm.all_reduce(flat)
         flat /= self.world_size
         bucket.reduced = True
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
         if hi <= lo:
             return
-        shard = flat[lo - begin : hi - begin].clone()
+        shard = flat[lo - begin : hi - begin]  # no copy: not written again before the step
         self._shard_grads[group_index].append(shard)  # borrowed by zoe until the step
         for index in bucket.indices:
             p_lo = max(offsets[index], lo)
@@ -620,6 +656,17 @@ class ZeroMixin:
             else:
                 view = BufferView(0, _capi.DType.FLOAT32, p_hi - p_lo)
             local.accumulate_grad(p_lo - sharded.begin, view)
+
+    def _grad_buffer(self, group_index, count):
+        """The param group's flat fp32 gradient buffer of ``count`` elements, which every
+        bucket's reduction writes in place (its slice, laid out as the group's parameters) and
+        zoe borrows slices of until the step: allocated once, again only when the group's
+        element count changes."""
+        buffer = self._grad_buffers[group_index]
+        if buffer is None or buffer.numel() != count:
+            buffer = torch.empty(count, dtype=torch.float32)
+            self._grad_buffers[group_index] = buffer
+        return buffer
 
     def _agreed_presence(self, group_index):
         """Per parameter, whether some rank has its gradient (one all-reduce)."""
