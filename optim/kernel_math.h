@@ -277,12 +277,16 @@ void UpdateRange(const UpdateConstants& k, const P& p, size_t begin, size_t end)
   if constexpr (kVariant.streaming) _mm_sfence();
 }
 
+// A vector policy that can hash what it loads (Avx512Ops).
+template <class V>
+concept ReadHashingOps = requires {
+  typename V::ReadHasher;
+};
+
 // Whether V hashes what Update reads for kind K with state S (KernelTable::HashesReads).
 template <class V, Kind K, DType S>
-constexpr bool kHashesReads = requires {
-  typename V::ReadHasher;
-}
-&&(K == Kind::kAdamW || K == Kind::kAdam) && (S == DType::kF32 || S == DType::kBF16);
+constexpr bool kHashesReads = ReadHashingOps<V> && (K == Kind::kAdamW || K == Kind::kAdam) &&
+                              (S == DType::kF32 || S == DType::kBF16);
 
 // Feeds the stripe at `address` (byte `offset` of its array) to `hasher`; when it completes a
 // block, stores the block's hash at sums[block].
@@ -556,7 +560,7 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
   table.quantize_block[1] = &QuantizeBlockOf<V, true>;
   table.dequantize_block[0] = &DequantizeBlockOf<V, false>;
   table.dequantize_block[1] = &DequantizeBlockOf<V, true>;
-  table.hashes_reads = requires { typename V::ReadHasher; };
+  table.hashes_reads = ReadHashingOps<V>;
   return table;
 }
 

@@ -166,6 +166,46 @@ TEST(ReadHash, BlockSumsMatchXxh3AndUpdatesAreBitIdentical) {
   }
 }
 
+// A byte flipped in one block of one array after its sums were taken (as a disk would return it)
+// gives that block, and only that block, a sum other than the recorded one.
+TEST(ReadHash, AFlippedByteChangesOnlyItsBlocksSum) {
+  const auto tables = HashingTables();
+  if (tables.empty()) GTEST_SKIP() << "no kernel path of this CPU hashes its reads";
+  constexpr size_t kCount = 4096;
+  for (const KernelTable* table : tables) {
+    for (DType state : {DType::kF32, DType::kBF16}) {
+      for (size_t flipped = 0; flipped < kArrays; ++flipped) {
+        Arrays arrays(kCount, DType::kF32, state, 0, 7);
+        std::vector<uint64_t> recorded[kArrays], read[kArrays];
+        UpdatePointers p = arrays.Pointers();
+        for (size_t a = 0; a < kArrays; ++a) {
+          const std::vector<std::byte> bytes = arrays.Hashed(a);
+          for (size_t b = 0; b < bytes.size() / kReadHashBlock; ++b) {
+            recorded[a].push_back(XXH3_64bits(bytes.data() + b * kReadHashBlock, kReadHashBlock));
+          }
+          read[a].assign(recorded[a].size(), kUntouched);
+          p.read_sums[a] = read[a].data();
+        }
+        const size_t block = recorded[flipped].size() - 1;
+        const size_t byte = block * kReadHashBlock + 1234;
+        arrays.Base(flipped == 0 ? 0 : flipped + 1)[byte] ^= std::byte{0x10};
+        const UpdateConstants constants =
+            MakeUpdateConstants(testing::DefaultHyper(Kind::kAdamW), 1, {});
+        table->update[KernelTable::UpdateIndex(Kind::kAdamW, DType::kF32, state, CopySlot::kNone)](
+            constants, p, 0, kCount);
+        for (size_t a = 0; a < kArrays; ++a) {
+          for (size_t b = 0; b < recorded[a].size(); ++b) {
+            const bool damaged = a == flipped && b == block;
+            EXPECT_EQ(read[a][b] != recorded[a][b], damaged)
+                << IsaName(table->isa) << " state=" << DTypeName(state) << " array " << a
+                << " block " << b;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(ReadHash, OnlyAdamFamilyWithFp32OrBf16StateHashes) {
   for (Isa isa : testing::SupportedIsas()) {
     auto table = KernelsFor(isa);
