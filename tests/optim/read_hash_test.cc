@@ -138,25 +138,31 @@ std::vector<const KernelTable*> HashingTables() {
   return tables;
 }
 
+// Every hashing table, kind, state type, arithmetic, store kind, alignment and range; the
+// gradient and copy types (which the read hashing does not touch) rotate through their values
+// from case to case, so each appears with every other dimension's values without the full
+// product.
 TEST(ReadHash, BlockSumsMatchXxh3AndUpdatesAreBitIdentical) {
   const auto tables = HashingTables();
   if (tables.empty()) GTEST_SKIP() << "no kernel path of this CPU hashes its reads";
   constexpr size_t kCount = 3 * 2048 + 777;
   const std::pair<size_t, size_t> ranges[] = {{0, kCount}, {100, kCount}, {2048, 6144}, {5, 900}};
+  const DType grads[] = {DType::kF32, DType::kBF16, DType::kF16};
+  const CopySlot copies[] = {CopySlot::kNone, CopySlot::kBF16, CopySlot::kF32, CopySlot::kNone};
+  size_t rotation = 0;
   for (const KernelTable* table : tables) {
     for (Kind kind : {Kind::kAdamW, Kind::kAdam}) {
       for (DType state : {DType::kF32, DType::kBF16}) {
         ASSERT_TRUE(table->HashesReads(kind, state));
-        for (DType grad : {DType::kF32, DType::kBF16, DType::kF16}) {
-          for (CopySlot copy : {CopySlot::kNone, CopySlot::kBF16, CopySlot::kF32}) {
-            for (bool fast : {false, true}) {
-              for (bool streaming : {false, true}) {
-                for (size_t offset : {size_t{0}, size_t{4}}) {
-                  for (auto [begin, end] : ranges) {
-                    CheckOne(*table, kind, grad, state, copy, {fast, streaming}, offset, kCount,
-                             begin, end);
-                  }
-                }
+        for (bool fast : {false, true}) {
+          for (bool streaming : {false, true}) {
+            for (size_t offset : {size_t{0}, size_t{4}}) {
+              for (auto [begin, end] : ranges) {
+                const DType grad = grads[rotation % std::size(grads)];
+                const CopySlot copy = copies[rotation % std::size(copies)];
+                ++rotation;
+                CheckOne(*table, kind, grad, state, copy, {fast, streaming}, offset, kCount, begin,
+                         end);
               }
             }
           }
