@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "io/xxh3_block_avx512.h"
 #include "optim/quantize.h"
 
 namespace zoe::optim {
@@ -114,6 +115,10 @@ struct Avx512Ops {
     return _mm512_cvtepi32_epi16(result);
   }
 #endif
+
+  // Hashing of reads (kernel_math.h, UpdateHashingReads): one vector of fp32 is one XXH3 stripe.
+  using ReadHasher = io::Xxh3BlockHasher;
+  static __m512i LoadStripe(const void* p) { return _mm512_loadu_si512(p); }
 
   using Lanes = __m512d;  // lanes 0..7
   static Lanes ZeroLanes() { return _mm512_setzero_pd(); }

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <type_traits>
 #include <utility>
 
 #include "optim/convert.h"
@@ -258,7 +259,7 @@ void PrefetchStep(const UpdatePointers& p, size_t i) {
 // P is UpdatePointers, or BlockPointers for one kI8 block (UpdateBlock: exact, never streaming).
 template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant,
           class P = UpdatePointers>
-void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
+void UpdateRange(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
   static_assert(S != DType::kI8 || !kVariant.streaming, "int8 blocks have ordinary stores only");
   constexpr UpdateVariant kTail{kVariant.fast, false};
   size_t i = begin;
@@ -276,6 +277,76 @@ void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
   }
   for (; i < end; ++i) StepAt<ScalarOps, K, G, S, C, kTail>(k, p, i);
   if constexpr (kVariant.streaming) _mm_sfence();
+}
+
+// A vector policy that can hash what it loads (Avx512Ops).
+template <class V>
+concept ReadHashingOps = requires {
+  typename V::ReadHasher;
+};
+
+// Whether V hashes what Update reads for kind K with state S (KernelTable::HashesReads).
+template <class V, Kind K, DType S>
+constexpr bool kHashesReads = ReadHashingOps<V> && (K == Kind::kAdamW || K == Kind::kAdam) &&
+                              (S == DType::kF32 || S == DType::kBF16);
+
+// Feeds the stripe at `address` (byte `offset` of its array) to `hasher`; when it completes a
+// block, stores the block's hash at sums[block].
+template <class V, class H>
+void HashStripe(H& hasher, const void* address, size_t offset, uint64_t* sums) {
+  if (hasher.Consume(V::LoadStripe(address))) sums[offset / kReadHashBlock] = hasher.Finish();
+}
+
+// The update of [begin, end), whole units of ReadHashElements(S) from a unit boundary, hashing
+// master, exp_avg and exp_avg_sq as each vector step reads them: one fp32 vector is one 64-byte
+// stripe of master (and of fp32 moments); a bf16 moment stripe covers two vectors and is hashed
+// at the first of them, before either is overwritten. The step loads the same bytes again from
+// L1. Streams only where master is aligned to a vector (then every vector step is).
+template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant>
+void UpdateHashingUnits(const UpdateConstants& k, const UpdatePointers& p, size_t begin,
+                        size_t end) {
+  typename V::ReadHasher master, exp_avg, exp_avg_sq;
+  constexpr size_t kMomentBytes = SizeOf(S);
+  constexpr size_t kVectorsPerMomentStripe = S == DType::kBF16 ? 2 : 1;
+  for (size_t i = begin, vector = 0; i < end; i += V::kWidth, ++vector) {
+    if constexpr (kVariant.streaming) PrefetchStep<K, G, S>(p, i);
+    HashStripe<V>(master, p.master + i, i * sizeof(float), p.read_sums[0]);
+    if (vector % kVectorsPerMomentStripe == 0) {
+      const size_t offset = i * kMomentBytes;
+      HashStripe<V>(exp_avg, static_cast<const std::byte*>(p.exp_avg) + offset, offset,
+                    p.read_sums[1]);
+      HashStripe<V>(exp_avg_sq, static_cast<const std::byte*>(p.exp_avg_sq) + offset, offset,
+                    p.read_sums[2]);
+    }
+    StepAt<V, K, G, S, C, kVariant>(k, p, i);
+  }
+  if constexpr (kVariant.streaming) _mm_sfence();
+}
+
+// UpdateFn. Where the path hashes reads and read_sums is given: the units of whole blocks inside
+// [begin, end) through UpdateHashingUnits, the elements before and after them as usual (the
+// same bits either way: only the loads differ).
+template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant,
+          class P = UpdatePointers>
+void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
+  if constexpr (kHashesReads<V, K, S> && std::is_same_v<P, UpdatePointers>) {
+    if (p.read_sums[0] != nullptr) {
+      constexpr size_t kUnit = ReadHashElements(S);
+      const size_t first = (begin + kUnit - 1) / kUnit * kUnit;
+      const size_t last = end / kUnit * kUnit;
+      if (first < last) {
+        UpdateRange<V, K, G, S, C, kVariant>(k, p, begin, first);
+        const bool aligned = reinterpret_cast<uintptr_t>(p.master) % (V::kWidth * 4) == 0;
+        if (kVariant.streaming && !aligned) {
+          UpdateHashingUnits<V, K, G, S, C, UpdateVariant{kVariant.fast, false}>(k, p, first, last);
+        } else {
+          UpdateHashingUnits<V, K, G, S, C, kVariant>(k, p, first, last);
+        }
+        return UpdateRange<V, K, G, S, C, kVariant>(k, p, last, end);
+      }
+    }
+  }
+  UpdateRange<V, K, G, S, C, kVariant>(k, p, begin, end);
 }
 
 // Quantizes the n (<= kQuantBlock) fp32 values x into codes[0, n) with the signed or unsigned
@@ -333,7 +404,7 @@ void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t be
   p.exp_avg_sq_out = exp_avg_sq;
   if constexpr (UsesExpAvg(K)) p.exp_avg_scale_old = base.exp_avg_scale[block];
   if constexpr (UsesExpAvgSq(K)) p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
-  Update<V, K, G, DType::kI8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
+  UpdateRange<V, K, G, DType::kI8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
   if constexpr (UsesExpAvg(K)) {
     QuantizeBlock<V, true, kFast>(exp_avg, end - begin, static_cast<uint8_t*>(base.exp_avg) + begin,
                                   base.exp_avg_scale + block);
@@ -508,6 +579,7 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
   table.quantize_block[1] = &QuantizeBlockOf<V, true>;
   table.dequantize_block[0] = &DequantizeBlockOf<V, false>;
   table.dequantize_block[1] = &DequantizeBlockOf<V, true>;
+  table.hashes_reads = ReadHashingOps<V>;
   return table;
 }
 

@@ -38,7 +38,21 @@ struct UpdatePointers {
   // kI8 state only: one fp32 scale (absmax) per quantization block, indexed by block.
   float* exp_avg_scale = nullptr;
   float* exp_avg_sq_scale = nullptr;
+  // Optional, for kernels that hash what they read (KernelTable::HashesReads): null, or one
+  // array per state array -- [0] master, [1] exp_avg, [2] exp_avg_sq -- that receives the XXH3
+  // (io::Xxh3) of each kReadHashBlock-byte block of that array as the kernel read it, before
+  // updating it, at the block's index counted from the array's base pointer. Filled for every
+  // block inside elements [AlignUp(begin, u), AlignDown(end, u)) with u = ReadHashElements(state);
+  // other entries are left as they were. All three are given or none.
+  uint64_t* read_sums[3] = {};
 };
+
+// The block the kernels hash reads in: the state regions' alignment and checksum block.
+inline constexpr size_t kReadHashBlock = 4096;
+// Elements of one unit of hashed reads: a whole number of blocks of every array hashed.
+constexpr size_t ReadHashElements(DType state) {
+  return state == DType::kBF16 ? kReadHashBlock / 2 : kReadHashBlock / 4;
+}
 
 using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin, size_t end);
 // kI8 state: updates the one quantization block [begin, end) (at most kQuantBlock elements, see
@@ -92,6 +106,14 @@ struct KernelTable {
   StreamFn stream_nt = nullptr;                // the streaming form of `stream`
   QuantizeBlockFn quantize_block[2] = {};      // [0] unsigned code, [1] signed code
   DequantizeBlockFn dequantize_block[2] = {};  // same
+  bool hashes_reads = false;                   // see HashesReads
+
+  // Whether this table's update kernels for `kind` with `state` fill UpdatePointers::read_sums
+  // (the AVX-512 paths of Adam and AdamW with fp32 or bf16 state); others ignore it.
+  bool HashesReads(Kind kind, DType state) const {
+    return hashes_reads && (kind == Kind::kAdamW || kind == Kind::kAdam) &&
+           (state == DType::kF32 || state == DType::kBF16);
+  }
 
   // state must be kF32 or kBF16.
   static constexpr size_t UpdateIndex(Kind kind, DType grad, DType state, CopySlot copy,
