@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from . import _capi
-from ._torch_common import _invalid, _pager_of, _view
+from ._torch_common import _invalid, _live_group, _pager_of, _view, _weak_group
 from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
 from .errors import check
@@ -244,7 +244,7 @@ class TorchCollectives:
     too, so it forms no reference cycle and goes with its optimizer."""
 
     def __init__(self, process_group):
-        self._group = weakref.ref(process_group)
+        self._group = _weak_group(process_group)
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         backend = dist.get_backend(process_group)
@@ -264,15 +264,7 @@ class TorchCollectives:
     @property
     def group(self):
         """The process group; FailedPrecondition once destroy_process_group() ended it."""
-        group = self._group()
-        if group is None:
-            raise zoe_errors.FailedPrecondition(
-                _capi.Status.FAILED_PRECONDITION,
-                "the zoe optimizer's process group was destroyed "
-                "(torch.distributed.destroy_process_group); its collectives need a live group: "
-                "create the optimizer again after init_process_group",
-            )
-        return group
+        return _live_group(self._group, "the zoe optimizer")
 
     def _guarded(self, function):
         """A C callback running ``function(self, *args)``; it holds ``self`` weakly (the
