@@ -6,13 +6,16 @@ each rank's optimizer state on disk is 1/N of the total (within one chunk); the 
 the engine config too; state_dict() consolidates every shard into torch's layout and a
 one-process state dict loads onto 2 and 3 ranks and continues alike; a sharded checkpoint (one per rank and a manifest) loads bit-identically
 and training resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step raise
-within the transport's timeout, never a hang."""
+within the transport's timeout, never a hang; an optimizer (closed or not, referenced or not)
+never keeps its process group alive past destroy_process_group()."""
 
 import ctypes
 import datetime
+import gc
 import glob
 import os
 import traceback
+import weakref
 
 import pytest
 import torch
@@ -434,6 +437,58 @@ def test_corrupt_state_on_one_rank_fails_every_rank(nvme_dir):
     errors = [open(os.path.join(nvme_dir, f"error{rank}.txt")).read() for rank in range(2)]
     assert errors[1].startswith("Corruption"), errors[1]
     assert "rank(s) 1 failed the step" in errors[0], errors[0]
+
+
+def trained_unclosed_optimizer(stage, nvme_dir):
+    """A sharded optimizer on the default group after two steps, not closed."""
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(), os.path.join(nvme_dir, "nvme-{rank}"),
+                               buffer_count=2, process_group=dist.group.WORLD, zero_stage=stage)
+    train(optimizer, model, 0, 1, steps=2)
+    return optimizer
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_unreferenced_optimizer_leaves_with_its_process_group(nvme_dir, stage):
+    """As a rank leaving on a failed step does: an optimizer neither closed nor referenced any
+    more is freed by its references alone (no cycle waits for a garbage collection), and
+    destroy_process_group() then ends the group. A group kept alive into interpreter shutdown
+    has gloo workers that abort the process when they release a finished collective's tensor
+    there."""
+    gc.disable()  # references only, as between a rank's last step and its exit
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{nvme_dir}/init", rank=0,
+                                world_size=1)
+        try:
+            group = weakref.ref(dist.group.WORLD)
+            optimizer = weakref.ref(trained_unclosed_optimizer(stage, nvme_dir))
+            assert optimizer() is None, "the unreferenced optimizer is still alive"
+        finally:
+            dist.destroy_process_group()
+        assert group() is None, "destroy_process_group() left the process group alive"
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_live_optimizer_does_not_keep_a_destroyed_process_group(nvme_dir, stage):
+    """An optimizer still referenced does not keep its group past destroy_process_group(); a
+    step afterwards raises FailedPrecondition naming it."""
+    dist.init_process_group("gloo", init_method=f"file://{nvme_dir}/init", rank=0, world_size=1)
+    try:
+        group = weakref.ref(dist.group.WORLD)
+        optimizer = trained_unclosed_optimizer(stage, nvme_dir)
+    finally:
+        dist.destroy_process_group()
+    try:
+        assert group() is None, "the optimizer kept the destroyed process group alive"
+        model_params = [p for g in optimizer.param_groups for p in g["params"]]
+        for param in model_params:
+            param.grad = torch.ones_like(param)
+        with pytest.raises(zoe.FailedPrecondition, match="destroy_process_group"):
+            optimizer.step()
+    finally:
+        optimizer.close()
 
 
 def test_checkpoint_of_another_layout_is_refused(nvme_dir):

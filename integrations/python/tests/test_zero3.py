@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import time
 import traceback
+import weakref
 
 import pytest
 import torch
@@ -293,6 +294,25 @@ def test_a_torch_optimizer_steps_the_shards_inside_materialized(world_of_one, nv
         for name, expected in reference.state_dict().items():
             assert torch.equal(state[name], expected), name
         assert pager.gathered_bytes == pager.in_flight_bytes == 0
+
+
+def test_the_pager_does_not_keep_a_destroyed_process_group(nvme_dir):
+    """The pager, which the model's hooks keep, does not keep its process group alive past
+    destroy_process_group() (a gloo group kept into interpreter shutdown aborts the process
+    there); a forward afterwards raises FailedPrecondition naming it."""
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        init(0, 1, nvme_dir)
+        try:
+            group = weakref.ref(dist.group.WORLD)
+            model = Model()
+            zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+            loss_of(model, 0, slice(None)).backward()
+        finally:
+            dist.destroy_process_group()
+        assert group() is None, "the pager kept the destroyed process group alive"
+        with pytest.raises(zoe.FailedPrecondition, match="destroy_process_group"):
+            loss_of(model, 1, slice(None)).backward()
 
 
 def test_bad_arguments_are_named(world_of_one, nvme_dir):

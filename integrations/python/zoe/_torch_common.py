@@ -1,10 +1,12 @@
 """Shared by zoe.torch's optimizers and parameter paging: dtype tables and small helpers."""
 
+import weakref
+
 import torch
 
 from . import _capi
 from .engine import BufferView
-from .errors import InvalidArgument
+from .errors import FailedPrecondition, InvalidArgument
 
 _DTYPES = {
     torch.float32: _capi.DType.FLOAT32,
@@ -35,3 +37,25 @@ def _view(tensor):
 def _pager_of(param):
     """The ParameterPager paging a parameter, or None."""
     return getattr(param, "_zoe_pager", None)
+
+
+def _weak_group(process_group):
+    """A weak reference to a torch.distributed process group, how zoe objects hold one: they
+    never keep it alive past destroy_process_group(). A gloo group kept alive into interpreter
+    shutdown has worker threads that abort the process there ("terminate called without an
+    active exception") when they release a finished collective's tensor, which takes the GIL."""
+    return weakref.ref(process_group)
+
+
+def _live_group(group_ref, user):
+    """The group ``group_ref`` (_weak_group) refers to; FailedPrecondition naming ``user`` once
+    destroy_process_group() ended it."""
+    group = group_ref()
+    if group is None:
+        raise FailedPrecondition(
+            _capi.Status.FAILED_PRECONDITION,
+            f"the process group of {user} was destroyed (torch.distributed."
+            "destroy_process_group); its collectives need a live group: create it again after "
+            "init_process_group",
+        )
+    return group

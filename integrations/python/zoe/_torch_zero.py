@@ -47,12 +47,13 @@ import json
 import os
 import shutil
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
 
 from . import _capi
-from ._torch_common import _invalid, _pager_of, _view
+from ._torch_common import _invalid, _live_group, _pager_of, _view, _weak_group
 from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
 from .errors import check
@@ -233,10 +234,17 @@ class TorchCollectives:
     """zoe_collectives over a torch.distributed process group. The callbacks run on the thread
     that steps (zoe calls them from zoe_sharded_*); an exception in one is kept in ``error`` and
     reported to zoe as a failure (zoe then fails the step on this rank). ``seconds`` and
-    ``calls`` count the wall time spent inside its (blocking) collectives and how many ran."""
+    ``calls`` count the wall time spent inside its (blocking) collectives and how many ran.
+
+    Lifetime: the process group is held weakly, so destroy_process_group() ends it even while an
+    optimizer still exists (a collective afterwards raises FailedPrecondition). A group kept alive
+    past it would keep its transport's threads running into interpreter shutdown, where a gloo
+    worker that releases a finished collective's tensor needs the GIL and aborts the process
+    ("terminate called without an active exception"). The C callbacks hold this object weakly
+    too, so it forms no reference cycle and goes with its optimizer."""
 
     def __init__(self, process_group):
-        self.group = process_group
+        self._group = _weak_group(process_group)
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         backend = dist.get_backend(process_group)
@@ -246,20 +254,32 @@ class TorchCollectives:
         self.calls = 0
         self._scratch = {}  # (purpose, element count) -> a buffer reused by every call
         self._callbacks = (
-            _capi.all_reduce_sum_fn(self._guarded(self._all_reduce_sum)),
-            _capi.reduce_scatter_sum_fn(self._guarded(self._reduce_scatter_sum)),
-            _capi.all_gather_fn(self._guarded(self._all_gather)),
-            _capi.barrier_fn(self._guarded(self._barrier)),
+            _capi.all_reduce_sum_fn(self._guarded(TorchCollectives._all_reduce_sum)),
+            _capi.reduce_scatter_sum_fn(self._guarded(TorchCollectives._reduce_scatter_sum)),
+            _capi.all_gather_fn(self._guarded(TorchCollectives._all_gather)),
+            _capi.barrier_fn(self._guarded(TorchCollectives._barrier)),
         )
         self.struct = _capi.zoe_collectives(None, self.rank, self.world_size, *self._callbacks)
 
+    @property
+    def group(self):
+        """The process group; FailedPrecondition once destroy_process_group() ended it."""
+        return _live_group(self._group, "the zoe optimizer")
+
     def _guarded(self, function):
+        """A C callback running ``function(self, *args)``; it holds ``self`` weakly (the
+        callbacks are this object's own: a strong reference would be a cycle)."""
+        owner = weakref.ref(self)
+
         def callback(_context, *args):
+            collectives = owner()
+            if collectives is None:  # zoe calls only while a group, which holds it, steps
+                return 1
             try:
-                function(*args)
+                function(collectives, *args)
                 return 0
             except Exception as error:  # reported to zoe, which fails the step on this rank
-                self.error = error
+                collectives.error = error
                 return 1
 
         return callback
@@ -604,11 +624,19 @@ class ZeroMixin:
     # --- gradients -------------------------------------------------------------------------
 
     def _hook(self, param, bucket):
+        # The hook holds the optimizer weakly: autograd keeps the hook, the optimizer keeps the
+        # node or parameter that holds it, and a strong reference would make a cycle that keeps
+        # an unreferenced optimizer (its engine and collectives) alive until a garbage collection.
+        owner = weakref.ref(self)
+
         def ready(*_unused):
+            optimizer = owner()
+            if optimizer is None:  # a gradient after the optimizer went: nothing to reduce
+                return
             bucket.ready += 1
             if bucket.ready == len(bucket.indices) and not bucket.reduced:
                 with torch.no_grad():
-                    self._reduce_bucket(bucket)
+                    optimizer._reduce_bucket(bucket)
 
         if hasattr(param, "register_post_accumulate_grad_hook"):
             self._hooks.append(param.register_post_accumulate_grad_hook(ready))

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from . import _capi, _torch_device
-from ._torch_common import _PAGED_DTYPES, _invalid
+from ._torch_common import _PAGED_DTYPES, _invalid, _live_group, _weak_group
 from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
 from .errors import Aborted, FailedPrecondition
 
@@ -104,9 +104,9 @@ class ShardedParameterPager(ParameterPager):
 
     def __init__(self, model, engine, trace_name, home, tier, process_group, prefetch_depth):
         super().__init__(model, engine, trace_name, home, tier)
-        self.group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
+        self._group = _weak_group(process_group)  # see group
         self.prefetch_depth = int(prefetch_depth)
         self._params = []  # _ShardedParam in registration order
         self._by_param = {}  # id(param) -> _ShardedParam
@@ -124,6 +124,12 @@ class ShardedParameterPager(ParameterPager):
         self.peak_gathered_bytes = 0  # the peak of the two together
         self.collective_seconds = 0.0  # wall time blocked in collectives: issuing and waiting
         self._root_records = []  # the base class's root holds: shards are held by gathers
+
+    @property
+    def group(self):
+        """The process group. Held weakly: the pager (kept by the model's hooks) never keeps it
+        past destroy_process_group(); a collective afterwards raises FailedPrecondition."""
+        return _live_group(self._group, "the sharded parameter pager")
 
     # --- registration ----------------------------------------------------------------------
 
