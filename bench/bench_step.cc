@@ -1,6 +1,9 @@
 // zoe bench step: the offloaded optimizer step (OptimizerGroup::Step) against its own I/O-only
 // and compute-only times measured in the same run, and optionally against a DeepSpeed-style
 // synchronous swapper at the same pinned budget (bench/step_bench.h).
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -10,6 +13,7 @@
 #include "bench/command.h"
 #include "bench/step_bench.h"
 #include "core/config.h"
+#include "core/vocabulary.h"
 
 namespace zoe::cli {
 namespace {
@@ -45,10 +49,12 @@ Result<std::vector<optim::DType>> ParseMomentDTypes(const std::string& list) {
   while (begin <= list.size()) {
     const size_t comma = std::min(list.find(',', begin), list.size());
     const std::string word = list.substr(begin, comma - begin);
-    if (word != "fp32" && word != "bf16" && word != "int8") {
-      return Status::InvalidArgument("--moment-dtype: '" + word +
-                                     "' is not a moment dtype; allowed: fp32, bf16, int8, a comma "
-                                     "list of them (e.g. fp32,bf16,int8), or both (fp32,bf16)");
+    if (std::find(kMomentDTypeNames.begin(), kMomentDTypeNames.end(), word) ==
+        kMomentDTypeNames.end()) {
+      return Status::InvalidArgument(fmt::format(
+          "--moment-dtype: '{}' is not a moment dtype; allowed: {}, a comma list of them (e.g. "
+          "{}), or both (fp32,bf16)",
+          word, JoinNames(kMomentDTypeNames), fmt::join(kMomentDTypeNames, ",")));
     }
     ZOE_ASSIGN_OR_RETURN(optim::DType dtype, optim::ParseDType(word));
     dtypes.push_back(dtype);

@@ -17,7 +17,6 @@ namespace zoe::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using offload::EvictionMode;
 using offload::Link;
 using offload::StatsSnapshot;
 using offload::TensorId;
@@ -26,13 +25,13 @@ using offload::TierManager;
 
 struct Policy {
   bool trace = false;
-  EvictionMode eviction = EvictionMode::kLru;
+  EvictionKind eviction = EvictionKind::kLru;
 };
 
 Result<Policy> ParsePolicy(const std::string& name) {
-  if (name == "none+lru") return Policy{false, EvictionMode::kLru};
-  if (name == "trace+lru") return Policy{true, EvictionMode::kLru};
-  if (name == "trace+opt") return Policy{true, EvictionMode::kOpt};
+  if (name == "none+lru") return Policy{false, EvictionKind::kLru};
+  if (name == "trace+lru") return Policy{true, EvictionKind::kLru};
+  if (name == "trace+opt") return Policy{true, EvictionKind::kOpt};
   return Status::InvalidArgument("policy '" + name + "'; allowed: none+lru, trace+lru, trace+opt");
 }
 

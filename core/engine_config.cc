@@ -24,10 +24,6 @@ constexpr uint64_t kDirectIoUnit = 4096;
 // Names in the document, indexed by the enum's value.
 constexpr std::array<std::string_view, 3> kOffloadDevices = {"none", "cpu", "nvme"};
 constexpr std::array<std::string_view, 3> kComputeDevices = {"auto", "cuda", "host"};
-constexpr std::array<std::string_view, 4> kOptimizerTypes = {"adamw", "adam", "adagrad", "lion"};
-constexpr std::array<std::string_view, 2> kEvictionKinds = {"opt", "lru"};
-static_assert(kArithmeticNames.size() == static_cast<size_t>(Arithmetic::kFast) + 1);
-static_assert(kMomentDTypeNames.size() == static_cast<size_t>(MomentDType::kInt8) + 1);
 constexpr std::array<std::string_view, 7> kLogLevels = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};
 
@@ -128,6 +124,13 @@ void ReadEnum(ObjectReader& reader, std::string_view key, Enum* out,
   std::string text(NameOf(*out, names));
   reader.Enum(key, &text, names);  // leaves `text` alone when absent or invalid
   *out = static_cast<Enum>(std::find(names.begin(), names.end(), text) - names.begin());
+}
+
+// Reads `key` as one of kMomentDTypeNames into `out`.
+void ReadMomentDType(ObjectReader& reader, std::string_view key, DType* out) {
+  std::string text(DTypeName(*out));
+  reader.Enum(key, &text, kMomentDTypeNames);  // leaves `text` alone when absent or invalid
+  *out = *ParseDType(text);                    // one of kMomentDTypeNames, which ParseDType accepts
 }
 
 template <size_t N>
@@ -243,15 +246,13 @@ Status ReadOptimizerParams(ObjectReader& reader, OptimizerConfig* out, Optimizer
 }
 
 // The type named in the document, case-insensitively, as DeepSpeed matches it.
-Result<OptimizerType> ResolveOptimizerType(const std::string& text, const std::string& key_path,
+Result<OptimizerKind> ResolveOptimizerType(const std::string& text, const std::string& key_path,
                                            bool adam_w_mode) {
   const std::string lower = Lower(text);
-  if (lower == "adam") return adam_w_mode ? OptimizerType::kAdamW : OptimizerType::kAdam;
-  for (size_t i = 0; i < kOptimizerTypes.size(); ++i) {
-    if (lower == kOptimizerTypes[i]) return static_cast<OptimizerType>(i);
-  }
-  const std::string supported =
-      fmt::format("{} (any letter case)", fmt::join(kOptimizerTypes, ", "));
+  if (lower == "adam") return adam_w_mode ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+  Result<OptimizerKind> kind = ParseOptimizerKind(lower);
+  if (kind.ok()) return kind;
+  const std::string supported = fmt::format("{} (any letter case)", JoinNames(kOptimizerKindNames));
   const bool known_elsewhere =
       std::find(kUnsupportedOptimizers.begin(), kUnsupportedOptimizers.end(), lower) !=
       kUnsupportedOptimizers.end();
@@ -259,7 +260,7 @@ Result<OptimizerType> ResolveOptimizerType(const std::string& text, const std::s
     return Status::InvalidArgument(
         fmt::format("{} = '{}' is not supported by zoe; supported: {}", key_path, text, supported));
   }
-  const std::vector<std::string> candidates(kOptimizerTypes.begin(), kOptimizerTypes.end());
+  const std::vector<std::string> candidates(kOptimizerKindNames.begin(), kOptimizerKindNames.end());
   const std::string closest = ClosestMatch(text, candidates);
   return Status::InvalidArgument(
       fmt::format("{} = '{}' is not an optimizer;{} supported: {}", key_path, text,
@@ -268,7 +269,7 @@ Result<OptimizerType> ResolveOptimizerType(const std::string& text, const std::s
 
 Status ReadOptimizer(ObjectReader& reader, OptimizerConfig* out,
                      std::vector<std::string>* ignored) {
-  std::string type(OptimizerTypeName(out->type));
+  std::string type(OptimizerKindName(out->type));
   OptimizerParamsExtra extra;
   reader.String("type", &type)
       .Object("params",
@@ -277,7 +278,7 @@ Status ReadOptimizer(ObjectReader& reader, OptimizerConfig* out,
   ZOE_RETURN_IF_ERROR(reader.Finish());
   ZOE_ASSIGN_OR_RETURN(out->type,
                        ResolveOptimizerType(type, KeyPath(reader, "type"), extra.adam_w_mode));
-  if (extra.lr_decay_given && out->type != OptimizerType::kAdagrad) {
+  if (extra.lr_decay_given && out->type != OptimizerKind::kAdagrad) {
     return Status::InvalidArgument(
         fmt::format("{}.params.lr_decay applies to adagrad only; {}.type is '{}'", reader.path(),
                     reader.path(), type));
@@ -367,8 +368,8 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
       .Enum("log_level", &out->log_level, kLogLevels)
       .Object("trace", [&](ObjectReader& r) { return ReadTrace(r, &out->trace); });
   ReadEnum(reader, "arithmetic", &out->arithmetic, kArithmeticNames);
-  ReadEnum(reader, "eviction", &out->eviction, kEvictionKinds);
-  ReadEnum(reader, "moment_dtype", &out->moment_dtype, kMomentDTypeNames);
+  ReadEnum(reader, "eviction", &out->eviction, kEvictionKindNames);
+  ReadMomentDType(reader, "moment_dtype", &out->moment_dtype);
   ZOE_RETURN_IF_ERROR(reader.Finish());
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "stripe_unit", out->stripe_unit));
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "chunk_size", out->chunk_size));
@@ -459,9 +460,9 @@ Json OptimizerToJson(const OptimizerConfig& optimizer) {
                  {"eps", optimizer.eps},
                  {"weight_decay", optimizer.weight_decay}};
   // DeepSpeed's "adam" means AdamW unless adam_w_mode says otherwise.
-  if (optimizer.type == OptimizerType::kAdam) params["adam_w_mode"] = false;
-  if (optimizer.type == OptimizerType::kAdagrad) params["lr_decay"] = optimizer.lr_decay;
-  return {{"type", OptimizerTypeName(optimizer.type)}, {"params", std::move(params)}};
+  if (optimizer.type == OptimizerKind::kAdam) params["adam_w_mode"] = false;
+  if (optimizer.type == OptimizerKind::kAdagrad) params["lr_decay"] = optimizer.lr_decay;
+  return {{"type", OptimizerKindName(optimizer.type)}, {"params", std::move(params)}};
 }
 
 Json ZeroToJson(const ZeroConfig& zero) {
@@ -523,7 +524,7 @@ Json ZoeToJson(const ZoeConfig& zoe) {
                 {"max_inflight", zoe.trace.max_inflight},
                 {"mismatch_limit", zoe.trace.mismatch_limit}}},
               {"eviction", EvictionKindName(zoe.eviction)},
-              {"moment_dtype", MomentDTypeName(zoe.moment_dtype)}};
+              {"moment_dtype", DTypeName(zoe.moment_dtype)}};
   if (!zoe.log_level.empty()) out["log_level"] = zoe.log_level;
   return out;
 }
@@ -532,12 +533,6 @@ Json ZoeToJson(const ZoeConfig& zoe) {
 
 std::string_view OffloadDeviceName(OffloadDevice device) { return NameOf(device, kOffloadDevices); }
 std::string_view ComputeDeviceName(ComputeDevice device) { return NameOf(device, kComputeDevices); }
-std::string_view OptimizerTypeName(OptimizerType type) { return NameOf(type, kOptimizerTypes); }
-std::string_view EvictionKindName(EvictionKind kind) { return NameOf(kind, kEvictionKinds); }
-std::string_view ArithmeticName(Arithmetic arithmetic) {
-  return NameOf(arithmetic, kArithmeticNames);
-}
-std::string_view MomentDTypeName(MomentDType dtype) { return NameOf(dtype, kMomentDTypeNames); }
 
 Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {
   ZOE_ASSIGN_OR_RETURN(const Json document, ParseJson(json_text));

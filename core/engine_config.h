@@ -22,37 +22,19 @@
 
 #include "core/config.h"
 #include "core/result.h"
+#include "core/vocabulary.h"
 
 namespace zoe::config {
-
-// The optimizer kernels' arithmetic (optim::Arithmetic): "exact" (torch's bits, the default) or
-// "fast" (a reciprocal of Adam's bias correction, within optim/chunk.h's ulp bound).
-enum class Arithmetic { kExact, kFast };
-std::string_view ArithmeticName(Arithmetic arithmetic);
 
 // Where a DeepSpeed offload section puts its tensors.
 enum class OffloadDevice { kNone, kCpu, kNvme };
 // The device backend (core/device.h): CUDA when a GPU is found, else the host stand-in.
 enum class ComputeDevice { kAuto, kCuda, kHost };
-enum class OptimizerType { kAdamW, kAdam, kAdagrad, kLion };
-// Eviction by next use in the recorded trace (Belady/OPT), or least recently used.
-enum class EvictionKind { kOpt, kLru };
-// Element type of the optimizer's moments (Adam's m and v) in every tier; int8 is block-wise
-// quantized (docs/int8-moments.md).
-enum class MomentDType { kFp32, kBf16, kInt8 };
 
-// The document's names of Arithmetic and MomentDType values, in enum order: the one list of each,
-// which every reader of "arithmetic" and "moment_dtype" (an optimizer group's included) checks.
-inline constexpr std::array<std::string_view, 2> kArithmeticNames = {"exact", "fast"};
-inline constexpr std::array<std::string_view, 3> kMomentDTypeNames = {"fp32", "bf16", "int8"};
-
-// The names used in the document: "none"/"cpu"/"nvme", "auto"/"cuda"/"host",
-// "adamw"/"adam"/"adagrad"/"lion", "opt"/"lru", "fp32"/"bf16"/"int8".
+// The names used in the document: "none"/"cpu"/"nvme", "auto"/"cuda"/"host". The optimizer type,
+// "arithmetic", "eviction" and "moment_dtype" take the names of core/vocabulary.h.
 std::string_view OffloadDeviceName(OffloadDevice device);
 std::string_view ComputeDeviceName(ComputeDevice device);
-std::string_view OptimizerTypeName(OptimizerType type);
-std::string_view EvictionKindName(EvictionKind kind);
-std::string_view MomentDTypeName(MomentDType dtype);
 
 // zero_optimization.offload_optimizer (DeepSpeed's keys and defaults, except the device: zoe
 // offloads the optimizer to pinned DRAM unless told otherwise).
@@ -95,7 +77,7 @@ struct ZeroConfig {
 // "optimizer": {"type", "params"}. DeepSpeed's "Adam" is AdamW unless params.adam_w_mode is false;
 // "AdamW" is AdamW whatever adam_w_mode says. Ranges are those of optim::ValidateHyperParams.
 struct OptimizerConfig {
-  OptimizerType type = OptimizerType::kAdamW;
+  OptimizerKind type = OptimizerKind::kAdamW;
   double lr = 1e-3;           // >= 0
   double beta1 = 0.9;         // [0, 1)
   double beta2 = 0.999;       // [0, 1)
@@ -152,7 +134,7 @@ struct ZoeConfig {
   uint64_t stripe_unit = uint64_t{1} << 20;  // bytes per directory before the next, 4 KiB multiple
   uint64_t chunk_size = uint64_t{64} << 20;  // bytes of one chunk, the unit tiers move
   bool checksum = true;                      // xxh3 per block on NVMe, verified on read
-  Arithmetic arithmetic = Arithmetic::kExact;  // of the CPU optimizer kernels
+  Arithmetic arithmetic = Arithmetic::kExact;  // of the CPU optimizer kernels (optim/chunk.h)
   // NVMe extents per optimizer chunk: 2 makes every step atomic; 1 updates the state in place,
   // halving the NVMe space, and a step that fails mid-way leaves the group refusing work until a
   // checkpoint is loaded (OptimizerGroupOptions::slots).
@@ -160,7 +142,8 @@ struct ZoeConfig {
   std::string log_level;  // empty: ZOE_LOG_LEVEL, else info
   TraceConfig trace;
   EvictionKind eviction = EvictionKind::kOpt;
-  MomentDType moment_dtype = MomentDType::kFp32;
+  // Element type of the optimizer's moments in every tier: one of kMomentDTypes.
+  DType moment_dtype = DType::kFloat32;
 
   bool operator==(const ZoeConfig&) const = default;
 };

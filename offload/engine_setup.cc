@@ -25,34 +25,6 @@ constexpr uint64_t kDirectIoUnit = 4096;
 constexpr double kHugeNumber = 1e300;
 constexpr uint64_t kFallbackPhysicalBytes = uint64_t{8} << 30;
 
-constexpr std::array<std::string_view, 4> kGroupTypes = {"adamw", "adam", "adagrad", "lion"};
-
-optim::Kind KindOf(config::OptimizerType type) {
-  switch (type) {
-    case config::OptimizerType::kAdamW:
-      return optim::Kind::kAdamW;
-    case config::OptimizerType::kAdam:
-      return optim::Kind::kAdam;
-    case config::OptimizerType::kAdagrad:
-      return optim::Kind::kAdagrad;
-    case config::OptimizerType::kLion:
-      return optim::Kind::kLion;
-  }
-  return optim::Kind::kAdamW;
-}
-
-optim::DType StateDTypeOf(config::MomentDType dtype) {
-  switch (dtype) {
-    case config::MomentDType::kFp32:
-      return optim::DType::kF32;
-    case config::MomentDType::kBf16:
-      return optim::DType::kBF16;
-    case config::MomentDType::kInt8:
-      return optim::DType::kI8;
-  }
-  return optim::DType::kF32;
-}
-
 std::string Lower(std::string_view text) {
   std::string out(text);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -61,15 +33,14 @@ std::string Lower(std::string_view text) {
 
 Result<optim::Kind> ParseGroupType(const std::string& text) {
   const std::string lower = Lower(text);
-  for (size_t i = 0; i < kGroupTypes.size(); ++i) {
-    if (lower == kGroupTypes[i]) return static_cast<optim::Kind>(i);
-  }
-  const std::vector<std::string> candidates(kGroupTypes.begin(), kGroupTypes.end());
+  Result<optim::Kind> kind = ParseOptimizerKind(lower);
+  if (kind.ok()) return kind;
+  const std::vector<std::string> candidates(kOptimizerKindNames.begin(), kOptimizerKindNames.end());
   const std::string closest = config::ClosestMatch(text, candidates);
   return Status::InvalidArgument(
       fmt::format("type = '{}' is not an optimizer;{} allowed: {} (any letter case)", text,
                   closest.empty() ? "" : fmt::format(" did you mean '{}'?", closest),
-                  fmt::join(kGroupTypes, ", ")));
+                  JoinNames(kOptimizerKindNames)));
 }
 
 Status ReadBetas(const Json& value, optim::HyperParams* hyper) {
@@ -111,7 +82,7 @@ Status ReadGroupDocument(const Json& document, GroupDocument* doc, GroupSpec* sp
       .Double("eps", &hyper.eps, 0.0, kHugeNumber)
       .Double("weight_decay", &hyper.weight_decay, 0.0, kHugeNumber)
       .Double("max_grad_norm", &spec->options.max_grad_norm, 0.0, kHugeNumber)
-      .Enum("moment_dtype", &doc->moment_dtype, config::kMomentDTypeNames)
+      .Enum("moment_dtype", &doc->moment_dtype, kMomentDTypeNames)
       .UInt("slots", &doc->slots, 1, 2)
       .Double("lr_decay", &doc->lr_decay, 0.0, kHugeNumber)
       .Value("segments", &doc->segments)
@@ -160,8 +131,7 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
   if (doc.betas) ZOE_RETURN_IF_ERROR(ReadBetas(*doc.betas, &spec->hyper));
   if (doc.segments) ZOE_RETURN_IF_ERROR(ReadSegments(*doc.segments, &spec->options.segments));
   if (!doc.moment_dtype.empty()) {
-    // One of config::kMomentDTypeNames (the reader checked), each also a name optim::ParseDType
-    // accepts.
+    // One of kMomentDTypeNames (the reader checked), each also a name optim::ParseDType accepts.
     ZOE_ASSIGN_OR_RETURN(spec->options.state_dtype, optim::ParseDType(doc.moment_dtype));
   }
   if (doc.slots != 0) spec->options.slots = static_cast<uint32_t>(doc.slots);
@@ -285,8 +255,7 @@ Result<TierManagerOptions> MakeTierManagerOptions(const config::EngineConfig& co
   options.lookahead_bytes = zoe.trace.lookahead_bytes;
   options.prefetch_in_flight = static_cast<uint32_t>(zoe.trace.max_inflight);
   options.trace_cursor.rerecord_min_mismatches = zoe.trace.mismatch_limit;
-  options.eviction =
-      zoe.eviction == config::EvictionKind::kLru ? EvictionMode::kLru : EvictionMode::kOpt;
+  options.eviction = zoe.eviction;
   return options;
 }
 
@@ -295,12 +264,13 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   if (count == 0)
     return Status::InvalidArgument("a group needs at least one parameter; the views hold none");
   GroupSpec spec;
-  spec.options.kind = KindOf(config.optimizer.type);
-  spec.options.state_dtype = StateDTypeOf(config.zoe.moment_dtype);
+  spec.options.kind = config.optimizer.type;
+  // The parser admits only kMomentDTypes; a configuration built in code is checked here.
+  ZOE_RETURN_IF_ERROR(CheckMomentDType(config.zoe.moment_dtype, "zoe.moment_dtype"));
+  ZOE_ASSIGN_OR_RETURN(spec.options.state_dtype,
+                       optim::ToKernelDType(config.zoe.moment_dtype, "zoe.moment_dtype"));
   spec.options.max_grad_norm = config.gradient_clipping;
-  spec.options.run.arithmetic = config.zoe.arithmetic == config::Arithmetic::kFast
-                                    ? optim::Arithmetic::kFast
-                                    : optim::Arithmetic::kExact;
+  spec.options.run.arithmetic = config.zoe.arithmetic;
   spec.options.slots = static_cast<uint32_t>(config.zoe.slots);
   spec.hyper.lr = config.optimizer.lr;
   spec.hyper.beta1 = config.optimizer.beta1;

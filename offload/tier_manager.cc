@@ -675,7 +675,7 @@ Status TierManager::StartReplay(const Trace& trace) {
   ZOE_ASSIGN_OR_RETURN(TraceCursor cursor,
                        TraceCursor::Create(trace, layout_.chunk_count(), options_.trace_cursor));
   cursor_.emplace(std::move(cursor));
-  if (options_.eviction == EvictionMode::kLru) return Status::Ok();
+  if (options_.eviction == EvictionKind::kLru) return Status::Ok();
   const auto next_use = [this](ChunkId chunk) { return NextUseOfRun(run_of_chunk_[chunk.value]); };
   host_policy_.SetNextUse(next_use);
   device_policy_.SetNextUse(next_use);

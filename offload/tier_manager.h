@@ -41,7 +41,7 @@
 //    TraceCursor and prefetches the next runs within lookahead_bytes and prefetch_in_flight,
 //    evicting for them only clean runs needed later than they are; eviction picks the run whose
 //    next use is farthest (Belady/OPT) on DEVICE and on HOST (or the least recently used one with
-//    EvictionMode::kLru). A trace keeps the tier of each acquire: runs the trace next uses on
+//    EvictionKind::kLru). A trace keeps the tier of each acquire: runs the trace next uses on
 //    DEVICE are also copied there ahead of time once they are resident on HOST, within the device
 //    budget and the same look-ahead and in-flight limits, evicting only clean device copies needed
 //    later. A failed prefetch (HOST or DEVICE) is reported by the acquire that needs that run and
@@ -82,10 +82,6 @@
 
 namespace zoe::offload {
 
-// How a replayed trace picks eviction victims: by farthest next use (Belady/OPT) or, for
-// comparison, least recently used (prefetching still follows the trace).
-enum class EvictionMode : uint8_t { kOpt, kLru };
-
 struct TierManagerOptions {
   // The device tier: "" for none, else a kind for CreateDeviceBackend ("host", "auto", "cuda").
   std::string device_backend;
@@ -110,7 +106,9 @@ struct TierManagerOptions {
   uint64_t lookahead_bytes = uint64_t{256} << 20;
   uint32_t prefetch_in_flight = 8;  // each for HOST loads and for DEVICE copies
   TraceCursorOptions trace_cursor;
-  EvictionMode eviction = EvictionMode::kOpt;
+  // How a replayed trace picks eviction victims (core/vocabulary.h): by farthest next use or, for
+  // comparison, least recently used (prefetching still follows the trace).
+  EvictionKind eviction = EvictionKind::kOpt;
   // Makes the raw I/O engine instead of io::CreateEngine (e.g. to wrap it in a
   // FaultInjectingEngine). Empty: io::CreateEngine with io_backend and queue_depth.
   std::function<Result<std::unique_ptr<io::Engine>>()> engine_factory;

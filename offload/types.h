@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "core/result.h"
+#include "core/vocabulary.h"
 
 namespace zoe::offload {
 
@@ -42,31 +43,12 @@ bool IsValidAccess(Access access);
 inline bool Reads(Access access) { return access != Access::kWrite; }
 inline bool Writes(Access access) { return access != Access::kRead; }
 
-// Element types of registered tensors. The numbers are part of the trace file format and of the
-// C API: a value, once given, is never reused.
-enum class DType : uint8_t {
-  kFloat32 = 0,
-  kFloat16 = 1,
-  kBFloat16 = 2,
-  kInt8 = 3,
-  kUInt8 = 4,
-  kInt32 = 5,
-  kInt64 = 6,
-  kFloat64 = 7,
-  kBool = 8,
-  kFloat8E4M3 = 9,
-  kFloat8E5M2 = 10,
-};
-
-// Bytes per element; 0 for a value outside the enum (an unknown dtype).
-size_t DTypeSize(DType dtype);
-// "fp32", "fp16", "bf16", "int8", "uint8", "int32", "int64", "fp64", "bool", "fp8_e4m3",
-// "fp8_e5m2"; "unknown" for a value outside the enum.
-std::string_view DTypeName(DType dtype);
-// Accepts the names above and the torch spellings ("float32", "float16", "bfloat16", "float64",
-// "float8_e4m3fn", "float8_e5m2"), case-insensitive; anything else is an error listing them.
-Result<DType> ParseDType(std::string_view name);
-inline bool IsValidDType(DType dtype) { return DTypeSize(dtype) != 0; }
+// Element types of registered tensors: the one DType (core/vocabulary.h), its size and names.
+using zoe::DType;
+using zoe::DTypeName;
+using zoe::DTypeSize;
+using zoe::IsValidDType;
+using zoe::ParseDType;
 
 // A dense integer id that cannot be mixed up with another kind of id. Ids are indices into the
 // registry's tables, assigned 0, 1, 2, ... in registration order.

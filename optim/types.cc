@@ -1,36 +1,36 @@
 #include "optim/types.h"
 
+#include <fmt/format.h>
+
 #include <string>
 
 namespace zoe::optim {
 
-std::string_view DTypeName(DType type) {
+zoe::DType ToDType(DType type) {
   switch (type) {
     case DType::kF32:
-      return "fp32";
+      return zoe::DType::kFloat32;
     case DType::kBF16:
-      return "bf16";
+      return zoe::DType::kBFloat16;
     case DType::kF16:
-      return "fp16";
+      return zoe::DType::kFloat16;
     case DType::kI8:
-      return "int8";
+      return zoe::DType::kInt8;
   }
-  return "unknown";
+  return static_cast<zoe::DType>(0xff);  // not a dtype: DTypeName says "unknown"
 }
 
-std::string_view KindName(Kind kind) {
-  switch (kind) {
-    case Kind::kAdamW:
-      return "adamw";
-    case Kind::kAdam:
-      return "adam";
-    case Kind::kAdagrad:
-      return "adagrad";
-    case Kind::kLion:
-      return "lion";
+Result<DType> ToKernelDType(zoe::DType dtype, std::string_view what) {
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
+    if (ToDType(type) == dtype) return type;
   }
-  return "unknown";
+  return Status::InvalidArgument(
+      fmt::format("{} = {} is not an element type the optimizer takes; allowed: fp32, bf16, "
+                  "fp16, int8",
+                  what, zoe::DTypeName(dtype)));
 }
+
+std::string_view DTypeName(DType type) { return zoe::DTypeName(ToDType(type)); }
 
 std::string_view IsaName(Isa isa) {
   switch (isa) {
@@ -46,25 +46,14 @@ std::string_view IsaName(Isa isa) {
   return "unknown";
 }
 
-std::string_view ArithmeticName(Arithmetic arithmetic) {
-  return arithmetic == Arithmetic::kFast ? "fast" : "exact";
-}
-
 Result<DType> ParseDType(std::string_view name) {
-  if (name == "fp32" || name == "f32" || name == "float32") return DType::kF32;
-  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  if (name == "fp16" || name == "f16" || name == "float16") return DType::kF16;
-  if (name == "int8" || name == "i8") return DType::kI8;
+  Result<zoe::DType> dtype = zoe::ParseDType(name);
+  if (dtype.ok()) {
+    Result<DType> kernel = ToKernelDType(*dtype, "element type");
+    if (kernel.ok()) return kernel;
+  }
   return Status::InvalidArgument("unknown element type '" + std::string(name) +
                                  "'; allowed: fp32, bf16, fp16, int8");
-}
-
-Result<Kind> ParseKind(std::string_view name) {
-  for (Kind kind : kAllKinds) {
-    if (KindName(kind) == name) return kind;
-  }
-  return Status::InvalidArgument("unknown optimizer '" + std::string(name) +
-                                 "'; allowed: adamw, adam, adagrad, lion");
 }
 
 Result<Isa> ParseIsa(std::string_view name) {
@@ -73,13 +62,6 @@ Result<Isa> ParseIsa(std::string_view name) {
   }
   return Status::InvalidArgument("unknown instruction set '" + std::string(name) +
                                  "'; allowed: avx512bf16, avx512, avx2, scalar");
-}
-
-Result<Arithmetic> ParseArithmetic(std::string_view name) {
-  if (name == "exact") return Arithmetic::kExact;
-  if (name == "fast") return Arithmetic::kFast;
-  return Status::InvalidArgument("unknown arithmetic '" + std::string(name) +
-                                 "'; allowed: exact, fast");
 }
 
 }  // namespace zoe::optim

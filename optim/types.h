@@ -1,32 +1,26 @@
-// Vocabulary of the optimizer kernels: element types, optimizer kinds and instruction-set paths,
-// with the names they carry in configuration, logs and benchmark output.
+// Vocabulary of the optimizer kernels: their element types and instruction-set paths, and the
+// optimizer kinds and arithmetic of core/vocabulary.h under the names the kernels use.
 #pragma once
 
 #include <cstddef>
 #include <string_view>
 
 #include "core/result.h"
+#include "core/vocabulary.h"
 
 namespace zoe::optim {
 
-// Element type of a buffer the kernels read or write. Arithmetic is always fp32. kI8 is only an
-// optimizer-state type: block-wise quantized moments (quantize.h), one byte per element plus an
-// fp32 scale per block.
+// Element type of a buffer the kernels read or write: the subset of zoe::DType (core/vocabulary.h)
+// the kernels take. Arithmetic is always fp32. kI8 is only an optimizer-state type: block-wise
+// quantized moments (quantize.h), one byte per element plus an fp32 scale per block. It is its own
+// enum, not zoe::DType, because its values index the kernel tables (kernels.h, kernel_math.h),
+// which zoe::DType's trace-file and C API numbering cannot; ToDType and ToKernelDType are the one
+// bridge between the two, and the names are zoe::DType's.
 enum class DType { kF32, kBF16, kF16, kI8 };
 
-// Which update rule a step applies.
-enum class Kind {
-  kAdamW,    // Adam with decoupled weight decay (Loshchilov & Hutter), torch.optim.AdamW
-  kAdam,     // Adam with L2 weight decay added to the gradient, torch.optim.Adam
-  kAdagrad,  // torch.optim.Adagrad (lr_decay 0, initial accumulator 0)
-  kLion,     // Lion (Chen et al. 2023): sign of an interpolated momentum
-};
-
-// How Adam and AdamW compute the bias-corrected denominator (optim/chunk.h states the bound).
-enum class Arithmetic {
-  kExact,  // sqrt(v) / sqrt(1 - beta2^t): torch's operations, bit-identical to torch
-  kFast,   // sqrt(v) * (1 / sqrt(1 - beta2^t)): one division fewer per element
-};
+// Which update rule a step applies, and how Adam computes its denominator (core/vocabulary.h).
+using Kind = zoe::OptimizerKind;
+using zoe::Arithmetic;
 
 // Instruction-set path of the CPU kernels, best first. Every path computes bit-identical fp32
 // results (see kernel_math.h for why).
@@ -49,21 +43,28 @@ constexpr size_t SizeOf(DType type) {
   return type == DType::kF32 ? 4 : (type == DType::kI8 ? 1 : 2);
 }
 
-// "fp32", "bf16", "fp16", "int8".
+// The same element type in zoe's vocabulary.
+zoe::DType ToDType(DType type);
+// The kernels' element type for `dtype`; an InvalidArgument naming `what`, the dtype and the
+// allowed ones (fp32, bf16, fp16, int8) when the kernels do not take it.
+Result<DType> ToKernelDType(zoe::DType dtype, std::string_view what);
+
+// "fp32", "bf16", "fp16", "int8" (zoe::DTypeName's).
 std::string_view DTypeName(DType type);
 // "adamw", "adam", "adagrad", "lion".
-std::string_view KindName(Kind kind);
+inline std::string_view KindName(Kind kind) { return zoe::OptimizerKindName(kind); }
 // "avx512bf16", "avx512", "avx2", "scalar" (the spellings ZOE_ISA accepts).
 std::string_view IsaName(Isa isa);
 // "exact", "fast".
-std::string_view ArithmeticName(Arithmetic arithmetic);
+using zoe::ArithmeticName;
 
-// Inverses of the names above (also accepting "f32", "float32", "float16", "bfloat16", "i8"); an
-// unknown name is an error listing the accepted ones.
+// Inverses of the names above (element types also accept zoe::ParseDType's other spellings:
+// "f32", "float32", "float16", "bfloat16", "i8", any letter case); an unknown name is an error
+// listing the accepted ones.
 Result<DType> ParseDType(std::string_view name);
-Result<Kind> ParseKind(std::string_view name);
+inline Result<Kind> ParseKind(std::string_view name) { return zoe::ParseOptimizerKind(name); }
 Result<Isa> ParseIsa(std::string_view name);
-Result<Arithmetic> ParseArithmetic(std::string_view name);
+using zoe::ParseArithmetic;
 
 // Number of optimizer-state tensors a kind keeps per parameter: 2 for Adam/AdamW (exp_avg,
 // exp_avg_sq), 1 for Adagrad (sum of squares, kept in the exp_avg_sq slot) and Lion (exp_avg).

@@ -11,24 +11,25 @@ constexpr int kLastAccess = ZOE_ACCESS_READ_WRITE;
 constexpr int kLastDType = ZOE_DTYPE_FLOAT8_E5M2;
 constexpr int kLastSlot = ZOE_STATE_EXP_AVG_SQ;
 
-// The C numbers are the C++ ones; a change on either side breaks the build here.
+// The C numbers are the C++ ones (zoe_dtype is core/vocabulary.h's DType); a change on either
+// side breaks the build here.
 static_assert(static_cast<int>(offload::Tier::kDevice) == ZOE_TIER_DEVICE);
 static_assert(static_cast<int>(offload::Tier::kHost) == ZOE_TIER_HOST);
 static_assert(static_cast<int>(offload::Tier::kNvme) == ZOE_TIER_NVME);
 static_assert(static_cast<int>(offload::Access::kRead) == ZOE_ACCESS_READ);
 static_assert(static_cast<int>(offload::Access::kWrite) == ZOE_ACCESS_WRITE);
 static_assert(static_cast<int>(offload::Access::kReadWrite) == ZOE_ACCESS_READ_WRITE);
-static_assert(static_cast<int>(offload::DType::kFloat32) == ZOE_DTYPE_FLOAT32);
-static_assert(static_cast<int>(offload::DType::kFloat16) == ZOE_DTYPE_FLOAT16);
-static_assert(static_cast<int>(offload::DType::kBFloat16) == ZOE_DTYPE_BFLOAT16);
-static_assert(static_cast<int>(offload::DType::kInt8) == ZOE_DTYPE_INT8);
-static_assert(static_cast<int>(offload::DType::kUInt8) == ZOE_DTYPE_UINT8);
-static_assert(static_cast<int>(offload::DType::kInt32) == ZOE_DTYPE_INT32);
-static_assert(static_cast<int>(offload::DType::kInt64) == ZOE_DTYPE_INT64);
-static_assert(static_cast<int>(offload::DType::kFloat64) == ZOE_DTYPE_FLOAT64);
-static_assert(static_cast<int>(offload::DType::kBool) == ZOE_DTYPE_BOOL);
-static_assert(static_cast<int>(offload::DType::kFloat8E4M3) == ZOE_DTYPE_FLOAT8_E4M3);
-static_assert(static_cast<int>(offload::DType::kFloat8E5M2) == ZOE_DTYPE_FLOAT8_E5M2);
+static_assert(static_cast<int>(DType::kFloat32) == ZOE_DTYPE_FLOAT32);
+static_assert(static_cast<int>(DType::kFloat16) == ZOE_DTYPE_FLOAT16);
+static_assert(static_cast<int>(DType::kBFloat16) == ZOE_DTYPE_BFLOAT16);
+static_assert(static_cast<int>(DType::kInt8) == ZOE_DTYPE_INT8);
+static_assert(static_cast<int>(DType::kUInt8) == ZOE_DTYPE_UINT8);
+static_assert(static_cast<int>(DType::kInt32) == ZOE_DTYPE_INT32);
+static_assert(static_cast<int>(DType::kInt64) == ZOE_DTYPE_INT64);
+static_assert(static_cast<int>(DType::kFloat64) == ZOE_DTYPE_FLOAT64);
+static_assert(static_cast<int>(DType::kBool) == ZOE_DTYPE_BOOL);
+static_assert(static_cast<int>(DType::kFloat8E4M3) == ZOE_DTYPE_FLOAT8_E4M3);
+static_assert(static_cast<int>(DType::kFloat8E5M2) == ZOE_DTYPE_FLOAT8_E5M2);
 static_assert(static_cast<int>(offload::StateSlot::kMaster) == ZOE_STATE_MASTER);
 static_assert(static_cast<int>(offload::StateSlot::kExpAvg) == ZOE_STATE_EXP_AVG);
 static_assert(static_cast<int>(offload::StateSlot::kExpAvgSq) == ZOE_STATE_EXP_AVG_SQ);
@@ -55,27 +56,22 @@ Result<offload::Access> ToAccess(int value) {
   return static_cast<offload::Access>(value);
 }
 
-Result<offload::DType> ToTensorDType(int value, std::string_view name) {
+Result<DType> ToTensorDType(int value, std::string_view name) {
   if (value < 0 || value > kLastDType)
     return OutOfRange(name, value,
                       "a zoe_dtype, ZOE_DTYPE_FLOAT32 (0) .. ZOE_DTYPE_FLOAT8_E5M2 (10)");
-  return static_cast<offload::DType>(value);
+  return static_cast<DType>(value);
 }
 
 Result<optim::DType> ToOptimDType(int value, std::string_view name) {
-  switch (value) {
-    case ZOE_DTYPE_FLOAT32:
-      return optim::DType::kF32;
-    case ZOE_DTYPE_BFLOAT16:
-      return optim::DType::kBF16;
-    case ZOE_DTYPE_FLOAT16:
-      return optim::DType::kF16;
-    default:
-      break;
+  const bool is_dtype = value >= 0 && value <= kLastDType;
+  if (is_dtype) {
+    // Gradients and parameters: the kernels' element types but int8 (optim::kAllDTypes).
+    Result<optim::DType> kernel = optim::ToKernelDType(static_cast<DType>(value), name);
+    if (kernel.ok() && *kernel != optim::DType::kI8) return kernel;
   }
-  const std::string_view given = value >= 0 && value <= kLastDType
-                                     ? offload::DTypeName(static_cast<offload::DType>(value))
-                                     : std::string_view("not a zoe_dtype");
+  const std::string_view given =
+      is_dtype ? DTypeName(static_cast<DType>(value)) : std::string_view("not a zoe_dtype");
   return Status::InvalidArgument(
       fmt::format("{} = {} ({}) is not supported by optimizer groups; allowed: ZOE_DTYPE_FLOAT32, "
                   "ZOE_DTYPE_BFLOAT16, ZOE_DTYPE_FLOAT16",

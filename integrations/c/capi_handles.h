@@ -66,7 +66,7 @@ int RawEnum(const Enum& value) {
 
 Result<offload::Tier> ToTier(int value, std::string_view name);
 Result<offload::Access> ToAccess(int value);
-Result<offload::DType> ToTensorDType(int value, std::string_view name);
+Result<DType> ToTensorDType(int value, std::string_view name);
 // FLOAT32, BFLOAT16 and FLOAT16 only: the types optimizer groups read and write.
 Result<optim::DType> ToOptimDType(int value, std::string_view name);
 Result<offload::StateSlot> ToStateSlot(int value);

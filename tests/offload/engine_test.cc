@@ -127,7 +127,7 @@ TEST(EngineSetup, TierManagerOptionsFollowTheConfiguration) {
   EXPECT_EQ(options->lookahead_bytes, 1u << 20);
   EXPECT_EQ(options->prefetch_in_flight, 3u);
   EXPECT_EQ(options->trace_cursor.rerecord_min_mismatches, 5u);
-  EXPECT_EQ(options->eviction, EvictionMode::kLru);
+  EXPECT_EQ(options->eviction, EvictionKind::kLru);
 }
 
 TEST(EngineSetup, ChecksumBlockFallsBackToTheDirectIoUnit) {
@@ -212,9 +212,9 @@ TEST(EngineSetup, GroupDefaultsComeFromTheConfiguration) {
 // in the engine document, in a group document, and as the optim layer's own name.
 TEST(EngineSetup, MomentDTypeAndArithmeticNamesReachTheKernels) {
   const optim::DType dtypes[] = {optim::DType::kF32, optim::DType::kBF16, optim::DType::kI8};
-  static_assert(std::size(dtypes) == config::kMomentDTypeNames.size());
-  for (size_t i = 0; i < config::kMomentDTypeNames.size(); ++i) {
-    const std::string name(config::kMomentDTypeNames[i]);
+  static_assert(std::size(dtypes) == kMomentDTypeNames.size());
+  for (size_t i = 0; i < kMomentDTypeNames.size(); ++i) {
+    const std::string name(kMomentDTypeNames[i]);
     SCOPED_TRACE(name);
     EXPECT_EQ(optim::DTypeName(dtypes[i]), name);
     const config::EngineConfig config = ParseConfig({{"zoe", {{"moment_dtype", name}}}});
@@ -227,15 +227,27 @@ TEST(EngineSetup, MomentDTypeAndArithmeticNamesReachTheKernels) {
     EXPECT_EQ(group->options.state_dtype, dtypes[i]);
   }
   const optim::Arithmetic arithmetics[] = {optim::Arithmetic::kExact, optim::Arithmetic::kFast};
-  static_assert(std::size(arithmetics) == config::kArithmeticNames.size());
-  for (size_t i = 0; i < config::kArithmeticNames.size(); ++i) {
-    const std::string name(config::kArithmeticNames[i]);
+  static_assert(std::size(arithmetics) == kArithmeticNames.size());
+  for (size_t i = 0; i < kArithmeticNames.size(); ++i) {
+    const std::string name(kArithmeticNames[i]);
     EXPECT_EQ(optim::ArithmeticName(arithmetics[i]), name);
     const config::EngineConfig config = ParseConfig({{"zoe", {{"arithmetic", name}}}});
     Result<GroupSpec> spec = ParseGroupSpec(R"({"name": "g"})", config, 1000);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     EXPECT_EQ(spec->options.run.arithmetic, arithmetics[i]) << name;
   }
+}
+
+// A configuration built in code may hold any DType; only the moment dtypes reach the kernels.
+TEST(EngineSetup, ConfigBuiltInCodeWithANonMomentDTypeIsRefused) {
+  config::EngineConfig config;
+  config.zoe.moment_dtype = DType::kFloat16;
+  Result<GroupSpec> spec = ParseGroupSpec(R"({"name": "g"})", config, 1000);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      std::string(spec.status().message()),
+      HasSubstr("zoe.moment_dtype = fp16 is not a moment dtype; allowed: fp32, bf16, int8"));
 }
 
 TEST(EngineSetup, GroupDocumentOverridesTheDefaults) {

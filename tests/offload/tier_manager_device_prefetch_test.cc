@@ -43,7 +43,7 @@ size_t Index(Link link) { return static_cast<size_t>(link); }
 class DevicePrefetchTest : public ::testing::TestWithParam<bool> {
  protected:
   std::unique_ptr<TierManager> Make(uint64_t host_chunks, uint64_t device_chunks, int layers,
-                                    EvictionMode eviction = EvictionMode::kOpt,
+                                    EvictionKind eviction = EvictionKind::kOpt,
                                     uint32_t prefetch_in_flight = 2) {
     TierManagerOptions options;
     options.host_budget_bytes = host_chunks * kChunk;
@@ -286,7 +286,7 @@ TEST(DevicePrefetchHint, WithoutADeviceTierDoesNothing) {
 // The eviction mode of a replayed trace, with demand loads only (no prefetch): a cycle of four
 // layers over HOST room for two reads three layers per iteration with OPT, all four with LRU.
 TEST_P(DevicePrefetchTest, LruModeEvictsByRecencyWhileReplaying) {
-  for (EvictionMode mode : {EvictionMode::kOpt, EvictionMode::kLru}) {
+  for (EvictionKind mode : {EvictionKind::kOpt, EvictionKind::kLru}) {
     auto manager = Make(/*host_chunks=*/2, /*device_chunks=*/2, /*layers=*/4, mode,
                         /*prefetch_in_flight=*/0);
     ASSERT_NE(manager, nullptr);
@@ -304,9 +304,9 @@ TEST_P(DevicePrefetchTest, LruModeEvictsByRecencyWhileReplaying) {
       reads.push_back((manager->stats().Snapshot().links[Index(Link::kNvmeToHost)].bytes - before) /
                       kChunk);
     }
-    const uint64_t expected = mode == EvictionMode::kOpt ? 3 : 4;
+    const uint64_t expected = mode == EvictionKind::kOpt ? 3 : 4;
     EXPECT_EQ(reads, (std::vector<uint64_t>{4, expected, expected}))
-        << (mode == EvictionMode::kOpt ? "opt" : "lru");
+        << (mode == EvictionKind::kOpt ? "opt" : "lru");
   }
 }
 

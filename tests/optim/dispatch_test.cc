@@ -75,5 +75,22 @@ TEST(Dispatch, NamesRoundTrip) {
   EXPECT_EQ(ParseDType("int4").status().code(), StatusCode::kInvalidArgument);
 }
 
+// The kernels' element types are the zoe::DType values of the same name, and no others.
+TEST(Dispatch, KernelDTypesBridgeToZoeDTypes) {
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
+    EXPECT_EQ(zoe::DTypeName(ToDType(type)), DTypeName(type));
+    EXPECT_EQ(*ToKernelDType(ToDType(type), "x"), type);
+  }
+  const Status uint8 = ToKernelDType(zoe::DType::kUInt8, "grads.dtype").status();
+  EXPECT_EQ(uint8.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(uint8.message().find("grads.dtype = uint8 is not an element type the optimizer "
+                                 "takes; allowed: fp32, bf16, fp16, int8"),
+            std::string::npos)
+      << uint8.message();
+  EXPECT_NE(ParseDType("uint8").status().message().find(
+                "unknown element type 'uint8'; allowed: fp32, bf16, fp16, int8"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace zoe::optim
