@@ -1,5 +1,7 @@
 """Shared by zoe.torch's optimizers and parameter paging: dtype tables and small helpers."""
 
+import contextlib
+import time
 import weakref
 
 import torch
@@ -59,3 +61,16 @@ def _live_group(group_ref, user):
             "init_process_group",
         )
     return group
+
+
+@contextlib.contextmanager
+def _timed(owner, seconds, calls=None):
+    """Adds the wall time of the enclosed block to ``owner``'s attribute named ``seconds`` and,
+    when ``calls`` names another, counts the block there; both also when the block raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        setattr(owner, seconds, getattr(owner, seconds) + time.perf_counter() - start)
+        if calls is not None:
+            setattr(owner, calls, getattr(owner, calls) + 1)

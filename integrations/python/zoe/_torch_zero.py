@@ -46,14 +46,13 @@ import ctypes
 import json
 import os
 import shutil
-import time
 import weakref
 
 import torch
 import torch.distributed as dist
 
 from . import _capi
-from ._torch_common import _invalid, _live_group, _pager_of, _view, _weak_group
+from ._torch_common import _invalid, _live_group, _pager_of, _timed, _view, _weak_group
 from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
 from .errors import check
@@ -284,24 +283,14 @@ class TorchCollectives:
 
         return callback
 
-    @contextlib.contextmanager
-    def _timed(self):
-        """Adds the wall time of the enclosed collective to ``seconds``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds += time.perf_counter() - start
-            self.calls += 1
-
     def all_reduce(self, tensor):
         """Sums ``tensor`` over the ranks, in place."""
         if self._device.type == "cpu":
-            with self._timed():
+            with _timed(self, "seconds", calls="calls"):
                 dist.all_reduce(tensor, group=self.group)
             return
         moved = tensor.to(self._device)
-        with self._timed():
+        with _timed(self, "seconds", calls="calls"):
             dist.all_reduce(moved, group=self.group)
         tensor.copy_(moved)
 
@@ -338,13 +327,13 @@ class TorchCollectives:
         if largest == 0:  # nothing to gather on any rank (gloo fails on empty tensors)
             return out
         if self._device.type == "cpu" and len(set(counts)) == 1:
-            with self._timed():
+            with _timed(self, "seconds", calls="calls"):
                 dist.all_gather(list(out.split(largest)), shard, group=self.group)
             return out
         padded = self._buffer("gather_send", largest)
         padded[: counts[self.rank]] = shard
         received = self._buffer("gather_received", largest * len(counts))
-        with self._timed():
+        with _timed(self, "seconds", calls="calls"):
             dist.all_gather(list(received.split(largest)), padded, group=self.group)
         begin = 0
         for rank, count in enumerate(counts):
@@ -357,7 +346,7 @@ class TorchCollectives:
         self.gather(_floats(send, counts[self.rank]), counts, out=_floats(recv, sum(counts)))
 
     def _barrier(self):
-        with self._timed():
+        with _timed(self, "seconds", calls="calls"):
             dist.barrier(group=self.group)
 
 

@@ -41,15 +41,13 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   whose engine fails raises the engine's error, and its peers fail in their next collective.
 """
 
-import contextlib
 import math
-import time
 
 import torch
 import torch.distributed as dist
 
 from . import _capi, _torch_device
-from ._torch_common import _PAGED_DTYPES, _invalid, _live_group, _weak_group
+from ._torch_common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
 from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
 from .errors import Aborted, FailedPrecondition
 
@@ -210,15 +208,6 @@ class ShardedParameterPager(ParameterPager):
 
     # --- gathering -------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _timed(self):
-        """Adds the wall time of the enclosed collective call or wait to collective_seconds."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.collective_seconds += time.perf_counter() - start
-
     def _issue_gather(self, entry):
         """Starts the all-gather of ``entry``'s padded shards (bytes); returns it pending."""
         largest = max(entry.counts) * entry.element_size
@@ -228,7 +217,7 @@ class ShardedParameterPager(ParameterPager):
                 send[: entry.count * entry.element_size] = values.view(-1).view(torch.uint8)
         gathered = torch.empty(largest * self.world_size, dtype=torch.uint8, device=send.device)
         try:
-            with self._timed():
+            with _timed(self, "collective_seconds"):
                 handle = dist.all_gather(
                     list(gathered.chunk(self.world_size)), send, group=self.group, async_op=True
                 )
@@ -246,7 +235,7 @@ class ShardedParameterPager(ParameterPager):
     def _finish_gather(self, entry, pending):
         """Waits for ``pending`` and makes ``entry``'s full values (shards side by side)."""
         try:
-            with self._timed():
+            with _timed(self, "collective_seconds"):
                 pending.handle.wait()
         except RuntimeError as error:
             raise _collective_error("all_gather", entry.name, error) from None
@@ -336,7 +325,7 @@ class ShardedParameterPager(ParameterPager):
 
     def _free_unused(self, entry, gather):
         try:
-            with self._timed():
+            with _timed(self, "collective_seconds"):
                 gather.handle.wait()
         except RuntimeError as error:
             raise _collective_error("all_gather", entry.name, error) from None
@@ -377,7 +366,7 @@ class ShardedParameterPager(ParameterPager):
             return
         total = grad.detach().reshape(-1).to(torch.float32, copy=True)
         try:
-            with self._timed():
+            with _timed(self, "collective_seconds"):
                 handle = dist.all_reduce(total, group=self.group, async_op=True)
         except RuntimeError as error:
             raise _collective_error("all_reduce of the gradient", entry.name, error) from None
@@ -393,7 +382,7 @@ class ShardedParameterPager(ParameterPager):
     def _finish_reduction(self, entry, total, handle):
         """Waits for a gradient's sum and adds this rank's slice / N to the shard's .grad."""
         try:
-            with self._timed():
+            with _timed(self, "collective_seconds"):
                 handle.wait()
         except RuntimeError as error:
             raise _collective_error("all_reduce of the gradient", entry.name, error) from None
@@ -459,7 +448,7 @@ class ShardedParameterPager(ParameterPager):
         for grad in grads:
             squares += grad.double().pow(2).sum()
         try:
-            with self._timed():
+            with _timed(self, "collective_seconds"):
                 dist.all_reduce(squares, group=self.group)
         except RuntimeError as error:
             raise _collective_error("all_reduce of the gradient norm", "*", error) from None
