@@ -5,6 +5,19 @@
 #include <string>
 
 namespace zoe::optim {
+namespace {
+
+constexpr DType kKernelDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8};
+
+// "fp32, bf16, fp16, int8": the element types the kernels take, as errors list them.
+std::string KernelDTypeNames() {
+  std::string names;
+  for (DType type : kKernelDTypes)
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", DTypeName(type));
+  return names;
+}
+
+}  // namespace
 
 zoe::DType ToDType(DType type) {
   switch (type) {
@@ -21,13 +34,12 @@ zoe::DType ToDType(DType type) {
 }
 
 Result<DType> ToKernelDType(zoe::DType dtype, std::string_view what) {
-  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
+  for (DType type : kKernelDTypes) {
     if (ToDType(type) == dtype) return type;
   }
   return Status::InvalidArgument(
-      fmt::format("{} = {} is not an element type the optimizer takes; allowed: fp32, bf16, "
-                  "fp16, int8",
-                  what, zoe::DTypeName(dtype)));
+      fmt::format("{} = {} is not an element type the optimizer takes; allowed: {}", what,
+                  zoe::DTypeName(dtype), KernelDTypeNames()));
 }
 
 std::string_view DTypeName(DType type) { return zoe::DTypeName(ToDType(type)); }
@@ -52,8 +64,8 @@ Result<DType> ParseDType(std::string_view name) {
     Result<DType> kernel = ToKernelDType(*dtype, "element type");
     if (kernel.ok()) return kernel;
   }
-  return Status::InvalidArgument("unknown element type '" + std::string(name) +
-                                 "'; allowed: fp32, bf16, fp16, int8");
+  return Status::InvalidArgument(
+      fmt::format("unknown element type '{}'; allowed: {}", name, KernelDTypeNames()));
 }
 
 Result<Isa> ParseIsa(std::string_view name) {
