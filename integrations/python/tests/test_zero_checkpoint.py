@@ -318,6 +318,34 @@ def test_consolidated_checkpoint_equals_live_state_and_moves_to_three_ranks(nvme
     assert "holds no sharded zoe checkpoint" in missing.stderr, missing.stderr
 
 
+@guarded
+def low_precision_run(rank, world, out_dir, moment_dtype):
+    """4 steps with moments in ``moment_dtype``; a sharded checkpoint; rank 0 saves the live
+    state_dict() (moments exported as fp32, as torch keeps them)."""
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, moment_dtype + "-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100,
+                               moment_dtype=moment_dtype)
+    train(optimizer, model, rank, world, steps=4)
+    optimizer.save_checkpoint(os.path.join(out_dir, moment_dtype))
+    live = optimizer.state_dict()
+    if rank == 0:
+        torch.save(live, os.path.join(out_dir, moment_dtype + "-live.pt"))
+    optimizer.close()
+
+
+@pytest.mark.parametrize("moment_dtype", ["bf16", "int8"])
+def test_consolidated_low_precision_moments_equal_the_live_state(moment_dtype, nvme_dir):
+    """Moments held in bf16 or block-quantized int8 consolidate to the fp32 values the live
+    ranks export, bit for bit."""
+    join(start(low_precision_run, 2, nvme_dir, moment_dtype), nvme_dir)
+    live = torch.load(os.path.join(nvme_dir, moment_dtype + "-live.pt"))
+    got = zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, moment_dtype))
+    assert_same_state(got, live)
+    assert any(entry["exp_avg"].abs().sum() > 0 for entry in got["state"].values())
+
+
 # --- stage 3 -------------------------------------------------------------------------------
 
 
