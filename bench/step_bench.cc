@@ -321,6 +321,7 @@ void SummarizeIterations(const StepBenchSpec& spec, GroupUnderTest& g) {
   const offload::SpeculationStats& stats = g.group->speculation_stats();
   it.chunks_speculative = stats.chunks_speculative;
   it.chunks_recomputed = stats.chunks_recomputed;
+  it.steps_declined = stats.steps_declined;
   g.out->iteration = it;
 }
 
@@ -841,7 +842,8 @@ nlohmann::json IterationJson(const IterationResult& it) {
           {"speculative_over_bound", it.speculative / it.bound},
           {"speedup_over_after", it.after / it.speculative},
           {"chunks_speculative", it.chunks_speculative},
-          {"chunks_recomputed", it.chunks_recomputed}};
+          {"chunks_recomputed", it.chunks_recomputed},
+          {"steps_declined", it.steps_declined}};
 }
 
 }  // namespace
@@ -1031,12 +1033,13 @@ std::string StepReportTable(const nlohmann::json& json) {
       out << fmt::format(
           "  iteration with a {:.0f} ms backward: after {:.3f} s, overlap {:.3f} s, speculative "
           "{:.3f} s; step alone {:.3f} s, bound {:.3f} s; speculative = {:.2f}x the bound, "
-          "{:.2f}x faster than after ({} chunks recomputed of {})\n",
+          "{:.2f}x faster than after ({} chunks recomputed of {}; {} steps declined to "
+          "speculate)\n",
           json["backward_ms"].get<double>(), it["after"].get<double>(), it["overlap"].get<double>(),
           it["speculative"].get<double>(), it["step_alone"].get<double>(),
           it["bound"].get<double>(), it["speculative_over_bound"].get<double>(),
           it["speedup_over_after"].get<double>(), it["chunks_recomputed"].get<uint64_t>(),
-          it["chunks_speculative"].get<uint64_t>());
+          it["chunks_speculative"].get<uint64_t>(), it["steps_declined"].get<uint64_t>());
     }
     for (const auto& w : r["wear"]) {
       out << fmt::format(

@@ -85,6 +85,8 @@ struct IterationResult {
   // Of the speculative iterations' chunks: updated speculatively, and recomputed (clipping).
   uint64_t chunks_speculative = 0;
   uint64_t chunks_recomputed = 0;
+  // Speculative iterations whose Speculate the group declined, backing off after recomputes.
+  uint64_t steps_declined = 0;
 };
 
 struct StepBenchResult {

@@ -432,7 +432,8 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
       nvme_count(NvmeChunkCount(options, layout.chunk_count())),
       scanner(options.count, options.run.tile_elements),
       chunk_covered(layout.chunk_count(), 0),
-      chunk_present(layout.chunk_count(), 0) {}
+      chunk_present(layout.chunk_count(), 0),
+      speculation_backoff(options.max_speculation_backoff) {}
 
 // Master from the caller's parameters, moments zero: NVMe chunks through the pipeline (written
 // to their inactive slot, then made live), HOST chunks in place.
@@ -757,6 +758,7 @@ Status OptimizerGroup::Speculate(const StepArgs& args) {
   s.state_dtype = options_.state_dtype;
   s.run = options_.run;
   s.updated.assign(impl.layout.chunk_count(), false);
+  s.declined = impl.speculation_backoff.Decline();
   return Status::Ok();
 }
 

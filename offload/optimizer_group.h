@@ -71,6 +71,14 @@
 //  - clipping active (or other hyper-parameters): recompute -- the whole step runs again from the
 //    untouched version with the real clip factor.
 // Each way the state and parameter views are bit-identical to the same step without speculation.
+//
+// Backing off. A recompute costs the speculative updates and their writes on top of the step, and
+// clipping that is active on one step is usually active on the next (early in training, or with
+// a small max_grad_norm), so after a step that recomputed, the next Speculate calls decline: 1
+// after the first such step, then 2, 4, ... up to options.max_speculation_backoff while the steps
+// that speculate keep recomputing; a step that commits starts over at 1. A declined Speculate
+// keeps its hyper-parameters and parameter views for the Step, and AccumulateGrad still starts
+// the reads of completed chunks (the overlap without the updates). Results do not depend on it.
 // A speculative update that fails (I/O, checksum) is reported by the Step, which then changes
 // nothing and keeps the gradients, like any failed step. Speculation costs, besides the spares,
 // the writes of the chunks it recomputes or discards.
@@ -129,6 +137,8 @@ struct OptimizerGroupOptions {
   size_t chunk_elements = size_t{1} << 23;  // the pipeline unit, > 0
   uint32_t buffer_count = 4;                // pinned pipeline buffers, >= 2
   bool speculative = false;                 // allows Speculate; HOST chunks get spare buffers
+  // Speculate calls declined after a recompute, at most ("Backing off"); 0: never declines.
+  uint32_t max_speculation_backoff = 64;
   uint32_t slots = 2;  // NVMe extents per chunk: 2 (atomic steps) or 1 (in place, "Single slot")
   bool master_in_params = false;  // the initial parameters are the master ("Master in the caller's
                                   // parameters"); borrowed for the group's life
@@ -178,7 +188,8 @@ struct StepReport {
 
 // Speculation counts of a group since it was created, summed over its steps.
 struct SpeculationStats {
-  uint64_t steps = 0;  // steps that speculated
+  uint64_t steps = 0;           // steps that speculated
+  uint64_t steps_declined = 0;  // Speculate calls declined while backing off
   uint64_t chunks_speculative = 0;
   uint64_t chunks_committed = 0;
   uint64_t chunks_recomputed = 0;

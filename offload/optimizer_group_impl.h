@@ -148,8 +148,9 @@ struct OptimizerGroup::Impl {
     std::vector<bool> updated;    // per chunk: its new state waits in its inactive slot or spare
     std::vector<size_t> waiting;  // complete NVMe chunks not updated yet, oldest first
     size_t updated_count = 0;
-    Status failure;  // of the first speculative update that failed
-    Totals totals;   // of the speculative updates, added to the Step's report
+    Status failure;         // of the first speculative update that failed
+    Totals totals;          // of the speculative updates, added to the Step's report
+    bool declined = false;  // backing off: the Step takes the views, no chunk is updated early
   };
   // Runs on each chunk of a pipeline, whose state is at `state`. With checksums on it verifies
   // `checksums.expected` (non-empty when the state was just read from disk) and fills
@@ -319,7 +320,23 @@ struct OptimizerGroup::Impl {
   // Writes of speculative updates still in flight: the next chunk's update overlaps them.
   InFlightList speculative_writes;
   InFlightList held_reads;  // SpeculateWaiting's scratch
+  // When Speculate declines ("Backing off" in optimizer_group.h).
+  class SpeculationBackoff {
+   public:
+    explicit SpeculationBackoff(uint32_t max_declined) : max_(max_declined) {}
+    // Whether this Speculate call declines; counts it against the calls left to decline.
+    bool Decline();
+    // The outcome of a step that speculated: a recompute makes the next calls decline, a commit
+    // starts the backing off over, a discard (a skipped step) changes nothing.
+    void Record(SpeculationOutcome outcome);
+
+   private:
+    uint32_t max_;
+    uint32_t remaining_ = 0;  // calls still to decline
+    uint32_t next_ = 1;       // calls to decline after the next recompute
+  };
   SpeculationStats speculation_totals;
+  SpeculationBackoff speculation_backoff;
 };
 
 }  // namespace zoe::offload

@@ -71,6 +71,7 @@ StepInputs OptimizerGroup::Impl::SpeculativeInputs(const PlacedViews& grads) con
 void OptimizerGroup::Impl::SpeculateChunk(size_t chunk) {
   Speculation& s = *speculation;
   if (!s.failure.ok()) return;  // the Step reports it and recomputes nothing
+  if (s.declined) return;       // the read AccumulateGrad started is all
   if (on_nvme(chunk)) {
     s.waiting.push_back(chunk);
     SpeculateWaiting(/*keep_newest=*/true);
@@ -219,6 +220,21 @@ Status OptimizerGroup::Impl::RestoreParams() {
   return Status::Ok();
 }
 
+bool OptimizerGroup::Impl::SpeculationBackoff::Decline() {
+  if (remaining_ == 0) return false;
+  --remaining_;
+  return true;
+}
+
+void OptimizerGroup::Impl::SpeculationBackoff::Record(SpeculationOutcome outcome) {
+  if (outcome == SpeculationOutcome::kCommit) {
+    next_ = 1;
+  } else if (outcome == SpeculationOutcome::kRecompute) {
+    remaining_ = std::min(next_, max_);
+    next_ = std::min(next_ * 2, std::max(max_, 1u));
+  }
+}
+
 void OptimizerGroup::Impl::EndSpeculation(SpeculationOutcome outcome, const Status& status,
                                           StepReport* report) {
   const Speculation& s = *speculation;
@@ -236,6 +252,12 @@ void OptimizerGroup::Impl::EndSpeculation(SpeculationOutcome outcome, const Stat
   report->io_wait_seconds += s.totals.io_wait_seconds;
   report->compute_seconds += s.totals.compute_seconds;
   SpeculationStats& t = speculation_totals;
+  if (s.declined) {
+    ++t.steps_declined;
+    speculation.reset();
+    return;
+  }
+  if (status.ok()) speculation_backoff.Record(outcome);
   ++t.steps;
   t.chunks_speculative += report->chunks_speculative;
   t.chunks_committed += report->chunks_committed;

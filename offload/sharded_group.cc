@@ -91,15 +91,27 @@ Status WidenViews(std::span<const View> views, float* out) {
   return Status::Ok();
 }
 
-// Writes `values` (fp32, consecutive) into every view in its dtype.
-Status NarrowIntoViews(const float* values, std::span<const ParamView> views) {
+// Writes `count` fp32 `values` into the elements [first, first + count) of the consecutive
+// `views`, each in its dtype.
+Status NarrowIntoViews(const float* values, size_t first, size_t count,
+                       std::span<const ParamView> views) {
+  const size_t end = first + count;
+  size_t view_begin = 0;
   for (const ParamView& view : views) {
-    if (view.dtype == optim::DType::kF32) {
-      std::copy_n(values, view.count, static_cast<float*>(view.data));
-    } else {
-      ZOE_RETURN_IF_ERROR(optim::CastFromF32(values, view.dtype, view.data, view.count));
+    const size_t from = std::max(first, view_begin);
+    const size_t to = std::min(end, view_begin + view.count);
+    if (from < to) {
+      const float* src = values + (from - first);
+      const size_t at = from - view_begin;
+      if (view.dtype == optim::DType::kF32) {
+        std::copy_n(src, to - from, static_cast<float*>(view.data) + at);
+      } else {
+        std::byte* dst = static_cast<std::byte*>(view.data) + at * optim::SizeOf(view.dtype);
+        ZOE_RETURN_IF_ERROR(optim::CastFromF32(src, view.dtype, dst, to - from));
+      }
     }
-    values += view.count;
+    view_begin += view.count;
+    if (view_begin >= end) break;
   }
   return Status::Ok();
 }
@@ -140,7 +152,7 @@ ShardRange ShardOf(size_t count, int rank, int world_size) {
 }
 
 ShardedGroup::ShardedGroup(Engine& engine, Collectives& collectives, GroupId group, size_t count,
-                           std::vector<size_t> segments)
+                           std::vector<size_t> segments, const ShardedGroupOptions& options)
     : engine_(engine),
       collectives_(collectives),
       group_(group),
@@ -148,12 +160,14 @@ ShardedGroup::ShardedGroup(Engine& engine, Collectives& collectives, GroupId gro
       shard_(ShardOf(count, collectives.rank(), collectives.world_size())),
       segments_(std::move(segments)),
       local_segments_(CutSegments(segments_, shard_)),
-      shard_params_(shard_.size()) {}
+      shard_params_(shard_.size()),
+      options_(options) {}
 
 Result<std::unique_ptr<ShardedGroup>> ShardedGroup::Create(Engine& engine,
                                                            std::string_view optim_json,
                                                            std::span<const ParamView> params,
-                                                           Collectives& collectives) {
+                                                           Collectives& collectives,
+                                                           const ShardedGroupOptions& options) {
   const int world = collectives.world_size();
   const int rank = collectives.rank();
   if (world < 1 || rank < 0 || rank >= world) {
@@ -167,7 +181,10 @@ Result<std::unique_ptr<ShardedGroup>> ShardedGroup::Create(Engine& engine,
   Result<nlohmann::json> spec = config::ParseJson(optim_json);
   Result<std::vector<size_t>> parsed =
       spec.ok() ? GlobalSegments(*spec, count) : Result<std::vector<size_t>>(spec.status());
-  if (parsed.ok() && count > 0) {
+  if (options.gather_elements == 0) {
+    created = Status::InvalidArgument(
+        "sharded group: gather_elements is 0; allowed: elements per rank per round, > 0");
+  } else if (parsed.ok() && count > 0) {
     segments = *parsed;
     const ShardRange shard = ShardOf(count, rank, world);
     (*spec)["segments"] = CutSegments(segments, shard);
@@ -191,7 +208,7 @@ Result<std::unique_ptr<ShardedGroup>> ShardedGroup::Create(Engine& engine,
         "sharded group: creation failed on rank(s) {}; see the error there", FlaggedRanks(flags)));
   }
   return std::unique_ptr<ShardedGroup>(
-      new ShardedGroup(engine, collectives, *created, count, std::move(segments)));
+      new ShardedGroup(engine, collectives, *created, count, std::move(segments), options));
 }
 
 Result<optim::GradScan> ShardedGroup::AgreeScan(const optim::GradScan& local, bool failed) {
@@ -284,13 +301,37 @@ Result<std::vector<GradView>> ShardedGroup::ReduceGradients(std::span<const Grad
   return views;
 }
 
+// Round k gathers elements [k * piece, (k + 1) * piece) of every rank's shard (fewer, or none,
+// where a shard ends); every rank computes the same rounds and counts from ShardOf.
 Status ShardedGroup::GatherParams(std::span<const ParamView> params) {
-  const int world = collectives_.world_size();
-  std::vector<uint64_t> counts(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) counts[static_cast<size_t>(r)] = ShardOf(count_, r, world).size();
-  std::vector<float> whole(count_);
-  ZOE_RETURN_IF_ERROR(collectives_.AllGather(shard_params_, whole, counts));
-  return NarrowIntoViews(whole.data(), params);
+  const size_t world = static_cast<size_t>(collectives_.world_size());
+  std::vector<ShardRange> shards(world);
+  size_t largest = 0;
+  for (size_t r = 0; r < world; ++r) {
+    shards[r] = ShardOf(count_, static_cast<int>(r), static_cast<int>(world));
+    largest = std::max(largest, shards[r].size());
+  }
+  const size_t piece = std::min(options_.gather_elements, largest);
+  gathered_.resize(world * piece);
+  std::vector<uint64_t> counts(world);
+  for (size_t first = 0; first < largest; first += piece) {
+    size_t total = 0;
+    for (size_t r = 0; r < world; ++r) {
+      const size_t size = shards[r].size();
+      counts[r] = first < size ? std::min(piece, size - first) : 0;
+      total += counts[r];
+    }
+    const size_t mine = counts[static_cast<size_t>(collectives_.rank())];
+    const std::span<const float> send(shard_params_.data() + (mine > 0 ? first : 0), mine);
+    ZOE_RETURN_IF_ERROR(
+        collectives_.AllGather(send, std::span<float>(gathered_.data(), total), counts));
+    const float* part = gathered_.data();
+    for (size_t r = 0; r < world; ++r) {
+      ZOE_RETURN_IF_ERROR(NarrowIntoViews(part, shards[r].begin + first, counts[r], params));
+      part += counts[r];
+    }
+  }
+  return Status::Ok();
 }
 
 Status ShardedGroup::Abort(Status error, bool with_grads) {

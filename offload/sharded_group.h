@@ -20,7 +20,8 @@
 //     and clips by the global norm, together.
 //  3. one all-reduce of the outcome (a failure flag per rank); then, when every rank succeeded and
 //     the step was not skipped, the updated shards are all-gathered into the caller's parameter
-//     views (fp32, converted to each view's dtype).
+//     views (fp32, converted to each view's dtype), in rounds of at most
+//     options.gather_elements elements from each rank, through one buffer the group keeps.
 // A rank that fails anywhere still makes every collective call of steps 2 and 3 with its flag set,
 // so every rank returns an error within the collectives' own time bounds: the failing rank its
 // own error, the others Aborted naming the failed ranks. The failing rank's state is as before the
@@ -28,7 +29,8 @@
 // step the ranks are out of step, and training resumes from a checkpoint.
 //
 // Memory: a step with gradients holds a fp32 copy of the whole gradient; a step with parameter
-// views a fp32 copy of the whole parameters (the all-gather's output), besides the shard's buffers.
+// views keeps world_size x min(gather_elements, shard) fp32 elements for the all-gather's rounds,
+// besides the shard's buffers.
 //
 // Thread safety: one thread at a time (the collectives are called on the stepping thread).
 #pragma once
@@ -53,6 +55,11 @@ struct ShardRange {
 };
 ShardRange ShardOf(size_t count, int rank, int world_size);
 
+struct ShardedGroupOptions {
+  // Elements each rank contributes to one round of the parameters' all-gather, > 0.
+  size_t gather_elements = size_t{1} << 22;
+};
+
 struct ShardedStepArgs {
   std::optional<StepHyperParams> hyper;  // empty: the group's current hyper-parameters
   std::span<const GradView> grads;       // the whole group's local gradients; empty: accumulated
@@ -68,7 +75,8 @@ class ShardedGroup {
   // fails (the others Aborted naming it). `engine` and `collectives` must outlive the group.
   static Result<std::unique_ptr<ShardedGroup>> Create(Engine& engine, std::string_view optim_json,
                                                       std::span<const ParamView> params,
-                                                      Collectives& collectives);
+                                                      Collectives& collectives,
+                                                      const ShardedGroupOptions& options = {});
 
   // One sharded step (see above). The report is the local group's, with the agreed norm.
   Result<StepReport> Step(const ShardedStepArgs& args);
@@ -86,7 +94,7 @@ class ShardedGroup {
 
  private:
   ShardedGroup(Engine& engine, Collectives& collectives, GroupId group, size_t count,
-               std::vector<size_t> segments);
+               std::vector<size_t> segments, const ShardedGroupOptions& options);
 
   Result<std::vector<GradView>> ReduceGradients(std::span<const GradView> grads);
   // Which global segments have a gradient on some rank; `local` is this rank's failure so far,
@@ -107,6 +115,8 @@ class ShardedGroup {
   std::vector<size_t> local_segments_;  // their intersections with the shard
   std::vector<float> shard_grads_;      // fp32, the reduce-scattered gradient
   std::vector<float> shard_params_;     // fp32, the step's updated parameters
+  ShardedGroupOptions options_;
+  std::vector<float> gathered_;  // one round of the parameters' all-gather, kept across steps
 };
 
 }  // namespace zoe::offload

@@ -455,24 +455,43 @@ void DequantizeBlockOf(const uint8_t* codes, size_t n, float scale, float* out) 
   }
 }
 
-// Eight double lanes: vectors accumulate lanes 0..7 with their first eight elements, then their
-// next eight; the tail continues lane by lane. Products of two floats are exact in double, so
-// only the additions round, in the same order on every path.
+// Four accumulators of eight double lanes: element j (counted from begin) is added to lane j % 8
+// of accumulator (j / 16) % 4, in increasing j. A 16-wide vector feeds one accumulator its first
+// eight elements, then its next eight; an 8-wide vector half of that. The four accumulators are
+// independent chains of additions, so their latency overlaps and the scan runs at memory speed.
+// Products of two floats are exact in double, so only the additions round, in the same order on
+// every path.
 template <class V, DType G>
 double SumSquares(const void* grad, size_t begin, size_t end) {
-  double lanes[8] = {};
+  constexpr size_t kChains = 4;
+  constexpr size_t kTurn = 16;  // consecutive elements one accumulator takes
+  double lanes[kChains][8] = {};
   size_t i = begin;
   if constexpr (V::kWidth >= 8) {
-    auto acc = V::ZeroLanes();
-    for (; i + V::kWidth <= end; i += V::kWidth) acc = V::AddSquares(acc, Load<V, G>(grad, i));
-    V::StoreLanes(acc, lanes);
+    static_assert(kTurn % V::kWidth == 0);
+    using Lanes = decltype(V::ZeroLanes());
+    Lanes acc[kChains];
+    for (Lanes& a : acc) a = V::ZeroLanes();
+    for (; i + kChains * kTurn <= end; i += kChains * kTurn) {
+      for (size_t c = 0; c < kChains; ++c) {
+        for (size_t v = 0; v < kTurn; v += V::kWidth) {
+          acc[c] = V::AddSquares(acc[c], Load<V, G>(grad, i + c * kTurn + v));
+        }
+      }
+    }
+    for (size_t c = 0; c < kChains; ++c) V::StoreLanes(acc[c], lanes[c]);
   }
   for (; i < end; ++i) {
+    const size_t j = i - begin;
     const double x = Load<ScalarOps, G>(grad, i);
-    lanes[(i - begin) % 8] += x * x;
+    lanes[(j / kTurn) % kChains][j % 8] += x * x;
   }
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  double chains[kChains];
+  for (size_t c = 0; c < kChains; ++c) {
+    const double* l = lanes[c];
+    chains[c] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  }
+  return (chains[0] + chains[1]) + (chains[2] + chains[3]);
 }
 
 template <class V, DType From, DType To>

@@ -2,7 +2,7 @@
 // completes them, then committed, discarded (a non-finite gradient) or recomputed (clipping) --
 // give state and parameters bit-identical to the same steps without speculation, in HOST and on
 // NVMe with checksums on; a fault during a speculative step leaves the previous state; the
-// speculation counts; argument errors.
+// speculation counts; backing off after recomputes; argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +38,8 @@ HarnessOptions SpeculationOptions(const Placement& placement, double max_grad_no
   options.group.placement = placement.tier;
   options.group.nvme_ratio = placement.nvme_ratio;
   options.group.max_grad_norm = max_grad_norm;
+  // Every step speculates (the tests of the mechanism); BackingOff* turn the back-off on.
+  options.group.max_speculation_backoff = 0;
   return options;
 }
 
@@ -62,11 +64,14 @@ class SpeculationTest : public ::testing::TestWithParam<Placement> {
  protected:
   // Runs `steps` steps on a speculative group and on a plain one (gradients given with the step),
   // the gradients of step `poisoned` (if any) holding a NaN in the chunk handed over last, and
-  // checks after each that both hold the same bits. Returns the speculative reports.
-  std::vector<StepReport> RunBoth(double max_grad_norm, int steps, int poisoned = -1) {
+  // checks after each that both hold the same bits. Returns the speculative reports, and the
+  // speculative group's totals in `totals` if given. `max_backoff`: the group's back-off.
+  std::vector<StepReport> RunBoth(double max_grad_norm, int steps, int poisoned = -1,
+                                  uint32_t max_backoff = 0, SpeculationStats* totals = nullptr) {
     HarnessOptions options = SpeculationOptions(GetParam(), max_grad_norm);
     GroupHarness plain(options);
     options.group.speculative = true;
+    options.group.max_speculation_backoff = max_backoff;
     GroupHarness speculative(options);
     EXPECT_TRUE(plain.ok() && speculative.ok());
     std::vector<StepReport> reports;
@@ -91,6 +96,7 @@ class SpeculationTest : public ::testing::TestWithParam<Placement> {
           << "parameters differ after step " << step;
       reports.push_back(*report);
     }
+    if (totals != nullptr) *totals = speculative.group().speculation_stats();
     return reports;
   }
 };
@@ -114,6 +120,54 @@ TEST_P(SpeculationTest, ClippedStepsAreRecomputedFromTheUntouchedVersion) {
     EXPECT_EQ(reports[step].chunks_recomputed, clipped ? 7u : 0u) << step;
     EXPECT_EQ(reports[step].chunks_committed, clipped ? 0u : 7u) << step;
   }
+}
+
+// Clipping on every step (a max_grad_norm below every step's norm): after each recompute the
+// next 1, 2, 4, 8 Speculate calls decline, so steps 0, 2, 5 and 10 of 12 speculate; a declined
+// step updates nothing early and still equals the plain step.
+TEST_P(SpeculationTest, BackingOffDeclinesAfterEachRecomputeDoublingTheRun) {
+  SpeculationStats totals;
+  const std::vector<StepReport> reports =
+      RunBoth(/*max_grad_norm=*/1e-3, 12, /*poisoned=*/-1, /*max_backoff=*/64, &totals);
+  ASSERT_EQ(reports.size(), 12u);
+  for (int step = 0; step < 12; ++step) {
+    const bool speculates = step == 0 || step == 2 || step == 5 || step == 10;
+    EXPECT_EQ(reports[step].chunks_speculative, speculates ? 7u : 0u) << step;
+    EXPECT_EQ(reports[step].chunks_recomputed, speculates ? 7u : 0u) << step;
+  }
+  EXPECT_EQ(totals.steps, 4u);
+  EXPECT_EQ(totals.steps_declined, 8u);
+}
+
+// Clipping on steps 0, 3 and 6 only: each recompute declines the next call, and the commit after
+// it starts the back-off over, so the run never grows to two: steps 1 and 4 decline.
+TEST_P(SpeculationTest, BackingOffStartsOverAfterACommit) {
+  SpeculationStats totals;
+  const std::vector<StepReport> reports =
+      RunBoth(/*max_grad_norm=*/150.0, 7, /*poisoned=*/-1, /*max_backoff=*/64, &totals);
+  ASSERT_EQ(reports.size(), 7u);
+  for (int step = 0; step < 7; ++step) {
+    const bool declined = step == 1 || step == 4;
+    EXPECT_EQ(reports[step].chunks_speculative, declined ? 0u : 7u) << step;
+    EXPECT_EQ(reports[step].chunks_committed, declined || step % 3 == 0 ? 0u : 7u) << step;
+  }
+  EXPECT_EQ(totals.steps, 5u);
+  EXPECT_EQ(totals.steps_declined, 2u);
+}
+
+// The longest run of declined calls is max_speculation_backoff: with 2, clipping on every step
+// speculates on steps 0, 2, 5, 8, 11.
+TEST_P(SpeculationTest, BackingOffIsBoundedByTheOption) {
+  SpeculationStats totals;
+  const std::vector<StepReport> reports =
+      RunBoth(/*max_grad_norm=*/1e-3, 12, /*poisoned=*/-1, /*max_backoff=*/2, &totals);
+  ASSERT_EQ(reports.size(), 12u);
+  for (int step = 0; step < 12; ++step) {
+    const bool speculates = step == 0 || step == 2 || step == 5 || step == 8 || step == 11;
+    EXPECT_EQ(reports[step].chunks_speculative, speculates ? 7u : 0u) << step;
+  }
+  EXPECT_EQ(totals.steps, 5u);
+  EXPECT_EQ(totals.steps_declined, 7u);
 }
 
 TEST_P(SpeculationTest, NonFiniteGradientInTheLastChunkDiscardsTheStep) {

@@ -1,7 +1,8 @@
 // Description: ShardedGroup across ranks in threads with an in-memory communicator whose waits are
-// bounded: the shard ranges, and the failures that every rank must see -- an I/O error on one rank
-// during the update, bad gradients on one rank before it, a creation that fails on one rank --
-// each ending every rank's step with a clear error within the communicator's bound, never a hang.
+// bounded: the shard ranges, the parameters' all-gather in rounds, and the failures that every rank
+// must see -- an I/O error on one rank during the update, bad gradients on one rank before it, a
+// creation that fails on one rank -- each ending every rank's step with a clear error within the
+// communicator's bound, never a hang.
 #include "offload/sharded_group.h"
 
 #include <gmock/gmock.h>
@@ -168,8 +169,9 @@ class Ranks {
  public:
   Ranks(
       const TempDir& dir, int world,
-      const std::function<std::string(int)>& optim_json = [](int) { return R"({"name": "w"})"; })
-      : comm_(world), ranks_(static_cast<size_t>(world)) {
+      const std::function<std::string(int)>& optim_json = [](int) { return R"({"name": "w"})"; },
+      const ShardedGroupOptions& options = {}, size_t view_split = kCount)
+      : comm_(world), ranks_(static_cast<size_t>(world)), view_split_(view_split) {
     for (int r = 0; r < world; ++r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       rank.dir = dir.File("rank" + std::to_string(r));
@@ -186,9 +188,9 @@ class Ranks {
       for (size_t i = 0; i < kCount; ++i) rank.params[i] = 0.001f * static_cast<float>(i % 101);
     }
     OnEveryRank([&](Rank& rank, int r) {
-      const ParamView view{rank.params.data(), optim::DType::kF32, kCount};
-      Result<std::unique_ptr<ShardedGroup>> group = ShardedGroup::Create(
-          *rank.engine, optim_json(r), std::span<const ParamView>(&view, 1), *rank.collectives);
+      const std::vector<ParamView> views = ParamViews(rank);
+      Result<std::unique_ptr<ShardedGroup>> group =
+          ShardedGroup::Create(*rank.engine, optim_json(r), views, *rank.collectives, options);
       rank.created = group.status();
       if (group.ok()) rank.group = std::move(group).value();
     });
@@ -210,10 +212,10 @@ class Ranks {
     return OnEveryRank([&](Rank& rank, int r) {
       const std::vector<float> g = grads(r);
       const GradView grad{g.data(), optim::DType::kF32, g.size()};
-      const ParamView param{rank.params.data(), optim::DType::kF32, kCount};
+      const std::vector<ParamView> params = ParamViews(rank);
       ShardedStepArgs args;
       args.grads = std::span<const GradView>(&grad, 1);
-      args.params = std::span<const ParamView>(&param, 1);
+      args.params = params;
       Result<StepReport> report = rank.group->Step(args);
       rank.stepped = report.status();
     });
@@ -222,8 +224,18 @@ class Ranks {
   Rank& operator[](int r) { return ranks_[static_cast<size_t>(r)]; }
 
  private:
+  // The rank's parameters as one view, or two split at view_split_.
+  std::vector<ParamView> ParamViews(Rank& rank) const {
+    std::vector<ParamView> views{{rank.params.data(), optim::DType::kF32, view_split_}};
+    if (view_split_ < kCount) {
+      views.push_back({rank.params.data() + view_split_, optim::DType::kF32, kCount - view_split_});
+    }
+    return views;
+  }
+
   Communicator comm_;
   std::vector<Rank> ranks_;
+  size_t view_split_;
 };
 
 std::vector<float> Ones(int) { return std::vector<float>(kCount, 0.01f); }
@@ -253,6 +265,54 @@ TEST(ShardOf, ContiguousUnevenShardsCoverTheGroup) {
   const size_t huge = SIZE_MAX - 3;
   EXPECT_EQ(ShardOf(huge, 3, 3).begin, huge);
   EXPECT_EQ(ShardOf(huge, 1, 2).begin, huge / 2);
+}
+
+// The parameters' all-gather in rounds of 64 elements per rank (16 rounds for shards of 1000 and
+// 1001 elements, the last one with nothing from two ranks), into two views split mid-shard: every
+// rank's parameters are the shards' master weights in rank order, bit for bit the parameters of
+// the same steps gathered in one round.
+TEST(ShardedGroupGather, RoundsGiveTheParametersOfOneRound) {
+  TempDir dir;
+  auto name = [](int) { return std::string(R"({"name": "w"})"); };
+  Ranks rounds(dir, 3, name, ShardedGroupOptions{.gather_elements = 64}, /*view_split=*/1500);
+  TempDir other;
+  Ranks whole(other, 3, name);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(rounds[r].created.ok()) << rounds[r].created.ToString();
+  auto grads = [](int rank) {
+    std::vector<float> g(kCount);
+    for (size_t i = 0; i < kCount; ++i) g[i] = 0.001f * static_cast<float>((i * 7 + rank) % 13);
+    return g;
+  };
+  for (int step = 0; step < 3; ++step) {
+    rounds.Step(grads);
+    whole.Step(grads);
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(rounds[r].stepped.ok()) << rounds[r].stepped.ToString();
+      ASSERT_TRUE(whole[r].stepped.ok()) << whole[r].stepped.ToString();
+    }
+  }
+  std::vector<float> masters;
+  for (int r = 0; r < 3; ++r) {
+    const std::vector<float> master = Master(rounds[r]);
+    masters.insert(masters.end(), master.begin(), master.end());
+  }
+  ASSERT_EQ(masters.size(), kCount);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(rounds[r].params, masters) << "rank " << r;
+    EXPECT_EQ(rounds[r].params, whole[r].params) << "rank " << r;
+  }
+  EXPECT_NE(masters, std::vector<float>(whole[0].params.size(), 0.0f));
+}
+
+TEST(ShardedGroupGather, ZeroElementsPerRoundIsRefused) {
+  TempDir dir;
+  Ranks ranks(
+      dir, 2, [](int) { return std::string(R"({"name": "w"})"); },
+      ShardedGroupOptions{.gather_elements = 0});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].created.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(ranks[r].created.message()), HasSubstr("gather_elements is 0"));
+  }
 }
 
 TEST(ShardedGroupFailures, IoErrorOnOneRankFailsEveryRankWithinTheBound) {

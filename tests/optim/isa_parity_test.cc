@@ -85,7 +85,7 @@ TEST(IsaParityLarge, MillionPlusThreeOnThreadsMatchesScalar) {
 TEST(IsaParityScan, SumOfSquaresIsIdenticalOnEveryPath) {
   Executor executor(2);
   for (DType grad : kAllDTypes) {
-    for (size_t count : {0ul, 1ul, 7ul, 17ul, 100003ul}) {
+    for (size_t count : {0ul, 1ul, 7ul, 17ul, 63ul, 64ul, 65ul, 129ul, 100003ul}) {
       TestChunk chunk({grad, DType::kF32, std::nullopt}, count, 7, 1, 100.0f);
       auto expected = ScanGradients(chunk.grad.data(), grad, count,
                                     {.isa = Isa::kScalar, .tile_elements = 1000});

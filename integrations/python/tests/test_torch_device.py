@@ -439,7 +439,9 @@ def test_speculative_steps_equal_plain_steps_bit_for_bit(engine, case):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(speculative[index][key], entry[key])
     stats = optimizers[1]._zoe_groups[0].speculation_stats()
-    assert stats["steps"] == 12 and stats["chunks_speculative"] > 0
+    # Clipping is active on every step here, so zoe backs off after each recompute (the next 1,
+    # 2, 4, 8 steps do not speculate): steps 0, 2, 5 and 10 speculate.
+    assert stats["steps"] == (4 if case == "clipped" else 12) and stats["chunks_speculative"] > 0
     if case == "commit":
         assert stats["chunks_committed"] == stats["chunks_speculative"]
     elif case == "clipped":

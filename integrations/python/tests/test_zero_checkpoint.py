@@ -318,6 +318,34 @@ def test_consolidated_checkpoint_equals_live_state_and_moves_to_three_ranks(nvme
     assert "holds no sharded zoe checkpoint" in missing.stderr, missing.stderr
 
 
+@guarded
+def low_precision_run(rank, world, out_dir, moment_dtype):
+    """4 steps with moments in ``moment_dtype``; a sharded checkpoint; rank 0 saves the live
+    state_dict() (moments exported as fp32, as torch keeps them)."""
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, moment_dtype + "-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100,
+                               moment_dtype=moment_dtype)
+    train(optimizer, model, rank, world, steps=4)
+    optimizer.save_checkpoint(os.path.join(out_dir, moment_dtype))
+    live = optimizer.state_dict()
+    if rank == 0:
+        torch.save(live, os.path.join(out_dir, moment_dtype + "-live.pt"))
+    optimizer.close()
+
+
+@pytest.mark.parametrize("moment_dtype", ["bf16", "int8"])
+def test_consolidated_low_precision_moments_equal_the_live_state(moment_dtype, nvme_dir):
+    """Moments held in bf16 or block-quantized int8 consolidate to the fp32 values the live
+    ranks export, bit for bit."""
+    join(start(low_precision_run, 2, nvme_dir, moment_dtype), nvme_dir)
+    live = torch.load(os.path.join(nvme_dir, moment_dtype + "-live.pt"))
+    got = zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, moment_dtype))
+    assert_same_state(got, live)
+    assert any(entry["exp_avg"].abs().sum() > 0 for entry in got["state"].values())
+
+
 # --- stage 3 -------------------------------------------------------------------------------
 
 
@@ -382,3 +410,46 @@ def test_stage3_checkpoint_restores_parameter_shards_and_resumes(nvme_dir):
         for key, value in got["straight"].items():
             assert torch.equal(got["resumed"][key], value), f"rank {rank} {key}: resumed"
         assert "is of stage 2 on 2 ranks" in got["refused"], got["refused"]
+
+    # Consolidated without the ranks: the parameters the ranks gathered after the save, bit for
+    # bit, and an optimizer state that one process with torch's AdamW continues from (steps 3..5
+    # on the whole batch) to the 2-rank run's parameters after 6 steps.
+    consolidated = zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, "checkpoint"))
+    saved = torch.load(os.path.join(nvme_dir, "stage3-rank0.pt"))["saved"]
+    assert sorted(consolidated["model"]) == sorted(saved)
+    for key, value in saved.items():
+        assert torch.equal(consolidated["model"][key], value), f"{key}: consolidated"
+    model = test_zero3.Model()
+    model.load_state_dict(consolidated["model"])
+    names = [name for name, _ in model.named_parameters()]
+    steps = {names[index]: entry["step"].item()
+             for index, entry in consolidated["optimizer"]["state"].items()}
+    # even_only runs on steps 0 and 2 of 0..2: its parameters' own step count is 2
+    assert steps == {name: 2.0 if name.startswith("even_only") else 3.0 for name in names}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=test_zero3.LR, weight_decay=0.01)
+    optimizer.load_state_dict(consolidated["optimizer"])
+    for step in range(3, 6):
+        optimizer.zero_grad(set_to_none=True)
+        test_zero3.loss_of(model, step, slice(None)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), test_zero3.MAX_NORM)
+        optimizer.step()
+    straight = torch.load(os.path.join(nvme_dir, "stage3-rank0.pt"))["straight"]
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.detach(), straight[name], rtol=2e-5, atol=2e-6,
+                                   msg=f"{name}: consolidated, then 3 steps in one process")
+
+    # A manifest whose shard layout does not match what a rank's optimizer holds, and one
+    # without the optimizer's param group, are refused with what is allowed.
+    path = os.path.join(nvme_dir, "checkpoint", _torch_zero.MANIFEST)
+    with open(path) as file:
+        manifest = json.load(file)
+    moved = json.loads(json.dumps(manifest))
+    moved["parameters"][0]["counts"] = list(reversed(moved["parameters"][0]["counts"]))
+    moved["parameters"][0]["counts"][0] += 1
+    for changed, message in ((moved, "rank 0's optimizer .* holds segments of"),
+                             ({k: v for k, v in manifest.items() if k != "param_groups"},
+                              "names 0 param groups; allowed: one")):
+        with open(path, "w") as file:
+            json.dump(changed, file)
+        with pytest.raises(zoe.FailedPrecondition, match=message):
+            zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, "checkpoint"))

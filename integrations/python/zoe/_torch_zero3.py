@@ -491,6 +491,18 @@ class ShardedParameterPager(ParameterPager):
 
     # --- checkpoints -------------------------------------------------------------------------
 
+    def _tied_names(self):
+        """{name: the name the layout gives} for every other name of a paged parameter (a
+        weight tied to another module's), as model.state_dict() lists them."""
+        tied = {}
+        for module_name, module in self.model.named_modules(remove_duplicate=False):
+            for name, param in module._parameters.items():
+                key = f"{module_name}.{name}" if module_name else name
+                entry = self._by_param.get(id(param)) if param is not None else None
+                if entry is not None and key != entry.name:
+                    tied[key] = entry.name
+        return tied
+
     def _checkpoint_layout(self):
         """Every parameter's name, shape, dtype and per-rank shard sizes."""
         return [{"name": entry.name, "shape": list(entry.shape),
@@ -507,7 +519,14 @@ class ShardedParameterPager(ParameterPager):
         (parameters without requires_grad) are not saved. Every rank calls it."""
         from ._torch_zero import TorchCollectives, save_sharded
 
-        manifest = {"zero_stage": 3, "groups": [], "parameters": self._checkpoint_layout()}
+        manifest = {
+            "zero_stage": 3,
+            "groups": [],
+            "parameters": self._checkpoint_layout(),
+            "tied": self._tied_names(),
+            "param_groups": [{key: value for key, value in group.items() if key != "params"}
+                             for group in optimizer.param_groups],
+        }
         save_sharded(directory, TorchCollectives(self.group), optimizer.save_checkpoint, manifest)
 
     def load_checkpoint(self, directory, optimizer):

@@ -11,6 +11,10 @@ in swap files there and holds its pipeline buffers in DRAM, a few chunks of the 
 used (their sub_group_size: a sub_group_size as large as the shard makes a chunk the whole
 shard); without, it holds one rank's shard state (master and moments) in DRAM.
 
+A stage 3 checkpoint (``pager.save_checkpoint``: parameter shards, each rank's optimizer over its
+shards) becomes {"model": the full parameters, "optimizer": the state dict above}, the same
+streaming, one rank at a time.
+
     python3 -m zoe.consolidate [--scratch-dir DIR] CHECKPOINT_DIR OUT.pt
 
 ``zoe.torch.consolidate_checkpoint(directory, out_path)`` does the same from Python.
@@ -100,41 +104,137 @@ def _engine_manifest(shard_dir):
     return manifest["metadata"]["groups"], files
 
 
+class _LoadedShard:
+    """One rank's engine checkpoint loaded into an engine of this process (state in
+    ``scratch_dir`` when given, else in DRAM): ``groups`` in the checkpoint's order, with their
+    ``identities`` and per group its file's metadata (``segments``, ``segment_steps``)."""
+
+    def __init__(self, shard_dir, scratch_dir):
+        self.identities, files = _engine_manifest(shard_dir)
+        self.files = [files[identity["name"] + ".state"] for identity in self.identities]
+        config = engine_config("nvme" if scratch_dir else "cpu", nvme_path=scratch_dir)
+        config["zero_optimization"]["sub_group_size"] = max(
+            [identity["chunk_elements"] for identity in self.identities] + [1])
+        self.engine = Engine(config)
+        try:
+            self.groups = [self._group(identity, meta)
+                           for identity, meta in zip(self.identities, self.files)]
+            self.engine.load_checkpoint(shard_dir)
+        except BaseException:
+            self.engine.close()
+            raise
+
+    def _group(self, identity, meta):
+        # zeros: the load replaces them (a large one is mapped zero pages, not resident)
+        seed = torch.zeros(identity["count"], dtype=torch.float32)
+        return self.engine.optimizer_group(
+            identity["name"], [BufferView(seed.data_ptr(), _capi.DType.FLOAT32, seed.numel())],
+            type=_KINDS.get(identity["kind"], identity["kind"]),
+            moment_dtype=identity["state_dtype"],
+            segments=meta["segments"],
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.close()
+
+
 def _read_shard(directory, manifest, rank, outputs, scratch_dir):
-    """Loads rank's shard into an engine of its own (state in ``scratch_dir`` when given, else
-    in DRAM) and copies it into ``outputs``."""
+    """Loads rank's shard (_LoadedShard) and copies it into ``outputs``."""
     shard_dir = shard_directory(directory, manifest, rank)
-    identities, files = _engine_manifest(shard_dir)
-    if [identity["name"] for identity in identities] != [g["name"] for g in manifest["groups"]]:
-        raise _corrupt(f"rank {rank}'s shard {shard_dir!r} holds the groups "
-                       f"{[identity['name'] for identity in identities]}; the manifest names "
-                       f"{[g['name'] for g in manifest['groups']]}")
-    config = engine_config("nvme" if scratch_dir else "cpu", nvme_path=scratch_dir)
-    config["zero_optimization"]["sub_group_size"] = max(
-        [identity["chunk_elements"] for identity in identities] + [1])
-    with Engine(config) as engine:
-        groups = []
-        for identity, output in zip(identities, outputs):
+    with _LoadedShard(shard_dir, scratch_dir) as shard:
+        names = [identity["name"] for identity in shard.identities]
+        if names != [g["name"] for g in manifest["groups"]]:
+            raise _corrupt(f"rank {rank}'s shard {shard_dir!r} holds the groups {names}; the "
+                           f"manifest names {[g['name'] for g in manifest['groups']]}")
+        for identity, meta, output, group in zip(shard.identities, shard.files, outputs,
+                                                 shard.groups):
             begin, end = output.shards[rank]
             if identity["count"] != end - begin:
                 raise _corrupt(f"rank {rank}'s shard of {identity['name']!r} holds "
                                f"{identity['count']} elements; the manifest gives {end - begin}")
-            # zeros: the load replaces them (a large one is mapped zero pages, not resident)
-            seed = torch.zeros(identity["count"], dtype=torch.float32)
-            group = engine.optimizer_group(
-                identity["name"], [BufferView(seed.data_ptr(), _capi.DType.FLOAT32, seed.numel())],
-                type=_KINDS.get(identity["kind"], identity["kind"]),
-                moment_dtype=identity["state_dtype"],
-                segments=files[identity["name"] + ".state"]["segments"],
-            )
-            groups.append(group)
-        engine.load_checkpoint(shard_dir)
-        for identity, output, group in zip(identities, outputs, groups):
-            begin, end = output.shards[rank]
             for key, slot in _SLOTS:
                 if key in output.slots and end > begin:
                     group.read_state(slot, 0, end - begin, output.slots[key][begin:].data_ptr())
-            output.take_steps(rank, files[identity["name"] + ".state"]["segment_steps"])
+            output.take_steps(rank, meta["segment_steps"])
+
+
+# --- stage 3 -------------------------------------------------------------------------------
+
+
+def _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir):
+    """Copies rank's parameter shards (master weights, moments, step counts) into ``full`` (per
+    slot key, per parameter a flat fp32 tensor) and ``steps``. The rank's optimizer stepped its
+    non-empty shards in the parameters' order, one segment each, across its param groups."""
+    shard_dir = shard_directory(directory, manifest, rank)
+    params = manifest["parameters"]
+    held = [index for index, param in enumerate(params) if param["counts"][rank] > 0]
+    with _LoadedShard(shard_dir, scratch_dir) as shard:
+        pieces = [(group, offset, length, step)
+                  for group, meta in zip(shard.groups, shard.files)
+                  for offset, length, step in zip(_starts(meta["segments"]), meta["segments"],
+                                                  meta["segment_steps"])]
+        if [length for _, _, length, _ in pieces] != [params[i]["counts"][rank] for i in held]:
+            raise zoe_errors.FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"rank {rank}'s optimizer in {shard_dir!r} holds segments of "
+                f"{[length for _, _, length, _ in pieces]} elements; its parameter shards are "
+                f"{[params[i]['counts'][rank] for i in held]}: allowed: an optimizer over "
+                "pager.shard_parameters() (parameters without requires_grad are not saved and "
+                "cannot be consolidated)",
+            )
+        for index, (group, offset, length, step) in zip(held, pieces):
+            begin = sum(params[index]["counts"][:rank])
+            for key, slot in _SLOTS:
+                group.read_state(slot, offset, length, full[key][index][begin:].data_ptr())
+            if step > 0:
+                steps[index] = int(step)
+
+
+def _starts(lengths):
+    starts, offset = [], 0
+    for length in lengths:
+        starts.append(offset)
+        offset += length
+    return starts
+
+
+def _stage3_state_dict(directory, manifest, scratch_dir):
+    """A stage 3 checkpoint as {"model": {name: full parameter} (every name of a tied
+    parameter), "optimizer": torch's AdamW layout over the parameters in the model's order}."""
+    params = manifest["parameters"]
+    if "param_groups" not in manifest or len(manifest["param_groups"]) != 1:
+        raise zoe_errors.FailedPrecondition(
+            _capi.Status.FAILED_PRECONDITION,
+            f"the stage 3 manifest of {directory!r} names "
+            f"{len(manifest.get('param_groups', []))} param groups; allowed: one (written by "
+            "pager.save_checkpoint of an optimizer with one param group)",
+        )
+    full = {key: [torch.zeros(_numel(param["shape"]), dtype=torch.float32) for param in params]
+            for key, _ in _SLOTS}
+    steps = [0] * len(params)
+    for rank in range(manifest["world_size"]):
+        _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir)
+    model, state = {}, {}
+    for index, param in enumerate(params):
+        shape, dtype = tuple(param["shape"]), getattr(torch, param["dtype"])
+        model[param["name"]] = full["master_param"][index].view(shape).to(dtype)
+        if steps[index] == 0:
+            continue
+        entry = {"step": torch.tensor(float(steps[index])),
+                 "exp_avg": full["exp_avg"][index].view(shape),
+                 "exp_avg_sq": full["exp_avg_sq"][index].view(shape)}
+        if dtype != torch.float32:
+            entry["master_param"] = full["master_param"][index].view(shape)
+        state[index] = entry
+    for alias, name in manifest.get("tied", {}).items():
+        model[alias] = model[name]
+    group = dict(manifest["param_groups"][0])
+    group["betas"] = tuple(group["betas"])
+    group["params"] = list(range(len(params)))
+    return {"model": model, "optimizer": {"state": state, "param_groups": [group]}}
 
 
 def consolidated_state_dict(directory, scratch_dir=None):
@@ -142,15 +242,12 @@ def consolidated_state_dict(directory, scratch_dir=None):
     (per parameter 'step', 'exp_avg', 'exp_avg_sq', and 'master_param' for parameters that are
     not float32; the param groups' hyper-parameters), without the ranks. ``scratch_dir``: a
     directory for the swap files of the engine that loads each shard (see the module docstring);
-    None keeps a shard in DRAM."""
+    None keeps a shard in DRAM. A stage 3 checkpoint (pager.save_checkpoint) gives
+    {"model": the full parameters by name, "optimizer": that state dict over the parameters in
+    the model's order}: the model's state_dict() and the optimizer's of one process."""
     manifest = read_manifest(directory)
     if manifest.get("zero_stage") == 3:
-        raise zoe_errors.FailedPrecondition(
-            _capi.Status.FAILED_PRECONDITION,
-            f"{directory!r} holds a stage 3 checkpoint (parameter shards with a per-rank "
-            "optimizer); allowed: a checkpoint of the stage 1 or 2 sharded optimizer. Load it "
-            "on its ranks and gather with pager.state_dict()",
-        )
+        return _stage3_state_dict(directory, manifest, scratch_dir)
     if "params" not in manifest:
         raise zoe_errors.FailedPrecondition(
             _capi.Status.FAILED_PRECONDITION,
@@ -181,7 +278,7 @@ def consolidate_checkpoint(directory, out_path, scratch_dir=None):
     temporary = f"{out_path}.tmp"
     torch.save(state_dict, temporary)
     os.replace(temporary, out_path)
-    return len(state_dict["state"])
+    return len(state_dict.get("optimizer", state_dict)["state"])
 
 
 def main(argv=None):
