@@ -86,12 +86,16 @@ Status ChecksumTable::Expected(uint64_t offset, std::span<uint64_t> out,
 
 Status ChecksumTable::CheckBlock(std::span<const std::byte> block, uint64_t expected,
                                  uint64_t block_offset, std::string_view where) {
-  const uint64_t actual = Xxh3(block);
+  return CheckSum(Xxh3(block), expected, block_offset, block.size(), where);
+}
+
+Status ChecksumTable::CheckSum(uint64_t actual, uint64_t expected, uint64_t block_offset,
+                               uint64_t block_size, std::string_view where) {
   if (actual == expected) return Status::Ok();
   return Status::Corruption(fmt::format(
       "{}: checksum mismatch in the block at offset {} ({} bytes): xxh3 expected {:#018x}, read "
       "{:#018x}",
-      where, block_offset, block.size(), expected, actual));
+      where, block_offset, block_size, expected, actual));
 }
 
 Status ChecksumTable::Verify(uint64_t offset, std::span<const std::byte> data,

@@ -56,6 +56,10 @@ class ChecksumTable {
   // `expected`.
   static Status CheckBlock(std::span<const std::byte> block, uint64_t expected,
                            uint64_t block_offset, std::string_view where);
+  // Corruption naming `where` and the block of `block_size` bytes at logical `block_offset` unless
+  // `actual` (the Xxh3 of the block as read, computed elsewhere) is `expected`.
+  static Status CheckSum(uint64_t actual, uint64_t expected, uint64_t block_offset,
+                         uint64_t block_size, std::string_view where);
 
   // Drops the checksums of [offset, offset + length) (an extent that was freed).
   void Forget(uint64_t offset, uint64_t length);

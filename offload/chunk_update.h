@@ -2,7 +2,9 @@
 // thread that takes a stripe verifies the checksums of the stripe's blocks as read from disk,
 // updates the stripe, and hashes the updated blocks for the write that follows -- all while the
 // stripe is in its cache, so checksums cost no extra pass over memory and run on the threads
-// that touch the data anyway instead of on the I/O completion path.
+// that touch the data anyway instead of on the I/O completion path. Where the update kernel
+// hashes what it loads (HashingRangeUpdate), the read side costs no pass of its own either: the
+// kernel's hashes are compared after the stripe's update, before the chunk is written or used.
 //
 // Stripes. A stripe is a range of elements [begin, end) of the chunk; its blocks are, in each
 // region the optimizer uses, the bytes of those elements. Stripes start at multiples of
@@ -20,6 +22,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "io/file.h"
@@ -55,6 +58,45 @@ using RangeUpdate = std::function<Status(size_t begin, size_t end, const optim::
 Status UpdateInStripes(const ChunkRegions& regions, std::byte* state,
                        const ChunkChecksums& checksums, const optim::RunOptions& run,
                        const RangeUpdate& update);
+
+// Elements [begin, end) of a chunk.
+struct ElementRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+// Where an update kernel stores the hashes of the state it reads (optim::UpdateHashesReads): one
+// array per element region 0..2 (master, exp_avg, exp_avg_sq), indexed by the region's blocks
+// (a block of kStripeChecksumBlock bytes counted from the region's first byte).
+struct ReadSums {
+  uint64_t* region[3] = {};
+};
+
+// An update whose kernel hashes the master and moments it reads, so that a stripe is verified
+// while the kernel reads it instead of in a pass before. The three element regions must be used.
+struct HashingRangeUpdate {
+  size_t unit = 0;  // elements of one hashed unit: optim::ReadHashElements(state)
+  // Appends to `ranges` the ranges of [begin, end) (ascending, disjoint) that `update` runs the
+  // kernel on with the sums: the kernel hashes every block inside each range's whole units
+  // [AlignUp(range.begin, unit), AlignDown(range.end, unit)), the block indices counted from the
+  // regions' starts. A range may be cut into several kernel calls only at unit boundaries.
+  std::function<void(size_t begin, size_t end, std::vector<ElementRange>* ranges)> ranges;
+  // Updates elements [begin, end) like RangeUpdate, handing `sums` to the kernel for the ranges.
+  std::function<Status(size_t begin, size_t end, const optim::RunOptions& run,
+                       const ReadSums& sums)>
+      update;
+};
+
+// UpdateInStripes with an update that hashes its reads. When checksums.expected is given, each
+// stripe's blocks that the kernel hashes whole are compared with what it computed after the
+// stripe's update (before anything of the chunk is returned), and only the other blocks -- those
+// a range boundary cuts, those of ranges the update skips, the alignment padding -- are verified
+// in a pass before. On Corruption the stripe that holds the bad block may have been updated too:
+// as with any failure, the state must not be used or written. Without expected sums the reads
+// are not hashed.
+Status UpdateInStripes(const ChunkRegions& regions, std::byte* state,
+                       const ChunkChecksums& checksums, const optim::RunOptions& run,
+                       const HashingRangeUpdate& update);
 
 // Elements per stripe for `run`: its tile size rounded up to kStripeGranule.
 size_t StripeElements(const optim::RunOptions& run);

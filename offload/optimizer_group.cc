@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -140,9 +141,12 @@ void SetBlockScales(const ChunkRegions& regions, std::byte* base, size_t k,
 // and step `step`, writing the parameter view `param` (null: none) in its dtype, fp32 included,
 // in the kernel's own pass over the elements while they are in cache. `master`: the caller's fp32
 // view holding the master of [from, to) (master_in_params), or null for the chunk's own.
+// `sums`: null, or where the kernel stores the hashes of the chunk's master and moments as it
+// reads them (chunk_update.h; the master must be the chunk's own).
 Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
                    const PlacedView& grad, const PlacedView* param, const PlacedView* master,
-                   size_t from, size_t to, int64_t step, const optim::RunOptions& run) {
+                   size_t from, size_t to, int64_t step, const optim::RunOptions& run,
+                   const ReadSums* sums = nullptr) {
   const size_t k = from - regions.first;
   const size_t state_bytes = optim::SizeOf(in.state_dtype);
   optim::ChunkLayout layout;
@@ -158,17 +162,30 @@ Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInput
   if (param != nullptr) buffers.param_copy = ElementAt(*param, from);
   buffers.count = to - from;
   if (in.state_dtype == DType::kI8) SetBlockScales(regions, base, k, &buffers);
+  if (sums != nullptr) {
+    std::copy(std::begin(sums->region), std::end(sums->region), buffers.read_sums);
+    buffers.read_origin = k;  // the regions' element k: their blocks count from element 0
+  }
   return optim::UpdateChunk(*in.hyper, step, layout, buffers, in.scaling, run);
 }
 
-// Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
-// on the calling thread. The range is split at every gradient view, parameter view, external
-// master view and segment boundary, and UpdatePiece runs on each piece that has a gradient, with
-// its segment's step (bias correction); a piece without one (absent) is left as it is, state and
-// parameter view alike. The update is elementwise, so the result is the same as one call per
-// segment.
-Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
-                        size_t begin, size_t end, const optim::RunOptions& run) {
+// One piece of a chunk range: elements [from, to) (absolute) under one gradient view, parameter
+// view, external master view and segment.
+struct Piece {
+  size_t from = 0;
+  size_t to = 0;
+  const PlacedView* grad = nullptr;
+  const PlacedView* param = nullptr;   // null: no parameters written
+  const PlacedView* master = nullptr;  // null: the chunk's own master
+  int64_t step = 0;                    // the segment's
+};
+
+// Calls fn(piece) on every piece of elements [begin, end) (relative to the chunk), in order: the
+// range split at every gradient view, parameter view, external master view and segment
+// boundary. Stops at fn's first error.
+template <class Fn>
+Status ForEachPiece(const ChunkRegions& regions, const StepInputs& in, size_t begin, size_t end,
+                    const Fn& fn) {
   const size_t last = regions.first + end;
   auto grad = FindView(*in.grads, regions.first + begin);
   const bool with_params = !in.params->empty();
@@ -180,17 +197,41 @@ Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const Step
     const size_t segment = SegmentAt(in.segment_ends, pos);
     const size_t piece_end = std::min({last, grad->end(), with_params ? param->end() : last,
                                        external ? master->end() : last, in.segment_ends[segment]});
-    if (grad->present()) {
-      ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
-                                      external ? &*master : nullptr, pos, piece_end,
-                                      in.segment_step[segment], run));
-    }
+    ZOE_RETURN_IF_ERROR(fn(Piece{pos, piece_end, &*grad, with_params ? &*param : nullptr,
+                                 external ? &*master : nullptr, in.segment_step[segment]}));
     pos = piece_end;
     if (pos == grad->end()) ++grad;
     if (with_params && pos == param->end()) ++param;
     if (external && pos == master->end()) ++master;
   }
   return Status::Ok();
+}
+
+// Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
+// on the calling thread. UpdatePiece runs on each piece (ForEachPiece) that has a gradient, with
+// its segment's step (bias correction); a piece without one (absent) is left as it is, state and
+// parameter view alike. The update is elementwise, so the result is the same as one call per
+// segment. `sums`: as UpdatePiece's, for every piece updated.
+Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
+                        size_t begin, size_t end, const optim::RunOptions& run,
+                        const ReadSums* sums = nullptr) {
+  return ForEachPiece(regions, in, begin, end, [&](const Piece& piece) {
+    if (!piece.grad->present()) return Status::Ok();
+    return UpdatePiece(regions, base, in, *piece.grad, piece.param, piece.master, piece.from,
+                       piece.to, piece.step, run, sums);
+  });
+}
+
+// The ranges UpdateChunkRange runs the kernel on (relative to the chunk): its pieces that have a
+// gradient.
+void UpdatedRanges(const ChunkRegions& regions, const StepInputs& in, size_t begin, size_t end,
+                   std::vector<ElementRange>* ranges) {
+  (void)ForEachPiece(regions, in, begin, end, [&](const Piece& piece) {
+    if (piece.grad->present()) {
+      ranges->push_back({piece.from - regions.first, piece.to - regions.first});
+    }
+    return Status::Ok();
+  });
 }
 
 }  // namespace
@@ -407,10 +448,28 @@ size_t NvmeChunkCount(const OptimizerGroupOptions& o, size_t chunks) {
   return std::min(rounded, chunks);
 }
 
+// Whether the update of a chunk can verify its reads in the kernel: the path hashes reads for
+// the kind and state, and master and moments are all in the chunk.
+bool KernelVerifiesReads(const StepInputs& in) {
+  return !in.external_master() && optim::UpdateHashesReads(in.hyper->kind, in.state_dtype, *in.run);
+}
+
 }  // namespace
 
 Status detail::UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
                                 const ChunkChecksums& checksums) {
+  if (!checksums.expected.empty() && KernelVerifiesReads(in)) {
+    HashingRangeUpdate update;
+    update.unit = optim::ReadHashElements(in.state_dtype);
+    update.ranges = [&](size_t begin, size_t end, std::vector<ElementRange>* ranges) {
+      UpdatedRanges(regions, in, begin, end, ranges);
+    };
+    update.update = [&](size_t begin, size_t end, const optim::RunOptions& run,
+                        const ReadSums& sums) {
+      return UpdateChunkRange(regions, base, in, begin, end, run, &sums);
+    };
+    return UpdateInStripes(regions, base, checksums, *in.run, update);
+  }
   return UpdateInStripes(regions, base, checksums, *in.run,
                          [&](size_t begin, size_t end, const optim::RunOptions& run) {
                            if (in.state_dtype == optim::DType::kI8) {

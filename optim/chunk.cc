@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -293,11 +295,31 @@ Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& la
   const UpdateFn update = kernels->update[KernelTable::UpdateIndex(
       hyper.kind, layout.grad, layout.state, CopySlotOf(layout.param_copy),
       ChooseUpdateVariant(hyper.kind, layout, chunk, run))];
-  const UpdatePointers pointers{chunk.master, chunk.grad, chunk.exp_avg, chunk.exp_avg_sq,
-                                chunk.param_copy};
-  ForEachTile(run, chunk.count,
-              [&](size_t begin, size_t end) { update(constants, pointers, begin, end); });
+  UpdatePointers pointers{chunk.master, chunk.grad, chunk.exp_avg, chunk.exp_avg_sq,
+                          chunk.param_copy};
+  if (chunk.read_sums[0] == nullptr) {
+    ForEachTile(run, chunk.count,
+                [&](size_t begin, size_t end) { update(constants, pointers, begin, end); });
+    return Status::Ok();
+  }
+  std::copy(std::begin(chunk.read_sums), std::end(chunk.read_sums), pointers.read_sums);
+  pointers.read_origin = chunk.read_origin;
+  // Tiles end on unit boundaries of the hashed arrays, so that no block is cut between two calls.
+  const size_t unit = ReadHashElements(layout.state);
+  const size_t head =
+      std::min(chunk.count, (chunk.read_origin + unit - 1) / unit * unit - chunk.read_origin);
+  if (head > 0) update(constants, pointers, 0, head);
+  RunOptions in_units = run;
+  in_units.tile_elements = (run.tile_elements + unit - 1) / unit * unit;
+  ForEachTile(in_units, chunk.count - head, [&](size_t begin, size_t end) {
+    update(constants, pointers, head + begin, head + end);
+  });
   return Status::Ok();
+}
+
+bool UpdateHashesReads(Kind kind, DType state, const RunOptions& run) {
+  Result<const KernelTable*> kernels = ResolveKernels(run);
+  return kernels.ok() && (*kernels)->HashesReads(kind, state);
 }
 
 Result<StepScaling> StepChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& layout,

@@ -62,6 +62,14 @@ struct ChunkBuffers {
   size_t block_offset = 0;  // [0, kQuantBlock)
   float* exp_avg_scale = nullptr;
   float* exp_avg_sq_scale = nullptr;
+  // Optional, where UpdateHashesReads: null, or one array per state array ([0] master, [1]
+  // exp_avg, [2] exp_avg_sq) that receives the XXH3 of each 4096-byte block of that array as
+  // read before the update. master, exp_avg and exp_avg_sq point at element read_origin of the
+  // arrays hashed, whose blocks are counted from their element 0: filled for every block inside
+  // elements [AlignUp(read_origin, u), AlignDown(read_origin + count, u)) of them, with u =
+  // ReadHashElements(layout.state) (kernels.h); other entries are left as they were.
+  uint64_t* read_sums[3] = {};
+  size_t read_origin = 0;
 };
 
 // The quantization blocks of `count` kI8 elements starting at `block_offset` (ChunkBuffers).
@@ -145,6 +153,10 @@ Result<StepScaling> MakeStepScaling(const GradScan& total, double loss_scale, do
 Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& layout,
                    const ChunkBuffers& chunk, const GradScaling& scaling,
                    const RunOptions& run = {});
+
+// Whether UpdateChunk fills ChunkBuffers::read_sums for `kind` with `state` on run's path (the
+// AVX-512 Adam and AdamW kernels with fp32 or bf16 state); an unresolvable path is false.
+bool UpdateHashesReads(Kind kind, DType state, const RunOptions& run);
 
 // The argument checks of UpdateChunk (hyper-parameters, step, layout, buffers, scale), for other
 // launchers of the same update (optim/cuda/adamw.h).

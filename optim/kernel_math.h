@@ -297,11 +297,12 @@ void HashStripe(H& hasher, const void* address, size_t offset, uint64_t* sums) {
   if (hasher.Consume(V::LoadStripe(address))) sums[offset / kReadHashBlock] = hasher.Finish();
 }
 
-// The update of [begin, end), whole units of ReadHashElements(S) from a unit boundary, hashing
-// master, exp_avg and exp_avg_sq as each vector step reads them: one fp32 vector is one 64-byte
-// stripe of master (and of fp32 moments); a bf16 moment stripe covers two vectors and is hashed
-// at the first of them, before either is overwritten. The step loads the same bytes again from
-// L1. Streams only where master is aligned to a vector (then every vector step is).
+// The update of [begin, end), whole units of ReadHashElements(S) from a unit boundary (counted
+// in the hashed arrays: element index plus p.read_origin), hashing master, exp_avg and exp_avg_sq
+// as each vector step reads them: one fp32 vector is one 64-byte stripe of master (and of fp32
+// moments); a bf16 moment stripe covers two vectors and is hashed at the first of them, before
+// either is overwritten. The step loads the same bytes again from L1. Streams only where master is
+// aligned to a vector (then every vector step is).
 template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant>
 void UpdateHashingUnits(const UpdateConstants& k, const UpdatePointers& p, size_t begin,
                         size_t end) {
@@ -310,13 +311,14 @@ void UpdateHashingUnits(const UpdateConstants& k, const UpdatePointers& p, size_
   constexpr size_t kVectorsPerMomentStripe = S == DType::kBF16 ? 2 : 1;
   for (size_t i = begin, vector = 0; i < end; i += V::kWidth, ++vector) {
     if constexpr (kVariant.streaming) PrefetchStep<K, G, S>(p, i);
-    HashStripe<V>(master, p.master + i, i * sizeof(float), p.read_sums[0]);
+    const size_t element = i + p.read_origin;  // in the hashed arrays
+    HashStripe<V>(master, p.master + i, element * sizeof(float), p.read_sums[0]);
     if (vector % kVectorsPerMomentStripe == 0) {
       const size_t offset = i * kMomentBytes;
-      HashStripe<V>(exp_avg, static_cast<const std::byte*>(p.exp_avg) + offset, offset,
-                    p.read_sums[1]);
-      HashStripe<V>(exp_avg_sq, static_cast<const std::byte*>(p.exp_avg_sq) + offset, offset,
-                    p.read_sums[2]);
+      HashStripe<V>(exp_avg, static_cast<const std::byte*>(p.exp_avg) + offset,
+                    element * kMomentBytes, p.read_sums[1]);
+      HashStripe<V>(exp_avg_sq, static_cast<const std::byte*>(p.exp_avg_sq) + offset,
+                    element * kMomentBytes, p.read_sums[2]);
     }
     StepAt<V, K, G, S, C, kVariant>(k, p, i);
   }
@@ -331,12 +333,15 @@ template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant,
 void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
   if constexpr (kHashesReads<V, K, S> && std::is_same_v<P, UpdatePointers>) {
     if (p.read_sums[0] != nullptr) {
+      // Unit boundaries are counted in the hashed arrays (UpdatePointers::read_origin).
       constexpr size_t kUnit = ReadHashElements(S);
-      const size_t first = (begin + kUnit - 1) / kUnit * kUnit;
-      const size_t last = end / kUnit * kUnit;
-      if (first < last) {
+      const size_t origin = p.read_origin;
+      const size_t unit_begin = (begin + origin + kUnit - 1) / kUnit * kUnit;  // >= origin
+      const size_t unit_end = (end + origin) / kUnit * kUnit;
+      if (unit_begin < unit_end) {
+        const size_t first = unit_begin - origin, last = unit_end - origin;
         UpdateRange<V, K, G, S, C, kVariant>(k, p, begin, first);
-        const bool aligned = reinterpret_cast<uintptr_t>(p.master) % (V::kWidth * 4) == 0;
+        const bool aligned = reinterpret_cast<uintptr_t>(p.master + first) % (V::kWidth * 4) == 0;
         if (kVariant.streaming && !aligned) {
           UpdateHashingUnits<V, K, G, S, C, UpdateVariant{kVariant.fast, false}>(k, p, first, last);
         } else {

@@ -41,10 +41,14 @@ struct UpdatePointers {
   // Optional, for kernels that hash what they read (KernelTable::HashesReads): null, or one
   // array per state array -- [0] master, [1] exp_avg, [2] exp_avg_sq -- that receives the XXH3
   // (io::Xxh3) of each kReadHashBlock-byte block of that array as the kernel read it, before
-  // updating it, at the block's index counted from the array's base pointer. Filled for every
-  // block inside elements [AlignUp(begin, u), AlignDown(end, u)) with u = ReadHashElements(state);
-  // other entries are left as they were. All three are given or none.
+  // updating it. Element i of the call is element i + read_origin of the hashed arrays: its byte
+  // (i + read_origin) * size lies in block (i + read_origin) * size / kReadHashBlock, the index
+  // in read_sums. Filled for every block inside elements [AlignUp(begin + o, u) - o,
+  // AlignDown(end + o, u) - o) with o = read_origin and u = ReadHashElements(state); other
+  // entries are left as they were. All three are given or none. read_origin lets a caller
+  // update a piece that starts inside a block with pointers to the piece's first element.
   uint64_t* read_sums[3] = {};
+  size_t read_origin = 0;
 };
 
 // The block the kernels hash reads in: the state regions' alignment and checksum block.

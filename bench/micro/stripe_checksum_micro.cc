@@ -1,15 +1,19 @@
 // Google Benchmark cases for the CPU time checksums add to the optimizer step's update of one
 // chunk (offload/chunk_update.h): the AdamW update of chunks of 8 Mi elements in the step's own
 // layout, on one thread, with no checksums, with the read side verified, with the written side
-// hashed, and with both (the step's default). Four chunk buffers (384 MiB with fp32 moments) are
+// hashed, with both in separate passes, and with the read side verified by the kernel as it
+// loads the state, alone and with the written side hashed (the step's default where the kernel
+// hashes its reads: AVX-512). Four chunk buffers (384 MiB with fp32 moments) are
 // updated in turn, so every chunk comes from DRAM as it does after a read from NVMe. Items are
 // parameters; compare the CPU time of the cases.
 //   zoe_micro_bench --benchmark_filter=StripeChecksum
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,7 +29,7 @@ namespace {
 constexpr size_t kElements = size_t{8} << 20;  // the step bench's chunk at 256 Mi parameters
 constexpr size_t kBuffers = 4;                 // the step's pipeline buffers
 
-enum class Sums { kNone, kVerify, kHash, kBoth };
+enum class Sums { kNone, kVerify, kHash, kBoth, kFusedVerify, kFusedBoth };
 
 // The xxh3 of every checksum block of `extent`.
 std::vector<uint64_t> HashExtent(std::span<const std::byte> extent) {
@@ -37,10 +41,10 @@ std::vector<uint64_t> HashExtent(std::span<const std::byte> extent) {
 }
 
 // The update of chunk elements [begin, end) whose state is at `base`, as the group's step does
-// it for a chunk with one fp32 gradient view.
+// it for a chunk with one fp32 gradient view; `sums`: where the kernel hashes its reads, or null.
 Status UpdateRange(const ChunkRegions& regions, std::byte* base, const float* grad,
                    optim::DType moments, int64_t step, size_t begin, size_t end,
-                   const optim::RunOptions& run) {
+                   const optim::RunOptions& run, const ReadSums* sums = nullptr) {
   const size_t moment_bytes = optim::SizeOf(moments);
   optim::ChunkLayout layout;
   layout.grad = optim::DType::kF32;
@@ -51,6 +55,10 @@ Status UpdateRange(const ChunkRegions& regions, std::byte* base, const float* gr
   buffers.exp_avg = base + regions.offset[1] + begin * moment_bytes;
   buffers.exp_avg_sq = base + regions.offset[2] + begin * moment_bytes;
   buffers.count = end - begin;
+  if (sums != nullptr) {
+    std::copy(std::begin(sums->region), std::end(sums->region), buffers.read_sums);
+    buffers.read_origin = begin;
+  }
   optim::HyperParams hyper;
   hyper.weight_decay = 0.01;
   return optim::UpdateChunk(hyper, step, layout, buffers, {}, run);
@@ -68,9 +76,14 @@ void BM_StripeChecksum(benchmark::State& state, optim::DType moments, Sums sums)
     extents[i].assign(regions.bytes, std::byte{0});
     expected[i] = HashExtent(extents[i]);
   }
-  const bool verify = sums == Sums::kVerify || sums == Sums::kBoth;
-  const bool hash = sums == Sums::kHash || sums == Sums::kBoth;
+  const bool fused = sums == Sums::kFusedVerify || sums == Sums::kFusedBoth;
+  const bool verify = sums != Sums::kNone && sums != Sums::kHash;
+  const bool hash = sums == Sums::kHash || sums == Sums::kBoth || sums == Sums::kFusedBoth;
   const optim::RunOptions run;  // one thread: the CPU time of one kernel thread
+  if (fused && !optim::UpdateHashesReads(optim::Kind::kAdamW, moments, run)) {
+    state.SkipWithError("the kernels of this machine do not hash what they read");
+    return;
+  }
   int64_t step = 0;
   size_t next = 0;
   for (auto _ : state) {
@@ -79,10 +92,24 @@ void BM_StripeChecksum(benchmark::State& state, optim::DType moments, Sums sums)
     if (verify) checksums.expected = expected[next];
     if (hash) checksums.computed = computed;
     ++step;
-    const Status status = UpdateInStripes(
-        regions, base, checksums, run, [&](size_t begin, size_t end, const optim::RunOptions& r) {
-          return UpdateRange(regions, base, grad.data(), moments, step, begin, end, r);
-        });
+    Status status;
+    if (fused) {
+      HashingRangeUpdate update;
+      update.unit = optim::ReadHashElements(moments);
+      update.ranges = [](size_t begin, size_t end, std::vector<ElementRange>* ranges) {
+        ranges->push_back({begin, end});
+      };
+      update.update = [&](size_t begin, size_t end, const optim::RunOptions& r,
+                          const ReadSums& read) {
+        return UpdateRange(regions, base, grad.data(), moments, step, begin, end, r, &read);
+      };
+      status = UpdateInStripes(regions, base, checksums, run, update);
+    } else {
+      status = UpdateInStripes(
+          regions, base, checksums, run, [&](size_t begin, size_t end, const optim::RunOptions& r) {
+            return UpdateRange(regions, base, grad.data(), moments, step, begin, end, r);
+          });
+    }
     if (!status.ok()) {
       state.SkipWithError(status.ToString().c_str());
       return;
@@ -99,10 +126,10 @@ void BM_StripeChecksum(benchmark::State& state, optim::DType moments, Sums sums)
 int RegisterAll() {
   const std::pair<const char*, optim::DType> kMoments[] = {{"fp32", optim::DType::kF32},
                                                            {"bf16", optim::DType::kBF16}};
-  const std::pair<const char*, Sums> kSums[] = {{"none", Sums::kNone},
-                                                {"verify", Sums::kVerify},
-                                                {"hash", Sums::kHash},
-                                                {"verify+hash", Sums::kBoth}};
+  const std::pair<const char*, Sums> kSums[] = {
+      {"none", Sums::kNone},         {"verify", Sums::kVerify},
+      {"hash", Sums::kHash},         {"verify+hash", Sums::kBoth},
+      {"fused", Sums::kFusedVerify}, {"fused+hash", Sums::kFusedBoth}};
   for (const auto& [moment_name, moments] : kMoments) {
     for (const auto& [sums_name, sums] : kSums) {
       benchmark::RegisterBenchmark(

@@ -1,0 +1,134 @@
+// Description: UpdateChunk with ChunkBuffers::read_sums and read_origin, the form the offloaded
+// step uses for a piece that starts inside a block: the pointers at element `origin` of arrays
+// whose blocks count from element 0. Every block wholly inside the piece gets the XXH3 of its
+// bytes before the update, at its index in the whole array, whatever the origin, count and tile
+// size (tiles cut the piece only at unit boundaries); other entries are left alone; the update's
+// bits equal those of the same call without sums.
+#include <gtest/gtest.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "optim/chunk.h"
+#include "optim/dispatch.h"
+
+namespace zoe::optim {
+namespace {
+
+constexpr uint64_t kUntouched = 0x5a5a5a5a5a5a5a5aULL;
+constexpr size_t kArrayElements = 12288;
+
+// master (fp32), exp_avg and exp_avg_sq (`state`), each on a 4096-byte boundary, and a gradient.
+struct State {
+  explicit State(DType state) : dtype(state) {
+    std::mt19937 random(7);
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (auto& array : arrays) array.resize(kArrayElements * 4 + 4096);
+    grad.resize(kArrayElements);
+    for (float& g : grad) g = value(random);
+    auto* master = reinterpret_cast<float*>(Base(0));
+    for (size_t i = 0; i < kArrayElements; ++i) master[i] = value(random);
+    std::vector<float> moments(kArrayElements);
+    for (size_t a = 1; a < 3; ++a) {
+      for (float& m : moments) {
+        const float v = value(random);
+        m = a == 1 ? v * 0.1f : v * v * 0.01f;  // exp_avg_sq >= 0
+      }
+      if (state == DType::kF32) {
+        std::memcpy(Base(a), moments.data(), Bytes(a));
+      } else {
+        EXPECT_TRUE(CastFromF32(moments.data(), state, Base(a), kArrayElements).ok());
+      }
+    }
+  }
+  std::byte* Base(size_t a) {
+    std::byte* raw = arrays[a].data();
+    return raw + (4096 - reinterpret_cast<uintptr_t>(raw) % 4096) % 4096;
+  }
+  size_t Bytes(size_t a) const { return kArrayElements * (a == 0 ? 4 : SizeOf(dtype)); }
+  size_t ElementBytes(size_t a) const { return a == 0 ? 4 : SizeOf(dtype); }
+  std::vector<uint64_t> Sums(size_t a) {
+    std::vector<uint64_t> sums(Bytes(a) / 4096);
+    for (size_t b = 0; b < sums.size(); ++b) {
+      sums[b] = XXH3_64bits(Base(a) + b * 4096, 4096);  // io::Xxh3's hash
+    }
+    return sums;
+  }
+  std::vector<std::byte> All() {
+    std::vector<std::byte> all;
+    for (size_t a = 0; a < 3; ++a) all.insert(all.end(), Base(a), Base(a) + Bytes(a));
+    return all;
+  }
+
+  // The update of elements [origin, origin + count), with the sums in `sums` when given.
+  Status Update(size_t origin, size_t count, size_t tile, std::vector<uint64_t>* sums) {
+    ChunkLayout layout;
+    layout.grad = DType::kF32;
+    layout.state = dtype;
+    ChunkBuffers buffers;
+    buffers.master = reinterpret_cast<float*>(Base(0)) + origin;
+    buffers.grad = grad.data() + origin;
+    buffers.exp_avg = Base(1) + origin * SizeOf(dtype);
+    buffers.exp_avg_sq = Base(2) + origin * SizeOf(dtype);
+    buffers.count = count;
+    if (sums != nullptr) {
+      for (size_t a = 0; a < 3; ++a) buffers.read_sums[a] = sums[a].data();
+      buffers.read_origin = origin;
+    }
+    HyperParams hyper;
+    hyper.weight_decay = 0.01;
+    RunOptions run;
+    run.tile_elements = tile;
+    return UpdateChunk(hyper, 3, layout, buffers, {}, run);
+  }
+
+  DType dtype;
+  std::vector<std::byte> arrays[3];
+  std::vector<float> grad;
+};
+
+TEST(ReadOriginTest, BlocksInsideAPieceAreHashedAtTheirIndexInTheWholeArray) {
+  if (!UpdateHashesReads(Kind::kAdamW, DType::kF32, {})) {
+    GTEST_SKIP() << "the kernels of this machine do not hash what they read";
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const size_t unit = ReadHashElements(dtype);
+    for (size_t origin : {size_t{0}, size_t{7}, size_t{1000}, size_t{2048}, size_t{2049}}) {
+      for (size_t count : {size_t{5}, size_t{2047}, size_t{4096}, size_t{7001}}) {
+        for (size_t tile : {size_t{1000}, size_t{4096}, size_t{32768}}) {
+          const std::string where = std::to_string(static_cast<int>(dtype)) + " origin " +
+                                    std::to_string(origin) + " count " + std::to_string(count) +
+                                    " tile " + std::to_string(tile);
+          State hashed(dtype), plain(dtype);
+          std::vector<uint64_t> before[3];
+          std::vector<uint64_t> sums[3];
+          for (size_t a = 0; a < 3; ++a) {
+            before[a] = hashed.Sums(a);
+            sums[a].assign(before[a].size(), kUntouched);
+          }
+          ASSERT_TRUE(hashed.Update(origin, count, tile, sums).ok()) << where;
+          ASSERT_TRUE(plain.Update(origin, count, tile, nullptr).ok()) << where;
+          EXPECT_TRUE(hashed.All() == plain.All()) << "the update differs: " << where;
+          const size_t first = (origin + unit - 1) / unit * unit;
+          const size_t last = (origin + count) / unit * unit;
+          for (size_t a = 0; a < 3; ++a) {
+            for (size_t b = 0; b < sums[a].size(); ++b) {
+              const size_t element = b * 4096 / hashed.ElementBytes(a);
+              const bool inside = first < last && element >= first && element < last;
+              ASSERT_EQ(sums[a][b], inside ? before[a][b] : kUntouched)
+                  << "array " << a << " block " << b << ": " << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zoe::optim
