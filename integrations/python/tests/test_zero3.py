@@ -360,10 +360,10 @@ class Broken:
 @pytest.mark.parametrize(
     "collective, in_wait, when, message",
     [
-        ("all_gather", False, "forward", "all_gather of parameter 'scale'"),
-        ("all_gather", True, "forward", "all_gather of parameter 'scale'"),
-        ("all_reduce", False, "backward", "all_reduce of the gradient of parameter"),
-        ("all_reduce", True, "backward", "all_reduce of the gradient of parameter"),
+        ("broadcast", False, "forward", "gather of parameter 'scale'"),
+        ("broadcast", True, "forward", "gather of parameter 'scale'"),
+        ("reduce", False, "backward", "reduction of the gradient of parameter"),
+        ("reduce", True, "backward", "reduction of the gradient of parameter"),
         ("all_reduce", False, "clip", "all_reduce of the gradient norm"),
     ],
 )

@@ -89,3 +89,25 @@ def test_fsdp_reports_what_failed_instead_of_figures(lines):
     assert "iteration_s" not in line
     targets = next(line for line in lines if line["kind"] == "targets")
     assert targets["step_time_vs_fsdp"].startswith("not measured")
+
+
+COLLECTIVE_BENCH = os.path.join(REPO, "bench", "collective_bench.py")
+
+
+def test_collective_bench_times_every_method_on_every_size(tmp_path):
+    """bench/collective_bench.py on 2 ranks, two sizes, 2 rounds: a line per (size, method) with
+    the rounds' samples and their median."""
+    completed = subprocess.run(
+        [sys.executable, COLLECTIVE_BENCH, "--ranks", "2", "--elements", "1,4096",
+         "--rounds", "2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    got = [json.loads(line) for line in completed.stdout.splitlines()]
+    methods = ["gather/all_gather", "gather/broadcast_per_rank", "reduce_scatter/all_reduce",
+               "reduce_scatter/reduce_per_rank"]
+    assert [(line["elements_per_rank"], line["method"]) for line in got] == [
+        (size, method) for size in (1, 4096) for method in methods]
+    for line in got:
+        assert line["ranks"] == 2 and line["rounds"] == 2 and len(line["samples_s"]) == 2
+        assert line["median_s"] == pytest.approx(sum(line["samples_s"]) / 2)

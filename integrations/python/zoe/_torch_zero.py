@@ -9,8 +9,8 @@ The model is not wrapped in DistributedDataParallel: the optimizer reduces the g
 
 - Stage 1: at step(), which parameters have a gradient is agreed (one all-reduce: a parameter
   with a gradient on some rank counts zeros on the others, one with none anywhere is skipped as
-  torch skips it), the gradients are all-reduced and averaged, and each rank hands its shard's
-  slice to zoe.
+  torch skips it), each bucket's gradients are summed onto the ranks that own them (a
+  reduce-scatter, _collective_ops) and averaged, and each rank hands its shard's slice to zoe.
 - Stage 2: during backward, a hook on each parameter's gradient accumulator counts the
   parameters of its bucket (consecutive parameters of a param group, ``bucket_elements`` at
   least); when a bucket's last gradient is final the bucket is reduced and the shard's slice goes
@@ -21,11 +21,12 @@ The model is not wrapped in DistributedDataParallel: the optimizer reduces the g
 
 Steady-state steps allocate no whole-group buffer in Python: each param group's flat fp32
 gradient buffer (which the buckets' reductions write in place and whose shard slices zoe borrows)
-and the collectives' padded all-gather buffers are made once and again only when the group's
-element count changes; equal shards are gathered straight into the buffer zoe passes.
+is made once and again only when the group's element count changes, and the shards are gathered
+straight into the buffer zoe passes.
 
-Backends without reduce-scatter (gloo in torch 1.13) and uneven shards: a bucket is all-reduced
-and each rank takes its slice. At step() zoe agrees the inf/NaN skip and the global gradient norm
+Collectives: gloo in torch 1.13 has no reduce-scatter and a slow all-gather, so both are built
+from one reduce or broadcast per rank (_collective_ops); other backends all-reduce and all-gather
+through reused buffers. At step() zoe agrees the inf/NaN skip and the global gradient norm
 for ``max_grad_norm`` by one all-reduce (every rank skips or clips together), steps its shard and
 all-gathers the updated parameters into every rank's parameters. A rank that fails (an I/O error)
 makes every rank's step raise; the transport's timeout (init_process_group(timeout=...)) bounds
@@ -52,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from . import _capi
+from ._collective_ops import gather_parts, reduce_parts
 from ._torch_common import _invalid, _live_group, _pager_of, _timed, _view, _weak_group
 from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
@@ -308,27 +310,43 @@ class TorchCollectives:
             self._scratch[key] = buffer
         return buffer
 
+    def reduce_to_owners(self, tensor, bounds):
+        """Sums ``tensor`` over the ranks, each rank's part onto that rank: rank r's part is
+        elements [bounds[r], bounds[r + 1]) of ``tensor``. Afterwards this rank's part holds the
+        sum; the other parts hold unspecified values."""
+        parts = [tensor[bounds[r] : bounds[r + 1]] for r in range(self.world_size)]
+        if self._device.type == "cpu":
+            with _timed(self, "seconds", calls="calls"):
+                reduce_parts(parts, self.group)
+            return
+        self.all_reduce(tensor)
+
     def _reduce_scatter_sum(self, send, recv, counts):
         counts = [counts[r] for r in range(self.world_size)]
-        whole = self._buffer("reduce_scatter", sum(counts), torch.device("cpu"))
+        bounds = [sum(counts[:r]) for r in range(self.world_size + 1)]
+        whole = self._buffer("reduce_scatter", bounds[-1], torch.device("cpu"))
         whole.copy_(_floats(send, whole.numel()))  # send is the caller's: not reduced in place
-        self.all_reduce(whole)
-        begin = sum(counts[: self.rank])
-        _floats(recv, counts[self.rank]).copy_(whole[begin : begin + counts[self.rank]])
+        self.reduce_to_owners(whole, bounds)
+        mine = whole[bounds[self.rank] : bounds[self.rank + 1]]
+        _floats(recv, counts[self.rank]).copy_(mine)
 
     def gather(self, shard, counts, out=None):
         """Every rank's ``shard`` (counts[r] fp32 elements on rank r), concatenated in rank
-        order, into ``out`` (a fresh CPU tensor when None), which is returned. Equal counts on
-        a CPU backend: gathered straight into ``out``'s slices; otherwise every rank sends a
-        reused buffer of the largest count (the padding's contents are never read)."""
+        order, into ``out`` (a fresh CPU tensor when None), which is returned. A CPU backend
+        broadcasts each rank's shard straight into its slice of ``out`` (_collective_ops);
+        otherwise every rank all-gathers a reused buffer of the largest count (the padding's
+        contents are never read)."""
         if out is None:
             out = torch.empty(sum(counts), dtype=torch.float32)
         largest = max(counts)
         if largest == 0:  # nothing to gather on any rank (gloo fails on empty tensors)
             return out
-        if self._device.type == "cpu" and len(set(counts)) == 1:
+        if self._device.type == "cpu":
+            parts = list(out.split(counts))
+            if parts[self.rank].data_ptr() != shard.data_ptr():
+                parts[self.rank].copy_(shard)
             with _timed(self, "seconds", calls="calls"):
-                dist.all_gather(list(out.split(largest)), shard, group=self.group)
+                gather_parts(parts, self.group)
             return out
         padded = self._buffer("gather_send", largest)
         padded[: counts[self.rank]] = shard
@@ -636,8 +654,8 @@ class ZeroMixin:
         self._hooks.append((accumulator, accumulator.register_hook(ready)))
 
     def _reduce_bucket(self, bucket, present=None):
-        """All-reduces a bucket's gradients (zeros where a parameter has none on this rank),
-        averages them and hands the shard's slice of each parameter to zoe -- without data for
+        """Sums a bucket's gradients (zeros where a parameter has none on this rank) onto the
+        ranks that own them, averages this rank's part and hands its slice of each parameter to zoe -- without data for
         parameters that ``present`` (None: all) marks absent on every rank."""
         group_index = bucket.group_index
         local = self._zoe_group(group_index)
@@ -655,13 +673,16 @@ class ZeroMixin:
                 target.zero_()
             else:
                 target.copy_(grad.detach().reshape(-1))
-        self._comm.all_reduce(flat)
-        flat /= self.world_size
+        total = offsets[-1] + params[-1].numel()
+        owners = [min(max(_shard_begin(total, r, self.world_size), begin), end) - begin
+                  for r in range(self.world_size + 1)]
+        self._comm.reduce_to_owners(flat, owners)
         bucket.reduced = True
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
         if hi <= lo:
             return
         shard = flat[lo - begin : hi - begin]  # no copy: not written again before the step
+        shard /= self.world_size
         self._shard_grads[group_index].append(shard)  # borrowed by zoe until the step
         for index in bucket.indices:
             p_lo = max(offsets[index], lo)

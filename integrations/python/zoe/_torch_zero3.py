@@ -11,8 +11,8 @@ gather exactly its own parameters. Rank r's shard of a parameter is a leaf tenso
 parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer
 (a torch optimizer steps the shards inside ``with pager.materialized():``).
 
-- Forward: a module's pre-hook all-gathers its own parameters (bytes of the padded shards, so
-  any dtype travels over gloo) and points ``param.data`` at the full values; its post-hook
+- Forward: a module's pre-hook gathers its own parameters (each rank's shard broadcast as bytes
+  into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points ``param.data`` at the full values; its post-hook
   frees them. Backward: tensors autograd saved from a gathered parameter are packed as a
   reference and gathered again when backward unpacks them; the parameter's gradient
   accumulator hook frees them.
@@ -23,8 +23,7 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   that differs from the trace re-records it.
 - Gradients: when a parameter's full gradient is accumulated, its sum over the ranks starts
   (``async_op=True``, at most REDUCTIONS_IN_FLIGHT at once, the rest finished by the end of
-  backward; gloo in torch 1.13 has no reduce_scatter: all_reduce, then each rank keeps its
-  slice), divided by N (the mean, as DistributedDataParallel) and added to its shard's
+  backward; each shard is reduced onto its owner, _collective_ops.reduce_parts), divided by N (the mean, as DistributedDataParallel) and added to its shard's
   ``.grad``; the full gradient leaves ``param.grad``. Like DistributedDataParallel without find_unused_parameters, every rank must
   produce gradients for the same parameters in an iteration (a parameter unused on every rank
   in an iteration is simply skipped, and the optimizer skips it as torch does).
@@ -47,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from . import _capi, _torch_device
+from ._collective_ops import gather_parts, reduce_parts
 from ._torch_common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
 from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
 from .errors import Aborted, FailedPrecondition
@@ -68,11 +68,11 @@ def _collective_error(what, name, error):
 
 
 class _PendingGather:
-    """An all-gather of one parameter's padded shards in flight (``async_op=True``)."""
+    """A gather of one parameter's shards in flight (``async_op=True``)."""
 
     def __init__(self, handle, gathered):
         self.handle = handle
-        self.gathered = gathered  # N * largest shard, as bytes
+        self.gathered = gathered  # the full parameter, as bytes (every rank's shard in order)
 
 
 class _ShardedParam:
@@ -91,7 +91,7 @@ class _ShardedParam:
         self.shard = None  # this rank's shard as a leaf tensor (None when empty)
         self.placeholder = None
         self.full = None  # the gathered values, while gathered
-        self.padded_bytes = max(counts) * self.element_size * len(counts)
+        self.bytes = sum(counts) * self.element_size
         self.holds = 0
         self.backward_holds = 0
 
@@ -209,21 +209,19 @@ class ShardedParameterPager(ParameterPager):
     # --- gathering -------------------------------------------------------------------------
 
     def _issue_gather(self, entry):
-        """Starts the all-gather of ``entry``'s padded shards (bytes); returns it pending."""
-        largest = max(entry.counts) * entry.element_size
-        send = torch.zeros(largest, dtype=torch.uint8, device=entry.param.device)
+        """Starts gathering ``entry``'s shards (as bytes, each into its place in the full
+        parameter: _collective_ops.gather_parts); returns it pending."""
+        gathered = torch.empty(entry.bytes, dtype=torch.uint8, device=entry.param.device)
+        parts = list(gathered.split([count * entry.element_size for count in entry.counts]))
         if entry.shard is not None:
             with self.held(entry.shard) as values:
-                send[: entry.count * entry.element_size] = values.view(-1).view(torch.uint8)
-        gathered = torch.empty(largest * self.world_size, dtype=torch.uint8, device=send.device)
+                parts[self.rank].copy_(values.view(-1).view(torch.uint8))
         try:
             with _timed(self, "collective_seconds"):
-                handle = dist.all_gather(
-                    list(gathered.chunk(self.world_size)), send, group=self.group, async_op=True
-                )
+                handle = gather_parts(parts, self.group, async_op=True)
         except RuntimeError as error:
-            raise _collective_error("all_gather", entry.name, error) from None
-        self._count(in_flight=entry.padded_bytes)
+            raise _collective_error("gather", entry.name, error) from None
+        self._count(in_flight=entry.bytes)
         return _PendingGather(handle, gathered)
 
     def _count(self, gathered=0, in_flight=0):
@@ -238,17 +236,9 @@ class ShardedParameterPager(ParameterPager):
             with _timed(self, "collective_seconds"):
                 pending.handle.wait()
         except RuntimeError as error:
-            raise _collective_error("all_gather", entry.name, error) from None
-        piece = max(entry.counts) * entry.element_size
-        parts = [
-            pending.gathered[r * piece : r * piece + count * entry.element_size]
-            for r, count in enumerate(entry.counts)
-        ]
-        flat = pending.gathered if len(set(entry.counts)) == 1 else torch.cat(parts)
-        full = flat[: sum(entry.counts) * entry.element_size].view(entry.dtype)
-        self._count(gathered=sum(entry.counts) * entry.element_size,
-                    in_flight=-entry.padded_bytes)
-        return full.view(entry.shape)
+            raise _collective_error("gather", entry.name, error) from None
+        self._count(gathered=entry.bytes, in_flight=-entry.bytes)
+        return pending.gathered.view(entry.dtype).view(entry.shape)
 
     def _gather(self, entry):
         """Makes ``entry`` gathered: its prefetched all-gather, or one issued now."""
@@ -328,9 +318,9 @@ class ShardedParameterPager(ParameterPager):
             with _timed(self, "collective_seconds"):
                 gather.handle.wait()
         except RuntimeError as error:
-            raise _collective_error("all_gather", entry.name, error) from None
+            raise _collective_error("gather", entry.name, error) from None
         finally:
-            self._count(in_flight=-entry.padded_bytes)
+            self._count(in_flight=-entry.bytes)
 
     # --- backward --------------------------------------------------------------------------
 
@@ -358,18 +348,18 @@ class ShardedParameterPager(ParameterPager):
         return hook
 
     def _reduce_grad(self, entry):
-        """Starts summing the full gradient over the ranks (the full gradient leaves
-        param.grad); at most REDUCTIONS_IN_FLIGHT run while backward goes on, the oldest
-        finished first."""
+        """Starts summing the full gradient over the ranks, each shard onto its owner
+        (_collective_ops.reduce_parts; the full gradient leaves param.grad); at most
+        REDUCTIONS_IN_FLIGHT run while backward goes on, the oldest finished first."""
         grad, entry.param.grad = entry.param.grad, None
         if grad is None:
             return
         total = grad.detach().reshape(-1).to(torch.float32, copy=True)
         try:
             with _timed(self, "collective_seconds"):
-                handle = dist.all_reduce(total, group=self.group, async_op=True)
+                handle = reduce_parts(list(total.split(entry.counts)), self.group, async_op=True)
         except RuntimeError as error:
-            raise _collective_error("all_reduce of the gradient", entry.name, error) from None
+            raise _collective_error("reduction of the gradient", entry.name, error) from None
         self._reductions.append((entry, total, handle))
         while len(self._reductions) > REDUCTIONS_IN_FLIGHT:
             self._finish_reduction(*self._reductions.pop(0))
@@ -385,7 +375,7 @@ class ShardedParameterPager(ParameterPager):
             with _timed(self, "collective_seconds"):
                 handle.wait()
         except RuntimeError as error:
-            raise _collective_error("all_reduce of the gradient", entry.name, error) from None
+            raise _collective_error("reduction of the gradient", entry.name, error) from None
         if entry.shard is None:
             return
         mine = total[entry.begin : entry.begin + entry.count].div_(self.world_size)
