@@ -75,18 +75,30 @@ size_t TotalCount(std::span<const View> views) {
   return total;
 }
 
-// Widens every view into `out` (fp32, consecutive); null views give zeros.
+// Widens the elements [first, first + count) of the consecutive `views` into `out` (fp32); null
+// views give zeros. The inverse of NarrowIntoViews.
 template <class View>
-Status WidenViews(std::span<const View> views, float* out) {
+Status WidenRange(std::span<const View> views, size_t first, size_t count, float* out) {
+  const size_t end = first + count;
+  size_t view_begin = 0;
   for (const View& view : views) {
-    if (view.data == nullptr) {
-      std::fill_n(out, view.count, 0.0f);
-    } else if (view.dtype == optim::DType::kF32) {
-      std::copy_n(static_cast<const float*>(view.data), view.count, out);
-    } else {
-      ZOE_RETURN_IF_ERROR(optim::CastToF32(view.data, view.dtype, out, view.count));
+    const size_t from = std::max(first, view_begin);
+    const size_t to = std::min(end, view_begin + view.count);
+    if (from < to) {
+      float* dst = out + (from - first);
+      const size_t at = from - view_begin;
+      if (view.data == nullptr) {
+        std::fill_n(dst, to - from, 0.0f);
+      } else if (view.dtype == optim::DType::kF32) {
+        std::copy_n(static_cast<const float*>(view.data) + at, to - from, dst);
+      } else {
+        const std::byte* src =
+            static_cast<const std::byte*>(view.data) + at * optim::SizeOf(view.dtype);
+        ZOE_RETURN_IF_ERROR(optim::CastToF32(src, view.dtype, dst, to - from));
+      }
     }
-    out += view.count;
+    view_begin += view.count;
+    if (view_begin >= end) break;
   }
   return Status::Ok();
 }
@@ -181,9 +193,9 @@ Result<std::unique_ptr<ShardedGroup>> ShardedGroup::Create(Engine& engine,
   Result<nlohmann::json> spec = config::ParseJson(optim_json);
   Result<std::vector<size_t>> parsed =
       spec.ok() ? GlobalSegments(*spec, count) : Result<std::vector<size_t>>(spec.status());
-  if (options.gather_elements == 0) {
+  if (options.round_elements == 0) {
     created = Status::InvalidArgument(
-        "sharded group: gather_elements is 0; allowed: elements per rank per round, > 0");
+        "sharded group: round_elements is 0; allowed: elements per rank per round, > 0");
   } else if (parsed.ok() && count > 0) {
     segments = *parsed;
     const ShardRange shard = ShardOf(count, rank, world);
@@ -275,19 +287,34 @@ Result<std::vector<bool>> ShardedGroup::AgreePresence(std::span<const GradView> 
   return present;
 }
 
-// The whole local gradient, widened, reduce-scattered and averaged into shard_grads_; the shard's
-// views: one per local segment with elements, null where no rank has a gradient.
+// Every rank's shard of the local gradient, widened to fp32 and reduce-scattered round by round
+// into shard_grads_, then averaged; the shard's views: one per local segment with elements, null
+// where no rank has a gradient. A widening that fails after the presence was agreed still makes
+// every round's collective (with zeros) and then fails the scan's agreement, so no peer waits.
 Result<std::vector<GradView>> ShardedGroup::ReduceGradients(std::span<const GradView> grads) {
-  std::vector<float> whole(count_);
-  Status local = CheckCovers(TotalCount(grads), count_, "gradient");
-  if (local.ok()) local = WidenViews(grads, whole.data());
+  const Status local = CheckCovers(TotalCount(grads), count_, "gradient");
   ZOE_ASSIGN_OR_RETURN(const std::vector<bool> present, AgreePresence(grads, local));
-  const int world = collectives_.world_size();
-  std::vector<uint64_t> counts(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) counts[static_cast<size_t>(r)] = ShardOf(count_, r, world).size();
   shard_grads_.resize(shard_.size());
-  ZOE_RETURN_IF_ERROR(collectives_.ReduceScatterSum(whole, shard_grads_, counts));
-  const float inverse = 1.0f / static_cast<float>(world);
+  const Rounds rounds = PlanRounds();
+  round_buffer_.resize(rounds.buffer_elements());
+  Status widened = Status::Ok();
+  std::vector<uint64_t> counts;
+  for (size_t first = 0; first < rounds.largest; first += rounds.piece) {
+    const size_t total = rounds.Counts(first, counts);
+    float* part = round_buffer_.data();
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (widened.ok())
+        widened = WidenRange(grads, rounds.shards[r].begin + first, counts[r], part);
+      if (!widened.ok()) std::fill_n(part, counts[r], 0.0f);
+      part += counts[r];
+    }
+    const size_t mine = counts[static_cast<size_t>(collectives_.rank())];
+    ZOE_RETURN_IF_ERROR(collectives_.ReduceScatterSum(
+        std::span<const float>(round_buffer_.data(), total),
+        std::span<float>(shard_grads_.data() + (mine > 0 ? first : 0), mine), counts));
+  }
+  if (!widened.ok()) return Abort(widened, /*with_grads=*/false);
+  const float inverse = 1.0f / static_cast<float>(collectives_.world_size());
   for (float& g : shard_grads_) g *= inverse;
   std::vector<GradView> views;
   size_t offset = 0;
@@ -301,33 +328,42 @@ Result<std::vector<GradView>> ShardedGroup::ReduceGradients(std::span<const Grad
   return views;
 }
 
-// Round k gathers elements [k * piece, (k + 1) * piece) of every rank's shard (fewer, or none,
-// where a shard ends); every rank computes the same rounds and counts from ShardOf.
-Status ShardedGroup::GatherParams(std::span<const ParamView> params) {
-  const size_t world = static_cast<size_t>(collectives_.world_size());
-  std::vector<ShardRange> shards(world);
-  size_t largest = 0;
-  for (size_t r = 0; r < world; ++r) {
-    shards[r] = ShardOf(count_, static_cast<int>(r), static_cast<int>(world));
-    largest = std::max(largest, shards[r].size());
+ShardedGroup::Rounds ShardedGroup::PlanRounds() const {
+  Rounds rounds;
+  const int world = collectives_.world_size();
+  rounds.shards.resize(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    rounds.shards[static_cast<size_t>(r)] = ShardOf(count_, r, world);
+    rounds.largest = std::max(rounds.largest, rounds.shards[static_cast<size_t>(r)].size());
   }
-  const size_t piece = std::min(options_.gather_elements, largest);
-  gathered_.resize(world * piece);
-  std::vector<uint64_t> counts(world);
-  for (size_t first = 0; first < largest; first += piece) {
-    size_t total = 0;
-    for (size_t r = 0; r < world; ++r) {
-      const size_t size = shards[r].size();
-      counts[r] = first < size ? std::min(piece, size - first) : 0;
-      total += counts[r];
-    }
+  rounds.piece = std::min(options_.round_elements, rounds.largest);
+  return rounds;
+}
+
+size_t ShardedGroup::Rounds::Counts(size_t first, std::vector<uint64_t>& counts) const {
+  counts.resize(shards.size());
+  size_t total = 0;
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const size_t size = shards[r].size();
+    counts[r] = first < size ? std::min(piece, size - first) : 0;
+    total += counts[r];
+  }
+  return total;
+}
+
+Status ShardedGroup::GatherParams(std::span<const ParamView> params) {
+  const Rounds rounds = PlanRounds();
+  round_buffer_.resize(rounds.buffer_elements());
+  std::vector<uint64_t> counts;
+  for (size_t first = 0; first < rounds.largest; first += rounds.piece) {
+    const size_t total = rounds.Counts(first, counts);
     const size_t mine = counts[static_cast<size_t>(collectives_.rank())];
     const std::span<const float> send(shard_params_.data() + (mine > 0 ? first : 0), mine);
     ZOE_RETURN_IF_ERROR(
-        collectives_.AllGather(send, std::span<float>(gathered_.data(), total), counts));
-    const float* part = gathered_.data();
-    for (size_t r = 0; r < world; ++r) {
-      ZOE_RETURN_IF_ERROR(NarrowIntoViews(part, shards[r].begin + first, counts[r], params));
+        collectives_.AllGather(send, std::span<float>(round_buffer_.data(), total), counts));
+    const float* part = round_buffer_.data();
+    for (size_t r = 0; r < counts.size(); ++r) {
+      ZOE_RETURN_IF_ERROR(NarrowIntoViews(part, rounds.shards[r].begin + first, counts[r], params));
       part += counts[r];
     }
   }
@@ -357,8 +393,7 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   if (!args.params.empty()) {
     prepared = CheckCovers(TotalCount(args.params), count_, "parameter");
     if (prepared.ok()) {
-      const std::vector<ParamView> local = SliceViews(args.params, shard_);
-      prepared = WidenViews(std::span<const ParamView>(local), shard_params_.data());
+      prepared = WidenRange(args.params, shard_.begin, shard_.size(), shard_params_.data());
     }
     shard_params.push_back({shard_params_.data(), optim::DType::kF32, shard_params_.size()});
   }

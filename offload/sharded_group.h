@@ -14,23 +14,24 @@
 //     gradient on some rank is agreed by an all-reduce (a segment counts as present when any rank
 //     has it; absent elements count as zero on the ranks without it), then the gradient, widened to
 //     fp32, is reduce-scattered and divided by N (the average, as DistributedDataParallel does).
+//     Both this reduce-scatter and the all-gather of step 3 run in rounds: round k moves elements
+//     [k * options.round_elements, (k + 1) * options.round_elements) of every rank's shard
+//     (fewer, or none, where a shard ends) through one buffer the group keeps.
 //     No gradients: the shard's gradients given to the local group with Engine::AccumulateGrad.
 //  2. the local group steps with its scan replaced by the sum of every rank's scan (one all-reduce
 //     of the sum of squares and of a failure flag per rank): every rank skips a non-finite step,
 //     and clips by the global norm, together.
 //  3. one all-reduce of the outcome (a failure flag per rank); then, when every rank succeeded and
 //     the step was not skipped, the updated shards are all-gathered into the caller's parameter
-//     views (fp32, converted to each view's dtype), in rounds of at most
-//     options.gather_elements elements from each rank, through one buffer the group keeps.
+//     views (fp32, converted to each view's dtype), in rounds.
 // A rank that fails anywhere still makes every collective call of steps 2 and 3 with its flag set,
 // so every rank returns an error within the collectives' own time bounds: the failing rank its
 // own error, the others Aborted naming the failed ranks. The failing rank's state is as before the
 // step (OptimizerGroup's contract), but ranks that committed keep their update: after a failed
 // step the ranks are out of step, and training resumes from a checkpoint.
 //
-// Memory: a step with gradients holds a fp32 copy of the whole gradient; a step with parameter
-// views keeps world_size x min(gather_elements, shard) fp32 elements for the all-gather's rounds,
-// besides the shard's buffers.
+// Memory: besides the shard's buffers (its fp32 gradient and parameters), the group keeps
+// world_size x min(round_elements, largest shard) fp32 elements for the collectives' rounds.
 //
 // Thread safety: one thread at a time (the collectives are called on the stepping thread).
 #pragma once
@@ -56,8 +57,9 @@ struct ShardRange {
 ShardRange ShardOf(size_t count, int rank, int world_size);
 
 struct ShardedGroupOptions {
-  // Elements each rank contributes to one round of the parameters' all-gather, > 0.
-  size_t gather_elements = size_t{1} << 22;
+  // Elements each rank contributes to one round of the gradients' reduce-scatter and of the
+  // parameters' all-gather, > 0.
+  size_t round_elements = size_t{1} << 22;
 };
 
 struct ShardedStepArgs {
@@ -100,8 +102,18 @@ class ShardedGroup {
   // Which global segments have a gradient on some rank; `local` is this rank's failure so far,
   // sent as its flag (the segments' flags are then left out).
   Result<std::vector<bool>> AgreePresence(std::span<const GradView> grads, const Status& local);
-  Status FillAbsentParams(std::span<const GradView> shard_grads);
   Status GatherParams(std::span<const ParamView> params);
+  // Round k of the collectives covers elements [k * piece, (k + 1) * piece) of every rank's
+  // shard; every rank computes the same rounds from ShardOf.
+  struct Rounds {
+    std::vector<ShardRange> shards;  // every rank's
+    size_t largest = 0;              // elements of the largest shard
+    size_t piece = 0;                // elements per rank per round
+    size_t buffer_elements() const { return shards.size() * piece; }
+    // Fills counts[r] with rank r's elements in the round starting at `first`; returns their sum.
+    size_t Counts(size_t first, std::vector<uint64_t>& counts) const;
+  };
+  Rounds PlanRounds() const;
   // The all-reduce of step 2 / 3: `failed` is this rank's flag; the message names failed peers.
   Result<optim::GradScan> AgreeScan(const optim::GradScan& local, bool failed);
   Status AgreeOutcome(const Status& local);
@@ -116,7 +128,7 @@ class ShardedGroup {
   std::vector<float> shard_grads_;      // fp32, the reduce-scattered gradient
   std::vector<float> shard_params_;     // fp32, the step's updated parameters
   ShardedGroupOptions options_;
-  std::vector<float> gathered_;  // one round of the parameters' all-gather, kept across steps
+  std::vector<float> round_buffer_;  // one round of a collective, kept across steps
 };
 
 }  // namespace zoe::offload

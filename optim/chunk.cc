@@ -1,5 +1,6 @@
 #include "optim/chunk.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -334,8 +335,9 @@ Result<StepScaling> StepChunk(const HyperParams& hyper, int64_t step, const Chun
 
 Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
                    const RunOptions& run) {
-  if (dst_dtype == DType::kF32) {
-    return Status::InvalidArgument("cast from fp32 to fp32; allowed targets: bf16, fp16");
+  if (dst_dtype != DType::kBF16 && dst_dtype != DType::kF16) {
+    return Status::InvalidArgument(
+        fmt::format("cast from fp32 to {}; allowed targets: bf16, fp16", DTypeName(dst_dtype)));
   }
   if (count > 0 && (src == nullptr || dst == nullptr)) {
     return Status::InvalidArgument("cast of " + std::to_string(count) +
@@ -349,8 +351,9 @@ Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
 
 Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
                  const RunOptions& run) {
-  if (src_dtype == DType::kF32) {
-    return Status::InvalidArgument("cast from fp32 to fp32; allowed sources: bf16, fp16");
+  if (src_dtype != DType::kBF16 && src_dtype != DType::kF16) {
+    return Status::InvalidArgument(
+        fmt::format("cast from {} to fp32; allowed sources: bf16, fp16", DTypeName(src_dtype)));
   }
   if (count > 0 && (src == nullptr || dst == nullptr)) {
     return Status::InvalidArgument("cast of " + std::to_string(count) +

@@ -267,14 +267,15 @@ TEST(ShardOf, ContiguousUnevenShardsCoverTheGroup) {
   EXPECT_EQ(ShardOf(huge, 1, 2).begin, huge / 2);
 }
 
-// The parameters' all-gather in rounds of 64 elements per rank (16 rounds for shards of 1000 and
-// 1001 elements, the last one with nothing from two ranks), into two views split mid-shard: every
-// rank's parameters are the shards' master weights in rank order, bit for bit the parameters of
-// the same steps gathered in one round.
-TEST(ShardedGroupGather, RoundsGiveTheParametersOfOneRound) {
+// The gradients' reduce-scatter and the parameters' all-gather in rounds of 64 elements per rank
+// (16 rounds for shards of 1000 and 1001 elements, the last one with nothing from two ranks), the
+// parameters into two views split mid-shard: every rank's parameters are the shards' master
+// weights in rank order, bit for bit the parameters of the same steps (gradients differing by
+// rank) in one round.
+TEST(ShardedGroupRounds, RoundsGiveTheParametersOfOneRound) {
   TempDir dir;
   auto name = [](int) { return std::string(R"({"name": "w"})"); };
-  Ranks rounds(dir, 3, name, ShardedGroupOptions{.gather_elements = 64}, /*view_split=*/1500);
+  Ranks rounds(dir, 3, name, ShardedGroupOptions{.round_elements = 64}, /*view_split=*/1500);
   TempDir other;
   Ranks whole(other, 3, name);
   for (int r = 0; r < 3; ++r) ASSERT_TRUE(rounds[r].created.ok()) << rounds[r].created.ToString();
@@ -304,14 +305,14 @@ TEST(ShardedGroupGather, RoundsGiveTheParametersOfOneRound) {
   EXPECT_NE(masters, std::vector<float>(whole[0].params.size(), 0.0f));
 }
 
-TEST(ShardedGroupGather, ZeroElementsPerRoundIsRefused) {
+TEST(ShardedGroupRounds, ZeroElementsPerRoundIsRefused) {
   TempDir dir;
   Ranks ranks(
       dir, 2, [](int) { return std::string(R"({"name": "w"})"); },
-      ShardedGroupOptions{.gather_elements = 0});
+      ShardedGroupOptions{.round_elements = 0});
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(ranks[r].created.code(), StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(ranks[r].created.message()), HasSubstr("gather_elements is 0"));
+    EXPECT_THAT(std::string(ranks[r].created.message()), HasSubstr("round_elements is 0"));
   }
 }
 
@@ -359,6 +360,37 @@ TEST(ShardedGroupFailures, BadGradientsOnOneRankStopEveryRankBeforeTheUpdate) {
               HasSubstr("rank(s) 1 gave gradients that cannot be used; no rank changed its state"));
   EXPECT_EQ(Master(ranks[0]), before0);
   EXPECT_EQ(Master(ranks[1]), before1);
+}
+
+// A gradient that passes the agreed checks but cannot be widened (int8 is no gradient type) on
+// rank 1, with the reduce-scatter in rounds: rank 1 still makes every round's collective, then
+// fails the scan's agreement, so every rank stops before its update within the bound.
+TEST(ShardedGroupFailures, AGradientThatCannotBeWidenedStopsEveryRankBeforeTheUpdate) {
+  TempDir dir;
+  Ranks ranks(
+      dir, 3, [](int) { return std::string(R"({"name": "w"})"); },
+      ShardedGroupOptions{.round_elements = 100});
+  std::vector<std::vector<float>> before;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(ranks[r].created.ok()) << ranks[r].created.ToString();
+    before.push_back(Master(ranks[r]));
+  }
+  const double seconds = ranks.OnEveryRank([](Rank& rank, int r) {
+    const std::vector<float> g(kCount, 0.01f);
+    const GradView grad{g.data(), r == 1 ? optim::DType::kI8 : optim::DType::kF32, kCount};
+    ShardedStepArgs args;
+    args.grads = std::span<const GradView>(&grad, 1);
+    rank.stepped = rank.group->Step(args).status();
+  });
+  EXPECT_LT(seconds, std::chrono::duration<double>(kCollectiveTimeout).count());
+  EXPECT_EQ(ranks[1].stepped.code(), StatusCode::kInvalidArgument) << ranks[1].stepped.ToString();
+  EXPECT_THAT(std::string(ranks[1].stepped.message()), HasSubstr("cast from int8 to fp32"));
+  for (const int r : {0, 2}) {
+    EXPECT_EQ(ranks[r].stepped.code(), StatusCode::kAborted) << ranks[r].stepped.ToString();
+    EXPECT_THAT(std::string(ranks[r].stepped.message()),
+                HasSubstr("rank(s) 1 failed before the update; no rank changed its state"));
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(Master(ranks[r]), before[r]) << "rank " << r;
 }
 
 TEST(ShardedGroupFailures, BadParameterViewsOnOneRankStopEveryRankBeforeTheUpdate) {

@@ -202,6 +202,12 @@ TEST(CastTest, CastsRoundTripAndRejectBadArguments) {
   }
   ExpectInvalid(CastFromF32(src.data(), DType::kF32, nullptr, 1), "fp32 to fp32");
   ExpectInvalid(CastToF32(src.data(), DType::kF32, nullptr, 1), "fp32 to fp32");
+  // int8 is a state type: the casts have no table entry for it.
+  std::vector<int8_t> bytes(src.size());
+  ExpectInvalid(CastFromF32(src.data(), DType::kI8, bytes.data(), 1),
+                "cast from fp32 to int8; allowed targets: bf16, fp16");
+  ExpectInvalid(CastToF32(bytes.data(), DType::kI8, src.data(), 1),
+                "cast from int8 to fp32; allowed sources: bf16, fp16");
   ExpectInvalid(CastFromF32(nullptr, DType::kBF16, src.data(), 1), "null");
   ExpectInvalid(CastToF32(nullptr, DType::kF16, src.data(), 1), "null");
 }
