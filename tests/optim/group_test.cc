@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/executor.h"
@@ -16,7 +17,7 @@ namespace {
 
 TEST(GroupTest, StepsMatchTheChunkEntryPointAndCountSteps) {
   Executor executor(2);
-  const ChunkLayout layout{DType::kBF16, DType::kBF16, DType::kBF16};
+  const ChunkLayout layout{DType::kBFloat16, DType::kBFloat16, DType::kBFloat16};
   const size_t n = 10007;
   auto group = Group::Create({.kind = Kind::kAdamW,
                               .layout = layout,
@@ -59,8 +60,28 @@ TEST(GroupTest, SkippedStepDoesNotAdvanceTheCounter) {
   EXPECT_EQ((*group)->steps_skipped(), 1);
 }
 
+// A Group keeps fp32 or bf16 moments and checks its whole layout when created.
+TEST(GroupTest, CreateRejectsElementTypesItDoesNotTake) {
+  const auto message = [](const ChunkLayout& layout) {
+    return std::string(Group::Create({.layout = layout, .count = 4}).status().message());
+  };
+  const std::string not_taken = " is not an element type the optimizer takes; allowed: ";
+  EXPECT_NE(message({DType::kFloat32, DType::kInt8, std::nullopt})
+                .find("optimizer state dtype = int8" + not_taken + "fp32, bf16"),
+            std::string::npos);
+  EXPECT_NE(message({DType::kFloat32, DType::kInt32, std::nullopt})
+                .find("optimizer state dtype = int32" + not_taken + "fp32, bf16, int8"),
+            std::string::npos);
+  EXPECT_NE(message({DType::kFloat64, DType::kFloat32, std::nullopt})
+                .find("gradient dtype = fp64" + not_taken + "fp32, bf16, fp16"),
+            std::string::npos);
+  EXPECT_NE(message({DType::kFloat32, DType::kBFloat16, DType::kBool})
+                .find("param_copy dtype = bool" + not_taken + "fp32, bf16, fp16"),
+            std::string::npos);
+}
+
 TEST(GroupTest, RejectsBadOptionsAndMismatchedCalls) {
-  EXPECT_EQ(Group::Create({.layout = {DType::kF32, DType::kF16, std::nullopt}, .count = 4})
+  EXPECT_EQ(Group::Create({.layout = {DType::kFloat32, DType::kFloat16, std::nullopt}, .count = 4})
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
