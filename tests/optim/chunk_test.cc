@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/executor.h"
@@ -200,21 +201,21 @@ TEST(UpdateChunkCheck, RejectsElementTypesTheKernelsDoNotTake) {
   TestChunk chunk(kF32Layout, 8, 1);
   const HyperParams hyper;
   const std::string not_taken = " is not an element type the optimizer takes; allowed: ";
-  ExpectInvalid(
-      UpdateChunk(hyper, 1, {DType::kFloat64, DType::kFloat32, std::nullopt}, chunk.buffers(), {}),
-      "gradient dtype = fp64" + not_taken + "fp32, bf16, fp16");
-  ExpectInvalid(
-      UpdateChunk(hyper, 1, {DType::kInt8, DType::kFloat32, std::nullopt}, chunk.buffers(), {}),
-      "gradient dtype = int8" + not_taken + "fp32, bf16, fp16");
-  ExpectInvalid(
-      UpdateChunk(hyper, 1, {DType::kFloat32, DType::kInt32, std::nullopt}, chunk.buffers(), {}),
-      "optimizer state dtype = int32" + not_taken + "fp32, bf16, int8");
-  ExpectInvalid(
-      UpdateChunk(hyper, 1, {DType::kFloat32, DType::kFloat32, DType::kUInt8}, chunk.buffers(), {}),
-      "param_copy dtype = uint8" + not_taken + "fp32, bf16, fp16");
-  ExpectInvalid(UpdateChunk(hyper, 1, {DType::kFloat32, static_cast<DType>(200), std::nullopt},
-                            chunk.buffers(), {}),
-                "optimizer state dtype = unknown (200)" + not_taken);
+  const std::pair<ChunkLayout, std::string> cases[] = {
+      {{DType::kFloat64, DType::kFloat32, std::nullopt},
+       "gradient dtype = fp64" + not_taken + "fp32, bf16, fp16"},
+      {{DType::kInt8, DType::kFloat32, std::nullopt},
+       "gradient dtype = int8" + not_taken + "fp32, bf16, fp16"},
+      {{DType::kFloat32, DType::kInt32, std::nullopt},
+       "optimizer state dtype = int32" + not_taken + "fp32, bf16, int8"},
+      {{DType::kFloat32, DType::kFloat32, DType::kUInt8},
+       "param_copy dtype = uint8" + not_taken + "fp32, bf16, fp16"},
+      {{DType::kFloat32, static_cast<DType>(200), std::nullopt},
+       "optimizer state dtype = unknown (200)" + not_taken + "fp32, bf16, int8"},
+  };
+  for (const auto& [layout, message] : cases) {
+    ExpectInvalid(UpdateChunk(hyper, 1, layout, chunk.buffers(), {}), message);
+  }
   ExpectInvalid(ValidateLayout({DType::kFloat8E4M3, DType::kFloat32, std::nullopt}),
                 "gradient dtype = fp8_e4m3");
   ExpectInvalid(StepChunk(hyper, 1, {DType::kFloat64, DType::kFloat32, std::nullopt},
