@@ -59,17 +59,17 @@ struct Row {
 
 // Bytes moved per parameter: reads and writes of master, grad, state and copy.
 double BytesPerParam(const Config& c) {
-  const double state = static_cast<double>(optim::SizeOf(c.layout.state));
-  double bytes = 2 * 4 + static_cast<double>(optim::SizeOf(c.layout.grad));  // master r+w, grad r
+  const double state = static_cast<double>(DTypeSize(c.layout.state));
+  double bytes = 2 * 4 + static_cast<double>(DTypeSize(c.layout.grad));  // master r+w, grad r
   bytes += 2 * state * optim::StateTensors(c.kind);
-  if (c.layout.param_copy) bytes += static_cast<double>(optim::SizeOf(*c.layout.param_copy));
+  if (c.layout.param_copy) bytes += static_cast<double>(DTypeSize(*c.layout.param_copy));
   if (c.separate_cast) bytes += 4 + 2;  // the cast pass reads master, writes the copy
   return bytes;
 }
 
 std::string CopyName(const Config& c) {
-  if (c.separate_cast) return std::string(optim::DTypeName(*c.separate_cast)) + "-separate";
-  return c.layout.param_copy ? std::string(optim::DTypeName(*c.layout.param_copy)) : "none";
+  if (c.separate_cast) return std::string(DTypeName(*c.separate_cast)) + "-separate";
+  return c.layout.param_copy ? std::string(DTypeName(*c.layout.param_copy)) : "none";
 }
 
 double Median(std::vector<double> samples) {
@@ -121,7 +121,7 @@ struct Buffers {
     }
     FillPseudoRandom(static_cast<float*>(b.master), n, 1.0f, 1, run);
     FillPseudoRandom(static_cast<float*>(b.grad_f32), n, 0.01f, 2, run);
-    ZOE_RETURN_IF_ERROR(optim::CastFromF32(static_cast<const float*>(b.grad_f32), DType::kBF16,
+    ZOE_RETURN_IF_ERROR(optim::CastFromF32(static_cast<const float*>(b.grad_f32), DType::kBFloat16,
                                            b.grad_bf16, n, run));
     return b;
   }
@@ -146,12 +146,14 @@ struct Buffers {
   }
 
   ChunkBuffers For(const Config& c, size_t n) const {
-    const bool bf16_state = c.layout.state == DType::kBF16;
-    ChunkBuffers chunk{
-        static_cast<float*>(master),          c.layout.grad == DType::kBF16 ? grad_bf16 : grad_f32,
-        bf16_state ? m_bf16 : m_f32,          bf16_state ? v_bf16 : v_f32,
-        c.layout.param_copy ? copy : nullptr, n};
-    if (c.layout.state == DType::kI8) {
+    const bool bf16_state = c.layout.state == DType::kBFloat16;
+    ChunkBuffers chunk{static_cast<float*>(master),
+                       c.layout.grad == DType::kBFloat16 ? grad_bf16 : grad_f32,
+                       bf16_state ? m_bf16 : m_f32,
+                       bf16_state ? v_bf16 : v_f32,
+                       c.layout.param_copy ? copy : nullptr,
+                       n};
+    if (c.layout.state == DType::kInt8) {
       // int8 moments in the bf16 moments' buffers (2 bytes per element): n codes, then the
       // block scales (1/64 byte per element) on a 64-byte boundary.
       const size_t scales_at = (n + 63) / 64 * 64;
@@ -177,17 +179,21 @@ std::vector<Config> Configs(const std::vector<Kind>& kinds,
     for (Kind kind : kinds) {
       const bool adam = kind == Kind::kAdamW || kind == Kind::kAdam;
       if (arithmetic == optim::Arithmetic::kFast && !adam) continue;
-      configs.push_back({kind, {DType::kF32, DType::kF32, std::nullopt}, std::nullopt, arithmetic});
+      configs.push_back(
+          {kind, {DType::kFloat32, DType::kFloat32, std::nullopt}, std::nullopt, arithmetic});
       if (kind != Kind::kAdamW) continue;
       // The fp32 parameters of the caller written in the update's pass (zoe.torch, params_out).
-      configs.push_back({kind, {DType::kF32, DType::kF32, DType::kF32}, std::nullopt, arithmetic});
-      configs.push_back({kind, {DType::kF32, DType::kF32, std::nullopt}, DType::kBF16, arithmetic});
       configs.push_back(
-          {kind, {DType::kBF16, DType::kF32, DType::kBF16}, std::nullopt, arithmetic});
+          {kind, {DType::kFloat32, DType::kFloat32, DType::kFloat32}, std::nullopt, arithmetic});
       configs.push_back(
-          {kind, {DType::kBF16, DType::kBF16, DType::kBF16}, std::nullopt, arithmetic});
+          {kind, {DType::kFloat32, DType::kFloat32, std::nullopt}, DType::kBFloat16, arithmetic});
+      configs.push_back(
+          {kind, {DType::kBFloat16, DType::kFloat32, DType::kBFloat16}, std::nullopt, arithmetic});
+      configs.push_back(
+          {kind, {DType::kBFloat16, DType::kBFloat16, DType::kBFloat16}, std::nullopt, arithmetic});
       // 8-bit moments (block-wise quantized, docs/int8-moments.md).
-      configs.push_back({kind, {DType::kF32, DType::kI8, std::nullopt}, std::nullopt, arithmetic});
+      configs.push_back(
+          {kind, {DType::kFloat32, DType::kInt8, std::nullopt}, std::nullopt, arithmetic});
     }
   }
   return configs;
@@ -345,8 +351,8 @@ nlohmann::json ToJson(const Report& report) {
   for (const Row& row : report.rows) {
     const double gparams = static_cast<double>(report.params) / row.seconds_per_step / 1e9;
     results.push_back({{"optimizer", optim::KindName(row.config.kind)},
-                       {"grad_dtype", optim::DTypeName(row.config.layout.grad)},
-                       {"state_dtype", optim::DTypeName(row.config.layout.state)},
+                       {"grad_dtype", DTypeName(row.config.layout.grad)},
+                       {"state_dtype", DTypeName(row.config.layout.state)},
                        {"param_copy_dtype", CopyName(row.config)},
                        {"arithmetic", optim::ArithmeticName(row.config.arithmetic)},
                        {"stores", report.stores},

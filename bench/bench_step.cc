@@ -43,7 +43,8 @@ struct StepCliOptions {
 
 // "fp32", "bf16", "int8" or a comma list of them (each run in turn); "both" is fp32,bf16.
 Result<std::vector<optim::DType>> ParseMomentDTypes(const std::string& list) {
-  if (list == "both") return std::vector<optim::DType>{optim::DType::kF32, optim::DType::kBF16};
+  if (list == "both")
+    return std::vector<optim::DType>{optim::DType::kFloat32, optim::DType::kBFloat16};
   std::vector<optim::DType> dtypes;
   size_t begin = 0;
   while (begin <= list.size()) {
@@ -56,7 +57,7 @@ Result<std::vector<optim::DType>> ParseMomentDTypes(const std::string& list) {
           "{}), or both (fp32,bf16)",
           word, JoinNames(kMomentDTypeNames), fmt::join(kMomentDTypeNames, ",")));
     }
-    ZOE_ASSIGN_OR_RETURN(optim::DType dtype, optim::ParseDType(word));
+    ZOE_ASSIGN_OR_RETURN(optim::DType dtype, ParseDType(word));
     dtypes.push_back(dtype);
     begin = comma + 1;
   }

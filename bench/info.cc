@@ -122,7 +122,7 @@ nlohmann::json NvmeBytesPerParameterJson() {
       for (size_t c = 0; c < layout.chunk_count(); ++c) bytes += layout.chunk(c).bytes;
       for (uint32_t slots : {2u, 1u}) {
         out.push_back({{"optimizer", optim::KindName(kind)},
-                       {"moment_dtype", optim::DTypeName(moments)},
+                       {"moment_dtype", DTypeName(moments)},
                        {"slots", slots},
                        {"bytes", static_cast<double>(slots * bytes) / kCount}});
       }

@@ -81,7 +81,7 @@ uint64_t PeakRssBytes() {
 // its own peak.
 void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
-uint64_t BytesPerElement(DType moments) { return 4 + 2 * optim::SizeOf(moments); }
+uint64_t BytesPerElement(DType moments) { return 4 + 2 * DTypeSize(moments); }
 
 uint64_t ChunkElementsFor(const StepBenchSpec& spec, DType moments) {
   if (spec.chunk_elements > 0) return spec.chunk_elements;
@@ -135,8 +135,8 @@ Result<SharedViews> MakeSharedViews(uint64_t count, uint64_t chunk_elements) {
   }
   for (uint64_t first = 0; first < count; first += chunk_elements) {
     const size_t n = std::min(chunk_elements, count - first);
-    views.grads.push_back({values, DType::kF32, n});
-    views.params.push_back({values, DType::kF32, n});
+    views.grads.push_back({values, DType::kFloat32, n});
+    views.params.push_back({values, DType::kFloat32, n});
   }
   return views;
 }
@@ -503,7 +503,7 @@ Status RunIoOnlyPhase(Rig& rig, DType moments, io::SwapSpace& swap, StepBenchRes
 class QuantScales {
  public:
   QuantScales(DType moments, uint64_t elements)
-      : exp_avg_(moments == DType::kI8 ? optim::QuantBlockCount(elements, 0) : 0),
+      : exp_avg_(moments == DType::kInt8 ? optim::QuantBlockCount(elements, 0) : 0),
         exp_avg_sq_(exp_avg_.size()) {}
   // Points `buffers` (starting at element `first`, a multiple of kQuantBlock) at its scales.
   void Attach(uint64_t first, optim::ChunkBuffers* buffers) {
@@ -519,7 +519,7 @@ class QuantScales {
 Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
   const uint64_t count = rig.spec.params;
   const uint64_t chunk = out->chunk_elements;
-  const size_t state_bytes = optim::SizeOf(moments);
+  const size_t state_bytes = DTypeSize(moments);
   ZOE_ASSIGN_OR_RETURN(SharedViews views, MakeSharedViews(std::min(count, chunk), chunk));
   const size_t tile = rig.run.tile_elements;
   ZOE_ASSIGN_OR_RETURN(AlignedBuffer master,
@@ -530,7 +530,7 @@ Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
   ZOE_ASSIGN_OR_RETURN(
       AlignedBuffer v,
       optim::AllocateFirstTouch(chunk * state_bytes, tile * state_bytes, rig.run.executor));
-  const optim::ChunkLayout chunk_layout{DType::kF32, moments, std::nullopt};
+  const optim::ChunkLayout chunk_layout{DType::kFloat32, moments, std::nullopt};
   const optim::HyperParams hyper = BenchHyper();
   QuantScales scales(moments, chunk);
   int64_t step = 0;
@@ -540,7 +540,7 @@ Status RunComputeOnlyPhase(Rig& rig, DType moments, StepBenchResult* out) {
         optim::GradScan total;
         for (uint64_t first = 0; first < count; first += chunk) {
           ZOE_ASSIGN_OR_RETURN(optim::GradScan scan,
-                               optim::ScanGradients(views.values.data(), DType::kF32,
+                               optim::ScanGradients(views.values.data(), DType::kFloat32,
                                                     std::min(chunk, count - first), rig.run));
           total = optim::CombineScans(total, scan);
         }
@@ -671,7 +671,7 @@ class Baseline {
     optim::GradScan total;
     for (uint64_t first = 0; first < count; first += grad_elements) {
       ZOE_ASSIGN_OR_RETURN(optim::GradScan scan,
-                           optim::ScanGradients(views_.values.data(), DType::kF32,
+                           optim::ScanGradients(views_.values.data(), DType::kFloat32,
                                                 std::min(grad_elements, count - first), rig_.run));
       total = optim::CombineScans(total, scan);
     }
@@ -687,7 +687,7 @@ class Baseline {
  private:
   Baseline(Rig& rig, DType moments) : rig_(rig), moments_(moments), scales_(moments, 0) {}
 
-  uint64_t element_bytes(size_t tensor) const { return tensor == 0 ? 4 : optim::SizeOf(moments_); }
+  uint64_t element_bytes(size_t tensor) const { return tensor == 0 ? 4 : DTypeSize(moments_); }
   std::byte* region(size_t tensor) {
     uint64_t offset = 0;
     for (size_t t = 0; t < tensor; ++t) offset += subgroup_ * element_bytes(t);
@@ -714,8 +714,8 @@ class Baseline {
 
   // The update of one sub-group, in pieces as long as the shared gradient buffer.
   Status Update(uint64_t elements, const optim::StepScaling& scaling, uint64_t grad_elements) {
-    const optim::ChunkLayout layout{DType::kF32, moments_, std::nullopt};
-    const size_t state = optim::SizeOf(moments_);
+    const optim::ChunkLayout layout{DType::kFloat32, moments_, std::nullopt};
+    const size_t state = DTypeSize(moments_);
     for (uint64_t at = 0; at < elements; at += grad_elements) {
       optim::ChunkBuffers buffers{reinterpret_cast<float*>(region(0)) + at,
                                   views_.values.data(),
@@ -855,9 +855,7 @@ Status ValidateStepSpec(const StepBenchSpec& spec) {
   }
   if (spec.moment_dtypes.empty()) return Status::InvalidArgument("--moment-dtype: none given");
   for (DType dtype : spec.moment_dtypes) {
-    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kI8) {
-      return Status::InvalidArgument("--moment-dtype: allowed fp32, bf16, int8 or a comma list");
-    }
+    ZOE_RETURN_IF_ERROR(optim::CheckKernelDType(dtype, optim::kStateDTypes, "--moment-dtype"));
   }
   if (spec.checksums.empty() || spec.checksums.size() > 2 ||
       (spec.checksums.size() == 2 && spec.checksums[0] == spec.checksums[1])) {
@@ -931,7 +929,7 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
     // The state a step streams through the optimizer, read (or found in the buffers) and written:
     // what the baseline moves for the same step.
     const uint64_t state_bytes = bytes + r.bytes_reused;
-    nlohmann::json row = {{"moment_dtype", optim::DTypeName(r.moment_dtype)},
+    nlohmann::json row = {{"moment_dtype", DTypeName(r.moment_dtype)},
                           {"checksum", r.checksum},
                           {"checksum_block", r.checksum_block},
                           {"backend", r.backend},
@@ -978,12 +976,12 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
                          {"threads", report.threads},
                          {"isa", report.isa},
                          {"results", results}};
-  const StepBenchResult* fp32 = FindRow(report, DType::kF32, report.spec.checksums[0]);
-  const StepBenchResult* bf16 = FindRow(report, DType::kBF16, report.spec.checksums[0]);
+  const StepBenchResult* fp32 = FindRow(report, DType::kFloat32, report.spec.checksums[0]);
+  const StepBenchResult* bf16 = FindRow(report, DType::kBFloat16, report.spec.checksums[0]);
   if (fp32 != nullptr && bf16 != nullptr) {
     json["bf16_speedup_over_fp32"] = fp32->step_seconds / bf16->step_seconds;
   }
-  const StepBenchResult* int8 = FindRow(report, DType::kI8, report.spec.checksums[0]);
+  const StepBenchResult* int8 = FindRow(report, DType::kInt8, report.spec.checksums[0]);
   if (fp32 != nullptr && int8 != nullptr) {
     json["int8_speedup_over_fp32"] = fp32->step_seconds / int8->step_seconds;
   }
@@ -993,7 +991,7 @@ nlohmann::json StepReportJson(const StepBenchReport& report) {
     const StepBenchResult* on = FindRow(report, moments, true);
     const StepBenchResult* off = FindRow(report, moments, false);
     if (on != nullptr && off != nullptr) {
-      cost[std::string(optim::DTypeName(moments))] = on->step_seconds / off->step_seconds - 1.0;
+      cost[std::string(DTypeName(moments))] = on->step_seconds / off->step_seconds - 1.0;
     }
   }
   if (!cost.empty()) json["checksum_cost"] = std::move(cost);

@@ -28,7 +28,7 @@ struct StepBenchSpec {
   uint64_t params = uint64_t{256} << 20;
   offload::Tier offload = offload::Tier::kNvme;  // kNvme or kHost ("cpu")
   std::vector<std::string> paths;                // NVMe directories (striped when several)
-  std::vector<optim::DType> moment_dtypes = {optim::DType::kF32};
+  std::vector<optim::DType> moment_dtypes = {optim::DType::kFloat32};
   int steps = 3;   // timed steps (median reported)
   int warmup = 1;  // untimed steps before them
   uint32_t buffer_count = 4;
@@ -90,7 +90,7 @@ struct IterationResult {
 };
 
 struct StepBenchResult {
-  optim::DType moment_dtype = optim::DType::kF32;
+  optim::DType moment_dtype = optim::DType::kFloat32;
   bool checksum = true;         // blocks read back from NVMe verified against their checksums
   uint64_t checksum_block = 0;  // bytes per checksum; 0 when off
   // The I/O-only, compute-only and baseline phases run once per moment dtype; every checksum

@@ -2,7 +2,9 @@
 // arithmetic and the tier manager's eviction -- each defined once, with the one table of the names
 // it carries in configuration documents, CLI flags, the C API, logs and error messages. The other
 // layers refer to these (optim/types.h and offload/types.h re-export them under their own
-// namespaces); nothing else spells the names. C++17, for the CUDA sources that include it.
+// namespaces); nothing else spells the names. DType is the one element-type enum: the optimizer
+// kernels take a subset of it and index their tables through optim::KernelSlot, the one mapping
+// from these values to theirs. C++17, for the CUDA sources that include it.
 #pragma once
 
 #include <array>

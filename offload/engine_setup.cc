@@ -131,8 +131,8 @@ Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
   if (doc.betas) ZOE_RETURN_IF_ERROR(ReadBetas(*doc.betas, &spec->hyper));
   if (doc.segments) ZOE_RETURN_IF_ERROR(ReadSegments(*doc.segments, &spec->options.segments));
   if (!doc.moment_dtype.empty()) {
-    // One of kMomentDTypeNames (the reader checked), each also a name optim::ParseDType accepts.
-    ZOE_ASSIGN_OR_RETURN(spec->options.state_dtype, optim::ParseDType(doc.moment_dtype));
+    // One of kMomentDTypeNames (the reader checked), each also a name ParseDType accepts.
+    ZOE_ASSIGN_OR_RETURN(spec->options.state_dtype, ParseDType(doc.moment_dtype));
   }
   if (doc.slots != 0) spec->options.slots = static_cast<uint32_t>(doc.slots);
   if (doc.lr_decay >= 0.0) {
@@ -267,8 +267,7 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   spec.options.kind = config.optimizer.type;
   // The parser admits only kMomentDTypes; a configuration built in code is checked here.
   ZOE_RETURN_IF_ERROR(CheckMomentDType(config.zoe.moment_dtype, "zoe.moment_dtype"));
-  ZOE_ASSIGN_OR_RETURN(spec.options.state_dtype,
-                       optim::ToKernelDType(config.zoe.moment_dtype, "zoe.moment_dtype"));
+  spec.options.state_dtype = config.zoe.moment_dtype;
   spec.options.max_grad_norm = config.gradient_clipping;
   spec.options.run.arithmetic = config.zoe.arithmetic;
   spec.options.slots = static_cast<uint32_t>(config.zoe.slots);

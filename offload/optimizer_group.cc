@@ -31,10 +31,6 @@ using detail::StepInputs;
 using detail::UpdateChunkState;
 using optim::DType;
 
-bool IsKnownDType(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-}
-
 bool IsKnownKind(optim::Kind kind) {
   return std::find(std::begin(optim::kAllKinds), std::end(optim::kAllKinds), kind) !=
          std::end(optim::kAllKinds);
@@ -55,12 +51,9 @@ std::string_view SlotName(StateSlot slot) {
 // A gradient view may have null data (no gradient for its elements); other views may not.
 Status CheckView(const std::string& group, std::string_view what, size_t index, const void* data,
                  DType dtype, size_t count, bool absent_allowed) {
-  if (!IsKnownDType(dtype)) {
-    return Status::InvalidArgument(
-        fmt::format("optimizer group '{}': {} view {} has an unknown dtype ({}); allowed: fp32, "
-                    "bf16, fp16",
-                    group, what, index, static_cast<int>(dtype)));
-  }
+  ZOE_RETURN_IF_ERROR(optim::CheckKernelDType(
+      dtype, optim::kAllDTypes,
+      fmt::format("optimizer group '{}': {} view {} dtype", group, what, index)));
   if (count > 0 && data == nullptr && !absent_allowed) {
     return Status::InvalidArgument(
         fmt::format("optimizer group '{}': {} view {} of {} elements has a null buffer", group,
@@ -111,7 +104,7 @@ Status FillInitialState(const ChunkRegions& regions, std::byte* base, const Plac
     const size_t from = std::max(regions.first, view->offset);
     const size_t to = std::min(end, view->end());
     float* dst = master + (from - regions.first);
-    if (view->dtype == DType::kF32) {
+    if (view->dtype == DType::kFloat32) {
       std::memcpy(dst, ElementAt(*view, from), (to - from) * sizeof(float));
     } else {
       ZOE_RETURN_IF_ERROR(
@@ -148,7 +141,7 @@ Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInput
                    size_t from, size_t to, int64_t step, const optim::RunOptions& run,
                    const ReadSums* sums = nullptr) {
   const size_t k = from - regions.first;
-  const size_t state_bytes = optim::SizeOf(in.state_dtype);
+  const size_t state_bytes = DTypeSize(in.state_dtype);
   optim::ChunkLayout layout;
   layout.grad = grad.dtype;
   layout.state = in.state_dtype;
@@ -161,7 +154,7 @@ Status UpdatePiece(const ChunkRegions& regions, std::byte* base, const StepInput
   if (regions.used[2]) buffers.exp_avg_sq = base + regions.offset[2] + k * state_bytes;
   if (param != nullptr) buffers.param_copy = ElementAt(*param, from);
   buffers.count = to - from;
-  if (in.state_dtype == DType::kI8) SetBlockScales(regions, base, k, &buffers);
+  if (in.state_dtype == DType::kInt8) SetBlockScales(regions, base, k, &buffers);
   if (sums != nullptr) {
     std::copy(std::begin(sums->region), std::end(sums->region), buffers.read_sums);
     buffers.read_origin = k;  // the regions' element k: their blocks count from element 0
@@ -266,20 +259,20 @@ Status UpdateStagedBlock(const ChunkRegions& regions, std::byte* base, const Ste
     const size_t a = std::max(from, view->offset), b = std::min(to, view->end());
     // Absent gradients are whole segments, and a block lies in one segment.
     if (!view->present()) return Status::Ok();
-    if (view->dtype == DType::kF32) {
+    if (view->dtype == DType::kFloat32) {
       std::memcpy(&grad_buffer[a - from], ElementAt(*view, a), (b - a) * sizeof(float));
     } else {
       ZOE_RETURN_IF_ERROR(
           optim::CastToF32(ElementAt(*view, a), view->dtype, &grad_buffer[a - from], b - a, run));
     }
   }
-  const PlacedView grad{from, reinterpret_cast<std::byte*>(grad_buffer.data()), DType::kF32,
+  const PlacedView grad{from, reinterpret_cast<std::byte*>(grad_buffer.data()), DType::kFloat32,
                         to - from};
-  const PlacedView param{from, reinterpret_cast<std::byte*>(param_buffer.data()), DType::kF32,
+  const PlacedView param{from, reinterpret_cast<std::byte*>(param_buffer.data()), DType::kFloat32,
                          to - from};
   // An external master cut by the caller's views is staged the same way, in and out.
   std::array<float, optim::kQuantBlock> master_buffer;
-  const PlacedView master{from, reinterpret_cast<std::byte*>(master_buffer.data()), DType::kF32,
+  const PlacedView master{from, reinterpret_cast<std::byte*>(master_buffer.data()), DType::kFloat32,
                           to - from};
   const bool external = in.external_master();
   if (external) detail::GatherFromViews(*in.masters, from, to, master_buffer.data());
@@ -291,7 +284,7 @@ Status UpdateStagedBlock(const ChunkRegions& regions, std::byte* base, const Ste
   for (auto view = FindView(*in.params, from); view != in.params->end() && view->offset < to;
        ++view) {
     const size_t a = std::max(from, view->offset), b = std::min(to, view->end());
-    if (view->dtype == DType::kF32) {
+    if (view->dtype == DType::kFloat32) {
       std::memcpy(ElementAt(*view, a), &param_buffer[a - from], (b - a) * sizeof(float));
     } else {
       ZOE_RETURN_IF_ERROR(optim::CastFromF32(&param_buffer[a - from], view->dtype,
@@ -384,12 +377,8 @@ Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r)
     return bad(fmt::format("kind {} is unknown; allowed: adamw, adam, adagrad, lion",
                            static_cast<int>(o.kind)));
   }
-  if (o.state_dtype != DType::kF32 && o.state_dtype != DType::kBF16 &&
-      o.state_dtype != DType::kI8) {
-    return bad(fmt::format("state_dtype {} is not supported; allowed: fp32, bf16, int8",
-                           IsKnownDType(o.state_dtype) ? optim::DTypeName(o.state_dtype)
-                                                       : std::string_view("unknown")));
-  }
+  ZOE_RETURN_IF_ERROR(optim::CheckKernelDType(o.state_dtype, optim::kStateDTypes,
+                                              fmt::format("optimizer group '{}': state_dtype", n)));
   if (o.count == 0 || o.count > (size_t{1} << 48)) {
     return bad(fmt::format("count {} is out of range; allowed: [1, 2^48]", o.count));
   }
@@ -432,11 +421,11 @@ Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r)
 // master_in_params: the initial views are the master, so they must be fp32.
 Status CheckMasterViews(const std::string& group, std::span<const ParamView> views) {
   for (size_t i = 0; i < views.size(); ++i) {
-    if (views[i].count == 0 || views[i].dtype == DType::kF32) continue;
+    if (views[i].count == 0 || views[i].dtype == DType::kFloat32) continue;
     return Status::InvalidArgument(fmt::format(
         "optimizer group '{}': initial parameter view {} is {}; the master in the caller's "
         "parameters (master_in_params) needs fp32 views",
-        group, i, optim::DTypeName(views[i].dtype)));
+        group, i, DTypeName(views[i].dtype)));
   }
   return Status::Ok();
 }
@@ -472,7 +461,7 @@ Status detail::UpdateChunkState(const ChunkRegions& regions, std::byte* base, co
   }
   return UpdateInStripes(regions, base, checksums, *in.run,
                          [&](size_t begin, size_t end, const optim::RunOptions& run) {
-                           if (in.state_dtype == optim::DType::kI8) {
+                           if (in.state_dtype == optim::DType::kInt8) {
                              return UpdateQuantizedRange(regions, base, in, begin, end, run);
                            }
                            return UpdateChunkRange(regions, base, in, begin, end, run);
@@ -932,7 +921,7 @@ Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float>
       state = impl.host_state(c);
     }
     const size_t to = std::min(end, regions.first + regions.count);
-    if (options_.state_dtype == optim::DType::kI8 && r != 0) {
+    if (options_.state_dtype == optim::DType::kInt8 && r != 0) {
       ZOE_RETURN_IF_ERROR(ReadQuantized(regions, state, r, pos - regions.first, to - regions.first,
                                         out.data() + (pos - offset)));
       pos = to;
@@ -961,7 +950,7 @@ Status OptimizerGroup::StoreState(size_t chunk, std::byte* state, size_t r, size
     detail::ScatterToViews(impl_->masters, from, to, values.data() + (from - offset));
     return Status::Ok();
   }
-  if (options_.state_dtype == optim::DType::kI8 && r != 0) {
+  if (options_.state_dtype == optim::DType::kInt8 && r != 0) {
     return WriteQuantized(regions, state, r, from - regions.first, to - regions.first,
                           values.data() + (from - offset));
   }
@@ -1007,7 +996,8 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
 // written, so a bad value loses nothing.
 Status OptimizerGroup::CheckQuantizable(StateSlot slot, size_t offset,
                                         std::span<const float> values) const {
-  if (options_.state_dtype != optim::DType::kI8 || slot == StateSlot::kMaster) return Status::Ok();
+  if (options_.state_dtype != optim::DType::kInt8 || slot == StateSlot::kMaster)
+    return Status::Ok();
   for (size_t i = 0; i < values.size(); ++i) {
     if (std::isfinite(values[i]) && (slot == StateSlot::kExpAvg || values[i] >= 0.0f)) continue;
     return Status::InvalidArgument(fmt::format(

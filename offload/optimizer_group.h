@@ -114,20 +114,20 @@ class CheckpointReader;
 // `count` > 0 says that those elements have no gradient in this step (see "Segments" above).
 struct GradView {
   const void* data = nullptr;
-  optim::DType dtype = optim::DType::kF32;
+  optim::DType dtype = optim::DType::kFloat32;
   size_t count = 0;
 };
 struct ParamView {
   void* data = nullptr;
-  optim::DType dtype = optim::DType::kF32;
+  optim::DType dtype = optim::DType::kFloat32;
   size_t count = 0;
 };
 
 struct OptimizerGroupOptions {
   std::string name;  // non-empty; named in errors, statistics and checkpoints
   optim::Kind kind = optim::Kind::kAdamW;
-  optim::DType state_dtype = optim::DType::kF32;  // moments: kF32, kBF16 or kI8
-  size_t count = 0;                               // parameters, > 0
+  optim::DType state_dtype = optim::DType::kFloat32;  // moments: kFloat32, kBFloat16 or kInt8
+  size_t count = 0;                                   // parameters, > 0
   // Lengths of the segments, in element order, summing to `count` (a length may be 0, for a
   // parameter without elements). Empty: one segment, the whole group.
   std::vector<size_t> segments;

@@ -15,7 +15,7 @@ nlohmann::json OptimizerGroup::Identity() const {
   return {{"name", options_.name},
           {"kind", optim::KindName(options_.kind)},
           {"count", options_.count},
-          {"state_dtype", optim::DTypeName(options_.state_dtype)},
+          {"state_dtype", DTypeName(options_.state_dtype)},
           {"chunk_elements", options_.chunk_elements}};
 }
 

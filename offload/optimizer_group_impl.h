@@ -35,7 +35,7 @@ struct PlacedView {
   size_t offset = 0;
   std::byte* data = nullptr;  // const for gradients; never written through for them. Null for
                               // a gradient view: no gradient for these elements (absent)
-  optim::DType dtype = optim::DType::kF32;
+  optim::DType dtype = optim::DType::kFloat32;
   size_t count = 0;
   size_t end() const { return offset + count; }
   bool present() const { return data != nullptr; }
@@ -58,7 +58,7 @@ inline PlacedViews::const_iterator FindView(const PlacedViews& views, size_t ele
 }
 
 inline std::byte* ElementAt(const PlacedView& view, size_t element) {
-  return view.data + (element - view.offset) * optim::SizeOf(view.dtype);
+  return view.data + (element - view.offset) * DTypeSize(view.dtype);
 }
 
 // What one step hands to the update of each chunk.
@@ -143,7 +143,7 @@ struct OptimizerGroup::Impl {
     optim::GradScaling scaling;  // the step's own when its gradients are finite and not clipped
     detail::PlacedViews params;  // empty: no parameters written
     std::vector<int64_t> segment_step;
-    optim::DType state_dtype = optim::DType::kF32;
+    optim::DType state_dtype = optim::DType::kFloat32;
     optim::RunOptions run;
     std::vector<bool> updated;    // per chunk: its new state waits in its inactive slot or spare
     std::vector<size_t> waiting;  // complete NVMe chunks not updated yet, oldest first

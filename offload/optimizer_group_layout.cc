@@ -24,7 +24,7 @@ StateLayout::StateLayout(optim::Kind kind, optim::DType state_dtype, size_t coun
       external_master_(external_master),
       chunk_count_(CeilDiv(count, chunk_elements)),
       split_begin_(chunk_count_ + 1, 0) {
-  if (state_dtype != optim::DType::kI8) return;
+  if (state_dtype != optim::DType::kInt8) return;
   // Segment starts are the ends of every segment but the last (repeated by empty segments).
   std::vector<size_t> chunk_of_split;
   size_t previous = 0;
@@ -45,10 +45,10 @@ ChunkRegions StateLayout::chunk(size_t index) const {
   ChunkRegions regions;
   regions.first = index * chunk_elements_;
   regions.count = std::min(chunk_elements_, count_ - regions.first);
-  const bool quantized = state_dtype_ == optim::DType::kI8;
+  const bool quantized = state_dtype_ == optim::DType::kInt8;
   regions.used = {true, optim::UsesExpAvg(kind_), optim::UsesExpAvgSq(kind_),
                   quantized && optim::UsesExpAvg(kind_), quantized && optim::UsesExpAvgSq(kind_)};
-  regions.element_bytes = {4, optim::SizeOf(state_dtype_), optim::SizeOf(state_dtype_), 4, 4};
+  regions.element_bytes = {4, DTypeSize(state_dtype_), DTypeSize(state_dtype_), 4, 4};
   if (quantized) {
     regions.block_splits = std::span(block_splits_.data() + split_begin_[index],
                                      split_begin_[index + 1] - split_begin_[index]);

@@ -70,9 +70,9 @@ struct ChunkRegions {
 class StateLayout {
  public:
   // Preconditions (checked by the group): count > 0, chunk_elements > 0, io_block a power of two
-  // and a multiple of 4096, state dtype kF32, kBF16 or kI8. `segment_ends`: the exclusive end of
-  // each segment, ascending, the last one `count` (only kI8 uses them). `external_master`: the
-  // extents hold no master (see "External master").
+  // and a multiple of 4096, state dtype kFloat32, kBFloat16 or kInt8. `segment_ends`: the exclusive
+  // end of each segment, ascending, the last one `count` (only kInt8 uses them). `external_master`:
+  // the extents hold no master (see "External master").
   StateLayout(optim::Kind kind, optim::DType state_dtype, size_t count, size_t chunk_elements,
               uint64_t io_block, std::span<const size_t> segment_ends = {},
               bool external_master = false);
@@ -96,7 +96,7 @@ class StateLayout {
   uint64_t io_block_;
   bool external_master_;
   size_t chunk_count_;
-  // kI8: every segment start that splits a block, relative to its chunk, grouped by chunk:
+  // kInt8: every segment start that splits a block, relative to its chunk, grouped by chunk:
   // chunk c's are block_splits_[split_begin_[c], split_begin_[c + 1]).
   std::vector<size_t> block_splits_;
   std::vector<size_t> split_begin_;

@@ -51,7 +51,7 @@ Status GradScanner::ScanWholeTiles(size_t first_tile, size_t end_tile, const Pie
     std::fill(partials_.begin() + first_tile, partials_.begin() + end_tile, 0.0);
     return Status::Ok();
   }
-  const size_t element = optim::SizeOf(piece.dtype);
+  const size_t element = DTypeSize(piece.dtype);
   const auto* bytes = static_cast<const std::byte*>(piece.data);
   std::vector<Status> failures(end_tile - first_tile);
   auto scan = [&](size_t begin, size_t end) {
@@ -99,9 +99,9 @@ Status GradScanner::AddToPartialTile(size_t tile, const Piece& piece,
     const size_t from = std::max(tile_begin, p.offset);
     const size_t to = std::min(tile_end, p.offset + p.count);
     const auto* src =
-        static_cast<const std::byte*>(p.data) + (from - p.offset) * optim::SizeOf(p.dtype);
+        static_cast<const std::byte*>(p.data) + (from - p.offset) * DTypeSize(p.dtype);
     float* dst = gathered.data() + (from - tile_begin);
-    if (p.dtype == optim::DType::kF32) {
+    if (p.dtype == optim::DType::kFloat32) {
       std::memcpy(dst, src, (to - from) * sizeof(float));
     } else {
       ZOE_RETURN_IF_ERROR(optim::CastToF32(src, p.dtype, dst, to - from, single));
@@ -111,7 +111,7 @@ Status GradScanner::AddToPartialTile(size_t tile, const Piece& piece,
   covered_.erase(tile);
   ZOE_ASSIGN_OR_RETURN(
       optim::GradScan scanned,
-      optim::ScanGradients(gathered.data(), optim::DType::kF32, gathered.size(), single));
+      optim::ScanGradients(gathered.data(), optim::DType::kFloat32, gathered.size(), single));
   partials_[tile] = scanned.sum_squares;
   return Status::Ok();
 }

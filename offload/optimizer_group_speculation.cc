@@ -36,7 +36,7 @@ Status WriteParamsFromMaster(const ChunkRegions& regions, const std::byte* state
   for (size_t pos = regions.first; pos < end;) {
     const size_t piece_end = std::min({end, grad->end(), param->end()});
     const float* src = master + (pos - regions.first);
-    if (grad->present() && param->dtype == optim::DType::kF32) {
+    if (grad->present() && param->dtype == optim::DType::kFloat32) {
       std::memcpy(ElementAt(*param, pos), src, (piece_end - pos) * sizeof(float));
     } else if (grad->present()) {
       ZOE_RETURN_IF_ERROR(

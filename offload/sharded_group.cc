@@ -51,7 +51,7 @@ std::vector<View> SliceViews(std::span<const View> views, ShardRange range) {
       if (view.data != nullptr) {
         using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(view.data)>>,
                                         const std::byte, std::byte>;
-        part.data = static_cast<Byte*>(view.data) + (lo - begin) * optim::SizeOf(view.dtype);
+        part.data = static_cast<Byte*>(view.data) + (lo - begin) * DTypeSize(view.dtype);
       }
       part.count = hi - lo;
       out.push_back(part);
@@ -89,11 +89,11 @@ Status WidenRange(std::span<const View> views, size_t first, size_t count, float
       const size_t at = from - view_begin;
       if (view.data == nullptr) {
         std::fill_n(dst, to - from, 0.0f);
-      } else if (view.dtype == optim::DType::kF32) {
+      } else if (view.dtype == optim::DType::kFloat32) {
         std::copy_n(static_cast<const float*>(view.data) + at, to - from, dst);
       } else {
         const std::byte* src =
-            static_cast<const std::byte*>(view.data) + at * optim::SizeOf(view.dtype);
+            static_cast<const std::byte*>(view.data) + at * DTypeSize(view.dtype);
         ZOE_RETURN_IF_ERROR(optim::CastToF32(src, view.dtype, dst, to - from));
       }
     }
@@ -115,10 +115,10 @@ Status NarrowIntoViews(const float* values, size_t first, size_t count,
     if (from < to) {
       const float* src = values + (from - first);
       const size_t at = from - view_begin;
-      if (view.dtype == optim::DType::kF32) {
+      if (view.dtype == optim::DType::kFloat32) {
         std::copy_n(src, to - from, static_cast<float*>(view.data) + at);
       } else {
-        std::byte* dst = static_cast<std::byte*>(view.data) + at * optim::SizeOf(view.dtype);
+        std::byte* dst = static_cast<std::byte*>(view.data) + at * DTypeSize(view.dtype);
         ZOE_RETURN_IF_ERROR(optim::CastFromF32(src, view.dtype, dst, to - from));
       }
     }
@@ -320,7 +320,7 @@ Result<std::vector<GradView>> ShardedGroup::ReduceGradients(std::span<const Grad
   size_t offset = 0;
   for (size_t s = 0; s < local_segments_.size(); ++s) {
     if (local_segments_[s] == 0) continue;
-    GradView view{present[s] ? shard_grads_.data() + offset : nullptr, optim::DType::kF32,
+    GradView view{present[s] ? shard_grads_.data() + offset : nullptr, optim::DType::kFloat32,
                   local_segments_[s]};
     views.push_back(view);
     offset += local_segments_[s];
@@ -395,7 +395,7 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
     if (prepared.ok()) {
       prepared = WidenRange(args.params, shard_.begin, shard_.size(), shard_params_.data());
     }
-    shard_params.push_back({shard_params_.data(), optim::DType::kF32, shard_params_.size()});
+    shard_params.push_back({shard_params_.data(), optim::DType::kFloat32, shard_params_.size()});
   }
   bool agreed = false;
   bool stopped = false;  // the scan's agreement failed: every rank stops before the update

@@ -1,6 +1,5 @@
 #include "optim/chunk.h"
 
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +14,9 @@
 
 namespace zoe::optim {
 namespace {
+
+// The element types CastFromF32 converts fp32 to and CastToF32 converts to fp32.
+constexpr DType kCastDTypes[] = {DType::kBFloat16, DType::kFloat16};
 
 Status CheckRange(const char* name, double value, double min, bool min_inclusive, double max,
                   bool max_inclusive, const char* allowed) {
@@ -82,22 +84,6 @@ UpdateConstants MakeUpdateConstants(const HyperParams& h, int64_t step,
 
 namespace {
 
-Status CheckLayout(const ChunkLayout& layout) {
-  if (layout.state != DType::kF32 && layout.state != DType::kBF16 && layout.state != DType::kI8) {
-    return Status::InvalidArgument("optimizer state dtype " + std::string(DTypeName(layout.state)) +
-                                   " is not supported; allowed: fp32, bf16, int8");
-  }
-  if (layout.grad == DType::kI8) {
-    return Status::InvalidArgument(
-        "gradient dtype int8 is not supported; allowed: fp32, bf16, fp16");
-  }
-  if (layout.param_copy == DType::kI8) {
-    return Status::InvalidArgument(
-        "param_copy dtype int8 is not supported; allowed: fp32, bf16, fp16");
-  }
-  return Status::Ok();
-}
-
 Status CheckBuffers(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk) {
   if (chunk.count == 0) return Status::Ok();
   const auto missing = [&](const char* name) {
@@ -110,7 +96,7 @@ Status CheckBuffers(Kind kind, const ChunkLayout& layout, const ChunkBuffers& ch
   if (UsesExpAvg(kind) && chunk.exp_avg == nullptr) return missing("exp_avg");
   if (UsesExpAvgSq(kind) && chunk.exp_avg_sq == nullptr) return missing("exp_avg_sq");
   if (layout.param_copy.has_value() && chunk.param_copy == nullptr) return missing("param_copy");
-  if (layout.state != DType::kI8) return Status::Ok();
+  if (layout.state != DType::kInt8) return Status::Ok();
   if (chunk.block_offset >= kQuantBlock) {
     return Status::InvalidArgument("int8 state block_offset " + std::to_string(chunk.block_offset) +
                                    " is out of range; allowed: [0, " + std::to_string(kQuantBlock) +
@@ -154,16 +140,15 @@ Status UpdateQuantizedChunk(const KernelTable& kernels, const HyperParams& hyper
 CopySlot CopySlotOf(const std::optional<DType>& copy) {
   if (!copy.has_value()) return CopySlot::kNone;
   switch (*copy) {
-    case DType::kF32:
+    case DType::kFloat32:
       return CopySlot::kF32;
-    case DType::kBF16:
+    case DType::kBFloat16:
       return CopySlot::kBF16;
-    case DType::kF16:
+    case DType::kFloat16:
       return CopySlot::kF16;
-    case DType::kI8:  // CheckLayout refuses it
-      break;
+    default:  // ValidateLayout refuses every other dtype
+      return CopySlot::kNone;
   }
-  return CopySlot::kNone;
 }
 
 size_t LastLevelCacheBytes() {
@@ -184,17 +169,17 @@ namespace {
 bool WritesCongruent(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk) {
   const auto residue = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 64; };
   const uintptr_t master = residue(chunk.master);
-  if (layout.state == DType::kF32) {
+  if (layout.state == DType::kFloat32) {
     if (UsesExpAvg(kind) && residue(chunk.exp_avg) != master) return false;
     if (UsesExpAvgSq(kind) && residue(chunk.exp_avg_sq) != master) return false;
   }
-  return layout.param_copy != DType::kF32 || residue(chunk.param_copy) == master;
+  return layout.param_copy != DType::kFloat32 || residue(chunk.param_copy) == master;
 }
 
 // Bytes one update of the chunk reads: master, gradient and the moments.
 size_t BytesRead(Kind kind, const ChunkLayout& layout, size_t count) {
-  const size_t per_element =
-      4 + SizeOf(layout.grad) + SizeOf(layout.state) * static_cast<size_t>(StateTensors(kind));
+  const size_t per_element = 4 + DTypeSize(layout.grad) +
+                             DTypeSize(layout.state) * static_cast<size_t>(StateTensors(kind));
   return per_element * count;
 }
 
@@ -206,7 +191,7 @@ UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const Ch
   variant.fast = run.arithmetic == Arithmetic::kFast;
   // The int8 block kernels store with ordinary stores only: each block's fp32 moments are on
   // the stack, in L1, when they are requantized (kernels.h).
-  if (layout.state == DType::kI8) return variant;
+  if (layout.state == DType::kInt8) return variant;
   const bool wanted = run.stores == StoreMode::kStreaming ||
                       (run.stores == StoreMode::kAuto &&
                        BytesRead(kind, layout, chunk.count) > LastLevelCacheBytes());
@@ -233,8 +218,9 @@ Result<GradScan> ScanGradients(const void* grad, DType grad_dtype, size_t count,
     return Status::InvalidArgument("gradient scan of " + std::to_string(count) +
                                    " elements got a null buffer");
   }
+  ZOE_RETURN_IF_ERROR(CheckKernelDType(grad_dtype, kAllDTypes, "gradient scan dtype"));
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
-  const SumSquaresFn sum_squares = kernels->sum_squares[static_cast<int>(grad_dtype)];
+  const SumSquaresFn sum_squares = kernels->sum_squares[KernelTable::Slot(grad_dtype)];
   // One partial per tile, added in tile order: the result does not depend on which thread ran
   // which tile.
   std::vector<double> partials(count / run.tile_elements + (count % run.tile_elements != 0));
@@ -267,6 +253,13 @@ Result<StepScaling> MakeStepScaling(const GradScan& total, double loss_scale,
   return out;
 }
 
+Status ValidateLayout(const ChunkLayout& layout) {
+  ZOE_RETURN_IF_ERROR(CheckKernelDType(layout.state, kStateDTypes, "optimizer state dtype"));
+  ZOE_RETURN_IF_ERROR(CheckKernelDType(layout.grad, kAllDTypes, "gradient dtype"));
+  if (!layout.param_copy.has_value()) return Status::Ok();
+  return CheckKernelDType(*layout.param_copy, kAllDTypes, "param_copy dtype");
+}
+
 Status ValidateUpdate(const HyperParams& hyper, int64_t step, const ChunkLayout& layout,
                       const ChunkBuffers& chunk, const GradScaling& scaling) {
   ZOE_RETURN_IF_ERROR(ValidateHyperParams(hyper));
@@ -281,7 +274,7 @@ Status ValidateUpdate(const HyperParams& hyper, int64_t step, const ChunkLayout&
         "gradient scale factor " + std::to_string(factor) +
         " (inv_loss_scale * clip_factor) is out of range; allowed: (0, inf)");
   }
-  ZOE_RETURN_IF_ERROR(CheckLayout(layout));
+  ZOE_RETURN_IF_ERROR(ValidateLayout(layout));
   return CheckBuffers(hyper.kind, layout, chunk);
 }
 
@@ -290,7 +283,7 @@ Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& la
   ZOE_RETURN_IF_ERROR(ValidateUpdate(hyper, step, layout, chunk, scaling));
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
   const UpdateConstants constants = MakeUpdateConstants(hyper, step, scaling);
-  if (layout.state == DType::kI8) {
+  if (layout.state == DType::kInt8) {
     return UpdateQuantizedChunk(*kernels, hyper, layout, chunk, constants, run);
   }
   const UpdateFn update = kernels->update[KernelTable::UpdateIndex(
@@ -335,32 +328,26 @@ Result<StepScaling> StepChunk(const HyperParams& hyper, int64_t step, const Chun
 
 Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
                    const RunOptions& run) {
-  if (dst_dtype != DType::kBF16 && dst_dtype != DType::kF16) {
-    return Status::InvalidArgument(
-        fmt::format("cast from fp32 to {}; allowed targets: bf16, fp16", DTypeName(dst_dtype)));
-  }
+  ZOE_RETURN_IF_ERROR(CheckKernelDType(dst_dtype, kCastDTypes, "cast target dtype"));
   if (count > 0 && (src == nullptr || dst == nullptr)) {
     return Status::InvalidArgument("cast of " + std::to_string(count) +
                                    " elements got a null buffer");
   }
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
-  const ConvertFn convert = kernels->from_f32[static_cast<int>(dst_dtype)];
+  const ConvertFn convert = kernels->from_f32[KernelTable::Slot(dst_dtype)];
   ForEachTile(run, count, [&](size_t begin, size_t end) { convert(src, dst, begin, end); });
   return Status::Ok();
 }
 
 Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
                  const RunOptions& run) {
-  if (src_dtype != DType::kBF16 && src_dtype != DType::kF16) {
-    return Status::InvalidArgument(
-        fmt::format("cast from {} to fp32; allowed sources: bf16, fp16", DTypeName(src_dtype)));
-  }
+  ZOE_RETURN_IF_ERROR(CheckKernelDType(src_dtype, kCastDTypes, "cast source dtype"));
   if (count > 0 && (src == nullptr || dst == nullptr)) {
     return Status::InvalidArgument("cast of " + std::to_string(count) +
                                    " elements got a null buffer");
   }
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
-  const ConvertFn convert = kernels->to_f32[static_cast<int>(src_dtype)];
+  const ConvertFn convert = kernels->to_f32[KernelTable::Slot(src_dtype)];
   ForEachTile(run, count, [&](size_t begin, size_t end) { convert(src, dst, begin, end); });
   return Status::Ok();
 }

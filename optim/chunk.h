@@ -38,14 +38,19 @@ struct HyperParams {
 // Returns InvalidArgument naming the first bad field and its allowed range.
 Status ValidateHyperParams(const HyperParams& hyper);
 
-// Element types of a chunk's buffers.
+// Element types of a chunk's buffers; UpdateChunk refuses others with an InvalidArgument naming
+// the field, the dtype and the allowed ones (CheckKernelDType).
 struct ChunkLayout {
-  DType grad = DType::kF32;   // any but kI8
-  DType state = DType::kF32;  // kF32, kBF16 (halves the state bytes) or kI8 (quantize.h)
-  // Any dtype but kI8: also write the updated parameter there, in the same pass (fp32 included:
+  DType grad = DType::kFloat32;  // one of kAllDTypes
+  DType state =
+      DType::kFloat32;  // one of kStateDTypes: bf16 halves the state bytes, int8 quantize.h
+  // One of kAllDTypes: also write the updated parameter there, in the same pass (fp32 included:
   // the copy is then the master's bits).
   std::optional<DType> param_copy;
 };
+
+// Ok when every dtype of `layout` is one the kernels take there.
+Status ValidateLayout(const ChunkLayout& layout);
 
 // A chunk's buffers, all `count` elements long, borrowed for the call. Any alignment is accepted.
 // exp_avg is unused (may be null) for Adagrad; exp_avg_sq (Adagrad: its sum of squares) for Lion.
@@ -56,7 +61,7 @@ struct ChunkBuffers {
   void* exp_avg_sq = nullptr;  // layout.state, updated in place
   void* param_copy = nullptr;  // *layout.param_copy, written (required when set)
   size_t count = 0;
-  // kI8 state only. Quantization blocks: element 0 starts one, which ends at the next multiple
+  // kInt8 state only. Quantization blocks: element 0 starts one, which ends at the next multiple
   // of kQuantBlock of (element + block_offset); the following ones are kQuantBlock long (the
   // last one shorter). One fp32 scale per block of each moment the kind uses, updated in place.
   size_t block_offset = 0;  // [0, kQuantBlock)
@@ -72,7 +77,7 @@ struct ChunkBuffers {
   size_t read_origin = 0;
 };
 
-// The quantization blocks of `count` kI8 elements starting at `block_offset` (ChunkBuffers).
+// The quantization blocks of `count` kInt8 elements starting at `block_offset` (ChunkBuffers).
 size_t QuantBlockCount(size_t count, size_t block_offset);
 // Elements [begin, end) of block `block` of that layout.
 struct QuantBlockRange {
@@ -81,7 +86,7 @@ struct QuantBlockRange {
 };
 QuantBlockRange QuantBlockAt(size_t count, size_t block_offset, size_t block);
 
-// Which code a kI8 moment uses: signed for exp_avg (and Lion's momentum), unsigned for
+// Which code a kInt8 moment uses: signed for exp_avg (and Lion's momentum), unsigned for
 // exp_avg_sq (and Adagrad's sum of squares).
 enum class Moment { kExpAvg, kExpAvgSq };
 
@@ -131,6 +136,7 @@ struct GradScan {
   bool finite() const { return std::isfinite(sum_squares); }
 };
 
+// grad_dtype is one of kAllDTypes (InvalidArgument otherwise).
 Result<GradScan> ScanGradients(const void* grad, DType grad_dtype, size_t count,
                                const RunOptions& run = {});
 inline GradScan CombineScans(GradScan a, GradScan b) { return {a.sum_squares + b.sum_squares}; }
@@ -168,7 +174,7 @@ UpdateConstants MakeUpdateConstants(const HyperParams& hyper, int64_t step,
                                     const GradScaling& scaling);
 CopySlot CopySlotOf(const std::optional<DType>& copy);
 // The kernel variant UpdateChunk runs: run.arithmetic, and streaming stores per run.stores where
-// the fp32 arrays written are congruent to master modulo 64 bytes. kI8 state gets run.arithmetic
+// the fp32 arrays written are congruent to master modulo 64 bytes. kInt8 state gets run.arithmetic
 // and always ordinary stores, the only stores its block kernels have.
 UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk,
                                   const RunOptions& run);
@@ -180,14 +186,15 @@ Result<StepScaling> StepChunk(const HyperParams& hyper, int64_t step, const Chun
                               const RunOptions& run = {});
 
 // Casts fp32 `src` to `dst_dtype` (bf16/fp16) with the kernels' rounding, tile-parallel: the
-// separate cast pass that a fused param_copy avoids, and a helper for the device copy.
+// separate cast pass that a fused param_copy avoids, and a helper for the device copy. Another
+// dtype (fp32 included) is an InvalidArgument, as for CastToF32's `src_dtype`.
 Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
                    const RunOptions& run = {});
 // Widens bf16/fp16 `src` to fp32 exactly.
 Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
                  const RunOptions& run = {});
 
-// Quantizes fp32 `values` into kI8 `codes` and `scales` (QuantBlockCount of them) laid out as
+// Quantizes fp32 `values` into kInt8 `codes` and `scales` (QuantBlockCount of them) laid out as
 // ChunkBuffers describes; DequantizeMoments is the inverse within e * absmax per element for
 // exp_avg and (2e + e^2) * absmax for exp_avg_sq (stored as its square root), e being
 // MaxQuantError of the moment's code and absmax the largest magnitude of the element's block.

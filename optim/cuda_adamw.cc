@@ -8,6 +8,12 @@
 #endif
 
 namespace zoe::optim::cuda {
+namespace {
+
+// The state dtypes the CUDA kernel updates (no int8 block kernel on the device).
+constexpr DType kDeviceStateDTypes[] = {DType::kFloat32, DType::kBFloat16};
+
+}  // namespace
 
 bool DeviceAvailable() {
 #if defined(ZOE_HAVE_CUDA)
@@ -24,6 +30,7 @@ Status LaunchAdamW(const HyperParams& hyper, int64_t step, const ChunkLayout& la
                                    std::string(KindName(hyper.kind)));
   }
   ZOE_RETURN_IF_ERROR(ValidateUpdate(hyper, step, layout, chunk, scaling));
+  ZOE_RETURN_IF_ERROR(CheckKernelDType(layout.state, kDeviceStateDTypes, "CUDA AdamW state dtype"));
 #if defined(ZOE_HAVE_CUDA)
   const UpdatePointers pointers{chunk.master, chunk.grad, chunk.exp_avg, chunk.exp_avg_sq,
                                 chunk.param_copy};

@@ -7,16 +7,21 @@
 
 namespace zoe::optim {
 
+namespace {
+
+// The state dtypes a Group keeps (no int8: its moments are not block-quantized).
+constexpr DType kGroupStateDTypes[] = {DType::kFloat32, DType::kBFloat16};
+
+}  // namespace
+
 Result<std::unique_ptr<Group>> Group::Create(const GroupOptions& options) {
-  if (options.layout.state != DType::kF32 && options.layout.state != DType::kBF16) {
-    return Status::InvalidArgument("optimizer state dtype " +
-                                   std::string(DTypeName(options.layout.state)) +
-                                   " is not supported; allowed: fp32, bf16");
-  }
+  ZOE_RETURN_IF_ERROR(ValidateLayout(options.layout));
+  ZOE_RETURN_IF_ERROR(
+      CheckKernelDType(options.layout.state, kGroupStateDTypes, "optimizer state dtype"));
   if (options.run.tile_elements == 0) {
     return Status::InvalidArgument("tile_elements is 0; allowed: >= 1");
   }
-  const size_t element = SizeOf(options.layout.state);
+  const size_t element = DTypeSize(options.layout.state);
   if (options.count > SIZE_MAX / 4) {
     return Status::InvalidArgument("group of " + std::to_string(options.count) +
                                    " parameters is too large; allowed: < 2^62");

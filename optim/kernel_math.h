@@ -71,9 +71,9 @@ struct ScalarOps {
 
 template <class V, DType D>
 typename V::F Load(const void* base, size_t i) {
-  if constexpr (D == DType::kF32) {
+  if constexpr (D == DType::kFloat32) {
     return V::LoadF32(static_cast<const float*>(base) + i);
-  } else if constexpr (D == DType::kBF16) {
+  } else if constexpr (D == DType::kBFloat16) {
     return V::LoadBf16(static_cast<const uint16_t*>(base) + i);
   } else {
     return V::LoadF16(static_cast<const uint16_t*>(base) + i);
@@ -84,11 +84,11 @@ typename V::F Load(const void* base, size_t i) {
 // guarantees that for every fp32 array it writes when it streams (see Update).
 template <class V, DType D, bool kStreaming = false>
 void Store(void* base, size_t i, typename V::F x) {
-  if constexpr (D == DType::kF32 && kStreaming) {
+  if constexpr (D == DType::kFloat32 && kStreaming) {
     V::StreamF32(static_cast<float*>(base) + i, x);
-  } else if constexpr (D == DType::kF32) {
+  } else if constexpr (D == DType::kFloat32) {
     V::StoreF32(static_cast<float*>(base) + i, x);
-  } else if constexpr (D == DType::kBF16) {
+  } else if constexpr (D == DType::kBFloat16) {
     V::StoreBf16(static_cast<uint16_t*>(base) + i, x);
   } else {
     V::StoreF16(static_cast<uint16_t*>(base) + i, x);
@@ -98,11 +98,11 @@ void Store(void* base, size_t i, typename V::F x) {
 template <class V, CopySlot C, bool kStreaming>
 void StoreCopy(void* base, size_t i, typename V::F x) {
   if constexpr (C == CopySlot::kBF16) {
-    Store<V, DType::kBF16>(base, i, x);
+    Store<V, DType::kBFloat16>(base, i, x);
   } else if constexpr (C == CopySlot::kF16) {
-    Store<V, DType::kF16>(base, i, x);
+    Store<V, DType::kFloat16>(base, i, x);
   } else if constexpr (C == CopySlot::kF32) {
-    Store<V, DType::kF32, kStreaming>(base, i, x);
+    Store<V, DType::kFloat32, kStreaming>(base, i, x);
   }
 }
 
@@ -110,7 +110,7 @@ void StoreCopy(void* base, size_t i, typename V::F x) {
 //   AdamW: p *= 1 - lr*wd          Adam: g += wd*p
 //   m = m*b1 + (1-b1)*g;  v = v*b2 + ((1-b2)*g)*g
 //   denom = sqrt(v) / sqrt(1-b2^t) + eps;  p += (-lr/(1-b1^t) * m) / denom
-// The state of the kI8 block being updated: its scales before the update, and where the updated
+// The state of the kInt8 block being updated: its scales before the update, and where the updated
 // fp32 moments wait (element i at [i - begin]) until the block is requantized.
 struct BlockPointers : UpdatePointers {
   float exp_avg_scale_old = 0.0f;
@@ -120,13 +120,13 @@ struct BlockPointers : UpdatePointers {
   size_t begin = 0;
 };
 
-// Moment loads and stores: in place for fp32/bf16 state; for kI8, dequantized with the block's
+// Moment loads and stores: in place for fp32/bf16 state; for kInt8, dequantized with the block's
 // old scale and stored to the block's fp32 buffer. kSq picks exp_avg_sq, else exp_avg. int8
 // exp_avg_sq holds the square root of the moment (quantize.h): stored through a square root,
 // loaded through a square (both correctly rounded, so every path agrees).
 template <class V, DType S, bool kSq, class P>
 typename V::F LoadMoment(const P& p, size_t i) {
-  if constexpr (S == DType::kI8) {
+  if constexpr (S == DType::kInt8) {
     const QuantCode& code = kSq ? kUnsignedCode : kSignedCode;
     const auto* codes = static_cast<const uint8_t*>(kSq ? p.exp_avg_sq : p.exp_avg);
     const typename V::F x = V::Mul(V::Dequantize(codes + i, code.value.data()),
@@ -141,10 +141,10 @@ typename V::F LoadMoment(const P& p, size_t i) {
   }
 }
 
-// kI8 moments go to the block's buffer on the stack (requantized there, never streamed).
+// kInt8 moments go to the block's buffer on the stack (requantized there, never streamed).
 template <class V, DType S, bool kSq, bool kStreaming, class P>
 void StoreMoment(const P& p, size_t i, typename V::F x) {
-  if constexpr (S == DType::kI8) {
+  if constexpr (S == DType::kInt8) {
     static_assert(!kStreaming, "int8 blocks are updated with ordinary stores");
     if constexpr (kSq) {
       V::StoreF32(p.exp_avg_sq_out + (i - p.begin), V::Sqrt(x));
@@ -180,7 +180,7 @@ void AdamStep(const UpdateConstants& k, const P& p, size_t i) {
   const F denom = V::Add(corrected, V::Set(k.eps));
   w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), m), denom));
   constexpr bool kStreaming = kVariant.streaming;
-  Store<V, DType::kF32, kStreaming>(p.master, i, w);
+  Store<V, DType::kFloat32, kStreaming>(p.master, i, w);
   StoreMoment<V, S, false, kStreaming>(p, i, m);
   StoreMoment<V, S, true, kStreaming>(p, i, v);
   StoreCopy<V, C, kStreaming>(p.param_copy, i, w);
@@ -198,7 +198,7 @@ void AdagradStep(const UpdateConstants& k, const P& p, size_t i) {
   s = V::Add(s, V::Mul(g, g));
   const F denom = V::Add(V::Sqrt(s), V::Set(k.eps));
   w = V::Add(w, V::Div(V::Mul(V::Set(k.neg_step_size), g), denom));
-  Store<V, DType::kF32, kStreaming>(p.master, i, w);
+  Store<V, DType::kFloat32, kStreaming>(p.master, i, w);
   StoreMoment<V, S, true, kStreaming>(p, i, s);
   StoreCopy<V, C, kStreaming>(p.param_copy, i, w);
 }
@@ -214,7 +214,7 @@ void LionStep(const UpdateConstants& k, const P& p, size_t i) {
   const F c = V::Add(V::Mul(m, V::Set(k.beta1)), V::Mul(g, V::Set(k.one_minus_beta1)));
   w = V::Add(w, V::Mul(V::Set(k.neg_step_size), V::Sign(c)));
   m = V::Add(V::Mul(m, V::Set(k.beta2)), V::Mul(g, V::Set(k.one_minus_beta2)));
-  Store<V, DType::kF32, kStreaming>(p.master, i, w);
+  Store<V, DType::kFloat32, kStreaming>(p.master, i, w);
   StoreMoment<V, S, false, kStreaming>(p, i, m);
   StoreCopy<V, C, kStreaming>(p.param_copy, i, w);
 }
@@ -243,11 +243,11 @@ void PrefetchAhead(const T* base, size_t i) {
 template <Kind K, DType G, DType S>
 void PrefetchStep(const UpdatePointers& p, size_t i) {
   PrefetchAhead(p.master, i);
-  PrefetchAhead(static_cast<const std::byte*>(p.grad), i * SizeOf(G));
+  PrefetchAhead(static_cast<const std::byte*>(p.grad), i * DTypeSize(G));
   if constexpr (UsesExpAvg(K))
-    PrefetchAhead(static_cast<const std::byte*>(p.exp_avg), i * SizeOf(S));
+    PrefetchAhead(static_cast<const std::byte*>(p.exp_avg), i * DTypeSize(S));
   if constexpr (UsesExpAvgSq(K)) {
-    PrefetchAhead(static_cast<const std::byte*>(p.exp_avg_sq), i * SizeOf(S));
+    PrefetchAhead(static_cast<const std::byte*>(p.exp_avg_sq), i * DTypeSize(S));
   }
 }
 
@@ -256,11 +256,11 @@ void PrefetchStep(const UpdatePointers& p, size_t i) {
 // caller makes every fp32 array written congruent to master modulo 64 bytes, so they are all
 // aligned there), prefetches the arrays it reads, and fences its non-temporal stores at the end
 // so they are ordered before whatever the caller does next (another thread may read them).
-// P is UpdatePointers, or BlockPointers for one kI8 block (UpdateBlock: exact, never streaming).
+// P is UpdatePointers, or BlockPointers for one kInt8 block (UpdateBlock: exact, never streaming).
 template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant,
           class P = UpdatePointers>
 void UpdateRange(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
-  static_assert(S != DType::kI8 || !kVariant.streaming, "int8 blocks have ordinary stores only");
+  static_assert(S != DType::kInt8 || !kVariant.streaming, "int8 blocks have ordinary stores only");
   constexpr UpdateVariant kTail{kVariant.fast, false};
   size_t i = begin;
   if constexpr (kVariant.streaming) {
@@ -288,7 +288,7 @@ concept ReadHashingOps = requires {
 // Whether V hashes what Update reads for kind K with state S (KernelTable::HashesReads).
 template <class V, Kind K, DType S>
 constexpr bool kHashesReads = ReadHashingOps<V> && (K == Kind::kAdamW || K == Kind::kAdam) &&
-                              (S == DType::kF32 || S == DType::kBF16);
+                              (S == DType::kFloat32 || S == DType::kBFloat16);
 
 // Feeds the stripe at `address` (byte `offset` of its array) to `hasher`; when it completes a
 // block, stores the block's hash at sums[block].
@@ -307,8 +307,8 @@ template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant>
 void UpdateHashingUnits(const UpdateConstants& k, const UpdatePointers& p, size_t begin,
                         size_t end) {
   typename V::ReadHasher master, exp_avg, exp_avg_sq;
-  constexpr size_t kMomentBytes = SizeOf(S);
-  constexpr size_t kVectorsPerMomentStripe = S == DType::kBF16 ? 2 : 1;
+  constexpr size_t kMomentBytes = DTypeSize(S);
+  constexpr size_t kVectorsPerMomentStripe = S == DType::kBFloat16 ? 2 : 1;
   for (size_t i = begin, vector = 0; i < end; i += V::kWidth, ++vector) {
     if constexpr (kVariant.streaming) PrefetchStep<K, G, S>(p, i);
     const size_t element = i + p.read_origin;  // in the hashed arrays
@@ -392,7 +392,7 @@ void QuantizeBlock(const float* x, size_t n, uint8_t* codes, float* scale) {
   *scale = absmax;
 }
 
-// One kI8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on the
+// One kInt8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on the
 // dequantized moments, kept in fp32 buffers on the stack until the block's new absmax is known,
 // then requantized. Ordinary stores only (the block is in L1 by then); kFast is Adam's fast
 // arithmetic and QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written
@@ -409,7 +409,7 @@ void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t be
   p.exp_avg_sq_out = exp_avg_sq;
   if constexpr (UsesExpAvg(K)) p.exp_avg_scale_old = base.exp_avg_scale[block];
   if constexpr (UsesExpAvgSq(K)) p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
-  UpdateRange<V, K, G, DType::kI8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
+  UpdateRange<V, K, G, DType::kInt8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
   if constexpr (UsesExpAvg(K)) {
     QuantizeBlock<V, true, kFast>(exp_avg, end - begin, static_cast<uint8_t*>(base.exp_avg) + begin,
                                   base.exp_avg_scale + block);
@@ -531,9 +531,9 @@ void Stream(float* a, const float* b, float* c, float* d, size_t begin, size_t e
       PrefetchAhead(d, i);
     }
     const auto x = V::LoadF32(b + i);
-    Store<V, DType::kF32, kStreaming>(a, i, V::Add(V::LoadF32(a + i), x));
-    Store<V, DType::kF32, kStreaming>(c, i, V::Add(V::LoadF32(c + i), x));
-    Store<V, DType::kF32, kStreaming>(d, i, V::Add(V::LoadF32(d + i), x));
+    Store<V, DType::kFloat32, kStreaming>(a, i, V::Add(V::LoadF32(a + i), x));
+    Store<V, DType::kFloat32, kStreaming>(c, i, V::Add(V::LoadF32(c + i), x));
+    Store<V, DType::kFloat32, kStreaming>(d, i, V::Add(V::LoadF32(d + i), x));
   }
   for (; i < end; ++i) {
     a[i] += b[i];
@@ -546,10 +546,10 @@ void Stream(float* a, const float* b, float* c, float* d, size_t begin, size_t e
 template <class V, size_t I>
 constexpr UpdateFn UpdateEntry() {
   // I = ((((kind * 3 + grad) * 2 + state) * 4 + copy) * 2 + fast) * 2 + streaming, as
-  // KernelTable::UpdateIndex.
+  // KernelTable::UpdateIndex, with grad and state as KernelSlot numbers.
   constexpr auto kind = static_cast<Kind>(I / 96);
-  constexpr auto grad = static_cast<DType>(I / 32 % 3);
-  constexpr auto state = static_cast<DType>(I / 16 % 2);
+  constexpr DType grad = kKernelSlotDTypes[I / 32 % 3];
+  constexpr DType state = kKernelSlotDTypes[I / 16 % 2];
   constexpr auto copy = static_cast<CopySlot>(I / 4 % 4);
   // Fast arithmetic changes only Adam's rule, and the scalar path has nothing to stream: those
   // entries share the plain instantiation.
@@ -567,9 +567,10 @@ constexpr void FillUpdates(KernelTable& table, std::index_sequence<I...>) {
 
 template <class V, size_t I>
 constexpr BlockUpdateFn BlockUpdateEntry() {
-  // I = ((kind * 3 + grad) * 4 + copy) * 2 + fast, as KernelTable::BlockUpdateIndex.
+  // I = ((kind * 3 + grad) * 4 + copy) * 2 + fast, as KernelTable::BlockUpdateIndex, with grad as
+  // a KernelSlot number.
   constexpr auto kind = static_cast<Kind>(I / 24);
-  constexpr auto grad = static_cast<DType>(I / 8 % 3);
+  constexpr DType grad = kKernelSlotDTypes[I / 8 % 3];
   constexpr auto copy = static_cast<CopySlot>(I / 2 % 4);
   return &UpdateBlock<V, kind, grad, copy, I % 2 == 1>;
 }
@@ -590,13 +591,16 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
   FillUpdates<V, 2 * kPerKind>(table, std::make_index_sequence<kPerKind>());
   FillUpdates<V, 3 * kPerKind>(table, std::make_index_sequence<kPerKind>());
   FillBlockUpdates<V>(table, std::make_index_sequence<KernelTable::kBlockUpdates>());
-  table.sum_squares[0] = &SumSquares<V, DType::kF32>;
-  table.sum_squares[1] = &SumSquares<V, DType::kBF16>;
-  table.sum_squares[2] = &SumSquares<V, DType::kF16>;
-  table.from_f32[1] = &Convert<V, DType::kF32, DType::kBF16>;
-  table.from_f32[2] = &Convert<V, DType::kF32, DType::kF16>;
-  table.to_f32[1] = &Convert<V, DType::kBF16, DType::kF32>;
-  table.to_f32[2] = &Convert<V, DType::kF16, DType::kF32>;
+  table.sum_squares[KernelTable::Slot(DType::kFloat32)] = &SumSquares<V, DType::kFloat32>;
+  table.sum_squares[KernelTable::Slot(DType::kBFloat16)] = &SumSquares<V, DType::kBFloat16>;
+  table.sum_squares[KernelTable::Slot(DType::kFloat16)] = &SumSquares<V, DType::kFloat16>;
+  table.from_f32[KernelTable::Slot(DType::kBFloat16)] =
+      &Convert<V, DType::kFloat32, DType::kBFloat16>;
+  table.from_f32[KernelTable::Slot(DType::kFloat16)] =
+      &Convert<V, DType::kFloat32, DType::kFloat16>;
+  table.to_f32[KernelTable::Slot(DType::kBFloat16)] =
+      &Convert<V, DType::kBFloat16, DType::kFloat32>;
+  table.to_f32[KernelTable::Slot(DType::kFloat16)] = &Convert<V, DType::kFloat16, DType::kFloat32>;
   table.stream = &Stream<V, false>;
   table.stream_nt = &Stream<V, V::kWidth != 1>;
   table.quantize_block[0] = &QuantizeBlockOf<V, false>;

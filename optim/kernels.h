@@ -35,7 +35,7 @@ struct UpdatePointers {
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   void* param_copy = nullptr;
-  // kI8 state only: one fp32 scale (absmax) per quantization block, indexed by block.
+  // kInt8 state only: one fp32 scale (absmax) per quantization block, indexed by block.
   float* exp_avg_scale = nullptr;
   float* exp_avg_sq_scale = nullptr;
   // Optional, for kernels that hash what they read (KernelTable::HashesReads): null, or one
@@ -55,18 +55,18 @@ struct UpdatePointers {
 inline constexpr size_t kReadHashBlock = 4096;
 // Elements of one unit of hashed reads: a whole number of blocks of every array hashed.
 constexpr size_t ReadHashElements(DType state) {
-  return state == DType::kBF16 ? kReadHashBlock / 2 : kReadHashBlock / 4;
+  return state == DType::kBFloat16 ? kReadHashBlock / 2 : kReadHashBlock / 4;
 }
 
 using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin, size_t end);
-// kI8 state: updates the one quantization block [begin, end) (at most kQuantBlock elements, see
+// kInt8 state: updates the one quantization block [begin, end) (at most kQuantBlock elements, see
 // quantize.h) whose scales are exp_avg_scale[block] and exp_avg_sq_scale[block]: dequantizes its
 // moments, updates, and requantizes them with the block's new absmax. The fast entries use
 // Adam's fast arithmetic and normalize by a multiplication with the absmax's reciprocal
 // (rounded once) instead of a division.
 using BlockUpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin,
                                size_t end, size_t block);
-// One block of at most kQuantBlock elements to and from kI8 (the unsigned or signed code).
+// One block of at most kQuantBlock elements to and from kInt8 (the unsigned or signed code).
 using QuantizeBlockFn = void (*)(const float* values, size_t count, uint8_t* codes, float* scale);
 using DequantizeBlockFn = void (*)(const uint8_t* codes, size_t count, float scale, float* out);
 // Sum of squares of grad[begin, end) in double, accumulated in a fixed order (eight lanes, element
@@ -94,18 +94,24 @@ struct UpdateVariant {
   bool streaming = false;
 };
 
+// The tables below are laid out by KernelSlot: grad dtypes take slots 0..2 and the fp32/bf16
+// states slots 0..1 of the update table.
+static_assert(KernelSlot(DType::kFloat32) == 0 && KernelSlot(DType::kBFloat16) == 1 &&
+                  KernelSlot(DType::kFloat16) == 2 && KernelSlot(DType::kInt8) == 3,
+              "the kernel tables' layout");
+
 struct KernelTable {
   // kind x grad dtype x state dtype x copy x fast x streaming
   static constexpr size_t kUpdates = 4 * 3 * 2 * 4 * 2 * 2;
-  // kind x grad dtype x copy x fast (kI8 state: ordinary stores only)
+  // kind x grad dtype x copy x fast (kInt8 state: ordinary stores only)
   static constexpr size_t kBlockUpdates = 4 * 3 * 4 * 2;
 
   Isa isa = Isa::kScalar;
   UpdateFn update[kUpdates] = {};
   BlockUpdateFn block_update[kBlockUpdates] = {};
-  SumSquaresFn sum_squares[3] = {};  // by grad dtype
-  ConvertFn from_f32[3] = {};        // fp32 -> dtype (index kF32 unused)
-  ConvertFn to_f32[3] = {};          // dtype -> fp32 (index kF32 unused)
+  SumSquaresFn sum_squares[3] = {};  // by KernelSlot of the grad dtype
+  ConvertFn from_f32[3] = {};        // fp32 -> dtype, by KernelSlot (fp32's unused)
+  ConvertFn to_f32[3] = {};          // dtype -> fp32, by KernelSlot (fp32's unused)
   StreamFn stream = nullptr;
   StreamFn stream_nt = nullptr;                // the streaming form of `stream`
   QuantizeBlockFn quantize_block[2] = {};      // [0] unsigned code, [1] signed code
@@ -116,23 +122,23 @@ struct KernelTable {
   // (the AVX-512 paths of Adam and AdamW with fp32 or bf16 state); others ignore it.
   bool HashesReads(Kind kind, DType state) const {
     return hashes_reads && (kind == Kind::kAdamW || kind == Kind::kAdam) &&
-           (state == DType::kF32 || state == DType::kBF16);
+           (state == DType::kFloat32 || state == DType::kBFloat16);
   }
 
-  // state must be kF32 or kBF16.
+  // grad is one of kAllDTypes, state kFloat32 or kBFloat16 (slots 0 and 1); both enter by
+  // KernelSlot.
   static constexpr size_t UpdateIndex(Kind kind, DType grad, DType state, CopySlot copy,
                                       UpdateVariant variant = {}) {
-    const size_t element_types = (static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 2 +
-                                 static_cast<size_t>(state);
+    const size_t element_types = (static_cast<size_t>(kind) * 3 + Slot(grad)) * 2 + Slot(state);
     return ((element_types * 4 + static_cast<size_t>(copy)) * 2 + variant.fast) * 2 +
            variant.streaming;
   }
   static constexpr size_t BlockUpdateIndex(Kind kind, DType grad, CopySlot copy, bool fast) {
-    return ((static_cast<size_t>(kind) * 3 + static_cast<size_t>(grad)) * 4 +
-            static_cast<size_t>(copy)) *
-               2 +
+    return ((static_cast<size_t>(kind) * 3 + Slot(grad)) * 4 + static_cast<size_t>(copy)) * 2 +
            fast;
   }
+  // KernelSlot as an index; callers have checked the dtype (CheckKernelDType).
+  static constexpr size_t Slot(DType type) { return static_cast<size_t>(KernelSlot(type)); }
 };
 
 // The tables. Only call one whose instruction set the running CPU has (dispatch.h checks).

@@ -2,47 +2,37 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 
 namespace zoe::optim {
 namespace {
 
-constexpr DType kKernelDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8};
+// "fp32", or "unknown (200)" for a value outside zoe::DType.
+std::string DTypeLabel(DType dtype) {
+  if (IsValidDType(dtype)) return std::string(DTypeName(dtype));
+  return fmt::format("unknown ({})", static_cast<int>(dtype));
+}
 
-// "fp32, bf16, fp16, int8": the element types the kernels take, as errors list them.
-std::string KernelDTypeNames() {
+// "fp32, bf16, fp16": element types as errors list them.
+std::string DTypeNames(const DType* types, size_t count) {
   std::string names;
-  for (DType type : kKernelDTypes)
-    names += fmt::format("{}{}", names.empty() ? "" : ", ", DTypeName(type));
+  for (size_t i = 0; i < count; ++i)
+    names += fmt::format("{}{}", i == 0 ? "" : ", ", DTypeName(types[i]));
   return names;
 }
 
 }  // namespace
 
-zoe::DType ToDType(DType type) {
-  switch (type) {
-    case DType::kF32:
-      return zoe::DType::kFloat32;
-    case DType::kBF16:
-      return zoe::DType::kBFloat16;
-    case DType::kF16:
-      return zoe::DType::kFloat16;
-    case DType::kI8:
-      return zoe::DType::kInt8;
-  }
-  return static_cast<zoe::DType>(0xff);  // not a dtype: DTypeName says "unknown"
-}
-
-Result<DType> ToKernelDType(zoe::DType dtype, std::string_view what) {
-  for (DType type : kKernelDTypes) {
-    if (ToDType(type) == dtype) return type;
+Status CheckKernelDType(DType dtype, const DType* allowed, size_t allowed_count,
+                        std::string_view what) {
+  if (std::find(allowed, allowed + allowed_count, dtype) != allowed + allowed_count) {
+    return Status::Ok();
   }
   return Status::InvalidArgument(
       fmt::format("{} = {} is not an element type the optimizer takes; allowed: {}", what,
-                  zoe::DTypeName(dtype), KernelDTypeNames()));
+                  DTypeLabel(dtype), DTypeNames(allowed, allowed_count)));
 }
-
-std::string_view DTypeName(DType type) { return zoe::DTypeName(ToDType(type)); }
 
 std::string_view IsaName(Isa isa) {
   switch (isa) {
@@ -56,16 +46,6 @@ std::string_view IsaName(Isa isa) {
       return "scalar";
   }
   return "unknown";
-}
-
-Result<DType> ParseDType(std::string_view name) {
-  Result<zoe::DType> dtype = zoe::ParseDType(name);
-  if (dtype.ok()) {
-    Result<DType> kernel = ToKernelDType(*dtype, "element type");
-    if (kernel.ok()) return kernel;
-  }
-  return Status::InvalidArgument(
-      fmt::format("unknown element type '{}'; allowed: {}", name, KernelDTypeNames()));
 }
 
 Result<Isa> ParseIsa(std::string_view name) {

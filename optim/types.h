@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 #include <string_view>
 
 #include "core/result.h"
@@ -10,13 +11,13 @@
 
 namespace zoe::optim {
 
-// Element type of a buffer the kernels read or write: the subset of zoe::DType (core/vocabulary.h)
-// the kernels take. Arithmetic is always fp32. kI8 is only an optimizer-state type: block-wise
-// quantized moments (quantize.h), one byte per element plus an fp32 scale per block. It is its own
-// enum, not zoe::DType, because its values index the kernel tables (kernels.h, kernel_math.h),
-// which zoe::DType's trace-file and C API numbering cannot; ToDType and ToKernelDType are the one
-// bridge between the two, and the names are zoe::DType's.
-enum class DType { kF32, kBF16, kF16, kI8 };
+// Element type of a buffer the kernels read or write: zoe::DType (core/vocabulary.h), the one
+// element-type enum. The kernels take a subset of it -- fp32, bf16, fp16 for gradients, parameters
+// and parameter copies (kAllDTypes), fp32, bf16, int8 for optimizer state (kStateDTypes) -- and
+// every entry point checks its dtypes with CheckKernelDType. Arithmetic is always fp32. kInt8 is
+// only an optimizer-state type: block-wise quantized moments (quantize.h), one byte per element
+// plus an fp32 scale per block.
+using DType = zoe::DType;
 
 // Which update rule a step applies, and how Adam computes its denominator (core/vocabulary.h).
 using Kind = zoe::OptimizerKind;
@@ -33,24 +34,37 @@ enum class Isa {
 
 inline constexpr Isa kAllIsas[] = {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2, Isa::kScalar};
 inline constexpr Kind kAllKinds[] = {Kind::kAdamW, Kind::kAdam, Kind::kAdagrad, Kind::kLion};
-// Element types of gradients and parameters (every type but kI8).
-inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+// Element types of gradients, parameters and parameter copies.
+inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 // Element types of optimizer state (moments).
-inline constexpr DType kStateDTypes[] = {DType::kF32, DType::kBF16, DType::kI8};
+inline constexpr DType kStateDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kInt8};
 
-// Bytes of one element (for kI8 without its block's scale).
-constexpr size_t SizeOf(DType type) {
-  return type == DType::kF32 ? 4 : (type == DType::kI8 ? 1 : 2);
+// The element types the kernels take, in kernel-slot order: kKernelSlotDTypes[KernelSlot(t)] == t.
+inline constexpr DType kKernelSlotDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
+                                              DType::kInt8};
+inline constexpr int kNoKernelSlot = -1;
+
+// The one mapping from an element type to the index of the kernel tables (kernels.h,
+// kernel_math.h, cuda/adamw.cu): 0 fp32, 1 bf16, 2 fp16, 3 int8, and kNoKernelSlot for every other
+// zoe::DType. The tables keep this layout, not zoe::DType's trace-file and C API numbering.
+constexpr int KernelSlot(DType type) {
+  for (int slot = 0; slot < static_cast<int>(std::size(kKernelSlotDTypes)); ++slot) {
+    if (kKernelSlotDTypes[slot] == type) return slot;
+  }
+  return kNoKernelSlot;
 }
 
-// The same element type in zoe's vocabulary.
-zoe::DType ToDType(DType type);
-// The kernels' element type for `dtype`; an InvalidArgument naming `what`, the dtype and the
-// allowed ones (fp32, bf16, fp16, int8) when the kernels do not take it.
-Result<DType> ToKernelDType(zoe::DType dtype, std::string_view what);
+// Ok when `dtype` is one of `allowed` (kAllDTypes or kStateDTypes), else an InvalidArgument
+// "<what> = <dtype> is not an element type the optimizer takes; allowed: <allowed>" (a value
+// outside zoe::DType is named "unknown (<number>)").
+Status CheckKernelDType(DType dtype, const DType* allowed, size_t allowed_count,
+                        std::string_view what);
+template <size_t N>
+Status CheckKernelDType(DType dtype, const DType (&allowed)[N], std::string_view what) {
+  return CheckKernelDType(dtype, allowed, N, what);
+}
 
-// "fp32", "bf16", "fp16", "int8" (zoe::DTypeName's).
-std::string_view DTypeName(DType type);
+// Element types are named and parsed by zoe::DTypeName and zoe::ParseDType.
 // "adamw", "adam", "adagrad", "lion".
 inline std::string_view KindName(Kind kind) { return zoe::OptimizerKindName(kind); }
 // "avx512bf16", "avx512", "avx2", "scalar" (the spellings ZOE_ISA accepts).
@@ -58,10 +72,7 @@ std::string_view IsaName(Isa isa);
 // "exact", "fast".
 using zoe::ArithmeticName;
 
-// Inverses of the names above (element types also accept zoe::ParseDType's other spellings:
-// "f32", "float32", "float16", "bfloat16", "i8", any letter case); an unknown name is an error
-// listing the accepted ones.
-Result<DType> ParseDType(std::string_view name);
+// Inverses of the names above; an unknown name is an error listing the accepted ones.
 inline Result<Kind> ParseKind(std::string_view name) { return zoe::ParseOptimizerKind(name); }
 Result<Isa> ParseIsa(std::string_view name);
 using zoe::ParseArithmetic;

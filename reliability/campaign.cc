@@ -374,7 +374,7 @@ class Workload {
   void CreateGroup() {
     initial_.resize(kParams);
     for (size_t i = 0; i < kParams; ++i) initial_[i] = 0.001f * static_cast<float>(i) - 1.0f;
-    const offload::ParamView view{initial_.data(), optim::DType::kF32, kParams};
+    const offload::ParamView view{initial_.data(), optim::DType::kFloat32, kParams};
     for (int attempt = 0; attempt < kRetries && !group_; ++attempt) {
       Result<offload::GroupId> id = engine_->CreateGroup(
           R"({"name": "g", "lr": 0.01, "weight_decay": 0.01})", std::span(&view, 1));
@@ -411,9 +411,9 @@ class Workload {
 
   // One step with the gradients given to it, the updated parameters written to `params_`.
   bool StepGiven(const StepRecord& record) {
-    const offload::GradView grad{record.grads.data(), optim::DType::kF32, kParams};
+    const offload::GradView grad{record.grads.data(), optim::DType::kFloat32, kParams};
     params_.assign(kParams, 0.0f);
-    const offload::ParamView param{params_.data(), optim::DType::kF32, kParams};
+    const offload::ParamView param{params_.data(), optim::DType::kFloat32, kParams};
     offload::EngineStepArgs args = StepArgs(record.hyper);
     args.grads = std::span(&grad, 1);
     args.params = std::span(&param, 1);
@@ -429,7 +429,7 @@ class Workload {
   bool StepAccumulated(StepRecord& record) {
     constexpr size_t kRange = 1000;
     for (size_t offset = 0; offset < kParams; offset += kRange) {
-      const offload::GradView grad{record.grads.data() + offset, optim::DType::kF32, kRange};
+      const offload::GradView grad{record.grads.data() + offset, optim::DType::kFloat32, kRange};
       if (!Check(engine_->AccumulateGrad(*group_, offset, grad), "accumulate_grad")) return false;
     }
     for (int attempt = 0; attempt < kRetries; ++attempt) {

@@ -20,8 +20,8 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"fp32", {DType::kF32, DType::kF32, std::nullopt}, 28},
-    {"bf16", {DType::kBF16, DType::kBF16, DType::kBF16}, 20},
+    {"fp32", {DType::kFloat32, DType::kFloat32, std::nullopt}, 28},
+    {"bf16", {DType::kBFloat16, DType::kBFloat16, DType::kBFloat16}, 20},
 };
 
 // Size classes, in parameters: 1 Ki (L1), 16 Ki (L2), 256 Ki (L3), 16 Mi (DRAM).
@@ -59,7 +59,7 @@ void BM_GradScan(benchmark::State& state, Isa isa) {
   const auto n = static_cast<size_t>(state.range(0));
   std::vector<float> grad(n, 0.01f);
   for (auto _ : state) {
-    auto scan = ScanGradients(grad.data(), DType::kF32, n, {.isa = isa});
+    auto scan = ScanGradients(grad.data(), DType::kFloat32, n, {.isa = isa});
     benchmark::DoNotOptimize(scan);
   }
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(n));

@@ -33,7 +33,7 @@ enum class Sums { kNone, kVerifyPass, kHashedReads };
 
 // One chunk's three state arrays, each starting on a block boundary, and their expected sums.
 struct Chunk {
-  explicit Chunk(DType state) : moment_bytes(SizeOf(state)) {
+  explicit Chunk(DType state) : moment_bytes(DTypeSize(state)) {
     const size_t bytes[kArrays] = {kElements * 4, kElements * moment_bytes,
                                    kElements * moment_bytes};
     for (size_t a = 0; a < kArrays; ++a) {
@@ -89,7 +89,7 @@ void BM_ReadHash(benchmark::State& state, DType moments, Sums sums) {
   for (size_t c = 0; c < kChunks; ++c) chunks.emplace_back(moments);
   std::vector<float> grad(kElements, 0.01f);
   ChunkLayout layout;
-  layout.grad = DType::kF32;
+  layout.grad = DType::kFloat32;
   layout.state = moments;
   ChunkBuffers buffers;
   buffers.master = reinterpret_cast<float*>(chunks[0].base[0]);
@@ -99,7 +99,7 @@ void BM_ReadHash(benchmark::State& state, DType moments, Sums sums) {
   buffers.count = kElements;
   const UpdateVariant variant = ChooseUpdateVariant(Kind::kAdamW, layout, buffers, RunOptions{});
   const UpdateFn update = (*table)->update[KernelTable::UpdateIndex(
-      Kind::kAdamW, DType::kF32, moments, CopySlot::kNone, variant)];
+      Kind::kAdamW, DType::kFloat32, moments, CopySlot::kNone, variant)];
   HyperParams hyper;
   hyper.weight_decay = 0.01;
   int64_t step = 0;
@@ -136,7 +136,8 @@ void BM_ReadHash(benchmark::State& state, DType moments, Sums sums) {
 }
 
 int RegisterAll() {
-  const std::pair<const char*, DType> kMoments[] = {{"fp32", DType::kF32}, {"bf16", DType::kBF16}};
+  const std::pair<const char*, DType> kMoments[] = {{"fp32", DType::kFloat32},
+                                                    {"bf16", DType::kBFloat16}};
   const std::pair<const char*, Sums> kSums[] = {{"none", Sums::kNone},
                                                 {"verify-pass", Sums::kVerifyPass},
                                                 {"hashed-reads", Sums::kHashedReads}};

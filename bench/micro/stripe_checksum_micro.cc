@@ -45,9 +45,9 @@ std::vector<uint64_t> HashExtent(std::span<const std::byte> extent) {
 Status UpdateRange(const ChunkRegions& regions, std::byte* base, const float* grad,
                    optim::DType moments, int64_t step, size_t begin, size_t end,
                    const optim::RunOptions& run, const ReadSums* sums = nullptr) {
-  const size_t moment_bytes = optim::SizeOf(moments);
+  const size_t moment_bytes = DTypeSize(moments);
   optim::ChunkLayout layout;
-  layout.grad = optim::DType::kF32;
+  layout.grad = optim::DType::kFloat32;
   layout.state = moments;
   optim::ChunkBuffers buffers;
   buffers.master = reinterpret_cast<float*>(base + regions.offset[0]) + begin;
@@ -124,8 +124,8 @@ void BM_StripeChecksum(benchmark::State& state, optim::DType moments, Sums sums)
 }
 
 int RegisterAll() {
-  const std::pair<const char*, optim::DType> kMoments[] = {{"fp32", optim::DType::kF32},
-                                                           {"bf16", optim::DType::kBF16}};
+  const std::pair<const char*, optim::DType> kMoments[] = {{"fp32", optim::DType::kFloat32},
+                                                           {"bf16", optim::DType::kBFloat16}};
   const std::pair<const char*, Sums> kSums[] = {
       {"none", Sums::kNone},         {"verify", Sums::kVerify},
       {"hash", Sums::kHash},         {"verify+hash", Sums::kBoth},

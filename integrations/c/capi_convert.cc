@@ -64,14 +64,11 @@ Result<DType> ToTensorDType(int value, std::string_view name) {
 }
 
 Result<optim::DType> ToOptimDType(int value, std::string_view name) {
+  // Gradients and parameters: the kernels' element types but int8 (optim::kAllDTypes).
   const bool is_dtype = value >= 0 && value <= kLastDType;
-  if (is_dtype) {
-    // Gradients and parameters: the kernels' element types but int8 (optim::kAllDTypes).
-    Result<optim::DType> kernel = optim::ToKernelDType(static_cast<DType>(value), name);
-    if (kernel.ok() && *kernel != optim::DType::kI8) return kernel;
-  }
-  const std::string_view given =
-      is_dtype ? DTypeName(static_cast<DType>(value)) : std::string_view("not a zoe_dtype");
+  const auto dtype = static_cast<DType>(value);
+  if (is_dtype && optim::CheckKernelDType(dtype, optim::kAllDTypes, name).ok()) return dtype;
+  const std::string_view given = is_dtype ? DTypeName(dtype) : std::string_view("not a zoe_dtype");
   return Status::InvalidArgument(
       fmt::format("{} = {} ({}) is not supported by optimizer groups; allowed: ZOE_DTYPE_FLOAT32, "
                   "ZOE_DTYPE_BFLOAT16, ZOE_DTYPE_FLOAT16",

@@ -26,9 +26,9 @@ __device__ uint16_t ToBf16(float x) {
 
 template <DType D>
 __device__ float Load(const void* base, size_t i) {
-  if constexpr (D == DType::kF32) {
+  if constexpr (D == DType::kFloat32) {
     return static_cast<const float*>(base)[i];
-  } else if constexpr (D == DType::kBF16) {
+  } else if constexpr (D == DType::kBFloat16) {
     return LoadBf16(static_cast<const uint16_t*>(base), i);
   } else {
     return __half2float(static_cast<const __half*>(base)[i]);
@@ -37,9 +37,9 @@ __device__ float Load(const void* base, size_t i) {
 
 template <DType D>
 __device__ void Store(void* base, size_t i, float x) {
-  if constexpr (D == DType::kF32) {
+  if constexpr (D == DType::kFloat32) {
     static_cast<float*>(base)[i] = x;
-  } else if constexpr (D == DType::kBF16) {
+  } else if constexpr (D == DType::kBFloat16) {
     static_cast<uint16_t*>(base)[i] = ToBf16(x);
   } else {
     static_cast<__half*>(base)[i] = __float2half_rn(x);
@@ -62,9 +62,9 @@ __global__ void AdamWKernel(UpdateConstants k, UpdatePointers p, size_t count) {
     p.master[i] = w;
     Store<S>(p.exp_avg, i, m);
     Store<S>(p.exp_avg_sq, i, v);
-    if constexpr (C == CopySlot::kBF16) Store<DType::kBF16>(p.param_copy, i, w);
-    if constexpr (C == CopySlot::kF16) Store<DType::kF16>(p.param_copy, i, w);
-    if constexpr (C == CopySlot::kF32) Store<DType::kF32>(p.param_copy, i, w);
+    if constexpr (C == CopySlot::kBF16) Store<DType::kBFloat16>(p.param_copy, i, w);
+    if constexpr (C == CopySlot::kF16) Store<DType::kFloat16>(p.param_copy, i, w);
+    if constexpr (C == CopySlot::kF32) Store<DType::kFloat32>(p.param_copy, i, w);
   }
 }
 
@@ -96,8 +96,9 @@ int LaunchForCopy(const UpdateConstants& k, const UpdatePointers& p, size_t coun
 template <DType G>
 int LaunchForState(const UpdateConstants& k, const UpdatePointers& p, size_t count, DType state,
                    CopySlot copy, cudaStream_t stream) {
-  if (state == DType::kBF16) return LaunchForCopy<G, DType::kBF16>(k, p, count, copy, stream);
-  return LaunchForCopy<G, DType::kF32>(k, p, count, copy, stream);
+  if (state == DType::kBFloat16)
+    return LaunchForCopy<G, DType::kBFloat16>(k, p, count, copy, stream);
+  return LaunchForCopy<G, DType::kFloat32>(k, p, count, copy, stream);
 }
 
 }  // namespace
@@ -113,12 +114,14 @@ int LaunchAdamWKernel(const UpdateConstants& constants, const UpdatePointers& po
   if (count == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   switch (grad) {
-    case DType::kF32:
-      return LaunchForState<DType::kF32>(constants, pointers, count, state, copy, s);
-    case DType::kBF16:
-      return LaunchForState<DType::kBF16>(constants, pointers, count, state, copy, s);
-    case DType::kF16:
-      return LaunchForState<DType::kF16>(constants, pointers, count, state, copy, s);
+    case DType::kFloat32:
+      return LaunchForState<DType::kFloat32>(constants, pointers, count, state, copy, s);
+    case DType::kBFloat16:
+      return LaunchForState<DType::kBFloat16>(constants, pointers, count, state, copy, s);
+    case DType::kFloat16:
+      return LaunchForState<DType::kFloat16>(constants, pointers, count, state, copy, s);
+    default:  // LaunchAdamW refuses every other dtype
+      break;
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

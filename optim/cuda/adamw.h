@@ -18,7 +18,7 @@ bool DeviceAvailable();
 // Enqueues one AdamW step over `chunk`, whose pointers are device memory, on `stream` (a
 // cudaStream_t; null is the default stream) and returns without waiting. Argument errors and
 // launch failures are returned; faults during execution surface at the next synchronisation.
-// hyper.kind must be kAdamW.
+// hyper.kind must be kAdamW and layout.state fp32 or bf16 (InvalidArgument otherwise).
 Status LaunchAdamW(const HyperParams& hyper, int64_t step, const ChunkLayout& layout,
                    const ChunkBuffers& chunk, const GradScaling& scaling, void* stream);
 

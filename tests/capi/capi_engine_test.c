@@ -502,6 +502,19 @@ static void test_optimizer_errors(void) {
   bad.dtype = ZOE_DTYPE_INT8;
   CHECK_FAILS(zoe_optim_group_create(engine, "{\"name\": \"h\"}", &bad, 1, &id),
               ZOE_ERR_INVALID_ARGUMENT, "params[0].dtype = 3 (int8) is not supported");
+  /* zoe_dtypes the optimizer kernels do not take, and a number outside the enum. */
+  bad.dtype = ZOE_DTYPE_INT32;
+  CHECK_FAILS(zoe_optim_group_create(engine, "{\"name\": \"h\"}", &bad, 1, &id),
+              ZOE_ERR_INVALID_ARGUMENT,
+              "params[0].dtype = 5 (int32) is not supported by optimizer groups; allowed: "
+              "ZOE_DTYPE_FLOAT32, ZOE_DTYPE_BFLOAT16, ZOE_DTYPE_FLOAT16");
+  bad.dtype = ZOE_DTYPE_FLOAT64;
+  CHECK_FAILS(zoe_optim_group_create(engine, "{\"name\": \"h\"}", &bad, 1, &id),
+              ZOE_ERR_INVALID_ARGUMENT, "params[0].dtype = 7 (fp64) is not supported");
+  bad.dtype = (zoe_dtype)11;
+  CHECK_FAILS(zoe_optim_group_create(engine, "{\"name\": \"h\"}", &bad, 1, &id),
+              ZOE_ERR_INVALID_ARGUMENT, "params[0].dtype = 11 (not a zoe_dtype) is not supported");
+  CHECK(id == ZOE_GROUP_ID_INVALID);
 
   hyper.lr = 0.01;
   hyper.beta1 = 1.5;
@@ -531,7 +544,12 @@ static void test_optimizer_errors(void) {
   bad = view_of(grads, kParams);
   bad.dtype = ZOE_DTYPE_FLOAT64;
   CHECK_FAILS(zoe_optim_step(engine, group, NULL, &bad, 1, NULL, 0, 1.0, NULL),
-              ZOE_ERR_INVALID_ARGUMENT, "grads[0].dtype");
+              ZOE_ERR_INVALID_ARGUMENT,
+              "grads[0].dtype = 7 (fp64) is not supported by optimizer groups; allowed: "
+              "ZOE_DTYPE_FLOAT32, ZOE_DTYPE_BFLOAT16, ZOE_DTYPE_FLOAT16");
+  bad.dtype = ZOE_DTYPE_INT32;
+  CHECK_FAILS(zoe_optim_step(engine, group, NULL, views, 1, &bad, 1, 1.0, NULL),
+              ZOE_ERR_INVALID_ARGUMENT, "params_out[0].dtype = 5 (int32) is not supported");
   views[0] = view_of(grads, kParams);
   bad = view_of(params, kParams + 1);
   CHECK_FAILS(zoe_optim_step(engine, group, NULL, views, 1, &bad, 1, 1.0, NULL),
@@ -545,6 +563,9 @@ static void test_optimizer_errors(void) {
   CHECK_FAILS(zoe_optim_accumulate_grad(engine, group, kParams - 5, &bad), ZOE_ERR_INVALID_ARGUMENT,
               "outside");
   CHECK_FAILS(zoe_optim_accumulate_grad(engine, 7, 0, &bad), ZOE_ERR_NOT_FOUND, "");
+  bad.dtype = ZOE_DTYPE_INT8;
+  CHECK_FAILS(zoe_optim_accumulate_grad(engine, group, 0, &bad), ZOE_ERR_INVALID_ARGUMENT,
+              "grad[0].dtype = 3 (int8) is not supported by optimizer groups");
 
   CHECK_FAILS(zoe_optim_state_read(engine, group, (zoe_state_slot)5, 0, 4, values),
               ZOE_ERR_INVALID_ARGUMENT, "slot = 5");

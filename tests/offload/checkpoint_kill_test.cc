@@ -187,7 +187,7 @@ class GroupRig {
     options.buffer_count = 3;
     std::vector<float> initial(kGroupCount);
     for (size_t i = 0; i < kGroupCount; ++i) initial[i] = 0.01f * static_cast<float>(i % 101);
-    const ParamView view{initial.data(), optim::DType::kF32, kGroupCount};
+    const ParamView view{initial.data(), optim::DType::kFloat32, kGroupCount};
     auto group = OptimizerGroup::Create(options, {queue_.get(), swap_.get(), &*pinned_},
                                         std::span(&view, 1));
     if (!group.ok()) {
@@ -208,7 +208,7 @@ class GroupRig {
       z ^= z >> 29;
       grads[i] = 0.02f * (static_cast<float>(z % 2001) / 1000.0f - 1.0f);
     }
-    const GradView view{grads.data(), optim::DType::kF32, kGroupCount};
+    const GradView view{grads.data(), optim::DType::kFloat32, kGroupCount};
     StepArgs args;
     args.hyper.lr = 1e-3 * (1.0 + 0.25 * static_cast<double>(g % 4));
     args.hyper.weight_decay = 0.01;

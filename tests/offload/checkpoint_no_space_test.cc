@@ -319,7 +319,7 @@ Status Step(Engine& engine, GroupId group, int seed) {
   std::vector<float> grads(kParams);
   for (size_t i = 0; i < kParams; ++i)
     grads[i] = std::sin(static_cast<float>(i * 7 + seed)) * 0.05f;
-  const GradView view{grads.data(), optim::DType::kF32, grads.size()};
+  const GradView view{grads.data(), optim::DType::kFloat32, grads.size()};
   EngineStepArgs args;
   args.grads = std::span(&view, 1);
   return engine.Step(group, args).status();
@@ -338,7 +338,7 @@ TEST(EngineCheckpointNoSpaceTest, SecondSaveThatDoesNotFitIsNoSpaceAndTheFirstSt
   std::unique_ptr<Engine> engine = MakeEngine(std::filesystem::path(nvme.File("x")).parent_path());
   ASSERT_NE(engine, nullptr);
   std::vector<float> params(kParams, 0.5f);
-  const ParamView view{params.data(), optim::DType::kF32, params.size()};
+  const ParamView view{params.data(), optim::DType::kFloat32, params.size()};
   Result<GroupId> group = engine->CreateGroup(R"({"name": "g"})", std::span(&view, 1));
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   ASSERT_TRUE(Step(*engine, *group, 1).ok());

@@ -78,7 +78,7 @@ std::vector<float> Gradients(size_t count, int seed) {
 }
 
 GroupId CreateGroup(Engine& engine, const std::string& json, std::vector<float>& params) {
-  const ParamView view{params.data(), optim::DType::kF32, params.size()};
+  const ParamView view{params.data(), optim::DType::kFloat32, params.size()};
   Result<GroupId> id = engine.CreateGroup(json, std::span(&view, 1));
   EXPECT_TRUE(id.ok()) << id.status().ToString();
   return id.ok() ? *id : GroupId();
@@ -93,7 +93,7 @@ std::vector<float> ReadSlot(const Engine& engine, GroupId group, StateSlot slot,
 
 Result<StepReport> StepWith(Engine& engine, GroupId group, const std::vector<float>& grads,
                             std::optional<StepHyperParams> hyper = std::nullopt) {
-  const GradView view{grads.data(), optim::DType::kF32, grads.size()};
+  const GradView view{grads.data(), optim::DType::kFloat32, grads.size()};
   EngineStepArgs args;
   args.hyper = hyper;
   args.grads = std::span(&view, 1);
@@ -193,7 +193,7 @@ TEST(EngineSetup, GroupDefaultsComeFromTheConfiguration) {
   const OptimizerGroupOptions& options = spec->options;
   EXPECT_EQ(options.name, "g");
   EXPECT_EQ(options.kind, optim::Kind::kAdam);
-  EXPECT_EQ(options.state_dtype, optim::DType::kBF16);
+  EXPECT_EQ(options.state_dtype, optim::DType::kBFloat16);
   EXPECT_EQ(options.count, 1000u);
   EXPECT_EQ(options.max_grad_norm, 2.0);
   EXPECT_EQ(options.placement, Tier::kNvme);
@@ -211,12 +211,13 @@ TEST(EngineSetup, GroupDefaultsComeFromTheConfiguration) {
 // Every name of the configuration's "moment_dtype" and "arithmetic" lists reaches the kernels:
 // in the engine document, in a group document, and as the optim layer's own name.
 TEST(EngineSetup, MomentDTypeAndArithmeticNamesReachTheKernels) {
-  const optim::DType dtypes[] = {optim::DType::kF32, optim::DType::kBF16, optim::DType::kI8};
+  const optim::DType dtypes[] = {optim::DType::kFloat32, optim::DType::kBFloat16,
+                                 optim::DType::kInt8};
   static_assert(std::size(dtypes) == kMomentDTypeNames.size());
   for (size_t i = 0; i < kMomentDTypeNames.size(); ++i) {
     const std::string name(kMomentDTypeNames[i]);
     SCOPED_TRACE(name);
-    EXPECT_EQ(optim::DTypeName(dtypes[i]), name);
+    EXPECT_EQ(DTypeName(dtypes[i]), name);
     const config::EngineConfig config = ParseConfig({{"zoe", {{"moment_dtype", name}}}});
     Result<GroupSpec> engine_wide = ParseGroupSpec(R"({"name": "g"})", config, 1000);
     ASSERT_TRUE(engine_wide.ok()) << engine_wide.status().ToString();
@@ -258,7 +259,7 @@ TEST(EngineSetup, GroupDocumentOverridesTheDefaults) {
       config, 100000);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->options.kind, optim::Kind::kAdagrad);
-  EXPECT_EQ(spec->options.state_dtype, optim::DType::kBF16);
+  EXPECT_EQ(spec->options.state_dtype, optim::DType::kBFloat16);
   EXPECT_EQ(spec->options.max_grad_norm, 1.0);
   EXPECT_EQ(spec->options.placement, Tier::kHost);  // offload_optimizer.device defaults to cpu
   EXPECT_EQ(spec->options.chunk_elements, 16384u);  // chunk_size / 4
@@ -535,7 +536,7 @@ TEST(Engine, GroupsHaveDenseIdsAndUniqueNames) {
   EXPECT_EQ(engine->group_count(), 2u);
   EXPECT_EQ(*engine->FindGroup("b"), GroupId(1));
   EXPECT_EQ(engine->FindGroup("c").status().code(), StatusCode::kNotFound);
-  const ParamView view{a.data(), optim::DType::kF32, a.size()};
+  const ParamView view{a.data(), optim::DType::kFloat32, a.size()};
   Result<GroupId> again = engine->CreateGroup(R"({"name": "a"})", std::span(&view, 1));
   EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("already exists"));
@@ -564,9 +565,9 @@ TEST(Engine, StateAccessChecksSlotsAndRanges) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->ReadState(GroupId(4), StateSlot::kMaster, 0, back).code(),
             StatusCode::kNotFound);
-  const GradView grad{values.data(), optim::DType::kF32, values.size()};
+  const GradView grad{values.data(), optim::DType::kFloat32, values.size()};
   EXPECT_EQ(engine->AccumulateGrad(id, kCount - 4, grad).code(), StatusCode::kInvalidArgument);
-  const GradView null_grad{nullptr, optim::DType::kF32, 4};
+  const GradView null_grad{nullptr, optim::DType::kFloat32, 4};
   EXPECT_EQ(engine->AccumulateGrad(id, 0, null_grad).code(), StatusCode::kInvalidArgument);
 }
 
@@ -661,7 +662,7 @@ TEST_F(EngineCheckpointTest, SecondGroupThatCannotLoadLeavesTheFirstUnchanged) {
   StepAway();
   const std::vector<float> now_a = ReadSlot(*engine_, a_, StateSlot::kMaster, kCount);
   const std::vector<float> grads = Gradients(100, 5);
-  const GradView partial{grads.data(), optim::DType::kF32, grads.size()};
+  const GradView partial{grads.data(), optim::DType::kFloat32, grads.size()};
   ASSERT_TRUE(engine_->AccumulateGrad(b_, 0, partial).ok());
   const Status loaded = engine_->LoadCheckpoint(ckpt_);
   EXPECT_EQ(loaded.code(), StatusCode::kFailedPrecondition) << loaded.ToString();
@@ -704,16 +705,16 @@ TEST(Engine, ViewCountsThatWrapAroundAreRejected) {
   std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
   ASSERT_NE(engine, nullptr);
   std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
-  const std::vector<ParamView> wrapping = {{params.data(), optim::DType::kF32, SIZE_MAX},
-                                           {params.data(), optim::DType::kF32, 11}};
+  const std::vector<ParamView> wrapping = {{params.data(), optim::DType::kFloat32, SIZE_MAX},
+                                           {params.data(), optim::DType::kFloat32, 11}};
   Result<GroupId> created = engine->CreateGroup(R"({"name": "w"})", wrapping);
   EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(created.status().message()), HasSubstr("params[1]"));
 
   const GroupId id = CreateGroup(*engine, R"({"name": "g"})", params);
   const std::vector<float> grads = Gradients(kCount, 1);
-  const std::vector<GradView> grad_views = {{grads.data(), optim::DType::kF32, SIZE_MAX},
-                                            {grads.data(), optim::DType::kF32, kCount + 1}};
+  const std::vector<GradView> grad_views = {{grads.data(), optim::DType::kFloat32, SIZE_MAX},
+                                            {grads.data(), optim::DType::kFloat32, kCount + 1}};
   EngineStepArgs args;
   args.grads = grad_views;
   Result<StepReport> stepped = engine->Step(id, args);
@@ -832,7 +833,7 @@ TEST(EngineThreads, GroupsTensorsAndStatisticsFromSeveralThreads) {
 
 // The bytes of every NVMe chunk's state of a group of `count` fp32-moment AdamW parameters.
 uint64_t StateBytes(size_t count) {
-  const StateLayout layout(optim::Kind::kAdamW, optim::DType::kF32, count, kSubGroup, 4096);
+  const StateLayout layout(optim::Kind::kAdamW, optim::DType::kFloat32, count, kSubGroup, 4096);
   uint64_t bytes = 0;
   for (size_t c = 0; c < layout.chunk_count(); ++c) bytes += layout.chunk(c).bytes;
   return bytes;

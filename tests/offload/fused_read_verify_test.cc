@@ -40,7 +40,7 @@ constexpr size_t kUnit = 1024;  // fp32 state: one block of master and of each m
 // range's bytes. `ranges` are the chunk's ranges the kernel runs on; the rest is skipped.
 struct FusedFixture {
   explicit FusedFixture(std::vector<ElementRange> kernel_ranges)
-      : layout(optim::Kind::kAdamW, DType::kF32, 20000, 20000, kStripeChecksumBlock),
+      : layout(optim::Kind::kAdamW, DType::kFloat32, 20000, 20000, kStripeChecksumBlock),
         regions(layout.chunk(0)),
         extent(regions.bytes),
         ranges(std::move(kernel_ranges)) {
@@ -230,7 +230,7 @@ struct Case {
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return std::string(c.isa.has_value() ? "Avx2" : "Best") + "_" + std::to_string(c.slots) +
-         "Slots_" + (c.state == DType::kF32 ? "F32" : "BF16");
+         "Slots_" + (c.state == DType::kFloat32 ? "F32" : "BF16");
 }
 
 class FusedGroupTest : public ::testing::TestWithParam<Case> {
@@ -314,7 +314,8 @@ TEST_P(FusedGroupTest, FlippedByteInAPieceWithoutGradientIsCorruptionAndNeverWri
 
   harness.NewGradients(2);
   const auto* grads = reinterpret_cast<const float*>(harness.grads());
-  const std::vector<GradView> views = {{grads, DType::kF32, 8192}, {nullptr, DType::kF32, 8192}};
+  const std::vector<GradView> views = {{grads, DType::kFloat32, 8192},
+                                       {nullptr, DType::kFloat32, 8192}};
   const std::vector<ParamView> params = harness.param_views();
   StepArgs args;
   args.hyper = harness.Hyper(2);
@@ -327,12 +328,12 @@ TEST_P(FusedGroupTest, FlippedByteInAPieceWithoutGradientIsCorruptionAndNeverWri
 }
 
 INSTANTIATE_TEST_SUITE_P(PathsSlotsStates, FusedGroupTest,
-                         ::testing::Values(Case{std::nullopt, 2, DType::kF32},
-                                           Case{std::nullopt, 1, DType::kF32},
-                                           Case{std::nullopt, 2, DType::kBF16},
-                                           Case{std::nullopt, 1, DType::kBF16},
-                                           Case{optim::Isa::kAvx2, 2, DType::kF32},
-                                           Case{optim::Isa::kAvx2, 1, DType::kF32}),
+                         ::testing::Values(Case{std::nullopt, 2, DType::kFloat32},
+                                           Case{std::nullopt, 1, DType::kFloat32},
+                                           Case{std::nullopt, 2, DType::kBFloat16},
+                                           Case{std::nullopt, 1, DType::kBFloat16},
+                                           Case{optim::Isa::kAvx2, 2, DType::kFloat32},
+                                           Case{optim::Isa::kAvx2, 1, DType::kFloat32}),
                          CaseName);
 
 }  // namespace

@@ -23,7 +23,7 @@ using testing::TempDir;
 HarnessOptions CheckpointOptions() {
   HarnessOptions options;
   options.group.nvme_ratio = 0.5;  // NVMe and HOST chunks
-  options.group.state_dtype = DType::kBF16;
+  options.group.state_dtype = DType::kBFloat16;
   options.inject_faults = true;
   options.checksum_block = 4096;
   return options;

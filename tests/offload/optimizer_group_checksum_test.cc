@@ -126,7 +126,7 @@ void BumpElements(const ChunkRegions& regions, std::byte* extent, size_t begin, 
 // elements, whatever the element count, state dtype and tile size: the sums the stripes compute
 // equal those of the whole updated extent.
 TEST(OptimizerGroupChecksumTest, StripesHashEveryBlockOfTheExtent) {
-  for (optim::DType state : {optim::DType::kF32, optim::DType::kBF16}) {
+  for (optim::DType state : {optim::DType::kFloat32, optim::DType::kBFloat16}) {
     for (optim::Kind kind : {optim::Kind::kAdamW, optim::Kind::kAdagrad, optim::Kind::kLion}) {
       for (size_t count : {size_t{1}, size_t{4095}, size_t{4096}, size_t{12289}, size_t{40000}}) {
         const StateLayout layout(kind, state, count, count, kStripeChecksumBlock);
@@ -159,7 +159,7 @@ TEST(OptimizerGroupChecksumTest, StripesHashEveryBlockOfTheExtent) {
 }
 
 TEST(OptimizerGroupChecksumTest, AStripeWhoseBlocksDoNotVerifyIsNotUpdated) {
-  const StateLayout layout(optim::Kind::kAdamW, optim::DType::kF32, 20000, 20000,
+  const StateLayout layout(optim::Kind::kAdamW, optim::DType::kFloat32, 20000, 20000,
                            kStripeChecksumBlock);
   const ChunkRegions regions = layout.chunk(0);
   std::vector<std::byte> extent(regions.bytes, std::byte{7});

@@ -41,8 +41,8 @@ struct HarnessOptions {
   uint64_t pinned_budget = 16 << 20;
   unsigned threads = 0;   // > 0: kernels and scans on an Executor with that many workers
   size_t count = 100003;  // 7 chunks of 16384, the last one short
-  optim::DType param_dtype = optim::DType::kF32;
-  optim::DType grad_dtype = optim::DType::kF32;
+  optim::DType param_dtype = optim::DType::kFloat32;
+  optim::DType grad_dtype = optim::DType::kFloat32;
   OptimizerGroupOptions group = DefaultGroupOptions();
 };
 
@@ -57,8 +57,8 @@ inline std::vector<uint32_t> Bits(const std::vector<float>& values) {
 
 // Converts fp32 values to `dtype` bytes with the kernels' rounding.
 inline std::vector<std::byte> Encode(const std::vector<float>& values, optim::DType dtype) {
-  std::vector<std::byte> bytes(values.size() * optim::SizeOf(dtype));
-  if (dtype == optim::DType::kF32) {
+  std::vector<std::byte> bytes(values.size() * DTypeSize(dtype));
+  if (dtype == optim::DType::kFloat32) {
     std::memcpy(bytes.data(), values.data(), bytes.size());
   } else {
     EXPECT_TRUE(optim::CastFromF32(values.data(), dtype, bytes.data(), values.size()).ok());
@@ -68,7 +68,7 @@ inline std::vector<std::byte> Encode(const std::vector<float>& values, optim::DT
 
 inline std::vector<float> Decode(const void* data, optim::DType dtype, size_t count) {
   std::vector<float> values(count);
-  if (dtype == optim::DType::kF32) {
+  if (dtype == optim::DType::kFloat32) {
     std::memcpy(values.data(), data, count * sizeof(float));
   } else {
     EXPECT_TRUE(optim::CastToF32(data, dtype, values.data(), count).ok());
@@ -183,8 +183,8 @@ class GroupHarness {
     std::vector<GradView> views;
     size_t offset = 0;
     for (size_t length : grad_cuts_) {
-      views.push_back({grads_.data() + offset * optim::SizeOf(options_.grad_dtype),
-                       options_.grad_dtype, length});
+      views.push_back(
+          {grads_.data() + offset * DTypeSize(options_.grad_dtype), options_.grad_dtype, length});
       offset += length;
     }
     return views;
@@ -277,8 +277,8 @@ class GroupHarness {
     std::vector<ParamView> views;
     size_t offset = 0;
     for (size_t length : param_cuts_) {
-      views.push_back({bytes.data() + offset * optim::SizeOf(options_.param_dtype),
-                       options_.param_dtype, length});
+      views.push_back(
+          {bytes.data() + offset * DTypeSize(options_.param_dtype), options_.param_dtype, length});
       offset += length;
     }
     return views;
@@ -317,7 +317,8 @@ class Reference {
     group.kind = options_.group.kind;
     group.layout.grad = options_.grad_dtype;
     group.layout.state = options_.group.state_dtype;
-    if (options_.param_dtype != optim::DType::kF32) group.layout.param_copy = options_.param_dtype;
+    if (options_.param_dtype != optim::DType::kFloat32)
+      group.layout.param_copy = options_.param_dtype;
     group.count = options_.count;
     group.max_grad_norm = options_.group.max_grad_norm;
     group.run = harness.group_options().run;
@@ -325,7 +326,7 @@ class Reference {
     EXPECT_TRUE(created.ok()) << created.status().ToString();
     if (created.ok()) group_ = std::move(created).value();
     master_ = Decode(harness.initial_params().data(), options_.param_dtype, options_.count);
-    if (options_.param_dtype != optim::DType::kF32) param_copy_ = harness.initial_params();
+    if (options_.param_dtype != optim::DType::kFloat32) param_copy_ = harness.initial_params();
   }
 
   // One step with the harness's current gradients; false when it failed or was skipped.

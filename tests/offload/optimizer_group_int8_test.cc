@@ -53,7 +53,7 @@ class PieceReference {
   // One step of the pieces of present segments, each with its segment's step number.
   void Step(const optim::HyperParams& hyper, const float* grads,
             const std::vector<int64_t>& segment_steps, const std::vector<bool>& present) {
-    const optim::ChunkLayout layout{DType::kF32, DType::kI8, std::nullopt};
+    const optim::ChunkLayout layout{DType::kFloat32, DType::kInt8, std::nullopt};
     for (Piece& p : pieces_) {
       if (!present[p.segment]) continue;
       optim::ChunkBuffers buffers;
@@ -108,7 +108,7 @@ class PieceReference {
 HarnessOptions Int8Options(Kind kind, Tier placement) {
   HarnessOptions options;
   options.group.kind = kind;
-  options.group.state_dtype = DType::kI8;
+  options.group.state_dtype = DType::kInt8;
   options.group.placement = placement;
   options.group.max_grad_norm = 0.0;  // the reference applies no clipping
   options.threads = 2;
@@ -172,11 +172,11 @@ std::vector<GradView> SegmentViews(const GroupHarness& harness, const std::vecto
   size_t begin = 0;
   for (size_t s = 0; s < kSegments.size(); ++s) {
     if (!present[s]) {
-      views.push_back({nullptr, DType::kF32, kSegments[s]});
+      views.push_back({nullptr, DType::kFloat32, kSegments[s]});
     } else {
       const size_t half = kSegments[s] / 2;  // a view cut inside the segment, inside a block
-      views.push_back({grads + begin, DType::kF32, half});
-      views.push_back({grads + begin + half, DType::kF32, kSegments[s] - half});
+      views.push_back({grads + begin, DType::kFloat32, half});
+      views.push_back({grads + begin + half, DType::kFloat32, kSegments[s] - half});
     }
     begin += kSegments[s];
   }
@@ -244,7 +244,7 @@ Result<StepReport> SpeculativeStep(GroupHarness& harness, const optim::HyperPara
 TEST(OptimizerGroupInt8, SpeculativeSingleSlotAndStreamingStepsMatchThePlainStep) {
   HarnessOptions options = Int8Options(Kind::kAdamW, Tier::kNvme);
   options.group.nvme_ratio = 0.5;
-  options.param_dtype = DType::kF32;
+  options.param_dtype = DType::kFloat32;
   GroupHarness plain(options);
   options.group.speculative = true;
   GroupHarness speculative(options);
@@ -348,7 +348,7 @@ TEST(OptimizerGroupInt8, CheckpointRoundTripKeepsEveryBit) {
   ExpectSameBits(other.Snapshot(), harness.Snapshot());
   // fp32 moments cannot load an int8 checkpoint.
   HarnessOptions fp32 = Int8Options(Kind::kAdamW, Tier::kHost);
-  fp32.group.state_dtype = DType::kF32;
+  fp32.group.state_dtype = DType::kFloat32;
   GroupHarness mismatched(fp32);
   ASSERT_TRUE(mismatched.ok());
   EXPECT_FALSE(testing::LoadFrom(dir.File("ckpt"), mismatched.group()).ok());

@@ -78,12 +78,12 @@ std::vector<GradView> SegmentViews(const GroupHarness& harness, const std::vecto
   for (size_t s = 0; s < kSegments.size(); ++s) {
     const size_t begin = SegmentBegin(s);
     if (!present[s]) {
-      views.push_back({nullptr, DType::kF32, kSegments[s]});
+      views.push_back({nullptr, DType::kFloat32, kSegments[s]});
       continue;
     }
     const size_t half = kSegments[s] / 2;
-    views.push_back({grads + begin, DType::kF32, half});
-    views.push_back({grads + begin + half, DType::kF32, kSegments[s] - half});
+    views.push_back({grads + begin, DType::kFloat32, half});
+    views.push_back({grads + begin + half, DType::kFloat32, kSegments[s] - half});
   }
   return views;
 }
@@ -95,7 +95,7 @@ class SegmentReference {
   explicit SegmentReference(const GroupHarness& harness)
       : run_(harness.group_options().run),
         max_grad_norm_(harness.group_options().max_grad_norm),
-        master_(testing::Decode(harness.initial_params().data(), DType::kF32, harness.count())),
+        master_(testing::Decode(harness.initial_params().data(), DType::kFloat32, harness.count())),
         exp_avg_(harness.count(), 0.0f),
         exp_avg_sq_(harness.count(), 0.0f),
         steps_(kSegments.size(), 0) {
@@ -110,7 +110,7 @@ class SegmentReference {
       if (!present[s]) std::fill_n(grads.begin() + SegmentBegin(s), kSegments[s], 0.0f);
     }
     Result<optim::GradScan> scan =
-        optim::ScanGradients(grads.data(), DType::kF32, grads.size(), run_);
+        optim::ScanGradients(grads.data(), DType::kFloat32, grads.size(), run_);
     ASSERT_TRUE(scan.ok());
     Result<optim::StepScaling> scaling = optim::MakeStepScaling(*scan, 1.0, max_grad_norm_);
     ASSERT_TRUE(scaling.ok());
@@ -282,9 +282,9 @@ TEST(OptimizerGroupSegmentsTest, AnAbsentRangeThatCutsASegmentIsRefusedAndChange
   const StateBits before = harness.Snapshot();
   const auto* grads = reinterpret_cast<const float*>(harness.grads());
   // Elements [10000, 25000) absent: the first 15000 of segment 1's 30000.
-  const std::vector<GradView> views = {{grads, DType::kF32, 10000},
-                                       {nullptr, DType::kF32, 15000},
-                                       {grads + 25000, DType::kF32, harness.count() - 25000}};
+  const std::vector<GradView> views = {{grads, DType::kFloat32, 10000},
+                                       {nullptr, DType::kFloat32, 15000},
+                                       {grads + 25000, DType::kFloat32, harness.count() - 25000}};
   Result<StepReport> report = StepWithViews(harness, harness.Hyper(0), views);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), StatusCode::kInvalidArgument);
@@ -299,17 +299,17 @@ TEST(OptimizerGroupSegmentsTest, AnAbsentRangeThatCutsASegmentIsRefusedAndChange
   EXPECT_EQ(SegmentSteps(harness.group()), std::vector<int64_t>(5, 0));
 
   // The same range through AccumulateGrad, and one spanning two segments' edges.
-  Status accumulated = harness.group().AccumulateGrad(10000, {nullptr, DType::kF32, 15000});
+  Status accumulated = harness.group().AccumulateGrad(10000, {nullptr, DType::kFloat32, 15000});
   EXPECT_EQ(accumulated.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(accumulated.message().find("accumulated gradient view 0"), std::string::npos)
       << accumulated.ToString();
-  accumulated = harness.group().AccumulateGrad(5000, {nullptr, DType::kF32, 40000});
+  accumulated = harness.group().AccumulateGrad(5000, {nullptr, DType::kFloat32, 40000});
   EXPECT_EQ(accumulated.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(accumulated.message().find("segments 0..3"), std::string::npos)
       << accumulated.ToString();
   EXPECT_EQ(harness.group().reads_started(), 0u);
   // Whole segments are accepted.
-  EXPECT_TRUE(harness.group().AccumulateGrad(10000, {nullptr, DType::kF32, 30007}).ok());
+  EXPECT_TRUE(harness.group().AccumulateGrad(10000, {nullptr, DType::kFloat32, 30007}).ok());
 }
 
 TEST(OptimizerGroupSegmentsTest, SegmentsThatDoNotAddUpToTheCountAreRefused) {

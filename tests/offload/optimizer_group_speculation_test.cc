@@ -253,10 +253,10 @@ TEST_P(SpeculationTest, TotalsAddUpOverSteps) {
 
 INSTANTIATE_TEST_SUITE_P(
     Placements, SpeculationTest,
-    ::testing::Values(Placement{"dram_fp32", Tier::kHost, 1.0, optim::DType::kF32},
-                      Placement{"dram_bf16", Tier::kHost, 1.0, optim::DType::kBF16},
-                      Placement{"nvme_fp32", Tier::kNvme, 0.75, optim::DType::kF32},
-                      Placement{"nvme_bf16", Tier::kNvme, 0.75, optim::DType::kBF16}),
+    ::testing::Values(Placement{"dram_fp32", Tier::kHost, 1.0, optim::DType::kFloat32},
+                      Placement{"dram_bf16", Tier::kHost, 1.0, optim::DType::kBFloat16},
+                      Placement{"nvme_fp32", Tier::kNvme, 0.75, optim::DType::kFloat32},
+                      Placement{"nvme_bf16", Tier::kNvme, 0.75, optim::DType::kBFloat16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // ---- segments without a gradient ---------------------------------------------------------------
@@ -275,7 +275,7 @@ std::vector<GradView> SegmentViews(const GroupHarness& harness, const std::vecto
   const auto* grads = reinterpret_cast<const float*>(harness.grads());
   size_t begin = 0;
   for (size_t s = 0; s < kSegments.size(); ++s) {
-    views.push_back({present[s] ? grads + begin : nullptr, optim::DType::kF32, kSegments[s]});
+    views.push_back({present[s] ? grads + begin : nullptr, optim::DType::kFloat32, kSegments[s]});
     begin += kSegments[s];
   }
   return views;
@@ -285,7 +285,7 @@ std::vector<GradView> SegmentViews(const GroupHarness& harness, const std::vecto
 // discards only what a plain step would touch, so the absent segments' state, parameters and
 // step counts stay as they are.
 TEST(SpeculationSegmentsTest, AbsentSegmentsMatchThePlainStep) {
-  HarnessOptions options = SpeculationOptions({"nvme", Tier::kNvme, 0.75, optim::DType::kBF16},
+  HarnessOptions options = SpeculationOptions({"nvme", Tier::kNvme, 0.75, optim::DType::kBFloat16},
                                               /*max_grad_norm=*/100.0);
   options.group.segments = kSegments;
   GroupHarness plain(options);
@@ -336,7 +336,8 @@ TEST(SpeculationSegmentsTest, AbsentSegmentsMatchThePlainStep) {
 // ---- arguments and memory ---------------------------------------------------------------------
 
 TEST(SpeculationArgsTest, RefusedWhereItCannotApply) {
-  HarnessOptions options = SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kF32}, 0);
+  HarnessOptions options =
+      SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kFloat32}, 0);
   GroupHarness off(options);
   ASSERT_TRUE(off.ok());
   StepArgs args;
@@ -363,7 +364,8 @@ TEST(SpeculationArgsTest, RefusedWhereItCannotApply) {
 }
 
 TEST(SpeculationArgsTest, AStepWithOtherParameterViewsIsRefusedAndChangesNothing) {
-  HarnessOptions options = SpeculationOptions({"dram", Tier::kHost, 1.0, optim::DType::kF32}, 0);
+  HarnessOptions options =
+      SpeculationOptions({"dram", Tier::kHost, 1.0, optim::DType::kFloat32}, 0);
   options.group.speculative = true;
   GroupHarness harness(options);
   ASSERT_TRUE(harness.ok());
@@ -383,7 +385,8 @@ TEST(SpeculationArgsTest, AStepWithOtherParameterViewsIsRefusedAndChangesNothing
 }
 
 TEST(SpeculationArgsTest, HostChunksTakeASpareFromThePinnedBudget) {
-  HarnessOptions options = SpeculationOptions({"dram", Tier::kHost, 1.0, optim::DType::kF32}, 0);
+  HarnessOptions options =
+      SpeculationOptions({"dram", Tier::kHost, 1.0, optim::DType::kFloat32}, 0);
   GroupHarness plain(options);
   options.group.speculative = true;
   GroupHarness speculative(options);

@@ -11,6 +11,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/backend.h"
@@ -34,9 +35,9 @@ struct EquivalenceCase {
   Tier placement = Tier::kNvme;
   double ratio = 1.0;
   optim::Kind kind = optim::Kind::kAdamW;
-  DType state = DType::kF32;
-  DType param = DType::kF32;
-  DType grad = DType::kF32;
+  DType state = DType::kFloat32;
+  DType param = DType::kFloat32;
+  DType grad = DType::kFloat32;
   // 0: none; 4096: verified and hashed by the update's stripes; larger: by the I/O queue.
   uint64_t checksum_block = 0;
 };
@@ -91,27 +92,27 @@ const EquivalenceCase kEquivalenceCases[] = {
     {"nvme_libaio", io::BackendKind::kLibaio},
     {"nvme_psync", io::BackendKind::kPsync},
     {"nvme_psync_queue_checksums_bf16_state", io::BackendKind::kPsync, Tier::kNvme, 1.0,
-     optim::Kind::kAdamW, DType::kBF16, DType::kF32, DType::kF32, 8192},
+     optim::Kind::kAdamW, DType::kBFloat16, DType::kFloat32, DType::kFloat32, 8192},
     {"nvme_io_uring_stripe_checksums", io::BackendKind::kIoUring, Tier::kNvme, 1.0,
-     optim::Kind::kAdamW, DType::kF32, DType::kF32, DType::kF32, 4096},
+     optim::Kind::kAdamW, DType::kFloat32, DType::kFloat32, DType::kFloat32, 4096},
     {"ratio_half_stripe_checksums_bf16_state_fp16_params", io::BackendKind::kPsync, Tier::kNvme,
-     0.5, optim::Kind::kAdamW, DType::kBF16, DType::kF16, DType::kF32, 4096},
+     0.5, optim::Kind::kAdamW, DType::kBFloat16, DType::kFloat16, DType::kFloat32, 4096},
     {"nvme_lion_stripe_checksums", io::BackendKind::kPsync, Tier::kNvme, 1.0, optim::Kind::kLion,
-     DType::kF32, DType::kF32, DType::kF32, 4096},
+     DType::kFloat32, DType::kFloat32, DType::kFloat32, 4096},
     {"nvme_adagrad_stripe_checksums_bf16_state", io::BackendKind::kPsync, Tier::kNvme, 1.0,
-     optim::Kind::kAdagrad, DType::kBF16, DType::kF32, DType::kF32, 4096},
+     optim::Kind::kAdagrad, DType::kBFloat16, DType::kFloat32, DType::kFloat32, 4096},
     {"host_bf16_state_bf16_params", io::BackendKind::kPsync, Tier::kHost, 1.0, optim::Kind::kAdamW,
-     DType::kBF16, DType::kBF16},
+     DType::kBFloat16, DType::kBFloat16},
     // fp32 parameters in DRAM: written by the update kernel's own pass, as the master's bits.
     {"host_fp32_params_bf16_grads", io::BackendKind::kPsync, Tier::kHost, 1.0, optim::Kind::kAdamW,
-     DType::kF32, DType::kF32, DType::kBF16},
+     DType::kFloat32, DType::kFloat32, DType::kBFloat16},
     {"ratio_half_fp16_params_bf16_grads", io::BackendKind::kPsync, Tier::kNvme, 0.5,
-     optim::Kind::kAdamW, DType::kF32, DType::kF16, DType::kBF16},
+     optim::Kind::kAdamW, DType::kFloat32, DType::kFloat16, DType::kBFloat16},
     {"ratio_half_bf16_state_bf16_params_adam", io::BackendKind::kPsync, Tier::kNvme, 0.5,
-     optim::Kind::kAdam, DType::kBF16, DType::kBF16},
+     optim::Kind::kAdam, DType::kBFloat16, DType::kBFloat16},
     {"nvme_lion", io::BackendKind::kPsync, Tier::kNvme, 1.0, optim::Kind::kLion},
     {"nvme_adagrad_bf16_state", io::BackendKind::kPsync, Tier::kNvme, 1.0, optim::Kind::kAdagrad,
-     DType::kBF16},
+     DType::kBFloat16},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, OptimizerGroupEquivalenceTest,
@@ -268,12 +269,12 @@ TEST(OptimizerGroupTest, FailedWriteStateChangesNothing) {
 
 TEST(OptimizerGroupTest, CreateWidensInitialParametersAndZeroesMoments) {
   HarnessOptions options;
-  options.param_dtype = DType::kBF16;
+  options.param_dtype = DType::kBFloat16;
   options.group.nvme_ratio = 0.5;
   GroupHarness harness(options);
   ASSERT_TRUE(harness.ok());
   std::vector<float> expected(harness.count());
-  ASSERT_TRUE(optim::CastToF32(harness.params_bytes().data(), DType::kBF16, expected.data(),
+  ASSERT_TRUE(optim::CastToF32(harness.params_bytes().data(), DType::kBFloat16, expected.data(),
                                expected.size())
                   .ok());
   std::vector<float> master(harness.count());
@@ -286,7 +287,7 @@ TEST(OptimizerGroupTest, CreateWidensInitialParametersAndZeroesMoments) {
 
 TEST(OptimizerGroupTest, WriteStateRoundsMomentsToTheStateDtypeAndReadsBack) {
   HarnessOptions options;
-  options.group.state_dtype = DType::kBF16;
+  options.group.state_dtype = DType::kBFloat16;
   options.group.nvme_ratio = 0.5;
   GroupHarness harness(options);
   ASSERT_TRUE(harness.ok());
@@ -297,10 +298,11 @@ TEST(OptimizerGroupTest, WriteStateRoundsMomentsToTheStateDtypeAndReadsBack) {
   for (float& v : values) v = normal(random);
   ASSERT_TRUE(harness.group().WriteState(StateSlot::kExpAvg, offset, values).ok());
   std::vector<uint16_t> rounded(values.size());
-  ASSERT_TRUE(optim::CastFromF32(values.data(), DType::kBF16, rounded.data(), values.size()).ok());
+  ASSERT_TRUE(
+      optim::CastFromF32(values.data(), DType::kBFloat16, rounded.data(), values.size()).ok());
   std::vector<float> expected(values.size());
   ASSERT_TRUE(
-      optim::CastToF32(rounded.data(), DType::kBF16, expected.data(), expected.size()).ok());
+      optim::CastToF32(rounded.data(), DType::kBFloat16, expected.data(), expected.size()).ok());
   std::vector<float> read(values.size());
   ASSERT_TRUE(harness.group().ReadState(StateSlot::kExpAvg, offset, read).ok());
   EXPECT_EQ(read, expected);
@@ -445,13 +447,24 @@ TEST(OptimizerGroupTest, StepArgumentErrorsChangeNothing) {
             std::string::npos)
       << short_grads.status().ToString();
 
-  grads = harness.grad_views();
-  grads[1].dtype = static_cast<DType>(7);
-  args.grads = grads;
-  Result<StepReport> bad_dtype = group.Step(args);
-  EXPECT_EQ(bad_dtype.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad_dtype.status().message().find("unknown dtype"), std::string::npos)
-      << bad_dtype.status().ToString();
+  // A dtype outside the enum, and zoe::DTypes the kernels do not take.
+  const std::pair<DType, std::string> bad_dtypes[] = {
+      {static_cast<DType>(200), "gradient view 1 dtype = unknown (200)"},
+      {DType::kFloat64, "gradient view 1 dtype = fp64"},
+      {DType::kInt32, "gradient view 1 dtype = int32"},
+      {DType::kInt8, "gradient view 1 dtype = int8"}};
+  for (const auto& [dtype, message] : bad_dtypes) {
+    grads = harness.grad_views();
+    grads[1].dtype = dtype;
+    args.grads = grads;
+    Result<StepReport> bad_dtype = group.Step(args);
+    EXPECT_EQ(bad_dtype.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(
+        bad_dtype.status().message().find(
+            message + " is not an element type the optimizer takes; allowed: fp32, bf16, fp16"),
+        std::string::npos)
+        << bad_dtype.status().ToString();
+  }
 
   grads = harness.grad_views();
   args.grads = grads;
@@ -480,8 +493,8 @@ TEST(OptimizerGroupTest, ViewCountsThatWrapAroundAreRejected) {
   const auto before = harness.Snapshot();
   const std::vector<GradView> valid = harness.grad_views();
   const std::vector<GradView> grads = {
-      {valid[0].data, DType::kF32, SIZE_MAX},
-      {valid[0].data, DType::kF32, harness.count() + 1},
+      {valid[0].data, DType::kFloat32, SIZE_MAX},
+      {valid[0].data, DType::kFloat32, harness.count() + 1},
   };
   StepArgs args;
   args.hyper = harness.Hyper(0);
@@ -492,9 +505,9 @@ TEST(OptimizerGroupTest, ViewCountsThatWrapAroundAreRejected) {
       << wrapped.status().ToString();
 
   std::vector<float> small(4, 0.5f);
-  const std::vector<ParamView> params = {{small.data(), DType::kF32, 2},
-                                         {small.data(), DType::kF32, SIZE_MAX},
-                                         {small.data(), DType::kF32, 3}};
+  const std::vector<ParamView> params = {{small.data(), DType::kFloat32, 2},
+                                         {small.data(), DType::kFloat32, SIZE_MAX},
+                                         {small.data(), DType::kFloat32, 3}};
   OptimizerGroupOptions options = testing::DefaultGroupOptions();
   options.placement = Tier::kHost;
   options.count = 4;
@@ -532,7 +545,10 @@ TEST(OptimizerGroupTest, CreateRejectsBadOptions) {
   const Bad cases[] = {
       {"name", [](OptimizerGroupOptions& o) { o.name.clear(); }},
       {"count", [](OptimizerGroupOptions& o) { o.count = 0; }},
-      {"state_dtype", [](OptimizerGroupOptions& o) { o.state_dtype = DType::kF16; }},
+      {"state_dtype", [](OptimizerGroupOptions& o) { o.state_dtype = DType::kFloat16; }},
+      {"state_dtype = fp64", [](OptimizerGroupOptions& o) { o.state_dtype = DType::kFloat64; }},
+      {"state_dtype = int32 is not an element type the optimizer takes; allowed: fp32, bf16, int8",
+       [](OptimizerGroupOptions& o) { o.state_dtype = DType::kInt32; }},
       {"nvme_ratio", [](OptimizerGroupOptions& o) { o.nvme_ratio = 0.0; }},
       {"nvme_ratio", [](OptimizerGroupOptions& o) { o.nvme_ratio = 1.5; }},
       {"buffer_count", [](OptimizerGroupOptions& o) { o.buffer_count = 1; }},

@@ -95,14 +95,12 @@ TEST_P(ZeroCopyTest, ParameterViewsGivenToTheStepAreWrittenToo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Moments, ZeroCopyTest,
-                         ::testing::Values(DType::kF32, DType::kBF16, DType::kI8),
-                         [](const auto& info) {
-                           return std::string(optim::DTypeName(info.param));
-                         });
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kInt8),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 // A segment without a gradient keeps its master (the caller's bytes) and moments untouched.
 TEST(ZeroCopy, SegmentWithoutGradientKeepsItsMaster) {
-  HarnessOptions options = HostOptions(DType::kF32, true);
+  HarnessOptions options = HostOptions(DType::kFloat32, true);
   options.group.segments = {30001, 40000, 30002};
   HarnessOptions copy_options = options;
   copy_options.group.master_in_params = false;
@@ -114,9 +112,10 @@ TEST(ZeroCopy, SegmentWithoutGradientKeepsItsMaster) {
       h->NewGradients(step);
       const auto* grads = reinterpret_cast<const float*>(h->grads());
       // Segment 1 has no gradient on odd steps.
-      std::vector<GradView> views = {{grads, DType::kF32, 30001},
-                                     {step % 2 == 1 ? nullptr : grads + 30001, DType::kF32, 40000},
-                                     {grads + 70001, DType::kF32, 30002}};
+      std::vector<GradView> views = {
+          {grads, DType::kFloat32, 30001},
+          {step % 2 == 1 ? nullptr : grads + 30001, DType::kFloat32, 40000},
+          {grads + 70001, DType::kFloat32, 30002}};
       const std::vector<ParamView> params = h->param_views();
       StepArgs args;
       args.hyper = h->Hyper(step);
@@ -145,29 +144,29 @@ TEST(ZeroCopy, UnalignedMasterView) {
     reference[i] = storage[i + 3] = 0.01f * static_cast<float>(i % 97) - 0.3f;
     grads[i] = 0.001f * static_cast<float>(i % 13) - 0.005f;
   }
-  HarnessOptions unused = HostOptions(DType::kF32, true);
+  HarnessOptions unused = HostOptions(DType::kFloat32, true);
   unused.count = kCount;
   GroupHarness harness(unused, /*create=*/false);
   ASSERT_TRUE(harness.ok());
   OptimizerGroupOptions options = harness.group_options();
   options.count = kCount;
   OptimizerResources resources{nullptr, nullptr, &harness.pinned()};
-  const ParamView master{storage.data() + 3, DType::kF32, kCount};
+  const ParamView master{storage.data() + 3, DType::kFloat32, kCount};
   Result<std::unique_ptr<OptimizerGroup>> zero =
       OptimizerGroup::Create(options, resources, {&master, 1});
   options.master_in_params = false;
   options.name = "copy";
-  const ParamView initial{reference.data(), DType::kF32, kCount};
+  const ParamView initial{reference.data(), DType::kFloat32, kCount};
   Result<std::unique_ptr<OptimizerGroup>> copy =
       OptimizerGroup::Create(options, resources, {&initial, 1});
   ASSERT_TRUE(zero.ok() && copy.ok()) << zero.status().ToString() << copy.status().ToString();
-  const GradView grad{grads.data(), DType::kF32, kCount};
+  const GradView grad{grads.data(), DType::kFloat32, kCount};
   for (int step = 1; step <= 3; ++step) {
     StepArgs args;
     args.hyper = harness.Hyper(step);
     args.grads = {&grad, 1};
     ASSERT_TRUE((*zero)->Step(args).ok());
-    const ParamView out{reference.data(), DType::kF32, kCount};
+    const ParamView out{reference.data(), DType::kFloat32, kCount};
     args.params = {&out, 1};
     ASSERT_TRUE((*copy)->Step(args).ok());
   }
@@ -176,8 +175,8 @@ TEST(ZeroCopy, UnalignedMasterView) {
 
 TEST(ZeroCopy, CheckpointsLoadAcrossTheTwoForms) {
   TempDir dir;
-  GroupHarness zero(HostOptions(DType::kF32, true));
-  GroupHarness copy(HostOptions(DType::kF32, false));
+  GroupHarness zero(HostOptions(DType::kFloat32, true));
+  GroupHarness copy(HostOptions(DType::kFloat32, false));
   ASSERT_TRUE(zero.ok() && copy.ok());
   for (int step = 1; step <= 2; ++step) {
     zero.NewGradients(step);
@@ -206,7 +205,7 @@ TEST(ZeroCopy, CheckpointsLoadAcrossTheTwoForms) {
 }
 
 TEST(ZeroCopy, StateReadsAndWritesGoThroughTheCallersBuffer) {
-  GroupHarness zero(HostOptions(DType::kF32, true));
+  GroupHarness zero(HostOptions(DType::kFloat32, true));
   ASSERT_TRUE(zero.ok());
   std::vector<float> values(1000);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
@@ -219,14 +218,14 @@ TEST(ZeroCopy, StateReadsAndWritesGoThroughTheCallersBuffer) {
 }
 
 TEST(ZeroCopy, SavesFourBytesPerParameterOfPinnedMemory) {
-  GroupHarness zero(HostOptions(DType::kF32, true));
-  GroupHarness copy(HostOptions(DType::kF32, false));
+  GroupHarness zero(HostOptions(DType::kFloat32, true));
+  GroupHarness copy(HostOptions(DType::kFloat32, false));
   ASSERT_TRUE(zero.ok() && copy.ok());
   EXPECT_GE(copy.group().pinned_bytes() - zero.group().pinned_bytes(), 4 * zero.count());
 }
 
 TEST(ZeroCopy, RefusesWhatItCannotServe) {
-  HarnessOptions options = HostOptions(DType::kF32, false);
+  HarnessOptions options = HostOptions(DType::kFloat32, false);
   GroupHarness harness(options, /*create=*/false);
   ASSERT_TRUE(harness.ok());
   OptimizerGroupOptions nvme = harness.group_options();
@@ -244,8 +243,8 @@ TEST(ZeroCopy, RefusesWhatItCannotServe) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("speculation"), std::string::npos);
 
-  HarnessOptions bf16 = HostOptions(DType::kF32, true);
-  bf16.param_dtype = DType::kBF16;
+  HarnessOptions bf16 = HostOptions(DType::kFloat32, true);
+  bf16.param_dtype = DType::kBFloat16;
   GroupHarness bf16_harness(bf16, /*create=*/false);
   ASSERT_TRUE(bf16_harness.ok());
   refused = bf16_harness.CreateGroup(bf16_harness.group_options());
@@ -271,7 +270,7 @@ TEST(StepMemory, SteadyStateStepsFaultInNoFreshPages) {
   GTEST_SKIP() << "page-fault counts are those of the sanitizer's allocator";
 #endif
   for (bool zero_copy : {false, true}) {
-    HarnessOptions options = HostOptions(DType::kF32, zero_copy);
+    HarnessOptions options = HostOptions(DType::kFloat32, zero_copy);
     options.count = (size_t{1} << 21) + 2053;
     options.pinned_budget = 64 << 20;
     options.group.chunk_elements = size_t{1} << 19;

@@ -211,7 +211,7 @@ class Ranks {
   double Step(const std::function<std::vector<float>(int)>& grads) {
     return OnEveryRank([&](Rank& rank, int r) {
       const std::vector<float> g = grads(r);
-      const GradView grad{g.data(), optim::DType::kF32, g.size()};
+      const GradView grad{g.data(), optim::DType::kFloat32, g.size()};
       const std::vector<ParamView> params = ParamViews(rank);
       ShardedStepArgs args;
       args.grads = std::span<const GradView>(&grad, 1);
@@ -226,9 +226,10 @@ class Ranks {
  private:
   // The rank's parameters as one view, or two split at view_split_.
   std::vector<ParamView> ParamViews(Rank& rank) const {
-    std::vector<ParamView> views{{rank.params.data(), optim::DType::kF32, view_split_}};
+    std::vector<ParamView> views{{rank.params.data(), optim::DType::kFloat32, view_split_}};
     if (view_split_ < kCount) {
-      views.push_back({rank.params.data() + view_split_, optim::DType::kF32, kCount - view_split_});
+      views.push_back(
+          {rank.params.data() + view_split_, optim::DType::kFloat32, kCount - view_split_});
     }
     return views;
   }
@@ -377,14 +378,14 @@ TEST(ShardedGroupFailures, AGradientThatCannotBeWidenedStopsEveryRankBeforeTheUp
   }
   const double seconds = ranks.OnEveryRank([](Rank& rank, int r) {
     const std::vector<float> g(kCount, 0.01f);
-    const GradView grad{g.data(), r == 1 ? optim::DType::kI8 : optim::DType::kF32, kCount};
+    const GradView grad{g.data(), r == 1 ? optim::DType::kInt8 : optim::DType::kFloat32, kCount};
     ShardedStepArgs args;
     args.grads = std::span<const GradView>(&grad, 1);
     rank.stepped = rank.group->Step(args).status();
   });
   EXPECT_LT(seconds, std::chrono::duration<double>(kCollectiveTimeout).count());
   EXPECT_EQ(ranks[1].stepped.code(), StatusCode::kInvalidArgument) << ranks[1].stepped.ToString();
-  EXPECT_THAT(std::string(ranks[1].stepped.message()), HasSubstr("cast from int8 to fp32"));
+  EXPECT_THAT(std::string(ranks[1].stepped.message()), HasSubstr("cast source dtype = int8"));
   for (const int r : {0, 2}) {
     EXPECT_EQ(ranks[r].stepped.code(), StatusCode::kAborted) << ranks[r].stepped.ToString();
     EXPECT_THAT(std::string(ranks[r].stepped.message()),
@@ -400,8 +401,8 @@ TEST(ShardedGroupFailures, BadParameterViewsOnOneRankStopEveryRankBeforeTheUpdat
   const std::vector<float> before0 = Master(ranks[0]);
   ranks.OnEveryRank([](Rank& rank, int r) {
     const std::vector<float> g(kCount, 0.01f);
-    const GradView grad{g.data(), optim::DType::kF32, g.size()};
-    const ParamView param{rank.params.data(), optim::DType::kF32, r == 0 ? kCount - 5 : kCount};
+    const GradView grad{g.data(), optim::DType::kFloat32, g.size()};
+    const ParamView param{rank.params.data(), optim::DType::kFloat32, r == 0 ? kCount - 5 : kCount};
     ShardedStepArgs args;
     args.grads = std::span<const GradView>(&grad, 1);
     args.params = std::span<const ParamView>(&param, 1);
@@ -438,7 +439,7 @@ TEST(ShardedGroupFailures, MoreRanksThanElementsIsRefusedOnEveryRank) {
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
       float params[2] = {1.0f, 2.0f};
-      const ParamView view{params, optim::DType::kF32, 2};
+      const ParamView view{params, optim::DType::kFloat32, 2};
       created[static_cast<size_t>(r)] =
           ShardedGroup::Create(
               *ranks[r == 2 ? 1 : r].engine, R"({"name": "tiny)" + std::to_string(r) + "\"}",

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/executor.h"
@@ -17,7 +18,7 @@ namespace {
 
 using testing::TestChunk;
 
-const ChunkLayout kF32Layout{DType::kF32, DType::kF32, std::nullopt};
+const ChunkLayout kF32Layout{DType::kFloat32, DType::kFloat32, std::nullopt};
 
 void ExpectInvalid(const Status& status, const std::string& fragment) {
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
@@ -51,13 +52,15 @@ TEST(UpdateChunkCheck, RejectsBadStepLayoutsAndMissingBuffers) {
   const HyperParams hyper;
   ExpectInvalid(UpdateChunk(hyper, 0, kF32Layout, chunk.buffers(), {}), "step 0");
   ExpectInvalid(
-      UpdateChunk(hyper, 1, {DType::kF32, DType::kF16, std::nullopt}, chunk.buffers(), {}),
-      "state dtype fp16");
-  ExpectInvalid(UpdateChunk(hyper, 1, {DType::kF32, DType::kF32, DType::kF32}, chunk.buffers(), {}),
+      UpdateChunk(hyper, 1, {DType::kFloat32, DType::kFloat16, std::nullopt}, chunk.buffers(), {}),
+      "optimizer state dtype = fp16 is not an element type the optimizer takes; allowed: fp32, "
+      "bf16, int8");
+  ExpectInvalid(UpdateChunk(hyper, 1, {DType::kFloat32, DType::kFloat32, DType::kFloat32},
+                            chunk.buffers(), {}),
                 "param_copy buffer");
-  ExpectInvalid(
-      UpdateChunk(hyper, 1, {DType::kF32, DType::kF32, DType::kBF16}, chunk.buffers(), {}),
-      "param_copy buffer");
+  ExpectInvalid(UpdateChunk(hyper, 1, {DType::kFloat32, DType::kFloat32, DType::kBFloat16},
+                            chunk.buffers(), {}),
+                "param_copy buffer");
   ExpectInvalid(UpdateChunk(hyper, 1, kF32Layout, chunk.buffers(), {0.0, 1.0}), "scale factor");
   ExpectInvalid(UpdateChunk(hyper, 1, kF32Layout, chunk.buffers(), {}, {.tile_elements = 0}),
                 "tile_elements");
@@ -92,7 +95,7 @@ TEST(UpdateChunkCheck, InvalidHyperParamsLeaveStateUntouched) {
 
 TEST(GradScanTest, SumOfSquaresAndNonFiniteDetection) {
   std::vector<float> grad = {3.0f, 4.0f, 0.0f, -12.0f};
-  auto scan = ScanGradients(grad.data(), DType::kF32, grad.size());
+  auto scan = ScanGradients(grad.data(), DType::kFloat32, grad.size());
   ASSERT_TRUE(scan.ok());
   EXPECT_EQ(scan->sum_squares, 169.0);
   EXPECT_TRUE(scan->finite());
@@ -100,37 +103,38 @@ TEST(GradScanTest, SumOfSquaresAndNonFiniteDetection) {
     for (size_t at : {0ul, 3ul}) {
       std::vector<float> g = grad;
       g[at] = bad;
-      auto s = ScanGradients(g.data(), DType::kF32, g.size());
+      auto s = ScanGradients(g.data(), DType::kFloat32, g.size());
       ASSERT_TRUE(s.ok());
       EXPECT_FALSE(s->finite()) << bad << " at " << at;
     }
   }
   // Values near fp32's maximum square to far below double's: no false positive.
   std::vector<float> huge(100, std::numeric_limits<float>::max());
-  EXPECT_TRUE(ScanGradients(huge.data(), DType::kF32, huge.size())->finite());
-  EXPECT_EQ(ScanGradients(nullptr, DType::kF32, 4).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ScanGradients(nullptr, DType::kF32, 0)->sum_squares, 0.0);
+  EXPECT_TRUE(ScanGradients(huge.data(), DType::kFloat32, huge.size())->finite());
+  EXPECT_EQ(ScanGradients(nullptr, DType::kFloat32, 4).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ScanGradients(nullptr, DType::kFloat32, 0)->sum_squares, 0.0);
 }
 
 TEST(GradScanTest, TileLargerThanAnyCountIsOneTile) {
   // A tile length near SIZE_MAX must not wrap the tile arithmetic, on one thread or several.
   std::vector<float> grad(1000);
   for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 7) - 3.0f;
-  const double expected = ScanGradients(grad.data(), DType::kF32, grad.size())->sum_squares;
+  const double expected = ScanGradients(grad.data(), DType::kFloat32, grad.size())->sum_squares;
   Executor executor(2);
   for (Executor* threads : {static_cast<Executor*>(nullptr), &executor}) {
     RunOptions run;
     run.executor = threads;
     run.tile_elements = std::numeric_limits<size_t>::max();
-    auto scan = ScanGradients(grad.data(), DType::kF32, grad.size(), run);
+    auto scan = ScanGradients(grad.data(), DType::kFloat32, grad.size(), run);
     ASSERT_TRUE(scan.ok()) << scan.status().ToString();
     EXPECT_EQ(scan->sum_squares, expected);
   }
 }
 
 TEST(GradScanTest, FindsNonFiniteHalfAndBfloatGradients) {
-  for (DType type : {DType::kBF16, DType::kF16}) {
-    TestChunk chunk({type, DType::kF32, std::nullopt}, 1000, 3);
+  for (DType type : {DType::kBFloat16, DType::kFloat16}) {
+    TestChunk chunk({type, DType::kFloat32, std::nullopt}, 1000, 3);
     EXPECT_TRUE(ScanGradients(chunk.grad.data(), type, 1000)->finite());
     testing::PutElement(chunk.grad.data(), type, 999, NAN);
     EXPECT_FALSE(ScanGradients(chunk.grad.data(), type, 1000)->finite()) << DTypeName(type);
@@ -160,7 +164,7 @@ TEST(StepChunkTest, ClipAndUnscaleAreFusedIntoTheUpdate) {
   const size_t n = 257;
   TestChunk fused(kF32Layout, n, 4, 0, 100.0f);
   TestChunk manual(kF32Layout, n, 4, 0, 100.0f);
-  auto scan = ScanGradients(fused.grad.data(), DType::kF32, n);
+  auto scan = ScanGradients(fused.grad.data(), DType::kFloat32, n);
   auto scaling = MakeStepScaling(*scan, 4.0, 0.5);
   ASSERT_TRUE(scaling.ok());
   ASSERT_LT(scaling->scaling.clip_factor, 1.0);
@@ -191,25 +195,69 @@ TEST(StepChunkTest, NonFiniteGradientSkipsAndLeavesEveryByteUnchanged) {
   }
 }
 
+// zoe::DType has more element types than the kernels take: every field of a layout, and the
+// gradient scan, refuse the others by name, listing the ones allowed there.
+TEST(UpdateChunkCheck, RejectsElementTypesTheKernelsDoNotTake) {
+  TestChunk chunk(kF32Layout, 8, 1);
+  const HyperParams hyper;
+  const std::string not_taken = " is not an element type the optimizer takes; allowed: ";
+  const std::pair<ChunkLayout, std::string> cases[] = {
+      {{DType::kFloat64, DType::kFloat32, std::nullopt},
+       "gradient dtype = fp64" + not_taken + "fp32, bf16, fp16"},
+      {{DType::kInt8, DType::kFloat32, std::nullopt},
+       "gradient dtype = int8" + not_taken + "fp32, bf16, fp16"},
+      {{DType::kFloat32, DType::kInt32, std::nullopt},
+       "optimizer state dtype = int32" + not_taken + "fp32, bf16, int8"},
+      {{DType::kFloat32, DType::kFloat32, DType::kUInt8},
+       "param_copy dtype = uint8" + not_taken + "fp32, bf16, fp16"},
+      {{DType::kFloat32, static_cast<DType>(200), std::nullopt},
+       "optimizer state dtype = unknown (200)" + not_taken + "fp32, bf16, int8"},
+  };
+  for (const auto& [layout, message] : cases) {
+    ExpectInvalid(UpdateChunk(hyper, 1, layout, chunk.buffers(), {}), message);
+  }
+  ExpectInvalid(ValidateLayout({DType::kFloat8E4M3, DType::kFloat32, std::nullopt}),
+                "gradient dtype = fp8_e4m3");
+  ExpectInvalid(StepChunk(hyper, 1, {DType::kFloat64, DType::kFloat32, std::nullopt},
+                          chunk.buffers(), 1.0, 0.0)
+                    .status(),
+                "dtype = fp64");
+  ExpectInvalid(ScanGradients(chunk.grad.data(), DType::kFloat64, 8).status(),
+                "gradient scan dtype = fp64" + not_taken + "fp32, bf16, fp16");
+  ExpectInvalid(ScanGradients(chunk.grad.data(), DType::kInt8, 8).status(),
+                "gradient scan dtype = int8");
+  for (DType grad : kAllDTypes) {
+    for (DType state : kStateDTypes) {
+      EXPECT_TRUE(ValidateLayout({grad, state, grad}).ok())
+          << DTypeName(grad) << "/" << DTypeName(state);
+    }
+  }
+}
+
 TEST(CastTest, CastsRoundTripAndRejectBadArguments) {
   std::vector<float> src = {1.0f, -2.5f, 3.140625f, 65504.0f, 1e-8f};
-  for (DType type : {DType::kBF16, DType::kF16}) {
+  for (DType type : {DType::kBFloat16, DType::kFloat16}) {
     std::vector<uint16_t> half(src.size());
     ASSERT_TRUE(CastFromF32(src.data(), type, half.data(), src.size()).ok());
     std::vector<float> back(src.size());
     ASSERT_TRUE(CastToF32(half.data(), type, back.data(), src.size()).ok());
     for (size_t i = 0; i < 3; ++i) EXPECT_EQ(back[i], src[i]) << DTypeName(type);
   }
-  ExpectInvalid(CastFromF32(src.data(), DType::kF32, nullptr, 1), "fp32 to fp32");
-  ExpectInvalid(CastToF32(src.data(), DType::kF32, nullptr, 1), "fp32 to fp32");
-  // int8 is a state type: the casts have no table entry for it.
-  std::vector<int8_t> bytes(src.size());
-  ExpectInvalid(CastFromF32(src.data(), DType::kI8, bytes.data(), 1),
-                "cast from fp32 to int8; allowed targets: bf16, fp16");
-  ExpectInvalid(CastToF32(bytes.data(), DType::kI8, src.data(), 1),
-                "cast from int8 to fp32; allowed sources: bf16, fp16");
-  ExpectInvalid(CastFromF32(nullptr, DType::kBF16, src.data(), 1), "null");
-  ExpectInvalid(CastToF32(nullptr, DType::kF16, src.data(), 1), "null");
+  ExpectInvalid(CastFromF32(src.data(), DType::kFloat32, nullptr, 1),
+                "cast target dtype = fp32 is not an element type the optimizer takes; allowed: "
+                "bf16, fp16");
+  ExpectInvalid(CastToF32(src.data(), DType::kFloat32, nullptr, 1),
+                "cast source dtype = fp32 is not an element type the optimizer takes; allowed: "
+                "bf16, fp16");
+  std::vector<uint16_t> half(src.size());
+  ExpectInvalid(CastFromF32(src.data(), DType::kFloat64, half.data(), src.size()),
+                "cast target dtype = fp64");
+  ExpectInvalid(CastToF32(half.data(), DType::kInt32, src.data(), src.size()),
+                "cast source dtype = int32");
+  ExpectInvalid(CastToF32(half.data(), DType::kInt8, src.data(), src.size()),
+                "cast source dtype = int8");
+  ExpectInvalid(CastFromF32(nullptr, DType::kBFloat16, src.data(), 1), "null");
+  ExpectInvalid(CastToF32(nullptr, DType::kFloat16, src.data(), 1), "null");
 }
 
 }  // namespace

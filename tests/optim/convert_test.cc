@@ -69,7 +69,7 @@ TEST(Convert, EverySimdPathMatchesScalarBitForBit) {
   const KernelTable& scalar = ScalarKernelTable();
   for (Isa isa : testing::SupportedIsas()) {
     const KernelTable* table = *KernelsFor(isa);
-    for (DType type : {DType::kBF16, DType::kF16}) {
+    for (DType type : {DType::kBFloat16, DType::kFloat16}) {
       const int t = static_cast<int>(type);
       std::vector<uint16_t> expected(floats.size()), actual(floats.size());
       scalar.from_f32[t](floats.data(), expected.data(), 0, floats.size());

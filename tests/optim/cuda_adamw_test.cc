@@ -22,6 +22,18 @@ TEST(CudaAdamW, ChecksArgumentsBeforeTouchingTheDevice) {
   EXPECT_EQ(cuda::LaunchAdamW({.lr = -1}, 1, layout, {}, {}, nullptr).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(cuda::LaunchAdamW({}, 0, layout, {}, {}, nullptr).code(), StatusCode::kInvalidArgument);
+  // No int8 block kernel on the device, and no dtype the kernels do not take.
+  const Status int8_state =
+      cuda::LaunchAdamW({}, 1, {DType::kFloat32, DType::kInt8, std::nullopt}, {}, {}, nullptr);
+  EXPECT_EQ(int8_state.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(int8_state.message().find("CUDA AdamW state dtype = int8 is not an element type the "
+                                      "optimizer takes; allowed: fp32, bf16"),
+            std::string_view::npos)
+      << int8_state.ToString();
+  const Status fp64_grad =
+      cuda::LaunchAdamW({}, 1, {DType::kFloat64, DType::kFloat32, std::nullopt}, {}, {}, nullptr);
+  EXPECT_NE(fp64_grad.message().find("gradient dtype = fp64"), std::string_view::npos)
+      << fp64_grad.ToString();
 #if !defined(ZOE_HAVE_CUDA)
   EXPECT_EQ(cuda::LaunchAdamW({}, 1, layout, {}, {}, nullptr).code(), StatusCode::kNotSupported);
   EXPECT_FALSE(cuda::DeviceAvailable());
@@ -33,8 +45,8 @@ TEST(CudaAdamW, ChecksArgumentsBeforeTouchingTheDevice) {
 struct DeviceChunk {
   explicit DeviceChunk(testing::TestChunk& host) : host_(host) {
     const size_t n = host.count;
-    sizes_ = {4 * n, SizeOf(host.layout.grad) * n, SizeOf(host.layout.state) * n,
-              SizeOf(host.layout.state) * n, host.CopyBytes() * n};
+    sizes_ = {4 * n, DTypeSize(host.layout.grad) * n, DTypeSize(host.layout.state) * n,
+              DTypeSize(host.layout.state) * n, host.CopyBytes() * n};
     std::byte* sources[] = {host.master.data(), host.grad.data(), host.exp_avg.data(),
                             host.exp_avg_sq.data(), host.copy.data()};
     for (int i = 0; i < 5; ++i) {

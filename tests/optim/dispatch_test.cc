@@ -60,7 +60,7 @@ TEST(Dispatch, DefaultIsaReadsTheEnvironment) {
   EXPECT_EQ(DefaultIsa().status().code(), StatusCode::kInvalidArgument);
   // A kernel call without an explicit path reports the bad variable instead of running.
   float x = 0;
-  EXPECT_EQ(ScanGradients(&x, DType::kF32, 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ScanGradients(&x, DType::kFloat32, 1).status().code(), StatusCode::kInvalidArgument);
   ASSERT_EQ(unsetenv("ZOE_ISA"), 0);
   EXPECT_EQ(*DefaultIsa(), BestIsa(DetectCpuFeatures()));
   if (saved != nullptr) setenv("ZOE_ISA", saved, 1);
@@ -71,25 +71,48 @@ TEST(Dispatch, NamesRoundTrip) {
   for (Kind kind : kAllKinds) EXPECT_EQ(*ParseKind(KindName(kind)), kind);
   for (DType type : kAllDTypes) EXPECT_EQ(*ParseDType(DTypeName(type)), type);
   EXPECT_EQ(ParseKind("sgd").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(*ParseDType("int8"), DType::kI8);
+  EXPECT_EQ(*ParseDType("int8"), DType::kInt8);
   EXPECT_EQ(ParseDType("int4").status().code(), StatusCode::kInvalidArgument);
 }
 
-// The kernels' element types are the zoe::DType values of the same name, and no others.
-TEST(Dispatch, KernelDTypesBridgeToZoeDTypes) {
-  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
-    EXPECT_EQ(zoe::DTypeName(ToDType(type)), DTypeName(type));
-    EXPECT_EQ(*ToKernelDType(ToDType(type), "x"), type);
+// The kernel tables' slots: fp32, bf16, fp16 and int8 take 0..3 and every other zoe::DType none.
+TEST(KernelDTypes, KernelSlotNumbersTheKernelTypesOnly) {
+  EXPECT_EQ(KernelSlot(DType::kFloat32), 0);
+  EXPECT_EQ(KernelSlot(DType::kBFloat16), 1);
+  EXPECT_EQ(KernelSlot(DType::kFloat16), 2);
+  EXPECT_EQ(KernelSlot(DType::kInt8), 3);
+  int slotted = 0;
+  for (const DTypeInfo& info : zoe::kDTypes) {
+    const int slot = KernelSlot(info.dtype);
+    if (slot == kNoKernelSlot) continue;
+    ++slotted;
+    EXPECT_EQ(kKernelSlotDTypes[slot], info.dtype) << info.name;
   }
-  const Status uint8 = ToKernelDType(zoe::DType::kUInt8, "grads.dtype").status();
-  EXPECT_EQ(uint8.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(uint8.message().find("grads.dtype = uint8 is not an element type the optimizer "
-                                 "takes; allowed: fp32, bf16, fp16, int8"),
-            std::string::npos)
-      << uint8.message();
-  EXPECT_NE(ParseDType("uint8").status().message().find(
-                "unknown element type 'uint8'; allowed: fp32, bf16, fp16, int8"),
-            std::string::npos);
+  EXPECT_EQ(slotted, 4);
+  EXPECT_EQ(KernelSlot(DType::kFloat64), kNoKernelSlot);
+  EXPECT_EQ(KernelSlot(DType::kInt32), kNoKernelSlot);
+  EXPECT_EQ(KernelSlot(static_cast<DType>(200)), kNoKernelSlot);
+}
+
+// The check every entry point runs: ok for the allowed types, else the dtype and the allowed ones
+// by name.
+TEST(KernelDTypes, CheckNamesTheDTypeAndTheAllowedOnes) {
+  for (DType type : kAllDTypes) EXPECT_TRUE(CheckKernelDType(type, kAllDTypes, "grads").ok());
+  for (DType type : kStateDTypes) EXPECT_TRUE(CheckKernelDType(type, kStateDTypes, "state").ok());
+  const Status fp64 = CheckKernelDType(DType::kFloat64, kAllDTypes, "grads.dtype");
+  EXPECT_EQ(fp64.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(fp64.message(),
+            "grads.dtype = fp64 is not an element type the optimizer takes; allowed: fp32, bf16, "
+            "fp16");
+  EXPECT_EQ(CheckKernelDType(DType::kInt32, kStateDTypes, "state").message(),
+            "state = int32 is not an element type the optimizer takes; allowed: fp32, bf16, int8");
+  EXPECT_EQ(CheckKernelDType(DType::kInt8, kAllDTypes, "grads").code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckKernelDType(DType::kFloat16, kStateDTypes, "state").code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckKernelDType(static_cast<DType>(200), kAllDTypes, "grads").message(),
+            "grads = unknown (200) is not an element type the optimizer takes; allowed: fp32, "
+            "bf16, fp16");
 }
 
 }  // namespace

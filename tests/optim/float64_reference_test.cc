@@ -72,7 +72,9 @@ double Ulp(double magnitude, int mantissa_bits) {
   return std::ldexp(1.0, exponent - 1 - mantissa_bits);
 }
 
-int MantissaBits(DType type) { return type == DType::kF32 ? 23 : type == DType::kBF16 ? 7 : 10; }
+int MantissaBits(DType type) {
+  return type == DType::kFloat32 ? 23 : type == DType::kBFloat16 ? 7 : 10;
+}
 
 // fp32 values: each rule is about ten correctly rounded operations on constants themselves
 // rounded to fp32, so 8 fp32 ulps of the value's scale (see Reference) bound the error. Stored

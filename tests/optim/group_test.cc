@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/executor.h"
@@ -16,7 +18,7 @@ namespace {
 
 TEST(GroupTest, StepsMatchTheChunkEntryPointAndCountSteps) {
   Executor executor(2);
-  const ChunkLayout layout{DType::kBF16, DType::kBF16, DType::kBF16};
+  const ChunkLayout layout{DType::kBFloat16, DType::kBFloat16, DType::kBFloat16};
   const size_t n = 10007;
   auto group = Group::Create({.kind = Kind::kAdamW,
                               .layout = layout,
@@ -59,8 +61,26 @@ TEST(GroupTest, SkippedStepDoesNotAdvanceTheCounter) {
   EXPECT_EQ((*group)->steps_skipped(), 1);
 }
 
+// A Group keeps fp32 or bf16 moments and checks its whole layout when created.
+TEST(GroupTest, CreateRejectsElementTypesItDoesNotTake) {
+  const std::string not_taken = " is not an element type the optimizer takes; allowed: ";
+  const std::pair<ChunkLayout, std::string> cases[] = {
+      {{DType::kFloat32, DType::kInt8, std::nullopt}, "optimizer state dtype = int8"},
+      {{DType::kFloat32, DType::kInt32, std::nullopt}, "optimizer state dtype = int32"},
+      {{DType::kFloat64, DType::kFloat32, std::nullopt}, "gradient dtype = fp64"},
+      {{DType::kFloat32, DType::kBFloat16, DType::kBool}, "param_copy dtype = bool"},
+  };
+  const std::string allowed[] = {"fp32, bf16", "fp32, bf16, int8", "fp32, bf16, fp16",
+                                 "fp32, bf16, fp16"};
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const Status status = Group::Create({.layout = cases[i].first, .count = 4}).status();
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), cases[i].second + not_taken + allowed[i]);
+  }
+}
+
 TEST(GroupTest, RejectsBadOptionsAndMismatchedCalls) {
-  EXPECT_EQ(Group::Create({.layout = {DType::kF32, DType::kF16, std::nullopt}, .count = 4})
+  EXPECT_EQ(Group::Create({.layout = {DType::kFloat32, DType::kFloat16, std::nullopt}, .count = 4})
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);

@@ -65,8 +65,9 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, IsaParity, ::testing::ValuesIn(kAllKinds), Ki
 TEST(IsaParityLarge, MillionPlusThreeOnThreadsMatchesScalar) {
   const size_t count = (size_t{1} << 20) + 3;
   Executor executor(2);
-  for (const ChunkLayout& layout : {ChunkLayout{DType::kF32, DType::kF32, std::nullopt},
-                                    ChunkLayout{DType::kF16, DType::kBF16, DType::kBF16}}) {
+  for (const ChunkLayout& layout :
+       {ChunkLayout{DType::kFloat32, DType::kFloat32, std::nullopt},
+        ChunkLayout{DType::kFloat16, DType::kBFloat16, DType::kBFloat16}}) {
     const auto expected = RunSteps(Kind::kAdamW, layout, count, 1,
                                    {.isa = Isa::kScalar, .tile_elements = 4096}, /*steps=*/1);
     for (Isa isa : SupportedIsas()) {
@@ -86,7 +87,7 @@ TEST(IsaParityScan, SumOfSquaresIsIdenticalOnEveryPath) {
   Executor executor(2);
   for (DType grad : kAllDTypes) {
     for (size_t count : {0ul, 1ul, 7ul, 17ul, 63ul, 64ul, 65ul, 129ul, 100003ul}) {
-      TestChunk chunk({grad, DType::kF32, std::nullopt}, count, 7, 1, 100.0f);
+      TestChunk chunk({grad, DType::kFloat32, std::nullopt}, count, 7, 1, 100.0f);
       auto expected = ScanGradients(chunk.grad.data(), grad, count,
                                     {.isa = Isa::kScalar, .tile_elements = 1000});
       ASSERT_TRUE(expected.ok());

@@ -64,11 +64,11 @@ class KernelVariants : public ::testing::TestWithParam<Kind> {};
 TEST_P(KernelVariants, Fp32CopyIsTheMasterWrittenInTheSamePass) {
   const Kind kind = GetParam();
   for (Isa isa : SupportedIsas()) {
-    for (DType state : {DType::kF32, DType::kBF16}) {
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
       for (size_t count : kCounts) {
         for (size_t offset : kOffsets) {
-          const ChunkLayout with_copy{DType::kF32, state, DType::kF32};
-          const ChunkLayout without{DType::kF32, state, std::nullopt};
+          const ChunkLayout with_copy{DType::kFloat32, state, DType::kFloat32};
+          const ChunkLayout without{DType::kFloat32, state, std::nullopt};
           TestChunk copied(with_copy, count, 11, offset);
           TestChunk plain(without, count, 11, offset);
           RunSteps(kind, copied, copied.buffers(), {.isa = isa});
@@ -77,7 +77,7 @@ TEST_P(KernelVariants, Fp32CopyIsTheMasterWrittenInTheSamePass) {
               std::string(IsaName(isa)) + " " + Describe(kind, with_copy, count, offset);
           ASSERT_EQ(std::memcmp(copied.copy.data(), copied.master.data(), 4 * count), 0) << where;
           ASSERT_EQ(std::memcmp(copied.master.data(), plain.master.data(), 4 * count), 0) << where;
-          const size_t state_bytes = SizeOf(state) * count;
+          const size_t state_bytes = DTypeSize(state) * count;
           ASSERT_EQ(std::memcmp(copied.exp_avg.data(), plain.exp_avg.data(), state_bytes), 0)
               << where;
           ASSERT_EQ(std::memcmp(copied.exp_avg_sq.data(), plain.exp_avg_sq.data(), state_bytes), 0)
@@ -114,7 +114,7 @@ TEST_P(KernelVariants, StreamingStoresWriteTheScalarReferenceBytes) {
 // fault) and gives the same bytes.
 TEST_P(KernelVariants, StreamingWithIncongruentViewsGivesTheSameBytes) {
   const Kind kind = GetParam();
-  const ChunkLayout layout{DType::kF32, DType::kF32, DType::kF32};
+  const ChunkLayout layout{DType::kFloat32, DType::kFloat32, DType::kFloat32};
   const size_t count = 4099;
   const auto run_with = [&](const RunOptions& run) {
     // Same seed and count: the same values, at element offsets 1 and 2 from a 64-byte boundary.
@@ -170,7 +170,7 @@ TEST_P(KernelVariants, FastArithmeticIsIdenticalOnEveryPath) {
 TEST_P(KernelVariants, FastArithmeticStaysWithinTheStatedBoundOfExact) {
   const Kind kind = GetParam();
   const bool adam = kind == Kind::kAdam || kind == Kind::kAdamW;
-  const ChunkLayout layout{DType::kF32, DType::kF32, std::nullopt};
+  const ChunkLayout layout{DType::kFloat32, DType::kFloat32, std::nullopt};
   const size_t count = 100003;
   const HyperParams hyper = DefaultHyper(kind);
   for (Isa isa : SupportedIsas()) {
@@ -214,7 +214,7 @@ TEST_P(KernelVariants, FastArithmeticStaysWithinTheStatedBoundOfExact) {
 
 // The update term alone (master 0, no decay): within kFastUpdateUlps of exact's.
 TEST(KernelVariantsFast, UpdateTermWithinTheStatedUlpsOfExact) {
-  const ChunkLayout layout{DType::kF32, DType::kF32, std::nullopt};
+  const ChunkLayout layout{DType::kFloat32, DType::kFloat32, std::nullopt};
   const size_t count = 100003;
   HyperParams hyper = DefaultHyper(Kind::kAdamW);
   hyper.weight_decay = 0.0;
@@ -248,7 +248,7 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, KernelVariants, ::testing::ValuesIn(kAllKinds
 // starts unaligned, so every tile has its own scalar prologue.
 TEST(KernelVariantsLarge, StreamingOnThreadsMatchesScalar) {
   const size_t count = (size_t{1} << 20) + 3;
-  const ChunkLayout layout{DType::kBF16, DType::kF32, DType::kF32};
+  const ChunkLayout layout{DType::kBFloat16, DType::kFloat32, DType::kFloat32};
   Executor executor(2);
   const auto expected = StateAfterSteps(Kind::kAdamW, layout, count, 1, {.isa = Isa::kScalar});
   for (Isa isa : SupportedIsas()) {

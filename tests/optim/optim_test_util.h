@@ -26,23 +26,23 @@ inline std::vector<Isa> SupportedIsas() {
 
 // Writes `value` as element i of a buffer of `type`, rounding as the kernels do.
 inline void PutElement(std::byte* base, DType type, size_t i, float value) {
-  if (type == DType::kF32) {
+  if (type == DType::kFloat32) {
     std::memcpy(base + 4 * i, &value, 4);
     return;
   }
-  const uint16_t bits = type == DType::kBF16 ? FloatToBf16(value) : FloatToF16(value);
+  const uint16_t bits = type == DType::kBFloat16 ? FloatToBf16(value) : FloatToF16(value);
   std::memcpy(base + 2 * i, &bits, 2);
 }
 
 inline float GetElement(const std::byte* base, DType type, size_t i) {
-  if (type == DType::kF32) {
+  if (type == DType::kFloat32) {
     float value;
     std::memcpy(&value, base + 4 * i, 4);
     return value;
   }
   uint16_t bits;
   std::memcpy(&bits, base + 2 * i, 2);
-  return type == DType::kBF16 ? Bf16ToFloat(bits) : F16ToFloat(bits);
+  return type == DType::kBFloat16 ? Bf16ToFloat(bits) : F16ToFloat(bits);
 }
 
 // A byte buffer whose usable region starts `offset` bytes past a 64-byte boundary.
@@ -71,14 +71,14 @@ struct TestChunk {
       : layout(chunk_layout),
         count(elements),
         master(4 * count, 4 * offset),
-        grad(SizeOf(layout.grad) * count, SizeOf(layout.grad) * offset),
-        exp_avg(SizeOf(layout.state) * count, SizeOf(layout.state) * offset),
-        exp_avg_sq(SizeOf(layout.state) * count, SizeOf(layout.state) * offset),
+        grad(DTypeSize(layout.grad) * count, DTypeSize(layout.grad) * offset),
+        exp_avg(DTypeSize(layout.state) * count, DTypeSize(layout.state) * offset),
+        exp_avg_sq(DTypeSize(layout.state) * count, DTypeSize(layout.state) * offset),
         copy(CopyBytes() * count, CopyBytes() * offset) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     for (size_t i = 0; i < count; ++i) {
-      PutElement(master.data(), DType::kF32, i, unit(rng));
+      PutElement(master.data(), DType::kFloat32, i, unit(rng));
       PutElement(grad.data(), layout.grad, i, grad_scale * unit(rng));
       PutElement(exp_avg.data(), layout.state, i, 0.1f * unit(rng));
       const float u = unit(rng);
@@ -88,7 +88,7 @@ struct TestChunk {
   }
 
   // Bytes of one element of the parameter copy (2 when there is none, as before fp32 copies).
-  size_t CopyBytes() const { return layout.param_copy ? SizeOf(*layout.param_copy) : 2; }
+  size_t CopyBytes() const { return layout.param_copy ? DTypeSize(*layout.param_copy) : 2; }
 
   ChunkBuffers buffers() {
     return ChunkBuffers{
@@ -103,13 +103,13 @@ struct TestChunk {
       bytes.insert(bytes.end(), b.data(), b.data() + n);
     };
     append(master, 4 * count);
-    append(exp_avg, SizeOf(layout.state) * count);
-    append(exp_avg_sq, SizeOf(layout.state) * count);
+    append(exp_avg, DTypeSize(layout.state) * count);
+    append(exp_avg_sq, DTypeSize(layout.state) * count);
     append(copy, CopyBytes() * count);
     return bytes;
   }
 
-  float Master(size_t i) const { return GetElement(master.data(), DType::kF32, i); }
+  float Master(size_t i) const { return GetElement(master.data(), DType::kFloat32, i); }
 
   ChunkLayout layout;
   size_t count;
@@ -120,9 +120,10 @@ struct TestChunk {
 inline std::vector<ChunkLayout> AllLayouts() {
   std::vector<ChunkLayout> layouts;
   for (DType grad : kAllDTypes) {
-    for (DType state : {DType::kF32, DType::kBF16}) {
-      for (std::optional<DType> copy : {std::optional<DType>(), std::optional(DType::kBF16),
-                                        std::optional(DType::kF16), std::optional(DType::kF32)}) {
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+      for (std::optional<DType> copy :
+           {std::optional<DType>(), std::optional(DType::kBFloat16), std::optional(DType::kFloat16),
+            std::optional(DType::kFloat32)}) {
         layouts.push_back(ChunkLayout{grad, state, copy});
       }
     }

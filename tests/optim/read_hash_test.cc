@@ -34,7 +34,7 @@ struct Arrays {
     std::mt19937 random(seed);
     std::uniform_real_distribution<float> value(-1.0f, 1.0f);
     for (size_t i = 0; i < count; ++i) {
-      testing::PutElement(Base(0), DType::kF32, i, value(random));
+      testing::PutElement(Base(0), DType::kFloat32, i, value(random));
       testing::PutElement(Base(1), grad, i, value(random));
       testing::PutElement(Base(2), state, i, value(random) * 0.1f);
       testing::PutElement(Base(3), state, i, value(random) * value(random) * 0.01f);
@@ -58,7 +58,7 @@ struct Arrays {
   }
   // Bytes of hashed array a (0 master, 1 exp_avg, 2 exp_avg_sq).
   std::vector<std::byte> Hashed(size_t a) {
-    const size_t bytes = count * (a == 0 ? 4 : SizeOf(state_type));
+    const size_t bytes = count * (a == 0 ? 4 : DTypeSize(state_type));
     std::byte* base = Base(a == 0 ? 0 : a + 1);
     return {base, base + bytes};
   }
@@ -114,7 +114,7 @@ void CheckOne(const KernelTable& table, Kind kind, DType grad, DType state, Copy
   const size_t first = (begin + unit - 1) / unit * unit;
   const size_t last = end / unit * unit;
   for (size_t a = 0; a < kArrays; ++a) {
-    const size_t element_bytes = a == 0 ? 4 : SizeOf(state);
+    const size_t element_bytes = a == 0 ? 4 : DTypeSize(state);
     for (size_t b = 0; b < sums[a].size(); ++b) {
       const size_t start = b * kReadHashBlock;
       const bool inside = first < last && start >= first * element_bytes &&
@@ -147,12 +147,12 @@ TEST(ReadHash, BlockSumsMatchXxh3AndUpdatesAreBitIdentical) {
   if (tables.empty()) GTEST_SKIP() << "no kernel path of this CPU hashes its reads";
   constexpr size_t kCount = 3 * 2048 + 777;
   const std::pair<size_t, size_t> ranges[] = {{0, kCount}, {100, kCount}, {2048, 6144}, {5, 900}};
-  const DType grads[] = {DType::kF32, DType::kBF16, DType::kF16};
+  const DType grads[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   const CopySlot copies[] = {CopySlot::kNone, CopySlot::kBF16, CopySlot::kF32, CopySlot::kNone};
   size_t rotation = 0;
   for (const KernelTable* table : tables) {
     for (Kind kind : {Kind::kAdamW, Kind::kAdam}) {
-      for (DType state : {DType::kF32, DType::kBF16}) {
+      for (DType state : {DType::kFloat32, DType::kBFloat16}) {
         ASSERT_TRUE(table->HashesReads(kind, state));
         for (bool fast : {false, true}) {
           for (bool streaming : {false, true}) {
@@ -179,9 +179,9 @@ TEST(ReadHash, AFlippedByteChangesOnlyItsBlocksSum) {
   if (tables.empty()) GTEST_SKIP() << "no kernel path of this CPU hashes its reads";
   constexpr size_t kCount = 4096;
   for (const KernelTable* table : tables) {
-    for (DType state : {DType::kF32, DType::kBF16}) {
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
       for (size_t flipped = 0; flipped < kArrays; ++flipped) {
-        Arrays arrays(kCount, DType::kF32, state, 0, 7);
+        Arrays arrays(kCount, DType::kFloat32, state, 0, 7);
         std::vector<uint64_t> recorded[kArrays], read[kArrays];
         UpdatePointers p = arrays.Pointers();
         for (size_t a = 0; a < kArrays; ++a) {
@@ -197,8 +197,8 @@ TEST(ReadHash, AFlippedByteChangesOnlyItsBlocksSum) {
         arrays.Base(flipped == 0 ? 0 : flipped + 1)[byte] ^= std::byte{0x10};
         const UpdateConstants constants =
             MakeUpdateConstants(testing::DefaultHyper(Kind::kAdamW), 1, {});
-        table->update[KernelTable::UpdateIndex(Kind::kAdamW, DType::kF32, state, CopySlot::kNone)](
-            constants, p, 0, kCount);
+        table->update[KernelTable::UpdateIndex(Kind::kAdamW, DType::kFloat32, state,
+                                               CopySlot::kNone)](constants, p, 0, kCount);
         for (size_t a = 0; a < kArrays; ++a) {
           for (size_t b = 0; b < recorded[a].size(); ++b) {
             const bool damaged = a == flipped && b == block;
@@ -218,10 +218,10 @@ TEST(ReadHash, OnlyAdamFamilyWithFp32OrBf16StateHashes) {
     ASSERT_TRUE(table.ok());
     const bool avx512 = isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
     EXPECT_EQ((*table)->hashes_reads, avx512) << IsaName(isa);
-    EXPECT_FALSE((*table)->HashesReads(Kind::kAdagrad, DType::kF32));
-    EXPECT_FALSE((*table)->HashesReads(Kind::kLion, DType::kF32));
-    EXPECT_FALSE((*table)->HashesReads(Kind::kAdamW, DType::kI8));
-    EXPECT_FALSE((*table)->HashesReads(Kind::kAdamW, DType::kF16));
+    EXPECT_FALSE((*table)->HashesReads(Kind::kAdagrad, DType::kFloat32));
+    EXPECT_FALSE((*table)->HashesReads(Kind::kLion, DType::kFloat32));
+    EXPECT_FALSE((*table)->HashesReads(Kind::kAdamW, DType::kInt8));
+    EXPECT_FALSE((*table)->HashesReads(Kind::kAdamW, DType::kFloat16));
   }
 }
 

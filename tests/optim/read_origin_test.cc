@@ -39,7 +39,7 @@ struct State {
         const float v = value(random);
         m = a == 1 ? v * 0.1f : v * v * 0.01f;  // exp_avg_sq >= 0
       }
-      if (state == DType::kF32) {
+      if (state == DType::kFloat32) {
         std::memcpy(Base(a), moments.data(), Bytes(a));
       } else {
         EXPECT_TRUE(CastFromF32(moments.data(), state, Base(a), kArrayElements).ok());
@@ -50,8 +50,8 @@ struct State {
     std::byte* raw = arrays[a].data();
     return raw + (4096 - reinterpret_cast<uintptr_t>(raw) % 4096) % 4096;
   }
-  size_t Bytes(size_t a) const { return kArrayElements * (a == 0 ? 4 : SizeOf(dtype)); }
-  size_t ElementBytes(size_t a) const { return a == 0 ? 4 : SizeOf(dtype); }
+  size_t Bytes(size_t a) const { return kArrayElements * (a == 0 ? 4 : DTypeSize(dtype)); }
+  size_t ElementBytes(size_t a) const { return a == 0 ? 4 : DTypeSize(dtype); }
   std::vector<uint64_t> Sums(size_t a) {
     std::vector<uint64_t> sums(Bytes(a) / 4096);
     for (size_t b = 0; b < sums.size(); ++b) {
@@ -68,13 +68,13 @@ struct State {
   // The update of elements [origin, origin + count), with the sums in `sums` when given.
   Status Update(size_t origin, size_t count, size_t tile, std::vector<uint64_t>* sums) {
     ChunkLayout layout;
-    layout.grad = DType::kF32;
+    layout.grad = DType::kFloat32;
     layout.state = dtype;
     ChunkBuffers buffers;
     buffers.master = reinterpret_cast<float*>(Base(0)) + origin;
     buffers.grad = grad.data() + origin;
-    buffers.exp_avg = Base(1) + origin * SizeOf(dtype);
-    buffers.exp_avg_sq = Base(2) + origin * SizeOf(dtype);
+    buffers.exp_avg = Base(1) + origin * DTypeSize(dtype);
+    buffers.exp_avg_sq = Base(2) + origin * DTypeSize(dtype);
     buffers.count = count;
     if (sums != nullptr) {
       for (size_t a = 0; a < 3; ++a) buffers.read_sums[a] = sums[a].data();
@@ -93,10 +93,10 @@ struct State {
 };
 
 TEST(ReadOriginTest, BlocksInsideAPieceAreHashedAtTheirIndexInTheWholeArray) {
-  if (!UpdateHashesReads(Kind::kAdamW, DType::kF32, {})) {
+  if (!UpdateHashesReads(Kind::kAdamW, DType::kFloat32, {})) {
     GTEST_SKIP() << "the kernels of this machine do not hash what they read";
   }
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     const size_t unit = ReadHashElements(dtype);
     for (size_t origin : {size_t{0}, size_t{7}, size_t{1000}, size_t{2048}, size_t{2049}}) {
       for (size_t count : {size_t{5}, size_t{2047}, size_t{4096}, size_t{7001}}) {

@@ -87,8 +87,8 @@ class TorchReference : public ::testing::Test {
     std::vector<float> master = ReadRaw<float>(*dir_ / (name + ".init.f32"), n);
     const std::vector<float> grads = ReadRaw<float>(*dir_ / (name + ".grads.f32"), n * steps);
     const std::vector<double> lrs = ReadRaw<double>(*dir_ / (name + ".lrs.f64"), steps);
-    std::vector<std::byte> grad(SizeOf(grad_dtype) * n);
-    std::vector<std::byte> exp_avg(SizeOf(state) * n), exp_avg_sq(SizeOf(state) * n);
+    std::vector<std::byte> grad(DTypeSize(grad_dtype) * n);
+    std::vector<std::byte> exp_avg(DTypeSize(state) * n), exp_avg_sq(DTypeSize(state) * n);
     HyperParams hyper;
     hyper.kind = *ParseKind(c["kind"].get<std::string>());
     hyper.beta1 = c["beta1"];
@@ -149,16 +149,16 @@ int TorchReference::status_ = 0;
 // One test runs every case so that torch (seconds to import) starts once per ctest run.
 TEST_F(TorchReference, HundredStepsMatchTorchOptim) {
   // fp32: within relative 1e-6.
-  ExpectMatches("adamw_fp32", DType::kF32, 1e-6);
-  ExpectMatches("adam_fp32", DType::kF32, 1e-6);
-  ExpectMatches("adagrad_fp32", DType::kF32, 1e-6);
+  ExpectMatches("adamw_fp32", DType::kFloat32, 1e-6);
+  ExpectMatches("adam_fp32", DType::kFloat32, 1e-6);
+  ExpectMatches("adagrad_fp32", DType::kFloat32, 1e-6);
   // bf16 gradients carry the same values torch was given, so fp32 state stays within 1e-6.
-  ExpectMatches("adamw_bf16_grads", DType::kF32, 1e-6);
+  ExpectMatches("adamw_bf16_grads", DType::kFloat32, 1e-6);
   // bf16 moments are rounded to nearest at every step (relative 2^-9), and an increment of
   // (1 - beta2) g^2 smaller than half an ulp of exp_avg_sq is lost, so the trajectory drifts
   // from torch's fp32 one; after 100 steps it stays within relative 1e-2, a little above one
   // bf16 ulp (2^-7) of the parameter.
-  ExpectMatches("adamw_bf16_grads", DType::kBF16, 1e-2);
+  ExpectMatches("adamw_bf16_grads", DType::kBFloat16, 1e-2);
 }
 
 }  // namespace

@@ -244,11 +244,11 @@ class Soak {
     const offload::StepHyperParams hyper{record.lr, 0.9, 0.999, 1e-8, 0.01};
     offload::EngineStepArgs args;
     args.hyper = hyper;
-    const offload::GradView grad{record.grads.data(), optim::DType::kF32, kParams};
+    const offload::GradView grad{record.grads.data(), optim::DType::kFloat32, kParams};
     if (accumulate) {
       state.Doing("accumulate_grad");
       for (size_t offset = 0; offset < kParams; offset += 1500) {
-        const offload::GradView part{record.grads.data() + offset, optim::DType::kF32, 1500};
+        const offload::GradView part{record.grads.data() + offset, optim::DType::kFloat32, 1500};
         if (!Ok(engine_.AccumulateGrad(id, offset, part), "accumulate_grad")) return false;
       }
     } else {
@@ -261,7 +261,7 @@ class Soak {
   void OptimizerWorker(WorkerState& state) {
     std::vector<float> initial(kParams);
     for (size_t i = 0; i < kParams; ++i) initial[i] = 0.5f - 0.0003f * static_cast<float>(i);
-    const offload::ParamView view{initial.data(), optim::DType::kF32, kParams};
+    const offload::ParamView view{initial.data(), optim::DType::kFloat32, kParams};
     state.Doing("create group");
     Result<offload::GroupId> id = engine_.CreateGroup(R"({"name": "soak"})", std::span(&view, 1));
     Reference ref;
