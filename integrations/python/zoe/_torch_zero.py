@@ -664,7 +664,8 @@ class ZeroMixin:
         offsets = self._offsets(group_index)
         first, last = bucket.indices[0], bucket.indices[-1]
         begin, end = offsets[first], offsets[last] + params[last].numel()
-        flat = self._grad_buffer(group_index, offsets[-1] + params[-1].numel())[begin:end]
+        total = offsets[-1] + params[-1].numel()
+        flat = self._grad_buffer(group_index, total)[begin:end]
         for index in bucket.indices:
             grad = params[index].grad
             start = offsets[index] - begin
@@ -673,7 +674,6 @@ class ZeroMixin:
                 target.zero_()
             else:
                 target.copy_(grad.detach().reshape(-1))
-        total = offsets[-1] + params[-1].numel()
         owners = [min(max(_shard_begin(total, r, self.world_size), begin), end) - begin
                   for r in range(self.world_size + 1)]
         self._comm.reduce_to_owners(flat, owners)
