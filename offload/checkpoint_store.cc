@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -54,15 +55,17 @@ std::optional<uint64_t> ParseVersionName(std::string_view name) {
 
 std::string VersionName(uint64_t number) { return fmt::format("v{:06}", number); }
 
-// Plain file names only: no path separators, no dot entries, none of the store's own names.
+// Plain file names only: no path separators, no dot entries, none of the store's own names, and
+// no longer than a directory entry may be (NAME_MAX bytes), so a refused name is refused here and
+// not as an I/O error halfway through a save.
 Status CheckFileName(std::string_view name) {
   const bool reserved = name == kManifest || name == kLatest || name == kLatestTmp;
-  if (name.empty() || name == "." || name == ".." || reserved ||
+  if (name.empty() || name == "." || name == ".." || reserved || name.size() > NAME_MAX ||
       name.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
     return Status::InvalidArgument(fmt::format(
-        "checkpoint file name '{}' is not allowed: it must be a plain, non-empty file name "
-        "without '/', other than '.', '..', '{}', '{}' and '{}'",
-        name, kManifest, kLatest, kLatestTmp));
+        "checkpoint file name '{}' is not allowed: it must be a plain, non-empty file name of at "
+        "most {} bytes without '/', other than '.', '..', '{}', '{}' and '{}'",
+        name, NAME_MAX, kManifest, kLatest, kLatestTmp));
   }
   return Status::Ok();
 }

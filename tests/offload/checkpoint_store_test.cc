@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -169,18 +170,22 @@ TEST_F(CheckpointStoreTest, WriterMisuseIsRefusedAndLeavesTheSaveUsable) {
   Status duplicate = w.BeginFile("a");
   EXPECT_EQ(duplicate.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(duplicate.message().find("'a'"), std::string_view::npos) << duplicate.ToString();
-  for (std::string bad : {std::string(""), std::string("."), std::string(".."), std::string("x/y"),
-                          std::string("manifest.json"), std::string("LATEST"),
-                          std::string("LATEST.tmp"), std::string("nul\0byte", 8)}) {
+  for (std::string bad :
+       {std::string(""), std::string("."), std::string(".."), std::string("x/y"),
+        std::string("manifest.json"), std::string("LATEST"), std::string("LATEST.tmp"),
+        std::string("nul\0byte", 8), std::string(NAME_MAX + 1, 'n')}) {
     EXPECT_EQ(w.BeginFile(bad).code(), StatusCode::kInvalidArgument) << bad;
   }
+  // Found by fuzz_checkpoint: a name longer than a directory entry failed as an I/O error.
+  ASSERT_TRUE(w.BeginFile(std::string(NAME_MAX, 'n')).ok());
+  ASSERT_TRUE(w.EndFile().ok());
   ASSERT_TRUE(w.Commit().ok());
   EXPECT_EQ(w.Commit().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(w.BeginFile("c").code(), StatusCode::kFailedPrecondition);
 
   auto reader = CheckpointReader::Open(root());
   ASSERT_TRUE(reader.ok());
-  EXPECT_EQ((*reader)->file_names(), std::vector<std::string>{"a"});
+  EXPECT_EQ((*reader)->file_names(), (std::vector<std::string>{"a", std::string(NAME_MAX, 'n')}));
   auto read = ReadFile(**reader, "a");
   ASSERT_TRUE(read.ok());
   EXPECT_EQ(*read, data);
