@@ -762,13 +762,18 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
     if (view.present()) impl.chunk_present[c] += to - from;
     const bool complete = impl.chunk_covered[c] == regions.count;
     if (!complete || impl.chunk_present[c] == 0) continue;
-    if (impl.on_nvme(c)) impl.StartPrefetch(c);
-    if (impl.speculation) impl.SpeculateChunk(c);
+    const bool read_ahead = impl.on_nvme(c) && impl.IsPrefetched(c);
+    if (impl.on_nvme(c)) {
+      impl.completion_order.push_back(c);
+      if (!read_ahead) impl.StartPrefetch(c);
+    }
+    if (impl.speculation) impl.SpeculateChunk(c, read_ahead);
   }
   // Once the gradients cover the group none will follow: the chunk kept waiting is due now.
   if (impl.speculation && impl.accumulated_elements == count()) {
     impl.SpeculateWaiting(/*keep_newest=*/false);
   }
+  impl.ReadAhead();
   return Status::Ok();
 }
 
@@ -807,6 +812,7 @@ Status OptimizerGroup::Speculate(const StepArgs& args) {
   s.run = options_.run;
   s.updated.assign(impl.layout.chunk_count(), false);
   s.declined = impl.speculation_backoff.Decline();
+  impl.ReadAhead();
   return Status::Ok();
 }
 

@@ -58,10 +58,14 @@
 // completes is updated at once, assuming finite gradients and no clipping: an NVMe chunk through
 // the pipeline into its inactive slot (not flipped), a HOST chunk into its spare buffer (a second
 // copy of every HOST chunk, taken from the pinned pool at Create and counted in pinned_bytes()),
-// its parameter views written as a step writes them. An NVMe chunk's read starts when it
-// completes and the chunk is updated when the next NVMe chunk completes (or the gradients cover
-// the group), so the read overlaps the wait for that gradient; its write stays in flight while
-// the next chunk is updated, and the Step waits for it. The previous version stays untouched until
+// its parameter views written as a step writes them. Reads run ahead of the gradients: the
+// NVMe chunks expected next (those that completed next in the previous accumulation) are read
+// as pipeline buffers free up -- at most buffer_count - 2 of them, checked at Speculate and at
+// each AccumulateGrad -- and a chunk read ahead is updated as soon as it completes. A chunk not
+// read ahead has its read started when it completes, and is updated when the next NVMe chunk
+// completes (or the gradients cover the group), so that read overlaps the wait for that gradient.
+// Each write stays in flight while the next chunks are updated; the buffers of finished writes go
+// to reads ahead, and the Step waits for the rest. The previous version stays untouched until
 // the Step that follows decides, once the global inf/NaN check and norm are known:
 //  - finite, clip factor 1 and the same hyper-parameters and loss scale: commit -- the remaining
 //    chunks are updated as in any step and every slot flips (spares swapped in) at once;

@@ -245,10 +245,22 @@ struct OptimizerGroup::Impl {
   // The gradient views overlapping chunk `chunk`, which accumulated views cover.
   detail::PlacedViews ChunkGrads(size_t chunk) const;
   // Updates chunk `chunk`, whose gradients are complete, into its inactive slot or spare.
-  // HOST chunks at once; NVMe chunks join `waiting` (SpeculateWaiting).
-  void SpeculateChunk(size_t chunk);
+  // HOST chunks at once; NVMe chunks join `waiting` (SpeculateWaiting), and are updated at once
+  // when `read_ahead` (their read started before their gradients completed).
+  void SpeculateChunk(size_t chunk, bool read_ahead);
   // Updates the waiting NVMe chunks, all but the newest when `keep_newest`.
   void SpeculateWaiting(bool keep_newest);
+  // Read-ahead of a speculative step: starts the reads of the NVMe chunks expected to complete
+  // next (in the order they completed in the last accumulation), before their gradients arrive,
+  // so a chunk's update can start when its gradient does. At most pipeline buffers - 2 such reads
+  // are in flight, so the buffers held by reads of incomplete chunks (these and the newest chunk
+  // kept waiting) always leave one for the pipeline.
+  void ReadAhead();
+  // Frees the buffers of the speculative writes already completed (a failed one is the
+  // speculation's failure), without waiting.
+  void ReapSpeculativeWrites();
+  // Whether a read (or a claimed cached copy) of chunk `chunk` waits in `prefetched`.
+  bool IsPrefetched(size_t chunk) const;
   // The speculated step's inputs for a chunk whose gradient views are `grads`.
   detail::StepInputs SpeculativeInputs(const detail::PlacedViews& grads) const;
   // The parameter views of a speculative step are those given to Speculate: `params` (those given
@@ -311,7 +323,11 @@ struct OptimizerGroup::Impl {
   size_t accumulated_elements = 0;                   // their elements (they do not overlap)
   std::vector<size_t> chunk_covered;                 // elements of each chunk accumulated
   std::vector<size_t> chunk_present;                 // of those, elements with a gradient
-  InFlightList prefetched;  // reads started for fully covered chunks, in order
+  InFlightList prefetched;  // reads started for fully covered chunks (or read ahead), in order
+  // The NVMe chunks in the order their gradients completed during this accumulation, and during
+  // the last one (what ReadAhead expects).
+  std::vector<size_t> completion_order;
+  std::vector<size_t> expected_completions;
 
   std::optional<PreparedLoad> prepared_load;
 

@@ -335,6 +335,8 @@ void OptimizerGroup::Impl::ResetAccumulation() {
   FinishSpeculativeWrites();
   speculation.reset();
   ReleasePrefetched();
+  if (!completion_order.empty()) expected_completions.swap(completion_order);
+  completion_order.clear();
   accumulated.clear();
   accumulated_elements = 0;
   std::fill(chunk_covered.begin(), chunk_covered.end(), 0);
@@ -398,6 +400,11 @@ void OptimizerGroup::Impl::StartPrefetch(size_t chunk) {
   free_buffers.erase(taken);
   cached[buffer].reset();
   prefetched.push_back({chunk, buffer, *ticket, nvme[chunk].version});
+}
+
+bool OptimizerGroup::Impl::IsPrefetched(size_t chunk) const {
+  return std::any_of(prefetched.begin(), prefetched.end(),
+                     [&](const InFlight& entry) { return entry.chunk == chunk; });
 }
 
 std::byte* OptimizerGroup::Impl::CachedState(size_t chunk) {

@@ -68,13 +68,15 @@ StepInputs OptimizerGroup::Impl::SpeculativeInputs(const PlacedViews& grads) con
                     s.state_dtype, &grads,       &s.params,      &s.run};
 }
 
-void OptimizerGroup::Impl::SpeculateChunk(size_t chunk) {
+void OptimizerGroup::Impl::SpeculateChunk(size_t chunk, bool read_ahead) {
   Speculation& s = *speculation;
   if (!s.failure.ok()) return;  // the Step reports it and recomputes nothing
   if (s.declined) return;       // the read AccumulateGrad started is all
   if (on_nvme(chunk)) {
+    // A chunk read ahead has had its read in flight since before its gradient came: it is due
+    // now. Otherwise its read just started, and it waits for the next gradient (or the Step).
     s.waiting.push_back(chunk);
-    SpeculateWaiting(/*keep_newest=*/true);
+    SpeculateWaiting(/*keep_newest=*/!read_ahead);
     return;
   }
   // The spare receives the new state; the live buffer stays as it was until the commit.
@@ -129,6 +131,40 @@ void OptimizerGroup::Impl::SpeculateWaiting(bool keep_newest) {
   if (!s.failure.ok()) return;
   for (size_t c : order) s.updated[c] = true;
   s.updated_count += order.size();
+}
+
+// Frees the buffers of the speculative writes that have completed, oldest first, without
+// waiting; a failed one becomes the speculation's failure.
+void OptimizerGroup::Impl::ReapSpeculativeWrites() {
+  while (!speculative_writes.empty()) {
+    const InFlight oldest = speculative_writes.front();
+    std::optional<Status> written = resources.io->Poll(oldest.ticket);
+    if (!written.has_value()) return;
+    speculative_writes.erase(speculative_writes.begin());
+    free_buffers.push_back(oldest.buffer);
+    if (!written->ok() && speculation->failure.ok()) {
+      speculation->failure = std::move(*written).WithContext(ChunkName(oldest.chunk));
+    }
+  }
+}
+
+void OptimizerGroup::Impl::ReadAhead() {
+  if (!speculation || speculation->declined || !speculation->failure.ok()) return;
+  ReapSpeculativeWrites();
+  if (!speculation->failure.ok()) return;
+  const size_t limit = buffers.size() > 2 ? buffers.size() - 2 : 0;
+  auto complete = [&](size_t c) { return chunk_covered[c] == layout.chunk(c).count; };
+  // Reads held for chunks that are not due: incomplete, or complete without a gradient.
+  size_t ahead = static_cast<size_t>(std::count_if(
+      prefetched.begin(), prefetched.end(),
+      [&](const InFlight& e) { return !complete(e.chunk) || chunk_present[e.chunk] == 0; }));
+  for (size_t i = completion_order.size(); i < expected_completions.size(); ++i) {
+    if (ahead >= limit || free_buffers.empty()) return;
+    const size_t c = expected_completions[i];
+    if (!on_nvme(c) || complete(c) || IsPrefetched(c)) continue;
+    StartPrefetch(c);
+    if (IsPrefetched(c)) ++ahead;
+  }
 }
 
 void OptimizerGroup::Impl::FinishSpeculativeWrites() {

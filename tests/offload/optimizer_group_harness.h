@@ -143,6 +143,7 @@ class GroupHarness {
     faults_->AddRule(rule);
   }
   io::SwapSpace& swap() { return *swap_; }
+  io::QueueStats queue_stats() const { return queue_->stats(); }
   PinnedMemoryPool& pinned() { return *pinned_; }
   const HarnessOptions& options() const { return options_; }
   const OptimizerGroupOptions& group_options() const { return options_.group; }

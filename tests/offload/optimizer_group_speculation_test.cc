@@ -43,20 +43,28 @@ HarnessOptions SpeculationOptions(const Placement& placement, double max_grad_no
   return options;
 }
 
-// Speculate, then the gradient views handed over last to first (as backward produces them),
-// then the Step on them.
+enum class Arrival { kLastToFirst, kFirstToLast };
+
+// The gradient views handed over last to first (as backward produces them), or first to last.
+Status AccumulateInOrder(GroupHarness& harness, Arrival arrival) {
+  const std::vector<GradView> views = harness.grad_views();
+  std::vector<size_t> offsets(views.size(), 0);
+  for (size_t i = 1; i < views.size(); ++i) offsets[i] = offsets[i - 1] + views[i - 1].count;
+  for (size_t k = 0; k < views.size(); ++k) {
+    const size_t i = arrival == Arrival::kLastToFirst ? views.size() - 1 - k : k;
+    ZOE_RETURN_IF_ERROR(harness.group().AccumulateGrad(offsets[i], views[i]));
+  }
+  return Status::Ok();
+}
+
+// Speculate, then the gradient views handed over last to first, then the Step on them.
 Result<StepReport> SpeculativeStep(GroupHarness& harness, const optim::HyperParams& hyper) {
   const std::vector<ParamView> params = harness.param_views();
   StepArgs args;
   args.hyper = hyper;
   args.params = params;
   ZOE_RETURN_IF_ERROR(harness.group().Speculate(args));
-  const std::vector<GradView> views = harness.grad_views();
-  std::vector<size_t> offsets(views.size(), 0);
-  for (size_t i = 1; i < views.size(); ++i) offsets[i] = offsets[i - 1] + views[i - 1].count;
-  for (size_t i = views.size(); i-- > 0;) {
-    ZOE_RETURN_IF_ERROR(harness.group().AccumulateGrad(offsets[i], views[i]));
-  }
+  ZOE_RETURN_IF_ERROR(AccumulateInOrder(harness, Arrival::kLastToFirst));
   return harness.StepAccumulated(hyper);
 }
 
@@ -331,6 +339,45 @@ TEST(SpeculationSegmentsTest, AbsentSegmentsMatchThePlainStep) {
   EXPECT_GT(stats.chunks_committed, 0u);
   EXPECT_GT(stats.chunks_recomputed, 0u);
   EXPECT_GT(stats.chunks_discarded, 0u);
+}
+
+// ---- read-ahead --------------------------------------------------------------------------------
+
+// Speculate starts the reads of the two NVMe chunks whose gradients completed first in the last
+// accumulation (two reads with four pipeline buffers, which still hold the four chunks written
+// last), before any gradient comes. Gradients that then come in another order (first to last,
+// while the reads of the last chunks are held) give the plain step's bits all the same, every
+// chunk updated speculatively.
+TEST(SpeculationReadAheadTest, ReadsOfTheExpectedChunksStartBeforeTheirGradients) {
+  HarnessOptions options =
+      SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kFloat32}, 0.0);
+  options.group.buffer_count = 4;
+  GroupHarness plain(options);
+  options.group.speculative = true;
+  GroupHarness speculative(options);
+  ASSERT_TRUE(plain.ok() && speculative.ok());
+  ASSERT_EQ(speculative.group().nvme_chunk_count(), 7u);
+  for (int step = 0; step < 4; ++step) {
+    plain.NewGradients(step);
+    speculative.NewGradients(step);
+    const Arrival arrival = step == 2 ? Arrival::kFirstToLast : Arrival::kLastToFirst;
+    const uint64_t requests = speculative.queue_stats().requests;
+    const std::vector<ParamView> params = speculative.param_views();
+    StepArgs args;
+    args.hyper = speculative.Hyper(step);
+    args.params = params;
+    ASSERT_TRUE(speculative.group().Speculate(args).ok());
+    // Step 0 has no order to expect; the reads of step 3 expect step 2's first-to-last order.
+    EXPECT_EQ(speculative.queue_stats().requests - requests, step == 0 ? 0u : 2u) << step;
+    ASSERT_TRUE(AccumulateInOrder(speculative, arrival).ok());
+    Result<StepReport> report = speculative.StepAccumulated(args.hyper);
+    Result<StepReport> expected = plain.Step(plain.Hyper(step));
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->chunks_committed, 7u);
+    EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot()) << "state differs after " << step;
+    EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes()) << step;
+  }
 }
 
 // ---- arguments and memory ---------------------------------------------------------------------
