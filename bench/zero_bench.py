@@ -40,6 +40,11 @@ element of its shard; where they live: pinned DRAM or NVMe, whose swap holds two
 torch ZeRO, the bytes of the local optimizer's state tensors (8 bytes per parameter it owns: it
 needs no master copy for an fp32 model). Stage 3 also reports the rank's parameter shard bytes.
 
+Memory per rank: the resident size when the implementation starts (rss_start_bytes: what the
+ones before it left), at the end of its timed iterations (rss_bytes), and its peak in between
+(peak_rss_bytes: the kernel's peak, started over for each implementation; the model it builds
+and every iteration included).
+
 Output: JSON lines on stdout: one "fsdp" line, one "result" line per (ranks, implementation) with
 medians over ROUNDS (of the slowest rank's per-round median: a step is as slow as its slowest
 rank) and per-rank figures, one "targets" line per rank count; --samples adds every per-rank,
@@ -104,12 +109,24 @@ def rank_batch(iteration, rank, world, width, batch):
     return x[rows], y[rows]
 
 
-def rss_bytes():
+def status_bytes(field):
+    """A size from /proc/self/status: "VmRSS" (resident now) or "VmHWM" (its peak)."""
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def reset_peak_rss():
+    """Starts the peak RSS (VmHWM) over from the resident size now (Linux: clear_refs 5), so each
+    implementation's peak is its own; False where the kernel refuses it."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
 
 
 # --- zoe ----------------------------------------------------------------------------------
@@ -363,6 +380,8 @@ def run_impl(impl, world, rank, directory, opts):
     """Builds, warms up and times ``impl`` on this rank; returns its sample."""
     workdir = os.path.join(directory, impl)
     os.makedirs(workdir, exist_ok=True)
+    peak_reset = reset_peak_rss()
+    rss_start = status_bytes("VmRSS")
     model = make_model(opts["width"], opts["layers"])
     runner = build(impl, model, world, rank, workdir, opts)
     try:
@@ -381,7 +400,8 @@ def run_impl(impl, world, rank, directory, opts):
                   forward_backward, "step_s": steps,
                   "iteration_s": [a + b for a, b in zip(forward_backward, steps)],
                   "collective_s_per_iteration": collectives / opts["steps"],
-                  "rss_bytes": rss_bytes()}
+                  "rss_bytes": status_bytes("VmRSS"), "rss_start_bytes": rss_start,
+                  "peak_rss_bytes": status_bytes("VmHWM") if peak_reset else None}
         sample.update(per_step_figures(before_counters, after, opts["steps"]))
         return sample
     finally:
@@ -448,7 +468,8 @@ def summarize(world, impl, samples, opts):
     for key in sorted(last[0]):
         if key.endswith("_per_step") or key in ("state_pinned_bytes", "state_nvme_bytes",
                                                  "param_shard_bytes", "peak_gathered_bytes",
-                                                 "rss_bytes"):
+                                                 "rss_bytes", "rss_start_bytes",
+                                                 "peak_rss_bytes"):
             result[key + ("" if key.endswith("_per_step") else "_per_rank")] = [
                 s.get(key) for s in last]
     if impl.startswith("zoe_"):

@@ -111,3 +111,11 @@ def test_collective_bench_times_every_method_on_every_size(tmp_path):
     for line in got:
         assert line["ranks"] == 2 and line["rounds"] == 2 and len(line["samples_s"]) == 2
         assert line["median_s"] == pytest.approx(sum(line["samples_s"]) / 2)
+
+
+def test_peak_rss_is_each_implementations_own(lines):
+    for impl, line in results(lines).items():
+        starts, peaks = line["rss_start_bytes_per_rank"], line["peak_rss_bytes_per_rank"]
+        assert len(peaks) == WORLD, impl
+        for start, end, peak in zip(starts, line["rss_bytes_per_rank"], peaks):
+            assert 0 < start <= peak and 0 < end <= peak, impl
