@@ -974,6 +974,9 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   ZOE_RETURN_IF_ERROR(CheckStateRange(slot, offset, values.size()));
   Impl& impl = *impl_;
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("write state"));
+  // Reads a speculation started ahead of its gradients hold the state before this write (and
+  // the pipeline below would take them for its own).
+  impl.ReleasePrefetched();
   impl.DropPreparedLoad();
   ZOE_RETURN_IF_ERROR(impl.CheckUsable("write state"));
   if (values.empty()) return Status::Ok();

@@ -380,6 +380,43 @@ TEST(SpeculationReadAheadTest, ReadsOfTheExpectedChunksStartBeforeTheirGradients
   }
 }
 
+// State written between Speculate and the first gradient: the reads already started ahead hold
+// the state before it and are not the write's own, so the write drops them, and the speculative
+// step matches a plain one on the written state.
+TEST(SpeculationReadAheadTest, StateWrittenAfterSpeculateIsWhatTheStepUpdates) {
+  HarnessOptions options =
+      SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kFloat32}, 0.0);
+  options.group.buffer_count = 4;
+  GroupHarness plain(options);
+  options.group.speculative = true;
+  GroupHarness speculative(options);
+  ASSERT_TRUE(plain.ok() && speculative.ok());
+  // Chunks 0 and 1, while the reads ahead are those of chunks 4 and 5 (completed first).
+  const std::vector<float> written(2 * 16384, 0.25f);
+  for (int step = 0; step < 3; ++step) {
+    plain.NewGradients(step);
+    speculative.NewGradients(step);
+    const std::vector<ParamView> params = speculative.param_views();
+    StepArgs args;
+    args.hyper = speculative.Hyper(step);
+    args.params = params;
+    ASSERT_TRUE(speculative.group().Speculate(args).ok());
+    if (step > 0) {
+      const uint64_t requests = speculative.queue_stats().requests;
+      ASSERT_TRUE(speculative.group().WriteState(StateSlot::kExpAvg, 0, written).ok());
+      ASSERT_TRUE(plain.group().WriteState(StateSlot::kExpAvg, 0, written).ok());
+      EXPECT_GT(speculative.queue_stats().requests, requests);
+    }
+    ASSERT_TRUE(AccumulateInOrder(speculative, Arrival::kLastToFirst).ok());
+    Result<StepReport> report = speculative.StepAccumulated(args.hyper);
+    Result<StepReport> expected = plain.Step(plain.Hyper(step));
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot()) << "state differs after " << step;
+    EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes()) << step;
+  }
+}
+
 // ---- arguments and memory ---------------------------------------------------------------------
 
 TEST(SpeculationArgsTest, RefusedWhereItCannotApply) {
