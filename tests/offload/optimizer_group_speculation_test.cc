@@ -57,13 +57,18 @@ Status AccumulateInOrder(GroupHarness& harness, Arrival arrival) {
   return Status::Ok();
 }
 
-// Speculate, then the gradient views handed over last to first, then the Step on them.
-Result<StepReport> SpeculativeStep(GroupHarness& harness, const optim::HyperParams& hyper) {
+// Arms speculation for a step with `hyper` that writes the harness's parameter views.
+Status Speculate(GroupHarness& harness, const optim::HyperParams& hyper) {
   const std::vector<ParamView> params = harness.param_views();
   StepArgs args;
   args.hyper = hyper;
   args.params = params;
-  ZOE_RETURN_IF_ERROR(harness.group().Speculate(args));
+  return harness.group().Speculate(args);
+}
+
+// Speculate, then the gradient views handed over last to first, then the Step on them.
+Result<StepReport> SpeculativeStep(GroupHarness& harness, const optim::HyperParams& hyper) {
+  ZOE_RETURN_IF_ERROR(Speculate(harness, hyper));
   ZOE_RETURN_IF_ERROR(AccumulateInOrder(harness, Arrival::kLastToFirst));
   return harness.StepAccumulated(hyper);
 }
@@ -343,15 +348,21 @@ TEST(SpeculationSegmentsTest, AbsentSegmentsMatchThePlainStep) {
 
 // ---- read-ahead --------------------------------------------------------------------------------
 
+// Seven chunks, all on NVMe, through four pipeline buffers: two reads ahead at most.
+HarnessOptions ReadAheadOptions() {
+  HarnessOptions options =
+      SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kFloat32}, 0.0);
+  options.group.buffer_count = 4;
+  return options;
+}
+
 // Speculate starts the reads of the two NVMe chunks whose gradients completed first in the last
 // accumulation (two reads with four pipeline buffers, which still hold the four chunks written
 // last), before any gradient comes. Gradients that then come in another order (first to last,
 // while the reads of the last chunks are held) give the plain step's bits all the same, every
 // chunk updated speculatively.
 TEST(SpeculationReadAheadTest, ReadsOfTheExpectedChunksStartBeforeTheirGradients) {
-  HarnessOptions options =
-      SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kFloat32}, 0.0);
-  options.group.buffer_count = 4;
+  HarnessOptions options = ReadAheadOptions();
   GroupHarness plain(options);
   options.group.speculative = true;
   GroupHarness speculative(options);
@@ -362,15 +373,12 @@ TEST(SpeculationReadAheadTest, ReadsOfTheExpectedChunksStartBeforeTheirGradients
     speculative.NewGradients(step);
     const Arrival arrival = step == 2 ? Arrival::kFirstToLast : Arrival::kLastToFirst;
     const uint64_t requests = speculative.queue_stats().requests;
-    const std::vector<ParamView> params = speculative.param_views();
-    StepArgs args;
-    args.hyper = speculative.Hyper(step);
-    args.params = params;
-    ASSERT_TRUE(speculative.group().Speculate(args).ok());
+    const optim::HyperParams hyper = speculative.Hyper(step);
+    ASSERT_TRUE(Speculate(speculative, hyper).ok());
     // Step 0 has no order to expect; the reads of step 3 expect step 2's first-to-last order.
     EXPECT_EQ(speculative.queue_stats().requests - requests, step == 0 ? 0u : 2u) << step;
     ASSERT_TRUE(AccumulateInOrder(speculative, arrival).ok());
-    Result<StepReport> report = speculative.StepAccumulated(args.hyper);
+    Result<StepReport> report = speculative.StepAccumulated(hyper);
     Result<StepReport> expected = plain.Step(plain.Hyper(step));
     ASSERT_TRUE(expected.ok()) << expected.status().ToString();
     ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -384,9 +392,7 @@ TEST(SpeculationReadAheadTest, ReadsOfTheExpectedChunksStartBeforeTheirGradients
 // the state before it and are not the write's own, so the write drops them, and the speculative
 // step matches a plain one on the written state.
 TEST(SpeculationReadAheadTest, StateWrittenAfterSpeculateIsWhatTheStepUpdates) {
-  HarnessOptions options =
-      SpeculationOptions({"nvme", Tier::kNvme, 1.0, optim::DType::kFloat32}, 0.0);
-  options.group.buffer_count = 4;
+  HarnessOptions options = ReadAheadOptions();
   GroupHarness plain(options);
   options.group.speculative = true;
   GroupHarness speculative(options);
@@ -396,11 +402,8 @@ TEST(SpeculationReadAheadTest, StateWrittenAfterSpeculateIsWhatTheStepUpdates) {
   for (int step = 0; step < 3; ++step) {
     plain.NewGradients(step);
     speculative.NewGradients(step);
-    const std::vector<ParamView> params = speculative.param_views();
-    StepArgs args;
-    args.hyper = speculative.Hyper(step);
-    args.params = params;
-    ASSERT_TRUE(speculative.group().Speculate(args).ok());
+    const optim::HyperParams hyper = speculative.Hyper(step);
+    ASSERT_TRUE(Speculate(speculative, hyper).ok());
     if (step > 0) {
       const uint64_t requests = speculative.queue_stats().requests;
       ASSERT_TRUE(speculative.group().WriteState(StateSlot::kExpAvg, 0, written).ok());
@@ -408,7 +411,7 @@ TEST(SpeculationReadAheadTest, StateWrittenAfterSpeculateIsWhatTheStepUpdates) {
       EXPECT_GT(speculative.queue_stats().requests, requests);
     }
     ASSERT_TRUE(AccumulateInOrder(speculative, Arrival::kLastToFirst).ok());
-    Result<StepReport> report = speculative.StepAccumulated(args.hyper);
+    Result<StepReport> report = speculative.StepAccumulated(hyper);
     Result<StepReport> expected = plain.Step(plain.Hyper(step));
     ASSERT_TRUE(expected.ok()) << expected.status().ToString();
     ASSERT_TRUE(report.ok()) << report.status().ToString();
