@@ -1,8 +1,9 @@
 """ZeRO stage 3 (offload_parameters with a process group) on 1, 2 and 3 gloo ranks started on
 this machine: 20 steps equal one unsharded process (uneven shards, clipping agreed across ranks,
-a skipped non-finite step, a module unused on odd steps), the bytes each rank holds fall with N,
-the trace prefetches gathers, and a rank whose swap file is corrupted makes every rank fail
-within a bounded time."""
+a skipped non-finite step, a module unused on odd steps), bucketed gradient reductions give the
+parameters of one reduction per parameter with fewer collectives, the bytes each rank holds fall
+with N, the trace prefetches gathers, and a rank whose swap file is corrupted makes every rank
+fail within a bounded time."""
 
 import datetime
 import math
@@ -97,14 +98,16 @@ def init(rank, world_size, directory, timeout_s=20):
     )
 
 
-def train(rank, world_size, directory):
-    """One rank of the sharded run; rank 0 saves the full parameters and every rank its
-    statistics."""
+def train(rank, world_size, directory, bucket_elements=None):
+    """One rank of the sharded run (gradient buckets of ``bucket_elements``, None: the default);
+    rank 0 saves the full parameters and every rank its statistics."""
     init(rank, world_size, directory)
     engine, _ = engine_for(directory, rank)
     torch.manual_seed(0)
     model = Model()
-    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    buckets = {} if bucket_elements is None else {"bucket_elements": bucket_elements}
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD,
+                                         **buckets)
     optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=LR, weight_decay=0.01,
                                 engine=engine)
     rows = slice(BATCH * rank // world_size, BATCH * (rank + 1) // world_size)
@@ -131,13 +134,13 @@ def train(rank, world_size, directory):
     engine.close()
 
 
-def run_ranks(function, world_size, directory):
-    """Runs function(rank, world_size, directory) in world_size fresh processes. They start from
-    a fork server that imported torch and zoe once (multiprocessing's forkserver: a new process,
-    not a fork of this one) rather than each importing torch as spawn's do, which on 2 shared
-    cores takes seconds per process."""
-    mp.start_processes(function, args=(world_size, directory), nprocs=world_size, join=True,
-                       start_method="forkserver")
+def run_ranks(function, world_size, directory, *args):
+    """Runs function(rank, world_size, directory, *args) in world_size fresh processes. They
+    start from a fork server that imported torch and zoe once (multiprocessing's forkserver: a
+    new process, not a fork of this one) rather than each importing torch as spawn's do, which
+    on 2 shared cores takes seconds per process."""
+    mp.start_processes(function, args=(world_size, directory, *args), nprocs=world_size,
+                       join=True, start_method="forkserver")
 
 
 multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "zoe.torch"])
@@ -150,22 +153,23 @@ def reference():
 
 @pytest.fixture(scope="module")
 def training_runs():
-    """training_runs(N): the full parameters and each rank's statistics of train() on N ranks,
-    run once per N for the tests of this file."""
+    """training_runs(N, bucket_elements=None): the full parameters and each rank's statistics of
+    train() on N ranks, run once per (N, bucket_elements) for the tests of this file."""
     runs = {}
     parent = tempfile.mkdtemp(prefix="zoe-zero3-", dir="/var/tmp" if os.path.isdir("/var/tmp")
                               else None)
 
-    def run(world_size):
-        if world_size not in runs:
-            directory = os.path.join(parent, str(world_size))
+    def run(world_size, bucket_elements=None):
+        key = (world_size, bucket_elements)
+        if key not in runs:
+            directory = os.path.join(parent, f"{world_size}-{bucket_elements}")
             os.makedirs(directory)
-            run_ranks(train, world_size, directory)
-            runs[world_size] = (
+            run_ranks(train, world_size, directory, bucket_elements)
+            runs[key] = (
                 torch.load(os.path.join(directory, "state.pt")),
                 [torch.load(os.path.join(directory, f"stats{r}.pt")) for r in range(world_size)],
             )
-        return runs[world_size]
+        return runs[key]
 
     yield run
     shutil.rmtree(parent, ignore_errors=True)
@@ -181,6 +185,44 @@ def test_sharded_training_equals_one_process(world_size, training_runs, referenc
     # After the recorded first iteration, gathers were issued ahead by the trace; the even
     # and odd iterations differ (even_only), so the trace is re-recorded as they alternate.
     assert all(s["gathers"]["prefetched"] > s["gathers"]["on_demand"] for s in stats)
+
+
+# The gradient hooks run in this order (backward of forward's last module first; a tied
+# weight's once, at its last use), with these sizes:
+#   gate.bias 1, gate.weight 10, [even steps: even_only.bias 10, even_only.weight 100],
+#   layers.3.bias 10, layers.3.weight 100, ... layers.0.bias 10, layers.0.weight 100,
+#   scale 10, tokens.weight 110 (tied to head.weight)
+# 14 gradients on even steps and 12 on odd ones. Buckets of at least 100 elements:
+#   even: [1, 10, 10, 100], then [10, 100] for each of the 4 layers, then [10, 110]: 6
+#   odd:  [1, 10, 10, 100] (gate and layers.3), 3 more layers, [10, 110]: 5
+# The default (4 Mi elements) is one bucket per iteration, reduced at the end of backward.
+BUCKET_COUNTS = {0: 10 * 14 + 10 * 12, 100: 10 * 6 + 10 * 5, None: STEPS}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bucketed_reductions_equal_one_per_parameter_with_fewer_collectives(world_size,
+                                                                            training_runs):
+    # Buckets group parameters of uneven shards (10, 11 and 110 elements over 3 ranks) and
+    # gate.bias, of 1 element: fewer than N, so some of its shards are empty. Each element is
+    # summed over the ranks and divided by N whatever the bucket. On 2 ranks the sum has two
+    # terms and a + b == b + a exactly, so the parameters are bit-identical. On 3 ranks gloo's
+    # ring reduce adds an element's three terms in an order set by the element's position in
+    # the reduced buffer, so a bucket may round a sum differently in its last bit: after 20
+    # steps a few elements differ by ~3e-8, where a gradient in the wrong place moves
+    # parameters by ~LR.
+    expected_state = training_runs(world_size, 0)[0]
+    for bucket_elements, count in BUCKET_COUNTS.items():
+        state, stats = training_runs(world_size, bucket_elements)
+        for name, expected in expected_state.items():
+            if world_size == 2:
+                assert torch.equal(state[name], expected), (bucket_elements, name)
+            else:
+                torch.testing.assert_close(state[name], expected, rtol=0, atol=LR * 1e-3,
+                                           msg=f"{bucket_elements}: {name}")
+        parameters = 10 * 14 + 10 * 12
+        assert all(s["reductions"] == {"issued": count, "parameters": parameters}
+                   for s in stats), (bucket_elements, [s["reductions"] for s in stats])
+        assert all(s["skipped"] == 1 for s in stats)
 
 
 def test_bytes_held_per_rank_fall_with_the_number_of_ranks(training_runs):
@@ -273,6 +315,29 @@ def test_gathered_only_while_used_and_given_back_by_remove(world_of_one, nvme_di
             assert torch.equal(p, p_ref), name
 
 
+def test_a_parameter_without_a_gradient_is_left_out_of_its_bucket(world_of_one, nvme_dir):
+    """An odd step leaves even_only without gradients: the buckets of 100 elements close around
+    the gradients that arrive, and even_only's shards keep .grad None (the optimizer skips
+    them) while every other shard gets its gradient, bit for bit."""
+    torch.manual_seed(0)
+    reference, model = Model(), Model()
+    model.load_state_dict(reference.state_dict())
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one,
+                                             bucket_elements=100)
+        loss_of(reference, 1, slice(None)).backward()
+        loss_of(model, 1, slice(None)).backward()
+        assert pager.stats()["reductions"] == {"issued": 5, "parameters": 12}
+        for (name, p_ref), (shard_name, shard) in zip(reference.named_parameters(),
+                                                       pager.named_shard_parameters()):
+            assert name == shard_name
+            if name.startswith("even_only."):
+                assert p_ref.grad is None and shard.grad is None, name
+            else:
+                assert torch.equal(shard.grad, p_ref.grad.view(-1)), name
+
+
 def test_a_torch_optimizer_steps_the_shards_inside_materialized(world_of_one, nvme_dir):
     torch.manual_seed(0)
     reference, model = Model(), Model()
@@ -329,6 +394,11 @@ def test_bad_arguments_are_named(world_of_one, nvme_dir):
             zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
         for name, p in model.named_parameters():  # nothing was sharded
             assert torch.equal(p, before[name]), name
+        for bad in (-1, 2.5, "64", True):
+            with pytest.raises(zoe.InvalidArgument, match=f"bucket_elements = {bad!r} is not "
+                               r"allowed; allowed: an integer >= 0 \(0 or 1: one parameter"):
+                zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one,
+                                             bucket_elements=bad)
         pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
         with pytest.raises(zoe.InvalidArgument, match="norm_type = 1 .* allowed: 2.0"):
             pager.clip_grad_norm_(1.0, norm_type=1)
@@ -357,23 +427,36 @@ class Broken:
         raise RuntimeError(f"{self.function} failed: Connection closed by peer")
 
 
+FIRST_BUCKET_OF_100 = ("reduction of the gradients of the bucket of 4 parameters 'gate.bias', "
+                       "'gate.weight', 'even_only.bias', 'even_only.weight' failed")
+EVERY_GRADIENT = ("reduction of the gradients of the bucket of 14 parameters 'gate.bias', "
+                  "'gate.weight', .*, 'layers.2.weight' and 6 more failed")
+
+
 @pytest.mark.parametrize(
-    "collective, in_wait, when, message",
+    "collective, in_wait, when, bucket_elements, message",
     [
-        ("broadcast", False, "forward", "gather of parameter 'scale'"),
-        ("broadcast", True, "forward", "gather of parameter 'scale'"),
-        ("reduce", False, "backward", "reduction of the gradient of parameter"),
-        ("reduce", True, "backward", "reduction of the gradient of parameter"),
-        ("all_reduce", False, "clip", "all_reduce of the gradient norm"),
+        ("broadcast", False, "forward", None, "gather of parameter 'scale'"),
+        ("broadcast", True, "forward", None, "gather of parameter 'scale'"),
+        ("reduce", False, "backward", 0, "reduction of the gradient of parameter 'gate.bias'"),
+        ("reduce", True, "backward", 1, "reduction of the gradient of parameter 'gate.bias'"),
+        # The first bucket fails as it is issued, or when the third makes room by waiting for it.
+        ("reduce", False, "backward", 100, FIRST_BUCKET_OF_100),
+        ("reduce", True, "backward", 100, FIRST_BUCKET_OF_100),
+        # The default: one bucket, reduced at the end of backward.
+        ("reduce", True, "backward", None, EVERY_GRADIENT),
+        ("all_reduce", False, "clip", None, "all_reduce of the gradient norm"),
     ],
 )
 def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch, collective,
-                                             in_wait, when, message):
+                                             in_wait, when, bucket_elements, message):
     from zoe import _torch_zero3
 
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
-        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
+        buckets = {} if bucket_elements is None else {"bucket_elements": bucket_elements}
+        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one,
+                                             **buckets)
         if when != "forward":
             loss = loss_of(pager.model, 0, slice(None))
         if when == "clip":

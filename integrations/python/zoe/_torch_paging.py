@@ -365,7 +365,8 @@ def _home_from_config(engine):
 
 
 def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param.",
-                       tier=None, process_group=None, prefetch_depth=2):
+                       tier=None, process_group=None, prefetch_depth=2,
+                       bucket_elements=1 << 22):
     """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
 
     Every parameter becomes a zoe tensor homed in ``home`` (NVME or HOST) holding its values;
@@ -396,7 +397,9 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
     * ``process_group``: ZeRO stage 3 across its ranks: each rank pages only its shard of every
       parameter, a module's parameters are all-gathered around its forward and backward (the
       next ``prefetch_depth`` gathers issued ahead by the trace) and gradients reduced to the
-      owning shard; returns a ShardedParameterPager (see zoe/_torch_zero3.py, docs/zero3.md).
+      owning shard in buckets of ``bucket_elements`` elements or more (4 Mi, as the stage 1 and
+      2 optimizer's; 0 or 1: one parameter per bucket); returns a ShardedParameterPager (see
+      zoe/_torch_zero3.py, docs/zero3.md).
 
     Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).
     """
@@ -409,7 +412,7 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
         from ._torch_zero3 import offload_sharded
 
         return offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
-                               prefetch_depth)
+                               prefetch_depth, bucket_elements)
     pager = ParameterPager(model, engine, trace_name, home, tier)
     with torch.no_grad():
         pager._register(prefix)

@@ -21,10 +21,20 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
   runs the same hooks in the same order, so every rank issues the same collectives. An order
   that differs from the trace re-records it.
-- Gradients: when a parameter's full gradient is accumulated, its sum over the ranks starts
-  (``async_op=True``, at most REDUCTIONS_IN_FLIGHT at once, the rest finished by the end of
-  backward; each shard is reduced onto its owner, _collective_ops.reduce_parts), divided by N (the mean, as DistributedDataParallel) and added to its shard's
-  ``.grad``; the full gradient leaves ``param.grad``. Like DistributedDataParallel without find_unused_parameters, every rank must
+- Gradients, in buckets: when a parameter's full gradient is accumulated, a flat fp32 copy joins
+  the pending bucket (the full gradient leaves ``param.grad``). Once the bucket holds
+  ``bucket_elements`` elements or more (default DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2
+  optimizer's; 0 or 1: one parameter per bucket), its sum over the ranks starts as one
+  _collective_ops.reduce_parts (``async_op=True``): part r, which rank r owns, is every bucketed
+  parameter's shard r side by side in hook order (rank-major, so each part is contiguous however
+  the parameters are cut). At most REDUCTIONS_IN_FLIGHT buckets are in flight, the oldest
+  finished first; the end of backward reduces the partly filled bucket and finishes the rest.
+  Each parameter's slice of this rank's part, divided by N (the mean, as
+  DistributedDataParallel), is added to its shard's ``.grad``: the same sum and division per
+  element as one reduction per parameter (at N = 2 bit for bit; from N = 3 gloo's ring adds an
+  element's terms in an order set by its place in the reduced buffer, so a bucket may round a
+  sum differently in its last bit). The buckets follow the hooks' order, which is the same
+  on every rank; like DistributedDataParallel without find_unused_parameters, every rank must
   produce gradients for the same parameters in an iteration (a parameter unused on every rank
   in an iteration is simply skipped, and the optimizer skips it as torch does).
 - Clipping and the inf/NaN skip: ``pager.clip_grad_norm_(max_norm)`` all-reduces the squared
@@ -36,11 +46,13 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   each rank's save (ranks killed during a save all load the previous one: _torch_zero's
   save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
 - Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
-  wait for a rank that died) raises zoe.Aborted naming the parameter and the collective; a rank
+  wait for a rank that died) raises zoe.Aborted naming the collective and the parameter (for a
+  gradient bucket of several, their names); a rank
   whose engine fails raises the engine's error, and its peers fail in their next collective.
 """
 
 import math
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -49,10 +61,12 @@ from . import _capi, _torch_device
 from ._collective_ops import gather_parts, reduce_parts
 from ._torch_common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
 from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
+from ._torch_zero import DEFAULT_BUCKET_ELEMENTS
 from .errors import Aborted, FailedPrecondition
 
 DEFAULT_PREFETCH_DEPTH = 2
-REDUCTIONS_IN_FLIGHT = 2  # gradient all-reduces running while backward goes on
+REDUCTIONS_IN_FLIGHT = 2  # gradient buckets being reduced while backward goes on
+NAMES_IN_ERRORS = 8  # a failed bucket's error names this many of its parameters, then counts
 
 
 def shard_bounds(numel, rank, world_size):
@@ -60,10 +74,12 @@ def shard_bounds(numel, rank, world_size):
     return numel * rank // world_size, numel * (rank + 1) // world_size
 
 
-def _collective_error(what, name, error):
+def _collective_error(what, name, error, subject=None):
+    """zoe.Aborted for a failed collective: ``what`` of parameter ``name``, or of ``subject``."""
+    subject = subject or f"parameter {name!r}"
     return Aborted(
         _capi.Status.ABORTED,
-        f"{what} of parameter {name!r} failed (another rank failed, died or timed out): {error}",
+        f"{what} of {subject} failed (another rank failed, died or timed out): {error}",
     )
 
 
@@ -73,6 +89,35 @@ class _PendingGather:
     def __init__(self, handle, gathered):
         self.handle = handle
         self.gathered = gathered  # the full parameter, as bytes (every rank's shard in order)
+
+
+class _GradientBucket:
+    """Gradients summed over the ranks by one reduce_parts: part r is the shard-r slice of each
+    gradient, side by side in the order they were bucketed, and rank r owns it."""
+
+    def __init__(self, gradients, world_size):
+        self.entries = [entry for entry, _ in gradients]
+        shards = [total.split(entry.counts) for entry, total in gradients]
+        if len(shards) == 1:
+            self.parts = list(shards[0])  # one parameter: its own gradient, no copy
+        else:
+            sizes = [sum(entry.counts[r] for entry in self.entries) for r in range(world_size)]
+            device = gradients[0][1].device
+            flat = torch.empty(sum(sizes), dtype=torch.float32, device=device)
+            self.parts = list(flat.split(sizes))
+            for rank, part in enumerate(self.parts):
+                torch.cat([shard[rank] for shard in shards], out=part)
+        self.handle = None
+
+    def error(self, error):
+        """zoe.Aborted naming the parameters of this bucket whose reduction failed."""
+        if len(self.entries) == 1:
+            return _collective_error("reduction of the gradient", self.entries[0].name, error)
+        names = ", ".join(repr(entry.name) for entry in self.entries[:NAMES_IN_ERRORS])
+        more = len(self.entries) - NAMES_IN_ERRORS
+        subject = f"the bucket of {len(self.entries)} parameters {names}"
+        return _collective_error("reduction of the gradients", None, error,
+                                 subject + (f" and {more} more" if more > 0 else ""))
 
 
 class _ShardedParam:
@@ -100,12 +145,14 @@ class ShardedParameterPager(ParameterPager):
     """The handle offload_parameters(..., process_group=pg) returns: the shard tensors to
     optimize, gathering statistics, clipping across ranks and removal."""
 
-    def __init__(self, model, engine, trace_name, home, tier, process_group, prefetch_depth):
+    def __init__(self, model, engine, trace_name, home, tier, process_group, prefetch_depth,
+                 bucket_elements=DEFAULT_BUCKET_ELEMENTS):
         super().__init__(model, engine, trace_name, home, tier)
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self._group = _weak_group(process_group)  # see group
         self.prefetch_depth = int(prefetch_depth)
+        self.bucket_elements = int(bucket_elements)
         self._params = []  # _ShardedParam in registration order
         self._by_param = {}  # id(param) -> _ShardedParam
         self._full_by_address = {}  # storage address of gathered values -> _ShardedParam
@@ -114,8 +161,11 @@ class ShardedParameterPager(ParameterPager):
         self._events = []  # gather order of the current iteration
         self._cursor = 0
         self._accumulator_nodes = []
-        self._reductions = []  # (entry, full gradient being summed, handle), oldest first
+        self._bucket = []  # (entry, flat fp32 gradient) waiting for the bucket to fill
+        self._bucket_size = 0  # elements in self._bucket
+        self._reductions = []  # _GradientBucket in flight, oldest first
         self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0}
+        self.reductions = {"issued": 0, "parameters": 0}  # buckets reduced, gradients in them
         self.shard_bytes = 0  # bytes of this rank's shards (paged through its engine)
         self.gathered_bytes = 0  # bytes of full parameters gathered now
         self.in_flight_bytes = 0  # bytes of all-gathers issued and not yet waited for
@@ -348,42 +398,60 @@ class ShardedParameterPager(ParameterPager):
         return hook
 
     def _reduce_grad(self, entry):
-        """Starts summing the full gradient over the ranks, each shard onto its owner
-        (_collective_ops.reduce_parts; the full gradient leaves param.grad); at most
-        REDUCTIONS_IN_FLIGHT run while backward goes on, the oldest finished first."""
+        """Moves the full gradient out of param.grad into the pending bucket (a flat fp32 copy)
+        and reduces the bucket once it holds ``bucket_elements`` elements or more."""
         grad, entry.param.grad = entry.param.grad, None
         if grad is None:
             return
         total = grad.detach().reshape(-1).to(torch.float32, copy=True)
+        self._bucket.append((entry, total))
+        self._bucket_size += total.numel()
+        if self._bucket_size >= self.bucket_elements:
+            self._reduce_bucket()
+
+    def _reduce_bucket(self):
+        """Starts summing the pending bucket over the ranks, each rank's part onto that rank
+        (one _collective_ops.reduce_parts); at most REDUCTIONS_IN_FLIGHT buckets run while
+        backward goes on, the oldest finished first."""
+        gradients, self._bucket, self._bucket_size = self._bucket, [], 0
+        if not gradients:
+            return
+        bucket = _GradientBucket(gradients, self.world_size)
         try:
             with _timed(self, "collective_seconds"):
-                handle = reduce_parts(list(total.split(entry.counts)), self.group, async_op=True)
+                bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
         except RuntimeError as error:
-            raise _collective_error("reduction of the gradient", entry.name, error) from None
-        self._reductions.append((entry, total, handle))
+            raise bucket.error(error) from None
+        self.reductions["issued"] += 1
+        self.reductions["parameters"] += len(bucket.entries)
+        self._reductions.append(bucket)
         while len(self._reductions) > REDUCTIONS_IN_FLIGHT:
-            self._finish_reduction(*self._reductions.pop(0))
+            self._finish_reduction(self._reductions.pop(0))
 
     def _finish_reductions(self):
+        """Reduces the partly filled bucket and finishes every bucket in flight."""
+        self._reduce_bucket()
         reductions, self._reductions = self._reductions, []
-        for reduction in reductions:
-            self._finish_reduction(*reduction)
+        for bucket in reductions:
+            self._finish_reduction(bucket)
 
-    def _finish_reduction(self, entry, total, handle):
-        """Waits for a gradient's sum and adds this rank's slice / N to the shard's .grad."""
+    def _finish_reduction(self, bucket):
+        """Waits for a bucket's sum and adds each parameter's slice of this rank's part, / N, to
+        its shard's .grad."""
         try:
             with _timed(self, "collective_seconds"):
-                handle.wait()
+                bucket.handle.wait()
         except RuntimeError as error:
-            raise _collective_error("reduction of the gradient", entry.name, error) from None
-        if entry.shard is None:
-            return
-        mine = total[entry.begin : entry.begin + entry.count].div_(self.world_size)
-        mine = mine.to(entry.dtype)
-        if entry.shard.grad is None:
-            entry.shard.grad = mine.clone()
-        else:
-            entry.shard.grad.add_(mine)
+            raise bucket.error(error) from None
+        mine, offset = bucket.parts[self.rank], 0
+        for entry in bucket.entries:
+            if entry.shard is not None:
+                grad = mine[offset : offset + entry.count].div_(self.world_size).to(entry.dtype)
+                if entry.shard.grad is None:
+                    entry.shard.grad = grad.clone()
+                else:
+                    entry.shard.grad.add_(grad)
+            offset += entry.count
 
     # --- iterations ------------------------------------------------------------------------
 
@@ -452,13 +520,15 @@ class ShardedParameterPager(ParameterPager):
 
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
-        re-recorded), this rank's shard bytes, the peak bytes of gathered parameters and
-        ``collective_seconds``: the wall time this rank was blocked issuing or waiting for its
-        gathers and reductions (collectives running in the background while it computes are not
-        counted)."""
+        re-recorded), the gradient reductions (``issued``: buckets reduced, one reduce_parts
+        each; ``parameters``: the gradients they held), this rank's shard bytes, the peak bytes
+        of gathered parameters and ``collective_seconds``: the wall time this rank was blocked
+        issuing or waiting for its gathers and reductions (collectives running in the background
+        while it computes are not counted)."""
         stats = super().stats()
         stats.update(
             gathers=dict(self.gathers),
+            reductions=dict(self.reductions),
             shard_bytes=self.shard_bytes,
             peak_gathered_bytes=self.peak_gathered_bytes,
             peak_held_bytes=self.shard_bytes + self.peak_gathered_bytes,
@@ -565,7 +635,8 @@ class ShardedParameterPager(ParameterPager):
 
 
 def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
-                    prefetch_depth=DEFAULT_PREFETCH_DEPTH):
+                    prefetch_depth=DEFAULT_PREFETCH_DEPTH,
+                    bucket_elements=DEFAULT_BUCKET_ELEMENTS):
     """offload_parameters with a process group (see the module docstring)."""
     if not dist.is_initialized():
         raise _invalid(
@@ -573,8 +644,12 @@ def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group
         )
     if prefetch_depth < 0:
         raise _invalid(f"prefetch_depth = {prefetch_depth!r} is not allowed; allowed: >= 0")
+    if (isinstance(bucket_elements, bool) or not isinstance(bucket_elements, numbers.Integral)
+            or bucket_elements < 0):
+        raise _invalid(f"bucket_elements = {bucket_elements!r} is not allowed; allowed: an "
+                       "integer >= 0 (0 or 1: one parameter per bucket)")
     pager = ShardedParameterPager(model, engine, trace_name, home, tier, process_group,
-                                  prefetch_depth)
+                                  prefetch_depth, bucket_elements)
     with torch.no_grad():
         pager._register(prefix)
     pager._install_hooks()
