@@ -1,11 +1,13 @@
 // The AVX-512 vector policy for kernel_math.h, shared by kernels_avx512.cc (bf16 rounding
 // emulated with integer instructions) and kernels_avx512_bf16.cc (native vcvtneps2bf16, chosen
-// by defining ZOE_AVX512_NATIVE_BF16 before including this file). Both give convert.h's bits.
+// by defining ZOE_AVX512_NATIVE_BF16 before including this file; that path also defines
+// ZOE_AVX512_VBMI, for int8 dequantization by byte permutes). Both give convert.h's bits.
 // Included only by translation units compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq.
 #pragma once
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -14,6 +16,18 @@
 
 namespace zoe::optim {
 namespace {  // NOLINT: internal linkage on purpose (see convert.h)
+
+#if defined(ZOE_AVX512_VBMI)
+// Avx512Ops::Dequantize64's permutation of the codes: byte 16a + 4b + d takes code 16b + 4a + d.
+constexpr std::array<uint8_t, 64> MakeUnpackOrder() {
+  std::array<uint8_t, 64> order{};
+  for (size_t s = 0; s < 64; ++s) {
+    order[s] = static_cast<uint8_t>(s % 16 / 4 * 16 + s / 16 * 4 + s % 4);
+  }
+  return order;
+}
+alignas(64) constexpr std::array<uint8_t, 64> kUnpackOrder = MakeUnpackOrder();
+#endif
 
 struct Avx512Ops {
   using F = __m512;
@@ -67,6 +81,39 @@ struct Avx512Ops {
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
     return _mm512_i32gather_ps(index, values, 4);
   }
+#if defined(ZOE_AVX512_VBMI)
+  // values[codes[0..63]] into out[0..3] (sixteen lanes each, in order), without a gather: each
+  // byte of the 32-bit values is looked up in its 256-byte plane (QuantCode::value_planes) by two
+  // two-register byte permutes (codes below 128, and above, chosen by the code's top bit), then
+  // the four planes are interleaved back into dwords. The interleaving unpacks work within
+  // 128-bit lanes: out[q] lane 4L + d takes byte 16L + 4q + d of the planes, so the codes are
+  // first permuted to put code 16q + 4L + d there (kUnpackOrder, its own inverse).
+  static void Dequantize64(const uint8_t* codes, const QuantCode& code, F out[4]) {
+    const __m512i order = _mm512_load_si512(kUnpackOrder.data());
+    const __m512i c = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes));
+    const __mmask64 upper_half = _mm512_movepi8_mask(c);
+    __m512i plane[4];
+    for (size_t p = 0; p < 4; ++p) {
+      const uint8_t* bytes = code.value_planes[p].data();
+      const __m512i lower =
+          _mm512_permutex2var_epi8(_mm512_loadu_si512(bytes), c, _mm512_loadu_si512(bytes + 64));
+      const __m512i upper = _mm512_permutex2var_epi8(_mm512_loadu_si512(bytes + 128), c,
+                                                     _mm512_loadu_si512(bytes + 192));
+      plane[p] = _mm512_mask_mov_epi8(lower, upper_half, upper);
+    }
+    const __m512i low01 = _mm512_unpacklo_epi8(plane[0], plane[1]);
+    const __m512i high01 = _mm512_unpackhi_epi8(plane[0], plane[1]);
+    const __m512i low23 = _mm512_unpacklo_epi8(plane[2], plane[3]);
+    const __m512i high23 = _mm512_unpackhi_epi8(plane[2], plane[3]);
+    out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(low01, low23));
+    out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(low01, low23));
+    out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(high01, high23));
+    out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(high01, high23));
+  }
+  static constexpr size_t kDequantizeWidth = 64;
+
+#endif
+
   // quantize.h's QuantizeSignedByte / QuantizeUnsignedByte on sixteen lanes: one gather of the
   // lanes' bucket entries, then the same integer operations.
   template <bool kSigned>

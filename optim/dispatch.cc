@@ -30,7 +30,8 @@ CpuFeatures DetectCpuFeatures() {
   cpu.avx2_fma_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
   cpu.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  cpu.avx512_bf16 = cpu.avx512 && __builtin_cpu_supports("avx512bf16");
+  cpu.avx512_bf16 =
+      cpu.avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
 #endif
   return cpu;
 }

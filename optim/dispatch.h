@@ -14,7 +14,7 @@ namespace zoe::optim {
 struct CpuFeatures {
   bool avx2_fma_f16c = false;
   bool avx512 = false;       // F, BW, VL and DQ
-  bool avx512_bf16 = false;  // the above plus AVX512_BF16
+  bool avx512_bf16 = false;  // the above plus AVX512_BF16 and AVX512_VBMI
 };
 
 CpuFeatures DetectCpuFeatures();

@@ -110,32 +110,22 @@ void StoreCopy(void* base, size_t i, typename V::F x) {
 //   AdamW: p *= 1 - lr*wd          Adam: g += wd*p
 //   m = m*b1 + (1-b1)*g;  v = v*b2 + ((1-b2)*g)*g
 //   denom = sqrt(v) / sqrt(1-b2^t) + eps;  p += (-lr/(1-b1^t) * m) / denom
-// The state of the kInt8 block being updated: its scales before the update, and where the updated
-// fp32 moments wait (element i at [i - begin]) until the block is requantized.
+// The kInt8 block being updated: its moments, dequantized into fp32 buffers (element i at
+// [i - begin]) where the update leaves them until the block is requantized.
 struct BlockPointers : UpdatePointers {
-  float exp_avg_scale_old = 0.0f;
-  float exp_avg_sq_scale_old = 0.0f;
-  float* exp_avg_out = nullptr;
-  float* exp_avg_sq_out = nullptr;
+  float* exp_avg_block = nullptr;
+  float* exp_avg_sq_block = nullptr;
   size_t begin = 0;
 };
 
-// Moment loads and stores: in place for fp32/bf16 state; for kInt8, dequantized with the block's
-// old scale and stored to the block's fp32 buffer. kSq picks exp_avg_sq, else exp_avg. int8
-// exp_avg_sq holds the square root of the moment (quantize.h): stored through a square root,
-// loaded through a square (both correctly rounded, so every path agrees).
+// Moment loads and stores: in place for fp32/bf16 state; for kInt8, in the block's fp32 buffers
+// (UpdateBlock dequantizes into them first). kSq picks exp_avg_sq, else exp_avg. int8 exp_avg_sq
+// holds the square root of the moment (quantize.h): stored through a square root here, squared
+// by the dequantization (both correctly rounded, so every path agrees).
 template <class V, DType S, bool kSq, class P>
 typename V::F LoadMoment(const P& p, size_t i) {
   if constexpr (S == DType::kInt8) {
-    const QuantCode& code = kSq ? kUnsignedCode : kSignedCode;
-    const auto* codes = static_cast<const uint8_t*>(kSq ? p.exp_avg_sq : p.exp_avg);
-    const typename V::F x = V::Mul(V::Dequantize(codes + i, code.value.data()),
-                                   V::Set(kSq ? p.exp_avg_sq_scale_old : p.exp_avg_scale_old));
-    if constexpr (kSq) {
-      return V::Mul(x, x);  // the square root is what is stored
-    } else {
-      return x;
-    }
+    return V::LoadF32((kSq ? p.exp_avg_sq_block : p.exp_avg_block) + (i - p.begin));
   } else {
     return Load<V, S>(kSq ? p.exp_avg_sq : p.exp_avg, i);
   }
@@ -147,9 +137,9 @@ void StoreMoment(const P& p, size_t i, typename V::F x) {
   if constexpr (S == DType::kInt8) {
     static_assert(!kStreaming, "int8 blocks are updated with ordinary stores");
     if constexpr (kSq) {
-      V::StoreF32(p.exp_avg_sq_out + (i - p.begin), V::Sqrt(x));
+      V::StoreF32(p.exp_avg_sq_block + (i - p.begin), V::Sqrt(x));
     } else {
-      V::StoreF32(p.exp_avg_out + (i - p.begin), x);
+      V::StoreF32(p.exp_avg_block + (i - p.begin), x);
     }
   } else {
     Store<V, S, kStreaming>(kSq ? p.exp_avg_sq : p.exp_avg, i, x);
@@ -392,40 +382,26 @@ void QuantizeBlock(const float* x, size_t n, uint8_t* codes, float* scale) {
   *scale = absmax;
 }
 
-// One kInt8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on the
-// dequantized moments, kept in fp32 buffers on the stack until the block's new absmax is known,
-// then requantized. Ordinary stores only (the block is in L1 by then); kFast is Adam's fast
-// arithmetic and QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written
-// in the same pass, like the other copies.
-template <class V, Kind K, DType G, CopySlot C, bool kFast>
-void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
-                 size_t block) {
-  alignas(64) float exp_avg[kQuantBlock];
-  alignas(64) float exp_avg_sq[kQuantBlock];
-  BlockPointers p;
-  static_cast<UpdatePointers&>(p) = base;
-  p.begin = begin;
-  p.exp_avg_out = exp_avg;
-  p.exp_avg_sq_out = exp_avg_sq;
-  if constexpr (UsesExpAvg(K)) p.exp_avg_scale_old = base.exp_avg_scale[block];
-  if constexpr (UsesExpAvgSq(K)) p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
-  UpdateRange<V, K, G, DType::kInt8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
-  if constexpr (UsesExpAvg(K)) {
-    QuantizeBlock<V, true, kFast>(exp_avg, end - begin, static_cast<uint8_t*>(base.exp_avg) + begin,
-                                  base.exp_avg_scale + block);
-  }
-  if constexpr (UsesExpAvgSq(K)) {
-    QuantizeBlock<V, false, kFast>(exp_avg_sq, end - begin,
-                                   static_cast<uint8_t*>(base.exp_avg_sq) + begin,
-                                   base.exp_avg_sq_scale + block);
-  }
-}
+// A vector policy that dequantizes V::kDequantizeWidth codes at once without a gather.
+template <class V>
+concept WideDequantizeOps = requires(const uint8_t* codes, typename V::F* out) {
+  V::Dequantize64(codes, kSignedCode, out);
+};
 
 // Dequantizes the n codes of one block with its scale into out[0, n).
 template <class V>
 void DequantizeBlock(const uint8_t* codes, size_t n, const QuantCode& code, float scale,
                      float* out) {
   size_t i = 0;
+  if constexpr (WideDequantizeOps<V>) {
+    for (; i + V::kDequantizeWidth <= n; i += V::kDequantizeWidth) {
+      typename V::F values[V::kDequantizeWidth / V::kWidth];
+      V::Dequantize64(codes + i, code, values);
+      for (size_t v = 0; v < std::size(values); ++v) {
+        V::StoreF32(out + i + v * V::kWidth, V::Mul(values[v], V::Set(scale)));
+      }
+    }
+  }
   for (; i + V::kWidth <= n; i += V::kWidth) {
     V::StoreF32(out + i, V::Mul(V::Dequantize(codes + i, code.value.data()), V::Set(scale)));
   }
@@ -447,6 +423,8 @@ void QuantizeBlockOf(const float* x, size_t n, uint8_t* codes, float* scale) {
   }
 }
 
+// A moment block in its stored form to fp32: exp_avg (kSigned) as is, exp_avg_sq (unsigned)
+// squared back from its stored square root.
 template <class V, bool kSigned>
 void DequantizeBlockOf(const uint8_t* codes, size_t n, float scale, float* out) {
   DequantizeBlock<V>(codes, n, kSigned ? kSignedCode : kUnsignedCode, scale, out);
@@ -457,6 +435,41 @@ void DequantizeBlockOf(const uint8_t* codes, size_t n, float scale, float* out) 
       V::StoreF32(out + i, V::Mul(root, root));
     }
     for (; i < n; ++i) out[i] = out[i] * out[i];
+  }
+}
+
+// One kInt8 block (BlockUpdateFn): its moments dequantized into fp32 buffers on the stack, the
+// same per-element arithmetic as fp32 state on them, then requantized once the block's new absmax
+// is known. Ordinary stores only (the buffers stay in L1); kFast is Adam's fast arithmetic and
+// QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written in the same
+// pass, like the other copies.
+template <class V, Kind K, DType G, CopySlot C, bool kFast>
+void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
+                 size_t block) {
+  alignas(64) float exp_avg[kQuantBlock];
+  alignas(64) float exp_avg_sq[kQuantBlock];
+  BlockPointers p;
+  static_cast<UpdatePointers&>(p) = base;
+  p.begin = begin;
+  p.exp_avg_block = exp_avg;
+  p.exp_avg_sq_block = exp_avg_sq;
+  if constexpr (UsesExpAvg(K)) {
+    DequantizeBlockOf<V, true>(static_cast<const uint8_t*>(base.exp_avg) + begin, end - begin,
+                               base.exp_avg_scale[block], exp_avg);
+  }
+  if constexpr (UsesExpAvgSq(K)) {
+    DequantizeBlockOf<V, false>(static_cast<const uint8_t*>(base.exp_avg_sq) + begin, end - begin,
+                                base.exp_avg_sq_scale[block], exp_avg_sq);
+  }
+  UpdateRange<V, K, G, DType::kInt8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
+  if constexpr (UsesExpAvg(K)) {
+    QuantizeBlock<V, true, kFast>(exp_avg, end - begin, static_cast<uint8_t*>(base.exp_avg) + begin,
+                                  base.exp_avg_scale + block);
+  }
+  if constexpr (UsesExpAvgSq(K)) {
+    QuantizeBlock<V, false, kFast>(exp_avg_sq, end - begin,
+                                   static_cast<uint8_t*>(base.exp_avg_sq) + begin,
+                                   base.exp_avg_sq_scale + block);
   }
 }
 

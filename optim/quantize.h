@@ -67,6 +67,9 @@ struct QuantCode {
   // upper 128); bucket[key - first_key].
   int32_t first_key = 0;
   std::array<uint32_t, kQuantBuckets> bucket{};
+  // value's bits as four byte planes: value_planes[p][j] is byte p (little-endian) of value[j].
+  // What a byte-permute dequantization looks up in place of a gather (avx512_ops.h).
+  std::array<std::array<uint8_t, kQuantCodeSize>, 4> value_planes{};
 };
 
 namespace quant_detail {
@@ -123,7 +126,11 @@ constexpr QuantCode MakeDynamicCode(bool is_signed) {
   }
   std::sort(values.begin(), values.end());
   QuantCode code;
-  for (size_t i = 0; i < kQuantCodeSize; ++i) code.value[i] = static_cast<float>(values[i]);
+  for (size_t i = 0; i < kQuantCodeSize; ++i) {
+    code.value[i] = static_cast<float>(values[i]);
+    const auto bits = std::bit_cast<uint32_t>(code.value[i]);
+    for (size_t p = 0; p < 4; ++p) code.value_planes[p][i] = static_cast<uint8_t>(bits >> (8 * p));
+  }
   for (size_t i = 0; i + 1 < kQuantCodeSize; ++i) {
     code.threshold[i] = static_cast<float>((values[i] + values[i + 1]) / 2.0);
   }

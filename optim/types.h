@@ -26,7 +26,8 @@ using zoe::Arithmetic;
 // Instruction-set path of the CPU kernels, best first. Every path computes bit-identical fp32
 // results (see kernel_math.h for why).
 enum class Isa {
-  kAvx512Bf16,  // AVX-512 F/BW/VL/DQ plus the native bf16 conversion (vcvtneps2bf16)
+  kAvx512Bf16,  // AVX-512 F/BW/VL/DQ plus the native bf16 conversion (vcvtneps2bf16) and byte
+                // permutes (VBMI): Zen 4, Sapphire Rapids and later
   kAvx512,      // AVX-512 F/BW/VL/DQ, bf16 conversion emulated with integer instructions
   kAvx2,        // AVX2 + FMA + F16C
   kScalar,      // portable C++: the reference every other path is tested against

@@ -1,7 +1,9 @@
 // Google Benchmark cases for the optimizer kernels: every instruction-set path this CPU has, on
 // one thread, for sizes that live in L1, L2, L3 and DRAM, in the fp32 layout and the bf16 one
-// (bf16 grads, bf16 state, fused bf16 copy). Items are parameters; bytes are those moved.
+// (bf16 grads, bf16 state, fused bf16 copy). Items are parameters; bytes are those moved. Also
+// the int8 moments' block quantization and dequantization alone, in L1/L2 (items are elements).
 //   zoe_micro_bench --benchmark_filter=AdamW
+//   zoe_micro_bench --benchmark_filter=Int8
 #include <benchmark/benchmark.h>
 
 #include <string>
@@ -66,6 +68,64 @@ void BM_GradScan(benchmark::State& state, Isa isa) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(4 * n));
 }
 
+// Moments over several decades, as the int8 cases quantize them (exp_avg_sq: non-negative).
+std::vector<float> MomentValues(size_t n, Moment moment) {
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float magnitude = 1.0f / static_cast<float>(1 + (i * 2654435761u) % 100000);
+    values[i] = moment == Moment::kExpAvg && i % 2 == 1 ? -magnitude : magnitude;
+  }
+  return values;
+}
+
+constexpr size_t kInt8Elements = size_t{1} << 14;
+
+void BM_Int8Quantize(benchmark::State& state, Isa isa, Moment moment) {
+  const std::vector<float> values = MomentValues(kInt8Elements, moment);
+  std::vector<uint8_t> codes(kInt8Elements);
+  std::vector<float> scales(QuantBlockCount(kInt8Elements, 0));
+  for (auto _ : state) {
+    const Status status = QuantizeMoments(moment, values.data(), kInt8Elements, 0, codes.data(),
+                                          scales.data(), {.isa = isa});
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(kInt8Elements));
+}
+
+void BM_Int8Dequantize(benchmark::State& state, Isa isa, Moment moment) {
+  const std::vector<float> values = MomentValues(kInt8Elements, moment);
+  std::vector<uint8_t> codes(kInt8Elements);
+  std::vector<float> scales(QuantBlockCount(kInt8Elements, 0)), out(kInt8Elements);
+  if (!QuantizeMoments(moment, values.data(), kInt8Elements, 0, codes.data(), scales.data()).ok()) {
+    state.SkipWithError("quantizing the input failed");
+    return;
+  }
+  for (auto _ : state) {
+    const Status status = DequantizeMoments(moment, codes.data(), scales.data(), kInt8Elements, 0,
+                                            out.data(), {.isa = isa});
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(kInt8Elements));
+}
+
+void RegisterInt8(Isa isa) {
+  for (Moment moment : {Moment::kExpAvg, Moment::kExpAvgSq}) {
+    const std::string suffix =
+        std::string(IsaName(isa)) + (moment == Moment::kExpAvg ? "/exp_avg" : "/exp_avg_sq");
+    benchmark::RegisterBenchmark(("Int8Quantize/" + suffix).c_str(), BM_Int8Quantize, isa, moment);
+    benchmark::RegisterBenchmark(("Int8Dequantize/" + suffix).c_str(), BM_Int8Dequantize, isa,
+                                 moment);
+  }
+}
+
 int RegisterAll() {
   const CpuFeatures cpu = DetectCpuFeatures();
   for (Isa isa : kAllIsas) {
@@ -78,6 +138,7 @@ int RegisterAll() {
     auto* scan = benchmark::RegisterBenchmark(("GradScan/" + std::string(IsaName(isa))).c_str(),
                                               BM_GradScan, isa);
     for (size_t n : kSizes) scan->Arg(static_cast<int64_t>(n));
+    RegisterInt8(isa);
   }
   return 0;
 }

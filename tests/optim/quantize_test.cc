@@ -226,6 +226,41 @@ TEST(QuantizeMoments, RoundTripIsWithinTheStatedErrorOnEveryPath) {
   }
 }
 
+// Every byte of both codes, at every position of a 64-code group (the byte-permute path
+// dequantizes 64 at once) and in the vector and scalar tails, dequantizes to value * scale
+// (squared for exp_avg_sq) on every path.
+TEST(QuantizeMoments, EveryCodeDequantizesToItsValueOnEveryPath) {
+  for (Moment moment : {Moment::kExpAvg, Moment::kExpAvgSq}) {
+    const QuantCode& code = moment == Moment::kExpAvg ? kSignedCode : kUnsignedCode;
+    for (size_t offset : {size_t{0}, size_t{37}}) {
+      const size_t count = 256 * 9 + 5;
+      std::vector<uint8_t> codes(count);
+      for (size_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(i * 37 + i / 256);
+      const size_t blocks = QuantBlockCount(count, offset);
+      std::vector<float> scales(blocks);
+      for (size_t b = 0; b < blocks; ++b) scales[b] = 0.75f + 0.5f * static_cast<float>(b);
+      for (Isa isa : SupportedIsas()) {
+        SCOPED_TRACE(std::string(IsaName(isa)) + " offset " + std::to_string(offset));
+        RunOptions run;
+        run.isa = isa;
+        std::vector<float> back(count);
+        ASSERT_TRUE(
+            DequantizeMoments(moment, codes.data(), scales.data(), count, offset, back.data(), run)
+                .ok());
+        for (size_t b = 0; b < blocks; ++b) {
+          const QuantBlockRange r = QuantBlockAt(count, offset, b);
+          for (size_t i = r.begin; i < r.end; ++i) {
+            const float x = code.value[codes[i]] * scales[b];
+            const float expected = moment == Moment::kExpAvg ? x : x * x;
+            ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(expected))
+                << i << " code " << int{codes[i]};
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantizeMoments, RejectsWhatTheCodeCannotHold) {
   std::vector<float> values(10, 0.5f);
   std::vector<uint8_t> codes(10);
