@@ -176,7 +176,7 @@ void PrintTopology(const nlohmann::json& topology) {
 void PrintCpuAndDevice(const nlohmann::json& cpu, const nlohmann::json& device) {
   std::cout << "CPU\n  AVX2+FMA+F16C: " << YesNo(cpu["avx2_fma_f16c"])
             << ", AVX-512: " << YesNo(cpu["avx512"])
-            << ", AVX-512 BF16: " << YesNo(cpu["avx512_bf16"])
+            << ", AVX-512 BF16+VBMI: " << YesNo(cpu["avx512_bf16"])
             << "\n  optimizer kernels: " << cpu["optimizer_isa"].get<std::string>()
             << " (ZOE_ISA=avx2|scalar|... forces another)\n\n";
   std::cout << "Device\n  built with CUDA: " << YesNo(device["built_with_cuda"]) << "\n";

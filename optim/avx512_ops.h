@@ -17,6 +17,10 @@
 namespace zoe::optim {
 namespace {  // NOLINT: internal linkage on purpose (see convert.h)
 
+#if defined(ZOE_AVX512_VBMI) && !defined(__AVX512VBMI__)
+#error "ZOE_AVX512_VBMI needs a translation unit compiled with -mavx512vbmi"
+#endif
+
 #if defined(ZOE_AVX512_VBMI)
 // Avx512Ops::Dequantize64's permutation of the codes: byte 16a + 4b + d takes code 16b + 4a + d.
 constexpr std::array<uint8_t, 64> MakeUnpackOrder() {
@@ -111,7 +115,7 @@ struct Avx512Ops {
     out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(high01, high23));
   }
   static constexpr size_t kDequantizeWidth = 64;
-
+  static_assert(kDequantizeWidth == 4 * kWidth, "Dequantize64 fills four vectors");
 #endif
 
   // quantize.h's QuantizeSignedByte / QuantizeUnsignedByte on sixteen lanes: one gather of the

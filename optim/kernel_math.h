@@ -106,10 +106,6 @@ void StoreCopy(void* base, size_t i, typename V::F x) {
   }
 }
 
-// Adam / AdamW on V::kWidth elements at i. torch 1.13 _single_tensor_adam(w):
-//   AdamW: p *= 1 - lr*wd          Adam: g += wd*p
-//   m = m*b1 + (1-b1)*g;  v = v*b2 + ((1-b2)*g)*g
-//   denom = sqrt(v) / sqrt(1-b2^t) + eps;  p += (-lr/(1-b1^t) * m) / denom
 // The kInt8 block being updated: its moments, dequantized into fp32 buffers (element i at
 // [i - begin]) where the update leaves them until the block is requantized.
 struct BlockPointers : UpdatePointers {
@@ -146,6 +142,10 @@ void StoreMoment(const P& p, size_t i, typename V::F x) {
   }
 }
 
+// Adam / AdamW on V::kWidth elements at i. torch 1.13 _single_tensor_adam(w):
+//   AdamW: p *= 1 - lr*wd          Adam: g += wd*p
+//   m = m*b1 + (1-b1)*g;  v = v*b2 + ((1-b2)*g)*g
+//   denom = sqrt(v) / sqrt(1-b2^t) + eps;  p += (-lr/(1-b1^t) * m) / denom
 // Fast arithmetic: denom = sqrt(v) * (1 / sqrt(1-b2^t)) + eps, the reciprocal rounded once.
 template <class V, bool kDecoupled, DType G, DType S, CopySlot C, UpdateVariant kVariant, class P>
 void AdamStep(const UpdateConstants& k, const P& p, size_t i) {
@@ -386,6 +386,7 @@ void QuantizeBlock(const float* x, size_t n, uint8_t* codes, float* scale) {
 template <class V>
 concept WideDequantizeOps = requires(const uint8_t* codes, typename V::F* out) {
   V::Dequantize64(codes, kSignedCode, out);
+  V::kDequantizeWidth;
 };
 
 // Dequantizes the n codes of one block with its scale into out[0, n).

@@ -226,16 +226,17 @@ TEST(QuantizeMoments, RoundTripIsWithinTheStatedErrorOnEveryPath) {
   }
 }
 
-// Every byte of both codes, at every position of a 64-code group (the byte-permute path
-// dequantizes 64 at once) and in the vector and scalar tails, dequantizes to value * scale
-// (squared for exp_avg_sq) on every path.
+// Every byte of both codes at every position of a 64-code group (the byte-permute path of
+// avx512bf16 dequantizes 64 at once: group g holds code (p + g) mod 256 at position p, 256
+// groups), then codes in the vector and scalar tails, dequantizes to value * scale (squared for
+// exp_avg_sq) on every path this CPU has.
 TEST(QuantizeMoments, EveryCodeDequantizesToItsValueOnEveryPath) {
   for (Moment moment : {Moment::kExpAvg, Moment::kExpAvgSq}) {
     const QuantCode& code = moment == Moment::kExpAvg ? kSignedCode : kUnsignedCode;
     for (size_t offset : {size_t{0}, size_t{37}}) {
-      const size_t count = 256 * 9 + 5;
+      const size_t count = 64 * 256 + 16 + 5;
       std::vector<uint8_t> codes(count);
-      for (size_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(i * 37 + i / 256);
+      for (size_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(i % 64 + i / 64);
       const size_t blocks = QuantBlockCount(count, offset);
       std::vector<float> scales(blocks);
       for (size_t b = 0; b < blocks; ++b) scales[b] = 0.75f + 0.5f * static_cast<float>(b);

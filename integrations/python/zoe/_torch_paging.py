@@ -366,7 +366,7 @@ def _home_from_config(engine):
 
 def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param.",
                        tier=None, process_group=None, prefetch_depth=2,
-                       bucket_elements=1 << 22):
+                       bucket_elements=None):
     """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
 
     Every parameter becomes a zoe tensor homed in ``home`` (NVME or HOST) holding its values;
@@ -397,8 +397,8 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
     * ``process_group``: ZeRO stage 3 across its ranks: each rank pages only its shard of every
       parameter, a module's parameters are all-gathered around its forward and backward (the
       next ``prefetch_depth`` gathers issued ahead by the trace) and gradients reduced to the
-      owning shard in buckets of ``bucket_elements`` elements or more (4 Mi, as the stage 1 and
-      2 optimizer's; 0 or 1: one parameter per bucket); returns a ShardedParameterPager (see
+      owning shard in buckets of ``bucket_elements`` elements or more (None: 4 Mi, as the stage
+      1 and 2 optimizer's; 0 or 1: one parameter per bucket); returns a ShardedParameterPager (see
       zoe/_torch_zero3.py, docs/zero3.md).
 
     Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).

@@ -404,6 +404,9 @@ class ShardedParameterPager(ParameterPager):
         if grad is None:
             return
         total = grad.detach().reshape(-1).to(torch.float32, copy=True)
+        del grad  # the full gradient is not held while buckets are reduced
+        if self._bucket and self._bucket[0][1].device != total.device:
+            self._reduce_bucket()  # a bucket's buffer lives on one device
         self._bucket.append((entry, total))
         self._bucket_size += total.numel()
         if self._bucket_size >= self.bucket_elements:
@@ -417,6 +420,7 @@ class ShardedParameterPager(ParameterPager):
         if not gradients:
             return
         bucket = _GradientBucket(gradients, self.world_size)
+        del gradients  # a bucket of several holds only its rank-major copy from here
         try:
             with _timed(self, "collective_seconds"):
                 bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
@@ -636,8 +640,11 @@ class ShardedParameterPager(ParameterPager):
 
 def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
                     prefetch_depth=DEFAULT_PREFETCH_DEPTH,
-                    bucket_elements=DEFAULT_BUCKET_ELEMENTS):
-    """offload_parameters with a process group (see the module docstring)."""
+                    bucket_elements=None):
+    """offload_parameters with a process group (see the module docstring); bucket_elements
+    None is DEFAULT_BUCKET_ELEMENTS."""
+    if bucket_elements is None:
+        bucket_elements = DEFAULT_BUCKET_ELEMENTS
     if not dist.is_initialized():
         raise _invalid(
             "process_group needs torch.distributed initialised (init_process_group) first"
