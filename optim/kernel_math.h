@@ -106,22 +106,41 @@ void StoreCopy(void* base, size_t i, typename V::F x) {
   }
 }
 
-// The kInt8 block being updated: its moments, dequantized into fp32 buffers (element i at
-// [i - begin]) where the update leaves them until the block is requantized.
+// The kInt8 block being updated. The update leaves its new moments in two fp32 buffers (element
+// i at [i - begin]) until the block is requantized. kDequantized: the block's moments were
+// dequantized into those buffers before the update (paths that dequantize 64 codes at once);
+// otherwise each load dequantizes its vector with the block's old scale (paths that gather: a
+// gather beside the update's arithmetic overlaps with it, in a loop of its own it does not).
+template <bool kPrefilled>
 struct BlockPointers : UpdatePointers {
+  static constexpr bool kDequantized = kPrefilled;
+  float exp_avg_scale_old = 0.0f;
+  float exp_avg_sq_scale_old = 0.0f;
   float* exp_avg_block = nullptr;
   float* exp_avg_sq_block = nullptr;
   size_t begin = 0;
 };
 
-// Moment loads and stores: in place for fp32/bf16 state; for kInt8, in the block's fp32 buffers
-// (UpdateBlock dequantizes into them first). kSq picks exp_avg_sq, else exp_avg. int8 exp_avg_sq
-// holds the square root of the moment (quantize.h): stored through a square root here, squared
-// by the dequantization (both correctly rounded, so every path agrees).
+// Moment loads and stores: in place for fp32/bf16 state; for kInt8, from the block's codes or
+// its fp32 buffers (BlockPointers) and to the buffers. kSq picks exp_avg_sq, else exp_avg. int8
+// exp_avg_sq holds the square root of the moment (quantize.h): stored through a square root,
+// loaded through a square (both correctly rounded, so every path agrees).
 template <class V, DType S, bool kSq, class P>
 typename V::F LoadMoment(const P& p, size_t i) {
   if constexpr (S == DType::kInt8) {
-    return V::LoadF32((kSq ? p.exp_avg_sq_block : p.exp_avg_block) + (i - p.begin));
+    if constexpr (P::kDequantized) {
+      return V::LoadF32((kSq ? p.exp_avg_sq_block : p.exp_avg_block) + (i - p.begin));
+    } else {
+      const QuantCode& code = kSq ? kUnsignedCode : kSignedCode;
+      const auto* codes = static_cast<const uint8_t*>(kSq ? p.exp_avg_sq : p.exp_avg);
+      const typename V::F x = V::Mul(V::Dequantize(codes + i, code.value.data()),
+                                     V::Set(kSq ? p.exp_avg_sq_scale_old : p.exp_avg_scale_old));
+      if constexpr (kSq) {
+        return V::Mul(x, x);  // the square root is what is stored
+      } else {
+        return x;
+      }
+    }
   } else {
     return Load<V, S>(kSq ? p.exp_avg_sq : p.exp_avg, i);
   }
@@ -439,28 +458,36 @@ void DequantizeBlockOf(const uint8_t* codes, size_t n, float scale, float* out) 
   }
 }
 
-// One kInt8 block (BlockUpdateFn): its moments dequantized into fp32 buffers on the stack, the
-// same per-element arithmetic as fp32 state on them, then requantized once the block's new absmax
-// is known. Ordinary stores only (the buffers stay in L1); kFast is Adam's fast arithmetic and
-// QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written in the same
+// One kInt8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on its
+// dequantized moments (dequantized first where V does it 64 codes at a time, else as they are
+// loaded: BlockPointers), kept in fp32 buffers on the stack and requantized once the block's new
+// absmax is known. Ordinary stores only (the buffers stay in L1); kFast is Adam's fast arithmetic
+// and QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written in the same
 // pass, like the other copies.
 template <class V, Kind K, DType G, CopySlot C, bool kFast>
 void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
                  size_t block) {
   alignas(64) float exp_avg[kQuantBlock];
   alignas(64) float exp_avg_sq[kQuantBlock];
-  BlockPointers p;
+  constexpr bool kPrefill = WideDequantizeOps<V>;
+  BlockPointers<kPrefill> p;
   static_cast<UpdatePointers&>(p) = base;
   p.begin = begin;
   p.exp_avg_block = exp_avg;
   p.exp_avg_sq_block = exp_avg_sq;
   if constexpr (UsesExpAvg(K)) {
-    DequantizeBlockOf<V, true>(static_cast<const uint8_t*>(base.exp_avg) + begin, end - begin,
-                               base.exp_avg_scale[block], exp_avg);
+    p.exp_avg_scale_old = base.exp_avg_scale[block];
+    if constexpr (kPrefill) {
+      DequantizeBlockOf<V, true>(static_cast<const uint8_t*>(base.exp_avg) + begin, end - begin,
+                                 p.exp_avg_scale_old, exp_avg);
+    }
   }
   if constexpr (UsesExpAvgSq(K)) {
-    DequantizeBlockOf<V, false>(static_cast<const uint8_t*>(base.exp_avg_sq) + begin, end - begin,
-                                base.exp_avg_sq_scale[block], exp_avg_sq);
+    p.exp_avg_sq_scale_old = base.exp_avg_sq_scale[block];
+    if constexpr (kPrefill) {
+      DequantizeBlockOf<V, false>(static_cast<const uint8_t*>(base.exp_avg_sq) + begin, end - begin,
+                                  p.exp_avg_sq_scale_old, exp_avg_sq);
+    }
   }
   UpdateRange<V, K, G, DType::kInt8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
   if constexpr (UsesExpAvg(K)) {
