@@ -43,7 +43,10 @@ needs no master copy for an fp32 model). Stage 3 also reports the rank's paramet
 Memory per rank: the resident size when the implementation starts (rss_start_bytes: what the
 ones before it left), at the end of its timed iterations (rss_bytes), and its peak in between
 (peak_rss_bytes: the kernel's peak, started over for each implementation; the model it builds
-and every iteration included).
+and every iteration included). Linux keeps these counts per CPU and reports their sum without
+the CPUs' pending deltas, so each reading is within nr_cpus x max(32, 2 x nr_cpus) pages of the
+exact count (percpu_counter): a start read right after the peak was started over can exceed
+the peak by that much.
 
 Output: JSON lines on stdout: one "fsdp" line, one "result" line per (ranks, implementation) with
 medians over ROUNDS (of the slowest rank's per-round median: a step is as slow as its slowest

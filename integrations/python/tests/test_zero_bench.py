@@ -113,9 +113,17 @@ def test_collective_bench_times_every_method_on_every_size(tmp_path):
         assert line["median_s"] == pytest.approx(sum(line["samples_s"]) / 2)
 
 
+# How far a resident-size reading can be from the exact count: Linux keeps it in a per-CPU
+# counter (percpu_counter, batch max(32, 2 * nr_cpus) pages) and reads the sum without the CPUs'
+# pending deltas, so two readings of one moment can differ by up to nr_cpus batches.
+CPUS = os.cpu_count() or 1
+RSS_READING_SLACK = CPUS * max(32, 2 * CPUS) * os.sysconf("SC_PAGE_SIZE")
+
+
 def test_peak_rss_is_each_implementations_own(lines):
     for impl, line in results(lines).items():
         starts, peaks = line["rss_start_bytes_per_rank"], line["peak_rss_bytes_per_rank"]
         assert len(peaks) == WORLD, impl
         for start, end, peak in zip(starts, line["rss_bytes_per_rank"], peaks):
-            assert 0 < start <= peak and 0 < end <= peak, impl
+            assert 0 < start <= peak + RSS_READING_SLACK, impl
+            assert 0 < end <= peak + RSS_READING_SLACK, impl
