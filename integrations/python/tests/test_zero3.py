@@ -286,12 +286,18 @@ def world_of_one(nvme_dir):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("tier", [zoe.Tier.HOST, zoe.Tier.DEVICE])
-def test_gathered_only_while_used_and_given_back_by_remove(world_of_one, nvme_dir, tier):
-    # DEVICE: the shards are paged into the engine's device tier (the host stand-in here).
+def reference_and_model():
+    """Two models with the same seeded weights: a plain reference and one to page."""
     torch.manual_seed(0)
     reference, model = Model(), Model()
     model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
+@pytest.mark.parametrize("tier", [zoe.Tier.HOST, zoe.Tier.DEVICE])
+def test_gathered_only_while_used_and_given_back_by_remove(world_of_one, nvme_dir, tier):
+    # DEVICE: the shards are paged into the engine's device tier (the host stand-in here).
+    reference, model = reference_and_model()
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
         pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one,
@@ -319,9 +325,7 @@ def test_a_parameter_without_a_gradient_is_left_out_of_its_bucket(world_of_one, 
     """An odd step leaves even_only without gradients: the buckets of 100 elements close around
     the gradients that arrive, and even_only's shards keep .grad None (the optimizer skips
     them) while every other shard gets its gradient, bit for bit."""
-    torch.manual_seed(0)
-    reference, model = Model(), Model()
-    model.load_state_dict(reference.state_dict())
+    reference, model = reference_and_model()
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
         pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one,
@@ -339,9 +343,7 @@ def test_a_parameter_without_a_gradient_is_left_out_of_its_bucket(world_of_one, 
 
 
 def test_a_torch_optimizer_steps_the_shards_inside_materialized(world_of_one, nvme_dir):
-    torch.manual_seed(0)
-    reference, model = Model(), Model()
-    model.load_state_dict(reference.state_dict())
+    reference, model = reference_and_model()
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
         pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
