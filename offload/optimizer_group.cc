@@ -200,33 +200,6 @@ Status ForEachPiece(const ChunkRegions& regions, const StepInputs& in, size_t be
   return Status::Ok();
 }
 
-// Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
-// on the calling thread. UpdatePiece runs on each piece (ForEachPiece) that has a gradient, with
-// its segment's step (bias correction); a piece without one (absent) is left as it is, state and
-// parameter view alike. The update is elementwise, so the result is the same as one call per
-// segment. `sums`: as UpdatePiece's, for every piece updated.
-Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
-                        size_t begin, size_t end, const optim::RunOptions& run,
-                        const ReadSums* sums = nullptr) {
-  return ForEachPiece(regions, in, begin, end, [&](const Piece& piece) {
-    if (!piece.grad->present()) return Status::Ok();
-    return UpdatePiece(regions, base, in, *piece.grad, piece.param, piece.master, piece.from,
-                       piece.to, piece.step, run, sums);
-  });
-}
-
-// The ranges UpdateChunkRange runs the kernel on (relative to the chunk): its pieces that have a
-// gradient.
-void UpdatedRanges(const ChunkRegions& regions, const StepInputs& in, size_t begin, size_t end,
-                   std::vector<ElementRange>* ranges) {
-  (void)ForEachPiece(regions, in, begin, end, [&](const Piece& piece) {
-    if (piece.grad->present()) {
-      ranges->push_back({piece.from - regions.first, piece.to - regions.first});
-    }
-    return Status::Ok();
-  });
-}
-
 }  // namespace
 
 // Elements [from, to) of fp32 views that cover them, copied into `out` (element `from` at out[0]).
@@ -294,48 +267,89 @@ Status UpdateStagedBlock(const ChunkRegions& regions, std::byte* base, const Ste
   return Status::Ok();
 }
 
-// int8 state: UpdateChunkRange with whole quantization blocks. A piece that a gradient or
-// parameter view ends inside a block updates the blocks before that one directly and the cut
-// block staged; every block is updated exactly once, with its segment's step.
-Status UpdateQuantizedRange(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
-                            size_t begin, size_t end, const optim::RunOptions& run) {
+// int8 state: ForEachPiece's pieces regrouped into whole quantization blocks. A piece that a
+// gradient, parameter or master view ends inside a block becomes the blocks before that one, and
+// the cut block, which fn gets with `staged` set (its views are found again by
+// UpdateStagedBlock). Every block of [begin, end) is in exactly one piece, and in one segment.
+template <class Fn>
+Status ForEachQuantizedPiece(const ChunkRegions& regions, const StepInputs& in, size_t begin,
+                             size_t end, const Fn& fn) {
   const size_t last = regions.first + end;
   const bool with_params = !in.params->empty();
+  const bool external = in.external_master();
   for (size_t pos = regions.first + begin; pos < last;) {
     const size_t segment = SegmentAt(in.segment_ends, pos);
     const size_t segment_end = std::min(last, in.segment_ends[segment]);
     const auto grad = FindView(*in.grads, pos);
     const auto param = with_params ? FindView(*in.params, pos) : in.params->end();
-    const bool external = in.external_master();
     const auto master = external ? FindView(*in.masters, pos) : in.params->end();
-    const PlacedView* master_view = external ? &*master : nullptr;
-    const size_t piece_end =
-        std::min({segment_end, grad->end(), with_params ? param->end() : segment_end,
-                  external ? master->end() : segment_end});
-    const int64_t step = in.segment_step[segment];
-    const size_t relative_end = piece_end - regions.first;
-    if (piece_end == segment_end || relative_end % optim::kQuantBlock == 0) {
-      if (grad->present()) {
-        ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
-                                        master_view, pos, piece_end, step, run));
-      }
-      pos = piece_end;
+    Piece piece{pos,
+                std::min({segment_end, grad->end(), with_params ? param->end() : segment_end,
+                          external ? master->end() : segment_end}),
+                &*grad,
+                with_params ? &*param : nullptr,
+                external ? &*master : nullptr,
+                in.segment_step[segment]};
+    const size_t relative_end = piece.to - regions.first;
+    if (piece.to == segment_end || relative_end % optim::kQuantBlock == 0) {
+      ZOE_RETURN_IF_ERROR(fn(piece, /*staged=*/false));
+      pos = piece.to;
       continue;
     }
-    // The block holding piece_end starts at a multiple of kQuantBlock, or at pos (a block start).
+    // The block holding piece.to starts at a multiple of kQuantBlock, or at pos (a block start).
     const size_t cut =
         std::max(pos, regions.first + relative_end / optim::kQuantBlock * optim::kQuantBlock);
-    if (cut > pos && grad->present()) {
-      ZOE_RETURN_IF_ERROR(UpdatePiece(regions, base, in, *grad, with_params ? &*param : nullptr,
-                                      master_view, pos, cut, step, run));
+    if (cut > pos) {
+      piece.to = cut;
+      ZOE_RETURN_IF_ERROR(fn(piece, /*staged=*/false));
     }
-    const size_t cut_end =
-        std::min(segment_end,
-                 regions.first + CeilDiv(relative_end, optim::kQuantBlock) * optim::kQuantBlock);
-    ZOE_RETURN_IF_ERROR(UpdateStagedBlock(regions, base, in, cut, cut_end, step, run));
-    pos = cut_end;
+    piece.from = cut;
+    piece.to = std::min(segment_end, regions.first + CeilDiv(relative_end, optim::kQuantBlock) *
+                                                         optim::kQuantBlock);
+    ZOE_RETURN_IF_ERROR(fn(piece, /*staged=*/true));
+    pos = piece.to;
   }
   return Status::Ok();
+}
+
+// Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
+// on the calling thread: UpdatePiece on each piece that has a gradient (ForEachPiece, or
+// ForEachQuantizedPiece for int8 state, whose cut blocks go through UpdateStagedBlock), with its
+// segment's step (bias correction); a piece without one (absent) is left as it is, state and
+// parameter view alike. The update is elementwise, so the result is the same as one call per
+// segment. `sums`: as UpdatePiece's, for every piece updated unstaged.
+Status UpdateChunkRange(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
+                        size_t begin, size_t end, const optim::RunOptions& run,
+                        const ReadSums* sums = nullptr) {
+  const auto update = [&](const Piece& piece) {
+    if (!piece.grad->present()) return Status::Ok();
+    return UpdatePiece(regions, base, in, *piece.grad, piece.param, piece.master, piece.from,
+                       piece.to, piece.step, run, sums);
+  };
+  if (in.state_dtype != DType::kInt8) return ForEachPiece(regions, in, begin, end, update);
+  return ForEachQuantizedPiece(regions, in, begin, end, [&](const Piece& piece, bool staged) {
+    if (staged) return UpdateStagedBlock(regions, base, in, piece.from, piece.to, piece.step, run);
+    return update(piece);
+  });
+}
+
+// The ranges UpdateChunkRange runs the kernel on with `sums` (relative to the chunk): its
+// unstaged pieces that have a gradient.
+void UpdatedRanges(const ChunkRegions& regions, const StepInputs& in, size_t begin, size_t end,
+                   std::vector<ElementRange>* ranges) {
+  const auto add = [&](const Piece& piece) {
+    if (piece.grad->present()) {
+      ranges->push_back({piece.from - regions.first, piece.to - regions.first});
+    }
+    return Status::Ok();
+  };
+  if (in.state_dtype != DType::kInt8) {
+    (void)ForEachPiece(regions, in, begin, end, add);
+    return;
+  }
+  (void)ForEachQuantizedPiece(regions, in, begin, end, [&](const Piece& piece, bool staged) {
+    return staged ? Status::Ok() : add(piece);
+  });
 }
 
 // The segments' lengths must add up to the group's count.
@@ -461,9 +475,6 @@ Status detail::UpdateChunkState(const ChunkRegions& regions, std::byte* base, co
   }
   return UpdateInStripes(regions, base, checksums, *in.run,
                          [&](size_t begin, size_t end, const optim::RunOptions& run) {
-                           if (in.state_dtype == optim::DType::kInt8) {
-                             return UpdateQuantizedRange(regions, base, in, begin, end, run);
-                           }
                            return UpdateChunkRange(regions, base, in, begin, end, run);
                          });
 }

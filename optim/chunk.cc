@@ -104,6 +104,12 @@ Status CheckBuffers(Kind kind, const ChunkLayout& layout, const ChunkBuffers& ch
   }
   if (UsesExpAvg(kind) && chunk.exp_avg_scale == nullptr) return missing("exp_avg_scale");
   if (UsesExpAvgSq(kind) && chunk.exp_avg_sq_scale == nullptr) return missing("exp_avg_sq_scale");
+  if (chunk.read_sums[0] != nullptr && chunk.read_origin % kQuantBlock != chunk.block_offset) {
+    return Status::InvalidArgument(
+        "int8 state read_origin " + std::to_string(chunk.read_origin) + " and block_offset " +
+        std::to_string(chunk.block_offset) + " disagree; allowed: read_origin % " +
+        std::to_string(kQuantBlock) + " == block_offset (hashed units must start blocks)");
+  }
   return Status::Ok();
 }
 
@@ -116,23 +122,18 @@ void ForEachBlockTile(const RunOptions& run, size_t blocks, const Fn& fn) {
   ForEachTile(in_blocks, blocks, fn);
 }
 
-Status UpdateQuantizedChunk(const KernelTable& kernels, const HyperParams& hyper,
-                            const ChunkLayout& layout, const ChunkBuffers& chunk,
-                            const UpdateConstants& constants, const RunOptions& run) {
-  const BlockUpdateFn update = kernels.block_update[KernelTable::BlockUpdateIndex(
-      hyper.kind, layout.grad, CopySlotOf(layout.param_copy),
-      ChooseUpdateVariant(hyper.kind, layout, chunk, run).fast)];
-  const UpdatePointers pointers{chunk.master,          chunk.grad,       chunk.exp_avg,
-                                chunk.exp_avg_sq,      chunk.param_copy, chunk.exp_avg_scale,
-                                chunk.exp_avg_sq_scale};
-  const size_t blocks = QuantBlockCount(chunk.count, chunk.block_offset);
-  ForEachBlockTile(run, blocks, [&](size_t first, size_t last) {
-    for (size_t b = first; b < last; ++b) {
-      const QuantBlockRange range = QuantBlockAt(chunk.count, chunk.block_offset, b);
-      update(constants, pointers, range.begin, range.end, b);
-    }
-  });
-  return Status::Ok();
+// Calls fn(begin, end) on tiles of [0, count) that end on multiples of `unit` counted from
+// `origin` (element i is element i + origin of the unit grid): the head up to the first such
+// boundary on the calling thread, then tiles of run.tile_elements rounded up to whole units.
+template <class Fn>
+void ForEachAlignedTile(const RunOptions& run, size_t count, size_t origin, size_t unit,
+                        const Fn& fn) {
+  const size_t head = std::min(count, (origin + unit - 1) / unit * unit - origin);
+  if (head > 0) fn(0, head);
+  RunOptions in_units = run;
+  in_units.tile_elements = (run.tile_elements + unit - 1) / unit * unit;
+  ForEachTile(in_units, count - head,
+              [&](size_t begin, size_t end) { fn(head + begin, head + end); });
 }
 
 }  // namespace
@@ -283,31 +284,33 @@ Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& la
   ZOE_RETURN_IF_ERROR(ValidateUpdate(hyper, step, layout, chunk, scaling));
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
   const UpdateConstants constants = MakeUpdateConstants(hyper, step, scaling);
-  if (layout.state == DType::kInt8) {
-    return UpdateQuantizedChunk(*kernels, hyper, layout, chunk, constants, run);
+  const bool quantized = layout.state == DType::kInt8;
+  const CopySlot copy = CopySlotOf(layout.param_copy);
+  const UpdateVariant variant = ChooseUpdateVariant(hyper.kind, layout, chunk, run);
+  const UpdateFn update = quantized ? kernels->block_update[KernelTable::BlockUpdateIndex(
+                                          hyper.kind, layout.grad, copy, variant.fast)]
+                                    : kernels->update[KernelTable::UpdateIndex(
+                                          hyper.kind, layout.grad, layout.state, copy, variant)];
+  UpdatePointers pointers{chunk.master,          chunk.grad,       chunk.exp_avg,
+                          chunk.exp_avg_sq,      chunk.param_copy, chunk.exp_avg_scale,
+                          chunk.exp_avg_sq_scale};
+  // Tiles are cut only where the kernel may start: int8 state at quantization block boundaries,
+  // hashed reads at unit boundaries of the hashed arrays (so that no block is cut between two
+  // calls; for int8 those are block boundaries too: CheckBuffers).
+  size_t origin = 0, unit = 1;
+  if (quantized) {
+    pointers.block_offset = chunk.block_offset;
+    origin = chunk.block_offset;
+    unit = kQuantBlock;
   }
-  const UpdateFn update = kernels->update[KernelTable::UpdateIndex(
-      hyper.kind, layout.grad, layout.state, CopySlotOf(layout.param_copy),
-      ChooseUpdateVariant(hyper.kind, layout, chunk, run))];
-  UpdatePointers pointers{chunk.master, chunk.grad, chunk.exp_avg, chunk.exp_avg_sq,
-                          chunk.param_copy};
-  if (chunk.read_sums[0] == nullptr) {
-    ForEachTile(run, chunk.count,
-                [&](size_t begin, size_t end) { update(constants, pointers, begin, end); });
-    return Status::Ok();
+  if (chunk.read_sums[0] != nullptr) {
+    std::copy(std::begin(chunk.read_sums), std::end(chunk.read_sums), pointers.read_sums);
+    pointers.read_origin = chunk.read_origin;
+    origin = chunk.read_origin;
+    unit = ReadHashElements(layout.state);
   }
-  std::copy(std::begin(chunk.read_sums), std::end(chunk.read_sums), pointers.read_sums);
-  pointers.read_origin = chunk.read_origin;
-  // Tiles end on unit boundaries of the hashed arrays, so that no block is cut between two calls.
-  const size_t unit = ReadHashElements(layout.state);
-  const size_t head =
-      std::min(chunk.count, (chunk.read_origin + unit - 1) / unit * unit - chunk.read_origin);
-  if (head > 0) update(constants, pointers, 0, head);
-  RunOptions in_units = run;
-  in_units.tile_elements = (run.tile_elements + unit - 1) / unit * unit;
-  ForEachTile(in_units, chunk.count - head, [&](size_t begin, size_t end) {
-    update(constants, pointers, head + begin, head + end);
-  });
+  ForEachAlignedTile(run, chunk.count, origin, unit,
+                     [&](size_t begin, size_t end) { update(constants, pointers, begin, end); });
   return Status::Ok();
 }
 

@@ -72,7 +72,8 @@ struct ChunkBuffers {
   // read before the update. master, exp_avg and exp_avg_sq point at element read_origin of the
   // arrays hashed, whose blocks are counted from their element 0: filled for every block inside
   // elements [AlignUp(read_origin, u), AlignDown(read_origin + count, u)) of them, with u =
-  // ReadHashElements(layout.state) (kernels.h); other entries are left as they were.
+  // ReadHashElements(layout.state) (kernels.h); other entries are left as they were. kInt8
+  // state: the moments' codes are hashed, and read_origin % kQuantBlock must equal block_offset.
   uint64_t* read_sums[3] = {};
   size_t read_origin = 0;
 };
@@ -161,7 +162,7 @@ Status UpdateChunk(const HyperParams& hyper, int64_t step, const ChunkLayout& la
                    const RunOptions& run = {});
 
 // Whether UpdateChunk fills ChunkBuffers::read_sums for `kind` with `state` on run's path (the
-// AVX-512 Adam and AdamW kernels with fp32 or bf16 state); an unresolvable path is false.
+// AVX-512 Adam and AdamW kernels with fp32, bf16 or int8 state); an unresolvable path is false.
 bool UpdateHashesReads(Kind kind, DType state, const RunOptions& run);
 
 // The argument checks of UpdateChunk (hyper-parameters, step, layout, buffers, scale), for other

@@ -22,6 +22,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -294,10 +295,11 @@ concept ReadHashingOps = requires {
   typename V::ReadHasher;
 };
 
-// Whether V hashes what Update reads for kind K with state S (KernelTable::HashesReads).
+// Whether V hashes what Update (UpdateBlocks for kInt8) reads for kind K with state S
+// (KernelTable::HashesReads).
 template <class V, Kind K, DType S>
 constexpr bool kHashesReads = ReadHashingOps<V> && (K == Kind::kAdamW || K == Kind::kAdam) &&
-                              (S == DType::kFloat32 || S == DType::kBFloat16);
+                              (S == DType::kFloat32 || S == DType::kBFloat16 || S == DType::kInt8);
 
 // Feeds the stripe at `address` (byte `offset` of its array) to `hasher`; when it completes a
 // block, stores the block's hash at sums[block].
@@ -458,15 +460,42 @@ void DequantizeBlockOf(const uint8_t* codes, size_t n, float scale, float* out) 
   }
 }
 
-// One kInt8 block (BlockUpdateFn): the same per-element arithmetic as fp32 state on its
-// dequantized moments (dequantized first where V does it 64 codes at a time, else as they are
-// loaded: BlockPointers), kept in fp32 buffers on the stack and requantized once the block's new
-// absmax is known. Ordinary stores only (the buffers stay in L1); kFast is Adam's fast arithmetic
-// and QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written in the same
-// pass, like the other copies.
-template <class V, Kind K, DType G, CopySlot C, bool kFast>
+// The hashers of one unit of kInt8 reads (ReadHashElements(kInt8) elements: four blocks of
+// master, one of each moment's codes), fed by the unit's quantization blocks in order.
+template <class V>
+struct UnitHashers {
+  typename V::ReadHasher master, exp_avg, exp_avg_sq;
+};
+// No hashing.
+struct NoHashers {};
+
+// Feeds the bytes of elements [begin, end) of one quantization block (whole stripes: a full
+// block) to the unit's hashers: master, then the two moments' codes, before any is updated.
+template <class V>
+void HashBlockReads(const UpdatePointers& p, size_t begin, size_t end, UnitHashers<V>& hashers) {
+  constexpr size_t kStripeFloats = 64 / sizeof(float);
+  for (size_t i = begin; i < end; i += kStripeFloats) {
+    HashStripe<V>(hashers.master, p.master + i, (i + p.read_origin) * sizeof(float),
+                  p.read_sums[0]);
+  }
+  const auto* exp_avg = static_cast<const uint8_t*>(p.exp_avg);
+  const auto* exp_avg_sq = static_cast<const uint8_t*>(p.exp_avg_sq);
+  for (size_t i = begin; i < end; i += 64) {
+    HashStripe<V>(hashers.exp_avg, exp_avg + i, i + p.read_origin, p.read_sums[1]);
+    HashStripe<V>(hashers.exp_avg_sq, exp_avg_sq + i, i + p.read_origin, p.read_sums[2]);
+  }
+}
+
+// One kInt8 block [begin, end), block number `block`: the same per-element arithmetic as fp32
+// state on its dequantized moments (dequantized first where V does it 64 codes at a time, else as
+// they are loaded: BlockPointers), kept in fp32 buffers on the stack and requantized once the
+// block's new absmax is known. Ordinary stores only (the buffers stay in L1); kFast is Adam's fast
+// arithmetic and QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written
+// in the same pass, like the other copies. With UnitHashers, the block's reads are hashed first.
+template <class V, Kind K, DType G, CopySlot C, bool kFast, class Hashers>
 void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
-                 size_t block) {
+                 size_t block, Hashers& hashers) {
+  if constexpr (!std::is_same_v<Hashers, NoHashers>) HashBlockReads<V>(base, begin, end, hashers);
   alignas(64) float exp_avg[kQuantBlock];
   alignas(64) float exp_avg_sq[kQuantBlock];
   constexpr bool kPrefill = WideDequantizeOps<V>;
@@ -499,6 +528,44 @@ void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t be
                                    static_cast<uint8_t*>(base.exp_avg_sq) + begin,
                                    base.exp_avg_sq_scale + block);
   }
+}
+
+// Every block of [begin, end) in turn (both on block boundaries of p.block_offset's layout).
+template <class V, Kind K, DType G, CopySlot C, bool kFast, class Hashers>
+void UpdateBlocksOf(const UpdateConstants& k, const UpdatePointers& p, size_t begin, size_t end,
+                    Hashers& hashers) {
+  for (size_t i = begin; i < end;) {
+    const size_t block = (i + p.block_offset) / kQuantBlock;
+    const size_t block_end = std::min(end, (block + 1) * kQuantBlock - p.block_offset);
+    UpdateBlock<V, K, G, C, kFast>(k, p, i, block_end, block, hashers);
+    i = block_end;
+  }
+}
+
+// BlockUpdateFn. Where the path hashes reads and read_sums is given: the whole units inside
+// [begin, end) with a fresh UnitHashers each (a unit boundary is a block boundary: kernels.h),
+// the blocks before and after them unhashed (the same bits either way).
+template <class V, Kind K, DType G, CopySlot C, bool kFast>
+void UpdateBlocks(const UpdateConstants& k, const UpdatePointers& p, size_t begin, size_t end) {
+  NoHashers none;
+  if constexpr (kHashesReads<V, K, DType::kInt8>) {
+    if (p.read_sums[0] != nullptr) {
+      constexpr size_t kUnit = ReadHashElements(DType::kInt8);
+      const size_t origin = p.read_origin;
+      const size_t unit_begin = (begin + origin + kUnit - 1) / kUnit * kUnit;  // >= origin
+      const size_t unit_end = (end + origin) / kUnit * kUnit;
+      if (unit_begin < unit_end) {
+        const size_t first = unit_begin - origin, last = unit_end - origin;
+        UpdateBlocksOf<V, K, G, C, kFast>(k, p, begin, first, none);
+        for (size_t unit = first; unit < last; unit += kUnit) {
+          UnitHashers<V> hashers;
+          UpdateBlocksOf<V, K, G, C, kFast>(k, p, unit, unit + kUnit, hashers);
+        }
+        return UpdateBlocksOf<V, K, G, C, kFast>(k, p, last, end, none);
+      }
+    }
+  }
+  UpdateBlocksOf<V, K, G, C, kFast>(k, p, begin, end, none);
 }
 
 // Four accumulators of eight double lanes: element j (counted from begin) is added to lane j % 8
@@ -613,7 +680,7 @@ constexpr BlockUpdateFn BlockUpdateEntry() {
   constexpr auto kind = static_cast<Kind>(I / 24);
   constexpr DType grad = kKernelSlotDTypes[I / 8 % 3];
   constexpr auto copy = static_cast<CopySlot>(I / 2 % 4);
-  return &UpdateBlock<V, kind, grad, copy, I % 2 == 1>;
+  return &UpdateBlocks<V, kind, grad, copy, I % 2 == 1>;
 }
 
 template <class V, size_t... I>

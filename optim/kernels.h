@@ -35,9 +35,11 @@ struct UpdatePointers {
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   void* param_copy = nullptr;
-  // kInt8 state only: one fp32 scale (absmax) per quantization block, indexed by block.
+  // kInt8 state only: one fp32 scale (absmax) per quantization block, indexed by block. Element
+  // i lies in block (i + block_offset) / kQuantBlock (quantize.h): block 0 may be short.
   float* exp_avg_scale = nullptr;
   float* exp_avg_sq_scale = nullptr;
+  size_t block_offset = 0;  // [0, kQuantBlock)
   // Optional, for kernels that hash what they read (KernelTable::HashesReads): null, or one
   // array per state array -- [0] master, [1] exp_avg, [2] exp_avg_sq -- that receives the XXH3
   // (io::Xxh3) of each kReadHashBlock-byte block of that array as the kernel read it, before
@@ -46,26 +48,26 @@ struct UpdatePointers {
   // in read_sums. Filled for every block inside elements [AlignUp(begin + o, u) - o,
   // AlignDown(end + o, u) - o) with o = read_origin and u = ReadHashElements(state); other
   // entries are left as they were. All three are given or none. read_origin lets a caller
-  // update a piece that starts inside a block with pointers to the piece's first element.
+  // update a piece that starts inside a block with pointers to the piece's first element. With
+  // kInt8 state, the moments' arrays are their codes, and read_origin must be congruent to
+  // block_offset modulo kQuantBlock (every unit boundary is then a quantization block boundary).
   uint64_t* read_sums[3] = {};
   size_t read_origin = 0;
 };
 
 // The block the kernels hash reads in: the state regions' alignment and checksum block.
 inline constexpr size_t kReadHashBlock = 4096;
-// Elements of one unit of hashed reads: a whole number of blocks of every array hashed.
-constexpr size_t ReadHashElements(DType state) {
-  return state == DType::kBFloat16 ? kReadHashBlock / 2 : kReadHashBlock / 4;
-}
+// Elements of one unit of hashed reads: a whole number of blocks of every array hashed (one
+// block of each moment, as many of fp32 master as the moment is narrower).
+constexpr size_t ReadHashElements(DType state) { return kReadHashBlock / DTypeSize(state); }
 
 using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin, size_t end);
-// kInt8 state: updates the one quantization block [begin, end) (at most kQuantBlock elements, see
-// quantize.h) whose scales are exp_avg_scale[block] and exp_avg_sq_scale[block]: dequantizes its
-// moments, updates, and requantizes them with the block's new absmax. The fast entries use
-// Adam's fast arithmetic and normalize by a multiplication with the absmax's reciprocal
-// (rounded once) instead of a division.
-using BlockUpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin,
-                               size_t end, size_t block);
+// kInt8 state: updates the whole quantization blocks in [begin, end) (UpdatePointers::
+// block_offset places them; begin and end lie on block boundaries or at the array's ends): each
+// block's moments are dequantized, updated, and requantized with the block's new absmax. The
+// fast entries use Adam's fast arithmetic and normalize by a multiplication with the absmax's
+// reciprocal (rounded once) instead of a division. Hashes reads like UpdateFn where HashesReads.
+using BlockUpdateFn = UpdateFn;
 // One block of at most kQuantBlock elements to and from kInt8 (the unsigned or signed code).
 using QuantizeBlockFn = void (*)(const float* values, size_t count, uint8_t* codes, float* scale);
 using DequantizeBlockFn = void (*)(const uint8_t* codes, size_t count, float scale, float* out);
@@ -119,10 +121,10 @@ struct KernelTable {
   bool hashes_reads = false;                   // see HashesReads
 
   // Whether this table's update kernels for `kind` with `state` fill UpdatePointers::read_sums
-  // (the AVX-512 paths of Adam and AdamW with fp32 or bf16 state); others ignore it.
+  // (the AVX-512 paths of Adam and AdamW with fp32, bf16 or int8 state); others ignore it.
   bool HashesReads(Kind kind, DType state) const {
     return hashes_reads && (kind == Kind::kAdamW || kind == Kind::kAdam) &&
-           (state == DType::kFloat32 || state == DType::kBFloat16);
+           (state == DType::kFloat32 || state == DType::kBFloat16 || state == DType::kInt8);
   }
 
   // grad is one of kAllDTypes, state kFloat32 or kBFloat16 (slots 0 and 1); both enter by

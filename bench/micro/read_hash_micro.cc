@@ -1,5 +1,5 @@
 // Google Benchmark cases for verifying optimizer state inside the update kernel: the AdamW update
-// (fp32 master, fp32 or bf16 moments, one thread) of chunks of 8 Mi elements in stripes of
+// (fp32 master, fp32, bf16 or int8 moments, one thread) of chunks of 8 Mi elements in stripes of
 // 32 Ki elements, with no checksums, with a separate verification pass (io::Xxh3 of each block
 // of master, exp_avg and exp_avg_sq before the stripe's update, as offload/chunk_update.cc does
 // today), and with the kernel hashing the blocks it reads (UpdatePointers::read_sums, compared
@@ -20,6 +20,7 @@
 #include "optim/chunk.h"
 #include "optim/dispatch.h"
 #include "optim/kernels.h"
+#include "optim/quantize.h"
 
 namespace zoe::optim {
 namespace {
@@ -44,6 +45,10 @@ struct Chunk {
       expected[a].resize(bytes[a] / kReadHashBlock);
       read[a].resize(bytes[a] / kReadHashBlock);
     }
+    // int8 moments: codes 0 with scales 0 (zero moments), one scale per quantization block.
+    if (state == DType::kInt8) {
+      for (auto& s : scales) s.assign(kElements / kQuantBlock, 0.0f);
+    }
     Rehash();
   }
   void Rehash() {
@@ -61,6 +66,7 @@ struct Chunk {
   size_t size[kArrays] = {};
   std::vector<uint64_t> expected[kArrays];
   std::vector<uint64_t> read[kArrays];
+  std::vector<float> scales[2];  // int8 moments only
 };
 
 // Mismatching blocks of array `a` of elements [begin, end), hashing them (or taking the kernel's
@@ -98,8 +104,12 @@ void BM_ReadHash(benchmark::State& state, DType moments, Sums sums) {
   buffers.exp_avg_sq = chunks[0].base[2];
   buffers.count = kElements;
   const UpdateVariant variant = ChooseUpdateVariant(Kind::kAdamW, layout, buffers, RunOptions{});
-  const UpdateFn update = (*table)->update[KernelTable::UpdateIndex(
-      Kind::kAdamW, DType::kFloat32, moments, CopySlot::kNone, variant)];
+  const UpdateFn update =
+      moments == DType::kInt8
+          ? (*table)->block_update[KernelTable::BlockUpdateIndex(Kind::kAdamW, DType::kFloat32,
+                                                                 CopySlot::kNone, variant.fast)]
+          : (*table)->update[KernelTable::UpdateIndex(Kind::kAdamW, DType::kFloat32, moments,
+                                                      CopySlot::kNone, variant)];
   HyperParams hyper;
   hyper.weight_decay = 0.01;
   int64_t step = 0;
@@ -114,6 +124,8 @@ void BM_ReadHash(benchmark::State& state, DType moments, Sums sums) {
     p.grad = grad.data();
     p.exp_avg = chunk.base[1];
     p.exp_avg_sq = chunk.base[2];
+    p.exp_avg_scale = chunk.scales[0].data();
+    p.exp_avg_sq_scale = chunk.scales[1].data();
     if (sums == Sums::kHashedReads) {
       for (size_t a = 0; a < kArrays; ++a) p.read_sums[a] = chunk.read[a].data();
     }
@@ -136,8 +148,8 @@ void BM_ReadHash(benchmark::State& state, DType moments, Sums sums) {
 }
 
 int RegisterAll() {
-  const std::pair<const char*, DType> kMoments[] = {{"fp32", DType::kFloat32},
-                                                    {"bf16", DType::kBFloat16}};
+  const std::pair<const char*, DType> kMoments[] = {
+      {"fp32", DType::kFloat32}, {"bf16", DType::kBFloat16}, {"int8", DType::kInt8}};
   const std::pair<const char*, Sums> kSums[] = {{"none", Sums::kNone},
                                                 {"verify-pass", Sums::kVerifyPass},
                                                 {"hashed-reads", Sums::kHashedReads}};

@@ -2,9 +2,10 @@
 // and AdamW kernels hash master and moments as they load them) — a flipped byte is Corruption
 // with two slots and with one (in place), inside a piece, in a block a piece boundary cuts and
 // in a piece without a gradient, and the damaged chunk never reaches the disk; the same damage
-// on the AVX2 path (a separate pass before the kernel) gives the same result. UpdateInStripes'
-// hashing form compares the blocks the kernel hashed after the stripe's update and verifies the
-// others before it.
+// on the AVX2 path (a separate pass before the kernel) gives the same result; with int8 state, a
+// flipped byte of master or of either moment's codes, in a unit the kernel hashes and in a staged
+// block. UpdateInStripes' hashing form compares the blocks the kernel hashed after the stripe's
+// update and verifies the others before it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -221,6 +222,18 @@ void FlipInEach(io::SwapSpace& swap, const std::vector<uint64_t>& blocks, size_t
   for (uint64_t block : blocks) FlipByte(swap, block + byte, mask);
 }
 
+// One chunk of kCount elements, checksums on, kernels on two threads.
+HarnessOptions OneChunkOptions(std::optional<optim::Isa> isa, uint32_t slots, DType state) {
+  HarnessOptions options;
+  options.checksum_block = kStripeChecksumBlock;
+  options.threads = 2;
+  options.count = kCount;
+  options.group.slots = slots;
+  options.group.state_dtype = state;
+  options.group.run.isa = isa;
+  return options;
+}
+
 struct Case {
   std::optional<optim::Isa> isa;  // unset: the best path (the kernel hashes its reads)
   uint32_t slots;
@@ -236,14 +249,7 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
 class FusedGroupTest : public ::testing::TestWithParam<Case> {
  protected:
   HarnessOptions Options() const {
-    HarnessOptions options;
-    options.checksum_block = kStripeChecksumBlock;
-    options.threads = 2;
-    options.count = kCount;
-    options.group.slots = GetParam().slots;
-    options.group.state_dtype = GetParam().state;
-    options.group.run.isa = GetParam().isa;
-    return options;
+    return OneChunkOptions(GetParam().isa, GetParam().slots, GetParam().state);
   }
   bool Hashes() const {
     return optim::UpdateHashesReads(optim::Kind::kAdamW, GetParam().state, Options().group.run);
@@ -335,6 +341,114 @@ INSTANTIATE_TEST_SUITE_P(PathsSlotsStates, FusedGroupTest,
                                            Case{optim::Isa::kAvx2, 2, DType::kFloat32},
                                            Case{optim::Isa::kAvx2, 1, DType::kFloat32}),
                          CaseName);
+
+// ---- int8 state: the block kernels hash master and both moments' codes ----
+
+enum class Int8Array { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };  // the chunk's element regions
+
+struct Int8Case {
+  std::optional<optim::Isa> isa;  // unset: the best path
+  uint32_t slots;
+  Int8Array array;
+};
+
+std::string Int8CaseName(const ::testing::TestParamInfo<Int8Case>& info) {
+  const Int8Case& c = info.param;
+  static constexpr const char* kArrays[] = {"Master", "ExpAvg", "ExpAvgSq"};
+  return std::string(c.isa.has_value() ? "Avx2" : "Best") + "_" + std::to_string(c.slots) +
+         "Slots_" + kArrays[static_cast<size_t>(c.array)];
+}
+
+class FusedInt8Test : public ::testing::TestWithParam<Int8Case> {
+ protected:
+  HarnessOptions Options() const {
+    return OneChunkOptions(GetParam().isa, GetParam().slots, DType::kInt8);
+  }
+
+  // Two clean steps, then the master written back unchanged, so that the next step reads the
+  // chunk from the disk.
+  static void TwoStepsThenFromDisk(GroupHarness& harness) {
+    for (int step = 0; step < 2; ++step) {
+      harness.NewGradients(step);
+      ASSERT_TRUE(harness.Step(harness.Hyper(step)).ok());
+    }
+    std::vector<float> master(kCount);
+    ASSERT_TRUE(harness.group().ReadState(StateSlot::kMaster, 0, master).ok());
+    ASSERT_TRUE(harness.group().WriteState(StateSlot::kMaster, 0, master).ok());
+  }
+
+  // The offsets in swap file 0 of the byte of `element` in the chosen array, in every slot whose
+  // master starts as the group's does (the live slot is among them).
+  std::vector<uint64_t> ElementBytes(GroupHarness& harness, size_t element) const {
+    const StateLayout layout(optim::Kind::kAdamW, DType::kInt8, kCount, kCount,
+                             kStripeChecksumBlock);
+    const ChunkRegions regions = layout.chunk(0);
+    std::vector<float> master(kCount);
+    EXPECT_TRUE(harness.group().ReadState(StateSlot::kMaster, 0, master).ok());
+    const std::vector<std::byte> file = ReadWholeFile(harness.swap().files().file(0).path());
+    const auto region = static_cast<size_t>(GetParam().array);
+    const size_t element_bytes = region == 0 ? 4 : 1;
+    std::vector<uint64_t> found;
+    for (uint64_t at = regions.offset[0]; at + kStripeChecksumBlock <= file.size();
+         at += kStripeChecksumBlock) {
+      if (std::memcmp(file.data() + at, master.data(), kStripeChecksumBlock) == 0) {
+        const uint64_t extent = at - regions.offset[0];
+        found.push_back(extent + regions.offset[region] + element * element_bytes);
+      }
+    }
+    return found;
+  }
+
+  // A flipped byte in the chosen array at `element` after two clean steps: the next step is
+  // Corruption, writes nothing to the swap files and takes no step; with the byte restored, the
+  // step gives the state of a twin group that was never damaged.
+  void ExpectCaught(size_t element) {
+    if (!GetParam().isa.has_value() && optim::DetectCpuFeatures().avx512) {
+      EXPECT_TRUE(optim::UpdateHashesReads(optim::Kind::kAdamW, DType::kInt8, {}))
+          << "the AVX-512 path does not hash its int8 reads";
+    }
+    GroupHarness harness(Options()), twin(Options());
+    ASSERT_TRUE(harness.ok() && twin.ok());
+    TwoStepsThenFromDisk(harness);
+    TwoStepsThenFromDisk(twin);
+    const std::vector<uint64_t> bytes = ElementBytes(harness, element);
+    ASSERT_FALSE(bytes.empty());
+    for (uint64_t at : bytes) FlipByte(harness.swap(), at, std::byte{0x04});
+    const std::vector<std::byte> damaged = SwapBytes(harness.swap());
+
+    harness.NewGradients(2);
+    Result<StepReport> failed = harness.Step(harness.Hyper(2));
+    ASSERT_EQ(failed.status().code(), StatusCode::kCorruption) << failed.status().ToString();
+    EXPECT_NE(failed.status().message().find("optimizer group 'g': chunk 0"), std::string::npos)
+        << failed.status().ToString();
+    EXPECT_TRUE(SwapBytes(harness.swap()) == damaged) << "the failed step wrote to the disk";
+    EXPECT_EQ(harness.group().steps_taken(), 2);
+
+    for (uint64_t at : bytes) FlipByte(harness.swap(), at, std::byte{0x04});
+    ASSERT_TRUE(harness.Step(harness.Hyper(2)).ok());
+    twin.NewGradients(2);
+    ASSERT_TRUE(twin.Step(twin.Hyper(2)).ok());
+    EXPECT_TRUE(harness.Snapshot() == twin.Snapshot()) << "the retried step differs";
+  }
+};
+
+// Element 5500: in the unit [4096, 8192) of the piece [256, 12288) (the gradient view boundary
+// at 7 and the parameter view boundary at 12345 cut blocks, which are staged), which the kernel
+// hashes whole on the AVX-512 path.
+TEST_P(FusedInt8Test, FlippedByteInAHashedUnitIsCorruptionAndNeverWritten) { ExpectCaught(5500); }
+
+// Element 12300: in the staged block [12288, 12544), verified by the pass before the update.
+TEST_P(FusedInt8Test, FlippedByteInAStagedBlockIsCorruptionAndNeverWritten) { ExpectCaught(12300); }
+
+INSTANTIATE_TEST_SUITE_P(PathsSlotsArrays, FusedInt8Test,
+                         ::testing::Values(Int8Case{std::nullopt, 2, Int8Array::kMaster},
+                                           Int8Case{std::nullopt, 2, Int8Array::kExpAvg},
+                                           Int8Case{std::nullopt, 2, Int8Array::kExpAvgSq},
+                                           Int8Case{std::nullopt, 1, Int8Array::kExpAvg},
+                                           Int8Case{std::nullopt, 1, Int8Array::kExpAvgSq},
+                                           Int8Case{optim::Isa::kAvx2, 2, Int8Array::kExpAvg},
+                                           Int8Case{optim::Isa::kAvx2, 1, Int8Array::kExpAvgSq}),
+                         Int8CaseName);
 
 }  // namespace
 }  // namespace zoe::offload

@@ -3,19 +3,23 @@
 // whose blocks count from element 0. Every block wholly inside the piece gets the XXH3 of its
 // bytes before the update, at its index in the whole array, whatever the origin, count and tile
 // size (tiles cut the piece only at unit boundaries); other entries are left alone; the update's
-// bits equal those of the same call without sums.
+// bits equal those of the same call without sums. fp32, bf16 and int8 state (whose piece starts
+// where its quantization block layout says: block_offset = origin % kQuantBlock); int8 sums with
+// a read origin that disagrees with the block layout are refused.
 #include <gtest/gtest.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "optim/chunk.h"
 #include "optim/dispatch.h"
+#include "optim/quantize.h"
 
 namespace zoe::optim {
 namespace {
@@ -41,6 +45,12 @@ struct State {
       }
       if (state == DType::kFloat32) {
         std::memcpy(Base(a), moments.data(), Bytes(a));
+      } else if (state == DType::kInt8) {
+        scales[a - 1].resize(kArrayElements / kQuantBlock);
+        EXPECT_TRUE(QuantizeMoments(a == 1 ? Moment::kExpAvg : Moment::kExpAvgSq, moments.data(),
+                                    kArrayElements, 0, reinterpret_cast<uint8_t*>(Base(a)),
+                                    scales[a - 1].data())
+                        .ok());
       } else {
         EXPECT_TRUE(CastFromF32(moments.data(), state, Base(a), kArrayElements).ok());
       }
@@ -62,11 +72,18 @@ struct State {
   std::vector<std::byte> All() {
     std::vector<std::byte> all;
     for (size_t a = 0; a < 3; ++a) all.insert(all.end(), Base(a), Base(a) + Bytes(a));
+    for (const auto& s : scales) {
+      const auto* bytes = reinterpret_cast<const std::byte*>(s.data());
+      all.insert(all.end(), bytes, bytes + s.size() * sizeof(float));
+    }
     return all;
   }
 
   // The update of elements [origin, origin + count), with the sums in `sums` when given.
-  Status Update(size_t origin, size_t count, size_t tile, std::vector<uint64_t>* sums) {
+  // int8 state: the blocks of the whole array start at element 0, so the piece's layout starts
+  // origin % kQuantBlock elements into a block (`block_offset` overrides that).
+  Status Update(size_t origin, size_t count, size_t tile, std::vector<uint64_t>* sums,
+                std::optional<size_t> block_offset = std::nullopt) {
     ChunkLayout layout;
     layout.grad = DType::kFloat32;
     layout.state = dtype;
@@ -76,6 +93,11 @@ struct State {
     buffers.exp_avg = Base(1) + origin * DTypeSize(dtype);
     buffers.exp_avg_sq = Base(2) + origin * DTypeSize(dtype);
     buffers.count = count;
+    if (dtype == DType::kInt8) {
+      buffers.block_offset = block_offset.value_or(origin % kQuantBlock);
+      buffers.exp_avg_scale = scales[0].data() + origin / kQuantBlock;
+      buffers.exp_avg_sq_scale = scales[1].data() + origin / kQuantBlock;
+    }
     if (sums != nullptr) {
       for (size_t a = 0; a < 3; ++a) buffers.read_sums[a] = sums[a].data();
       buffers.read_origin = origin;
@@ -89,6 +111,7 @@ struct State {
 
   DType dtype;
   std::vector<std::byte> arrays[3];
+  std::vector<float> scales[2];  // int8 state: per block of 256 elements from element 0
   std::vector<float> grad;
 };
 
@@ -96,7 +119,7 @@ TEST(ReadOriginTest, BlocksInsideAPieceAreHashedAtTheirIndexInTheWholeArray) {
   if (!UpdateHashesReads(Kind::kAdamW, DType::kFloat32, {})) {
     GTEST_SKIP() << "the kernels of this machine do not hash what they read";
   }
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt8}) {
     const size_t unit = ReadHashElements(dtype);
     for (size_t origin : {size_t{0}, size_t{7}, size_t{1000}, size_t{2048}, size_t{2049}}) {
       for (size_t count : {size_t{5}, size_t{2047}, size_t{4096}, size_t{7001}}) {
@@ -128,6 +151,28 @@ TEST(ReadOriginTest, BlocksInsideAPieceAreHashedAtTheirIndexInTheWholeArray) {
       }
     }
   }
+}
+
+// The hashed units of int8 state must start quantization blocks: sums with a read origin that is
+// not congruent to block_offset are refused before anything is updated.
+TEST(ReadOriginTest, Int8SumsWithAnOriginOffTheBlockLayoutAreRefused) {
+  if (!UpdateHashesReads(Kind::kAdamW, DType::kInt8, {})) {
+    GTEST_SKIP() << "the kernels of this machine do not hash what they read";
+  }
+  State state(DType::kInt8);
+  const std::vector<std::byte> before = state.All();
+  std::vector<uint64_t> sums[3];
+  for (auto& s : sums) s.assign(kArrayElements, kUntouched);
+  const Status status = state.Update(1000, 8000, 4096, sums, /*block_offset=*/0);
+  ASSERT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+  for (const char* part :
+       {"read_origin 1000", "block_offset 0", "read_origin % 256 == block_offset"}) {
+    EXPECT_NE(status.message().find(part), std::string::npos) << part << ": " << status.ToString();
+  }
+  EXPECT_TRUE(state.All() == before) << "a refused update changed the state";
+  // The same piece with the layout its origin implies is hashed.
+  ASSERT_TRUE(state.Update(1000, 8000, 4096, sums).ok());
+  EXPECT_NE(sums[1][1], kUntouched);
 }
 
 }  // namespace
