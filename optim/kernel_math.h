@@ -469,15 +469,11 @@ struct UnitHashers {
 // No hashing.
 struct NoHashers {};
 
-// Feeds the bytes of elements [begin, end) of one quantization block (whole stripes: a full
-// block) to the unit's hashers: master, then the two moments' codes, before any is updated.
+// Feeds the two moments' codes of elements [begin, end) of one quantization block (whole
+// stripes: a full block) to the unit's hashers, before either is dequantized. The two chains
+// alternate, so their latencies overlap.
 template <class V>
-void HashBlockReads(const UpdatePointers& p, size_t begin, size_t end, UnitHashers<V>& hashers) {
-  constexpr size_t kStripeFloats = 64 / sizeof(float);
-  for (size_t i = begin; i < end; i += kStripeFloats) {
-    HashStripe<V>(hashers.master, p.master + i, (i + p.read_origin) * sizeof(float),
-                  p.read_sums[0]);
-  }
+void HashBlockCodes(const UpdatePointers& p, size_t begin, size_t end, UnitHashers<V>& hashers) {
   const auto* exp_avg = static_cast<const uint8_t*>(p.exp_avg);
   const auto* exp_avg_sq = static_cast<const uint8_t*>(p.exp_avg_sq);
   for (size_t i = begin; i < end; i += 64) {
@@ -486,16 +482,32 @@ void HashBlockReads(const UpdatePointers& p, size_t begin, size_t end, UnitHashe
   }
 }
 
+// UpdateRange of one whole block whose master is hashed as the update reads it: one fp32 vector
+// is one 64-byte stripe, fed to the unit's master hasher just before its step, so the hash's
+// dependency chain overlaps with the update's arithmetic instead of running alone.
+template <class V, Kind K, DType G, CopySlot C, bool kFast, class P>
+void UpdateRangeHashingMaster(const UpdateConstants& k, const P& p, size_t begin, size_t end,
+                              UnitHashers<V>& hashers) {
+  static_assert(V::kWidth * sizeof(float) == 64, "one vector of master is one XXH3 stripe");
+  for (size_t i = begin; i < end; i += V::kWidth) {
+    HashStripe<V>(hashers.master, p.master + i, (i + p.read_origin) * sizeof(float),
+                  p.read_sums[0]);
+    StepAt<V, K, G, DType::kInt8, C, UpdateVariant{kFast, false}>(k, p, i);
+  }
+}
+
 // One kInt8 block [begin, end), block number `block`: the same per-element arithmetic as fp32
 // state on its dequantized moments (dequantized first where V does it 64 codes at a time, else as
 // they are loaded: BlockPointers), kept in fp32 buffers on the stack and requantized once the
 // block's new absmax is known. Ordinary stores only (the buffers stay in L1); kFast is Adam's fast
 // arithmetic and QuantizeBlock's reciprocal. An fp32 parameter copy (CopySlot::kF32) is written
-// in the same pass, like the other copies. With UnitHashers, the block's reads are hashed first.
+// in the same pass, like the other copies. With UnitHashers (a whole block of a hashed unit), the
+// block's codes are hashed before they are dequantized and its master as the update loads it.
 template <class V, Kind K, DType G, CopySlot C, bool kFast, class Hashers>
 void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t begin, size_t end,
                  size_t block, Hashers& hashers) {
-  if constexpr (!std::is_same_v<Hashers, NoHashers>) HashBlockReads<V>(base, begin, end, hashers);
+  constexpr bool kHashing = !std::is_same_v<Hashers, NoHashers>;
+  if constexpr (kHashing) HashBlockCodes<V>(base, begin, end, hashers);
   alignas(64) float exp_avg[kQuantBlock];
   alignas(64) float exp_avg_sq[kQuantBlock];
   constexpr bool kPrefill = WideDequantizeOps<V>;
@@ -518,7 +530,11 @@ void UpdateBlock(const UpdateConstants& k, const UpdatePointers& base, size_t be
                                   p.exp_avg_sq_scale_old, exp_avg_sq);
     }
   }
-  UpdateRange<V, K, G, DType::kInt8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
+  if constexpr (kHashing) {
+    UpdateRangeHashingMaster<V, K, G, C, kFast>(k, p, begin, end, hashers);
+  } else {
+    UpdateRange<V, K, G, DType::kInt8, C, UpdateVariant{kFast, false}>(k, p, begin, end);
+  }
   if constexpr (UsesExpAvg(K)) {
     QuantizeBlock<V, true, kFast>(exp_avg, end - begin, static_cast<uint8_t*>(base.exp_avg) + begin,
                                   base.exp_avg_scale + block);
