@@ -124,14 +124,15 @@ void ForEachBlockTile(const RunOptions& run, size_t blocks, const Fn& fn) {
 
 // Calls fn(begin, end) on tiles of [0, count) that end on multiples of `unit` counted from
 // `origin` (element i is element i + origin of the unit grid): the head up to the first such
-// boundary on the calling thread, then tiles of run.tile_elements rounded up to whole units.
+// boundary on the calling thread, then tiles of run.tile_elements rounded down to whole units
+// (at least one; rounding down cannot overflow, whatever the tile size).
 template <class Fn>
 void ForEachAlignedTile(const RunOptions& run, size_t count, size_t origin, size_t unit,
                         const Fn& fn) {
-  const size_t head = std::min(count, (origin + unit - 1) / unit * unit - origin);
+  const size_t head = std::min(count, (unit - origin % unit) % unit);
   if (head > 0) fn(0, head);
   RunOptions in_units = run;
-  in_units.tile_elements = (run.tile_elements + unit - 1) / unit * unit;
+  in_units.tile_elements = std::max(unit, run.tile_elements / unit * unit);
   ForEachTile(in_units, count - head,
               [&](size_t begin, size_t end) { fn(head + begin, head + end); });
 }

@@ -317,6 +317,7 @@ void HashStripe(H& hasher, const void* address, size_t offset, uint64_t* sums) {
 template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant>
 void UpdateHashingUnits(const UpdateConstants& k, const UpdatePointers& p, size_t begin,
                         size_t end) {
+  static_assert(S != DType::kInt8, "int8 blocks hash their reads in UpdateBlocks");
   typename V::ReadHasher master, exp_avg, exp_avg_sq;
   constexpr size_t kMomentBytes = DTypeSize(S);
   constexpr size_t kVectorsPerMomentStripe = S == DType::kBFloat16 ? 2 : 1;

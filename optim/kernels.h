@@ -66,7 +66,9 @@ using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t 
 // block_offset places them; begin and end lie on block boundaries or at the array's ends): each
 // block's moments are dequantized, updated, and requantized with the block's new absmax. The
 // fast entries use Adam's fast arithmetic and normalize by a multiplication with the absmax's
-// reciprocal (rounded once) instead of a division. Hashes reads like UpdateFn where HashesReads.
+// reciprocal (rounded once) instead of a division. Hashes reads like UpdateFn where HashesReads;
+// with read_sums given, read_origin % kQuantBlock must equal block_offset (UpdateChunk checks
+// it; the kernel assumes it).
 using BlockUpdateFn = UpdateFn;
 // One block of at most kQuantBlock elements to and from kInt8 (the unsigned or signed code).
 using QuantizeBlockFn = void (*)(const float* values, size_t count, uint8_t* codes, float* scale);

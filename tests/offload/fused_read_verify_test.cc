@@ -432,9 +432,9 @@ class FusedInt8Test : public ::testing::TestWithParam<Int8Case> {
   }
 };
 
-// Element 5500: in the unit [4096, 8192) of the piece [256, 12288) (the gradient view boundary
-// at 7 and the parameter view boundary at 12345 cut blocks, which are staged), which the kernel
-// hashes whole on the AVX-512 path.
+// Element 5500: in the unit [4096, 8192), the stripe of 4096 elements that the piece [256, 12288)
+// (the gradient view boundary at 7 and the parameter view boundary at 12345 cut blocks, which
+// are staged) covers whole; the kernel hashes it on the AVX-512 path.
 TEST_P(FusedInt8Test, FlippedByteInAHashedUnitIsCorruptionAndNeverWritten) { ExpectCaught(5500); }
 
 // Element 12300: in the staged block [12288, 12544), verified by the pass before the update.

@@ -7,11 +7,13 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "core/executor.h"
 #include "optim/chunk.h"
 #include "optim_test_util.h"
 
@@ -445,6 +447,29 @@ TEST(Int8Update, SplitAtABlockBoundaryEqualsOneUpdate) {
   ASSERT_TRUE(UpdateChunk(hyper, 1, layout, second, {}).ok());
   ASSERT_TRUE(UpdateChunk(hyper, 1, layout, first, {}).ok());
   EXPECT_TRUE(parts.StateBytes() == whole.StateBytes());
+}
+
+// Tiles only cut a chunk at block boundaries, whatever their size: tiles of one element, of a
+// block and a half and of SIZE_MAX elements (which must not wrap when rounded to blocks), on the
+// calling thread and on an executor, give the bytes of the default tiles.
+TEST(Int8Update, AnyTileSizeGivesTheSameBytes) {
+  const size_t count = 3000, offset = 100;
+  const ChunkLayout layout{DType::kFloat32, DType::kInt8, std::nullopt};
+  const HyperParams hyper = DefaultHyper(Kind::kAdamW);
+  Int8Chunk reference(Kind::kAdamW, layout, count, offset, 9);
+  ASSERT_TRUE(UpdateChunk(hyper, 1, layout, reference.buffers(), {}).ok());
+  Executor executor(2);
+  for (Executor* threads : {static_cast<Executor*>(nullptr), &executor}) {
+    for (size_t tile : {size_t{1}, size_t{384}, SIZE_MAX}) {
+      Int8Chunk chunk(Kind::kAdamW, layout, count, offset, 9);
+      RunOptions run;
+      run.executor = threads;
+      run.tile_elements = tile;
+      ASSERT_TRUE(UpdateChunk(hyper, 1, layout, chunk.buffers(), {}, run).ok());
+      EXPECT_TRUE(chunk.StateBytes() == reference.StateBytes())
+          << "tile " << tile << (threads != nullptr ? " on an executor" : "");
+    }
+  }
 }
 
 // The int8 block kernels write an fp32 parameter copy in their own pass: the master's bits.
