@@ -298,8 +298,7 @@ concept ReadHashingOps = requires {
 // Whether V hashes what Update (UpdateBlocks for kInt8) reads for kind K with state S
 // (KernelTable::HashesReads).
 template <class V, Kind K, DType S>
-constexpr bool kHashesReads = ReadHashingOps<V> && (K == Kind::kAdamW || K == Kind::kAdam) &&
-                              (S == DType::kFloat32 || S == DType::kBFloat16 || S == DType::kInt8);
+constexpr bool kHashesReads = ReadHashingOps<V>&& HashesReadsOf(K, S);
 
 // Feeds the stripe at `address` (byte `offset` of its array) to `hasher`; when it completes a
 // block, stores the block's hash at sums[block].
@@ -345,13 +344,8 @@ template <class V, Kind K, DType G, DType S, CopySlot C, UpdateVariant kVariant,
 void Update(const UpdateConstants& k, const P& p, size_t begin, size_t end) {
   if constexpr (kHashesReads<V, K, S> && std::is_same_v<P, UpdatePointers>) {
     if (p.read_sums[0] != nullptr) {
-      // Unit boundaries are counted in the hashed arrays (UpdatePointers::read_origin).
-      constexpr size_t kUnit = ReadHashElements(S);
-      const size_t origin = p.read_origin;
-      const size_t unit_begin = (begin + origin + kUnit - 1) / kUnit * kUnit;  // >= origin
-      const size_t unit_end = (end + origin) / kUnit * kUnit;
-      if (unit_begin < unit_end) {
-        const size_t first = unit_begin - origin, last = unit_end - origin;
+      const auto [first, last] = WholeUnitsOf(begin, end, p.read_origin, ReadHashElements(S));
+      if (first < last) {
         UpdateRange<V, K, G, S, C, kVariant>(k, p, begin, first);
         const bool aligned = reinterpret_cast<uintptr_t>(p.master + first) % (V::kWidth * 4) == 0;
         if (kVariant.streaming && !aligned) {
@@ -568,11 +562,8 @@ void UpdateBlocks(const UpdateConstants& k, const UpdatePointers& p, size_t begi
   if constexpr (kHashesReads<V, K, DType::kInt8>) {
     if (p.read_sums[0] != nullptr) {
       constexpr size_t kUnit = ReadHashElements(DType::kInt8);
-      const size_t origin = p.read_origin;
-      const size_t unit_begin = (begin + origin + kUnit - 1) / kUnit * kUnit;  // >= origin
-      const size_t unit_end = (end + origin) / kUnit * kUnit;
-      if (unit_begin < unit_end) {
-        const size_t first = unit_begin - origin, last = unit_end - origin;
+      const auto [first, last] = WholeUnitsOf(begin, end, p.read_origin, kUnit);
+      if (first < last) {
         UpdateBlocksOf<V, K, G, C, kFast>(k, p, begin, first, none);
         for (size_t unit = first; unit < last; unit += kUnit) {
           UnitHashers<V> hashers;

@@ -61,6 +61,27 @@ inline constexpr size_t kReadHashBlock = 4096;
 // block of each moment, as many of fp32 master as the moment is narrower).
 constexpr size_t ReadHashElements(DType state) { return kReadHashBlock / DTypeSize(state); }
 
+// The kinds and states whose kernels hash their reads on a path that can (KernelTable::
+// hashes_reads): Adam and AdamW, with fp32, bf16 or int8 state.
+constexpr bool HashesReadsOf(Kind kind, DType state) {
+  return (kind == Kind::kAdamW || kind == Kind::kAdam) &&
+         (state == DType::kFloat32 || state == DType::kBFloat16 || state == DType::kInt8);
+}
+
+// Elements [first, last) of a call's [begin, end) that make whole units of `unit` elements,
+// counted in the hashed arrays (element i of the call is element i + origin there): the range
+// the kernels hash reads in. Empty (first == last) when no whole unit lies inside.
+struct WholeUnits {
+  size_t first = 0;
+  size_t last = 0;
+};
+constexpr WholeUnits WholeUnitsOf(size_t begin, size_t end, size_t origin, size_t unit) {
+  const size_t unit_begin = (begin + origin + unit - 1) / unit * unit;  // >= origin
+  const size_t unit_end = (end + origin) / unit * unit;
+  if (unit_begin >= unit_end) return {begin, begin};
+  return {unit_begin - origin, unit_end - origin};
+}
+
 using UpdateFn = void (*)(const UpdateConstants&, const UpdatePointers&, size_t begin, size_t end);
 // kInt8 state: updates the whole quantization blocks in [begin, end) (UpdatePointers::
 // block_offset places them; begin and end lie on block boundaries or at the array's ends): each
@@ -123,10 +144,9 @@ struct KernelTable {
   bool hashes_reads = false;                   // see HashesReads
 
   // Whether this table's update kernels for `kind` with `state` fill UpdatePointers::read_sums
-  // (the AVX-512 paths of Adam and AdamW with fp32, bf16 or int8 state); others ignore it.
+  // (the AVX-512 paths: hashes_reads, and HashesReadsOf); others ignore it.
   bool HashesReads(Kind kind, DType state) const {
-    return hashes_reads && (kind == Kind::kAdamW || kind == Kind::kAdam) &&
-           (state == DType::kFloat32 || state == DType::kBFloat16 || state == DType::kInt8);
+    return hashes_reads && HashesReadsOf(kind, state);
   }
 
   // grad is one of kAllDTypes, state kFloat32 or kBFloat16 (slots 0 and 1); both enter by
