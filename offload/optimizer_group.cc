@@ -270,46 +270,36 @@ Status UpdateStagedBlock(const ChunkRegions& regions, std::byte* base, const Ste
 // int8 state: ForEachPiece's pieces regrouped into whole quantization blocks. A piece that a
 // gradient, parameter or master view ends inside a block becomes the blocks before that one, and
 // the cut block, which fn gets with `staged` set (its views are found again by
-// UpdateStagedBlock). Every block of [begin, end) is in exactly one piece, and in one segment.
+// UpdateStagedBlock); the pieces after it start where the cut block ends. Every block of
+// [begin, end) is in exactly one piece, and in one segment.
 template <class Fn>
 Status ForEachQuantizedPiece(const ChunkRegions& regions, const StepInputs& in, size_t begin,
                              size_t end, const Fn& fn) {
-  const size_t last = regions.first + end;
-  const bool with_params = !in.params->empty();
-  const bool external = in.external_master();
-  for (size_t pos = regions.first + begin; pos < last;) {
-    const size_t segment = SegmentAt(in.segment_ends, pos);
-    const size_t segment_end = std::min(last, in.segment_ends[segment]);
-    const auto grad = FindView(*in.grads, pos);
-    const auto param = with_params ? FindView(*in.params, pos) : in.params->end();
-    const auto master = external ? FindView(*in.masters, pos) : in.params->end();
-    Piece piece{pos,
-                std::min({segment_end, grad->end(), with_params ? param->end() : segment_end,
-                          external ? master->end() : segment_end}),
-                &*grad,
-                with_params ? &*param : nullptr,
-                external ? &*master : nullptr,
-                in.segment_step[segment]};
+  size_t covered = regions.first + begin;  // the elements before it went to fn
+  return ForEachPiece(regions, in, begin, end, [&](Piece piece) {
+    if (piece.to <= covered) return Status::Ok();  // inside the cut block before it
+    piece.from = std::max(piece.from, covered);    // a block start: the views are the piece's
+    const size_t segment_end =
+        std::min(regions.first + end, in.segment_ends[SegmentAt(in.segment_ends, piece.from)]);
     const size_t relative_end = piece.to - regions.first;
     if (piece.to == segment_end || relative_end % optim::kQuantBlock == 0) {
-      ZOE_RETURN_IF_ERROR(fn(piece, /*staged=*/false));
-      pos = piece.to;
-      continue;
+      covered = piece.to;
+      return fn(piece, /*staged=*/false);
     }
-    // The block holding piece.to starts at a multiple of kQuantBlock, or at pos (a block start).
-    const size_t cut =
-        std::max(pos, regions.first + relative_end / optim::kQuantBlock * optim::kQuantBlock);
-    if (cut > pos) {
-      piece.to = cut;
-      ZOE_RETURN_IF_ERROR(fn(piece, /*staged=*/false));
+    // The block holding piece.to starts at a multiple of kQuantBlock, or at piece.from.
+    const size_t cut = std::max(
+        piece.from, regions.first + relative_end / optim::kQuantBlock * optim::kQuantBlock);
+    if (cut > piece.from) {
+      Piece direct = piece;
+      direct.to = cut;
+      ZOE_RETURN_IF_ERROR(fn(direct, /*staged=*/false));
     }
     piece.from = cut;
     piece.to = std::min(segment_end, regions.first + CeilDiv(relative_end, optim::kQuantBlock) *
                                                          optim::kQuantBlock);
-    ZOE_RETURN_IF_ERROR(fn(piece, /*staged=*/true));
-    pos = piece.to;
-  }
-  return Status::Ok();
+    covered = piece.to;
+    return fn(piece, /*staged=*/true);
+  });
 }
 
 // Updates elements [begin, end) (relative to the chunk) of one chunk whose state is at `base`,
