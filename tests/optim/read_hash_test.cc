@@ -110,21 +110,18 @@ void ExpectSums(const std::vector<uint64_t> (&sums)[kArrays],
   }
 }
 
-void CheckOne(const KernelTable& table, Kind kind, DType grad, DType state, CopySlot copy,
-              UpdateVariant variant, size_t offset, size_t count, size_t begin, size_t end) {
-  const std::string what =
-      Describe(table.isa, kind, grad, state, copy, variant, offset, begin, end);
-  const uint32_t seed = static_cast<uint32_t>(count + begin * 7 + offset);
-  Arrays hashed(count, grad, state, offset, seed);
-  Arrays plain(count, grad, state, offset, seed);
+// Runs `update` on [begin, end) of `hashed` with read sums (element i of the call is element
+// i + origin of the hashed arrays) and of `plain` without: the same bytes, and the sums of every
+// block inside the range's whole units, nothing else (ExpectSums). A is Arrays or Int8Arrays.
+template <class A>
+void ExpectHashedUpdate(UpdateFn update, const UpdateConstants& constants, A& hashed, A& plain,
+                        DType state, size_t origin, size_t begin, size_t end,
+                        const std::string& what) {
   std::vector<std::byte> before[kArrays];
   for (size_t a = 0; a < kArrays; ++a) before[a] = hashed.Hashed(a);
-
-  HyperParams hyper = testing::DefaultHyper(kind);
-  const UpdateConstants constants = MakeUpdateConstants(hyper, 3, {1.0 / 512.0, 0.5});
-  const UpdateFn update = table.update[KernelTable::UpdateIndex(kind, grad, state, copy, variant)];
   std::vector<uint64_t> sums[kArrays];
   UpdatePointers with_sums = hashed.Pointers();
+  with_sums.read_origin = origin;
   for (size_t a = 0; a < kArrays; ++a) {
     sums[a].assign(before[a].size() / kReadHashBlock + 1, kUntouched);
     with_sums.read_sums[a] = sums[a].data();
@@ -132,11 +129,23 @@ void CheckOne(const KernelTable& table, Kind kind, DType grad, DType state, Copy
   update(constants, with_sums, begin, end);
   update(constants, plain.Pointers(), begin, end);
   EXPECT_TRUE(hashed.All() == plain.All()) << what << ": hashing changed the update";
-
   const size_t unit = ReadHashElements(state);
-  const size_t first = (begin + unit - 1) / unit * unit;
-  const size_t last = end / unit * unit;
+  const size_t first = (begin + origin + unit - 1) / unit * unit;  // in the hashed arrays
+  const size_t last = (end + origin) / unit * unit;
   ExpectSums(sums, before, state, first, last, what);
+}
+
+void CheckOne(const KernelTable& table, Kind kind, DType grad, DType state, CopySlot copy,
+              UpdateVariant variant, size_t offset, size_t count, size_t begin, size_t end) {
+  const std::string what =
+      Describe(table.isa, kind, grad, state, copy, variant, offset, begin, end);
+  const uint32_t seed = static_cast<uint32_t>(count + begin * 7 + offset);
+  Arrays hashed(count, grad, state, offset, seed);
+  Arrays plain(count, grad, state, offset, seed);
+  const UpdateConstants constants =
+      MakeUpdateConstants(testing::DefaultHyper(kind), 3, {1.0 / 512.0, 0.5});
+  const UpdateFn update = table.update[KernelTable::UpdateIndex(kind, grad, state, copy, variant)];
+  ExpectHashedUpdate(update, constants, hashed, plain, state, 0, begin, end, what);
 }
 
 std::vector<const KernelTable*> HashingTables() {
@@ -311,28 +320,11 @@ void CheckInt8(const KernelTable& table, Kind kind, DType grad, CopySlot copy, b
   const uint32_t seed = static_cast<uint32_t>(begin * 7 + origin + block_offset);
   Int8Arrays hashed(count, block_offset, origin, grad, seed);
   Int8Arrays plain(count, block_offset, origin, grad, seed);
-  std::vector<std::byte> before[kArrays];
-  for (size_t a = 0; a < kArrays; ++a) before[a] = hashed.Hashed(a);
-
   const UpdateConstants constants =
       MakeUpdateConstants(testing::DefaultHyper(kind), 3, {1.0 / 512.0, 0.5});
   const BlockUpdateFn update =
       table.block_update[KernelTable::BlockUpdateIndex(kind, grad, copy, fast)];
-  std::vector<uint64_t> sums[kArrays];
-  UpdatePointers with_sums = hashed.Pointers();
-  with_sums.read_origin = origin;
-  for (size_t a = 0; a < kArrays; ++a) {
-    sums[a].assign(before[a].size() / kReadHashBlock + 1, kUntouched);
-    with_sums.read_sums[a] = sums[a].data();
-  }
-  update(constants, with_sums, begin, end);
-  update(constants, plain.Pointers(), begin, end);
-  EXPECT_TRUE(hashed.All() == plain.All()) << what << ": hashing changed the update";
-
-  constexpr size_t kUnit = ReadHashElements(DType::kInt8);
-  const size_t first = (begin + origin + kUnit - 1) / kUnit * kUnit;  // in the hashed arrays
-  const size_t last = (end + origin) / kUnit * kUnit;
-  ExpectSums(sums, before, DType::kInt8, first, last, what);
+  ExpectHashedUpdate(update, constants, hashed, plain, DType::kInt8, origin, begin, end, what);
 }
 
 // Every hashing table, both kinds, both arithmetics, block layouts starting a block at element 0
