@@ -621,13 +621,15 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   impl.FinishSpeculativeWrites();
   impl.StartStepReads(impl.NotSpeculated(present_chunks));
   if (!args.grads.empty()) {
+    std::vector<GradScanner::Piece> pieces;
+    pieces.reserve(grads.size());
     for (const PlacedView& view : grads) {
-      Status scanned =
-          impl.scanner.Add(view.offset, view.data, view.dtype, view.count, options_.run);
-      if (!scanned.ok()) {
-        impl.ResetAccumulation();
-        return scanned;
-      }
+      pieces.push_back({view.offset, view.data, view.dtype, view.count});
+    }
+    Status scanned = impl.scanner.Add(pieces, options_.run);
+    if (!scanned.ok()) {
+      impl.ResetAccumulation();
+      return scanned;
     }
   }
   Result<optim::GradScan> scan = impl.scanner.Total();
@@ -752,7 +754,8 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
         "optimizer group '{}': accumulated gradient [{}, {}) overlaps [{}, {}) given before",
         options_.name, offset, view.end(), clash->offset, clash->end()));
   }
-  ZOE_RETURN_IF_ERROR(impl.scanner.Add(offset, grad.data, grad.dtype, grad.count, options_.run));
+  const GradScanner::Piece piece{offset, grad.data, grad.dtype, grad.count};
+  ZOE_RETURN_IF_ERROR(impl.scanner.Add({&piece, 1}, options_.run));
   impl.accumulated.emplace(offset, view);
   impl.accumulated_elements += view.count;
   for (size_t c = impl.layout.ChunkOf(offset); c <= impl.layout.ChunkOf(view.end() - 1); ++c) {

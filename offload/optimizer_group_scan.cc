@@ -19,101 +19,135 @@ void GradScanner::Reset() {
 
 size_t GradScanner::TileLength(size_t tile) const { return std::min(tile_, count_ - tile * tile_); }
 
-Status GradScanner::Add(size_t offset, const void* data, optim::DType dtype, size_t count,
-                        const optim::RunOptions& run) {
-  if (count == 0) return Status::Ok();
-  const Piece piece{offset, data, dtype, count};
-  const size_t end = offset + count;
-  // Tiles [first_whole, end_whole) lie inside the piece; at most one tile at each end is cut.
-  const size_t first_whole = CeilDiv(offset, tile_);
-  const size_t end_whole = end == count_ ? partials_.size() : end / tile_;
-  if (first_whole >= end_whole) {
-    const size_t first = offset / tile_;
-    const size_t last = (end - 1) / tile_;
-    for (size_t t = first; t <= last; ++t) ZOE_RETURN_IF_ERROR(AddToPartialTile(t, piece, run));
-    return Status::Ok();
+Status GradScanner::Add(std::span<const Piece> pieces, const optim::RunOptions& run) {
+  std::vector<TileJob> jobs;
+  for (const Piece& piece : pieces) {
+    if (piece.count > 0) PlanPiece(piece, &jobs);
   }
-  if (offset % tile_ != 0) ZOE_RETURN_IF_ERROR(AddToPartialTile(offset / tile_, piece, run));
-  ZOE_RETURN_IF_ERROR(ScanWholeTiles(first_whole, end_whole, piece, run));
-  if (end_whole < partials_.size() && end % tile_ != 0) {
-    ZOE_RETURN_IF_ERROR(AddToPartialTile(end_whole, piece, run));
-  }
-  return Status::Ok();
-}
-
-// Each tile is scanned on its own (one partial, so 0 + partial is exact); tiles are spread over
-// the executor's threads and land in their own slot, so the order of completion does not matter.
-Status GradScanner::ScanWholeTiles(size_t first_tile, size_t end_tile, const Piece& piece,
-                                   const optim::RunOptions& run) {
-  optim::RunOptions single = run;
-  single.executor = nullptr;
-  if (piece.data == nullptr) {
-    std::fill(partials_.begin() + first_tile, partials_.begin() + end_tile, 0.0);
-    return Status::Ok();
-  }
-  const size_t element = DTypeSize(piece.dtype);
-  const auto* bytes = static_cast<const std::byte*>(piece.data);
-  std::vector<Status> failures(end_tile - first_tile);
+  if (jobs.empty()) return Status::Ok();
+  // One contiguous share of the jobs per thread that may run them; share s gathers its cut tiles
+  // into gather_buffers_[s]. Each job writes only its own tile's partial, so the order of
+  // completion does not matter.
+  const size_t threads = run.executor != nullptr ? run.executor->threads() + 1 : 1;
+  const size_t per_share = CeilDiv(jobs.size(), std::min(threads, jobs.size()));
+  const size_t shares = CeilDiv(jobs.size(), per_share);
+  PrepareGatherBuffers(jobs, shares);
+  std::vector<Status> failures(jobs.size());
   auto scan = [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) {
-      const size_t t = first_tile + i;
-      const std::byte* start = bytes + (t * tile_ - piece.offset) * element;
-      Result<optim::GradScan> scanned =
-          optim::ScanGradients(start, piece.dtype, TileLength(t), single);
-      if (scanned.ok()) {
-        partials_[t] = scanned->sum_squares;
+    const size_t share = begin / per_share;
+    float* gathered = share < gather_buffers_.size() ? gather_buffers_[share].data() : nullptr;
+    for (size_t j = begin; j < end; ++j) {
+      Result<double> partial = ScanTile(jobs[j], run, gathered);
+      if (partial.ok()) {
+        partials_[jobs[j].tile] = *partial;
       } else {
-        failures[i] = scanned.status();
+        failures[j] = partial.status();
       }
     }
   };
-  if (run.executor != nullptr) {
-    run.executor->ParallelFor(end_tile - first_tile, 1, scan);
+  if (shares > 1) {
+    run.executor->ParallelFor(jobs.size(), per_share, scan);
   } else {
-    scan(0, end_tile - first_tile);
+    scan(0, jobs.size());
   }
   for (Status& failure : failures) ZOE_RETURN_IF_ERROR(std::move(failure));
   return Status::Ok();
 }
 
-// Records the part of `piece` inside `tile`; when the tile is complete, gathers its pieces into
-// fp32 and scans them as one tile.
-Status GradScanner::AddToPartialTile(size_t tile, const Piece& piece,
-                                     const optim::RunOptions& run) {
+// A job gathers unless a single piece holds its whole tile.
+bool GradScanner::Gathers(const TileJob& job) const {
+  const Piece& first = job.parts.front();
+  const size_t tile_begin = job.tile * tile_;
+  return job.parts.size() > 1 || first.offset > tile_begin ||
+         first.offset + first.count < tile_begin + TileLength(job.tile);
+}
+
+// Allocates (and touches, by zero-filling) a tile's worth of floats for each of `shares` buffers
+// when some job gathers. The buffers are kept, so steady-state steps fault in no fresh pages: a
+// tile allocated per job would be mapped afresh each time once it passes glibc's mmap threshold.
+void GradScanner::PrepareGatherBuffers(std::span<const TileJob> jobs, size_t shares) {
+  if (gather_buffers_.size() >= shares) return;
+  if (std::none_of(jobs.begin(), jobs.end(), [&](const TileJob& job) { return Gathers(job); })) {
+    return;
+  }
+  gather_buffers_.resize(shares);
+  for (std::vector<float>& buffer : gather_buffers_) buffer.resize(std::min(tile_, count_));
+}
+
+// Adds a job for every tile inside the piece (none for an absent piece: its tiles' partials are
+// zero) and records the piece's part of the tiles it cuts, adding a job for each one it completes.
+void GradScanner::PlanPiece(const Piece& piece, std::vector<TileJob>* jobs) {
+  const size_t end = piece.offset + piece.count;
+  // Tiles [first_whole, end_whole) lie inside the piece; at most one tile at each end is cut.
+  const size_t first_whole = CeilDiv(piece.offset, tile_);
+  const size_t end_whole = end == count_ ? partials_.size() : end / tile_;
+  if (first_whole >= end_whole) {
+    for (size_t t = piece.offset / tile_; t <= (end - 1) / tile_; ++t) {
+      AddToPartialTile(t, piece, jobs);
+    }
+    return;
+  }
+  if (piece.offset % tile_ != 0) AddToPartialTile(piece.offset / tile_, piece, jobs);
+  for (size_t t = first_whole; t < end_whole; ++t) {
+    if (piece.data == nullptr) {
+      partials_[t] = 0.0;
+    } else {
+      jobs->push_back({t, {piece}});
+    }
+  }
+  if (end_whole < partials_.size() && end % tile_ != 0) AddToPartialTile(end_whole, piece, jobs);
+}
+
+// Records the part of `piece` inside `tile`; once the tile is covered, hands its pieces to a job.
+void GradScanner::AddToPartialTile(size_t tile, const Piece& piece, std::vector<TileJob>* jobs) {
   const size_t tile_begin = tile * tile_;
   const size_t tile_end = tile_begin + TileLength(tile);
-  const size_t begin = std::max(tile_begin, piece.offset);
-  const size_t end = std::min(tile_end, piece.offset + piece.count);
   pieces_.emplace(tile, piece);
   size_t& covered = covered_[tile];
-  covered += end - begin;
-  if (covered < tile_end - tile_begin) return Status::Ok();
-
-  optim::RunOptions single = run;
-  single.executor = nullptr;
-  std::vector<float> gathered(tile_end - tile_begin);  // zeros where a piece is absent
+  covered += std::min(tile_end, piece.offset + piece.count) - std::max(tile_begin, piece.offset);
+  if (covered < tile_end - tile_begin) return;
+  TileJob job{tile, {}};
   auto [first, last] = pieces_.equal_range(tile);
-  for (auto it = first; it != last; ++it) {
-    const Piece& p = it->second;
-    if (p.data == nullptr) continue;
+  for (auto it = first; it != last; ++it) job.parts.push_back(it->second);
+  pieces_.erase(first, last);
+  covered_.erase(tile);
+  jobs->push_back(std::move(job));
+}
+
+Result<double> GradScanner::ScanTile(const TileJob& job, const optim::RunOptions& run,
+                                     float* gathered) const {
+  optim::RunOptions single = run;  // the same kernels, tile by tile on this thread
+  single.executor = nullptr;
+  const size_t tile_begin = job.tile * tile_;
+  const size_t length = TileLength(job.tile);
+  if (!Gathers(job)) {
+    const Piece& whole = job.parts.front();
+    const auto* start = static_cast<const std::byte*>(whole.data) +
+                        (tile_begin - whole.offset) * DTypeSize(whole.dtype);
+    ZOE_ASSIGN_OR_RETURN(optim::GradScan scanned,
+                         optim::ScanGradients(start, whole.dtype, length, single));
+    return scanned.sum_squares;
+  }
+  // The parts cover the tile without overlapping, so every element is written once.
+  for (const Piece& p : job.parts) {
     const size_t from = std::max(tile_begin, p.offset);
-    const size_t to = std::min(tile_end, p.offset + p.count);
+    const size_t to = std::min(tile_begin + length, p.offset + p.count);
+    float* dst = gathered + (from - tile_begin);
+    if (p.data == nullptr) {
+      std::fill(dst, dst + (to - from), 0.0f);
+      continue;
+    }
     const auto* src =
         static_cast<const std::byte*>(p.data) + (from - p.offset) * DTypeSize(p.dtype);
-    float* dst = gathered.data() + (from - tile_begin);
     if (p.dtype == optim::DType::kFloat32) {
       std::memcpy(dst, src, (to - from) * sizeof(float));
     } else {
       ZOE_RETURN_IF_ERROR(optim::CastToF32(src, p.dtype, dst, to - from, single));
     }
   }
-  pieces_.erase(first, last);
-  covered_.erase(tile);
-  ZOE_ASSIGN_OR_RETURN(
-      optim::GradScan scanned,
-      optim::ScanGradients(gathered.data(), optim::DType::kFloat32, gathered.size(), single));
-  partials_[tile] = scanned.sum_squares;
-  return Status::Ok();
+  ZOE_ASSIGN_OR_RETURN(optim::GradScan scanned,
+                       optim::ScanGradients(gathered, optim::DType::kFloat32, length, single));
+  return scanned.sum_squares;
 }
 
 optim::GradScan GradScanner::Total() const {

@@ -576,37 +576,50 @@ void UpdateBlocks(const UpdateConstants& k, const UpdatePointers& p, size_t begi
   UpdateBlocksOf<V, K, G, C, kFast>(k, p, begin, end, none);
 }
 
-// Four accumulators of eight double lanes: element j (counted from begin) is added to lane j % 8
-// of accumulator (j / 16) % 4, in increasing j. A 16-wide vector feeds one accumulator its first
+// The range is read as two streams, which the memory system serves faster than one: the first
+// `half` elements (half the range rounded down to a multiple of 2 * kTurn) and the rest. Element k
+// of stream s (counted from the stream's start) is added to lane k % 8 of accumulator
+// 2 * s + (k / kTurn) % 2, in increasing k. A 16-wide vector feeds one accumulator its first
 // eight elements, then its next eight; an 8-wide vector half of that. The four accumulators are
 // independent chains of additions, so their latency overlaps and the scan runs at memory speed.
-// Products of two floats are exact in double, so only the additions round, in the same order on
-// every path.
+// Products of two floats are exact in double, and every lane receives its elements in the same
+// order on every path (the scalar tail continues each lane where the vectors stopped), so the sum
+// is the same bits on every path.
 template <class V, DType G>
 double SumSquares(const void* grad, size_t begin, size_t end) {
   constexpr size_t kChains = 4;
-  constexpr size_t kTurn = 16;  // consecutive elements one accumulator takes
+  constexpr size_t kTurn = 16;  // consecutive elements of a stream one accumulator takes
+  const size_t half = (end - begin) / 2 / (2 * kTurn) * (2 * kTurn);
+  const size_t second = begin + half;  // stream 1's first element
   double lanes[kChains][8] = {};
-  size_t i = begin;
+  size_t k = 0;  // elements of each stream added by the vector loops
   if constexpr (V::kWidth >= 8) {
     static_assert(kTurn % V::kWidth == 0);
     using Lanes = decltype(V::ZeroLanes());
     Lanes acc[kChains];
     for (Lanes& a : acc) a = V::ZeroLanes();
-    for (; i + kChains * kTurn <= end; i += kChains * kTurn) {
-      for (size_t c = 0; c < kChains; ++c) {
-        for (size_t v = 0; v < kTurn; v += V::kWidth) {
-          acc[c] = V::AddSquares(acc[c], Load<V, G>(grad, i + c * kTurn + v));
-        }
-      }
+    const auto add_turn = [&](Lanes& a, size_t first) {
+      for (size_t v = 0; v < kTurn; v += V::kWidth)
+        a = V::AddSquares(a, Load<V, G>(grad, first + v));
+    };
+    for (; k < half; k += 2 * kTurn) {
+      add_turn(acc[0], begin + k);
+      add_turn(acc[2], second + k);
+      add_turn(acc[1], begin + k + kTurn);
+      add_turn(acc[3], second + k + kTurn);
     }
+    for (; second + k + kTurn <= end; k += kTurn) add_turn(acc[2 + (k / kTurn) % 2], second + k);
     for (size_t c = 0; c < kChains; ++c) V::StoreLanes(acc[c], lanes[c]);
   }
-  for (; i < end; ++i) {
-    const size_t j = i - begin;
-    const double x = Load<ScalarOps, G>(grad, i);
-    lanes[(j / kTurn) % kChains][j % 8] += x * x;
-  }
+  const auto add_scalar = [&](size_t stream, size_t first, size_t i_end, size_t from) {
+    for (size_t i = first + from; i < i_end; ++i) {
+      const size_t j = i - first;
+      const double x = Load<ScalarOps, G>(grad, i);
+      lanes[2 * stream + (j / kTurn) % 2][j % 8] += x * x;
+    }
+  };
+  add_scalar(0, begin, second, std::min(k, half));
+  add_scalar(1, second, end, k);
   double chains[kChains];
   for (size_t c = 0; c < kChains; ++c) {
     const double* l = lanes[c];

@@ -2,7 +2,9 @@
 // bytes, for every optimizer, dtype layout, odd size, tail and unaligned offset.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/executor.h"
 #include "optim/chunk.h"
@@ -98,6 +100,50 @@ TEST(IsaParityScan, SumOfSquaresIsIdenticalOnEveryPath) {
         EXPECT_EQ(actual->sum_squares, expected->sum_squares)
             << IsaName(isa) << " " << DTypeName(grad) << " count=" << count;
       }
+    }
+  }
+}
+
+// The sum of squares written as its definition reads (kernel_math.h, SumSquares): the call's
+// range read as two streams, the first `half` elements (half the range rounded down to a multiple
+// of 32) and the rest; element k of stream s to lane k % 8 of accumulator 2s + (k / 16) % 2; the
+// lanes, then the chains, added in pairs.
+double DefinedSumOfSquares(const float* grad, size_t count) {
+  const size_t half = count / 2 / 32 * 32;
+  double lanes[4][8] = {};
+  for (size_t j = 0; j < count; ++j) {
+    const size_t stream = j < half ? 0 : 1;
+    const size_t k = j - stream * half;
+    const double x = grad[j];
+    lanes[2 * stream + (k / 16) % 2][k % 8] += x * x;
+  }
+  double chains[4];
+  for (size_t c = 0; c < 4; ++c) {
+    const double* l = lanes[c];
+    chains[c] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  }
+  return (chains[0] + chains[1]) + (chains[2] + chains[3]);
+}
+
+// Every path adds in the defined order, whatever the length of a tile (around the streams' split
+// and the vectors' widths) and wherever it starts.
+TEST(IsaParityScan, SumOfSquaresFollowsItsDefinitionOnEveryPath) {
+  std::vector<float> grad(100003);
+  for (size_t i = 0; i < grad.size(); ++i) {
+    const float magnitude = 1.0f / static_cast<float>(1 + (i * 2654435761u) % 9973);
+    grad[i] = i % 3 == 0 ? -magnitude * 1e4f : magnitude;
+  }
+  for (size_t tile : {1ul, 31ul, 32ul, 33ul, 63ul, 64ul, 65ul, 95ul, 96ul, 127ul, 129ul, 1000ul,
+                      4099ul, 100003ul}) {
+    double expected = 0.0;  // ScanGradients adds one partial per tile, in tile order
+    for (size_t begin = 0; begin < grad.size(); begin += tile) {
+      expected += DefinedSumOfSquares(grad.data() + begin, std::min(tile, grad.size() - begin));
+    }
+    for (Isa isa : SupportedIsas()) {
+      auto actual = ScanGradients(grad.data(), DType::kFloat32, grad.size(),
+                                  {.isa = isa, .tile_elements = tile});
+      ASSERT_TRUE(actual.ok());
+      EXPECT_EQ(actual->sum_squares, expected) << IsaName(isa) << " tile=" << tile;
     }
   }
 }
