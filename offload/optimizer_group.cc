@@ -447,6 +447,18 @@ bool KernelVerifiesReads(const StepInputs& in) {
   return !in.external_master() && optim::UpdateHashesReads(in.hyper->kind, in.state_dtype, *in.run);
 }
 
+// The step updates the HOST chunks in one pass, stripe by stripe: whether what it writes can stay
+// cached until the next step reads it depends on the bytes of the whole pass, not of one
+// stripe, so StoreMode::kAuto is decided for all of them (gradients counted as fp32). NVMe chunks
+// keep the per-call decision: each stripe is hashed right after its update, from the cache.
+optim::RunOptions HostRunOptions(const OptimizerGroupOptions& options, size_t host_elements) {
+  optim::RunOptions run = options.run;
+  const optim::ChunkLayout layout{.grad = DType::kFloat32, .state = options.state_dtype};
+  run.stores =
+      optim::ResolveStores(run.stores, optim::UpdateBytesRead(options.kind, layout, host_elements));
+  return run;
+}
+
 }  // namespace
 
 Status detail::UpdateChunkState(const ChunkRegions& regions, std::byte* base, const StepInputs& in,
@@ -479,6 +491,8 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
       layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block,
              segment_ends, options.master_in_params),
       nvme_count(NvmeChunkCount(options, layout.chunk_count())),
+      host_run(HostRunOptions(
+          options, options.count - std::min(options.count, nvme_count * layout.chunk_elements()))),
       scanner(options.count, options.run.tile_elements),
       chunk_covered(layout.chunk_count(), 0),
       chunk_present(layout.chunk_count(), 0),
@@ -690,13 +704,15 @@ Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
   if (commit) impl.Flip(SpeculatedNvmeChunks());
   impl.CommitCache();
   const Clock::time_point start = Clock::now();
+  StepInputs host_inputs = inputs;
+  host_inputs.run = &impl.host_run;
   // Last chunk first: the gradient scan just read the gradients in ascending order, so the last
   // ones are the likeliest to be still in the cache when their update reads them again.
   for (size_t c = impl.layout.chunk_count(); c-- > impl.nvme_count;) {
     if (commit && speculation->updated[c])
       std::swap(host[c - nvme_count], host_spare[c - nvme_count]);
     if (!pending[c]) continue;
-    ZOE_RETURN_IF_ERROR(UpdateChunkState(impl.layout.chunk(c), impl.host_state(c), inputs)
+    ZOE_RETURN_IF_ERROR(UpdateChunkState(impl.layout.chunk(c), impl.host_state(c), host_inputs)
                             .WithContext(impl.ChunkName(c)));
   }
   report->bytes_read = totals.bytes_read;

@@ -301,8 +301,11 @@ struct OptimizerGroup::Impl {
   // master_in_params: the caller's fp32 parameters, which are the master (borrowed); else empty.
   detail::PlacedViews masters;
   size_t nvme_count;
-  std::vector<NvmeChunk> nvme;        // chunks [0, nvme_count)
-  std::vector<PinnedBuffer> host;     // chunks [nvme_count, chunk_count)
+  std::vector<NvmeChunk> nvme;     // chunks [0, nvme_count)
+  std::vector<PinnedBuffer> host;  // chunks [nvme_count, chunk_count)
+  // The options the step updates the HOST chunks with: the group's, with StoreMode::kAuto decided
+  // for all of them at once (HostRunOptions).
+  optim::RunOptions host_run;
   std::vector<PinnedBuffer> buffers;  // the pipeline's
   std::vector<size_t> free_buffers;
   // With checksums of kStripeChecksumBlock bytes, the chunk functions verify what the pipeline

@@ -178,14 +178,18 @@ bool WritesCongruent(Kind kind, const ChunkLayout& layout, const ChunkBuffers& c
   return layout.param_copy != DType::kFloat32 || residue(chunk.param_copy) == master;
 }
 
-// Bytes one update of the chunk reads: master, gradient and the moments.
-size_t BytesRead(Kind kind, const ChunkLayout& layout, size_t count) {
+}  // namespace
+
+size_t UpdateBytesRead(Kind kind, const ChunkLayout& layout, size_t count) {
   const size_t per_element = 4 + DTypeSize(layout.grad) +
                              DTypeSize(layout.state) * static_cast<size_t>(StateTensors(kind));
   return per_element * count;
 }
 
-}  // namespace
+StoreMode ResolveStores(StoreMode mode, size_t bytes_read) {
+  if (mode != StoreMode::kAuto) return mode;
+  return bytes_read > LastLevelCacheBytes() ? StoreMode::kStreaming : StoreMode::kCached;
+}
 
 UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const ChunkBuffers& chunk,
                                   const RunOptions& run) {
@@ -194,9 +198,8 @@ UpdateVariant ChooseUpdateVariant(Kind kind, const ChunkLayout& layout, const Ch
   // The int8 block kernels store with ordinary stores only: each block's fp32 moments are on
   // the stack, in L1, when they are requantized (kernels.h).
   if (layout.state == DType::kInt8) return variant;
-  const bool wanted = run.stores == StoreMode::kStreaming ||
-                      (run.stores == StoreMode::kAuto &&
-                       BytesRead(kind, layout, chunk.count) > LastLevelCacheBytes());
+  const bool wanted = ResolveStores(run.stores, UpdateBytesRead(kind, layout, chunk.count)) ==
+                      StoreMode::kStreaming;
   variant.streaming = wanted && WritesCongruent(kind, layout, chunk);
   return variant;
 }

@@ -131,6 +131,14 @@ struct RunOptions {
 // Size of the last-level cache (sysconf), or 32 MiB where the system does not say.
 size_t LastLevelCacheBytes();
 
+// Bytes an update of `count` elements reads: master, gradient and the moments of `kind`.
+size_t UpdateBytesRead(Kind kind, const ChunkLayout& layout, size_t count);
+
+// `mode` with kAuto decided for a pass of updates that read `bytes_read` in all: kStreaming when
+// they exceed LastLevelCacheBytes() (what the pass writes is evicted before anything reads it
+// again), else kCached. kCached and kStreaming are returned as they are.
+StoreMode ResolveStores(StoreMode mode, size_t bytes_read);
+
 // Sum of squares of raw (still loss-scaled) gradients; +inf or NaN when any is not finite.
 struct GradScan {
   double sum_squares = 0.0;

@@ -275,5 +275,23 @@ TEST(ArithmeticNames, RoundTripAndUnknownNamesListTheAllowedOnes) {
 
 TEST(LastLevelCache, SizeIsKnownOrTheStatedDefault) { EXPECT_GE(LastLevelCacheBytes(), 1u << 16); }
 
+// kAuto streams a pass whose reads exceed the last-level cache and caches one that fits; an
+// explicit mode is kept whatever the bytes.
+TEST(LastLevelCache, AutoStoresFollowThePassBytes) {
+  const size_t cache = LastLevelCacheBytes();
+  EXPECT_EQ(ResolveStores(StoreMode::kAuto, cache), StoreMode::kCached);
+  EXPECT_EQ(ResolveStores(StoreMode::kAuto, cache + 1), StoreMode::kStreaming);
+  for (size_t bytes : {size_t{0}, cache + 1}) {
+    EXPECT_EQ(ResolveStores(StoreMode::kCached, bytes), StoreMode::kCached);
+    EXPECT_EQ(ResolveStores(StoreMode::kStreaming, bytes), StoreMode::kStreaming);
+  }
+  // AdamW reads master, gradient and both moments; Adagrad one moment; bf16 halves what it holds.
+  const ChunkLayout fp32{DType::kFloat32, DType::kFloat32, std::nullopt};
+  const ChunkLayout bf16{DType::kBFloat16, DType::kBFloat16, std::nullopt};
+  EXPECT_EQ(UpdateBytesRead(Kind::kAdamW, fp32, 10), 160u);
+  EXPECT_EQ(UpdateBytesRead(Kind::kAdagrad, fp32, 10), 120u);
+  EXPECT_EQ(UpdateBytesRead(Kind::kAdamW, bf16, 10), 100u);
+}
+
 }  // namespace
 }  // namespace zoe::optim
