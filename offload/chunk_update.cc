@@ -145,8 +145,9 @@ void HashScales(const ChunkRegions& regions, const std::byte* state,
 
 }  // namespace
 
-size_t StripeElements(const optim::RunOptions& run) {
-  const size_t tile = std::max<size_t>(run.tile_elements, 1);
+size_t StripeElements(const optim::RunOptions& run, bool hashing) {
+  size_t tile = std::max<size_t>(run.tile_elements, 1);
+  if (hashing) tile = std::min(tile, kMaxHashedStripeElements);
   return (tile + kStripeGranule - 1) / kStripeGranule * kStripeGranule;
 }
 
@@ -171,7 +172,8 @@ Status RunStripes(const ChunkRegions& regions, const std::byte* state,
                   const ChunkChecksums& checksums, const optim::RunOptions& run,
                   const StripeFn& stripe_fn) {
   if (!checksums.expected.empty()) ZOE_RETURN_IF_ERROR(VerifyScales(regions, state, checksums));
-  const size_t stripe = StripeElements(run);
+  const bool hashing = !checksums.expected.empty() || !checksums.computed.empty();
+  const size_t stripe = StripeElements(run, hashing);
   const size_t stripes = CeilDiv(regions.count, stripe);
   std::vector<Status> results(stripes);
   auto run_stripes = [&](size_t first, size_t last) {

@@ -32,6 +32,9 @@
 namespace zoe::offload {
 
 inline constexpr size_t kStripeGranule = 4096;  // elements
+// The longest stripe whose blocks are verified or hashed: its state (384 KiB with fp32 moments)
+// stays in the thread's L2 cache from its update to its hashing.
+inline constexpr size_t kMaxHashedStripeElements = size_t{1} << 15;
 // The only checksum block the stripes can hash: the regions' alignment.
 inline constexpr uint64_t kStripeChecksumBlock = kStateRegionAlignment;
 
@@ -98,7 +101,8 @@ Status UpdateInStripes(const ChunkRegions& regions, std::byte* state,
                        const ChunkChecksums& checksums, const optim::RunOptions& run,
                        const HashingRangeUpdate& update);
 
-// Elements per stripe for `run`: its tile size rounded up to kStripeGranule.
-size_t StripeElements(const optim::RunOptions& run);
+// Elements per stripe for `run`: its tile size, at most kMaxHashedStripeElements when the stripes
+// are verified or hashed (`hashing`), rounded up to kStripeGranule.
+size_t StripeElements(const optim::RunOptions& run, bool hashing);
 
 }  // namespace zoe::offload

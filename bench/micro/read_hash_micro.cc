@@ -26,7 +26,7 @@ namespace zoe::optim {
 namespace {
 
 constexpr size_t kElements = size_t{8} << 20;  // the step bench's chunk at 256 Mi parameters
-constexpr size_t kStripe = size_t{32} << 10;   // StripeElements of the default tile
+constexpr size_t kStripe = size_t{32} << 10;   // the longest hashed stripe (kMaxHashedStripeElements)
 constexpr size_t kChunks = 4;
 constexpr size_t kArrays = 3;  // master, exp_avg, exp_avg_sq
 
