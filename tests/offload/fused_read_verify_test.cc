@@ -109,6 +109,21 @@ struct FusedFixture {
   std::vector<size_t> stripes_updated;
 };
 
+// Stripes that are verified or hashed stay short enough for L2 whatever the tile; others follow
+// the tile. Both start on the granule.
+TEST(StripeElementsTest, HashedStripesAreCappedAndAllAreWholeGranules) {
+  optim::RunOptions run;
+  run.tile_elements = size_t{1} << 18;
+  EXPECT_EQ(StripeElements(run, /*hashing=*/true), kMaxHashedStripeElements);
+  EXPECT_EQ(StripeElements(run, /*hashing=*/false), size_t{1} << 18);
+  run.tile_elements = 1000;
+  EXPECT_EQ(StripeElements(run, true), kStripeGranule);
+  EXPECT_EQ(StripeElements(run, false), kStripeGranule);
+  run.tile_elements = kStripeGranule + 1;
+  EXPECT_EQ(StripeElements(run, false), 2 * kStripeGranule);
+  EXPECT_EQ(kMaxHashedStripeElements % kStripeGranule, 0u);
+}
+
 TEST(FusedReadVerifyTest, CleanStateVerifiesAndTheWrittenSumsAreThoseOfTheUpdatedExtent) {
   // Ranges cut inside blocks (7, 12345) and a skipped range [15000, 15500).
   FusedFixture f({{0, 7}, {7, 12345}, {12345, 15000}, {15500, 20000}});
