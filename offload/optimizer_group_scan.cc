@@ -20,6 +20,11 @@ void GradScanner::Reset() {
 size_t GradScanner::TileLength(size_t tile) const { return std::min(tile_, count_ - tile * tile_); }
 
 Status GradScanner::Add(std::span<const Piece> pieces, const optim::RunOptions& run) {
+  // Refused before anything is recorded, so a failed call leaves the scanner as it was: a
+  // zero-element scan checks a dtype and the kernels without reading.
+  for (const Piece& piece : pieces) {
+    ZOE_RETURN_IF_ERROR(optim::ScanGradients(nullptr, piece.dtype, 0, run).status());
+  }
   std::vector<TileJob> jobs;
   for (const Piece& piece : pieces) {
     if (piece.count > 0) PlanPiece(piece, &jobs);
@@ -31,11 +36,11 @@ Status GradScanner::Add(std::span<const Piece> pieces, const optim::RunOptions& 
   const size_t threads = run.executor != nullptr ? run.executor->threads() + 1 : 1;
   const size_t per_share = CeilDiv(jobs.size(), std::min(threads, jobs.size()));
   const size_t shares = CeilDiv(jobs.size(), per_share);
-  PrepareGatherBuffers(jobs, shares);
+  PrepareGatherBuffers(jobs, per_share);
   std::vector<Status> failures(jobs.size());
   auto scan = [&](size_t begin, size_t end) {
     const size_t share = begin / per_share;
-    float* gathered = share < gather_buffers_.size() ? gather_buffers_[share].data() : nullptr;
+    float* gathered = gather_buffers_[share].data();  // null where the share gathers nothing
     for (size_t j = begin; j < end; ++j) {
       Result<double> partial = ScanTile(jobs[j], run, gathered);
       if (partial.ok()) {
@@ -62,16 +67,22 @@ bool GradScanner::Gathers(const TileJob& job) const {
          first.offset + first.count < tile_begin + TileLength(job.tile);
 }
 
-// Allocates (and touches, by zero-filling) a tile's worth of floats for each of `shares` buffers
-// when some job gathers. The buffers are kept, so steady-state steps fault in no fresh pages: a
-// tile allocated per job would be mapped afresh each time once it passes glibc's mmap threshold.
-void GradScanner::PrepareGatherBuffers(std::span<const TileJob> jobs, size_t shares) {
-  if (gather_buffers_.size() >= shares) return;
-  if (std::none_of(jobs.begin(), jobs.end(), [&](const TileJob& job) { return Gathers(job); })) {
-    return;
+// Gives each share of `per_share` jobs that gathers a tile's worth of floats, allocated and
+// touched (zero-filled) here, on the calling thread. The buffers are kept: the same views give the
+// same shares at every step, so steady-state steps fault in no fresh pages (a buffer allocated per
+// job would be mapped afresh each time once it passes glibc's mmap threshold).
+void GradScanner::PrepareGatherBuffers(std::span<const TileJob> jobs, size_t per_share) {
+  const size_t shares = CeilDiv(jobs.size(), per_share);
+  if (gather_buffers_.size() < shares) gather_buffers_.resize(shares);
+  for (size_t share = 0; share < shares; ++share) {
+    const auto first = jobs.begin() + static_cast<ptrdiff_t>(share * per_share);
+    const auto last =
+        jobs.begin() + static_cast<ptrdiff_t>(std::min(jobs.size(), (share + 1) * per_share));
+    const bool gathers = std::any_of(first, last, [&](const TileJob& job) { return Gathers(job); });
+    if (gathers && gather_buffers_[share].empty()) {
+      gather_buffers_[share].resize(std::min(tile_, count_));
+    }
   }
-  gather_buffers_.resize(shares);
-  for (std::vector<float>& buffer : gather_buffers_) buffer.resize(std::min(tile_, count_));
 }
 
 // Adds a job for every tile inside the piece (none for an absent piece: its tiles' partials are

@@ -39,7 +39,8 @@ class GradScanner {
   // Forgets every gradient added.
   void Reset();
   // Scans `pieces`. Preconditions, checked by the caller: each lies inside the group and overlaps
-  // no other piece added since Reset. Tiles run on run.executor when it is set.
+  // no other piece added since Reset. Tiles run on run.executor when it is set. A dtype or ISA the
+  // kernels cannot take fails the call before any piece is recorded.
   Status Add(std::span<const Piece> pieces, const optim::RunOptions& run);
   // The scan of every element; precondition: every element was added since Reset.
   optim::GradScan Total() const;
@@ -55,7 +56,7 @@ class GradScanner {
   void PlanPiece(const Piece& piece, std::vector<TileJob>* jobs);
   void AddToPartialTile(size_t tile, const Piece& piece, std::vector<TileJob>* jobs);
   bool Gathers(const TileJob& job) const;
-  void PrepareGatherBuffers(std::span<const TileJob> jobs, size_t shares);
+  void PrepareGatherBuffers(std::span<const TileJob> jobs, size_t per_share);
   // The tile's partial, on the calling thread; `gathered` holds a tile when the job gathers
   // (PrepareGatherBuffers), else may be null.
   Result<double> ScanTile(const TileJob& job, const optim::RunOptions& run, float* gathered) const;
@@ -65,7 +66,7 @@ class GradScanner {
   std::vector<double> partials_;         // one per tile, valid once the tile is complete
   std::map<size_t, size_t> covered_;     // tile -> elements seen, for tiles still incomplete
   std::multimap<size_t, Piece> pieces_;  // tile -> pieces of an incomplete tile
-  std::vector<std::vector<float>> gather_buffers_;  // one per share of a scan's jobs
+  std::vector<std::vector<float>> gather_buffers_;  // per share of a scan's jobs; empty: none
 };
 
 }  // namespace zoe::offload

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -119,24 +120,46 @@ TEST(GradScanner, NonFiniteValueInAGatheredTileIsFound) {
   EXPECT_FALSE(scanner.Total().finite());
 }
 
-// A piece the kernels cannot read fails the call, whether its tile is scanned in place or
-// gathered.
-TEST(GradScanner, AnUnreadableDTypeIsAnError) {
+// A piece the kernels cannot read fails the call, whether its tiles would be scanned in place or
+// gathered, and leaves nothing behind: the same scanner then scans the readable pieces exactly.
+TEST(GradScanner, AnUnreadableDTypeIsAnErrorThatRecordsNothing) {
   const std::vector<float> values = GradientValues();
+  const double expected = WholeScan(values);
   Executor executor(2);
   optim::RunOptions run;
   run.executor = &executor;
   run.tile_elements = kTile;
   for (size_t offset : {0ul, 500ul}) {  // whole tiles, then a cut tile
     GradScanner scanner(kCount, kTile);
-    const std::vector<GradScanner::Piece> pieces = {
+    std::vector<GradScanner::Piece> pieces = {
         {0, values.data(), DType::kFloat32, offset},
         {offset, values.data() + offset, DType::kInt8, 3000},
         {offset + 3000, values.data() + offset + 3000, DType::kFloat32, kCount - offset - 3000}};
     const Status status = scanner.Add(pieces, run);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << "offset " << offset;
     EXPECT_NE(status.message().find("int8"), std::string::npos) << status.ToString();
+    // Alone, as AccumulateGrad hands pieces over, the bad piece is the first of its cut tiles.
+    EXPECT_FALSE(scanner.Add({&pieces[1], 1}, run).ok());
+    pieces[1].dtype = DType::kFloat32;
+    for (size_t p : {1, 0, 2}) ASSERT_TRUE(scanner.Add({&pieces[p], 1}, run).ok()) << p;
+    EXPECT_EQ(scanner.Total().sum_squares, expected) << "offset " << offset;
   }
+}
+
+// A tile longer than the gradient is one tile, gathered from every piece.
+TEST(GradScanner, ATileLongerThanTheGradientIsOneGatheredTile) {
+  const CutGradient cut = Cut(GradientValues());
+  optim::RunOptions whole;
+  whole.tile_elements = std::numeric_limits<size_t>::max();
+  const Result<optim::GradScan> expected =
+      optim::ScanGradients(cut.whole.data(), DType::kFloat32, kCount, whole);
+  ASSERT_TRUE(expected.ok());
+  Executor executor(2);
+  optim::RunOptions run = whole;
+  run.executor = &executor;
+  GradScanner scanner(kCount, std::numeric_limits<size_t>::max());
+  ASSERT_TRUE(scanner.Add(cut.pieces, run).ok());
+  EXPECT_EQ(scanner.Total().sum_squares, expected->sum_squares);
 }
 
 }  // namespace
