@@ -122,9 +122,11 @@ inline constexpr int kFastUpdateUlps = 3;
 inline constexpr int kFastMasterUlps = 2;
 
 struct RunOptions {
-  Executor* executor = nullptr;                 // null: run on the calling thread only
-  std::optional<Isa> isa;                       // unset: DefaultIsa() (cpuid, or ZOE_ISA)
-  size_t tile_elements = kDefaultTileElements;  // > 0; results do not depend on it
+  Executor* executor = nullptr;  // null: run on the calling thread only
+  std::optional<Isa> isa;        // unset: DefaultIsa() (cpuid, or ZOE_ISA)
+  // > 0. Updates do not depend on it; the gradient scan's sum is defined tile by tile
+  // (ScanGradients), so its low bits do.
+  size_t tile_elements = kDefaultTileElements;
   // Exact by default: the bits torch.optim computes, which tests, state_dict round trips with
   // torch and users comparing runs rely on. Fast is an option (zoe.arithmetic = "fast").
   Arithmetic arithmetic = Arithmetic::kExact;
