@@ -35,7 +35,7 @@ struct AdamBenchOptions {
   std::string isa;  // empty: cpuid / ZOE_ISA
   std::string optimizers = "adamw";
   std::string arithmetic = "exact,fast";  // comma list: a row per arithmetic
-  std::string stores = "auto";            // auto, cached or streaming
+  std::string stores = "cached";          // cached (the library's default), auto or streaming
   int steps = 10;
   int warmup = 3;
   uint64_t tile_elements = optim::kDefaultTileElements;
@@ -213,13 +213,6 @@ Result<std::vector<optim::Arithmetic>> ParseArithmetics(const std::string& text)
   return arithmetics;
 }
 
-Result<optim::StoreMode> ParseStores(const std::string& text) {
-  if (text == "auto") return optim::StoreMode::kAuto;
-  if (text == "cached") return optim::StoreMode::kCached;
-  if (text == "streaming") return optim::StoreMode::kStreaming;
-  return Status::InvalidArgument("--stores '" + text + "'; allowed: auto, cached, streaming");
-}
-
 Result<std::vector<Kind>> ParseKinds(const std::string& text) {
   if (text == "all")
     return std::vector<Kind>(std::begin(optim::kAllKinds), std::end(optim::kAllKinds));
@@ -279,7 +272,7 @@ Result<Report> RunAdamBench(const AdamBenchOptions& options) {
   ZOE_ASSIGN_OR_RETURN(std::vector<Kind> kinds, ParseKinds(options.optimizers));
   ZOE_ASSIGN_OR_RETURN(std::vector<optim::Arithmetic> arithmetics,
                        ParseArithmetics(options.arithmetic));
-  ZOE_ASSIGN_OR_RETURN(optim::StoreMode stores, ParseStores(options.stores));
+  ZOE_ASSIGN_OR_RETURN(optim::StoreMode stores, optim::ParseStoreMode(options.stores));
   if (options.steps < 1 || options.warmup < 0) {
     return Status::InvalidArgument("--steps must be >= 1 and --warmup >= 0");
   }
@@ -421,7 +414,8 @@ void Attach(CLI::App& bench) {
                   "exact, fast or a comma list (a row each; fast: Adam and AdamW only)");
   cmd->add_option(
       "--stores", options->stores,
-      "auto (streaming when the arrays exceed the last-level cache), cached, streaming");
+      "cached (ordinary stores, the library's default), auto (streaming when the arrays exceed "
+      "the last-level cache) or streaming");
   cmd->add_option("--output-format", options->output_format, "table or json")
       ->check(CLI::IsMember({"table", "json"}));
   cmd->callback([options] {

@@ -368,6 +368,7 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
       .Enum("log_level", &out->log_level, kLogLevels)
       .Object("trace", [&](ObjectReader& r) { return ReadTrace(r, &out->trace); });
   ReadEnum(reader, "arithmetic", &out->arithmetic, kArithmeticNames);
+  ReadEnum(reader, "stores", &out->stores, kStoreModeNames);
   ReadEnum(reader, "eviction", &out->eviction, kEvictionKindNames);
   ReadMomentDType(reader, "moment_dtype", &out->moment_dtype);
   ZOE_RETURN_IF_ERROR(reader.Finish());
@@ -518,6 +519,7 @@ Json ZoeToJson(const ZoeConfig& zoe) {
               {"chunk_size", zoe.chunk_size},
               {"checksum", zoe.checksum},
               {"arithmetic", ArithmeticName(zoe.arithmetic)},
+              {"stores", StoreModeName(zoe.stores)},
               {"slots", zoe.slots},
               {"trace",
                {{"lookahead_bytes", zoe.trace.lookahead_bytes},

@@ -32,7 +32,7 @@ enum class OffloadDevice { kNone, kCpu, kNvme };
 enum class ComputeDevice { kAuto, kCuda, kHost };
 
 // The names used in the document: "none"/"cpu"/"nvme", "auto"/"cuda"/"host". The optimizer type,
-// "arithmetic", "eviction" and "moment_dtype" take the names of core/vocabulary.h.
+// "arithmetic", "stores", "eviction" and "moment_dtype" take the names of core/vocabulary.h.
 std::string_view OffloadDeviceName(OffloadDevice device);
 std::string_view ComputeDeviceName(ComputeDevice device);
 
@@ -135,6 +135,7 @@ struct ZoeConfig {
   uint64_t chunk_size = uint64_t{64} << 20;  // bytes of one chunk, the unit tiers move
   bool checksum = true;                      // xxh3 per block on NVMe, verified on read
   Arithmetic arithmetic = Arithmetic::kExact;  // of the CPU optimizer kernels (optim/chunk.h)
+  StoreMode stores = StoreMode::kCached;       // how those kernels write (optim/chunk.h)
   // NVMe extents per optimizer chunk: 2 makes every step atomic; 1 updates the state in place,
   // halving the NVMe space, and a step that fails mid-way leaves the group refusing work until a
   // checkpoint is loaded (OptimizerGroupOptions::slots).

@@ -23,6 +23,7 @@ struct Topology::Impl {
   unsigned pus = 0;
   std::vector<NumaNode> nodes;
   std::vector<std::vector<int>> core_cpus;
+  uint64_t last_level_cache_bytes = 0;
 
   ~Impl() {
     if (topology != nullptr) hwloc_topology_destroy(topology);
@@ -39,6 +40,24 @@ std::vector<int> CpusOf(hwloc_const_cpuset_t set) {
   return cpus;
 }
 
+// The summed size of the instances of the deepest cache level the topology has, 0 for none.
+uint64_t LastLevelCacheBytes(hwloc_topology_t t) {
+  const hwloc_obj_type_t deepest_first[] = {HWLOC_OBJ_L5CACHE, HWLOC_OBJ_L4CACHE, HWLOC_OBJ_L3CACHE,
+                                            HWLOC_OBJ_L2CACHE, HWLOC_OBJ_L1CACHE};
+  for (hwloc_obj_type_t type : deepest_first) {
+    uint64_t bytes = 0;
+    const int count = hwloc_get_nbobjs_by_type(t, type);
+    for (int i = 0; i < count; ++i) {
+      const hwloc_obj_t cache = hwloc_get_obj_by_type(t, type, i);
+      if (cache->attr != nullptr && cache->attr->cache.type != HWLOC_OBJ_CACHE_INSTRUCTION) {
+        bytes += cache->attr->cache.size;
+      }
+    }
+    if (bytes > 0) return bytes;
+  }
+  return 0;
+}
+
 // Copies what zoe asks about out of hwloc once, so later queries are plain reads.
 void Summarise(Topology::Impl& impl) {
   hwloc_topology_t t = impl.topology;
@@ -53,6 +72,7 @@ void Summarise(Topology::Impl& impl) {
     }
   }
   impl.cores = static_cast<unsigned>(impl.core_cpus.size());
+  impl.last_level_cache_bytes = LastLevelCacheBytes(t);
   const int nodes = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE);
   for (int i = 0; i < nodes; ++i) {
     hwloc_obj_t node = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, i);
@@ -124,6 +144,7 @@ Result<Topology> Topology::LoadSynthetic(std::string_view description) {
 unsigned Topology::cores() const { return impl_->cores; }
 unsigned Topology::pus() const { return impl_->pus; }
 const std::vector<NumaNode>& Topology::numa_nodes() const { return impl_->nodes; }
+uint64_t Topology::last_level_cache_bytes() const { return impl_->last_level_cache_bytes; }
 
 Result<std::vector<int>> Topology::CoreCpus(unsigned core) const {
   if (core >= impl_->cores) {

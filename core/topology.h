@@ -35,6 +35,12 @@ class Topology {
   unsigned cores() const;
   unsigned pus() const;
   const std::vector<NumaNode>& numa_nodes() const;
+  // Bytes of the last-level cache the CPUs this process may use can hold: the sizes of the
+  // instances of the deepest cache level, added up (one per L3 slice, socket or complex). 0 when
+  // the topology names no cache. Virtual machines report their guest's instances here (sysfs),
+  // which is what a pass over memory can use; the CPUID total that sysconf may give is often the
+  // whole host's.
+  uint64_t last_level_cache_bytes() const;
   // OS indices of the PUs of core `core` (0 <= core < cores(), in hwloc's logical order).
   Result<std::vector<int>> CoreCpus(unsigned core) const;
 

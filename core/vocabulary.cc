@@ -12,6 +12,7 @@ namespace {
 static_assert(kOptimizerKindNames.size() == static_cast<size_t>(OptimizerKind::kLion) + 1);
 static_assert(kArithmeticNames.size() == static_cast<size_t>(Arithmetic::kFast) + 1);
 static_assert(kEvictionKindNames.size() == static_cast<size_t>(EvictionKind::kLru) + 1);
+static_assert(kStoreModeNames.size() == static_cast<size_t>(StoreMode::kStreaming) + 1);
 static_assert(kDTypes.size() == static_cast<size_t>(DType::kFloat8E5M2) + 1);
 constexpr bool DTypesInEnumOrder() {
   for (size_t i = 0; i < kDTypes.size(); ++i) {
@@ -66,6 +67,10 @@ Result<Arithmetic> ParseArithmetic(std::string_view name) {
 
 Result<EvictionKind> ParseEvictionKind(std::string_view name) {
   return ParseExact<EvictionKind>(kEvictionKindNames, "eviction", name);
+}
+
+Result<StoreMode> ParseStoreMode(std::string_view name) {
+  return ParseExact<StoreMode>(kStoreModeNames, "stores", name);
 }
 
 Result<DType> ParseDType(std::string_view name) {

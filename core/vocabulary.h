@@ -1,7 +1,7 @@
 // The vocabulary every layer shares -- element types, optimizer kinds, the optimizer kernels'
-// arithmetic and the tier manager's eviction -- each defined once, with the one table of the names
-// it carries in configuration documents, CLI flags, the C API, logs and error messages. The other
-// layers refer to these (optim/types.h and offload/types.h re-export them under their own
+// arithmetic and stores and the tier manager's eviction -- each defined once, with the one table of
+// the names it carries in configuration documents, CLI flags, the C API, logs and error messages.
+// The other layers refer to these (optim/types.h and offload/types.h re-export them under their own
 // namespaces); nothing else spells the names. DType is the one element-type enum: the optimizer
 // kernels take a subset of it and index their tables through optim::KernelSlot, the one mapping
 // from these values to theirs. C++17, for the CUDA sources that include it.
@@ -31,6 +31,14 @@ enum class Arithmetic : uint8_t {
   kFast,   // sqrt(v) * (1 / sqrt(1 - beta2^t)): one division fewer per element
 };
 
+// How the CPU optimizer kernels write the fp32 arrays of an update (optim/chunk.h). Results do not
+// depend on it.
+enum class StoreMode : uint8_t {
+  kCached,     // ordinary stores
+  kAuto,       // non-temporal stores for a pass that reads more than the last-level cache
+  kStreaming,  // non-temporal stores wherever the arrays allow
+};
+
 // Which resident chunk the tier manager evicts first: the one whose next use in the recorded
 // trace is furthest away (Belady/OPT), or the least recently used.
 enum class EvictionKind : uint8_t { kOpt, kLru };
@@ -56,6 +64,7 @@ inline constexpr std::array<std::string_view, 4> kOptimizerKindNames = {"adamw",
                                                                         "lion"};
 inline constexpr std::array<std::string_view, 2> kArithmeticNames = {"exact", "fast"};
 inline constexpr std::array<std::string_view, 2> kEvictionKindNames = {"opt", "lru"};
+inline constexpr std::array<std::string_view, 3> kStoreModeNames = {"cached", "auto", "streaming"};
 
 // One element type: its size, its name and the other spellings a parser accepts for it.
 struct DTypeInfo {
@@ -97,6 +106,9 @@ constexpr std::string_view ArithmeticName(Arithmetic arithmetic) {
 constexpr std::string_view EvictionKindName(EvictionKind kind) {
   return vocabulary_detail::NameIn(kEvictionKindNames, kind);
 }
+constexpr std::string_view StoreModeName(StoreMode mode) {
+  return vocabulary_detail::NameIn(kStoreModeNames, mode);
+}
 constexpr std::string_view DTypeName(DType dtype) {
   const auto index = static_cast<size_t>(dtype);
   return index < kDTypes.size() ? kDTypes[index].name : std::string_view("unknown");
@@ -115,12 +127,13 @@ inline constexpr std::array<DType, 3> kMomentDTypes = {DType::kFloat32, DType::k
 inline constexpr std::array<std::string_view, 3> kMomentDTypeNames = {
     DTypeName(kMomentDTypes[0]), DTypeName(kMomentDTypes[1]), DTypeName(kMomentDTypes[2])};
 
-// Inverses of the names above. Optimizer kinds, arithmetic and eviction match exactly; element
-// types match any of their three spellings in any letter case. An unknown name is an
+// Inverses of the names above. Optimizer kinds, arithmetic, eviction and stores match exactly;
+// element types match any of their three spellings in any letter case. An unknown name is an
 // InvalidArgument "unknown <what> '<name>'; allowed: <the table's names>".
 Result<OptimizerKind> ParseOptimizerKind(std::string_view name);
 Result<Arithmetic> ParseArithmetic(std::string_view name);
 Result<EvictionKind> ParseEvictionKind(std::string_view name);
+Result<StoreMode> ParseStoreMode(std::string_view name);
 Result<DType> ParseDType(std::string_view name);
 
 // "a, b, c": a table's names as error messages list them.

@@ -270,6 +270,7 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   spec.options.state_dtype = config.zoe.moment_dtype;
   spec.options.max_grad_norm = config.gradient_clipping;
   spec.options.run.arithmetic = config.zoe.arithmetic;
+  spec.options.run.stores = config.zoe.stores;
   spec.options.slots = static_cast<uint32_t>(config.zoe.slots);
   spec.hyper.lr = config.optimizer.lr;
   spec.hyper.beta1 = config.optimizer.beta1;

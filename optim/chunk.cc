@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/topology.h"
 #include "optim/dispatch.h"
 #include "optim/kernels.h"
 #include "optim/quantize.h"
@@ -155,6 +156,10 @@ CopySlot CopySlotOf(const std::optional<DType>& copy) {
 
 size_t LastLevelCacheBytes() {
   static const size_t bytes = [] {
+    const Result<Topology> topology = SystemTopology();
+    if (topology.ok() && topology->last_level_cache_bytes() > 0) {
+      return static_cast<size_t>(topology->last_level_cache_bytes());
+    }
     for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
       const long size = sysconf(name);
       if (size > 0) return static_cast<size_t>(size);

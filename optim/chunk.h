@@ -102,14 +102,13 @@ struct GradScaling {
 // of each fp32 array; updates and scans measured faster than with 32 Ki (docs/benchmarks-optim.md).
 inline constexpr size_t kDefaultTileElements = size_t{1} << 18;
 
-// How an update writes its fp32 arrays. Streaming (non-temporal) stores skip the cache: faster
-// for arrays larger than the last-level cache, slower for data already in it (an offloaded
-// chunk's stripe, just read). Results do not depend on the choice.
-enum class StoreMode {
-  kAuto,       // streaming when the bytes the call reads exceed LastLevelCacheBytes()
-  kCached,     // ordinary stores
-  kStreaming,  // non-temporal stores where the arrays allow (see UpdateVariant in kernels.h)
-};
+// How an update writes its fp32 arrays (zoe::StoreMode, core/vocabulary.h). Streaming
+// (non-temporal) stores skip the cache, which saves reading each written line first, and are
+// slower for data already in the cache (an offloaded chunk's stripe, just read); kAuto streams only
+// a pass that reads more than LastLevelCacheBytes(). Whether streaming beats ordinary stores on
+// arrays larger than the cache depends on the machine: on the virtual machines measured here
+// ordinary stores were faster (docs/benchmarks-optim.md), so they are the default; `zoe bench
+// adam` reports both. Results do not depend on the choice (see UpdateVariant in kernels.h).
 
 // Arithmetic::kFast bound. In fast mode exp_avg and exp_avg_sq are bit-identical to exact mode;
 // the denominator is within 2 ulp of exact mode's, so the update term lr * m_hat / denom is
@@ -130,10 +129,11 @@ struct RunOptions {
   // Exact by default: the bits torch.optim computes, which tests, state_dict round trips with
   // torch and users comparing runs rely on. Fast is an option (zoe.arithmetic = "fast").
   Arithmetic arithmetic = Arithmetic::kExact;
-  StoreMode stores = StoreMode::kAuto;
+  StoreMode stores = StoreMode::kCached;  // zoe.stores
 };
 
-// Size of the last-level cache (sysconf), or 32 MiB where the system does not say.
+// Size of the last-level cache this process's CPUs can use: hwloc's (Topology::
+// last_level_cache_bytes), else sysconf's, else 32 MiB where the system does not say.
 size_t LastLevelCacheBytes();
 
 // Bytes an update of `count` elements reads: master, gradient and the moments of `kind`.

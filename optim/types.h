@@ -22,6 +22,7 @@ using DType = zoe::DType;
 // Which update rule a step applies, and how Adam computes its denominator (core/vocabulary.h).
 using Kind = zoe::OptimizerKind;
 using zoe::Arithmetic;
+using zoe::StoreMode;
 
 // Instruction-set path of the CPU kernels, best first. Every path computes bit-identical fp32
 // results (see kernel_math.h for why).
@@ -77,6 +78,8 @@ using zoe::ArithmeticName;
 inline Result<Kind> ParseKind(std::string_view name) { return zoe::ParseOptimizerKind(name); }
 Result<Isa> ParseIsa(std::string_view name);
 using zoe::ParseArithmetic;
+using zoe::ParseStoreMode;
+using zoe::StoreModeName;
 
 // Number of optimizer-state tensors a kind keeps per parameter: 2 for Adam/AdamW (exp_avg,
 // exp_avg_sq), 1 for Adagrad (sum of squares, kept in the exp_avg_sq slot) and Lion (exp_avg).

@@ -1,5 +1,6 @@
-// Description: zoe.arithmetic -- the optimizer kernels' exact (default) or fast arithmetic -- is
-// parsed, printed and refused with the allowed values.
+// Description: zoe.arithmetic -- the optimizer kernels' exact (default) or fast arithmetic -- and
+// zoe.stores -- their ordinary (default) or non-temporal stores -- are parsed, printed and refused
+// with the allowed values.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -32,6 +33,31 @@ TEST(EngineConfigArithmetic, UnknownValuesNameTheAllowedOnes) {
   EXPECT_NE(message.find("zoe.arithmetic = 'approximate' is not allowed"), std::string::npos)
       << message;
   EXPECT_NE(message.find("allowed: exact, fast"), std::string::npos) << message;
+}
+
+TEST(EngineConfigStores, CachedByDefaultOthersWhenAskedAndPrinted) {
+  Result<EngineConfig> plain = ParseEngineConfig("{}");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->zoe.stores, StoreMode::kCached);
+  EXPECT_EQ(ToJson(*plain)["zoe"]["stores"], "cached");
+  for (StoreMode mode : {StoreMode::kAuto, StoreMode::kStreaming}) {
+    const std::string name(StoreModeName(mode));
+    Result<EngineConfig> asked = ParseEngineConfig(R"({"zoe": {"stores": ")" + name + R"("}})");
+    ASSERT_TRUE(asked.ok()) << asked.status().ToString();
+    EXPECT_EQ(asked->zoe.stores, mode);
+    Result<EngineConfig> again = ParseEngineConfig(ToJson(*asked).dump());
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->zoe, asked->zoe);
+  }
+}
+
+TEST(EngineConfigStores, UnknownValuesNameTheAllowedOnes) {
+  Result<EngineConfig> bad = ParseEngineConfig(R"({"zoe": {"stores": "nontemporal"}})");
+  ASSERT_FALSE(bad.ok());
+  const std::string message(bad.status().message());
+  EXPECT_NE(message.find("zoe.stores = 'nontemporal' is not allowed"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("allowed: cached, auto, streaming"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -96,6 +96,21 @@ TEST(Topology, SyntheticTopologyDescribesNodesAndCores) {
   EXPECT_EQ(*topology->CoreCpus(4), (std::vector<int>{8, 9}));
 }
 
+// The last-level cache is the deepest cache level's instances added up: two L3 slices of 16 MiB
+// under L2s of 1 MiB give 32 MiB; a topology without caches gives 0.
+TEST(Topology, LastLevelCacheAddsUpTheDeepestLevelsInstances) {
+  auto sliced =
+      Topology::LoadSynthetic("pack:1 l3:2(size=16777216) l2:2(size=1048576) core:1 pu:1");
+  ASSERT_TRUE(sliced.ok()) << sliced.status().ToString();
+  EXPECT_EQ(sliced->last_level_cache_bytes(), uint64_t{32} << 20);
+  auto l2_only = Topology::LoadSynthetic("pack:2 l2:3(size=2097152) core:1 pu:1");
+  ASSERT_TRUE(l2_only.ok()) << l2_only.status().ToString();
+  EXPECT_EQ(l2_only->last_level_cache_bytes(), uint64_t{12} << 20);
+  auto none = Topology::LoadSynthetic("node:2 core:3 pu:2");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->last_level_cache_bytes(), 0u);
+}
+
 TEST(Topology, BadSyntheticDescriptionIsAnError) {
   auto topology = Topology::LoadSynthetic("node:two");
   ASSERT_FALSE(topology.ok());

@@ -35,6 +35,15 @@ TEST(Vocabulary, ArithmeticAndEvictionNamesRoundTrip) {
   EXPECT_EQ(ArithmeticName(Arithmetic::kFast), "fast");
   EXPECT_EQ(EvictionKindName(EvictionKind::kOpt), "opt");
   EXPECT_EQ(EvictionKindName(EvictionKind::kLru), "lru");
+  for (StoreMode mode : {StoreMode::kCached, StoreMode::kAuto, StoreMode::kStreaming})
+    EXPECT_EQ(*ParseStoreMode(StoreModeName(mode)), mode);
+  EXPECT_EQ(StoreModeName(StoreMode::kCached), "cached");
+  EXPECT_EQ(StoreModeName(StoreMode::kAuto), "auto");
+  EXPECT_EQ(StoreModeName(StoreMode::kStreaming), "streaming");
+  Result<StoreMode> bad = ParseStoreMode("nontemporal");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("allowed: cached, auto, streaming"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(Vocabulary, DTypeNamesRoundTripInEverySpelling) {

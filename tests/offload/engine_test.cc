@@ -237,6 +237,16 @@ TEST(EngineSetup, MomentDTypeAndArithmeticNamesReachTheKernels) {
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     EXPECT_EQ(spec->options.run.arithmetic, arithmetics[i]) << name;
   }
+  const optim::StoreMode stores[] = {optim::StoreMode::kCached, optim::StoreMode::kAuto,
+                                     optim::StoreMode::kStreaming};
+  static_assert(std::size(stores) == kStoreModeNames.size());
+  for (size_t i = 0; i < kStoreModeNames.size(); ++i) {
+    const std::string name(kStoreModeNames[i]);
+    const config::EngineConfig config = ParseConfig({{"zoe", {{"stores", name}}}});
+    Result<GroupSpec> spec = ParseGroupSpec(R"({"name": "g"})", config, 1000);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    EXPECT_EQ(spec->options.run.stores, stores[i]) << name;
+  }
 }
 
 // A configuration built in code may hold any DType; only the moment dtypes reach the kernels.

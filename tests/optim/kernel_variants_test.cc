@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/executor.h"
+#include "core/topology.h"
 #include "optim/chunk.h"
 #include "optim_test_util.h"
 
@@ -273,7 +274,14 @@ TEST(ArithmeticNames, RoundTripAndUnknownNamesListTheAllowedOnes) {
   EXPECT_NE(bad.status().message().find("approximate"), std::string::npos);
 }
 
-TEST(LastLevelCache, SizeIsKnownOrTheStatedDefault) { EXPECT_GE(LastLevelCacheBytes(), 1u << 16); }
+// hwloc's figure where it names a cache (on virtual machines sysconf may give the host's).
+TEST(LastLevelCache, SizeIsTheTopologysOrTheStatedDefault) {
+  EXPECT_GE(LastLevelCacheBytes(), 1u << 16);
+  const Result<Topology> topology = SystemTopology();
+  if (topology.ok() && topology->last_level_cache_bytes() > 0) {
+    EXPECT_EQ(LastLevelCacheBytes(), topology->last_level_cache_bytes());
+  }
+}
 
 // kAuto streams a pass whose reads exceed the last-level cache and caches one that fits; an
 // explicit mode is kept whatever the bytes.
