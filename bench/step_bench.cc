@@ -186,8 +186,10 @@ struct GroupUnderTest {
 Status CreateGroupUnderTest(Rig& rig, DType moments, GroupUnderTest* g) {
   const StepBenchSpec& spec = rig.spec;
   StepBenchResult& out = *g->out;
+  // Laid out as the group lays out its chunks (HOST ones staggered), to size its pinned pool.
   const offload::StateLayout layout(optim::Kind::kAdamW, moments, spec.params, out.chunk_elements,
-                                    kPage);
+                                    kPage, {}, /*external_master=*/false,
+                                    /*first_host_chunk=*/out.nvme_chunks);
   if (out.nvme_chunks > 0) {
     io::SwapOptions swap_options;
     swap_options.name_prefix = "zoe-bench-step";

@@ -449,8 +449,9 @@ bool KernelVerifiesReads(const StepInputs& in) {
 
 // The step updates the HOST chunks in one pass, stripe by stripe: whether what it writes can stay
 // cached until the next step reads it depends on the bytes of the whole pass, not of one
-// stripe, so StoreMode::kAuto is decided for all of them (gradients counted as fp32). NVMe chunks
-// keep the per-call decision: each stripe is hashed right after its update, from the cache.
+// stripe, so zoe.stores = "auto" (StoreMode::kAuto) is decided for all of them (gradients counted
+// as fp32). NVMe chunks keep the per-call decision: each stripe is hashed right after its update,
+// from the cache. The default, kCached, stays as it is.
 optim::RunOptions HostRunOptions(const OptimizerGroupOptions& options, size_t host_elements) {
   optim::RunOptions run = options.run;
   const optim::ChunkLayout layout{.grad = DType::kFloat32, .state = options.state_dtype};
@@ -488,9 +489,9 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
       slot_count(options.slots),
       segment_ends(SegmentEnds(options)),
       resources(borrowed),
+      nvme_count(NvmeChunkCount(options, CeilDiv(options.count, options.chunk_elements))),
       layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block,
-             segment_ends, options.master_in_params),
-      nvme_count(NvmeChunkCount(options, layout.chunk_count())),
+             segment_ends, options.master_in_params, /*first_host_chunk=*/nvme_count),
       host_run(HostRunOptions(
           options, options.count - std::min(options.count, nvme_count * layout.chunk_elements()))),
       scanner(options.count, options.run.tile_elements),

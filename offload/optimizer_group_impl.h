@@ -297,10 +297,10 @@ struct OptimizerGroup::Impl {
   Status broken;                     // single slot: the failure that left the state possibly torn
   std::vector<size_t> segment_ends;  // exclusive end of each segment, ascending; last = count
   OptimizerResources resources;
-  StateLayout layout;
+  size_t nvme_count;   // chunks [0, nvme_count) are on NVMe, the rest in HOST
+  StateLayout layout;  // its HOST chunks staggered
   // master_in_params: the caller's fp32 parameters, which are the master (borrowed); else empty.
   detail::PlacedViews masters;
-  size_t nvme_count;
   std::vector<NvmeChunk> nvme;     // chunks [0, nvme_count)
   std::vector<PinnedBuffer> host;  // chunks [nvme_count, chunk_count)
   // The options the step updates the HOST chunks with: the group's, with StoreMode::kAuto decided

@@ -15,13 +15,15 @@ size_t ChunkRegions::BlockAt(size_t element) const {
 
 StateLayout::StateLayout(optim::Kind kind, optim::DType state_dtype, size_t count,
                          size_t chunk_elements, uint64_t io_block,
-                         std::span<const size_t> segment_ends, bool external_master)
+                         std::span<const size_t> segment_ends, bool external_master,
+                         size_t first_host_chunk)
     : kind_(kind),
       state_dtype_(state_dtype),
       count_(count),
       chunk_elements_(chunk_elements),
       io_block_(io_block),
       external_master_(external_master),
+      first_host_chunk_(first_host_chunk),
       chunk_count_(CeilDiv(count, chunk_elements)),
       split_begin_(chunk_count_ + 1, 0) {
   if (state_dtype != optim::DType::kInt8) return;
@@ -55,11 +57,13 @@ ChunkRegions StateLayout::chunk(size_t index) const {
     regions.block_count = CeilDiv(regions.count, optim::kQuantBlock) + regions.block_splits.size();
   }
   regions.master_external = external_master_;
+  const bool staggered = index >= first_host_chunk_;
   uint64_t end = 0;
   for (size_t r = 0; r < kStateRegions; ++r) {
-    regions.offset[r] = end;
+    const uint64_t stagger = staggered ? r * kHostRegionStagger % kStateRegionAlignment : 0;
+    regions.offset[r] = AlignUp(end, kStateRegionAlignment) + stagger;
     if (r == 0 && external_master_) continue;  // no bytes in the extent
-    end += AlignUp(regions.payload(r), kStateRegionAlignment);
+    end = regions.offset[r] + regions.payload(r);
   }
   regions.bytes = AlignUp(end, io_block_);
   return regions;

@@ -14,6 +14,15 @@
 // included) and never straddles a stripe (stripes start at multiples of 4096 elements). A block
 // cut by a segment start is split in two, each with its own scale.
 //
+// Staggered host chunks. The regions of a chunk held in host memory (index >= the layout's
+// `first_host_chunk`) start kHostRegionStagger * r bytes (modulo 4096) past a 4096-byte boundary
+// instead of on it. Host chunks are 2 MiB-aligned and backed by huge pages where the kernel has
+// them (core/io_memory.h), and regions of power-of-two sizes would then put master, exp_avg and
+// exp_avg_sq, which an update streams side by side, into the same cache sets: the update of a
+// DRAM group ran up to a third slower that way (docs/benchmarks-optim.md). Chunks on NVMe keep
+// every region on a 4096-byte boundary: their stripes are verified and hashed in whole 4096-byte
+// blocks of each region. Checkpoints hold payloads, not extents, so no file depends on it.
+//
 // External master. When the master weights are the caller's fp32 parameters (a group created with
 // master_in_params), the master region takes no bytes of the extent (its offset is 0 and nothing
 // is stored there) but keeps its payload: a checkpoint holds the master either way, so the file is
@@ -37,6 +46,10 @@ inline constexpr size_t CeilDiv(size_t value, size_t divisor) {
 }
 
 inline constexpr uint64_t kStateRegionAlignment = 4096;
+// 21 cache lines: regions 0, 1, 2 of a host chunk start 0, 1344 and 2688 bytes past a boundary.
+inline constexpr uint64_t kHostRegionStagger = 1344;
+// No chunk is held in host memory (a layout used only to size NVMe extents).
+inline constexpr size_t kNoHostChunks = SIZE_MAX;
 // master, exp_avg, exp_avg_sq (StateSlot order): one entry per element.
 inline constexpr size_t kElementRegions = 3;
 // ... then exp_avg's and exp_avg_sq's block scales (int8 state): one fp32 per block.
@@ -72,10 +85,11 @@ class StateLayout {
   // Preconditions (checked by the group): count > 0, chunk_elements > 0, io_block a power of two
   // and a multiple of 4096, state dtype kFloat32, kBFloat16 or kInt8. `segment_ends`: the exclusive
   // end of each segment, ascending, the last one `count` (only kInt8 uses them). `external_master`:
-  // the extents hold no master (see "External master").
+  // the extents hold no master (see "External master"). `first_host_chunk`: chunks from this
+  // index on are held in host memory and staggered (see "Staggered host chunks").
   StateLayout(optim::Kind kind, optim::DType state_dtype, size_t count, size_t chunk_elements,
               uint64_t io_block, std::span<const size_t> segment_ends = {},
-              bool external_master = false);
+              bool external_master = false, size_t first_host_chunk = kNoHostChunks);
 
   size_t chunk_count() const { return chunk_count_; }
   size_t chunk_elements() const { return chunk_elements_; }
@@ -83,7 +97,8 @@ class StateLayout {
   ChunkRegions chunk(size_t index) const;
   // The chunk holding `element` (< count).
   size_t ChunkOf(size_t element) const { return element / chunk_elements_; }
-  // The longest extent (the first chunk's): the size of a pipeline buffer.
+  // The first chunk's extent, at least every NVMe chunk's (chunks on NVMe come first and only
+  // the last chunk is shorter): the size of a pipeline buffer.
   uint64_t max_chunk_bytes() const { return chunk(0).bytes; }
   // Bytes of every chunk's payload (no padding): the size of a checkpoint file.
   uint64_t payload_bytes() const;
@@ -95,6 +110,7 @@ class StateLayout {
   size_t chunk_elements_;
   uint64_t io_block_;
   bool external_master_;
+  size_t first_host_chunk_;
   size_t chunk_count_;
   // kInt8: every segment start that splits a block, relative to its chunk, grouped by chunk:
   // chunk c's are block_splits_[split_begin_[c], split_begin_[c + 1]).
