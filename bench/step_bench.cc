@@ -38,7 +38,7 @@ using Clock = std::chrono::steady_clock;
 using optim::DType;
 
 constexpr uint64_t kDefaultPinnedBudget = uint64_t{384} << 20;  // DeepSpeed reference run
-constexpr uint64_t kElementGranule = 4096;  // chunk sizes keep every region 4096-byte aligned
+constexpr uint64_t kElementGranule = 4096;  // NVMe chunks keep every region 4096-byte aligned
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kBaselineBlock = uint64_t{1} << 20;  // DeepSpeed aio's default block size
 

@@ -9,12 +9,13 @@
 // Stripes. A stripe is a range of elements [begin, end) of the chunk; its blocks are, in each
 // region the optimizer uses, the bytes of those elements. Stripes start at multiples of
 // kStripeGranule elements, so in every region (whose element size is 1, 2 or 4 bytes and which
-// starts on a 4096-byte boundary) a stripe starts on a block boundary when blocks are 4096
-// bytes; the last stripe also owns each region's alignment padding. Every block of the element
-// regions thus belongs to exactly one stripe. The scale regions of int8 state (a 4-byte scale
-// per 256-element block: too few bytes per stripe to own whole blocks) are verified before the
-// first stripe and hashed after the last. A stripe's quantization blocks lie inside it (blocks
-// start at every multiple of 256 elements), so no two threads update one block.
+// starts on a 4096-byte boundary in an NVMe chunk, the only ones with checksums) a stripe starts on
+// a block boundary when blocks are 4096 bytes; the last stripe also owns each region's alignment
+// padding. Every block of the element regions thus belongs to exactly one stripe. The scale regions
+// of int8 state (a 4-byte scale per 256-element block: too few bytes per stripe to own whole
+// blocks) are verified before the first stripe and hashed after the last. A stripe's quantization
+// blocks lie inside it (blocks start at every multiple of 256 elements), so no two threads update
+// one block.
 #pragma once
 
 #include <cstddef>

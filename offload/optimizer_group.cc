@@ -1086,6 +1086,7 @@ Status OptimizerGroup::SetSegmentSteps(std::span<const int64_t> steps) {
 size_t OptimizerGroup::reads_started() const { return impl_->prefetched.size(); }
 size_t OptimizerGroup::chunk_count() const { return impl_->layout.chunk_count(); }
 size_t OptimizerGroup::nvme_chunk_count() const { return impl_->nvme_count; }
+const StateLayout& OptimizerGroup::layout() const { return impl_->layout; }
 uint64_t OptimizerGroup::pinned_bytes() const {
   uint64_t total = 0;
   for (const PinnedBuffer& buffer : impl_->buffers) total += buffer.size();

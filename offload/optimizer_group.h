@@ -3,8 +3,9 @@
 //
 // Layout. The group's `count` parameters are cut into chunks of `chunk_elements` (the last one
 // shorter). A chunk's whole state -- master (fp32), exp_avg and exp_avg_sq (state_dtype), each
-// region starting on a 4096-byte boundary, and for int8 moments the scales of their quantization
-// blocks (optimizer_group_layout.h) -- is one aligned extent, so one read and one write move it. A
+// region starting on a 4096-byte boundary (in HOST chunks a few cache lines past one), and for
+// int8 moments the scales of their quantization blocks (optimizer_group_layout.h) -- is one
+// aligned extent, so one read and one write move it. A
 // chunk lives on NVMe or in pinned HOST memory: placement kHost keeps every chunk in HOST; kNvme
 // puts the first round(nvme_ratio * chunks) chunks on NVMe and the rest in HOST (DeepSpeed's
 // offload_optimizer.ratio).
@@ -105,6 +106,7 @@
 #include "core/result.h"
 #include "io/queue.h"
 #include "io/swap_space.h"
+#include "offload/optimizer_group_layout.h"
 #include "offload/types.h"
 #include "optim/chunk.h"
 #include "optim/types.h"
@@ -263,6 +265,8 @@ class OptimizerGroup {
   size_t count() const { return options_.count; }
   size_t chunk_count() const;
   size_t nvme_chunk_count() const;
+  // Where each chunk's regions lie (chunks [nvme_chunk_count(), chunk_count()) are the HOST ones).
+  const StateLayout& layout() const;
   uint64_t pinned_bytes() const;  // pipeline buffers plus HOST chunks
   uint64_t nvme_bytes() const;    // every slot of every NVMe chunk
   // The failure that broke a single-slot group (see "Single slot"); OK while it is usable.

@@ -26,18 +26,24 @@ StateLayout::StateLayout(optim::Kind kind, optim::DType state_dtype, size_t coun
       first_host_chunk_(first_host_chunk),
       chunk_count_(CeilDiv(count, chunk_elements)),
       split_begin_(chunk_count_ + 1, 0) {
-  if (state_dtype != optim::DType::kInt8) return;
+  if (state_dtype == optim::DType::kInt8) FindBlockSplits(segment_ends);
+  for (size_t c = 0; c < chunk_count_; ++c) {
+    max_chunk_bytes_ = std::max(max_chunk_bytes_, chunk(c).bytes);
+  }
+}
+
+void StateLayout::FindBlockSplits(std::span<const size_t> segment_ends) {
   // Segment starts are the ends of every segment but the last (repeated by empty segments).
   std::vector<size_t> chunk_of_split;
   size_t previous = 0;
   for (size_t s = 0; s + 1 < segment_ends.size(); ++s) {
     const size_t start = segment_ends[s];
-    if (start == previous || start >= count) continue;
+    if (start == previous || start >= count_) continue;
     previous = start;
-    const size_t relative = start % chunk_elements;
+    const size_t relative = start % chunk_elements_;
     if (relative % optim::kQuantBlock == 0) continue;
     block_splits_.push_back(relative);
-    chunk_of_split.push_back(start / chunk_elements);
+    chunk_of_split.push_back(start / chunk_elements_);
   }
   for (size_t chunk : chunk_of_split) ++split_begin_[chunk + 1];
   for (size_t c = 0; c < chunk_count_; ++c) split_begin_[c + 1] += split_begin_[c];

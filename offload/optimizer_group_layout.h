@@ -3,7 +3,8 @@
 // The group's `count` parameters are cut into chunks of `chunk_elements` (the last one shorter).
 // A chunk's extent holds up to five regions, in this order: master (fp32), exp_avg and
 // exp_avg_sq (the state dtype), and for int8 state the fp32 scales of exp_avg's and exp_avg_sq's
-// quantization blocks, each starting on a 4096-byte boundary; a region the optimizer kind does
+// quantization blocks, each starting on a 4096-byte boundary (in chunks held in host memory a few
+// cache lines past one: "Staggered host chunks"); a region the optimizer kind does
 // not use (Adagrad's exp_avg, Lion's exp_avg_sq, the scales of other state types) takes no
 // bytes. The extent's length is rounded up to `io_block` (4096, or the swap space's checksum
 // block), so one aligned read and one aligned write move a chunk's whole state.
@@ -97,13 +98,16 @@ class StateLayout {
   ChunkRegions chunk(size_t index) const;
   // The chunk holding `element` (< count).
   size_t ChunkOf(size_t element) const { return element / chunk_elements_; }
-  // The first chunk's extent, at least every NVMe chunk's (chunks on NVMe come first and only
-  // the last chunk is shorter): the size of a pipeline buffer.
-  uint64_t max_chunk_bytes() const { return chunk(0).bytes; }
+  // The longest extent of any chunk: the size of a pipeline buffer. Not always the first chunk's:
+  // with int8 state a chunk whose segment starts split more blocks has more scales.
+  uint64_t max_chunk_bytes() const { return max_chunk_bytes_; }
   // Bytes of every chunk's payload (no padding): the size of a checkpoint file.
   uint64_t payload_bytes() const;
 
  private:
+  // kInt8: fills block_splits_ and split_begin_ from the segment ends.
+  void FindBlockSplits(std::span<const size_t> segment_ends);
+
   optim::Kind kind_;
   optim::DType state_dtype_;
   size_t count_;
@@ -112,6 +116,7 @@ class StateLayout {
   bool external_master_;
   size_t first_host_chunk_;
   size_t chunk_count_;
+  uint64_t max_chunk_bytes_ = 0;
   // kInt8: every segment start that splits a block, relative to its chunk, grouped by chunk:
   // chunk c's are block_splits_[split_begin_[c], split_begin_[c + 1]).
   std::vector<size_t> block_splits_;
