@@ -10,29 +10,40 @@
 namespace zoe::config {
 namespace {
 
+// {"zoe": {key: value}} parsed, checked to parse back from its printed form to the same one.
+EngineConfig ParsedAndReprinted(const std::string& key, const std::string& value) {
+  Result<EngineConfig> asked =
+      ParseEngineConfig(R"({"zoe": {")" + key + R"(": ")" + value + R"("}})");
+  EXPECT_TRUE(asked.ok()) << asked.status().ToString();
+  if (!asked.ok()) return {};
+  EXPECT_EQ(ToJson(*asked)["zoe"][key], value);
+  Result<EngineConfig> again = ParseEngineConfig(ToJson(*asked).dump());
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  if (again.ok()) EXPECT_EQ(again->zoe, asked->zoe);
+  return *asked;
+}
+
+// {"zoe": {key: value}} refused with a message naming the key, the value and `allowed`.
+void ExpectRefused(const std::string& key, const std::string& value, const std::string& allowed) {
+  Result<EngineConfig> bad =
+      ParseEngineConfig(R"({"zoe": {")" + key + R"(": ")" + value + R"("}})");
+  ASSERT_FALSE(bad.ok());
+  const std::string message(bad.status().message());
+  EXPECT_NE(message.find("zoe." + key + " = '" + value + "' is not allowed"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("allowed: " + allowed), std::string::npos) << message;
+}
+
 TEST(EngineConfigArithmetic, ExactByDefaultFastWhenAskedAndPrinted) {
   Result<EngineConfig> plain = ParseEngineConfig("{}");
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
   EXPECT_EQ(plain->zoe.arithmetic, Arithmetic::kExact);
   EXPECT_EQ(ToJson(*plain)["zoe"]["arithmetic"], "exact");
-
-  Result<EngineConfig> fast = ParseEngineConfig(R"({"zoe": {"arithmetic": "fast"}})");
-  ASSERT_TRUE(fast.ok()) << fast.status().ToString();
-  EXPECT_EQ(fast->zoe.arithmetic, Arithmetic::kFast);
-  EXPECT_EQ(ToJson(*fast)["zoe"]["arithmetic"], "fast");
-  // The printed configuration parses back to the same one.
-  Result<EngineConfig> again = ParseEngineConfig(ToJson(*fast).dump());
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ(again->zoe, fast->zoe);
+  EXPECT_EQ(ParsedAndReprinted("arithmetic", "fast").zoe.arithmetic, Arithmetic::kFast);
 }
 
 TEST(EngineConfigArithmetic, UnknownValuesNameTheAllowedOnes) {
-  Result<EngineConfig> bad = ParseEngineConfig(R"({"zoe": {"arithmetic": "approximate"}})");
-  ASSERT_FALSE(bad.ok());
-  const std::string message(bad.status().message());
-  EXPECT_NE(message.find("zoe.arithmetic = 'approximate' is not allowed"), std::string::npos)
-      << message;
-  EXPECT_NE(message.find("allowed: exact, fast"), std::string::npos) << message;
+  ExpectRefused("arithmetic", "approximate", "exact, fast");
 }
 
 TEST(EngineConfigStores, CachedByDefaultOthersWhenAskedAndPrinted) {
@@ -41,23 +52,12 @@ TEST(EngineConfigStores, CachedByDefaultOthersWhenAskedAndPrinted) {
   EXPECT_EQ(plain->zoe.stores, StoreMode::kCached);
   EXPECT_EQ(ToJson(*plain)["zoe"]["stores"], "cached");
   for (StoreMode mode : {StoreMode::kAuto, StoreMode::kStreaming}) {
-    const std::string name(StoreModeName(mode));
-    Result<EngineConfig> asked = ParseEngineConfig(R"({"zoe": {"stores": ")" + name + R"("}})");
-    ASSERT_TRUE(asked.ok()) << asked.status().ToString();
-    EXPECT_EQ(asked->zoe.stores, mode);
-    Result<EngineConfig> again = ParseEngineConfig(ToJson(*asked).dump());
-    ASSERT_TRUE(again.ok()) << again.status().ToString();
-    EXPECT_EQ(again->zoe, asked->zoe);
+    EXPECT_EQ(ParsedAndReprinted("stores", std::string(StoreModeName(mode))).zoe.stores, mode);
   }
 }
 
 TEST(EngineConfigStores, UnknownValuesNameTheAllowedOnes) {
-  Result<EngineConfig> bad = ParseEngineConfig(R"({"zoe": {"stores": "nontemporal"}})");
-  ASSERT_FALSE(bad.ok());
-  const std::string message(bad.status().message());
-  EXPECT_NE(message.find("zoe.stores = 'nontemporal' is not allowed"), std::string::npos)
-      << message;
-  EXPECT_NE(message.find("allowed: cached, auto, streaming"), std::string::npos) << message;
+  ExpectRefused("stores", "nontemporal", "cached, auto, streaming");
 }
 
 }  // namespace
