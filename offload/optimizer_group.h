@@ -5,9 +5,9 @@
 // shorter). A chunk's whole state -- master (fp32), exp_avg and exp_avg_sq (state_dtype), each
 // region starting on a 4096-byte boundary (in HOST chunks a few cache lines past one), and for
 // int8 moments the scales of their quantization blocks (optimizer_group_layout.h) -- is one
-// aligned extent, so one read and one write move it. A
-// chunk lives on NVMe or in pinned HOST memory: placement kHost keeps every chunk in HOST; kNvme
-// puts the first round(nvme_ratio * chunks) chunks on NVMe and the rest in HOST (DeepSpeed's
+// aligned extent, so one read and one write move it. A chunk lives on NVMe or in pinned HOST
+// memory: placement kHost keeps every chunk in HOST; kNvme puts the first
+// round(nvme_ratio * chunks) chunks on NVMe and the rest in HOST (DeepSpeed's
 // offload_optimizer.ratio).
 //
 // Atomic steps. Every NVMe chunk owns two extents ("slots"); a step reads the live slot and writes
