@@ -173,12 +173,12 @@ struct Avx512Ops {
 
   using Lanes = __m512d;  // lanes 0..7
   static Lanes ZeroLanes() { return _mm512_setzero_pd(); }
+  // A fused multiply-add gives the bits of a multiply and an add: the square is exact in double.
   static Lanes AddSquares(Lanes acc, F x) {
     const __m512d low = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
     const __m512d high =
         _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-    acc = _mm512_add_pd(acc, _mm512_mul_pd(low, low));
-    return _mm512_add_pd(acc, _mm512_mul_pd(high, high));
+    return _mm512_fmadd_pd(high, high, _mm512_fmadd_pd(low, low, acc));
   }
   static void StoreLanes(Lanes acc, double* out) { _mm512_storeu_pd(out, acc); }
 };

@@ -120,8 +120,8 @@ struct Avx2Ops {
   static Lanes AddSquares(Lanes acc, F x) {
     const __m256d low = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
     const __m256d high = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-    return {_mm256_add_pd(acc.low, _mm256_mul_pd(low, low)),
-            _mm256_add_pd(acc.high, _mm256_mul_pd(high, high))};
+    // A fused multiply-add gives the bits of a multiply and an add: the square is exact in double.
+    return {_mm256_fmadd_pd(low, low, acc.low), _mm256_fmadd_pd(high, high, acc.high)};
   }
   static void StoreLanes(Lanes acc, double* out) {
     _mm256_storeu_pd(out, acc.low);
