@@ -124,16 +124,18 @@ Status IoQueue::SubmitBatch(std::span<const IoRequest> requests, std::vector<Tic
   }
   std::unique_lock lock(mutex_);
   if (stopping_) return Status::FailedPrecondition("I/O queue is shutting down");
+  for (const IoRequest& request : requests) ZOE_RETURN_IF_ERROR(CheckFollowed(request));
   const bool was_idle = in_flight_ == 0;
+  // Requests the engine refused outright, and those following a request that already failed.
+  std::vector<TicketState*> finished;
   size_t begin = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const Ticket ticket = next_ticket_++;
-    Enqueue(requests[i], {pieces.begin() + begin, pieces.begin() + ends[i]}, ticket);
+    Enqueue(requests[i], {pieces.begin() + begin, pieces.begin() + ends[i]}, ticket, &finished);
     tickets->push_back(ticket);
     begin = ends[i];
   }
   stats_.requests += requests.size();
-  std::vector<TicketState*> finished;  // requests the engine refused outright
   Pump(&finished);
   const bool wake = was_idle && in_flight_ > 0;
   Finalize(&finished, lock);
@@ -142,21 +144,75 @@ Status IoQueue::SubmitBatch(std::span<const IoRequest> requests, std::vector<Tic
   return Status::Ok();
 }
 
-// Splits the request's pieces into transfers of at most kMaxPieceBytes and queues them.
+// The ticket a request follows must be one still known to the queue (issued, not collected).
+// Called with the mutex held.
+Status IoQueue::CheckFollowed(const IoRequest& request) const {
+  if (request.after == 0 || tickets_.contains(request.after)) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "{} {} at offset {}: follows I/O ticket {}, which is unknown (never issued or already "
+      "collected); allowed: 0 or a ticket not yet waited for",
+      OpName(request.op), request.files->Describe(), request.offset, request.after));
+}
+
+namespace {
+
+// The status of a request that follows one which failed: the same code, naming both.
+Status NotStarted(const IoRequest& request, const Status& followed) {
+  return Status(followed).WithContext(
+      fmt::format("{} {} at offset {} not started: the request it follows failed",
+                  OpName(request.op), request.files->Describe(), request.offset));
+}
+
+}  // namespace
+
+// Splits the request's pieces into transfers of at most kMaxPieceBytes and queues them, or holds
+// them while the request it follows is pending. One following a request that already failed
+// fails at once (added to `finished`). Called with the mutex held.
 void IoQueue::Enqueue(const IoRequest& request, const std::vector<FileSet::Piece>& pieces,
-                      Ticket ticket) {
+                      Ticket ticket, std::vector<TicketState*>* finished) {
   TicketState& state = tickets_[ticket];
   state.ticket = ticket;
   state.request = request;
+  TicketState* followed = request.after != 0 ? &tickets_.at(request.after) : nullptr;
+  if (followed != nullptr && followed->done && !followed->status.ok()) {
+    state.status = NotStarted(request, followed->status);
+    finished->push_back(&state);
+    return;
+  }
+  const bool hold = followed != nullptr && !followed->done;
+  std::vector<Piece> transfers;
   for (const FileSet::Piece& piece : pieces) {
     std::byte* data = request.buffer.data() + (piece.logical_offset - request.offset);
     for (uint64_t done = 0; done < piece.length; done += kMaxPieceBytes) {
       const uint64_t length = std::min(kMaxPieceBytes, piece.length - done);
-      queued_.push_back(
+      transfers.push_back(
           Piece{ticket, request.op, piece.file, piece.file_offset + done, data + done, length, 0});
-      ++state.pieces_left;
     }
   }
+  state.pieces_left = static_cast<uint32_t>(transfers.size());
+  if (hold) {
+    state.held = std::move(transfers);
+    followed->followers.push_back(ticket);
+  } else {
+    queued_.insert(queued_.end(), transfers.begin(), transfers.end());
+  }
+}
+
+// Queues the held pieces of the requests that follow `state` (done) if it succeeded; otherwise
+// fails them without starting (added to `finished`). Called with the mutex held.
+void IoQueue::ReleaseFollowers(TicketState& state, std::vector<TicketState*>* finished) {
+  for (Ticket ticket : state.followers) {
+    TicketState& follower = tickets_.at(ticket);
+    if (state.status.ok()) {
+      queued_.insert(queued_.end(), follower.held.begin(), follower.held.end());
+    } else {
+      follower.pieces_left = 0;
+      follower.status = NotStarted(follower.request, state.status);
+      finished->push_back(&follower);
+    }
+    follower.held.clear();
+  }
+  state.followers.clear();
 }
 
 // Hands queued pieces to the engine while there is room: everything that fits goes in one
@@ -265,9 +321,14 @@ void IoQueue::HandleCompletion(const RawCompletion& completion,
 }
 
 // Records or verifies checksums and runs the completion callback outside the lock, then marks
-// the tickets done. The states stay put meanwhile: only a done ticket is ever erased.
+// the tickets done and releases the requests that follow them (which may finish in turn, without
+// starting). The states stay put meanwhile: only a done ticket is ever erased.
 void IoQueue::Finalize(std::vector<TicketState*>* finished, std::unique_lock<std::mutex>& lock) {
-  if (finished->empty()) return;
+  while (!finished->empty()) FinalizeRound(finished, lock);
+}
+
+void IoQueue::FinalizeRound(std::vector<TicketState*>* finished,
+                            std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   for (TicketState* state : *finished) {
     const IoRequest& request = state->request;
@@ -286,9 +347,15 @@ void IoQueue::Finalize(std::vector<TicketState*>* finished, std::unique_lock<std
     for (TicketState* state : *finished) options_.on_complete(state->ticket, state->status);
   }
   lock.lock();
-  for (TicketState* state : *finished) state->done = true;
-  finished->clear();
+  std::vector<TicketState*> failed_followers;
+  for (TicketState* state : *finished) {
+    state->done = true;
+    ReleaseFollowers(*state, &failed_followers);
+  }
+  Pump(&failed_followers);
+  finished->swap(failed_followers);
   done_.notify_all();
+  if (in_flight_ > 0) work_.notify_all();  // released followers went in flight
 }
 
 // One round of reaping by the thread holding the reaping turn (reaping_): waits for at least one

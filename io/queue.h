@@ -12,6 +12,12 @@
 // only, Poll(ticket) never blocks, WaitAll() drains everything. A ticket is collected (forgotten)
 // by the Wait or Poll that returns its status.
 //
+// Ordering: a request may name an earlier ticket it follows (IoRequest::after). It is held in the
+// queue, not handed to the engine, until that request has completed successfully and its
+// checksums were recorded; then it is queued like any other. So a read into the buffer a write is
+// writing from starts the moment the write ends, whoever is waiting. If the earlier request
+// fails, the later one fails without starting, with the earlier one's status.
+//
 // Threads: Submit, Wait and Poll may be called from any number of threads at once (submission is
 // serialised by a mutex). One thread at a time reaps completions: a caller blocked in Wait, or
 // else the queue's own reaping thread, so requests complete even when nobody waits (Poll) and a
@@ -37,6 +43,8 @@
 
 namespace zoe::io {
 
+using Ticket = uint64_t;  // 0 is never issued
+
 struct IoRequest {
   Op op = Op::kRead;
   const FileSet* files = nullptr;  // borrowed; must outlive the request
@@ -51,9 +59,10 @@ struct IoRequest {
   //    ChecksumTable::Expected before using any of it.
   std::span<const uint64_t> caller_sums;
   bool caller_verifies = false;
+  // 0, or a ticket issued by an earlier call and not yet collected: this request starts only
+  // once that one has completed successfully (see Ordering above).
+  Ticket after = 0;
 };
-
-using Ticket = uint64_t;  // 0 is never issued
 
 struct QueueOptions {
   // Resubmissions of one piece after EINTR or EAGAIN, after a transfer of zero bytes, or after
@@ -128,16 +137,22 @@ class IoQueue {
     uint32_t pieces_left = 0;
     Status status;
     bool done = false;
+    std::vector<Piece> held;        // pieces waiting for request.after to complete
+    std::vector<Ticket> followers;  // held requests that follow this one
   };
 
   IoQueue(std::unique_ptr<Engine> engine, QueueOptions options);
   Status Validate(const IoRequest& request, std::vector<FileSet::Piece>* pieces) const;
-  void Enqueue(const IoRequest& request, const std::vector<FileSet::Piece>& pieces, Ticket ticket);
+  Status CheckFollowed(const IoRequest& request) const;
+  void Enqueue(const IoRequest& request, const std::vector<FileSet::Piece>& pieces, Ticket ticket,
+               std::vector<TicketState*>* finished);
+  void ReleaseFollowers(TicketState& state, std::vector<TicketState*>* finished);
   void Pump(std::vector<TicketState*>* finished);
   void HandleCompletion(const RawCompletion& completion, std::vector<TicketState*>* finished);
   void FailPiece(const Piece& piece, Status status, std::vector<TicketState*>* finished);
   void PieceDone(Ticket ticket, std::vector<TicketState*>* finished);
   void Finalize(std::vector<TicketState*>* finished, std::unique_lock<std::mutex>& lock);
+  void FinalizeRound(std::vector<TicketState*>* finished, std::unique_lock<std::mutex>& lock);
   void ReapOnce(std::unique_lock<std::mutex>& lock);
   void ReapLoop();
   Status Collect(std::unordered_map<Ticket, TicketState>::iterator it);
