@@ -106,12 +106,16 @@ struct OptimizerGroup::Impl {
     }
   };
   // A transfer in flight through a pipeline buffer (ticket 0: none). For a read, `version` is the
-  // chunk's version when the read started (or when its cached copy was claimed).
+  // chunk's version when the read started (or when its cached copy was claimed), and `follows`
+  // the write out of the same buffer it was queued behind (0: none). A write whose buffer such a
+  // read took is `handed_on`: its completion frees no buffer.
   struct InFlight {
     size_t chunk = 0;
     size_t buffer = 0;
     io::Ticket ticket = 0;
     uint64_t version = 0;
+    io::Ticket follows = 0;
+    bool handed_on = false;
   };
   // Transfers in flight, oldest first. At most one per pipeline buffer, so each list reserves
   // that many entries before any transfer is submitted and recording one never allocates (a
@@ -174,10 +178,18 @@ struct OptimizerGroup::Impl {
   Status AllocateState(uint32_t buffer_count, bool speculative);
   // A read or write of chunk `chunk`'s slot `slot`. `for_pipeline`: a read is verified by the
   // chunk function that consumes it (hashing_in_stripes), a write records `sums` if not empty.
+  io::IoRequest ChunkIoRequest(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer,
+                               bool for_pipeline = false,
+                               std::span<const uint64_t> sums = {}) const;
   Result<io::Ticket> SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer,
                                    bool for_pipeline = false, std::span<const uint64_t> sums = {});
   Status ReadChunk(size_t chunk, std::byte* buffer);
   Result<std::optional<size_t>> TakeBuffer(InFlightList& writing, bool block, Totals* totals);
+  // Queues the read of `chunk` into the buffer `write` is writing from, behind that write.
+  Status ReadBehindWrite(size_t chunk, InFlight& write, InFlightList& reading, Totals* totals);
+  // Collects the write a read followed, once the read was waited for (so the write is done):
+  // its status, named by its chunk.
+  Status CollectFollowedWrite(const InFlight& read, InFlightList& writing);
   // How `fn` takes part in the checksums of the chunk it runs on; `fn_hashes`: it fills
   // checksums.computed, which the chunk's write records.
   ChunkChecksums ChecksumsFor(size_t chunk, size_t buffer, bool read_from_disk, bool fn_hashes,

@@ -76,15 +76,21 @@ Status OptimizerGroup::Impl::AllocateState(uint32_t buffer_count, bool speculati
   return Status::Ok();
 }
 
-Result<io::Ticket> OptimizerGroup::Impl::SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot,
-                                                       std::byte* buffer, bool for_pipeline,
-                                                       std::span<const uint64_t> sums) {
+io::IoRequest OptimizerGroup::Impl::ChunkIoRequest(io::Op op, size_t chunk, uint8_t slot,
+                                                   std::byte* buffer, bool for_pipeline,
+                                                   std::span<const uint64_t> sums) const {
   const io::Extent& extent = nvme[chunk].slots[slot];
   io::IoRequest request{op, &resources.swap->files(), extent.offset,
                         std::span(buffer, layout.chunk(chunk).bytes)};
   request.caller_verifies = for_pipeline && op == io::Op::kRead && hashing_in_stripes;
   request.caller_sums = sums;
-  return resources.io->Submit(request);
+  return request;
+}
+
+Result<io::Ticket> OptimizerGroup::Impl::SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot,
+                                                       std::byte* buffer, bool for_pipeline,
+                                                       std::span<const uint64_t> sums) {
+  return resources.io->Submit(ChunkIoRequest(op, chunk, slot, buffer, for_pipeline, sums));
 }
 
 Status OptimizerGroup::Impl::ReadChunk(size_t chunk, std::byte* buffer) {
@@ -132,8 +138,10 @@ Status OptimizerGroup::Impl::VerifyWhole(size_t chunk, const std::byte* state) c
 // pipeline never lets happen).
 Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& writing, bool block,
                                                                Totals* totals) {
-  if (free_buffers.empty() && !writing.empty()) {
-    const InFlight oldest = writing.front();
+  const auto oldest_freeing =
+      std::find_if(writing.begin(), writing.end(), [](const InFlight& w) { return !w.handed_on; });
+  if (free_buffers.empty() && oldest_freeing != writing.end()) {
+    const InFlight oldest = *oldest_freeing;
     std::optional<Status> done;
     if (block) {
       const Clock::time_point start = Clock::now();
@@ -143,7 +151,7 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& wri
       done = resources.io->Poll(oldest.ticket);
     }
     if (!done.has_value()) return std::optional<size_t>();
-    writing.erase(writing.begin());
+    writing.erase(oldest_freeing);
     free_buffers.push_back(oldest.buffer);
     if (!done->ok()) return std::move(*done).WithContext(ChunkName(oldest.chunk));
   }
@@ -157,6 +165,31 @@ Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& wri
   free_buffers.pop_back();
   cached[buffer].reset();
   return std::optional<size_t>(buffer);
+}
+
+Status OptimizerGroup::Impl::ReadBehindWrite(size_t chunk, InFlight& write, InFlightList& reading,
+                                             Totals* totals) {
+  io::IoRequest request = ChunkIoRequest(io::Op::kRead, chunk, nvme[chunk].live,
+                                         buffers[write.buffer].data(), /*for_pipeline=*/true);
+  request.after = write.ticket;
+  ZOE_ASSIGN_OR_RETURN(io::Ticket ticket, resources.io->Submit(request));
+  reading.push_back({chunk, write.buffer, ticket, nvme[chunk].version, write.ticket});
+  write.handed_on = true;
+  last_written[write.buffer].reset();
+  cached[write.buffer].reset();
+  totals->bytes_read += layout.chunk(chunk).bytes;
+  return Status::Ok();
+}
+
+Status OptimizerGroup::Impl::CollectFollowedWrite(const InFlight& read, InFlightList& writing) {
+  const auto write = std::find_if(writing.begin(), writing.end(),
+                                  [&](const InFlight& w) { return w.ticket == read.follows; });
+  if (write == writing.end()) {
+    return Status::Internal(ChunkName(read.chunk) + ": its read follows a write not in flight");
+  }
+  const InFlight written = *write;
+  writing.erase(write);
+  return resources.io->Wait(written.ticket).WithContext(ChunkName(written.chunk));
 }
 
 // The pipeline. NVMe chunks go through the buffers in `order`: reads run ahead as far as free
@@ -217,6 +250,15 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
       status = resources.io->Wait(entry.ticket);
       totals->io_wait_seconds += SecondsSince(start);
     }
+    if (entry.follows != 0) {
+      // A read behind a failed write never started: the write's failure is the one to report.
+      Status written = CollectFollowedWrite(entry, writing);
+      if (!written.ok()) {
+        free_buffers.push_back(entry.buffer);
+        failure = std::move(written);
+        break;
+      }
+    }
     // Only a state that came from the disk is verified: one found in a buffer was hashed by the
     // update that produced it and never left memory.
     ChunkChecksums checksums;
@@ -237,6 +279,16 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
         writing.push_back({entry.chunk, entry.buffer, *ticket});
         last_written[entry.buffer] = entry.chunk;
         totals->bytes_written += layout.chunk(entry.chunk).bytes;
+        // The next read goes behind this write at once, whatever this thread does meanwhile: a
+        // read waiting for a free buffer would otherwise start only after the next update.
+        if (read && next < order.size()) {
+          Status queued = ReadBehindWrite(order[next], writing.back(), reading, totals);
+          if (queued.ok()) {
+            ++next;
+          } else {
+            failure = std::move(queued).WithContext(ChunkName(order[next]));
+          }
+        }
       } else {
         status = std::move(ticket).status();
       }
@@ -260,7 +312,7 @@ Status OptimizerGroup::Impl::RunPipeline(std::span<const size_t> order, bool rea
   const Clock::time_point start = Clock::now();
   for (const InFlight& entry : writing) {
     Status written = resources.io->Wait(entry.ticket);
-    free_buffers.push_back(entry.buffer);
+    if (!entry.handed_on) free_buffers.push_back(entry.buffer);
     if (!written.ok() && failure.ok()) {
       failure = std::move(written).WithContext(ChunkName(entry.chunk));
     }

@@ -220,6 +220,9 @@ TEST_P(OptimizerGroupFaultTest, FailedStepLeavesTheStateAndTheNextStepMatches) {
       << failed.status().ToString();
   EXPECT_NE(failed.status().message().find("chunk "), std::string::npos)
       << failed.status().ToString();
+  // The injected failure itself, not a read that was queued behind a failed write.
+  EXPECT_EQ(failed.status().message().find("not started"), std::string::npos)
+      << failed.status().ToString();
   EXPECT_EQ(harness.faults()->injected(), 1u);
   EXPECT_EQ(harness.group().steps_taken(), 2);
   EXPECT_EQ(harness.Snapshot(), before);
