@@ -180,21 +180,23 @@ void IoQueue::Enqueue(const IoRequest& request, const std::vector<FileSet::Piece
     return;
   }
   const bool hold = followed != nullptr && !followed->done;
-  std::vector<Piece> transfers;
   for (const FileSet::Piece& piece : pieces) {
     std::byte* data = request.buffer.data() + (piece.logical_offset - request.offset);
     for (uint64_t done = 0; done < piece.length; done += kMaxPieceBytes) {
       const uint64_t length = std::min(kMaxPieceBytes, piece.length - done);
-      transfers.push_back(
-          Piece{ticket, request.op, piece.file, piece.file_offset + done, data + done, length, 0});
+      const Piece transfer{ticket,      request.op, piece.file, piece.file_offset + done,
+                           data + done, length,     0};
+      if (hold) {
+        state.held.push_back(transfer);
+      } else {
+        queued_.push_back(transfer);
+      }
+      ++state.pieces_left;
     }
   }
-  state.pieces_left = static_cast<uint32_t>(transfers.size());
   if (hold) {
-    state.held = std::move(transfers);
     followed->followers.push_back(ticket);
-  } else {
-    queued_.insert(queued_.end(), transfers.begin(), transfers.end());
+    ++held_requests_;
   }
 }
 
@@ -203,6 +205,7 @@ void IoQueue::Enqueue(const IoRequest& request, const std::vector<FileSet::Piece
 void IoQueue::ReleaseFollowers(TicketState& state, std::vector<TicketState*>* finished) {
   for (Ticket ticket : state.followers) {
     TicketState& follower = tickets_.at(ticket);
+    --held_requests_;
     if (state.status.ok()) {
       queued_.insert(queued_.end(), follower.held.begin(), follower.held.end());
     } else {
@@ -454,7 +457,7 @@ Status IoQueue::WaitAll() {
 
 Status IoQueue::RegisterBuffers(std::span<const BufferRegion> regions) {
   std::lock_guard lock(mutex_);
-  if (in_flight_ > 0 || !queued_.empty()) {
+  if (in_flight_ > 0 || !queued_.empty() || held_requests_ > 0) {
     return Status::FailedPrecondition("buffers can be registered only while no I/O is in flight");
   }
   return engine_->RegisterBuffers(regions);

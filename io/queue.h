@@ -170,8 +170,9 @@ class IoQueue {
   std::vector<RawRequest> batch_;
   std::vector<RawCompletion> completions_;  // used by the thread holding the reaping turn
   uint32_t in_flight_ = 0;
-  bool reaping_ = false;  // one thread at a time waits in Engine::Reap
-  uint32_t waiters_ = 0;  // callers blocked in Wait
+  uint32_t held_requests_ = 0;  // requests waiting for the one they follow
+  bool reaping_ = false;        // one thread at a time waits in Engine::Reap
+  uint32_t waiters_ = 0;        // callers blocked in Wait
   Ticket next_ticket_ = 1;
   bool stopping_ = false;
   QueueStats stats_;

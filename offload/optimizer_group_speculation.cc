@@ -141,7 +141,7 @@ void OptimizerGroup::Impl::ReapSpeculativeWrites() {
     std::optional<Status> written = resources.io->Poll(oldest.ticket);
     if (!written.has_value()) return;
     speculative_writes.erase(speculative_writes.begin());
-    free_buffers.push_back(oldest.buffer);
+    if (!oldest.handed_on) free_buffers.push_back(oldest.buffer);
     if (!written->ok() && speculation->failure.ok()) {
       speculation->failure = std::move(*written).WithContext(ChunkName(oldest.chunk));
     }
@@ -170,7 +170,7 @@ void OptimizerGroup::Impl::ReadAhead() {
 void OptimizerGroup::Impl::FinishSpeculativeWrites() {
   for (const InFlight& entry : speculative_writes) {
     Status written = resources.io->Wait(entry.ticket);
-    free_buffers.push_back(entry.buffer);
+    if (!entry.handed_on) free_buffers.push_back(entry.buffer);
     if (!written.ok() && speculation && speculation->failure.ok()) {
       speculation->failure = std::move(written).WithContext(ChunkName(entry.chunk));
     }

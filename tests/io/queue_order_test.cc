@@ -11,6 +11,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "io/fault_injection.h"
@@ -212,6 +214,49 @@ TEST_F(QueueOrderTest, FollowingASuccessfulRequestThatIsDoneStartsAtOnce) {
   ASSERT_TRUE(queue_->Wait(*write).ok());
   EXPECT_EQ(std::memcmp(first_back.data(), buffer.data(), kBytes), 0);
   EXPECT_EQ(std::memcmp(second_back.data(), buffer.data(), kBytes), 0);
+}
+
+TEST_F(QueueOrderTest, ABatchWithAnUnknownTicketToFollowIsRefusedWhole) {
+  Open();
+  gate_->Open();
+  auto buffer = testing::MakeBuffer(2 * kBytes, 5);
+  const IoRequest requests[] = {
+      Request(Op::kWrite, *files_, 0, buffer.span().subspan(0, kBytes)),
+      After(Request(Op::kWrite, *files_, kBytes, buffer.span().subspan(kBytes)), 12345)};
+  std::vector<Ticket> tickets;
+  const Status refused = queue_->SubmitBatch(requests, &tickets);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(std::string(refused.message()).find("follows I/O ticket 12345"), std::string::npos)
+      << refused.ToString();
+  EXPECT_TRUE(tickets.empty());
+  EXPECT_EQ(queue_->stats().requests, 0u);
+  EXPECT_EQ(recorder_->FirstSubmitted(Op::kWrite, 0), 0u);
+}
+
+// With nobody waiting, the queue's own reaper releases the follower and completes it; WaitAll
+// covers held requests; buffers cannot be registered while a request and its follower are
+// pending.
+TEST_F(QueueOrderTest, HeldFollowersCompleteWithoutAWaiterAndCountAsInFlight) {
+  Open();
+  auto buffer = testing::MakeBuffer(kBytes, 6);
+  auto back = testing::MakeBuffer(kBytes, 0);
+  auto write = queue_->Submit(Request(Op::kWrite, *files_, 0, buffer.span()));
+  ASSERT_TRUE(write.ok());
+  auto read = queue_->Submit(After(Request(Op::kRead, *files_, 0, back.span()), *write));
+  ASSERT_TRUE(read.ok());
+  BufferRegion region{back.data(), back.size()};
+  EXPECT_EQ(queue_->RegisterBuffers(std::span(&region, 1)).code(), StatusCode::kFailedPrecondition);
+  gate_->Open();
+  std::optional<Status> polled;
+  while (!(polled = queue_->Poll(*read)).has_value()) std::this_thread::yield();
+  EXPECT_TRUE(polled->ok()) << polled->ToString();
+  EXPECT_EQ(std::memcmp(back.data(), buffer.data(), kBytes), 0);
+
+  auto rewrite = queue_->Submit(After(Request(Op::kWrite, *files_, kBytes, back.span()), *write));
+  ASSERT_TRUE(rewrite.ok());
+  EXPECT_TRUE(queue_->WaitAll().ok());
+  EXPECT_EQ(queue_->Poll(*write)->code(), StatusCode::kInvalidArgument);  // WaitAll collected it
+  EXPECT_TRUE(queue_->RegisterBuffers(std::span(&region, 1)).ok());
 }
 
 TEST_F(QueueOrderTest, DestroyingTheQueueWaitsForHeldFollowers) {
