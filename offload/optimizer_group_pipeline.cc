@@ -134,9 +134,8 @@ Status OptimizerGroup::Impl::VerifyWhole(size_t chunk, const std::byte* state) c
 
 // A free pipeline buffer; when none is free, the oldest write whose buffer no read took
 // (!handed_on) gives it back: waited for when `block`, else only if it already completed
-// (nullopt otherwise). A failed write is the
-// error; so is finding no buffer at all when `block` (every buffer held by reads, which the
-// pipeline never lets happen).
+// (nullopt otherwise). A failed write is the error; so is finding no buffer at all when `block`
+// (every buffer held by reads, which the pipeline never lets happen).
 Result<std::optional<size_t>> OptimizerGroup::Impl::TakeBuffer(InFlightList& writing, bool block,
                                                                Totals* totals) {
   const auto oldest_freeing =

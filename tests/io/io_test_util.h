@@ -6,9 +6,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 
@@ -108,5 +110,30 @@ inline IoRequest Request(Op op, const FileSet& files, uint64_t offset,
                          std::span<std::byte> buffer) {
   return IoRequest{op, &files, offset, buffer};
 }
+
+// Holds every completion back until opened, so requests stay in flight as long as a test needs.
+class GatedEngine : public EngineWrapper {
+ public:
+  using EngineWrapper::EngineWrapper;
+  Result<size_t> Reap(std::span<RawCompletion> out, size_t min_completions) override {
+    {
+      std::unique_lock lock(mutex_);
+      opened_.wait(lock, [&] { return open_; });
+    }
+    return EngineWrapper::Reap(out, min_completions);
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    opened_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_ = false;
+};
 
 }  // namespace zoe::io::testing

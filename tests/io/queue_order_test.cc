@@ -8,11 +8,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "io/fault_injection.h"
@@ -25,31 +25,6 @@ namespace {
 using testing::Request;
 
 constexpr uint64_t kBytes = 1 << 20;
-
-// Holds every completion back until opened.
-class GatedEngine : public EngineWrapper {
- public:
-  using EngineWrapper::EngineWrapper;
-  Result<size_t> Reap(std::span<RawCompletion> out, size_t min_completions) override {
-    {
-      std::unique_lock lock(mutex_);
-      opened_.wait(lock, [&] { return open_; });
-    }
-    return EngineWrapper::Reap(out, min_completions);
-  }
-  void Open() {
-    {
-      std::lock_guard lock(mutex_);
-      open_ = true;
-    }
-    opened_.notify_all();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable opened_;
-  bool open_ = false;
-};
 
 // Numbers every accepted submission and every reaped completion on one clock, per operation and
 // offset, so a test can tell whether a transfer went to the engine before another came back.
@@ -109,7 +84,7 @@ class QueueOrderTest : public ::testing::Test {
     if (eio_on_write > 0) {
       faults->AddRule({.kind = FaultKind::kEio, .ops = FaultOps::kWrites, .nth = eio_on_write});
     }
-    auto gated = std::make_unique<GatedEngine>(std::move(faults));
+    auto gated = std::make_unique<testing::GatedEngine>(std::move(faults));
     gate_ = gated.get();
     auto recording = std::make_unique<RecordingEngine>(std::move(gated));
     recorder_ = recording.get();
@@ -123,10 +98,20 @@ class QueueOrderTest : public ::testing::Test {
     return request;
   }
 
+  // Submits a write of `data` at offset 0 and, behind it, a read of the same bytes into `back`:
+  // their tickets (0 for one whose submission failed).
+  std::pair<Ticket, Ticket> WriteThenReadBack(std::span<std::byte> data,
+                                              std::span<std::byte> back) {
+    Result<Ticket> write = queue_->Submit(Request(Op::kWrite, *files_, 0, data));
+    if (!write.ok()) return {0, 0};
+    Result<Ticket> read = queue_->Submit(After(Request(Op::kRead, *files_, 0, back), *write));
+    return {*write, read.ok() ? *read : 0};
+  }
+
   testing::TempDir dir_;
   std::unique_ptr<IoQueue> queue_;
   std::unique_ptr<FileSet> files_;
-  GatedEngine* gate_ = nullptr;
+  testing::GatedEngine* gate_ = nullptr;
   RecordingEngine* recorder_ = nullptr;
 };
 
@@ -203,15 +188,13 @@ TEST_F(QueueOrderTest, FollowingASuccessfulRequestThatIsDoneStartsAtOnce) {
   gate_->Open();
   auto buffer = testing::MakeBuffer(kBytes, 3);
   auto first_back = testing::MakeBuffer(kBytes, 0), second_back = testing::MakeBuffer(kBytes, 0);
-  auto write = queue_->Submit(Request(Op::kWrite, *files_, 0, buffer.span()));
-  ASSERT_TRUE(write.ok());
-  auto first = queue_->Submit(After(Request(Op::kRead, *files_, 0, first_back.span()), *write));
-  ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(queue_->Wait(*first).ok());  // so the write is done, and not yet collected
-  auto second = queue_->Submit(After(Request(Op::kRead, *files_, 0, second_back.span()), *write));
+  const auto [write, first] = WriteThenReadBack(buffer.span(), first_back.span());
+  ASSERT_TRUE(write != 0 && first != 0);
+  ASSERT_TRUE(queue_->Wait(first).ok());  // so the write is done, and not yet collected
+  auto second = queue_->Submit(After(Request(Op::kRead, *files_, 0, second_back.span()), write));
   ASSERT_TRUE(second.ok());
   ASSERT_TRUE(queue_->Wait(*second).ok());
-  ASSERT_TRUE(queue_->Wait(*write).ok());
+  ASSERT_TRUE(queue_->Wait(write).ok());
   EXPECT_EQ(std::memcmp(first_back.data(), buffer.data(), kBytes), 0);
   EXPECT_EQ(std::memcmp(second_back.data(), buffer.data(), kBytes), 0);
 }
@@ -240,22 +223,20 @@ TEST_F(QueueOrderTest, HeldFollowersCompleteWithoutAWaiterAndCountAsInFlight) {
   Open();
   auto buffer = testing::MakeBuffer(kBytes, 6);
   auto back = testing::MakeBuffer(kBytes, 0);
-  auto write = queue_->Submit(Request(Op::kWrite, *files_, 0, buffer.span()));
-  ASSERT_TRUE(write.ok());
-  auto read = queue_->Submit(After(Request(Op::kRead, *files_, 0, back.span()), *write));
-  ASSERT_TRUE(read.ok());
+  const auto [write, read] = WriteThenReadBack(buffer.span(), back.span());
+  ASSERT_TRUE(write != 0 && read != 0);
   BufferRegion region{back.data(), back.size()};
   EXPECT_EQ(queue_->RegisterBuffers(std::span(&region, 1)).code(), StatusCode::kFailedPrecondition);
   gate_->Open();
   std::optional<Status> polled;
-  while (!(polled = queue_->Poll(*read)).has_value()) std::this_thread::yield();
+  while (!(polled = queue_->Poll(read)).has_value()) std::this_thread::yield();
   EXPECT_TRUE(polled->ok()) << polled->ToString();
   EXPECT_EQ(std::memcmp(back.data(), buffer.data(), kBytes), 0);
 
-  auto rewrite = queue_->Submit(After(Request(Op::kWrite, *files_, kBytes, back.span()), *write));
+  auto rewrite = queue_->Submit(After(Request(Op::kWrite, *files_, kBytes, back.span()), write));
   ASSERT_TRUE(rewrite.ok());
   EXPECT_TRUE(queue_->WaitAll().ok());
-  EXPECT_EQ(queue_->Poll(*write)->code(), StatusCode::kInvalidArgument);  // WaitAll collected it
+  EXPECT_EQ(queue_->Poll(write)->code(), StatusCode::kInvalidArgument);  // WaitAll collected it
   EXPECT_TRUE(queue_->RegisterBuffers(std::span(&region, 1)).ok());
 }
 
@@ -263,9 +244,8 @@ TEST_F(QueueOrderTest, DestroyingTheQueueWaitsForHeldFollowers) {
   Open();
   auto buffer = testing::MakeBuffer(kBytes, 4);
   auto back = testing::MakeBuffer(kBytes, 0);
-  auto write = queue_->Submit(Request(Op::kWrite, *files_, 0, buffer.span()));
-  ASSERT_TRUE(write.ok());
-  ASSERT_TRUE(queue_->Submit(After(Request(Op::kRead, *files_, 0, back.span()), *write)).ok());
+  const auto [write, read] = WriteThenReadBack(buffer.span(), back.span());
+  ASSERT_TRUE(write != 0 && read != 0);
   gate_->Open();
   queue_.reset();  // must not hang, and must leave no transfer in flight
   EXPECT_EQ(std::memcmp(back.data(), buffer.data(), kBytes), 0);

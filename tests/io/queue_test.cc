@@ -8,9 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -201,35 +199,11 @@ TEST_F(QueueTest, RegisteredBuffersAndFilesCarryData) {
       << queue_->engine().features();
 }
 
-// Holds every completion back until opened, so requests stay in flight as long as a test needs.
-class GatedEngine : public EngineWrapper {
- public:
-  using EngineWrapper::EngineWrapper;
-  Result<size_t> Reap(std::span<RawCompletion> out, size_t min_completions) override {
-    {
-      std::unique_lock lock(mutex_);
-      opened_.wait(lock, [&] { return open_; });
-    }
-    return EngineWrapper::Reap(out, min_completions);
-  }
-  void Open() {
-    {
-      std::lock_guard lock(mutex_);
-      open_ = true;
-    }
-    opened_.notify_all();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable opened_;
-  bool open_ = false;
-};
-
 TEST_F(QueueTest, InFlightRequestsPollAsPendingAndBlockBufferRegistration) {
   std::string why;
-  auto gated = std::make_unique<GatedEngine>(testing::MakeEngine(BackendKind::kAuto, 8, &why));
-  GatedEngine* gate = gated.get();
+  auto gated =
+      std::make_unique<testing::GatedEngine>(testing::MakeEngine(BackendKind::kAuto, 8, &why));
+  testing::GatedEngine* gate = gated.get();
   queue_ = testing::MakeQueue(std::move(gated));
   auto data = testing::MakeBuffer(1 << 20, 6);
   auto ticket = queue_->Submit(Request(Op::kWrite, *files_, 0, data.span()));
