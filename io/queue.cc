@@ -136,6 +136,8 @@ Status IoQueue::SubmitBatch(std::span<const IoRequest> requests, std::vector<Tic
     begin = ends[i];
   }
   stats_.requests += requests.size();
+  stats_.followers +=
+      std::ranges::count_if(requests, [](const IoRequest& r) { return r.after != 0; });
   Pump(&finished);
   const bool wake = was_idle && in_flight_ > 0;
   Finalize(&finished, lock);

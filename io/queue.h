@@ -81,6 +81,7 @@ struct QueueStats {
   uint64_t engine_submits = 0;   // calls to Engine::Submit
   uint64_t short_transfers = 0;  // resubmissions of the rest of a short read or write
   uint64_t retries = 0;          // resubmissions after EINTR/EAGAIN or a zero-byte transfer
+  uint64_t followers = 0;        // requests submitted to follow another (IoRequest::after)
 };
 
 class IoQueue {

@@ -181,6 +181,7 @@ TEST_F(QueueOrderTest, FollowersOfAFailedRequestFailWithItsStatusWithoutStarting
   EXPECT_NE(std::string(unknown.status().message()).find("unknown"), std::string::npos)
       << unknown.status().ToString();
   EXPECT_EQ(queue_->stats().requests, 4u);  // the refused one was never queued
+  EXPECT_EQ(queue_->stats().followers, 3u);
 }
 
 TEST_F(QueueOrderTest, FollowingASuccessfulRequestThatIsDoneStartsAtOnce) {
@@ -195,6 +196,8 @@ TEST_F(QueueOrderTest, FollowingASuccessfulRequestThatIsDoneStartsAtOnce) {
   ASSERT_TRUE(second.ok());
   ASSERT_TRUE(queue_->Wait(*second).ok());
   ASSERT_TRUE(queue_->Wait(write).ok());
+  EXPECT_EQ(queue_->stats().requests, 3u);
+  EXPECT_EQ(queue_->stats().followers, 2u);  // both reads: a request with no `after` is none
   EXPECT_EQ(std::memcmp(first_back.data(), buffer.data(), kBytes), 0);
   EXPECT_EQ(std::memcmp(second_back.data(), buffer.data(), kBytes), 0);
 }
@@ -213,6 +216,7 @@ TEST_F(QueueOrderTest, ABatchWithAnUnknownTicketToFollowIsRefusedWhole) {
       << refused.ToString();
   EXPECT_TRUE(tickets.empty());
   EXPECT_EQ(queue_->stats().requests, 0u);
+  EXPECT_EQ(queue_->stats().followers, 0u);
   EXPECT_EQ(recorder_->FirstSubmitted(Op::kWrite, 0), 0u);
 }
 

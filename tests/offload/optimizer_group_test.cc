@@ -179,6 +179,27 @@ TEST(OptimizerGroupTest, ChunksReadByAFailedStepServeItsRetry) {
   harness.ExpectMatches(reference);
 }
 
+// Once the first reads fill the buffers, each chunk's read is queued behind the write out of
+// the buffer it will use (IoRequest::after), at the moment that write is submitted: a step over
+// 7 NVMe chunks and 3 buffers queues 4 such reads, and still matches the reference.
+TEST(OptimizerGroupTest, ReadsBeyondTheBuffersAreQueuedBehindTheWritesThatFreeThem) {
+  HarnessOptions options;
+  GroupHarness harness(options);
+  ASSERT_TRUE(harness.ok());
+  ASSERT_EQ(harness.group().nvme_chunk_count(), 7u);
+  ASSERT_EQ(options.group.buffer_count, 3u);
+  Reference reference(harness);
+  harness.NewGradients(0);
+  const io::QueueStats before = harness.queue_stats();
+  Result<StepReport> report = harness.Step(harness.Hyper(0));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const io::QueueStats after = harness.queue_stats();
+  EXPECT_EQ(after.followers - before.followers, 7u - 3u);
+  EXPECT_EQ(after.requests - before.requests, 7u + 7u);  // every chunk read once, written once
+  ASSERT_TRUE(reference.Step(harness.Hyper(0), harness));
+  harness.ExpectMatches(reference);
+}
+
 // ---- injected faults --------------------------------------------------------------------------
 
 struct FaultCase {
