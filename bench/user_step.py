@@ -14,6 +14,9 @@ gradients set; every optimizer steps the same model from the same seed on THREAD
   zoe_cpu_copy        the same with zero_copy=False: a separate fp32 master, the updated
                       parameters written back by the kernel's pass (what a bf16 model always does)
   zoe_cpu_fast        zoe_cpu with zoe.arithmetic = "fast"
+  zoe_cpu_bf16_moments, zoe_cpu_int8_moments
+                      zoe_cpu with moment_dtype "bf16" or "int8" (fewer bytes per parameter,
+                      at the moments' precision: docs/int8-moments.md)
 
 Each round builds every optimizer in turn, in the opposite order on odd rounds, takes one
 untimed step (state creation) and STEPS timed ones; a round's figure is the median of its
@@ -135,8 +138,8 @@ class DeepSpeedCpuAdam:
         self.ds.destroy_adam(self.oid)
 
 
-def zoe_adamw(model, arithmetic, zero_copy=None):
-    config = zt.engine_config("cpu", arithmetic=arithmetic)
+def zoe_adamw(model, arithmetic, zero_copy=None, moment_dtype=None):
+    config = zt.engine_config("cpu", moment_dtype=moment_dtype, arithmetic=arithmetic)
     return zt.AdamW(model.parameters(), config=json.dumps(config), zero_copy=zero_copy, **HYPER)
 
 
@@ -146,6 +149,8 @@ def makers(ds):
         "zoe_cpu": lambda model: zoe_adamw(model, "exact"),
         "zoe_cpu_copy": lambda model: zoe_adamw(model, "exact", zero_copy=False),
         "zoe_cpu_fast": lambda model: zoe_adamw(model, "fast"),
+        "zoe_cpu_bf16_moments": lambda model: zoe_adamw(model, "exact", moment_dtype="bf16"),
+        "zoe_cpu_int8_moments": lambda model: zoe_adamw(model, "exact", moment_dtype="int8"),
     }
     if ds is not None:
         ids = iter(range(1, 1 << 30))
@@ -218,7 +223,7 @@ def main():
                     round(s, 5) for s in times[name]],
             }))
         ratios = {"model_dtype": dtype_name}
-        for zoe_name in ("zoe_cpu", "zoe_cpu_copy", "zoe_cpu_fast"):
+        for zoe_name in (name for name in medians if name.startswith("zoe_")):
             for peer in ("deepspeed_cpu_adam", "torch_foreach"):
                 if zoe_name in medians and peer in medians:
                     ratios[f"{zoe_name}_speedup_vs_{peer}"] = round(

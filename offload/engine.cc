@@ -238,6 +238,8 @@ Json Engine::GroupStatsJson(const Group& group) const {
       optimizer.broken().ok() ? Json() : Json(std::string(optimizer.broken().ToString()));
   return {{"name", group.name},
           {"type", optim::KindName(optimizer.options().kind)},
+          {"moment_dtype", DTypeName(optimizer.options().state_dtype)},
+          {"master", optimizer.options().master_in_params ? "params" : "zoe"},
           {"parameters", optimizer.count()},
           {"placement", TierName(optimizer.options().placement)},
           {"chunks", optimizer.chunk_count()},

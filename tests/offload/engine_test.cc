@@ -849,6 +849,23 @@ uint64_t StateBytes(size_t count) {
   return bytes;
 }
 
+// The statistics name each group's moment dtype and where its master lives: the configuration's
+// zoe.moment_dtype unless the group's spec names its own.
+TEST(Engine, GroupStatisticsNameTheMomentDtypeAndTheMaster) {
+  TempDir dir;
+  Json config = SmallConfig(dir);
+  config["zoe"]["moment_dtype"] = "int8";
+  std::unique_ptr<Engine> engine = MakeEngine(config);
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kCount, 0.0f, 0.01f);
+  CreateGroup(*engine, R"({"name": "configured"})", params);
+  CreateGroup(*engine, R"({"name": "own", "moment_dtype": "bf16"})", params);
+  const Json groups = engine->StatsJson()["groups"];
+  EXPECT_EQ(groups[0]["moment_dtype"], "int8");
+  EXPECT_EQ(groups[1]["moment_dtype"], "bf16");
+  EXPECT_EQ(groups[0]["master"], "zoe");
+}
+
 TEST(Engine, SingleSlotFromTheConfigurationOrTheGroupHalvesTheNvmeBytes) {
   TempDir dir;
   Json config = SmallConfig(dir);

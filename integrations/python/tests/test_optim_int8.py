@@ -26,6 +26,7 @@ def test_state_dict_round_trip_through_torch_adamw(int8_engine):
     zoe_opt = zoe.torch.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05, engine=int8_engine)
     for step in range(5):
         train_step(model, zoe_opt, step)
+    assert int8_engine.stats()["groups"][0]["moment_dtype"] == "int8"  # the engine's, not fp32
     state = zoe_opt.state_dict()
     for index, param in enumerate(model.parameters()):
         entry = state["state"][index]
@@ -71,6 +72,7 @@ def test_training_tracks_fp32_moments(int8_engine):
         first = first or loss_ref
     assert loss_ref < 0.9 * first  # it trains
     assert loss == pytest.approx(loss_ref, rel=0.03)
+    assert int8_engine.stats()["groups"][0]["moment_dtype"] == "int8"
     zoe_opt.close()
 
 

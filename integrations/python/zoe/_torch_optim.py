@@ -85,23 +85,59 @@ def engine_config(offload="cpu", nvme_path=None, moment_dtype=None, **zoe_option
     return {"zero_optimization": {"offload_optimizer": section}, "zoe": options}
 
 
-def _optimizer_engine_config(config, offload, nvme_path, moment_dtype):
+def _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments):
     """The configuration of the engine an optimizer creates: ``config`` (a DeepSpeed-shaped
     dict, JSON string or file path; its "auto" values are decided by the optimizer's arguments)
-    when given, else one from ``offload``. The engine holds optimizer groups only, so unless the
-    config says otherwise it reserves no swap space for registered tensors."""
+    when given, else one from ``offload`` (None: "cpu"). The engine holds optimizer groups only,
+    so unless the config says otherwise it reserves no swap space for registered tensors. An
+    argument that contradicts a value the config sets is refused (_check_config_agrees)."""
     if config is None:
-        return engine_config(offload, nvme_path, moment_dtype=moment_dtype)
-    if nvme_path is not None:
+        return engine_config(offload or "cpu", nvme_path, moment_dtype=moment_dtype)
+    if nvme_path is not None or offload is not None:
         raise _invalid(
             "give either config (its zero_optimization.offload_optimizer places the state) or "
             "offload/nvme_path, not both"
         )
     document = json.loads(_config_text(config) or "{}")
+    _check_config_agrees(document, arguments)
     zoe_section = document.setdefault("zoe", {})
     if isinstance(zoe_section, dict):
         zoe_section.setdefault("tensor_swap_bytes", "1M")
     return document
+
+
+def _check_config_agrees(document, arguments):
+    """InvalidArgument when the config sets a value (other than "auto") that an optimizer
+    argument contradicts. ``arguments`` maps a config key ("zoe.moment_dtype",
+    "gradient_clipping", "optimizer.params.lr", ...) to the optimizer's argument and its name;
+    an argument None stands for "not given". Either place alone decides; neither silently
+    overrides the other."""
+    for key, (argument, name) in arguments.items():
+        configured = document
+        for part in key.split("."):
+            configured = configured.get(part) if isinstance(configured, dict) else None
+        if configured is None or configured == "auto" or argument is None:
+            continue
+        if _normalized(configured) != _normalized(argument):
+            given = "" if key in _GIVEN_ONLY else " (passed, or the optimizer's default)"
+            raise _invalid(
+                f"{name} = {argument!r}{given} contradicts the config's {key} = {configured!r}; "
+                'set it in one place (or write "auto" in the config: it then takes the argument)'
+            )
+
+
+# Config keys whose optimizer argument is compared only when the caller passed it.
+_GIVEN_ONLY = ("zoe.moment_dtype", "gradient_clipping")
+
+
+def _normalized(value):
+    """A config or argument value in one form for comparison: numbers as floats, sequences as
+    lists."""
+    if isinstance(value, (list, tuple)):
+        return [_normalized(item) for item in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 class _ZoeAdamBase(torch.optim.Optimizer):
@@ -129,9 +165,9 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         *,
         engine=None,
         config=None,
-        offload="cpu",
+        offload=None,
         nvme_path=None,
-        moment_dtype="fp32",
+        moment_dtype=None,
         max_grad_norm=0.0,
         name="zoe",
         maximize=False,
@@ -165,9 +201,22 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._zero_copy = zero_copy
         self._owns_engine = engine is None
         self._device_backend = device_backend
+        if engine is not None and (config is not None or offload is not None or nvme_path):
+            raise _invalid(
+                "engine= comes with its own configuration; config, offload and nvme_path apply "
+                "only to the engine an optimizer creates, so give either engine or those"
+            )
         params, staging_swap = _torch_device.listed_params(params, device_backend)
         if engine is None:
-            document = _optimizer_engine_config(config, offload, nvme_path, moment_dtype)
+            arguments = {
+                "zoe.moment_dtype": (moment_dtype, "moment_dtype"),
+                "gradient_clipping": (self._max_grad_norm or None, "max_grad_norm"),
+                "optimizer.params.lr": (lr, "lr"),
+                "optimizer.params.betas": (list(betas), "betas"),
+                "optimizer.params.eps": (eps, "eps"),
+                "optimizer.params.weight_decay": (weight_decay, "weight_decay"),
+            }
+            document = _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments)
             if staging_swap:  # device parameters' staging is a zoe tensor homed in HOST
                 document["zoe"]["tensor_swap_bytes"] = staging_swap
         self._engine = engine or Engine(document)
@@ -678,7 +727,9 @@ class AdamW(_ZoeAdamBase):
     ``config``, a DeepSpeed-shaped configuration such as Hugging Face's ds_config_zero3.json whose
     "auto" values take this optimizer's arguments, or from ``offload`` = "cpu" | "nvme" and
     ``nvme_path``), ``moment_dtype`` ("fp32" | "bf16" | "int8": block-wise quantized, state_dict
-    still holds fp32 moments),
+    still holds fp32 moments; None, the default: the engine configuration's zoe.moment_dtype, fp32
+    unless set there; with ``engine`` a value given is this optimizer's own, with ``config`` one
+    that contradicts the config's is refused),
     ``max_grad_norm`` (0: no clipping), ``name`` (unique per engine; names the zoe groups in
     checkpoints) and ``device_backend`` (a zoe.torch.HostTwin: CPU parameters take the device
     path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``) and

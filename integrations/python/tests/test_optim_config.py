@@ -1,0 +1,141 @@
+"""Where a zoe.torch optimizer's settings come from: the engine configuration's zoe.moment_dtype
+reaches the groups unless the optimizer names its own; an optimizer argument that contradicts a
+value its config sets is refused, naming both; engine= excludes config, offload and nvme_path;
+the statistics say which moment dtype and master each group has."""
+
+import json
+
+import pytest
+import torch
+
+import zoe
+import zoe.torch
+from conftest import small_config
+
+
+def model():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 8)
+    for param in layer.parameters():
+        param.grad = torch.randn_like(param)
+    return layer
+
+
+def group_stats(optimizer):
+    return optimizer.engine.stats()["groups"][0]
+
+
+@pytest.mark.parametrize("moment_dtype", ["bf16", "int8"])
+def test_the_configs_moment_dtype_reaches_the_group(moment_dtype):
+    optimizer = zoe.torch.AdamW(model().parameters(),
+                                config=small_config(moment_dtype=moment_dtype))
+    optimizer.step()
+    assert group_stats(optimizer)["moment_dtype"] == moment_dtype
+    optimizer.close()
+
+
+def test_an_engines_moment_dtype_is_the_default_and_an_argument_is_the_groups_own():
+    with zoe.Engine(small_config(moment_dtype="int8")) as engine:
+        configured = zoe.torch.AdamW(model().parameters(), engine=engine, name="configured")
+        own = zoe.torch.AdamW(model().parameters(), engine=engine, name="own",
+                              moment_dtype="bf16")
+        configured.step()
+        own.step()
+        dtypes = {group["name"]: group["moment_dtype"] for group in engine.stats()["groups"]}
+        assert dtypes == {"configured.0": "int8", "own.0": "bf16"}
+
+
+def test_no_moment_dtype_anywhere_is_fp32():
+    optimizer = zoe.torch.AdamW(model().parameters())
+    optimizer.step()
+    assert group_stats(optimizer)["moment_dtype"] == "fp32"
+    optimizer.close()
+
+
+def test_a_moment_dtype_that_contradicts_the_config_is_refused():
+    with pytest.raises(zoe.InvalidArgument,
+                       match="moment_dtype = 'bf16' contradicts the config's zoe.moment_dtype = "
+                             "'int8'"):
+        zoe.torch.AdamW(model().parameters(), config=small_config(moment_dtype="int8"),
+                        moment_dtype="bf16")
+    agreeing = zoe.torch.AdamW(model().parameters(), config=small_config(moment_dtype="int8"),
+                               moment_dtype="int8")
+    agreeing.step()
+    assert group_stats(agreeing)["moment_dtype"] == "int8"
+    agreeing.close()
+
+
+def config_with(**top_level):
+    document = small_config()
+    document.update(top_level)
+    return document
+
+
+def test_clipping_that_contradicts_the_config_is_refused_and_auto_takes_the_argument():
+    with pytest.raises(zoe.InvalidArgument,
+                       match="max_grad_norm = 0.5 contradicts the config's gradient_clipping = "
+                             "1.0"):
+        zoe.torch.AdamW(model().parameters(), config=config_with(gradient_clipping=1.0),
+                        max_grad_norm=0.5)
+    for clipping in (0.5, "auto"):
+        optimizer = zoe.torch.AdamW(model().parameters(),
+                                    config=config_with(gradient_clipping=clipping),
+                                    max_grad_norm=0.5)
+        optimizer.close()
+
+
+def test_clipping_set_only_in_the_config_clips():
+    # Gradients of norm far above 1e-3: a clipped step moves every parameter by about lr, as
+    # Adam does, whatever the scale; what shows the clipping is the reported norm and the state.
+    layer = model()
+    optimizer = zoe.torch.AdamW(layer.parameters(), config=config_with(gradient_clipping=1e-3))
+    optimizer.step()
+    clipped = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    optimizer.close()
+    layer = model()
+    unclipped_optimizer = zoe.torch.AdamW(layer.parameters())
+    unclipped_optimizer.step()
+    unclipped = unclipped_optimizer.state_dict()["state"][0]["exp_avg"]
+    unclipped_optimizer.close()
+    norm = torch.cat([p.grad.flatten() for p in model().parameters()]).norm().item()
+    assert torch.allclose(clipped, unclipped * (1e-3 / norm), rtol=1e-4, atol=0)
+
+
+def test_hyper_parameters_set_in_the_config_must_match_the_optimizers():
+    document = small_config()
+    document["optimizer"] = {"type": "AdamW", "params": {"lr": 5e-5, "betas": [0.9, 0.95]}}
+    with pytest.raises(zoe.InvalidArgument,
+                       match=r"lr = 0.001 \(passed, or the optimizer's default\) contradicts the "
+                             r"config's optimizer.params.lr = 5e-05"):
+        zoe.torch.AdamW(model().parameters(), config=document, betas=(0.9, 0.95))
+    with pytest.raises(zoe.InvalidArgument, match="optimizer.params.betas"):
+        zoe.torch.AdamW(model().parameters(), config=document, lr=5e-5)
+    optimizer = zoe.torch.AdamW(model().parameters(), config=document, lr=5e-5,
+                                betas=(0.9, 0.95))
+    optimizer.step()
+    assert group_stats(optimizer)["hyper"]["lr"] == 5e-5
+    optimizer.close()
+
+
+@pytest.mark.parametrize("extra", [{"config": small_config()}, {"offload": "nvme"},
+                                   {"nvme_path": "/var/tmp"}])
+def test_engine_excludes_config_offload_and_nvme_path(extra):
+    with zoe.Engine(small_config()) as engine:
+        with pytest.raises(zoe.InvalidArgument, match="engine= comes with its own configuration"):
+            zoe.torch.AdamW(model().parameters(), engine=engine, **extra)
+
+
+def test_config_and_offload_together_are_refused():
+    with pytest.raises(zoe.InvalidArgument, match="either config"):
+        zoe.torch.AdamW(model().parameters(), config=json.dumps(small_config()), offload="cpu")
+
+
+def test_the_statistics_name_the_master():
+    zero_copy = zoe.torch.AdamW(model().parameters())
+    copy = zoe.torch.AdamW(model().parameters(), zero_copy=False)
+    for optimizer in (zero_copy, copy):
+        optimizer.step()
+    assert group_stats(zero_copy)["master"] == "params"
+    assert group_stats(copy)["master"] == "zoe"
+    zero_copy.close()
+    copy.close()
