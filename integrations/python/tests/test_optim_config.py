@@ -139,3 +139,135 @@ def test_the_statistics_name_the_master():
     assert group_stats(copy)["master"] == "zoe"
     zero_copy.close()
     copy.close()
+
+
+# ---- more arguments that would otherwise be dropped or overridden ------------------------------
+
+def test_an_nvme_path_implies_nvme_and_refuses_cpu(nvme_dir):
+    optimizer = zoe.torch.AdamW(model().parameters(), nvme_path=nvme_dir)
+    optimizer.step()
+    assert group_stats(optimizer)["placement"] == "nvme"
+    optimizer.close()
+    with pytest.raises(zoe.InvalidArgument, match="nvme_path = .* with offload='cpu'"):
+        zoe.torch.AdamW(model().parameters(), offload="cpu", nvme_path=nvme_dir)
+    with pytest.raises(zoe.InvalidArgument, match="with offload='cpu'"):
+        zoe.torch.engine_config("cpu", nvme_path=nvme_dir)
+
+
+def first_moment(optimizer):
+    optimizer.step()
+    moment = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    optimizer.close()
+    return moment
+
+
+def test_max_grad_norm_zero_is_no_clipping_not_the_engines():
+    unclipped = first_moment(zoe.torch.AdamW(model().parameters()))
+    with zoe.Engine(config_with(gradient_clipping=1e-3)) as engine:
+        clipped = first_moment(zoe.torch.AdamW(model().parameters(), engine=engine, name="a"))
+        explicit = first_moment(zoe.torch.AdamW(model().parameters(), engine=engine, name="b",
+                                                max_grad_norm=0.0))
+    assert torch.equal(explicit, unclipped)
+    assert clipped.abs().max() < unclipped.abs().max() / 100
+    with pytest.raises(zoe.InvalidArgument, match="max_grad_norm = 0.0 contradicts"):
+        zoe.torch.AdamW(model().parameters(), config=config_with(gradient_clipping=1e-3),
+                        max_grad_norm=0.0)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        zoe.torch.AdamW(model().parameters(), max_grad_norm=-1.0)
+
+
+@pytest.mark.parametrize("zoe_class, optimizer_section", [
+    (zoe.torch.AdamW, {"type": "Adagrad"}),
+    (zoe.torch.AdamW, {"type": "Adam", "params": {"adam_w_mode": False}}),
+    (zoe.torch.Adam, {"type": "Adam"}),  # DeepSpeed's "Adam" is AdamW unless adam_w_mode: false
+])
+def test_an_optimizer_type_that_contradicts_the_config_is_refused(zoe_class, optimizer_section):
+    document = small_config()
+    document["optimizer"] = optimizer_section
+    with pytest.raises(zoe.InvalidArgument, match=f"zoe.torch.{zoe_class.__name__} contradicts "
+                                                  "the config's optimizer.type"):
+        zoe_class(model().parameters(), config=document, weight_decay=0.0)
+
+
+@pytest.mark.parametrize("zoe_class, type_name", [(zoe.torch.AdamW, "AdamW"),
+                                                  (zoe.torch.AdamW, "Adam"),
+                                                  (zoe.torch.Adam, "adam_l2")])
+def test_a_matching_optimizer_type_is_accepted(zoe_class, type_name):
+    document = small_config()
+    document["optimizer"] = {"type": type_name}
+    if type_name == "adam_l2":
+        document["optimizer"] = {"type": "Adam", "params": {"adam_w_mode": False}}
+    optimizer = zoe_class(model().parameters(), config=document)
+    optimizer.step()
+    assert group_stats(optimizer)["type"] == zoe_class.__name__.lower()
+    optimizer.close()
+
+
+@pytest.mark.parametrize("extra", [{"amsgrad": True}, {"maximize": True},
+                                   {"moment_dtype": "bf16"}, {"max_grad_norm": 1.0}])
+def test_a_param_group_asking_for_what_the_step_does_not_do_is_refused(extra):
+    layer = model()
+    optimizer = zoe.torch.AdamW([layer.weight])
+    with pytest.raises(zoe.InvalidArgument, match=f"param group 1 sets .*{next(iter(extra))}"):
+        optimizer.add_param_group({"params": [layer.bias], **extra})
+    assert len(optimizer.param_groups) == 1
+    optimizer.close()
+
+
+@pytest.mark.parametrize("flags", [{"maximize": True}, {"amsgrad": True}])
+def test_a_state_dict_asking_for_what_the_step_does_not_do_is_refused(flags):
+    layer = model()
+    torch_opt = torch.optim.AdamW(layer.parameters(), **flags)
+    torch_opt.step()
+    optimizer = zoe.torch.AdamW(model().parameters())
+    with pytest.raises(zoe.InvalidArgument, match=f"sets {next(iter(flags))} = True"):
+        optimizer.load_state_dict(torch_opt.state_dict())
+    state = torch_opt.state_dict()
+    state["param_groups"][0].update(amsgrad=False, maximize=False)
+    if "amsgrad" in flags:
+        with pytest.raises(zoe.InvalidArgument, match="max_exp_avg_sq"):
+            optimizer.load_state_dict(state)
+    optimizer.close()
+
+
+@pytest.mark.parametrize("extra", [{"zero_copy": True}, {"speculative": True},
+                                   {"device_backend": zoe.torch.HostTwin()},
+                                   {"bucket_elements": -5}])
+def test_the_sharded_optimizer_refuses_options_it_would_ignore(extra):
+    with pytest.raises(zoe.InvalidArgument, match=next(iter(extra))):
+        zoe.torch.AdamW(model().parameters(), zero_stage=1, **extra)
+
+
+def test_speculation_without_a_device_group_is_refused():
+    with pytest.raises(zoe.InvalidArgument, match="speculative=True applies to param groups "
+                                                  "stepped on a device"):
+        zoe.torch.AdamW(model().parameters(), speculative=True)
+    twin = zoe.torch.AdamW(model().parameters(), speculative=True,
+                           device_backend=zoe.torch.HostTwin())
+    twin.close()
+
+
+@pytest.mark.parametrize("extra", [{"prefetch_depth": 3}, {"bucket_elements": 1024}])
+def test_stage_3_options_without_a_process_group_are_refused(extra):
+    with zoe.Engine(small_config()) as engine:
+        with pytest.raises(zoe.InvalidArgument, match=f"{next(iter(extra))} = .* applies to ZeRO "
+                                                      "stage 3"):
+            zoe.torch.offload_parameters(torch.nn.Linear(4, 4), engine, **extra)
+
+
+def test_a_swap_size_the_config_sets_is_kept_beside_device_groups():
+    document = small_config()
+    document["zoe"]["tensor_swap_bytes"] = "96M"
+    optimizer = zoe.torch.AdamW(model().parameters(), config=document,
+                                device_backend=zoe.torch.HostTwin())
+    assert optimizer.engine.config["zoe"]["tensor_swap_bytes"] == 96 << 20
+    optimizer.close()
+    document["zoe"]["tensor_swap_bytes"] = "4K"  # too small for the staging: said so, with sizes
+    layer = torch.nn.Linear(256, 256)
+    with pytest.raises(zoe.NoSpace, match="needs 589824 bytes of NVMe swap space.*"
+                                          "zoe.tensor_swap_bytes"):
+        small = zoe.torch.AdamW(layer.parameters(), config=document,
+                                device_backend=zoe.torch.HostTwin())
+        for param in layer.parameters():
+            param.grad = torch.randn_like(param)
+        small.step()

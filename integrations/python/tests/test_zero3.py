@@ -80,14 +80,15 @@ def reference_parameters():
     return {name: p.detach().clone() for name, p in model.state_dict().items()}
 
 
-def engine_for(directory, rank):
+def engine_for(directory, rank, **top_level):
     """Rank's engine: optimizer state and parameter shards on NVMe under its own paths (the
-    tensors' swap space is striped over both)."""
+    tensors' swap space is striped over both); ``top_level`` keys added to its configuration."""
     paths = [os.path.join(directory, f"{part}{rank}") for part in ("optim", "param")]
     for path in paths:
         os.makedirs(path, exist_ok=True)
     config = small_config(paths[0], offload="nvme", chunk_size="4K", tensor_host_budget="64K")
     config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": paths[1]}
+    config.update(top_level)
     return zoe.Engine(config), paths
 
 
@@ -278,12 +279,57 @@ def test_a_failing_rank_fails_every_rank_within_a_bound(nvme_dir):
     assert "another rank failed" in outcomes[0] and "parameter" in outcomes[0]
 
 
+def construct_over_shards(rank, world_size, directory):
+    """Rank's outcome of constructing an optimizer over its shards: with max_grad_norm, with
+    the engine's gradient_clipping, and with the engine's clipping turned off by
+    max_grad_norm=0.0."""
+    init(rank, world_size, directory)
+    outcomes = []
+    for clipping, options in ((None, {"max_grad_norm": 1.0}), (1.0, {}),
+                              (1.0, {"max_grad_norm": 0.0})):
+        extra = {} if clipping is None else {"gradient_clipping": clipping}
+        engine, _ = engine_for(os.path.join(directory, str(len(outcomes))), rank, **extra)
+        torch.manual_seed(0)
+        pager = zoe.torch.offload_parameters(Model(), engine, process_group=dist.group.WORLD)
+        try:
+            zoe.torch.AdamW(pager.shard_parameters(), engine=engine, **options).close()
+            outcomes.append("accepted")
+        except zoe.InvalidArgument as error:
+            outcomes.append(str(error))
+        del pager
+        engine.close()
+    torch.save(outcomes, os.path.join(directory, f"outcomes{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_an_optimizer_that_would_clip_shards_by_their_own_norm_is_refused(nvme_dir):
+    run_ranks(construct_over_shards, 2, nvme_dir)
+    for rank in range(2):
+        by_argument, by_engine, turned_off = torch.load(
+            os.path.join(nvme_dir, f"outcomes{rank}.pt"))
+        for outcome in (by_argument, by_engine):
+            assert "ShardedParameterPager over 2 ranks" in outcome, outcome
+            assert "pager.clip_grad_norm_" in outcome, outcome
+        assert turned_off == "accepted"
+
+
 @pytest.fixture
 def world_of_one(nvme_dir):
     """A gloo process group of this process alone, destroyed afterwards."""
     init(0, 1, nvme_dir)
     yield dist.group.WORLD
     dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("stage, expected", [(3, 2), (1, 1)])
+def test_a_sharded_optimizer_takes_its_stage_from_the_engine(world_of_one, stage, expected):
+    config = small_config()
+    config["zero_optimization"]["stage"] = stage
+    with zoe.Engine(config) as engine:
+        optimizer = zoe.torch.AdamW(torch.nn.Linear(4, 4).parameters(), engine=engine,
+                                    process_group=world_of_one)
+        assert optimizer.zero_stage == expected
+        optimizer.close()
 
 
 def reference_and_model():

@@ -72,6 +72,11 @@ def engine_config(offload="cpu", nvme_path=None, moment_dtype=None, **zoe_option
     """A configuration dict placing the optimizer state on ``offload`` ("cpu" or "nvme")."""
     if offload not in ("cpu", "nvme"):
         raise _invalid(f"offload = {offload!r} is not allowed; allowed: 'cpu', 'nvme'")
+    if offload == "cpu" and nvme_path:
+        raise _invalid(
+            f"nvme_path = {os.fspath(nvme_path)!r} with offload='cpu': the state would stay in "
+            "DRAM and the path go unused; give offload='nvme' (or no offload: a path implies it)"
+        )
     section = {"device": offload}
     if offload == "nvme":
         if not nvme_path:
@@ -85,14 +90,19 @@ def engine_config(offload="cpu", nvme_path=None, moment_dtype=None, **zoe_option
     return {"zero_optimization": {"offload_optimizer": section}, "zoe": options}
 
 
-def _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments):
+def _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments, swap_bytes):
     """The configuration of the engine an optimizer creates: ``config`` (a DeepSpeed-shaped
     dict, JSON string or file path; its "auto" values are decided by the optimizer's arguments)
-    when given, else one from ``offload`` (None: "cpu"). The engine holds optimizer groups only,
-    so unless the config says otherwise it reserves no swap space for registered tensors. An
-    argument that contradicts a value the config sets is refused (_check_config_agrees)."""
+    when given, else one from ``offload`` (None: "nvme" with an nvme_path, else "cpu"). The
+    engine holds optimizer groups only,
+    so unless the config says otherwise it reserves for registered tensors only the
+    ``swap_bytes`` its device groups' staging needs (0: none). An argument that contradicts a
+    value the config sets is refused (_check_config_agrees)."""
+    swap = swap_bytes or "1M"
     if config is None:
-        return engine_config(offload or "cpu", nvme_path, moment_dtype=moment_dtype)
+        offload = offload or ("nvme" if nvme_path else "cpu")
+        return engine_config(offload, nvme_path, moment_dtype=moment_dtype,
+                             tensor_swap_bytes=swap)
     if nvme_path is not None or offload is not None:
         raise _invalid(
             "give either config (its zero_optimization.offload_optimizer places the state) or "
@@ -102,7 +112,7 @@ def _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments
     _check_config_agrees(document, arguments)
     zoe_section = document.setdefault("zoe", {})
     if isinstance(zoe_section, dict):
-        zoe_section.setdefault("tensor_swap_bytes", "1M")
+        zoe_section.setdefault("tensor_swap_bytes", swap)  # a value the config sets is kept
     return document
 
 
@@ -124,6 +134,41 @@ def _check_config_agrees(document, arguments):
                 f"{name} = {argument!r}{given} contradicts the config's {key} = {configured!r}; "
                 'set it in one place (or write "auto" in the config: it then takes the argument)'
             )
+
+
+def _check_type_agrees(document, engine, zoe_type):
+    """InvalidArgument when the config names an optimizer.type that zoe (which reads DeepSpeed's
+    "Adam" as AdamW unless adam_w_mode is false) resolves to another kind than the class
+    constructed."""
+    optimizer = document.get("optimizer")
+    if not isinstance(optimizer, dict) or optimizer.get("type") is None:
+        return
+    resolved = engine.config["optimizer"]["type"]
+    if resolved != zoe_type.lower():
+        raise _invalid(
+            f"zoe.torch.{zoe_type} contradicts the config's optimizer.type = "
+            f"{optimizer['type']!r} (read as {resolved!r}); construct the matching class or "
+            "change the config"
+        )
+
+
+# Param group keys torch's AdamW would act on, with the values zoe's step honours.
+_UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "capturable")
+# Keys of the optimizer's own, which a param group cannot set.
+_OPTIMIZER_WIDE = ("moment_dtype", "max_grad_norm")
+
+
+def _check_group_options(group, where):
+    """InvalidArgument for a param group (added, or loaded from a state dict) that asks for
+    something zoe's step would not do."""
+    for key in _UNSUPPORTED_FLAGS:
+        if group.get(key):
+            raise _invalid(f"{where} sets {key} = {group[key]!r}; zoe optimizers support neither "
+                           "amsgrad, maximize nor capturable")
+    for key in _OPTIMIZER_WIDE:
+        if key in group:
+            raise _invalid(f"{where} sets {key!r}; it is the optimizer's, given to its "
+                           "constructor (or the engine configuration), not per param group")
 
 
 # Config keys whose optimizer argument is compared only when the caller passed it.
@@ -168,7 +213,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         offload=None,
         nvme_path=None,
         moment_dtype=None,
-        max_grad_norm=0.0,
+        max_grad_norm=None,
         name="zoe",
         maximize=False,
         foreach=None,
@@ -186,6 +231,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                 raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if max_grad_norm is not None and not 0.0 <= max_grad_norm:
+            raise ValueError(f"Invalid max_grad_norm value: {max_grad_norm}")
         if amsgrad or maximize or capturable:
             raise _invalid("zoe optimizers support neither amsgrad, maximize nor capturable")
         if zero_copy not in (None, True, False):
@@ -196,7 +243,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             raise _invalid(f"optimizer name {name!r} must be letters, digits, '_', '.', '-'")
         self._name = name
         self._moment_dtype = moment_dtype
-        self._max_grad_norm = float(max_grad_norm)
+        # None: the engine configuration's gradient_clipping; 0.0: no clipping
+        self._max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self._speculative = bool(speculative)
         self._zero_copy = zero_copy
         self._owns_engine = engine is None
@@ -210,16 +258,21 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         if engine is None:
             arguments = {
                 "zoe.moment_dtype": (moment_dtype, "moment_dtype"),
-                "gradient_clipping": (self._max_grad_norm or None, "max_grad_norm"),
+                "gradient_clipping": (self._max_grad_norm, "max_grad_norm"),
                 "optimizer.params.lr": (lr, "lr"),
                 "optimizer.params.betas": (list(betas), "betas"),
                 "optimizer.params.eps": (eps, "eps"),
                 "optimizer.params.weight_decay": (weight_decay, "weight_decay"),
             }
-            document = _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments)
-            if staging_swap:  # device parameters' staging is a zoe tensor homed in HOST
-                document["zoe"]["tensor_swap_bytes"] = staging_swap
+            document = _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments,
+                                                staging_swap)
         self._engine = engine or Engine(document)
+        if engine is None:
+            try:
+                _check_type_agrees(document, self._engine, self._ZOE_TYPE)
+            except BaseException:
+                self._engine.close()
+                raise
         self._device_groups = []  # per param group: _torch_device.DeviceGroup, None on the CPU
         self._zoe_groups = []  # per param group: zoe OptimizerGroup, created at its first use
         self._versions = []  # per param group: the parameters' version counters after our write
@@ -240,6 +293,12 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         )
         try:
             super().__init__(params, defaults)
+            if self._speculative and all(group is None for group in self._device_groups):
+                raise _invalid(
+                    "speculative=True applies to param groups stepped on a device (CUDA "
+                    "parameters, or device_backend=zoe.torch.HostTwin()); every group here is "
+                    "stepped on the CPU, where gradients reach zoe only at step()"
+                )
         except BaseException:
             self.close()
             raise
@@ -269,11 +328,14 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         """As torch's; parameters must be contiguous float32/bfloat16/float16 tensors, on the
-        CPU or on one CUDA device per group (or on the CPU twin given as device_backend)."""
+        CPU or on one CUDA device per group (or on the CPU twin given as device_backend). A
+        group that asks for what zoe's step does not do (amsgrad, maximize, capturable, a
+        moment dtype or clipping of its own) is refused rather than stepped without it."""
         group_index = len(self.param_groups)
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         param_group["params"] = params  # a generator is read once, here
+        _check_group_options(param_group, f"param group {group_index}")
         for index, param in enumerate(params):
             where = f"parameter {index} of param group {group_index}"
             if param.dtype not in _DTYPES:
@@ -281,6 +343,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                     f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
                     "torch.bfloat16 or torch.float16"
                 )
+            self._check_shard_clipping(param, where)
         backend = _torch_device.backend_for(group_index, params, self._device_backend)
         super().add_param_group(param_group)
         self._device_groups.append(
@@ -291,6 +354,21 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._versions.append(None)
         self._pending.append(None)
         self.last_step.append(None)
+
+    def _check_shard_clipping(self, param, where):
+        """InvalidArgument for a stage 3 shard (ShardedParameterPager over several ranks) in an
+        optimizer that would clip: its norm would be this rank's shard's alone."""
+        world_size = getattr(_pager_of(param), "world_size", 1)
+        clipping = self._max_grad_norm
+        if clipping is None:
+            clipping = self._engine.config.get("gradient_clipping", 0.0)
+        if world_size > 1 and clipping:
+            raise _invalid(
+                f"{where} is a shard of a ShardedParameterPager over {world_size} ranks, and "
+                f"this optimizer would clip at {clipping} by this rank's shard's norm alone; clip "
+                "with pager.clip_grad_norm_(max_norm) (the global norm), and leave max_grad_norm "
+                'unset with the engine\'s gradient_clipping 0 or "auto"'
+            )
 
     def _group_name(self, group_index):
         return f"{self._name}.{group_index}"
@@ -314,7 +392,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             betas=list(group["betas"]),
             eps=group["eps"],
             weight_decay=group["weight_decay"],
-            max_grad_norm=self._max_grad_norm or None,
+            max_grad_norm=self._max_grad_norm,
             moment_dtype=self._moment_dtype,
             segments=[param.numel() for param in group["params"]],
             speculative=True if self._speculative_group(group_index) else None,
@@ -593,6 +671,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                     "loaded state dict contains a parameter group that doesn't match the size "
                     "of optimizer's group"
                 )
+        for group_index, saved in enumerate(saved_groups):
+            _check_group_options(saved, f"param group {group_index} of the loaded state dict")
         saved_state = state_dict["state"]
         for group_index, (group, saved) in enumerate(zip(groups, saved_groups)):
             for key, value in saved.items():
@@ -616,6 +696,9 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         for key in ("step", "exp_avg", "exp_avg_sq"):
             if key not in param_state:
                 raise ValueError(f"{where} lacks {key!r}")
+        if "max_exp_avg_sq" in param_state:
+            raise _invalid(f"{where} holds max_exp_avg_sq (amsgrad), which zoe optimizers do "
+                           "not keep")
         for key in ("exp_avg", "exp_avg_sq", "master_param"):
             if key in param_state and param_state[key].shape != param.shape:
                 raise ValueError(
@@ -730,7 +813,8 @@ class AdamW(_ZoeAdamBase):
     still holds fp32 moments; None, the default: the engine configuration's zoe.moment_dtype, fp32
     unless set there; with ``engine`` a value given is this optimizer's own, with ``config`` one
     that contradicts the config's is refused),
-    ``max_grad_norm`` (0: no clipping), ``name`` (unique per engine; names the zoe groups in
+    ``max_grad_norm`` (None, the default: the engine configuration's gradient_clipping, none
+    unless set; 0: no clipping), ``name`` (unique per engine; names the zoe groups in
     checkpoints) and ``device_backend`` (a zoe.torch.HostTwin: CPU parameters take the device
     path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``) and
     ``speculative`` (device param groups: inside ``overlap()`` zoe updates each chunk as soon as

@@ -365,7 +365,7 @@ def _home_from_config(engine):
 
 
 def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param.",
-                       tier=None, process_group=None, prefetch_depth=2,
+                       tier=None, process_group=None, prefetch_depth=None,
                        bucket_elements=None):
     """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
 
@@ -396,10 +396,11 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
 
     * ``process_group``: ZeRO stage 3 across its ranks: each rank pages only its shard of every
       parameter, a module's parameters are all-gathered around its forward and backward (the
-      next ``prefetch_depth`` gathers issued ahead by the trace) and gradients reduced to the
-      owning shard in buckets of ``bucket_elements`` elements or more (None: 4 Mi, as the stage
-      1 and 2 optimizer's; 0 or 1: one parameter per bucket); returns a ShardedParameterPager (see
-      zoe/_torch_zero3.py, docs/zero3.md).
+      next ``prefetch_depth`` gathers issued ahead by the trace; None: 2) and gradients reduced
+      to the owning shard in buckets of ``bucket_elements`` elements or more (None: 4 Mi, as
+      the stage 1 and 2 optimizer's; 0 or 1: one parameter per bucket); returns a
+      ShardedParameterPager (see zoe/_torch_zero3.py, docs/zero3.md). Without a process_group,
+      prefetch_depth and bucket_elements are refused (nothing is gathered or reduced).
 
     Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).
     """
@@ -409,10 +410,15 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
         on_gpu = any(param.device.type == "cuda" for param in model.parameters())
         tier = _capi.Tier.DEVICE if on_gpu else _capi.Tier.HOST
     if process_group is not None:
-        from ._torch_zero3 import offload_sharded
+        from ._torch_zero3 import DEFAULT_PREFETCH_DEPTH, offload_sharded
 
+        depth = DEFAULT_PREFETCH_DEPTH if prefetch_depth is None else prefetch_depth
         return offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
-                               prefetch_depth, bucket_elements)
+                               depth, bucket_elements)
+    for name, value in (("prefetch_depth", prefetch_depth), ("bucket_elements", bucket_elements)):
+        if value is not None:
+            raise _invalid(f"{name} = {value!r} applies to ZeRO stage 3 (with a process_group); "
+                           "a pager without one gathers nothing and reduces nothing")
     pager = ParameterPager(model, engine, trace_name, home, tier)
     with torch.no_grad():
         pager._register(prefix)

@@ -458,22 +458,43 @@ def _config_with_rank(config, rank):
 
 def _stage_of(zero_stage, config, engine):
     """The ZeRO stage: ``zero_stage``, else the config's (or the engine's)
-    zero_optimization.stage; the optimizer's part of stage 3 is stage 2's."""
+    zero_optimization.stage; the optimizer's part of stage 3 is stage 2's. zero_stage, when
+    given, is the optimizer's stage whatever the configuration says (its stage also describes
+    how a ShardedParameterPager partitions the parameters)."""
+    what = "zero_stage"
     if zero_stage is None:
+        what = "zero_optimization.stage (from the configuration)"
         if config is not None:
             document = json.loads(_config_text(config) or "{}")
             zero_stage = document.get("zero_optimization", {}).get("stage", 2)
         elif engine is not None:
-            zero_stage = engine.config().get("zero_optimization", {}).get("stage", 2)
+            zero_stage = engine.config.get("zero_optimization", {}).get("stage", 2)
         else:
-            zero_stage = 2
+            zero_stage, what = 2, "zero_stage"
     if zero_stage not in (1, 2, 3):
         raise _invalid(
-            f"zero_stage = {zero_stage!r} is not allowed with a process_group; allowed: 1 "
+            f"{what} = {zero_stage!r} is not allowed with a process_group; allowed: 1 "
             "(gradients all-reduced at step), 2 (reduced during backward), 3 (as 2 for the "
             "optimizer)"
         )
     return min(int(zero_stage), 2)
+
+
+# Options of the unsharded optimizer that a sharded one does not take, with the value that
+# means "not asked for".
+_UNSHARDED_OPTIONS = {"zero_copy": (None, False), "speculative": (False,),
+                      "device_backend": (None,)}
+
+
+def _check_sharded_options(options):
+    """InvalidArgument for an option the sharded optimizer would otherwise ignore."""
+    for key, unset in _UNSHARDED_OPTIONS.items():
+        if key in options and options[key] not in unset:
+            raise _invalid(
+                f"{key} = {options[key]!r} is not supported with a process_group: a sharded "
+                "optimizer steps CPU parameters, keeps its own master of its shard and does "
+                "not speculate"
+            )
 
 
 class _ShardSlice:
@@ -507,11 +528,16 @@ class ZeroMixin:
     def __init__(self, params, *args, process_group=None, zero_stage=None,
                  bucket_elements=DEFAULT_BUCKET_ELEMENTS, config=None, nvme_path=None,
                  engine=None, **options):
+        _check_sharded_options(options)
+        if isinstance(bucket_elements, bool) or not isinstance(bucket_elements, int) \
+                or bucket_elements < 0:
+            raise _invalid(f"bucket_elements = {bucket_elements!r} is not allowed; allowed: an "
+                           "integer >= 0 (0 or 1: one parameter per bucket)")
         if process_group is None:
             process_group = dist.group.WORLD
         self._comm = TorchCollectives(process_group)
         self._stage = _stage_of(zero_stage, config, engine)
-        self._bucket_elements = int(bucket_elements)
+        self._bucket_elements = bucket_elements
         self._sharded = []  # per param group: ShardedGroup, created at first use
         self._shard_grads = []  # per param group: the reduced slices zoe borrows until step
         self._grad_buffers = []  # per param group: the flat gradient buffer (_grad_buffer)
@@ -545,6 +571,15 @@ class ZeroMixin:
         return self._comm.calls
 
     def add_param_group(self, param_group):
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        param_group["params"] = params  # a generator is read once, here
+        for index, param in enumerate(params):
+            if param.device.type != "cpu":
+                raise _invalid(
+                    f"parameter {index} of param group {len(self.param_groups)} is on "
+                    f"{param.device}; sharded zoe optimizers take CPU parameters"
+                )
         super().add_param_group(param_group)
         group_index = len(self.param_groups) - 1
         self._sharded.append(None)
@@ -557,6 +592,7 @@ class ZeroMixin:
                     f"parameter {index} of param group {group_index} is paged; sharded zoe "
                     "optimizers take ordinary CPU parameters"
                 )
+
         buckets, current, size = [], [], 0
         for index, param in enumerate(params):
             current.append(index)
@@ -603,7 +639,7 @@ class ZeroMixin:
             betas=list(group["betas"]),
             eps=group["eps"],
             weight_decay=group["weight_decay"],
-            max_grad_norm=self._max_grad_norm or None,
+            max_grad_norm=self._max_grad_norm,
             moment_dtype=self._moment_dtype,
             segments=[param.numel() for param in params],
         )
