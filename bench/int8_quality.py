@@ -70,7 +70,8 @@ def train(task, steps, moment_dtype, offload, nvme_dir):
     model = make_model()
     optimizer = zoe.torch.AdamW(
         model.parameters(), lr=demo.LR, betas=(0.9, 0.99), weight_decay=demo.WEIGHT_DECAY,
-        offload=offload, nvme_path=nvme_dir, moment_dtype=moment_dtype,
+        offload=offload, nvme_path=nvme_dir if offload == "nvme" else None,
+        moment_dtype=moment_dtype,
     )
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     losses = []
