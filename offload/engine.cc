@@ -655,15 +655,42 @@ Status Engine::SaveCheckpoint(const std::string& dir) {
   return writer->Commit();
 }
 
+namespace {
+
+// When saved and current group identities differ only in their moment dtypes: a sentence
+// naming the dtype to create the groups with (a checkpoint keeps the moments it was saved with).
+std::string MomentDTypeHint(const Json& saved, const Json& current) {
+  if (!saved.is_array() || saved.size() != current.size()) return "";
+  std::string saved_dtypes;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (!saved[i].is_object() || !saved[i].contains("state_dtype")) return "";
+    Json left = saved[i], right = current[i];
+    if (left["state_dtype"] == right["state_dtype"]) continue;
+    left.erase("state_dtype");
+    right.erase("state_dtype");
+    if (left != right) return "";
+    saved_dtypes = saved[i]["state_dtype"].get<std::string>();
+  }
+  if (saved_dtypes.empty()) return "";
+  return fmt::format(
+      "; only the moment dtype differs: create the groups with moment_dtype '{}', the moments "
+      "the checkpoint holds (zoe.torch: moment_dtype='{}')",
+      saved_dtypes, saved_dtypes);
+}
+
+}  // namespace
+
 Status Engine::CheckCheckpointGroups(const Json& metadata) const {
   Json current = Json::array();
   for (const auto& group : groups_) current.push_back(group->optimizer->Identity());
   const auto found = metadata.find("groups");
   if (found != metadata.end() && *found == current) return Status::Ok();
+  const Json saved = found != metadata.end() ? *found : Json();
   return Status::FailedPrecondition(fmt::format(
       "the checkpoint holds the groups {} but this engine has {}; it loads only into the same "
-      "groups (name, type, parameters, moment dtype, sub-group size)",
-      found != metadata.end() ? found->dump() : std::string("(none)"), current.dump()));
+      "groups (name, type, parameters, moment dtype, sub-group size){}",
+      found != metadata.end() ? saved.dump() : std::string("(none)"), current.dump(),
+      MomentDTypeHint(saved, current)));
 }
 
 namespace {

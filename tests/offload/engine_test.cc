@@ -28,6 +28,7 @@ namespace zoe::offload {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::TempDir;
 using Json = nlohmann::json;
 
@@ -645,6 +646,33 @@ TEST_F(EngineCheckpointTest, CheckpointOfOtherGroupsIsRefusedAndChangesNothing) 
   EXPECT_EQ(loaded.code(), StatusCode::kFailedPrecondition) << loaded.ToString();
   EXPECT_THAT(std::string(loaded.message()), HasSubstr("\"b\""));
   EXPECT_EQ(ReadSlot(*other, only, StateSlot::kMaster, kCount), params);
+}
+
+// Groups that differ from the checkpoint's only in their moment dtype are told which to use;
+// groups that differ otherwise are not.
+TEST_F(EngineCheckpointTest, OtherMomentDtypesAreRefusedNamingTheCheckpoints) {
+  TempDir other_dir;
+  std::unique_ptr<Engine> other = MakeEngine(SmallConfig(other_dir));
+  ASSERT_NE(other, nullptr);
+  std::vector<float> params = params_a_, params_b = params_b_;
+  const GroupId a = CreateGroup(*other, R"({"name": "a", "moment_dtype": "int8"})", params);
+  CreateGroup(*other, R"({"name": "b", "moment_dtype": "bf16"})", params_b);
+  const Status loaded = other->LoadCheckpoint(ckpt_);
+  EXPECT_EQ(loaded.code(), StatusCode::kFailedPrecondition) << loaded.ToString();
+  EXPECT_THAT(std::string(loaded.message()),
+              HasSubstr("only the moment dtype differs: create the groups with moment_dtype "
+                        "'fp32'"));
+  EXPECT_EQ(ReadSlot(*other, a, StateSlot::kMaster, kCount), params_a_);
+
+  TempDir third_dir;
+  std::unique_ptr<Engine> third = MakeEngine(SmallConfig(third_dir));
+  ASSERT_NE(third, nullptr);
+  std::vector<float> renamed = params_a_, renamed_b = params_b_;
+  CreateGroup(*third, R"({"name": "c", "moment_dtype": "int8"})", renamed);
+  CreateGroup(*third, R"({"name": "b", "moment_dtype": "bf16"})", renamed_b);
+  const Status refused = third->LoadCheckpoint(ckpt_);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.message()), Not(HasSubstr("only the moment dtype")));
 }
 
 TEST_F(EngineCheckpointTest, DamagedFileOfTheSecondGroupChangesNeitherGroup) {

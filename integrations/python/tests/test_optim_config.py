@@ -77,11 +77,12 @@ def test_clipping_that_contradicts_the_config_is_refused_and_auto_takes_the_argu
                              "1.0"):
         zoe.torch.AdamW(model().parameters(), config=config_with(gradient_clipping=1.0),
                         max_grad_norm=0.5)
-    for clipping in (0.5, "auto"):
-        optimizer = zoe.torch.AdamW(model().parameters(),
-                                    config=config_with(gradient_clipping=clipping),
-                                    max_grad_norm=0.5)
-        optimizer.close()
+    unclipped = first_moment(zoe.torch.AdamW(model().parameters()))
+    for clipping in (1e-3, "auto"):  # agreeing, and "auto": both clip at the argument's 1e-3
+        clipped = first_moment(zoe.torch.AdamW(model().parameters(),
+                                               config=config_with(gradient_clipping=clipping),
+                                               max_grad_norm=1e-3))
+        assert clipped.abs().max() < unclipped.abs().max() / 100
 
 
 def test_clipping_set_only_in_the_config_clips():
@@ -204,7 +205,8 @@ def test_a_matching_optimizer_type_is_accepted(zoe_class, type_name):
 
 
 @pytest.mark.parametrize("extra", [{"amsgrad": True}, {"maximize": True},
-                                   {"moment_dtype": "bf16"}, {"max_grad_norm": 1.0}])
+                                   {"differentiable": True}, {"moment_dtype": "bf16"},
+                                   {"max_grad_norm": 1.0}])
 def test_a_param_group_asking_for_what_the_step_does_not_do_is_refused(extra):
     layer = model()
     optimizer = zoe.torch.AdamW([layer.weight])
@@ -215,9 +217,9 @@ def test_a_param_group_asking_for_what_the_step_does_not_do_is_refused(extra):
 
 
 @pytest.mark.parametrize("flags", [{"maximize": True}, {"amsgrad": True}])
-def test_a_state_dict_asking_for_what_the_step_does_not_do_is_refused(flags):
+def test_a_state_dict_asking_for_what_the_step_does_not_do_is_refused_and_changes_nothing(flags):
     layer = model()
-    torch_opt = torch.optim.AdamW(layer.parameters(), **flags)
+    torch_opt = torch.optim.AdamW(layer.parameters(), lr=0.5, **flags)
     torch_opt.step()
     optimizer = zoe.torch.AdamW(model().parameters())
     with pytest.raises(zoe.InvalidArgument, match=f"sets {next(iter(flags))} = True"):
@@ -227,7 +229,40 @@ def test_a_state_dict_asking_for_what_the_step_does_not_do_is_refused(flags):
     if "amsgrad" in flags:
         with pytest.raises(zoe.InvalidArgument, match="max_exp_avg_sq"):
             optimizer.load_state_dict(state)
+    assert optimizer.param_groups[0]["lr"] == 1e-3  # the refused state dicts changed nothing
+    assert not optimizer.param_groups[0]["maximize"]
     optimizer.close()
+
+
+def test_a_flag_set_on_a_param_group_after_construction_is_refused_at_step():
+    optimizer = zoe.torch.AdamW(model().parameters())
+    optimizer.param_groups[0]["maximize"] = True
+    with pytest.raises(zoe.InvalidArgument, match="param group 0 sets maximize = True"):
+        optimizer.step()
+    optimizer.close()
+
+
+@pytest.mark.parametrize("zoe_class, decoupled", [(zoe.torch.Adam, True),
+                                                  (zoe.torch.AdamW, False)])
+def test_a_decoupled_weight_decay_naming_the_other_class_is_refused(zoe_class, decoupled):
+    layer = model()
+    optimizer = zoe_class([layer.weight])
+    with pytest.raises(zoe.InvalidArgument, match="decoupled_weight_decay"):
+        optimizer.add_param_group({"params": [layer.bias], "decoupled_weight_decay": decoupled})
+    optimizer.add_param_group({"params": [layer.bias],
+                               "decoupled_weight_decay": not decoupled})
+    optimizer.close()
+
+
+def test_numbers_agree_with_the_config_to_rounding():
+    import numpy
+
+    document = small_config()
+    document["optimizer"] = {"type": "AdamW", "params": {"lr": 3e-5, "weight_decay": 0.01}}
+    optimizer = zoe.torch.AdamW(model().parameters(), config=document, lr=numpy.float32(3e-5))
+    optimizer.close()
+    with pytest.raises(zoe.InvalidArgument, match="lr = 0.0003"):
+        zoe.torch.AdamW(model().parameters(), config=document, lr=3e-4)
 
 
 @pytest.mark.parametrize("extra", [{"zero_copy": True}, {"speculative": True},
@@ -264,10 +299,11 @@ def test_a_swap_size_the_config_sets_is_kept_beside_device_groups():
     optimizer.close()
     document["zoe"]["tensor_swap_bytes"] = "4K"  # too small for the staging: said so, with sizes
     layer = torch.nn.Linear(256, 256)
+    small = zoe.torch.AdamW(layer.parameters(), config=document,
+                            device_backend=zoe.torch.HostTwin())
+    for param in layer.parameters():
+        param.grad = torch.randn_like(param)
     with pytest.raises(zoe.NoSpace, match="needs 589824 bytes of NVMe swap space.*"
                                           "zoe.tensor_swap_bytes"):
-        small = zoe.torch.AdamW(layer.parameters(), config=document,
-                                device_backend=zoe.torch.HostTwin())
-        for param in layer.parameters():
-            param.grad = torch.randn_like(param)
         small.step()
+    small.close()

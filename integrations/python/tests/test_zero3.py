@@ -332,6 +332,20 @@ def test_a_sharded_optimizer_takes_its_stage_from_the_engine(world_of_one, stage
         optimizer.close()
 
 
+def test_a_sharded_optimizers_bucket_size_is_any_whole_number(world_of_one):
+    import numpy
+
+    for size, taken in ((5e8, 500_000_000), (numpy.int64(1024), 1024), (0, 0)):
+        optimizer = zoe.torch.AdamW(torch.nn.Linear(4, 4).parameters(), zero_stage=1,
+                                    process_group=world_of_one, bucket_elements=size)
+        assert optimizer._bucket_elements == taken
+        optimizer.close()
+    for size in (1.5, -5, "4M", True):
+        with pytest.raises(zoe.InvalidArgument, match="bucket_elements"):
+            zoe.torch.AdamW(torch.nn.Linear(4, 4).parameters(), zero_stage=1,
+                            process_group=world_of_one, bucket_elements=size)
+
+
 def reference_and_model():
     """Two models with the same seeded weights: a plain reference and one to page."""
     torch.manual_seed(0)

@@ -18,6 +18,8 @@ with FailedPrecondition naming it. ``zero_copy=False`` keeps a copy; ``zero_copy
 
 import contextlib
 import json
+import math
+import numbers
 import os
 import re
 import tempfile
@@ -128,7 +130,7 @@ def _check_config_agrees(document, arguments):
             configured = configured.get(part) if isinstance(configured, dict) else None
         if configured is None or configured == "auto" or argument is None:
             continue
-        if _normalized(configured) != _normalized(argument):
+        if not _agree(configured, argument):
             given = "" if key in _GIVEN_ONLY else " (passed, or the optimizer's default)"
             raise _invalid(
                 f"{name} = {argument!r}{given} contradicts the config's {key} = {configured!r}; "
@@ -152,19 +154,24 @@ def _check_type_agrees(document, engine, zoe_type):
         )
 
 
-# Param group keys torch's AdamW would act on, with the values zoe's step honours.
-_UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "capturable")
+# Param group keys torch's AdamW would act on, which zoe's step does not do when true.
+_UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable")
 # Keys of the optimizer's own, which a param group cannot set.
 _OPTIMIZER_WIDE = ("moment_dtype", "max_grad_norm")
 
 
-def _check_group_options(group, where):
-    """InvalidArgument for a param group (added, or loaded from a state dict) that asks for
-    something zoe's step would not do."""
+def _check_group_options(group, where, zoe_type):
+    """InvalidArgument for a param group (added, loaded from a state dict, or changed before a
+    step) that asks for something zoe's ``zoe_type`` step would not do."""
     for key in _UNSUPPORTED_FLAGS:
         if group.get(key):
-            raise _invalid(f"{where} sets {key} = {group[key]!r}; zoe optimizers support neither "
-                           "amsgrad, maximize nor capturable")
+            raise _invalid(f"{where} sets {key} = {group[key]!r}; zoe optimizers support none of "
+                           f"{', '.join(_UNSUPPORTED_FLAGS)}")
+    decoupled = group.get("decoupled_weight_decay")  # torch >= 2.7: Adam's switch to AdamW
+    if decoupled is not None and bool(decoupled) != (zoe_type == "AdamW"):
+        named = "AdamW" if decoupled else "Adam"
+        raise _invalid(f"{where} sets decoupled_weight_decay = {decoupled!r}, which is "
+                       f"{named}; this optimizer is zoe.torch.{zoe_type}")
     for key in _OPTIMIZER_WIDE:
         if key in group:
             raise _invalid(f"{where} sets {key!r}; it is the optimizer's, given to its "
@@ -175,14 +182,20 @@ def _check_group_options(group, where):
 _GIVEN_ONLY = ("zoe.moment_dtype", "gradient_clipping")
 
 
-def _normalized(value):
-    """A config or argument value in one form for comparison: numbers as floats, sequences as
-    lists."""
-    if isinstance(value, (list, tuple)):
-        return [_normalized(item) for item in value]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return value
+def _agree(configured, argument):
+    """Whether a config value and an argument say the same: numbers (any real, numpy's
+    included) equal to a relative 1e-6, so that a value computed in code or held in float32
+    (rounded to 6e-8) agrees with the config's decimal; sequences element by element; anything
+    else by ==."""
+    if isinstance(configured, (list, tuple)) and isinstance(argument, (list, tuple)):
+        return len(configured) == len(argument) and all(
+            _agree(a, b) for a, b in zip(configured, argument)
+        )
+    numeric = (numbers.Real, torch.Tensor)
+    if (isinstance(configured, numbers.Real) and isinstance(argument, numeric)
+            and not isinstance(configured, bool) and not isinstance(argument, bool)):
+        return math.isclose(float(configured), float(argument), rel_tol=1e-6, abs_tol=0.0)
+    return configured == argument
 
 
 class _ZoeAdamBase(torch.optim.Optimizer):
@@ -335,7 +348,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         param_group["params"] = params  # a generator is read once, here
-        _check_group_options(param_group, f"param group {group_index}")
+        _check_group_options(param_group, f"param group {group_index}", self._ZOE_TYPE)
         for index, param in enumerate(params):
             where = f"parameter {index} of param group {group_index}"
             if param.dtype not in _DTYPES:
@@ -359,10 +372,12 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         """InvalidArgument for a stage 3 shard (ShardedParameterPager over several ranks) in an
         optimizer that would clip: its norm would be this rank's shard's alone."""
         world_size = getattr(_pager_of(param), "world_size", 1)
+        if world_size <= 1:
+            return
         clipping = self._max_grad_norm
         if clipping is None:
             clipping = self._engine.config.get("gradient_clipping", 0.0)
-        if world_size > 1 and clipping:
+        if clipping:
             raise _invalid(
                 f"{where} is a shard of a ShardedParameterPager over {world_size} ranks, and "
                 f"this optimizer would clip at {clipping} by this rank's shard's norm alone; clip "
@@ -544,6 +559,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
     def _step_hyper(self, group_index):
         """The hyper-parameters the next step of a param group takes (as set now)."""
         group = self.param_groups[group_index]
+        _check_group_options(group, f"param group {group_index}", self._ZOE_TYPE)
         beta1, beta2 = group["betas"]
         return HyperParams(float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
 
@@ -672,17 +688,24 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                     "of optimizer's group"
                 )
         for group_index, saved in enumerate(saved_groups):
-            _check_group_options(saved, f"param group {group_index} of the loaded state dict")
+            _check_group_options(saved, f"param group {group_index} of the loaded state dict",
+                                 self._ZOE_TYPE)
         saved_state = state_dict["state"]
-        for group_index, (group, saved) in enumerate(zip(groups, saved_groups)):
+        # Every parameter's state is checked before anything changes: a refused state dict
+        # leaves the optimizer as it was.
+        loaded = [
+            [
+                self._checked_param_state(group_index, index, param, saved_state.get(key))
+                for index, (param, key) in enumerate(zip(group["params"], saved["params"]))
+            ]
+            for group_index, (group, saved) in enumerate(zip(groups, saved_groups))
+        ]
+        for group_index, (group, saved, per_param) in enumerate(
+                zip(groups, saved_groups, loaded)):
             for key, value in saved.items():
                 if key != "params":
                     group[key] = value
             group["betas"] = tuple(group["betas"])
-            per_param = [
-                self._checked_param_state(group_index, index, param, saved_state.get(key))
-                for index, (param, key) in enumerate(zip(group["params"], saved["params"]))
-            ]
             if self._zoe_groups[group_index] is None:
                 self._pending[group_index] = per_param
             else:

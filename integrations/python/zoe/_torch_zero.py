@@ -45,6 +45,7 @@ the way to move training to another world size.
 import contextlib
 import ctypes
 import json
+import operator
 import os
 import shutil
 import weakref
@@ -480,6 +481,22 @@ def _stage_of(zero_stage, config, engine):
     return min(int(zero_stage), 2)
 
 
+def _whole_count(value, name):
+    """``value`` as an int >= 0: an integer of any kind (numpy's included) or a float with no
+    fraction (DeepSpeed's configurations write sizes as 5e8); InvalidArgument otherwise."""
+    if not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        try:
+            count = operator.index(value)
+        except TypeError:
+            count = -1
+        if count >= 0:
+            return count
+    raise _invalid(f"{name} = {value!r} is not allowed; allowed: an integer >= 0 (0 or 1: one "
+                   "parameter per bucket)")
+
+
 # Options of the unsharded optimizer that a sharded one does not take, with the value that
 # means "not asked for".
 _UNSHARDED_OPTIONS = {"zero_copy": (None, False), "speculative": (False,),
@@ -529,10 +546,7 @@ class ZeroMixin:
                  bucket_elements=DEFAULT_BUCKET_ELEMENTS, config=None, nvme_path=None,
                  engine=None, **options):
         _check_sharded_options(options)
-        if isinstance(bucket_elements, bool) or not isinstance(bucket_elements, int) \
-                or bucket_elements < 0:
-            raise _invalid(f"bucket_elements = {bucket_elements!r} is not allowed; allowed: an "
-                           "integer >= 0 (0 or 1: one parameter per bucket)")
+        bucket_elements = _whole_count(bucket_elements, "bucket_elements")
         if process_group is None:
             process_group = dist.group.WORLD
         self._comm = TorchCollectives(process_group)
