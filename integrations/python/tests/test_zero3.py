@@ -313,6 +313,39 @@ def test_an_optimizer_that_would_clip_shards_by_their_own_norm_is_refused(nvme_d
         assert turned_off == "accepted"
 
 
+def step_with_nan_on_rank_0(rank, world_size, directory):
+    """Three iterations calling optimizer.step() whatever the pager's norm (which every rank
+    asks for, finishing the reductions); in the second, one element of rank 0's shard gradient
+    is made NaN after that. Each rank saves its skips and steps taken."""
+    init(rank, world_size, directory)
+    engine, _ = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=LR, engine=engine)
+    record = []
+    for step in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        loss_of(model, step, slice(rank, rank + 1)).backward()
+        pager.clip_grad_norm_(None)
+        if step == 1 and rank == 0:
+            shard = next(s for s in pager.shard_parameters() if s.grad is not None)
+            shard.grad.view(-1)[0] = float("nan")
+        optimizer.step()
+        record.append((optimizer.last_step[0].skipped, optimizer._zoe_groups[0].steps))
+    torch.save(record, os.path.join(directory, f"record{rank}.pt"))
+    del pager
+    engine.close()
+    dist.destroy_process_group()
+
+
+def test_an_inf_or_nan_on_one_rank_skips_the_step_on_every_rank(nvme_dir):
+    run_ranks(step_with_nan_on_rank_0, 2, nvme_dir)
+    for rank in range(2):
+        record = torch.load(os.path.join(nvme_dir, f"record{rank}.pt"))
+        assert record == [(False, 1), (True, 1), (False, 2)], (rank, record)
+
+
 @pytest.fixture
 def world_of_one(nvme_dir):
     """A gloo process group of this process alone, destroyed afterwards."""

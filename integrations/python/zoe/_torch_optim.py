@@ -28,7 +28,7 @@ import torch
 
 from . import _capi, _torch_device
 from ._torch_common import _DTYPES, _invalid, _pager_of, _view
-from .engine import BufferView, Engine, HyperParams, _config_text
+from .engine import BufferView, Engine, HyperParams, StepResult, _config_text
 from .errors import FailedPrecondition, NotFound
 
 def _current_values(param):
@@ -505,9 +505,36 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        pager = self._sharded_pager()
+        if pager is not None and pager.any_gradient_nonfinite():
+            for group_index in range(len(self.param_groups)):
+                self.last_step[group_index] = self._agreed_skip(group_index)
+            return loss
         for group_index, group in enumerate(self.param_groups):
             self._step_group(group_index, group)
         return loss
+
+    def _sharded_pager(self):
+        """The ShardedParameterPager over several ranks whose shards this optimizer steps (stage
+        3), or None. Its ranks skip a step together when any rank's gradient is inf/NaN: each
+        optimizer sees only its own shard's."""
+        pagers = {}
+        for group in self.param_groups:
+            for param in group["params"]:
+                pager = _pager_of(param)
+                if getattr(pager, "world_size", 1) > 1:
+                    pagers[id(pager)] = pager
+        if len(pagers) > 1:
+            raise _invalid("the optimizer steps shards of several ShardedParameterPagers; give "
+                           "each pager's shards an optimizer of their own")
+        return next(iter(pagers.values()), None)
+
+    def _agreed_skip(self, group_index):
+        """The StepResult of a step skipped because another rank's gradient was inf/NaN."""
+        zoe_group = self._zoe_groups[group_index]
+        return StepResult(skipped=True, grad_norm=math.inf,
+                          steps_taken=0 if zoe_group is None else zoe_group.steps,
+                          bytes_read=0, bytes_written=0, seconds=0.0)
 
     def _step_group(self, group_index, group):
         """One param group's step, on its device or on the host."""

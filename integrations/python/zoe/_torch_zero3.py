@@ -39,8 +39,11 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   in an iteration is simply skipped, and the optimizer skips it as torch does).
 - Clipping and the inf/NaN skip: ``pager.clip_grad_norm_(max_norm)`` all-reduces the squared
   norms of the shard gradients, so every rank gets the same global norm (inf or NaN on every
-  rank when any gradient anywhere is not finite) and clips by the same factor. Do not give the
-  optimizer ``max_grad_norm``: it would see only its own shard.
+  rank when any gradient anywhere is not finite) and clips by the same factor. An optimizer
+  that would clip over shards (``max_grad_norm``, or the engine's gradient_clipping) is refused:
+  it would see only its own shard. The optimizer's own inf/NaN skip is agreed: its step() asks
+  any_gradient_nonfinite() (one all-reduce), and every rank skips when any rank's shard holds an
+  inf or NaN.
 - Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
   optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
   each rank's save (ranks killed during a save all load the previous one: _torch_zero's
@@ -521,6 +524,22 @@ class ShardedParameterPager(ParameterPager):
                 for grad in grads:
                     grad.mul_(coefficient)
         return norm
+
+    @torch.no_grad()
+    def any_gradient_nonfinite(self):
+        """Whether some rank's shard gradients hold an inf or NaN (one all-reduce of one flag):
+        the same answer on every rank, so that a stage 3 optimizer skips a step on every rank
+        together. Every rank calls it."""
+        self._finish_reductions()
+        local = any(not bool(torch.isfinite(s.grad).all())
+                    for s in self.shard_parameters() if s.grad is not None)
+        flag = torch.tensor([1.0 if local else 0.0], dtype=torch.float64)
+        try:
+            with _timed(self, "collective_seconds"):
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        except RuntimeError as error:
+            raise _collective_error("all_reduce of the inf/NaN check", "*", error) from None
+        return flag.item() > 0
 
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
