@@ -136,8 +136,6 @@ Status IoQueue::SubmitBatch(std::span<const IoRequest> requests, std::vector<Tic
     begin = ends[i];
   }
   stats_.requests += requests.size();
-  stats_.followers +=
-      std::ranges::count_if(requests, [](const IoRequest& r) { return r.after != 0; });
   Pump(&finished);
   const bool wake = was_idle && in_flight_ > 0;
   Finalize(&finished, lock);
@@ -176,6 +174,7 @@ void IoQueue::Enqueue(const IoRequest& request, const std::vector<FileSet::Piece
   state.ticket = ticket;
   state.request = request;
   TicketState* followed = request.after != 0 ? &tickets_.at(request.after) : nullptr;
+  if (followed != nullptr) ++stats_.followers;
   if (followed != nullptr && followed->done && !followed->status.ok()) {
     state.status = NotStarted(request, followed->status);
     finished->push_back(&state);

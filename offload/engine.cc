@@ -1,6 +1,7 @@
 #include "offload/engine.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -658,10 +659,11 @@ Status Engine::SaveCheckpoint(const std::string& dir) {
 namespace {
 
 // When saved and current group identities differ only in their moment dtypes: a sentence
-// naming the dtype to create the groups with (a checkpoint keeps the moments it was saved with).
+// naming, for each group that differs, the dtype to create it with (a checkpoint keeps the
+// moments it was saved with).
 std::string MomentDTypeHint(const Json& saved, const Json& current) {
   if (!saved.is_array() || saved.size() != current.size()) return "";
-  std::string saved_dtypes;
+  std::vector<std::string> fixes;
   for (size_t i = 0; i < saved.size(); ++i) {
     if (!saved[i].is_object() || !saved[i].contains("state_dtype")) return "";
     Json left = saved[i], right = current[i];
@@ -669,13 +671,14 @@ std::string MomentDTypeHint(const Json& saved, const Json& current) {
     left.erase("state_dtype");
     right.erase("state_dtype");
     if (left != right) return "";
-    saved_dtypes = saved[i]["state_dtype"].get<std::string>();
+    fixes.push_back(fmt::format("group {} with moment_dtype {}", saved[i]["name"].dump(),
+                                saved[i]["state_dtype"].dump()));
   }
-  if (saved_dtypes.empty()) return "";
+  if (fixes.empty()) return "";
   return fmt::format(
-      "; only the moment dtype differs: create the groups with moment_dtype '{}', the moments "
-      "the checkpoint holds (zoe.torch: moment_dtype='{}')",
-      saved_dtypes, saved_dtypes);
+      "; only the moment dtype differs: create {} (zoe.torch: moment_dtype=...), "
+      "the moments the checkpoint holds",
+      fmt::join(fixes, " and "));
 }
 
 }  // namespace

@@ -660,8 +660,8 @@ TEST_F(EngineCheckpointTest, OtherMomentDtypesAreRefusedNamingTheCheckpoints) {
   const Status loaded = other->LoadCheckpoint(ckpt_);
   EXPECT_EQ(loaded.code(), StatusCode::kFailedPrecondition) << loaded.ToString();
   EXPECT_THAT(std::string(loaded.message()),
-              HasSubstr("only the moment dtype differs: create the groups with moment_dtype "
-                        "'fp32'"));
+              HasSubstr("only the moment dtype differs: create group \"a\" with moment_dtype "
+                        "\"fp32\" (zoe.torch"));
   EXPECT_EQ(ReadSlot(*other, a, StateSlot::kMaster, kCount), params_a_);
 
   TempDir third_dir;
