@@ -92,17 +92,18 @@ def engine_config(offload="cpu", nvme_path=None, moment_dtype=None, **zoe_option
     return {"zero_optimization": {"offload_optimizer": section}, "zoe": options}
 
 
-def _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments, swap_bytes):
+def _optimizer_engine_config(config, offload, nvme_path, arguments, swap_bytes):
     """The configuration of the engine an optimizer creates: ``config`` (a DeepSpeed-shaped
     dict, JSON string or file path; its "auto" values are decided by the optimizer's arguments)
-    when given, else one from ``offload`` (None: "nvme" with an nvme_path, else "cpu"). The
-    engine holds optimizer groups only,
-    so unless the config says otherwise it reserves for registered tensors only the
+    when given, else one from ``offload`` (None: "nvme" with an nvme_path, else "cpu") and the
+    moment dtype among ``arguments`` (see _check_config_agrees). The engine holds optimizer
+    groups only, so unless the config says otherwise it reserves for registered tensors only the
     ``swap_bytes`` its device groups' staging needs (0: none). An argument that contradicts a
-    value the config sets is refused (_check_config_agrees)."""
+    value the config sets is refused."""
     swap = swap_bytes or "1M"
     if config is None:
         offload = offload or ("nvme" if nvme_path else "cpu")
+        moment_dtype, _ = arguments["zoe.moment_dtype"]
         return engine_config(offload, nvme_path, moment_dtype=moment_dtype,
                              tensor_swap_bytes=swap)
     if nvme_path is not None or offload is not None:
@@ -246,8 +247,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if max_grad_norm is not None and not 0.0 <= max_grad_norm:
             raise ValueError(f"Invalid max_grad_norm value: {max_grad_norm}")
-        if amsgrad or maximize or capturable:
-            raise _invalid("zoe optimizers support neither amsgrad, maximize nor capturable")
+        _check_group_options(dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
+                             "the optimizer", self._ZOE_TYPE)
         if zero_copy not in (None, True, False):
             raise _invalid(
                 f"zero_copy = {zero_copy!r} is not allowed; allowed: None (auto), True, False"
@@ -277,8 +278,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                 "optimizer.params.eps": (eps, "eps"),
                 "optimizer.params.weight_decay": (weight_decay, "weight_decay"),
             }
-            document = _optimizer_engine_config(config, offload, nvme_path, moment_dtype, arguments,
-                                                staging_swap)
+            document = _optimizer_engine_config(config, offload, nvme_path, arguments, staging_swap)
         self._engine = engine or Engine(document)
         if engine is None:
             try:
@@ -350,13 +350,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         param_group["params"] = params  # a generator is read once, here
         _check_group_options(param_group, f"param group {group_index}", self._ZOE_TYPE)
         for index, param in enumerate(params):
-            where = f"parameter {index} of param group {group_index}"
-            if param.dtype not in _DTYPES:
-                raise _invalid(
-                    f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
-                    "torch.bfloat16 or torch.float16"
-                )
-            self._check_shard_clipping(param, where)
+            self._check_param(param, f"parameter {index} of param group {group_index}")
         backend = _torch_device.backend_for(group_index, params, self._device_backend)
         super().add_param_group(param_group)
         self._device_groups.append(
@@ -368,9 +362,15 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._pending.append(None)
         self.last_step.append(None)
 
-    def _check_shard_clipping(self, param, where):
-        """InvalidArgument for a stage 3 shard (ShardedParameterPager over several ranks) in an
-        optimizer that would clip: its norm would be this rank's shard's alone."""
+    def _check_param(self, param, where):
+        """InvalidArgument for a parameter this optimizer cannot step (checked before its param
+        group is added): a dtype zoe does not take, or a stage 3 shard (ShardedParameterPager
+        over several ranks) in an optimizer that would clip, by this rank's shard's norm alone."""
+        if param.dtype not in _DTYPES:
+            raise _invalid(
+                f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
+                "torch.bfloat16 or torch.float16"
+            )
         world_size = getattr(_pager_of(param), "world_size", 1)
         if world_size <= 1:
             return

@@ -584,29 +584,24 @@ class ZeroMixin:
         """How many collectives the optimizer ran on this rank since creation."""
         return self._comm.calls
 
+    def _check_param(self, param, where):
+        """_ZoeAdamBase's checks, and a sharded optimizer's: ordinary (not paged) CPU
+        parameters."""
+        super()._check_param(param, where)
+        if param.device.type != "cpu":
+            raise _invalid(f"{where} is on {param.device}; sharded zoe optimizers take CPU "
+                           "parameters")
+        if _pager_of(param) is not None:
+            raise _invalid(f"{where} is paged; sharded zoe optimizers take ordinary CPU "
+                           "parameters")
+
     def add_param_group(self, param_group):
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        param_group["params"] = params  # a generator is read once, here
-        for index, param in enumerate(params):
-            if param.device.type != "cpu":
-                raise _invalid(
-                    f"parameter {index} of param group {len(self.param_groups)} is on "
-                    f"{param.device}; sharded zoe optimizers take CPU parameters"
-                )
         super().add_param_group(param_group)
         group_index = len(self.param_groups) - 1
         self._sharded.append(None)
         self._shard_grads.append([])
         self._grad_buffers.append(None)
         params = self.param_groups[group_index]["params"]
-        for index, param in enumerate(params):
-            if _pager_of(param) is not None:
-                raise _invalid(
-                    f"parameter {index} of param group {group_index} is paged; sharded zoe "
-                    "optimizers take ordinary CPU parameters"
-                )
-
         buckets, current, size = [], [], 0
         for index, param in enumerate(params):
             current.append(index)
