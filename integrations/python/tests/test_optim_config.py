@@ -307,3 +307,9 @@ def test_a_swap_size_the_config_sets_is_kept_beside_device_groups():
                                           "zoe.tensor_swap_bytes"):
         small.step()
     small.close()
+
+
+@pytest.mark.parametrize("flag", ["amsgrad", "maximize", "capturable"])
+def test_the_constructor_refuses_what_the_step_does_not_do(flag):
+    with pytest.raises(zoe.InvalidArgument, match=f"the optimizer sets {flag} = True"):
+        zoe.torch.AdamW(model().parameters(), **{flag: True})

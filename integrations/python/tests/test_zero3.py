@@ -379,6 +379,15 @@ def test_a_sharded_optimizers_bucket_size_is_any_whole_number(world_of_one):
                             process_group=world_of_one, bucket_elements=size)
 
 
+def test_a_sharded_optimizer_refuses_paged_parameters(world_of_one):
+    with zoe.Engine(small_config(tensor_swap_bytes="8M")) as engine:
+        layer = torch.nn.Linear(4, 4)
+        zoe.torch.offload_parameters(layer, engine)
+        with pytest.raises(zoe.InvalidArgument, match="parameter 0 of param group 0 is paged"):
+            zoe.torch.AdamW(layer.parameters(), engine=engine, zero_stage=1,
+                            process_group=world_of_one)
+
+
 def reference_and_model():
     """Two models with the same seeded weights: a plain reference and one to page."""
     torch.manual_seed(0)
