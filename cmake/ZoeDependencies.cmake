@@ -58,17 +58,18 @@ if(NOT ZOE_WITH_CUDA STREQUAL "OFF")
 endif()
 message(STATUS "zoe: CUDA device backend: ${ZOE_HAVE_CUDA}")
 
+# NCCL: only its header is needed to build; libnccl.so.2 is looked up at run time in the process
+# (offload/nccl_library.h), so libzoe neither links nor ships it.
 set(ZOE_HAVE_NCCL OFF)
 if(NOT ZOE_WITH_NCCL STREQUAL "OFF")
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS /usr/local/cuda/include ${CUDAToolkit_INCLUDE_DIRS})
-  find_library(NCCL_LIBRARY nccl HINTS /usr/local/cuda/lib /usr/local/cuda/lib64 ${CUDAToolkit_LIBRARY_DIR})
-  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
-    add_library(zoe::nccl UNKNOWN IMPORTED GLOBAL)
-    set_target_properties(zoe::nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
-      INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+  if(NCCL_INCLUDE_DIR)
+    add_library(zoe::nccl INTERFACE IMPORTED GLOBAL)
+    set_target_properties(zoe::nccl PROPERTIES INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR}
+      INTERFACE_LINK_LIBRARIES "${CMAKE_DL_LIBS}")
     set(ZOE_HAVE_NCCL ON)
   elseif(ZOE_WITH_NCCL STREQUAL "ON")
-    message(FATAL_ERROR "zoe: ZOE_WITH_NCCL=ON but nccl.h/libnccl were not found")
+    message(FATAL_ERROR "zoe: ZOE_WITH_NCCL=ON but nccl.h was not found")
   endif()
 endif()
 message(STATUS "zoe: NCCL: ${ZOE_HAVE_NCCL}")

@@ -4,9 +4,10 @@
 #if defined(ZOE_HAVE_NCCL) && defined(ZOE_HAVE_CUDA)
 #include <cuda_runtime.h>
 #include <fmt/format.h>
-#include <nccl.h>
 
 #include <vector>
+
+#include "offload/nccl_library.h"
 #endif
 
 namespace zoe::offload {
@@ -20,9 +21,10 @@ Status CheckCuda(cudaError_t result, const char* what) {
       fmt::format("NCCL collectives: {}: {}", what, cudaGetErrorString(result)));
 }
 
-Status CheckNccl(ncclResult_t result, const char* what) {
+Status CheckNccl(const NcclLibrary& nccl, ncclResult_t result, const char* what) {
   if (result == ncclSuccess) return Status::Ok();
-  return Status::Aborted(fmt::format("NCCL collectives: {}: {}", what, ncclGetErrorString(result)));
+  return Status::Aborted(
+      fmt::format("NCCL collectives: {}: {}", what, nccl.GetErrorString(result)));
 }
 
 // A device allocation that grows to the largest size asked for.
@@ -56,8 +58,9 @@ size_t Sum(std::span<const uint64_t> counts) {
 
 class NcclCollectives final : public Collectives {
  public:
-  NcclCollectives(ncclComm_t comm, cudaStream_t stream, int rank, int world)
-      : comm_(comm), stream_(stream), rank_(rank), world_(world) {}
+  NcclCollectives(const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t stream, int rank,
+                  int world)
+      : nccl_(nccl), comm_(comm), stream_(stream), rank_(rank), world_(world) {}
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
@@ -66,7 +69,7 @@ class NcclCollectives final : public Collectives {
     ZOE_ASSIGN_OR_RETURN(std::byte * buffer, send_.Reserve(bytes));
     ZOE_RETURN_IF_ERROR(ToDevice(buffer, values.data(), bytes));
     ZOE_RETURN_IF_ERROR(CheckNccl(
-        ncclAllReduce(buffer, buffer, values.size(), ncclFloat64, ncclSum, comm_, stream_),
+        nccl_, nccl_.AllReduce(buffer, buffer, values.size(), ncclFloat64, ncclSum, comm_, stream_),
         "ncclAllReduce"));
     return ToHost(values.data(), buffer, bytes);
   }
@@ -76,16 +79,16 @@ class NcclCollectives final : public Collectives {
     ZOE_ASSIGN_OR_RETURN(std::byte * in, send_.Reserve(Sum(counts) * sizeof(float)));
     ZOE_ASSIGN_OR_RETURN(std::byte * out, recv_.Reserve(recv.size_bytes() + sizeof(float)));
     ZOE_RETURN_IF_ERROR(ToDevice(in, send.data(), send.size_bytes()));
-    ZOE_RETURN_IF_ERROR(CheckNccl(ncclGroupStart(), "ncclGroupStart"));
+    ZOE_RETURN_IF_ERROR(Check(nccl_.GroupStart(), "ncclGroupStart"));
     size_t offset = 0;
     for (int root = 0; root < world_; ++root) {
       const size_t count = counts[static_cast<size_t>(root)];
       const float* part = reinterpret_cast<const float*>(in) + offset;
       // An error inside a group is reported by ncclGroupEnd, which must run in any case.
-      (void)ncclReduce(part, out, count, ncclFloat32, ncclSum, root, comm_, stream_);
+      (void)nccl_.Reduce(part, out, count, ncclFloat32, ncclSum, root, comm_, stream_);
       offset += count;
     }
-    ZOE_RETURN_IF_ERROR(CheckNccl(ncclGroupEnd(), "ncclReduce (per root) in ncclGroupEnd"));
+    ZOE_RETURN_IF_ERROR(Check(nccl_.GroupEnd(), "ncclReduce (per root) in ncclGroupEnd"));
     return ToHost(recv.data(), out, recv.size_bytes());
   }
 
@@ -96,15 +99,15 @@ class NcclCollectives final : public Collectives {
     for (int r = 0; r < rank_; ++r) offset += counts[static_cast<size_t>(r)];
     float* gathered = reinterpret_cast<float*>(out);
     ZOE_RETURN_IF_ERROR(ToDevice(gathered + offset, send.data(), send.size_bytes()));
-    ZOE_RETURN_IF_ERROR(CheckNccl(ncclGroupStart(), "ncclGroupStart"));
+    ZOE_RETURN_IF_ERROR(Check(nccl_.GroupStart(), "ncclGroupStart"));
     offset = 0;
     for (int root = 0; root < world_; ++root) {
       const size_t count = counts[static_cast<size_t>(root)];
-      (void)ncclBroadcast(gathered + offset, gathered + offset, count, ncclFloat32, root, comm_,
-                          stream_);
+      (void)nccl_.Broadcast(gathered + offset, gathered + offset, count, ncclFloat32, root, comm_,
+                            stream_);
       offset += count;
     }
-    ZOE_RETURN_IF_ERROR(CheckNccl(ncclGroupEnd(), "ncclBroadcast (per root) in ncclGroupEnd"));
+    ZOE_RETURN_IF_ERROR(Check(nccl_.GroupEnd(), "ncclBroadcast (per root) in ncclGroupEnd"));
     return ToHost(recv.data(), out, recv.size_bytes());
   }
 
@@ -114,6 +117,9 @@ class NcclCollectives final : public Collectives {
   }
 
  private:
+  Status Check(ncclResult_t result, const char* what) const {
+    return CheckNccl(nccl_, result, what);
+  }
   Status ToDevice(void* device, const void* host, size_t bytes) {
     return CheckCuda(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_),
                      "cudaMemcpyAsync to the device");
@@ -125,11 +131,12 @@ class NcclCollectives final : public Collectives {
                   "cudaMemcpyAsync to the host"));
     const cudaError_t synced = cudaStreamSynchronize(stream_);
     ncclResult_t async = ncclSuccess;
-    ZOE_RETURN_IF_ERROR(CheckNccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError"));
-    ZOE_RETURN_IF_ERROR(CheckNccl(async, "asynchronous error"));
+    ZOE_RETURN_IF_ERROR(Check(nccl_.CommGetAsyncError(comm_, &async), "ncclCommGetAsyncError"));
+    ZOE_RETURN_IF_ERROR(Check(async, "asynchronous error"));
     return CheckCuda(synced, "cudaStreamSynchronize");
   }
 
+  const NcclLibrary& nccl_;
   ncclComm_t comm_;
   cudaStream_t stream_;
   int rank_;
@@ -142,21 +149,21 @@ class NcclCollectives final : public Collectives {
 
 Result<std::unique_ptr<Collectives>> MakeNcclCollectives(void* nccl_comm, void* cuda_stream) {
   if (nccl_comm == nullptr) return Status::InvalidArgument("nccl_comm is NULL");
+  ZOE_ASSIGN_OR_RETURN(const NcclLibrary* nccl, LoadNccl());
   auto comm = static_cast<ncclComm_t>(nccl_comm);
   int rank = 0;
   int world = 0;
-  ZOE_RETURN_IF_ERROR(CheckNccl(ncclCommUserRank(comm, &rank), "ncclCommUserRank"));
-  ZOE_RETURN_IF_ERROR(CheckNccl(ncclCommCount(comm, &world), "ncclCommCount"));
+  ZOE_RETURN_IF_ERROR(CheckNccl(*nccl, nccl->CommUserRank(comm, &rank), "ncclCommUserRank"));
+  ZOE_RETURN_IF_ERROR(CheckNccl(*nccl, nccl->CommCount(comm, &world), "ncclCommCount"));
   return std::unique_ptr<Collectives>(
-      new NcclCollectives(comm, static_cast<cudaStream_t>(cuda_stream), rank, world));
+      new NcclCollectives(*nccl, comm, static_cast<cudaStream_t>(cuda_stream), rank, world));
 }
 
 #else
 
 Result<std::unique_ptr<Collectives>> MakeNcclCollectives(void*, void*) {
   return Status::NotSupported(
-      "NCCL collectives: zoe was built without NCCL (CMake found no nccl.h/libnccl, or "
-      "ZOE_WITH_NCCL=OFF)");
+      "NCCL collectives: zoe was built without NCCL (CMake found no nccl.h, or ZOE_WITH_NCCL=OFF)");
 }
 
 #endif

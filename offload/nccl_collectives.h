@@ -1,5 +1,6 @@
 // NcclCollectives: Collectives over an NCCL communicator the caller created (built when CMake
-// found NCCL and CUDA: ZOE_HAVE_NCCL and ZOE_HAVE_CUDA). zoe's buffers are in host memory and
+// found nccl.h and CUDA: ZOE_HAVE_NCCL and ZOE_HAVE_CUDA; NCCL itself is found at run time, see
+// nccl_library.h). zoe's buffers are in host memory and
 // NCCL moves device memory, so every call copies its input into a device buffer (grown as needed,
 // kept between calls), runs the collective on the caller's stream, waits for the stream and copies
 // the result back. Uneven counts use NCCL's grouped point operations: a reduce-scatter is one

@@ -16,6 +16,8 @@ packages=(
   fio e2fsprogs util-linux procps
   # Python side: torch from Debian, run under /usr/bin/python3
   python3 python3-torch python3-numpy python3-pytest python3-tqdm python3-matplotlib
+  # a fast BLAS for torch (Debian's torch otherwise runs the generic libblas: ~14x slower matmuls)
+  libopenblas0-pthread
 )
 
 missing=()

@@ -407,8 +407,10 @@ ZOE_API zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group
 /* Fills *out with collectives over an NCCL communicator the caller created (nccl_comm: an
  * ncclComm_t; cuda_stream: a cudaStream_t, NULL for the default stream), staging the host buffers
  * through device memory. out->context is owned by zoe: release it with
- * zoe_nccl_collectives_destroy after the last group using it is destroyed. NOT_SUPPORTED when
- * libzoe was built without NCCL. */
+ * zoe_nccl_collectives_destroy after the last group using it is destroyed. libzoe does not link
+ * NCCL: it uses the libnccl.so.2 already in the process (the one the caller's communicator came
+ * from), else the path in the environment variable ZOE_NCCL_LIBRARY, else the dynamic loader's
+ * search. NOT_SUPPORTED when libzoe was built without NCCL or no libnccl.so.2 can be loaded. */
 ZOE_API zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream,
                                                zoe_collectives* out);
 /* Releases what zoe_nccl_collectives_create allocated (not the communicator). Accepts NULL. */
