@@ -124,6 +124,7 @@ Status IoQueue::SubmitBatch(std::span<const IoRequest> requests, std::vector<Tic
   }
   std::unique_lock lock(mutex_);
   if (stopping_) return Status::FailedPrecondition("I/O queue is shutting down");
+  if (!broken_.ok()) return broken_;
   for (const IoRequest& request : requests) ZOE_RETURN_IF_ERROR(CheckFollowed(request));
   const bool was_idle = in_flight_ == 0;
   // Requests the engine refused outright, and those following a request that already failed.
@@ -224,6 +225,14 @@ void IoQueue::ReleaseFollowers(TicketState& state, std::vector<TicketState*>* fi
 // the mutex held; the back-off after a refusal with nothing in flight sleeps with it held (rare
 // and brief: at most max_retries sleeps of at most 1.6 ms each).
 void IoQueue::Pump(std::vector<TicketState*>* finished) {
+  if (!broken_.ok()) {  // nothing more goes to an engine that could not be reaped
+    while (!queued_.empty()) {
+      const Piece piece = queued_.front();
+      queued_.pop_front();
+      FailPiece(piece, broken_, finished);
+    }
+    return;
+  }
   while (!queued_.empty() && !free_slots_.empty()) {
     batch_.clear();
     const size_t n = std::min(queued_.size(), free_slots_.size());
@@ -373,20 +382,59 @@ void IoQueue::ReapOnce(std::unique_lock<std::mutex>& lock) {
   reaping_ = false;
   std::vector<TicketState*> finished;
   if (reaped.ok()) {
+    reap_failures_ = 0;
     for (size_t i = 0; i < *reaped; ++i) HandleCompletion(completions_[i], &finished);
     Pump(&finished);
   } else {
-    // The requests are still owned by the kernel, so they cannot be failed; try again.
-    ZOE_LOG_ERROR("io: reaping completions from {} failed: {}", engine_->name(),
-                  reaped.status().ToString());
-    lock.unlock();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    lock.lock();
+    ReapFailed(std::move(reaped).status(), lock, &finished);
   }
   // The turn is free again: a waiting caller or the reaping thread may take it.
   work_.notify_all();
   done_.notify_all();
   Finalize(&finished, lock);
+}
+
+// The requests are still owned by the kernel, so a failed reap is retried after a back-off; after
+// max_reap_failures in a row the engine is given up on (AbandonAll). Called with the lock held.
+void IoQueue::ReapFailed(Status status, std::unique_lock<std::mutex>& lock,
+                         std::vector<TicketState*>* finished) {
+  ++reap_failures_;
+  ZOE_LOG_ERROR("io: reaping completions from {} failed ({} of {} in a row): {}", engine_->name(),
+                reap_failures_, options_.max_reap_failures, status.ToString());
+  if (reap_failures_ < options_.max_reap_failures) {
+    const uint32_t doublings = std::min<uint32_t>(reap_failures_ - 1, 7);
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1u << doublings));
+    lock.lock();
+    return;
+  }
+  broken_ = std::move(status).WithContext(fmt::format(
+      "reaping completions from {} failed {} times in a row; the requests in flight were "
+      "abandoned and this I/O queue accepts no more",
+      engine_->name(), reap_failures_));
+  AbandonAll(broken_, finished);
+}
+
+// Fails every request with a piece in flight or queued (those following them fail when they are
+// finalized). The in-flight count drops to zero so that waiters and the destructor return.
+void IoQueue::AbandonAll(const Status& status, std::vector<TicketState*>* finished) {
+  std::vector<bool> free(slots_.size(), false);
+  for (const uint32_t slot : free_slots_) free[slot] = true;
+  std::vector<Ticket> abandoned;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    if (!free[slot]) abandoned.push_back(slots_[slot].ticket);
+  }
+  for (const Piece& piece : queued_) abandoned.push_back(piece.ticket);
+  queued_.clear();
+  in_flight_ = 0;
+  std::sort(abandoned.begin(), abandoned.end());
+  abandoned.erase(std::unique(abandoned.begin(), abandoned.end()), abandoned.end());
+  for (const Ticket ticket : abandoned) {
+    TicketState& state = tickets_.at(ticket);
+    if (state.status.ok()) state.status = status;
+    state.pieces_left = 0;
+    finished->push_back(&state);
+  }
 }
 
 // The queue's own reaper takes the turn whenever requests are in flight and no caller is

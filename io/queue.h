@@ -69,6 +69,10 @@ struct QueueOptions {
   // the engine accepted nothing with nothing in flight (with a short back-off), before the
   // request fails.
   uint32_t max_retries = 16;
+  // Engine::Reap failures in a row (each followed by a back-off: 1 ms doubling, at most 128 ms;
+  // 16 spend about 1.3 s) before the queue gives up on its engine: every request still in flight
+  // or queued then fails with the reap's error, and the queue refuses new ones (see Broken below).
+  uint32_t max_reap_failures = 16;
   // Runs once per request, after its checksums were recorded or verified and before Wait returns
   // it, on the thread that reaped it (the queue's or a waiting caller's), or on the submitting
   // thread for a request the engine refused outright. Must not call back into the queue.
@@ -98,6 +102,11 @@ class IoQueue {
   // Appends one ticket per request to `tickets`.
   Status SubmitBatch(std::span<const IoRequest> requests, std::vector<Ticket>* tickets);
 
+  // A queue whose engine could not be reaped max_reap_failures times in a row is broken: the
+  // requests that were in flight were failed with that error although the kernel may still own
+  // them (their buffers must not be reused until the engine is destroyed: the queue's owner
+  // treats the error as fatal for what it was moving), and Submit returns the same error.
+  //
   // Blocks until `ticket` completes and returns its status; InvalidArgument for a ticket that was
   // never issued or was already collected.
   Status Wait(Ticket ticket);
@@ -155,6 +164,9 @@ class IoQueue {
   void Finalize(std::vector<TicketState*>* finished, std::unique_lock<std::mutex>& lock);
   void FinalizeRound(std::vector<TicketState*>* finished, std::unique_lock<std::mutex>& lock);
   void ReapOnce(std::unique_lock<std::mutex>& lock);
+  void ReapFailed(Status status, std::unique_lock<std::mutex>& lock,
+                  std::vector<TicketState*>* finished);
+  void AbandonAll(const Status& status, std::vector<TicketState*>* finished);
   void ReapLoop();
   Status Collect(std::unordered_map<Ticket, TicketState>::iterator it);
 
@@ -176,6 +188,8 @@ class IoQueue {
   uint32_t waiters_ = 0;        // callers blocked in Wait
   Ticket next_ticket_ = 1;
   bool stopping_ = false;
+  uint32_t reap_failures_ = 0;  // Engine::Reap failures in a row
+  Status broken_;               // not OK once the engine could not be reaped (see Wait's comment)
   QueueStats stats_;
   std::thread reaper_;  // last: started once everything above exists
 };

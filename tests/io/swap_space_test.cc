@@ -3,7 +3,10 @@
 #include "io/swap_space.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
@@ -97,6 +100,28 @@ TEST(SwapSpaceTest, CapacityBeyondTheDiskFailsAtCreationWithBytesNeededAndFree) 
             std::string::npos)
       << swap.status().ToString();
   EXPECT_EQ(CountFiles(dir.path()), 0u);
+}
+
+// A real fallocate failure after the free-space check passed: the file-size limit (ulimit -f,
+// with SIGXFSZ ignored) makes fallocate fail with EFBIG. Creation fails naming fallocate, the
+// file and the size, and leaves no swap file in either directory.
+TEST(SwapSpaceTest, FallocateFailingAtCreationLeavesNoFilesAndNamesTheFile) {
+  testing::TempDir a, b;
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit limited = saved;
+  limited.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
+  auto swap = SwapSpace::Create({a.path(), b.path()}, 16 << 20, SwapOptions{});
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+  std::signal(SIGXFSZ, previous);
+  ASSERT_FALSE(swap.ok());
+  const std::string message = swap.status().ToString();
+  EXPECT_EQ(swap.status().sys_errno(), EFBIG) << message;
+  EXPECT_NE(message.find("fallocate 8388608 bytes for " + a.path()), std::string::npos) << message;
+  EXPECT_EQ(CountFiles(a.path()), 0u);
+  EXPECT_EQ(CountFiles(b.path()), 0u);
 }
 
 TEST(SwapSpaceTest, RejectsBadArguments) {
