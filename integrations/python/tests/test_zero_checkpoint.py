@@ -1,12 +1,15 @@
 """Sharded checkpoints on gloo ranks of this machine: every rank SIGKILLed during a save (at
 three points of it) leaves the previous checkpoint -- or, once the manifest was replaced, the new
 one -- loading on every rank, never a mix of two saves, and resuming gives an uninterrupted run's
-parameters bit for bit; a save that fails on one rank raises on every rank and leaves the previous
-checkpoint; a checkpoint consolidated without the ranks (the function and
+parameters bit for bit; a save or a load that fails on one rank (at any step of it) raises zoe's
+error naming that rank on every rank, well within the process group's timeout, leaves the
+previous checkpoint and every rank's optimizer as they were, and the ranks save, load and train
+on; a checkpoint consolidated without the ranks (the function and
 ``python3 -m zoe.consolidate``) equals the live ranks' state_dict() and, loaded by 3 ranks,
 continues as one process does; stage 3 saves and restores its parameter shards."""
 
 import datetime
+import errno
 import functools
 import glob
 import json
@@ -33,6 +36,7 @@ SAVE_B_STEP = 8  # checkpoint B, killed: after steps 5..7
 TOTAL_STEPS = 10
 PAUSE_SECONDS = 300  # a paused rank waits to be killed
 JOIN_SECONDS = 120
+GROUP_TIMEOUT_S = 60  # the process group's; a failure agreed between the ranks takes < 1/3 of it
 
 # Where the ranks are killed in save B, and which ranks announce that they reached it:
 # - one_shard_saved: rank 1 wrote its whole shard of B, rank 0 none of its own;
@@ -43,7 +47,8 @@ KILL_POINTS = {"one_shard_saved": (0, 1), "shards_saved": (0,), "manifest_replac
 
 def init(rank, world, out_dir):
     dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "rendezvous"),
-                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
+                            rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
 
 
 def sharded(out_dir, name, zero_stage=2):
@@ -103,15 +108,21 @@ def pause(out_dir, rank):
     time.sleep(PAUSE_SECONDS)
 
 
-def wrap(name, before=None):
-    """Replaces _torch_zero.<name> in this rank with a version that calls ``before`` first."""
+def wrap(name, before=None, after=None):
+    """Replaces _torch_zero.<name> in this rank with a version that calls ``before`` first and
+    ``after`` (given its arguments) once it returned."""
     original = getattr(_torch_zero, name)
 
     def wrapped(*args, **kwargs):
-        before()
-        return original(*args, **kwargs)
+        if before is not None:
+            before()
+        result = original(*args, **kwargs)
+        if after is not None:
+            after(*args)
+        return result
 
     setattr(_torch_zero, name, wrapped)
+    return lambda: setattr(_torch_zero, name, original)  # undoes the wrap
 
 
 def pause_at(point, rank, out_dir):
@@ -119,9 +130,12 @@ def pause_at(point, rank, out_dir):
     stop = lambda: pause(out_dir, rank)  # noqa: E731
     if point == "one_shard_saved":
         # rank 0 before it writes anything of B; rank 1 after its whole shard of B
-        wrap("_fresh_directory" if rank == 0 else "agree_on_error", stop)
+        if rank == 0:
+            wrap("_fresh_directory", stop)
+        else:
+            wrap("_write_shard", after=lambda *_: stop())
     elif point == "shards_saved" and rank == 0:
-        wrap("_publish_manifest", stop)  # rank 1 waits in the barrier after it
+        wrap("_publish_manifest", stop)  # rank 1 waits in the agreement after it
     elif point == "manifest_replaced":
         wrap("_remove_old_saves", stop)
 
@@ -191,45 +205,183 @@ def test_ranks_killed_during_a_save_load_one_checkpoint_and_resume(point, nvme_d
             assert torch.equal(a, b), f"rank {rank} parameter {index}: not checkpoint {name}"
         for index, (a, b) in enumerate(zip(got["resumed"], got["straight"])):
             assert torch.equal(a, b), f"rank {rank} parameter {index}: resumed != uninterrupted"
-        # the save after the resume is the only one left: the killed save's shards are gone
-        assert got["saves"] == [f"save-{(3 if published else 2):06d}"], got["saves"]
+        # the save after the resume is the only one left: the killed save's shards are gone (it
+        # is numbered past them: a save never reuses the number of one on disk)
+        assert got["saves"] == ["save-000003"], got["saves"]
+
+
+# --- a save or a load that fails on one rank --------------------------------------------------
+
+
+def manifest_taken_by_a_directory(directory):
+    """Rank 0 cannot publish the manifest: its path is a directory (the live one moved aside for
+    the save, put back by the returned undo)."""
+    path = os.path.join(directory, _torch_zero.MANIFEST)
+    os.replace(path, path + ".aside")
+    os.mkdir(path)
+
+    def undo():
+        os.rmdir(path)
+        os.replace(path + ".aside", path)
+
+    return undo
+
+
+def no_space_for_the_shard(directory):
+    """The rank's shard folder cannot be made: no space (injected)."""
+    def refuse():
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    return wrap("_fresh_directory", refuse)
+
+
+def engine_cannot_name_its_save(directory):
+    """The engine writes the rank's whole shard, then cannot publish it: the path of its LATEST
+    in the fresh shard folder is taken by a directory."""
+    return wrap("_fresh_directory", after=lambda path: os.mkdir(os.path.join(path, "LATEST")))
+
+
+# fault: (the failing rank, what fails, the class it raises there, how the fault is arranged)
+SAVE_FAULTS = {
+    "manifest_taken_by_a_directory": (0, "publishing the manifest", "IoError",
+                                      manifest_taken_by_a_directory),
+    "no_space_for_the_shard": (1, "saving the shards", "NoSpace", no_space_for_the_shard),
+    "engine_cannot_name_its_save": (1, "saving the shards", "IoError",
+                                    engine_cannot_name_its_save),
+}
+
+
+def timed_outcome(call):
+    """(what ``call()`` raised, as "Class: message", or "no error"; its seconds)."""
+    began = time.monotonic()
+    try:
+        call()
+        outcome = "no error"
+    except Exception as error:  # the outcome under test
+        outcome = f"{type(error).__name__}: {error}"
+    return outcome, time.monotonic() - began
+
+
+def manifest_version(directory):
+    with open(os.path.join(directory, _torch_zero.MANIFEST)) as file:
+        return json.load(file)["version"]
 
 
 @guarded
-def failed_save_run(rank, world, out_dir):
-    """Checkpoint A; 3 steps; save B fails on rank 1 (its directory cannot be made); then every
-    rank loads the checkpoint again."""
+def failed_save_run(rank, world, out_dir, fault):
+    """Checkpoint A; 3 steps; save B fails on one rank (``fault``); every rank loads A again,
+    takes the 3 steps again, saves B (which succeeds) and loads it."""
     model, optimizer = sharded(out_dir, "failed")
     directory = os.path.join(out_dir, "checkpoint")
     train(optimizer, model, rank, world, steps=SAVE_A_STEP)
-    saved = params_of(model)
+    params_a = params_of(model)
     optimizer.save_checkpoint(directory)
     train(optimizer, model, rank, world, steps=SAVE_B_STEP - SAVE_A_STEP, first=SAVE_A_STEP)
-    if rank == 1:
-        def refuse():
-            raise OSError(28, "No space left on device (injected)")
-
-        wrap("_fresh_directory", refuse)
-    try:
-        optimizer.save_checkpoint(directory)
-        message = "no error"
-    except Exception as error:  # what each rank's save raised
-        message = f"{type(error).__name__}: {error}"
+    params_b = params_of(model)
+    failing, _, _, arrange = SAVE_FAULTS[fault]
+    undo = arrange(directory) if rank == failing else (lambda: None)
+    outcome, seconds = timed_outcome(lambda: optimizer.save_checkpoint(directory))
+    undo()
+    dist.barrier()  # the fault is gone before any rank reads the checkpoint
+    version_after_failure = manifest_version(directory)
     optimizer.load_checkpoint(directory)
-    torch.save({"message": message,
-                "loaded_a": all(torch.equal(a, b) for a, b in zip(params_of(model), saved))},
+    loaded_a = params_of(model)
+    train(optimizer, model, rank, world, steps=SAVE_B_STEP - SAVE_A_STEP, first=SAVE_A_STEP)
+    optimizer.save_checkpoint(directory)
+    optimizer.load_checkpoint(directory)
+    torch.save({"outcome": outcome, "seconds": seconds,
+                "version_after_failure": version_after_failure,
+                "loaded_a": all(map(torch.equal, loaded_a, params_a)),
+                "loaded_b": all(map(torch.equal, params_of(model), params_b)),
+                "version": manifest_version(directory),
+                "saves": sorted(os.listdir(os.path.join(directory, f"rank-{rank}")))},
                os.path.join(out_dir, f"failed-rank{rank}.pt"))
     optimizer.close()
 
 
-def test_a_save_that_fails_on_one_rank_raises_everywhere_and_keeps_the_checkpoint(nvme_dir):
-    join(start(failed_save_run, 2, nvme_dir), nvme_dir)
+def assert_agreed(outcomes, failing, what, error_class):
+    """Every rank raised within a third of the group's timeout: the failing rank zoe's
+    ``error_class`` naming itself and ``what`` failed, the others zoe.Aborted naming it."""
+    for rank, (outcome, seconds) in enumerate(outcomes):
+        assert seconds < GROUP_TIMEOUT_S / 3, (rank, seconds, outcome)
+        if rank == failing:
+            assert outcome.startswith(f"{error_class}: {what} "), outcome
+            assert f" failed on rank {failing}: " in outcome, outcome
+        else:
+            assert outcome.startswith(f"Aborted: {what} "), outcome
+            assert f" failed on rank {failing} (rank {failing}: zoe.{error_class}: " in outcome, \
+                outcome
+
+
+@pytest.mark.parametrize("fault", sorted(SAVE_FAULTS))
+def test_a_save_that_fails_on_one_rank_raises_everywhere_and_keeps_the_checkpoint(fault,
+                                                                                   nvme_dir):
+    join(start(failed_save_run, 2, nvme_dir, fault), nvme_dir)
     got = [torch.load(os.path.join(nvme_dir, f"failed-rank{rank}.pt")) for rank in range(2)]
-    assert got[1]["message"] == "OSError: [Errno 28] No space left on device (injected)"
-    assert "saving the sharded checkpoint failed on rank(s) [1]" in got[0]["message"], got[0]
-    assert got[0]["loaded_a"] and got[1]["loaded_a"]
-    with open(os.path.join(nvme_dir, "checkpoint", _torch_zero.MANIFEST)) as file:
-        assert json.load(file)["version"] == 1
+    failing, what, error_class, _ = SAVE_FAULTS[fault]
+    assert_agreed([(each["outcome"], each["seconds"]) for each in got], failing, what,
+                  error_class)
+    for rank, each in enumerate(got):
+        assert each["version_after_failure"] == 1  # the manifest still names A ...
+        assert each["loaded_a"], rank  # ... which loads
+        assert each["loaded_b"], rank  # the ranks went on: B saved and loaded again
+        # the one save left is the one the manifest names (the failed one's shards are gone)
+        assert each["saves"] == [f"save-{each['version']:06d}"], each["saves"]
+
+
+def corrupt(path):
+    """Overwrites 64 bytes in the middle of the file."""
+    with open(path, "r+b") as file:
+        file.seek(os.path.getsize(path) // 2)
+        file.write(b"\x5a" * 64)
+
+
+# fault of rank 1's shard state file: (how, the class rank 1 raises)
+LOAD_FAULTS = {"corrupted": (corrupt, "Corruption"), "removed": (os.remove, "Corruption")}
+
+
+@guarded
+def failed_load_run(rank, world, out_dir, fault):
+    """Checkpoint A after 5 steps; 3 more steps; a load of A that fails on rank 1 (its shard's
+    state file ``fault``); the state before and after it; one more step; 9 steps of an optimizer
+    that never tried the load."""
+    model, optimizer = sharded(out_dir, "failed")
+    directory = os.path.join(out_dir, "checkpoint")
+    train(optimizer, model, rank, world, steps=SAVE_A_STEP)
+    optimizer.save_checkpoint(directory)
+    train(optimizer, model, rank, world, steps=SAVE_B_STEP - SAVE_A_STEP, first=SAVE_A_STEP)
+    before, params_before = optimizer.state_dict(), params_of(model)
+    if rank == 1:
+        state_files = glob.glob(os.path.join(directory, "rank-1", "save-*", "v*", "*.state"))
+        assert state_files, os.listdir(os.path.join(directory, "rank-1"))
+        LOAD_FAULTS[fault][0](state_files[0])
+    outcome, seconds = timed_outcome(lambda: optimizer.load_checkpoint(directory))
+    after, params_after = optimizer.state_dict(), params_of(model)
+    train(optimizer, model, rank, world, steps=1, first=SAVE_B_STEP)
+    straight, straight_optimizer = sharded(out_dir, "straight")
+    train(straight_optimizer, straight, rank, world, steps=SAVE_B_STEP + 1)
+    torch.save({"outcome": outcome, "seconds": seconds, "before": before, "after": after,
+                "params_unchanged": all(map(torch.equal, params_after, params_before)),
+                "stepped": params_of(model), "straight": params_of(straight),
+                "left": sorted(os.listdir(os.path.join(directory, f"rank-{rank}")))},
+               os.path.join(out_dir, f"failed-load-rank{rank}.pt"))
+    for each in (optimizer, straight_optimizer):
+        each.close()
+
+
+@pytest.mark.parametrize("fault", sorted(LOAD_FAULTS))
+def test_a_load_that_fails_on_one_rank_raises_everywhere_and_changes_nothing(fault, nvme_dir):
+    join(start(failed_load_run, 2, nvme_dir, fault), nvme_dir)
+    got = [torch.load(os.path.join(nvme_dir, f"failed-load-rank{rank}.pt")) for rank in range(2)]
+    assert_agreed([(each["outcome"], each["seconds"]) for each in got], 1, "loading the shards",
+                  LOAD_FAULTS[fault][1])
+    for rank, each in enumerate(got):
+        # rank 0 loaded its shard before rank 1 failed: it went back to its state before
+        assert_same_state(each["after"], each["before"])
+        assert each["params_unchanged"], rank
+        for index, (a, b) in enumerate(zip(each["stepped"], each["straight"])):
+            assert torch.equal(a, b), f"rank {rank} parameter {index}: != a run without the load"
+        assert each["left"] == ["save-000001"], each["left"]  # no scratch save left behind
 
 
 # --- consolidation without the ranks, then another world size ---------------------------------

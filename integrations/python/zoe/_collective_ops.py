@@ -15,9 +15,25 @@ measures all three on the machine it runs on). So:
 Every rank must pass parts of the same sizes in the same order (the layout is agreed); parts of
 no elements are skipped on every rank alike (gloo refuses empty tensors). With ``async_op``
 the returned ``Pending`` is waited on later; otherwise the collectives have finished on return.
+
+A protocol between the ranks (a sharded save or load, a stage 3 gather) must not let one rank
+fail alone: the others would wait in their next collective for one it never makes, until the
+process group's timeout, or pair it with the wrong one. So each step that one rank can fail ends
+in an agreement:
+
+* ``Agreement``: one all-reduce of a failure flag per rank, made by every rank whether its step
+  failed or not;
+* ``agreed(what, step, group)``: runs ``step()`` and agrees; when it failed on any rank, every
+  rank raises (``agreement_error``): the failing rank its own error as zoe's, the others
+  zoe.Aborted, both naming the failing ranks and ``what`` failed. The ranks stay paired for
+  their next collective.
 """
 
+import torch
 import torch.distributed as dist
+
+from . import _capi
+from .errors import Aborted, Error, as_zoe_error
 
 
 class Pending:
@@ -68,3 +84,65 @@ def _finish(works, async_op):
     if not async_op:
         pending.wait()
     return pending
+
+
+class Agreement:
+    """Which ranks of ``group`` failed one step of a protocol: one all-reduce of a flag per rank
+    (1 where the rank failed; on the GPU for NCCL). Every rank makes it whether it failed or
+    not. With ``async_op`` it runs in the background until failed_ranks()."""
+
+    def __init__(self, failed, group, async_op=False):
+        device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+        self._flags = torch.zeros(dist.get_world_size(group), dtype=torch.float32, device=device)
+        if failed:
+            self._flags[dist.get_rank(group)] = 1.0
+        self._work = dist.all_reduce(self._flags, group=group, async_op=True)
+        if not async_op:
+            self.failed_ranks()
+
+    def failed_ranks(self):
+        """The ranks that failed, in order; waits for the all-reduce (the transport's
+        RuntimeError when it fails)."""
+        work, self._work = self._work, None
+        if work is not None:
+            work.wait()
+        return [rank for rank, flag in enumerate(self._flags.tolist()) if flag > 0]
+
+
+def agreed(what, step, group):
+    """``step()``'s result once every rank of ``group`` ran its own ``step`` and all succeeded;
+    else every rank raises agreement_error's error. ``step`` must make no collective call (a
+    rank that fails would skip it)."""
+    try:
+        result, error = step(), None
+    except Exception as caught:  # agreed below: every rank raises together
+        result, error = None, caught
+    failed = Agreement(error is not None, group).failed_ranks()
+    if failed:
+        raise agreement_error(what, error, failed, group) from error
+    return result
+
+
+def agreement_error(what, error, failed, group):
+    """The error this rank raises when ``what`` failed on the ranks ``failed`` (``error``: this
+    rank's exception, None where it succeeded). A collective: every rank calls it, and the
+    failing ranks' messages are gathered (one all_gather_object), so that every rank's error
+    says what failed where. A failing rank gets its own error as zoe's (errors.as_zoe_error:
+    an OSError by its errno), the others zoe.Aborted."""
+    report = None
+    if error is not None:
+        report = f"{type(as_zoe_error(error, '')).__name__}: {_describe(error)}"
+    reports = [None] * dist.get_world_size(group)
+    dist.all_gather_object(reports, report, group=group)
+    if error is not None:
+        rank = dist.get_rank(group)
+        return as_zoe_error(error, f"{what} failed on rank {rank}: {_describe(error)}")
+    where = "rank" if len(failed) == 1 else "ranks"
+    details = "; ".join(f"rank {rank}: zoe.{reports[rank]}" for rank in failed)
+    return Aborted(_capi.Status.ABORTED,
+                   f"{what} failed on {where} {', '.join(map(str, failed))} ({details})")
+
+
+def _describe(error):
+    """A zoe.Error's message; any other exception's class and message."""
+    return str(error) if isinstance(error, Error) else f"{type(error).__name__}: {error}"

@@ -36,25 +36,29 @@ Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r>/save-
 every rank succeeded, rank 0 replaces the manifest (world size, stage, shard layout, the
 parameters' shapes, hyper-parameters, and each rank's save) atomically: ranks killed during a save
 all load the previous checkpoint (save_sharded). load_checkpoint(dir) restores the save the
-manifest names on the same world size and layout. state_dict() gathers every shard into torch's
+manifest names on the same world size and layout. Every step of both that one rank can fail is
+agreed (TorchCollectives.agreed): every rank raises zoe's error naming the failing rank, the ranks
+stay paired, a failed save keeps the previous checkpoint and a failed load changes no rank's state
+(load_shard). state_dict() gathers every shard into torch's
 AdamW layout (the same dict on every rank); zoe.consolidate does the same from the checkpoint
 without the ranks; load_state_dict() takes such a dict, from any world size, each rank its slice:
 the way to move training to another world size.
 """
 
-import contextlib
 import ctypes
 import json
 import operator
 import os
+import re
 import shutil
+import tempfile
 import weakref
 
 import torch
 import torch.distributed as dist
 
 from . import _capi
-from ._collective_ops import gather_parts, reduce_parts
+from ._collective_ops import agreed, gather_parts, reduce_parts
 from ._torch_common import _invalid, _live_group, _pager_of, _timed, _view, _weak_group
 from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
 from . import errors as zoe_errors
@@ -63,6 +67,7 @@ from .errors import check
 DEFAULT_BUCKET_ELEMENTS = 1 << 22
 MANIFEST = "zoe_sharded_manifest.json"
 MANIFEST_FORMAT = 2  # 1 (no "format"): the shards in rank-<r>, overwritten by every save
+_SAVE_NAME = re.compile(r"save-(\d+)")  # a rank's save folder: save-<n>
 
 
 def _shard_path(rank, version):
@@ -139,61 +144,75 @@ def _shard_begin(count, rank, world_size):
     return rank * count // world_size
 
 
-def agree_on_error(comm, error, what):
-    """Raises on every rank when ``error`` (this rank's exception or None) or a peer's is set
-    (one all-reduce of a flag per rank)."""
-    flags = torch.zeros(comm.world_size, dtype=torch.float64)
-    flags[comm.rank] = 0.0 if error is None else 1.0
-    comm.all_reduce(flags)
-    if error is not None:
-        raise error
-    failed = [rank for rank in range(comm.world_size) if flags[rank] > 0]
-    if failed:
-        raise zoe_errors.Aborted(
-            _capi.Status.ABORTED, f"{what} failed on rank(s) {failed}; see the error there"
-        )
-
-
 def save_sharded(directory, comm, save_shard, manifest):
-    """The sharded checkpoint protocol. Save n is one more than the live manifest's (rank 0
-    reads it and tells every rank). Every rank calls ``save_shard(path)`` on a fresh
-    ``directory``/rank-<r>/save-<n>; once every rank succeeded, rank 0 replaces the manifest
-    (``manifest`` plus the format, n, the world size and each rank's shard with the engine
-    version its LATEST names) atomically; after a barrier each rank removes its other saves.
-    A rank killed at any point before the manifest is replaced leaves the previous manifest,
-    which names the previous save of every rank: loaders never mix two saves."""
-    version = _next_version(directory, comm)
-    error = None
+    """The sharded checkpoint protocol: one step after another, each agreed
+    (TorchCollectives.agreed: a step that fails on any rank raises on every rank, naming it,
+    and the ranks stay paired for their next collective):
+
+    1. save n is one more than every save the live manifest or any rank's folder names;
+    2. every rank calls ``save_shard(path)`` on a fresh ``directory``/rank-<r>/save-<n> (after a
+       failure on any rank, every rank removes its save n: no manifest names it);
+    3. rank 0 replaces the manifest (``manifest`` plus the format, n, the world size and each
+       rank's shard with the engine version its LATEST names) atomically;
+    4. each rank removes its other saves.
+
+    A rank killed or failing anywhere before step 3's rename leaves the previous manifest, which
+    names the previous save of every rank, still on disk: loaders never mix two saves, and a
+    failed save loses nothing saved before it."""
+    where = f"the sharded checkpoint in {directory!r}"
+    version = _next_version(directory, comm, where)
     try:
-        shard_dir = os.path.join(directory, _shard_path(comm.rank, version))
-        _fresh_directory(shard_dir)
-        save_shard(shard_dir)
-    except Exception as caught:  # agreed below, so no rank writes a manifest over it
-        error = caught
-    agree_on_error(comm, error, "saving the sharded checkpoint")
+        latest = comm.agreed(f"saving the shards of {where}",
+                             lambda: _write_shard(directory, comm.rank, version, save_shard))
+    except Exception:
+        _remove_quietly(os.path.join(directory, _shard_path(comm.rank, version)))
+        raise
     engine_versions = [None] * comm.world_size
-    dist.all_gather_object(engine_versions, _latest_of(shard_dir), group=comm.group)
-    if comm.rank == 0:
-        manifest = dict(manifest, format=MANIFEST_FORMAT, version=version,
-                        world_size=comm.world_size)
-        manifest["shards"] = [{"path": _shard_path(rank, version), "engine_version": latest}
-                              for rank, latest in enumerate(engine_versions)]
-        _publish_manifest(directory, manifest)
-    dist.barrier(group=comm.group)
+    dist.all_gather_object(engine_versions, latest, group=comm.group)
+    manifest = dict(manifest, format=MANIFEST_FORMAT, version=version, world_size=comm.world_size)
+    manifest["shards"] = [{"path": _shard_path(rank, version), "engine_version": found}
+                          for rank, found in enumerate(engine_versions)]
+    comm.agreed(f"publishing the manifest of {where}",
+                lambda: _publish_manifest(directory, manifest) if comm.rank == 0 else None)
     _remove_old_saves(directory, comm.rank, version)
 
 
-def _next_version(directory, comm):
-    """One more than the save the live manifest names (0 when there is none or it cannot be
-    read), as rank 0 sees it: every rank gets the same number."""
-    current = torch.zeros(1, dtype=torch.float64)
-    if comm.rank == 0:
-        try:
-            current[0] = float(read_manifest(directory).get("version", 0))
-        except (OSError, ValueError, zoe_errors.Error):
-            current[0] = 0.0
-    comm.all_reduce(current)
-    return int(current.item()) + 1
+def _next_version(directory, comm, where):
+    """Save n, the same on every rank: one more than the save the live manifest names (as rank
+    0 reads it; none when it cannot be read) and than every rank's save-<m> folders, so that no
+    save is ever written over one a manifest may name."""
+    highest = comm.agreed(f"numbering the new save of {where}",
+                          lambda: _highest_save(directory, comm.rank))
+    numbers = torch.zeros(comm.world_size, dtype=torch.float64)
+    numbers[comm.rank] = highest
+    comm.all_reduce(numbers)
+    return int(numbers.max().item()) + 1
+
+
+def _highest_save(directory, rank):
+    """The highest save number in rank's folder and, on rank 0, the live manifest's (0: none)."""
+    highest = _manifest_version(directory) if rank == 0 else 0
+    rank_dir = os.path.join(directory, f"rank-{rank}")
+    names = os.listdir(rank_dir) if os.path.isdir(rank_dir) else []
+    found = (_SAVE_NAME.fullmatch(name) for name in names)
+    return max([highest] + [int(match.group(1)) for match in found if match])
+
+
+def _manifest_version(directory):
+    """The save number the live manifest names; 0 when there is none or it cannot be read."""
+    try:
+        return int(read_manifest(directory).get("version", 0))
+    except (OSError, ValueError, TypeError, zoe_errors.Error):
+        return 0
+
+
+def _write_shard(directory, rank, version, save_shard):
+    """Rank's shard of save ``version``, written by ``save_shard`` into a fresh folder; returns
+    the engine version its LATEST names."""
+    path = os.path.join(directory, _shard_path(rank, version))
+    _fresh_directory(path)
+    save_shard(path)
+    return _latest_of(path)
 
 
 def _fresh_directory(path):
@@ -217,19 +236,64 @@ def _publish_manifest(directory, manifest):
 
 
 def _remove_old_saves(directory, rank, version):
-    """Removes rank's saves other than ``version`` (best effort: a later save removes what
-    stays behind)."""
-    keep = _shard_path(rank, version)
-    rank_dir = os.path.dirname(os.path.join(directory, keep))
-    for name in os.listdir(rank_dir):
-        path = os.path.join(rank_dir, name)
-        if name == os.path.basename(keep):
-            continue
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.remove(path)
+    """Removes everything in rank's folder but save ``version`` (best effort: a later save
+    removes what stays behind)."""
+    rank_dir = os.path.join(directory, f"rank-{rank}")
+    keep = os.path.basename(_shard_path(rank, version))
+    try:
+        names = os.listdir(rank_dir)
+    except OSError:
+        return
+    for name in names:
+        if name != keep:
+            _remove_quietly(os.path.join(rank_dir, name))
+
+
+def _remove_quietly(path):
+    """Removes a file or a folder tree, ignoring failures."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def load_shard(comm, what, shard_dir, save, load):
+    """``load(shard_dir)`` as an agreed step that leaves every rank as it was when it failed on
+    any rank: first each rank saves its state as it is with ``save(folder)`` (an agreed step of
+    its own) into a scratch folder beside its shard; a rank whose load succeeded while another's
+    failed loads that back (a failed load leaves the state unchanged). The scratch folder is
+    removed either way."""
+    before = comm.agreed(f"saving the state as it is before {what}",
+                         lambda: _save_scratch(os.path.dirname(shard_dir), save))
+    loaded = False
+
+    def load_mine():
+        nonlocal loaded
+        load(shard_dir)
+        loaded = True
+
+    try:
+        comm.agreed(what, load_mine)
+    except Exception:
+        if loaded:  # another rank failed: back to the state before the load
+            load(before)
+        raise
+    finally:
+        _remove_quietly(before)
+
+
+def _save_scratch(parent, save):
+    """``save(folder)`` into a fresh scratch folder in ``parent`` (removed when it fails)."""
+    folder = tempfile.mkdtemp(prefix=".before-load-", dir=parent)
+    try:
+        save(folder)
+    except BaseException:
+        _remove_quietly(folder)
+        raise
+    return folder
 
 
 class TorchCollectives:
@@ -267,6 +331,12 @@ class TorchCollectives:
     def group(self):
         """The process group; FailedPrecondition once destroy_process_group() ended it."""
         return _live_group(self._group, "the zoe optimizer")
+
+    def agreed(self, what, step):
+        """``step()`` run on every rank, then agreed (_collective_ops.agreed): its result when
+        it succeeded on every rank, else every rank raises zoe's error naming the failing ranks
+        and ``what`` failed. ``step`` makes no collective call."""
+        return agreed(what, step, self.group)
 
     def _guarded(self, function):
         """A C callback running ``function(self, *args)``; it holds ``self`` weakly (the
@@ -812,9 +882,6 @@ class ZeroMixin:
 
     # --- sharded checkpoints ---------------------------------------------------------------
 
-    def _agree(self, error, what):
-        agree_on_error(self._comm, error, what)
-
     def _layout(self):
         """Per param group: its zoe name, element count and every rank's shard range."""
         layout, world = [], self.world_size
@@ -851,7 +918,26 @@ class ZeroMixin:
     def load_checkpoint(self, directory):
         """Loads the save the manifest names, written by save_checkpoint on the same world size
         and shard layout: each rank its shard (bit-identical), then every rank's parameters from
-        the gathered master weights. Every rank calls it."""
+        the gathered master weights. Every rank calls it. Each step is agreed: a failure on one
+        rank raises on every rank, naming it, and leaves every rank's optimizer as it was
+        (load_shard: the load needs room for one more save of the shard beside it)."""
+        for group_index in range(len(self.param_groups)):
+            self._zoe_group(group_index)
+        where = f"the sharded checkpoint in {directory!r}"
+        manifest, shard_dir = self._comm.agreed(f"reading the manifest of {where}",
+                                                lambda: self._manifest_to_load(directory))
+        load_shard(self._comm, f"loading the shards of {where}", shard_dir,
+                   self._engine.save_checkpoint, self._engine.load_checkpoint)
+        for group, saved in zip(self.param_groups, manifest["param_groups"]):
+            group.update(saved)
+            group["betas"] = tuple(group["betas"])
+        for group_index in range(len(self.param_groups)):
+            self._gather_master(group_index)
+            self._record_versions(group_index)
+
+    def _manifest_to_load(self, directory):
+        """The manifest in ``directory`` and this rank's shard it names; FailedPrecondition
+        when it is of another world size or layout."""
         manifest = read_manifest(directory)
         if manifest["world_size"] != self.world_size or manifest["groups"] != self._layout():
             raise zoe_errors.FailedPrecondition(
@@ -862,20 +948,7 @@ class ZeroMixin:
                 f"{[(g['name'], g['count']) for g in self._layout()]}: allowed: the same world "
                 "size and parameters",
             )
-        for group_index in range(len(self.param_groups)):
-            self._zoe_group(group_index)
-        error = None
-        try:
-            self._engine.load_checkpoint(shard_directory(directory, manifest, self.rank))
-        except Exception as caught:
-            error = caught
-        self._agree(error, "loading the sharded checkpoint")
-        for group, saved in zip(self.param_groups, manifest["param_groups"]):
-            group.update(saved)
-            group["betas"] = tuple(group["betas"])
-        for group_index in range(len(self.param_groups)):
-            self._gather_master(group_index)
-            self._record_versions(group_index)
+        return manifest, shard_directory(directory, manifest, self.rank)
 
     def _gather_master(self, group_index):
         """Every rank's parameters of a group from the shards' master weights."""

@@ -48,10 +48,15 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
   each rank's save (ranks killed during a save all load the previous one: _torch_zero's
   save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
+  Each step of both is agreed: one rank's failure raises on every rank, naming it.
 - Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
   wait for a rank that died) raises zoe.Aborted naming the collective and the parameter (for a
-  gradient bucket of several, their names); a rank
-  whose engine fails raises the engine's error, and its peers fail in their next collective.
+  gradient bucket of several, their names). A rank that cannot read its shard for a gather still
+  makes the gather, and each gather carries an Agreement (one all-reduce of a failure flag per
+  rank, issued with it): every rank raises when it is waited for, naming that rank and the
+  parameter, and the ranks stay paired; writing the shards at registration is agreed too. A rank
+  whose optimizer step fails (each rank's own optimizer) raises alone, and its peers fail in their
+  next collective.
 """
 
 import math
@@ -61,7 +66,7 @@ import torch
 import torch.distributed as dist
 
 from . import _capi, _torch_device
-from ._collective_ops import gather_parts, reduce_parts
+from ._collective_ops import Agreement, agreed, agreement_error, gather_parts, reduce_parts
 from ._torch_common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
 from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
 from ._torch_zero import DEFAULT_BUCKET_ELEMENTS
@@ -87,11 +92,14 @@ def _collective_error(what, name, error, subject=None):
 
 
 class _PendingGather:
-    """A gather of one parameter's shards in flight (``async_op=True``)."""
+    """A gather of one parameter's shards in flight (``async_op=True``) with the agreement that
+    every rank could read its shard."""
 
-    def __init__(self, handle, gathered):
+    def __init__(self, handle, gathered, agreement, error):
         self.handle = handle
         self.gathered = gathered  # the full parameter, as bytes (every rank's shard in order)
+        self.agreement = agreement  # _collective_ops.Agreement, in flight
+        self.error = error  # why this rank could not read its shard, or None
 
 
 class _GradientBucket:
@@ -263,19 +271,26 @@ class ShardedParameterPager(ParameterPager):
 
     def _issue_gather(self, entry):
         """Starts gathering ``entry``'s shards (as bytes, each into its place in the full
-        parameter: _collective_ops.gather_parts); returns it pending."""
+        parameter: _collective_ops.gather_parts) and the Agreement that every rank could read
+        its own; returns it pending. A rank that cannot read its shard still makes both
+        collectives (its part unset), so every rank fails together when it is waited for."""
         gathered = torch.empty(entry.bytes, dtype=torch.uint8, device=entry.param.device)
         parts = list(gathered.split([count * entry.element_size for count in entry.counts]))
+        error = None
         if entry.shard is not None:
-            with self.held(entry.shard) as values:
-                parts[self.rank].copy_(values.view(-1).view(torch.uint8))
+            try:
+                with self.held(entry.shard) as values:
+                    parts[self.rank].copy_(values.view(-1).view(torch.uint8))
+            except Exception as caught:  # agreed with the gather: every rank raises
+                error = caught
         try:
             with _timed(self, "collective_seconds"):
                 handle = gather_parts(parts, self.group, async_op=True)
-        except RuntimeError as error:
-            raise _collective_error("gather", entry.name, error) from None
+                agreement = Agreement(error is not None, self.group, async_op=True)
+        except RuntimeError as failure:
+            raise _collective_error("gather", entry.name, failure) from None
         self._count(in_flight=entry.bytes)
-        return _PendingGather(handle, gathered)
+        return _PendingGather(handle, gathered, agreement, error)
 
     def _count(self, gathered=0, in_flight=0):
         self.gathered_bytes += gathered
@@ -285,13 +300,25 @@ class ShardedParameterPager(ParameterPager):
 
     def _finish_gather(self, entry, pending):
         """Waits for ``pending`` and makes ``entry``'s full values (shards side by side)."""
+        self._wait_gather(entry, pending)
+        self._count(gathered=entry.bytes)
+        return pending.gathered.view(entry.dtype).view(entry.shape)
+
+    def _wait_gather(self, entry, pending):
+        """Waits for a gather and its agreement; every rank raises when a rank could not read
+        its shard (_collective_ops.agreement_error: that rank its own error, the others
+        zoe.Aborted, naming it and the parameter)."""
         try:
             with _timed(self, "collective_seconds"):
                 pending.handle.wait()
+                failed = pending.agreement.failed_ranks()
         except RuntimeError as error:
             raise _collective_error("gather", entry.name, error) from None
-        self._count(gathered=entry.bytes, in_flight=-entry.bytes)
-        return pending.gathered.view(entry.dtype).view(entry.shape)
+        finally:
+            self._count(in_flight=-entry.bytes)
+        if failed:
+            raise agreement_error(f"gathering parameter {entry.name!r}", pending.error, failed,
+                                  self.group) from pending.error
 
     def _gather(self, entry):
         """Makes ``entry`` gathered: its prefetched all-gather, or one issued now."""
@@ -364,16 +391,7 @@ class ShardedParameterPager(ParameterPager):
         """Waits for gathers issued ahead that the iteration did not use, and drops them."""
         pending, self._pending = self._pending, {}
         for entry, gather in pending.items():
-            self._free_unused(entry, gather)
-
-    def _free_unused(self, entry, gather):
-        try:
-            with _timed(self, "collective_seconds"):
-                gather.handle.wait()
-        except RuntimeError as error:
-            raise _collective_error("gather", entry.name, error) from None
-        finally:
-            self._count(in_flight=-entry.bytes)
+            self._wait_gather(entry, gather)
 
     # --- backward --------------------------------------------------------------------------
 
@@ -615,8 +633,23 @@ class ShardedParameterPager(ParameterPager):
     def load_checkpoint(self, directory, optimizer):
         """Loads what save_checkpoint wrote on the same world size and parameters: ``optimizer``
         loads this rank's save that the manifest names, which sets every shard it steps to its
-        saved master weights. Every rank calls it; one rank's failure raises on every rank."""
-        from ._torch_zero import TorchCollectives, agree_on_error, read_manifest, shard_directory
+        saved master weights. Every rank calls it. Each step is agreed: a failure on one rank
+        raises on every rank, naming it, and leaves every rank's optimizer and shards as they
+        were (_torch_zero.load_shard: the load needs room for one more save of the shard
+        beside it)."""
+        from ._torch_zero import TorchCollectives, load_shard
+
+        comm = TorchCollectives(self.group)
+        where = f"the stage 3 checkpoint in {directory!r}"
+        shard_dir = comm.agreed(f"reading the manifest of {where}",
+                                lambda: self._shard_to_load(directory))
+        load_shard(comm, f"loading the shards of {where}", shard_dir, optimizer.save_checkpoint,
+                   optimizer.load_checkpoint)
+
+    def _shard_to_load(self, directory):
+        """This rank's shard that the manifest in ``directory`` names; FailedPrecondition when
+        it is not a stage 3 checkpoint of this world size and these parameters."""
+        from ._torch_zero import read_manifest, shard_directory
 
         manifest = read_manifest(directory)
         layout = self._checkpoint_layout()
@@ -630,12 +663,7 @@ class ShardedParameterPager(ParameterPager):
                 f"{len(layout)}: allowed: a stage 3 checkpoint of the same world size and "
                 "parameters (names, shapes, dtypes)"
             )
-        error = None
-        try:
-            optimizer.load_checkpoint(shard_directory(directory, manifest, self.rank))
-        except Exception as caught:  # agreed below: every rank raises together
-            error = caught
-        agree_on_error(TorchCollectives(self.group), error, "loading the stage 3 checkpoint")
+        return shard_directory(directory, manifest, self.rank)
 
     def remove(self):
         """Removes the hooks and gives every parameter its full values as an ordinary tensor
@@ -676,7 +704,8 @@ def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group
                        "integer >= 0 (0 or 1: one parameter per bucket)")
     pager = ShardedParameterPager(model, engine, trace_name, home, tier, process_group,
                                   prefetch_depth, bucket_elements)
-    with torch.no_grad():
-        pager._register(prefix)
+    with torch.no_grad():  # writing the shards can fail on one rank (its swap space): agreed
+        agreed("sharding the model's parameters", lambda: pager._register(prefix),
+               process_group)
     pager._install_hooks()
     return pager

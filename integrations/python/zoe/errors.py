@@ -1,5 +1,7 @@
 """zoe.Error and one subclass per zoe_status, raised by :func:`check` after every C call."""
 
+import errno
+
 from . import _capi
 
 
@@ -109,6 +111,29 @@ _BY_CODE = {
         Internal,
     )
 }
+
+
+# errno -> the class zoe's C++ Status gives it (core/status.cc CodeForErrno); others are IoError.
+_BY_ERRNO = {
+    **dict.fromkeys((errno.ENOSPC, errno.EFBIG, errno.EDQUOT), NoSpace),
+    **dict.fromkeys((errno.ENOENT, errno.ENOTDIR), NotFound),
+    **dict.fromkeys((errno.EACCES, errno.EPERM, errno.EROFS), PermissionDenied),
+    errno.ENOMEM: OutOfMemory,
+    **dict.fromkeys((errno.EINVAL, errno.EBADF, errno.EFAULT), InvalidArgument),
+    **dict.fromkeys((errno.ENOSYS, errno.EOPNOTSUPP), NotSupported),
+    errno.EBUSY: Busy,
+    errno.ECANCELED: Aborted,
+}
+
+
+def as_zoe_error(error, message):
+    """``error`` (any exception) as zoe's, with ``message``: a zoe.Error keeps its class, an
+    OSError gets the class of its errno (IoError where zoe names none), anything else is
+    Internal."""
+    if isinstance(error, Error):
+        return type(error)(error.code, message)
+    cls = _BY_ERRNO.get(error.errno, IoError) if isinstance(error, OSError) else Internal
+    return cls(cls.status, message)
 
 
 def error_for(code, message):
