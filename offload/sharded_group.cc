@@ -241,7 +241,12 @@ Result<optim::GradScan> ShardedGroup::AgreeScan(const optim::GradScan& local, bo
 Status ShardedGroup::AgreeOutcome(const Status& local) {
   std::vector<double> flags(static_cast<size_t>(collectives_.world_size()), 0.0);
   flags[static_cast<size_t>(collectives_.rank())] = local.ok() ? 0.0 : 1.0;
-  ZOE_RETURN_IF_ERROR(collectives_.AllReduceSum(flags));
+  Status exchanged = collectives_.AllReduceSum(flags);
+  if (!exchanged.ok() && local.ok()) {
+    return std::move(exchanged).WithContext(
+        "sharded group: agreeing the step's outcome after this rank updated its shard; other "
+        "ranks may not have: resume from a checkpoint");
+  }
   if (!local.ok()) return local;
   if (std::all_of(flags.begin(), flags.end(), [](double f) { return f == 0.0; })) {
     return Status::Ok();
@@ -419,7 +424,14 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   }
   if (stopped) return report.status();
   ZOE_RETURN_IF_ERROR(AgreeOutcome(report.status()));
-  if (!report->skipped && !args.params.empty()) ZOE_RETURN_IF_ERROR(GatherParams(args.params));
+  if (!report->skipped && !args.params.empty()) {
+    Status gathered = GatherParams(args.params);
+    if (!gathered.ok()) {
+      return std::move(gathered).WithContext(
+          "sharded group: gathering the updated parameters after every rank updated its shard; "
+          "the parameters are those before the step: resume from a checkpoint");
+    }
+  }
   return report;
 }
 

@@ -28,16 +28,15 @@ void Tally::Add(const std::string& name, const ForkedResult& result) {
   if (unexplained_here) unexplained += o.errors_reported;
   unexplained += o.other_errors;
   if (!unexplained_here && o.silent_corruptions == 0) recovered += o.injected_recoverable;
-  if (!o.final_pass_ok && o.completed) {
-    notes.push_back(fmt::format("{}: refused further work (allowed): {}", name, o.first_problem));
-  }
+  const bool refused_here = o.completed && !o.final_pass_ok;
   const bool bad = swallowed_here || unexplained_here || o.other_errors > 0 ||
-                   o.silent_corruptions > 0 || !o.completed;
+                   o.silent_corruptions > 0 || !o.completed || refused_here;
   if (bad) {
     problems.push_back(fmt::format(
-        "{}: injected {} errors + {} recoverable, reported {}, other {}, silent {}{}: {} {}", name,
-        o.injected_errors, o.injected_recoverable, o.errors_reported, o.other_errors,
-        o.silent_corruptions, o.completed ? "" : ", did not complete", o.first_problem,
+        "{}: injected {} errors + {} recoverable, reported {}, other {}, silent {}{}{}: {} {}",
+        name, o.injected_errors, o.injected_recoverable, o.errors_reported, o.other_errors,
+        o.silent_corruptions, o.completed ? "" : ", did not complete",
+        refused_here ? ", still failing after the faults stopped" : "", o.first_problem,
         o.first_error[0] != '\0' ? fmt::format("(first error: {})", o.first_error) : ""));
   }
 }
@@ -54,11 +53,11 @@ void Tally::Merge(const Tally& other) {
   crashes += other.crashes;
   hangs += other.hangs;
   problems.insert(problems.end(), other.problems.begin(), other.problems.end());
-  notes.insert(notes.end(), other.notes.begin(), other.notes.end());
 }
 
 bool Tally::Clean() const {
-  return swallowed == 0 && unexplained == 0 && silent == 0 && crashes == 0 && hangs == 0;
+  return refused == 0 && swallowed == 0 && unexplained == 0 && silent == 0 && crashes == 0 &&
+         hangs == 0;
 }
 
 std::string Tally::Table(const std::string& title) const {
@@ -71,7 +70,6 @@ std::string Tally::Table(const std::string& title) const {
   out += fmt::format("  {:>6} {:>9} {:>9} {:>10} {:>8} {:>10} {:>12} {:>7} {:>8} {:>6}\n", cases,
                      injected, reported, recovered, refused, swallowed, unexplained, silent,
                      crashes, hangs);
-  for (const std::string& note : notes) out += fmt::format("  - {}\n", note);
   for (const std::string& problem : problems) out += fmt::format("  ! {}\n", problem);
   return out;
 }

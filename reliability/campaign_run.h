@@ -23,20 +23,20 @@ struct Tally {
   uint64_t injected = 0;     // every fault, recoverable or not
   uint64_t reported = 0;     // calls that returned the error an injected fault causes
   uint64_t recovered = 0;    // recoverable faults absorbed with the data still right
-  uint64_t refused = 0;      // runs whose engine failed the final pass with an error
+  uint64_t refused = 0;      // runs whose engine still failed after the faults stopped
   uint64_t swallowed = 0;    // error faults in runs where no call reported an error
   uint64_t unexplained = 0;  // errors no injected fault explains, or of an unexpected code
   uint64_t silent = 0;       // acknowledged data that differs from the shadow
   uint64_t crashes = 0;
   uint64_t hangs = 0;
   std::vector<std::string> problems;
-  std::vector<std::string> notes;
 
   void Add(const std::string& name, const ForkedResult& result);
   void Merge(const Tally& other);
-  // No swallowed or unexplained error, silent corruption, crash or hang.
+  // No run refusing work after the faults stopped, no swallowed or unexplained error, silent
+  // corruption, crash or hang.
   bool Clean() const;
-  // The table under `title`, then a line per note ("-") and per problem ("!").
+  // The table under `title`, then a line per problem ("!").
   std::string Table(const std::string& title) const;
 };
 

@@ -3,7 +3,9 @@
 # and runs the GoogleTest suites in the release, asan (ASan+UBSan) and tsan presets, and the
 # Python tests under /usr/bin/python3 (against the release library, and against the ASan+UBSan
 # library when the asan preset is built in the same run), and the libFuzzer targets for a bounded
-# time (scripts/run-fuzzers.sh).
+# time (scripts/run-fuzzers.sh). At the end it fails the run if any test skipped for a reason
+# tests/allowed-skips.txt does not allow (scripts/check-skips.py: only "no GPU"-class and
+# sanitizer reasons are allowed), reading the JUnit files of every ctest and pytest run.
 # Usage: scripts/run-tests.sh [preset ...]     (default: release asan tsan python fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +16,24 @@ jobs=$(nproc)
 presets=("$@")
 ((${#presets[@]})) || presets=(release asan tsan python fuzz)
 
+# The environment of every ctest and pytest run (not of the fuzzers):
+# - ZOE_REQUIRE_TORCH=1: the torch reference test fails instead of skipping when /usr/bin/python3
+#   cannot import torch (install-deps.sh installs python3-torch).
+# - ZOE_DEVICE_ADVERSARIAL_US: every host stand-in device that CreateDeviceBackend makes (engines
+#   with zoe.device "host", or "auto" without a GPU) runs in adversarial mode: each copy completes
+#   this many microseconds after it starts and its destination reads as poison (NaN) until then,
+#   so a missing wait fails a test instead of passing by luck. 200 us is far longer than code
+#   takes from submitting a copy to using its destination, and copies on one queue run one after
+#   another, so a test costs 0.2 ms per device copy.
+test_env=(ZOE_REQUIRE_TORCH=1 ZOE_DEVICE_ADVERSARIAL_US=200)
+
+# JUnit XML of each ctest and pytest run of this invocation, for check_skips. Removed first so a
+# file left by an earlier run never stands in for one of this run.
+junit_dir="$(pwd)/build/junit"
+junit_files=()
+rm -rf "$junit_dir"
+mkdir -p "$junit_dir"
+
 run_ctest_preset() {
   local preset=$1
   echo "=== $preset: configure and build"
@@ -21,7 +41,12 @@ run_ctest_preset() {
   cmake --build --preset "$preset" -j "$jobs" >>"build/$preset.log" 2>&1 ||
     { tail -n 100 "build/$preset.log"; exit 1; }
   echo "=== $preset: test"
-  ctest --preset "$preset" -j "$jobs"
+  # Whole outputs in the JUnit file (ctest keeps 1 KiB of a passed test's by default): a skipped
+  # case inside a ctest test that runs several (offload.checksums_avx2) is found in its output.
+  junit_files+=("$junit_dir/$preset.xml")
+  env "${test_env[@]}" ctest --preset "$preset" -j "$jobs" --output-junit "$junit_dir/$preset.xml" \
+    --test-output-size-passed 4194304 --test-output-size-failed 4194304 \
+    --test-output-truncation middle
 }
 
 run_python_tests() {
@@ -31,17 +56,33 @@ run_python_tests() {
   fi
   [[ -f build/release/integrations/libzoe.so ]] || run_ctest_preset release
   echo "=== python: pytest under /usr/bin/python3"
-  ZOE_LIBRARY="$(pwd)/build/release/integrations/libzoe.so" PYTHONPATH="$(pwd)/integrations/python" \
-    /usr/bin/python3 -m pytest -q integrations/python/tests
+  junit_files+=("$junit_dir/python-release.xml")
+  env "${test_env[@]}" ZOE_LIBRARY="$(pwd)/build/release/integrations/libzoe.so" \
+    PYTHONPATH="$(pwd)/integrations/python" /usr/bin/python3 -m pytest -q -rs \
+    --junitxml="$junit_dir/python-release.xml" integrations/python/tests
   # When this run built the asan preset, the same tests drive the ASan+UBSan library through
   # ctypes. The sanitizer runtimes must load before the interpreter; leak detection is off
   # because CPython does not free everything at exit (the C and C++ tests check zoe's leaks).
   if [[ " ${presets[*]} " == *" asan "* && -f build/asan/integrations/libzoe.so ]]; then
     echo "=== python: pytest against the ASan+UBSan library"
-    LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+    junit_files+=("$junit_dir/python-asan.xml")
+    env "${test_env[@]}" \
+      LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
       ASAN_OPTIONS=detect_leaks=0 ZOE_LIBRARY="$(pwd)/build/asan/integrations/libzoe.so" \
-      PYTHONPATH="$(pwd)/integrations/python" /usr/bin/python3 -m pytest -q integrations/python/tests
+      PYTHONPATH="$(pwd)/integrations/python" /usr/bin/python3 -m pytest -q -rs \
+      --junitxml="$junit_dir/python-asan.xml" integrations/python/tests
   fi
+}
+
+# Fails the run if a test skipped for a reason tests/allowed-skips.txt does not allow, listing
+# each with its reason, and prints a count of the skips by reason. Every JUnit file a run above
+# announced must exist.
+check_skips() {
+  if ((${#junit_files[@]} == 0)); then
+    echo "=== skips: no ctest or pytest run in this invocation"
+    return
+  fi
+  /usr/bin/python3 scripts/check-skips.py --allow tests/allowed-skips.txt "${junit_files[@]}"
 }
 
 mkdir -p build
@@ -53,4 +94,5 @@ for preset in "${presets[@]}"; do
     *) echo "unknown preset '$preset'; allowed: release debug asan tsan python fuzz" >&2; exit 2 ;;
   esac
 done
+check_skips
 echo "=== all requested test runs passed: ${presets[*]}"

@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 
 #include <csignal>
-
 #include <cstring>
 #include <filesystem>
 

@@ -552,18 +552,26 @@ TEST_F(CheckpointStoreTest, AnErrorEndsTheSaveAndLaterCallsSayWhy) {
 
 TEST_F(CheckpointStoreTest, InterruptedAndShortWritesAndFsyncsAreResumed) {
   uint64_t calls = 0;
+  std::map<std::pair<CheckpointSyscall, int>, int> injected;  // (call, what it returned) -> count
   CheckpointWriterOptions options;
-  options.fault_for_testing = [&calls](CheckpointSyscall call, const std::string&) {
+  options.fault_for_testing = [&](CheckpointSyscall call, const std::string&) {
     ++calls;
-    if (call == CheckpointSyscall::kWrite)
-      return calls % 3 == 0 ? EINTR : CheckpointWriterOptions::kShortWrite;
-    if (call == CheckpointSyscall::kFsync || call == CheckpointSyscall::kOpen) {
-      return calls % 2 == 0 ? EINTR : 0;
+    int fault = 0;
+    if (call == CheckpointSyscall::kWrite) {
+      fault = calls % 3 == 0 ? EINTR : CheckpointWriterOptions::kShortWrite;
+    } else if (call == CheckpointSyscall::kFsync || call == CheckpointSyscall::kOpen) {
+      fault = calls % 2 == 0 ? EINTR : 0;
     }
-    return 0;
+    if (fault != 0) ++injected[{call, fault}];
+    return fault;
   };
   ASSERT_TRUE(Save(root(), 4, std::move(options)).ok());
   ExpectGeneration(root(), 4);
+  // Every kind of fault the test names was injected, so each resumption path ran.
+  EXPECT_GT((injected[{CheckpointSyscall::kWrite, EINTR}]), 0);
+  EXPECT_GT((injected[{CheckpointSyscall::kWrite, CheckpointWriterOptions::kShortWrite}]), 0);
+  EXPECT_GT((injected[{CheckpointSyscall::kFsync, EINTR}]), 0);
+  EXPECT_GT((injected[{CheckpointSyscall::kOpen, EINTR}]), 0);
 }
 
 // mkdir, rename and the removal of the older version are resumed after EINTR too, like every

@@ -201,22 +201,26 @@ struct SpeculativeFault {
   StatusCode code;
 };
 
-// A read, a write or a checksum of a speculative update fails -- found while AccumulateGrad goes
-// on, or (the last write) only by the Step: the Step reports it naming the chunk, the state is
-// the previous one, every speculative update counts as discarded, the gradients stay, and
-// retrying the step matches the plain group.
-TEST_P(SpeculationTest, FaultDuringASpeculativeStepLeavesThePreviousState) {
-  if (GetParam().tier != Tier::kNvme) GTEST_SKIP() << "HOST chunks do no I/O";
-  const SpeculativeFault faults[] = {
-      {"second write", io::FaultKind::kEio, io::FaultOps::kWrites, 2, StatusCode::kIoError},
-      {"last write", io::FaultKind::kEnospc, io::FaultOps::kWrites, 5, StatusCode::kNoSpace},
-      {"third read", io::FaultKind::kEio, io::FaultOps::kReads, 3, StatusCode::kIoError},
-      {"corrupted read", io::FaultKind::kCorruption, io::FaultOps::kReads, 1,
-       StatusCode::kCorruption},
-  };
-  for (const SpeculativeFault& fault : faults) {
+// A fault during a speculative step, with the placements that do I/O: NVMe chunks beside HOST
+// ones (nvme_ratio 0.75: 5 of the 7 chunks on NVMe). Without clipping the step commits what was
+// updated early; with clipping (max_grad_norm 150 engages on step 0) the Step recomputes every
+// chunk from its untouched version, reading and writing each NVMe chunk again.
+struct FaultCase {
+  Placement placement;
+  double max_grad_norm;
+};
+void PrintTo(const FaultCase& c, std::ostream* os) {
+  *os << c.placement.name << (c.max_grad_norm > 0 ? "_clipped" : "");
+}
+
+class SpeculationFaultTest : public ::testing::TestWithParam<FaultCase> {
+ protected:
+  // Runs one speculative step with `fault` armed and checks: the Step reports it naming the
+  // chunk, exactly one fault was injected, the state is the previous one, no step was taken, and
+  // retrying the step (the gradients stay) matches the plain group bit for bit.
+  void ExpectFaultLeavesThePreviousState(const SpeculativeFault& fault) {
     SCOPED_TRACE(fault.name);
-    HarnessOptions options = SpeculationOptions(GetParam(), 0.0);
+    HarnessOptions options = SpeculationOptions(GetParam().placement, GetParam().max_grad_norm);
     GroupHarness plain(options);
     options.inject_faults = true;
     options.group.speculative = true;
@@ -235,16 +239,64 @@ TEST_P(SpeculationTest, FaultDuringASpeculativeStepLeavesThePreviousState) {
     EXPECT_EQ(speculative.group().steps_taken(), 0);
     const SpeculationStats& stats = speculative.group().speculation_stats();
     EXPECT_EQ(stats.steps, 1u);
-    EXPECT_EQ(stats.chunks_discarded, stats.chunks_speculative);
     EXPECT_EQ(stats.chunks_committed, 0u);
     Result<StepReport> retried = speculative.StepAccumulated(speculative.Hyper(0));
     ASSERT_TRUE(retried.ok()) << retried.status().ToString();
     EXPECT_EQ(retried->chunks_speculative, 0u);
-    ASSERT_TRUE(plain.Step(plain.Hyper(0)).ok());
+    Result<StepReport> expected = plain.Step(plain.Hyper(0));
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    EXPECT_EQ(retried->grad_norm, expected->grad_norm);
     EXPECT_TRUE(speculative.Snapshot() == plain.Snapshot());
     EXPECT_TRUE(speculative.params_bytes() == plain.params_bytes());
   }
+};
+
+// A read, a write or a checksum of a speculative update fails -- found while AccumulateGrad goes
+// on, or (the last write) only by the Step: the Step reports it naming the chunk, the state is
+// the previous one, the gradients stay, and retrying the step matches the plain group.
+TEST_P(SpeculationFaultTest, FaultDuringTheEarlyUpdatesLeavesThePreviousState) {
+  const SpeculativeFault faults[] = {
+      {"second write", io::FaultKind::kEio, io::FaultOps::kWrites, 2, StatusCode::kIoError},
+      {"last write", io::FaultKind::kEnospc, io::FaultOps::kWrites, 5, StatusCode::kNoSpace},
+      {"third read", io::FaultKind::kEio, io::FaultOps::kReads, 3, StatusCode::kIoError},
+      {"corrupted read", io::FaultKind::kCorruption, io::FaultOps::kReads, 1,
+       StatusCode::kCorruption},
+  };
+  for (const SpeculativeFault& fault : faults) ExpectFaultLeavesThePreviousState(fault);
 }
+
+// With clipping the early updates (reads and writes 1-5) are redone by the Step from the
+// untouched version (reads and writes 6-10): a fault there leaves the previous state too.
+class SpeculationRecomputeFaultTest : public SpeculationFaultTest {};
+
+TEST_P(SpeculationRecomputeFaultTest, FaultDuringTheRecomputeLeavesThePreviousState) {
+  const SpeculativeFault faults[] = {
+      {"first recompute read", io::FaultKind::kEio, io::FaultOps::kReads, 6, StatusCode::kIoError},
+      {"corrupted recompute read", io::FaultKind::kCorruption, io::FaultOps::kReads, 8,
+       StatusCode::kCorruption},
+      {"second recompute write", io::FaultKind::kEio, io::FaultOps::kWrites, 7,
+       StatusCode::kIoError},
+      {"last recompute write", io::FaultKind::kEnospc, io::FaultOps::kWrites, 10,
+       StatusCode::kNoSpace},
+  };
+  for (const SpeculativeFault& fault : faults) ExpectFaultLeavesThePreviousState(fault);
+}
+
+std::string FaultCaseName(const ::testing::TestParamInfo<FaultCase>& info) {
+  return std::string(info.param.placement.name) + (info.param.max_grad_norm > 0 ? "_clipped" : "");
+}
+constexpr Placement kNvmeFp32{"nvme_fp32", Tier::kNvme, 0.75, optim::DType::kFloat32};
+constexpr Placement kNvmeBf16{"nvme_bf16", Tier::kNvme, 0.75, optim::DType::kBFloat16};
+
+INSTANTIATE_TEST_SUITE_P(NvmeBesideHost, SpeculationFaultTest,
+                         ::testing::Values(FaultCase{kNvmeFp32, 0.0}, FaultCase{kNvmeBf16, 0.0},
+                                           FaultCase{kNvmeFp32, 150.0},
+                                           FaultCase{kNvmeBf16, 150.0}),
+                         FaultCaseName);
+INSTANTIATE_TEST_SUITE_P(NvmeBesideHostClipped, SpeculationRecomputeFaultTest,
+                         ::testing::Values(FaultCase{kNvmeFp32, 150.0},
+                                           FaultCase{kNvmeBf16, 150.0}),
+                         FaultCaseName);
 
 TEST_P(SpeculationTest, TotalsAddUpOverSteps) {
   HarnessOptions options = SpeculationOptions(GetParam(), 150.0);

@@ -2,12 +2,14 @@
 // ENOSPC, short transfers, corrupted reads, EINTR/EAGAIN and refused O_DIRECT injected, by
 // countdown (fail the 1st operation, then the 2nd, ... until a run completes clean) and one in N
 // with seeds; each test prints its table and fails on a swallowed error, an error no fault
-// explains, a silent corruption, a crash or a hang.
+// explains, a silent corruption, an engine still failing after the faults stopped, a crash or a
+// hang.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <ostream>
@@ -20,8 +22,10 @@ namespace zoe::reliability {
 namespace {
 
 // A campaign table must be clean: every injected error reached a caller, every error is
-// explained by a fault, no acknowledged data differs from the shadow, nothing crashed or hung.
+// explained by a fault, no acknowledged data differs from the shadow, the engine works again
+// once the faults stop, nothing crashed or hung.
 void ExpectClean(const Tally& tally) {
+  EXPECT_EQ(tally.refused, 0u) << "an engine still failed after the faults stopped";
   EXPECT_EQ(tally.swallowed, 0u) << "an injected error never reached a caller";
   EXPECT_EQ(tally.unexplained, 0u) << "a call failed with an error no injected fault explains";
   EXPECT_EQ(tally.silent, 0u) << "acknowledged data differs from the shadow";
@@ -67,6 +71,31 @@ TEST(FaultCampaign, RunnerCountsCrashesAndHangs) {
   const ForkedResult normal = RunForked([] { return Outcome{.requests = 42}; }, kCaseDeadline);
   EXPECT_EQ(normal.exit, ExitKind::kNormal);
   EXPECT_EQ(normal.outcome.requests, 42u);
+}
+
+// A run that completed but whose engine still failed once the faults stopped is not clean, even
+// when every injected error was reported: the engine must work again after the faults.
+TEST(FaultCampaign, AnEngineStillFailingAfterTheFaultsIsNotClean) {
+  ForkedResult refused;
+  refused.outcome = Outcome{.requests = 10,
+                            .injected_errors = 1,
+                            .errors_reported = 1,
+                            .completed = true,
+                            .final_pass_ok = false};
+  std::snprintf(refused.outcome.first_problem, sizeof(refused.outcome.first_problem), "%s",
+                "final pass: read tensor 3 failed");
+  Tally tally;
+  tally.Add("EIO on tensor I/O, operation 4", refused);
+  EXPECT_EQ(tally.refused, 1u);
+  EXPECT_FALSE(tally.Clean());
+  ASSERT_EQ(tally.problems.size(), 1u);
+  EXPECT_NE(tally.problems[0].find("still failing after the faults stopped"), std::string::npos)
+      << tally.problems[0];
+  ForkedResult recovered = refused;
+  recovered.outcome.final_pass_ok = true;
+  Tally clean;
+  clean.Add("EIO on tensor I/O, operation 4", recovered);
+  EXPECT_TRUE(clean.Clean());
 }
 
 // ---- countdown ------------------------------------------------------------------------------

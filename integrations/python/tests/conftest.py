@@ -18,6 +18,25 @@ import pytest  # noqa: E402
 import zoe  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def adversarial_host_twin(monkeypatch):
+    """zoe.torch.HostTwin() in a test is the adversarial twin (copies complete late, their
+    destinations NaN until then), so a missing wait fails a test instead of passing by luck; a
+    test that wants the plain twin says HostTwin(adversarial=False). The C++ host stand-in's
+    counterpart is ZOE_DEVICE_ADVERSARIAL_US (scripts/run-tests.sh sets it)."""
+    device = sys.modules.get("zoe._torch_device")  # imported by the tests that use the twin
+    if device is None:
+        return
+    init = device.HostTwin.__init__
+    names = init.__code__.co_varnames[1:init.__code__.co_argcount]
+    defaults = dict(zip(names[len(names) - len(init.__defaults__):], init.__defaults__))
+    if "adversarial" not in defaults:
+        raise RuntimeError("HostTwin.__init__ has no default for 'adversarial': update "
+                           "conftest.adversarial_host_twin")
+    defaults["adversarial"] = True
+    monkeypatch.setattr(init, "__defaults__", tuple(defaults.values()))
+
+
 @pytest.fixture
 def nvme_dir():
     """A fresh directory under /var/tmp for swap files, removed afterwards."""

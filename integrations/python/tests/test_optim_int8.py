@@ -10,10 +10,17 @@ import torch
 import zoe
 import zoe.torch
 from conftest import small_config
-from test_optim import batch, make_model, train_step
+from test_optim import assert_params_close, make_model, train_step
 
 # Half the widest gap of the signed dynamic code (optim/quantize.h): 0.9 / 64 / 2.
 SIGNED_CODE_ERROR = 0.9 / 64 / 2
+# exp_avg_sq is stored as its square root in the unsigned code (twice as fine: e = 0.9 / 64 / 4
+# of sqrt(absmax)); squared back, its error is at most (2e + e^2) x absmax (docs/int8-moments.md).
+UNSIGNED_ROOT_ERROR = 0.9 / 64 / 4
+SQ_ERROR = 2 * UNSIGNED_ROOT_ERROR + UNSIGNED_ROOT_ERROR**2
+# The stated errors are of exact arithmetic; dequantizing (code value x block scale, in fp32) adds
+# rounding of a few ulp.
+ROUNDING_SLACK = 1.0001
 
 
 @pytest.fixture(params=["cpu", "nvme"])
@@ -72,6 +79,33 @@ def test_training_tracks_fp32_moments(int8_engine):
         first = first or loss_ref
     assert loss_ref < 0.9 * first  # it trains
     assert loss == pytest.approx(loss_ref, rel=0.03)
+    assert int8_engine.stats()["groups"][0]["moment_dtype"] == "int8"
+    zoe_opt.close()
+
+
+def test_each_step_matches_fp32_moments_from_the_same_state(int8_engine):
+    """Step by step against torch.optim.AdamW (fp32 moments) started from zoe's own state: the
+    int8 kernel runs fp32 arithmetic on the dequantized moments, so the parameters it writes are
+    those of the fp32 step (identical bits under EXACT_TORCH), and the moments it keeps are the
+    fp32 step's within the code's stated error of the tensor's absmax (>= each block's)."""
+    model = make_model()
+    hyper = {"lr": 3e-3, "weight_decay": 0.1}
+    zoe_opt = zoe.torch.AdamW(model.parameters(), engine=int8_engine, **hyper)
+    for step in range(20):
+        reference = copy.deepcopy(model)
+        torch_opt = torch.optim.AdamW(reference.parameters(), **hyper)
+        if step > 0:  # the fp32 reference starts from zoe's dequantized moments
+            torch_opt.load_state_dict(zoe_opt.state_dict())
+        train_step(model, zoe_opt, step)
+        train_step(reference, torch_opt, step)
+        assert_params_close(model, reference)
+        got, want = zoe_opt.state_dict()["state"], torch_opt.state_dict()["state"]
+        for index, expected in want.items():
+            assert int(got[index]["step"]) == step + 1
+            for key, code_error in (("exp_avg", SIGNED_CODE_ERROR), ("exp_avg_sq", SQ_ERROR)):
+                bound = code_error * expected[key].abs().max().item() * ROUNDING_SLACK
+                error = (got[index][key] - expected[key]).abs().max().item()
+                assert error <= bound, (step, index, key, error, bound)
     assert int8_engine.stats()["groups"][0]["moment_dtype"] == "int8"
     zoe_opt.close()
 
