@@ -82,6 +82,13 @@
 
 namespace zoe::offload {
 
+// The tier manager's waits for device copies, named so that a test can leave each out
+// (TierManagerOptions::skipped_device_waits_for_testing) and show a test failing without it.
+enum class DeviceWait : uint8_t {
+  kDemandCopy = 1,    // a copy an acquire (or eviction) needs, to or from the device
+  kPrefetchCopy = 2,  // a prefetch's copy to the device, applied when found finished
+};
+
 struct TierManagerOptions {
   // The device tier: "" for none, else a kind for CreateDeviceBackend ("host", "auto", "cuda").
   std::string device_backend;
@@ -112,6 +119,9 @@ struct TierManagerOptions {
   // Makes the raw I/O engine instead of io::CreateEngine (e.g. to wrap it in a
   // FaultInjectingEngine). Empty: io::CreateEngine with io_backend and queue_depth.
   std::function<Result<std::unique_ptr<io::Engine>>()> engine_factory;
+  // Test-only: DeviceWait bits whose waits are left out (a copy is taken as finished without
+  // waiting for its event). 0 in production.
+  uint8_t skipped_device_waits_for_testing = 0;
 };
 
 class TierManager {
@@ -273,6 +283,7 @@ class TierManager {
   Status StartDeviceEviction(size_t run_index);
   Status StartDeviceWriteBack(size_t run_index, bool evict_after);
   Status FinishDeviceCopy(std::unique_lock<std::mutex>& lock, size_t run_index);
+  bool SkipsWait(DeviceWait wait) const;  // see skipped_device_waits_for_testing
   Status ApplyDeviceCopy(size_t run_index, Status outcome);
   bool FinishAnyDeviceCopy(std::unique_lock<std::mutex>& lock, Status* outcome);
   void FreeDevice(size_t run_index);

@@ -176,6 +176,10 @@ void TierManager::KeepDeviceMemory(uint64_t bytes, DeviceAllocation memory) {
   if (!memory.empty()) spare_device_.emplace_back(bytes, std::move(memory));
 }
 
+bool TierManager::SkipsWait(DeviceWait wait) const {
+  return (options_.skipped_device_waits_for_testing & static_cast<uint8_t>(wait)) != 0;
+}
+
 // One thread waits on the event and applies it; the others wait for that on the condition
 // variable, exactly as for I/O tickets.
 Status TierManager::FinishDeviceCopy(std::unique_lock<std::mutex>& lock, size_t run_index) {
@@ -187,7 +191,7 @@ Status TierManager::FinishDeviceCopy(std::unique_lock<std::mutex>& lock, size_t 
   run.device_event_claimed = true;
   const DeviceEvent event = run.device_event;
   lock.unlock();
-  Status outcome = event.Wait();
+  Status outcome = SkipsWait(DeviceWait::kDemandCopy) ? Status::Ok() : event.Wait();
   lock.lock();
   return ApplyDeviceCopy(run_index, std::move(outcome));
 }
@@ -411,8 +415,9 @@ void TierManager::CollectDevicePrefetches(size_t acquiring_run) {
     Run& run = runs_[run_index];
     if (!run.device_prefetch_pending) return true;
     if (run.device_event_claimed || run_index == acquiring_run) return false;
-    if (!run.device_event.Ready()) return false;
-    Status applied = ApplyDeviceCopy(run_index, run.device_event.Wait());
+    const bool skip = SkipsWait(DeviceWait::kPrefetchCopy);
+    if (!skip && !run.device_event.Ready()) return false;
+    Status applied = ApplyDeviceCopy(run_index, skip ? Status::Ok() : run.device_event.Wait());
     if (!applied.ok()) {
       ZOE_LOG_DEBUG("tier manager: device prefetch failed: {}", applied.ToString());
       run.device_copy_error = std::move(applied);

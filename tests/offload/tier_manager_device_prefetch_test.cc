@@ -1,7 +1,8 @@
 // Description: TierManager prefetch into DEVICE — trace replay of device acquires copies the next
 // runs to the device ahead of time (prefetch hits), budgets hold at every step, data stays intact
 // under tight budgets, failed device prefetches fail only the acquire of their own run, the
-// DEVICE prefetch hint, and the LRU eviction mode of a replayed trace.
+// DEVICE prefetch hint, the LRU eviction mode of a replayed trace, and each device-copy wait
+// left out in turn failing the reads.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -57,10 +58,11 @@ class DevicePrefetchTest : public ::testing::TestWithParam<bool> {
     options.lookahead_bytes = 2 * kChunk;
     options.prefetch_in_flight = prefetch_in_flight;
     options.eviction = eviction;
+    options.skipped_device_waits_for_testing = skipped_waits_;
     options.device_factory = [this, device_chunks]() -> Result<std::unique_ptr<DeviceBackend>> {
       HostStandInOptions device;
       device.capacity_bytes = device_chunks * kChunk;
-      if (GetParam()) device.adversarial_delay = kAdversarialDelay;
+      if (GetParam()) device.adversarial_delay = adversarial_delay_;
       device.before_copy = [this](CopyKind kind, uint64_t bytes) {
         if (kind == CopyKind::kHostToDevice && bytes == fail_copy_bytes_.load() &&
             fail_copies_.fetch_sub(1) > 0) {
@@ -136,6 +138,8 @@ class DevicePrefetchTest : public ::testing::TestWithParam<bool> {
   }
 
   TempDir dir_;
+  uint8_t skipped_waits_ = 0;  // DeviceWait bits left out
+  std::chrono::microseconds adversarial_delay_ = kAdversarialDelay;
   std::atomic<int> fail_copies_{0};
   std::atomic<uint64_t> fail_copy_bytes_{0};
   uint64_t layer1_chunks_ = 1;
@@ -310,7 +314,53 @@ TEST_P(DevicePrefetchTest, LruModeEvictsByRecencyWhileReplaying) {
   }
 }
 
+// Each device-copy wait of the tier manager left out in turn (a test-only switch), with the
+// adversarial stand-in: an acquire then finds poison on the device, so the device tests fail
+// without that wait. The copies take 20 ms, far longer than the code between a copy's start and
+// the read, so the result does not depend on timing. With every wait in place the same
+// iterations read the right bytes.
+class DeviceWaitMutationTest : public DevicePrefetchTest {
+ protected:
+  // Record, then replay twice; the device acquires whose bytes were wrong.
+  int WrongAcquires(uint8_t skipped) {
+    skipped_waits_ = skipped;
+    adversarial_delay_ = std::chrono::milliseconds(20);
+    // Room on the device for two prefetches beside the acquired layer: the second is found
+    // finished (or, without the wait, taken as finished) while the first is acquired.
+    auto manager = Make(/*host_chunks=*/10, /*device_chunks=*/4, /*layers=*/8, EvictionKind::kOpt,
+                        /*prefetch_in_flight=*/2);
+    EXPECT_NE(manager, nullptr);
+    if (manager == nullptr) return -1;
+    int wrong = 0;
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      EXPECT_TRUE(manager->TraceBegin("step").ok());
+      for (int k = 0; k < 16; ++k) {
+        const int i = k < 8 ? k : 15 - k;
+        Result<void*> data = manager->Acquire(ids_[i], Tier::kDevice, Access::kRead);
+        EXPECT_TRUE(data.ok()) << data.status().ToString();
+        if (!data.ok()) return -1;
+        wrong += std::memcmp(*data, Pattern(LayerBytes(i), i + 1).data(), LayerBytes(i)) != 0;
+        EXPECT_TRUE(manager->Release(ids_[i]).ok());
+      }
+      EXPECT_TRUE(manager->TraceEnd().ok());
+    }
+    return wrong;
+  }
+};
+
+TEST_P(DeviceWaitMutationTest, EachWaitLeftOutMakesADeviceAcquireReadPoison) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the mutated runs read copies' destinations without waiting, on purpose";
+#endif
+  EXPECT_EQ(WrongAcquires(0), 0);
+  for (const DeviceWait wait : {DeviceWait::kDemandCopy, DeviceWait::kPrefetchCopy}) {
+    SCOPED_TRACE("without wait " + std::to_string(static_cast<int>(wait)));
+    EXPECT_GT(WrongAcquires(static_cast<uint8_t>(wait)), 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(StandIn, DevicePrefetchTest, ::testing::Bool(), AdversarialName);
+INSTANTIATE_TEST_SUITE_P(StandIn, DeviceWaitMutationTest, ::testing::Values(true), AdversarialName);
 INSTANTIATE_TEST_SUITE_P(StandIn, FailedDevicePrefetchTest, ::testing::Bool(), AdversarialName);
 
 }  // namespace
