@@ -25,7 +25,11 @@ presets=("$@")
 #   so a missing wait fails a test instead of passing by luck. 200 us is far longer than code
 #   takes from submitting a copy to using its destination, and copies on one queue run one after
 #   another, so a test costs 0.2 ms per device copy.
-test_env=(ZOE_REQUIRE_TORCH=1 ZOE_DEVICE_ADVERSARIAL_US=200)
+# - ZOE_REQUIRE_ISAS: the optimizer kernels' instruction-set paths the machines that build and
+#   test zoe have (AVX-512 with bf16 and VBMI, AVX2); the parity tests fail where one is missing
+#   instead of covering fewer paths silently. Override it on another machine.
+test_env=(ZOE_REQUIRE_TORCH=1 ZOE_DEVICE_ADVERSARIAL_US=200
+  "ZOE_REQUIRE_ISAS=${ZOE_REQUIRE_ISAS-avx512bf16,avx512,avx2}")
 
 # JUnit XML of each ctest and pytest run of this invocation, for check_skips. Removed first so a
 # file left by an earlier run never stands in for one of this run.
@@ -74,6 +78,24 @@ run_python_tests() {
   fi
 }
 
+# The GPU kit (scripts/gpu-kit.sh), bundled from the release build: it must fit what a lent GPU
+# machine takes (the script fails above ZOE_KIT_MAX_MIB, 48), and the limit must hold (a 1 MiB
+# limit is refused). Where nvcc is missing the release build has no CUDA and there is no kit.
+check_gpu_kit() {
+  if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+    echo "=== gpu kit: no nvcc on this machine, no kit to check"
+    return
+  fi
+  echo "=== gpu kit: bundled from the release build, at most 48 MiB"
+  ZOE_KIT_BUILD_DIR=build/release scripts/gpu-kit.sh build/gpu-kit
+  if ZOE_KIT_BUILD_DIR=build/release ZOE_KIT_MAX_MIB=1 scripts/gpu-kit.sh build/gpu-kit-limit \
+    >/dev/null 2>&1; then
+    echo "gpu kit: a 1 MiB limit was not enforced" >&2
+    exit 1
+  fi
+  rm -rf build/gpu-kit-limit
+}
+
 # Fails the run if a test skipped for a reason tests/allowed-skips.txt does not allow, listing
 # each with its reason, and prints a count of the skips by reason. Every JUnit file a run above
 # announced must exist.
@@ -88,7 +110,11 @@ check_skips() {
 mkdir -p build
 for preset in "${presets[@]}"; do
   case $preset in
-    release | debug | asan | tsan) run_ctest_preset "$preset" ;;
+    release)
+      run_ctest_preset release
+      check_gpu_kit
+      ;;
+    debug | asan | tsan) run_ctest_preset "$preset" ;;
     python) run_python_tests ;;
     fuzz) ./scripts/run-fuzzers.sh ;;
     *) echo "unknown preset '$preset'; allowed: release debug asan tsan python fuzz" >&2; exit 2 ;;

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/executor.h"
@@ -62,6 +64,29 @@ std::string KindParamName(const ::testing::TestParamInfo<Kind>& param) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllKinds, IsaParity, ::testing::ValuesIn(kAllKinds), KindParamName);
+
+// The paths the tests above cover are the ones this machine has; ZOE_REQUIRE_ISAS (a comma list
+// of IsaName spellings; scripts/run-tests.sh names those of the machines CI runs on) makes a
+// machine that would cover fewer fail here instead of passing silently. Scalar is always covered.
+TEST(IsaParityCoverage, EveryRequiredPathIsCovered) {
+  const std::vector<Isa> covered = SupportedIsas();
+  std::string names;
+  for (const Isa isa : covered) names += std::string(names.empty() ? "" : ",") += IsaName(isa);
+  RecordProperty("isas_covered", names);
+  EXPECT_NE(std::find(covered.begin(), covered.end(), Isa::kScalar), covered.end());
+  const char* required = std::getenv("ZOE_REQUIRE_ISAS");
+  std::string_view rest = required != nullptr ? required : "";
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+    Result<Isa> isa = ParseIsa(name);
+    ASSERT_TRUE(isa.ok()) << isa.status().ToString();
+    EXPECT_NE(std::find(covered.begin(), covered.end(), *isa), covered.end())
+        << "ZOE_REQUIRE_ISAS names " << name << ", which this machine lacks (covered: " << names
+        << ")";
+  }
+}
 
 // A large odd size crosses many tiles, on several threads, with a tail in the last tile.
 TEST(IsaParityLarge, MillionPlusThreeOnThreadsMatchesScalar) {
