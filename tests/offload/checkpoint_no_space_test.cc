@@ -140,17 +140,23 @@ TEST(CheckpointSpaceNeededTest, CountsWholeBlocksOfEveryFileManifestAndLatest) {
             std::numeric_limits<uint64_t>::max());
 }
 
-TEST_F(CheckpointNoSpaceTest, SizesBeyondAnyDiskAreRefusedNotWrapped) {
+// Needs no small file system: sizes whose sum wraps around 64 bits exceed any disk.
+TEST(CheckpointSpaceNeededTest, SizesBeyondAnyDiskAreRefusedNotWrapped) {
+  testing::TempDir temp;
+  const std::string dir = temp.File("ckpt");
+  CheckpointWriterOptions first;
+  first.expected_file_sizes = {4096};
+  ASSERT_TRUE(Save(dir, Pattern(4096, 1), std::move(first)).ok());
   CheckpointWriterOptions options;
   options.expected_file_sizes = {uint64_t{1} << 63, uint64_t{1} << 63};
   Result<std::unique_ptr<CheckpointWriter>> writer =
-      CheckpointWriter::Begin(dir_, {}, std::move(options));
+      CheckpointWriter::Begin(dir, {}, std::move(options));
   ASSERT_FALSE(writer.ok());
   EXPECT_EQ(writer.status().code(), StatusCode::kNoSpace);
   EXPECT_THAT(
       std::string(writer.status().message()),
       HasSubstr("needs " + std::to_string(std::numeric_limits<uint64_t>::max()) + " bytes"));
-  EXPECT_EQ(Entries(dir_), (std::vector<std::string>{"LATEST", "v000001"}));
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{"LATEST", "v000001"}));
 }
 
 TEST_F(CheckpointNoSpaceTest, SaveOfKnownSizeThatDoesNotFitFailsBeforeWriting) {

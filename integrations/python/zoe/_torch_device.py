@@ -18,7 +18,8 @@ optimizer state lives in zoe (DRAM or NVMe) and steps on the CPU. Per param grou
 The device logic is written once against ``DeviceBackend``; ``CudaBackend`` implements it with
 torch.cuda streams and events, ``HostTwin`` with CPU tensors. ``HostTwin(adversarial=True)``
 delays every copy (it completes only after a few polls, or when waited) and fills its destination
-with NaN until then, so a missing wait shows up as a wrong result instead of passing by luck."""
+with NaN until then, and a copy whose own event was never waited lands again later, so a missing
+wait shows up as a wrong result instead of passing by luck. Each wait is named in WAITS."""
 
 import contextlib
 import ctypes
@@ -29,23 +30,49 @@ import torch
 from . import _capi
 from ._torch_common import _DTYPES, _invalid, _pager_of
 from .engine import BufferView
-from .errors import FailedPrecondition, Internal, NoSpace
+from .errors import Error, FailedPrecondition, Internal, IoError, NoSpace, as_zoe_error
 
 # zoe tensors occupy whole chunks (zoe.chunk_size, 64 MiB by default); staging is rounded to it
 # when the optimizer sizes its engine's tensor swap space.
 _CHUNK_BYTES = 64 << 20
 _ALIGN = 64  # bytes between the starts of two parameters' staging
 
+# Every wait of the device path, by name: the DeviceBackend call it makes and what it orders.
+# DeviceGroup waits only through _wait(). tests/test_device_waits.py leaves out each in turn and
+# shows that a test fails on the adversarial twin without it; it also checks that this table
+# names every wait there is, so a wait cannot be added without such a case.
+WAITS = {
+    "grad_poll": "ready",  # _hand_over_ready: a gradient reaches zoe once its copy has ended
+    "grad_copy": "wait",  # _drain: the same at step()
+    "abandon": "wait",  # abandon: copies into the staging end before they are forgotten
+    "speculate": "wait",  # _speculate: zoe's updates overwrite the staging the last copies read
+    "step": "wait",  # step: the same for zoe's step
+    "write_back": "wait_current",  # _copy_params_to_device: the next use of the parameters
+    "close": "wait",  # close: no copy uses the staging once it is released
+}
+_SKIPPED_WAITS_FOR_TESTING = frozenset()  # names of WAITS to leave out; only the mutation tests
+
+
+def _wait(backend, event, name):
+    """``backend.<WAITS[name]>(event)``: ready()'s answer, else None."""
+    if name in _SKIPPED_WAITS_FOR_TESTING:
+        return True  # as if the copy had ended
+    return getattr(backend, WAITS[name])(event)
+
 
 class DeviceBackend:
     """What the device path needs from a device: asynchronous copies on a side stream whose
     completion is an event, and ordering the current stream after an event.
 
-    Contract: ``copy_to_host`` and ``copy_to_device`` return at once; the destination holds the
-    source's values only once ``ready(event)`` has returned True or ``wait(event)`` returned. A
-    copy reads its source after the work already issued on the current stream. After
-    ``wait_current(event)`` the current stream's later work (for the twin: the host) sees the
-    copy's result."""
+    Contract: ``copy_to_host`` and ``copy_to_device`` return at once; a copy reads its source
+    after the work already issued on the current stream. Its destination holds the source's
+    values once ``ready(event)`` has returned True or ``wait(event)`` returned; after
+    ``wait_current(event)`` the current stream's later work (for the twin: the host) sees them.
+    Until ready() or wait() of that very event the copy may still read its source and write its
+    destination: the source must not be written or released, nor another copy issued into the
+    destination, before. Nothing else ends a copy, neither wait_current() nor the end of another
+    copy (CudaBackend's one side stream runs its copies in order; the device path does not rely
+    on it, and the adversarial twin holds it to that)."""
 
     name = "device"
 
@@ -102,30 +129,50 @@ class CudaBackend(DeviceBackend):
 
 
 class _TwinCopy:
-    """A copy of the twin: performed when it completes (after ``polls_left`` polls or a wait)."""
+    """A copy of the twin. Adversarial, it delivers ``snapshot`` (its source's values when it was
+    issued), or NaN when its source was written while it was in flight (torn)."""
 
-    def __init__(self, src, dst, polls_left):
-        self.src, self.dst, self.polls_left = src, dst, polls_left
-        self.done = False
+    def __init__(self, number, src, dst, polls_left, snapshot=None):
+        self.number, self.src, self.dst = number, src, dst
+        self.polls_left, self.snapshot = polls_left, snapshot
+        self.delivered = self.ended = snapshot is None  # the plain twin's copy is done at once
 
-    def finished(self):
-        self.done = True
-        return self
+    def deliver(self):
+        """The copy's write reaching its destination (again, when it was delivered already)."""
+        if not torch.equal(_bits(self.src), _bits(self.snapshot)):  # torn
+            self.dst.fill_(float("nan"))
+        elif not self.delivered:
+            self.dst.copy_(self.snapshot)
+        self.delivered = True
 
-    def complete(self):
-        if not self.done:
-            self.dst.copy_(self.src)
-            self.done = True
-            self.src = None
+    def end(self):
+        self.deliver()
+        self.ended = True
+        self.src = self.snapshot = None
+
+
+def _bits(tensor):
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _overlap(a, b):
+    a_start, b_start = a.data_ptr(), b.data_ptr()
+    return (a_start < b_start + b.numel() * b.element_size()
+            and b_start < a_start + a.numel() * a.element_size())
 
 
 class HostTwin(DeviceBackend):
     """The CPU twin of a device: the model's "device" tensors are CPU tensors.
 
-    Without ``adversarial`` copies complete at once. With it a copy takes a snapshot of its
-    source, fills its destination with NaN and completes only when it is waited, or after
-    ``late_polls`` calls of ready() returned False: code that reads a destination before the copy's
-    event completed reads NaN."""
+    Without ``adversarial`` copies complete at once. With it the twin does the worst the
+    DeviceBackend contract allows, so that a missing wait shows up as a wrong result: a copy
+    snapshots its source and fills its destination with NaN; it delivers the snapshot when it
+    is waited, after ``late_polls`` calls of ready() returned False, or for the current stream
+    (wait_current(); the host is the twin's current stream). Only ready() and wait() of the copy
+    itself end it: until then it is in flight, even after wait_current(). A copy in flight whose
+    source is written is torn and delivers NaN; a copy never ended lands again (its stale
+    snapshot, or NaN when torn) right after a later copy into the same destination delivers, or
+    at ``synchronize()``."""
 
     name = "host twin"
 
@@ -133,14 +180,17 @@ class HostTwin(DeviceBackend):
         self.adversarial = adversarial
         self.late_polls = late_polls
         self.copies = 0  # submitted copies, for tests
+        self._in_flight = []  # adversarial: copies not ended by ready() or wait(), oldest first
 
     def _copy(self, src, dst):
         self.copies += 1
         if not self.adversarial:
             dst.copy_(src)
-            return _TwinCopy(None, dst, 0).finished()
-        copy = _TwinCopy(src.detach().clone(), dst, self.late_polls)
+            return _TwinCopy(self.copies, None, dst, 0)
+        source = src.detach()
+        copy = _TwinCopy(self.copies, source, dst, self.late_polls, source.clone())
         dst.fill_(float("nan"))
+        self._in_flight.append(copy)
         return copy
 
     def copy_to_host(self, src, dst):
@@ -150,19 +200,69 @@ class HostTwin(DeviceBackend):
         return self._copy(src, dst)
 
     def ready(self, event):
-        if event.done:
+        if event.ended:
             return True
         if event.polls_left > 0:
             event.polls_left -= 1
             return False
-        event.complete()
+        self._end(event)
         return True
 
     def wait(self, event):
-        event.complete()
+        if not event.ended:
+            self._end(event)
 
     def wait_current(self, event):
-        event.complete()  # the twin's current stream is the host
+        if not event.ended:
+            event.deliver()
+            self._land_strays(event)
+
+    def synchronize(self):
+        """Every copy in flight lands, oldest first (as torch.cuda.synchronize() lets every copy
+        finish)."""
+        copies, self._in_flight = self._in_flight, []
+        for copy in copies:
+            copy.end()
+
+    def in_flight(self):
+        """The number of copies that ready() or wait() did not end (adversarial twin)."""
+        return len(self._in_flight)
+
+    def _end(self, event):
+        self._in_flight.remove(event)
+        event.end()
+        self._land_strays(event)
+
+    def _land_strays(self, event):
+        """Copies into ``event``'s destination issued before it and not ended land after it:
+        nothing ordered them before it."""
+        for copy in [c for c in self._in_flight if c.number < event.number]:
+            if _overlap(copy.dst, event.dst):
+                self._in_flight.remove(copy)
+                copy.end()
+
+
+def _device_error(error, what, consequence):
+    """A DeviceBackend's exception as zoe's: "<what> (<the error>); <consequence>". A zoe.Error
+    keeps its class, an OSError takes the class of its errno, anything else (torch's
+    RuntimeError for a CUDA error) is IoError, as zoe's device tier reports a failed CUDA
+    copy."""
+    cause = str(error) if isinstance(error, Error) else f"{type(error).__name__}: {error}"
+    message = f"{what} ({cause}); {consequence}"
+    if isinstance(error, (Error, OSError)):
+        return as_zoe_error(error, message)
+    return IoError(_capi.Status.IO, message)
+
+
+@contextlib.contextmanager
+def _device_call(what, consequence):
+    """What the DeviceBackend raises in the block, raised as zoe's (_device_error);
+    ``consequence`` may be a function, called when it fails."""
+    try:
+        yield
+    except Exception as error:
+        consequence = consequence() if callable(consequence) else consequence
+        raise _device_error(error, what, consequence) from error
 
 
 def backend_for(group_index, params, device_backend):
@@ -290,8 +390,9 @@ class DeviceGroup:
         for handle, _ in self._hooks:
             handle.remove()
         self._hooks = []
-        for event in self._to_device:
-            self.backend.wait(event)
+        for event in [event for _, event in self._pending] + self._to_device:
+            _wait(self.backend, event, "close")
+        self._pending = []
         self._to_device = []
         if self._staging is not None:
             with contextlib.suppress(Exception):  # the engine may be closed already
@@ -312,6 +413,20 @@ class DeviceGroup:
                 raise
         return hook
 
+    def _grad_copy(self, index):
+        """A _device_call() around the copy of parameter ``index``'s gradient (a failure is
+        followed by abandon(), which leaves everything as it was)."""
+        what = (f"param group {self.group_index}: the device -> host copy of the gradient of "
+                f"parameter {index} failed")
+
+        def consequence():
+            retry = ("backward was interrupted: zero the gradients and run it again"
+                     if self.armed else "step() copies the gradients again")
+            return ("the step was not taken, the parameters and the optimizer state are "
+                    f"unchanged; {retry}")
+
+        return _device_call(what, consequence)
+
     def abandon(self):
         """Drops the step being gathered: copies in flight are waited for and forgotten, and the
         gradients already handed to zoe are consumed by a step zoe skips (one gradient handed as
@@ -319,7 +434,7 @@ class DeviceGroup:
         step() can start the gathering again."""
         for _, event in self._pending:
             with contextlib.suppress(Exception):
-                self.backend.wait(event)
+                _wait(self.backend, event, "abandon")
         self._pending = []
         if not self._handed:
             return
@@ -353,7 +468,8 @@ class DeviceGroup:
         self._ensure_staging()
         self._begin_step()
         # Earlier copies into this staging were handed over and stepped: the slot is free.
-        event = self.backend.copy_to_host(grad.detach().reshape(-1), self._grad_host[index])
+        with self._grad_copy(index):
+            event = self.backend.copy_to_host(grad.detach().reshape(-1), self._grad_host[index])
         self._pending = [(i, e) for i, e in self._pending if i != index]
         self._pending.append((index, event))
 
@@ -384,7 +500,7 @@ class DeviceGroup:
         updates write the parameters' staging, so the previous step's host -> device copies out
         of it must be complete first."""
         for event in self._to_device:
-            self.backend.wait(event)
+            _wait(self.backend, event, "speculate")
         self._to_device = []
         zoe_group = self.optimizer._zoe_groups[self.group_index]
         zoe_group.speculate(
@@ -395,7 +511,9 @@ class DeviceGroup:
     def _hand_over_ready(self):
         still = []
         for index, event in self._pending:
-            if self.backend.ready(event):
+            with self._grad_copy(index):
+                ended = _wait(self.backend, event, "grad_poll")
+            if ended:
                 self._hand_over(index)
                 self.stats["handed_in_backward"] += 1
             else:
@@ -408,10 +526,6 @@ class DeviceGroup:
         zoe_group.accumulate_grad(self.offsets[index], _staged_view(self._grad_host[index]))
         self._handed.add(index)
 
-    def _await_copy(self, event):
-        """Waits for a device -> host copy of a gradient (the one wait before a hand-over)."""
-        self.backend.wait(event)
-
     def _drain(self):
         """Hands over every gradient not handed over yet; a parameter without one is handed as
         "no gradient" (its state and step count stay as they are)."""
@@ -420,7 +534,8 @@ class DeviceGroup:
             if index not in self._handed and not any(i == index for i, _ in self._pending):
                 self._copy_grad(index)
         for index, event in self._pending:
-            self._await_copy(event)
+            with self._grad_copy(index):
+                _wait(self.backend, event, "grad_copy")
             self._hand_over(index)
             self.stats["handed_at_step"] += 1
         self._pending = []
@@ -454,7 +569,7 @@ class DeviceGroup:
             self.abandon()
             raise
         for event in self._to_device:  # staging of the previous step's parameters is free
-            self.backend.wait(event)
+            _wait(self.backend, event, "step")
         self._to_device = []
         zoe_group = self.optimizer._zoe_groups[self.group_index]
         views = [_staged_view(values) for values in self._param_host]
@@ -472,8 +587,13 @@ class DeviceGroup:
                 continue
             # .data: the optimizer's own write does not count as a write from outside.
             target = param.data.view(-1)
-            event = self.backend.copy_to_device(self._param_host[index], target)
-            self.backend.wait_current(event)
+            what = (f"param group {self.group_index}: the host -> device copy of parameter "
+                    f"{index} failed")
+            consequence = (f"zoe took the step, and the device's parameters from {index} on "
+                           "may still hold their values before it")
+            with _device_call(what, consequence):
+                event = self.backend.copy_to_device(self._param_host[index], target)
+                _wait(self.backend, event, "write_back")
             self._to_device.append(event)
 
 

@@ -27,6 +27,7 @@ import tempfile
 import torch
 
 from . import _capi, _torch_device
+from ._collective_ops import agreed
 from ._torch_common import _DTYPES, _invalid, _pager_of, _view
 from .engine import BufferView, Engine, HyperParams, StepResult, _config_text
 from .errors import FailedPrecondition, NotFound
@@ -500,7 +501,12 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One step of every param group that has gradients; returns the closure's loss."""
+        """One step of every param group that has gradients; returns the closure's loss. Over
+        the shards of a ShardedParameterPager (stage 3) the ranks agree on the step's outcome:
+        when it fails on some rank (zoe's step, or writing the updated shard), every rank raises,
+        naming the failing ranks (that rank its own error as zoe's, the others zoe.Aborted), and
+        the ranks stay paired for their next collective. The ranks that did not fail have taken
+        the step."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -510,9 +516,16 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             for group_index in range(len(self.param_groups)):
                 self.last_step[group_index] = self._agreed_skip(group_index)
             return loss
+        if pager is None:
+            self._step_groups()
+            return loss
+        agreed(f"the step of optimizer {self._name!r} (the ranks that did not fail took it; "
+               "resume every rank from a checkpoint)", self._step_groups, pager.group)
+        return loss
+
+    def _step_groups(self):
         for group_index, group in enumerate(self.param_groups):
             self._step_group(group_index, group)
-        return loss
 
     def _sharded_pager(self):
         """The ShardedParameterPager over several ranks whose shards this optimizer steps (stage

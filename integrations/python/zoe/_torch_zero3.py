@@ -54,9 +54,10 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   gradient bucket of several, their names). A rank that cannot read its shard for a gather still
   makes the gather, and each gather carries an Agreement (one all-reduce of a failure flag per
   rank, issued with it): every rank raises when it is waited for, naming that rank and the
-  parameter, and the ranks stay paired; writing the shards at registration is agreed too. A rank
-  whose optimizer step fails (each rank's own optimizer) raises alone, and its peers fail in their
-  next collective.
+  parameter, and the ranks stay paired; writing the shards at registration is agreed too. The
+  optimizer's step over the shards is agreed as well (zoe.torch.AdamW.step): when it fails on one
+  rank every rank raises naming it; the others have taken the step, so every rank resumes from a
+  checkpoint.
 """
 
 import math
