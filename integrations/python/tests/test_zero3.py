@@ -243,10 +243,11 @@ def test_bytes_held_per_rank_fall_with_the_number_of_ranks(training_runs):
 FAILURE_TIMEOUT_S = 60  # the process group's in fail_on_rank_1; the failure takes < 1/3 of it
 
 
-def fail_on_rank_1(rank, world_size, directory):
-    """Rank 1's parameter swap file is overwritten before training: its first gather reads a
-    block whose checksum fails. Each rank writes the error it got, how long it took and the sum
-    of a collective made afterwards (the ranks still paired: 2)."""
+def fail_on_rank_1(rank, world_size, directory, damage="overwrite"):
+    """Rank 1's parameter swap file is damaged before training: overwritten (its first gather
+    reads a block whose checksum fails) or truncated to nothing (its first gather's read comes
+    back short, at the end of the file). Each rank writes the error it got, how long it took and
+    the sum of a collective made afterwards (the ranks still paired: 2)."""
     init(rank, world_size, directory, timeout_s=FAILURE_TIMEOUT_S)
     engine, paths = engine_for(directory, rank)
     torch.manual_seed(0)
@@ -254,6 +255,9 @@ def fail_on_rank_1(rank, world_size, directory):
     pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
     if rank == 1:
         for path in (os.path.join(p, name) for p in paths for name in os.listdir(p)):
+            if damage == "truncate":
+                os.truncate(path, 0)
+                continue
             with open(path, "r+b") as file:
                 file.write(b"\x5a" * os.path.getsize(path))
     start = time.monotonic()
@@ -273,8 +277,10 @@ def fail_on_rank_1(rank, world_size, directory):
     engine.close()
 
 
-def test_a_failing_rank_fails_every_rank_within_a_bound(nvme_dir):
-    run_ranks(fail_on_rank_1, 2, nvme_dir)
+@pytest.mark.parametrize("damage, error", [("overwrite", "Corruption"),
+                                           ("truncate", "IoError")])
+def test_a_failing_rank_fails_every_rank_within_a_bound(nvme_dir, damage, error):
+    run_ranks(fail_on_rank_1, 2, nvme_dir, damage)
     outcomes = []
     for rank in range(2):
         with open(os.path.join(nvme_dir, f"outcome{rank}")) as file:
@@ -283,10 +289,10 @@ def test_a_failing_rank_fails_every_rank_within_a_bound(nvme_dir):
         assert float(seconds) < FAILURE_TIMEOUT_S / 3, outcome
         assert paired == "2", (rank, paired)
     # rank 1 its own error, rank 0 Aborted with it: both name rank 1 and the parameter
-    assert outcomes[1].startswith("Corruption: gathering parameter "), outcomes[1]
+    assert outcomes[1].startswith(f"{error}: gathering parameter "), outcomes[1]
     assert " failed on rank 1: " in outcomes[1], outcomes[1]
     assert outcomes[0].startswith("Aborted: gathering parameter "), outcomes[0]
-    assert " failed on rank 1 (rank 1: zoe.Corruption: " in outcomes[0], outcomes[0]
+    assert f" failed on rank 1 (rank 1: zoe.{error}: " in outcomes[0], outcomes[0]
     parameters = [outcome.split(": ", 1)[1].split(" failed")[0] for outcome in outcomes]
     assert parameters[0] == parameters[1], parameters  # the same gather on both ranks
 
