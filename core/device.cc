@@ -2,27 +2,24 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <utility>
 
 #include "core/host_device.h"
 #include "core/log.h"
+#include "core/vocabulary.h"
 #ifdef ZOE_HAVE_CUDA
 #include "core/cuda/cuda_device.h"
 #endif
 
 namespace zoe {
 
-std::string_view CopyKindName(CopyKind kind) {
-  switch (kind) {
-    case CopyKind::kHostToDevice:
-      return "host-to-device";
-    case CopyKind::kDeviceToHost:
-      return "device-to-host";
-    case CopyKind::kDeviceToDevice:
-      return "device-to-device";
-  }
-  return "unknown copy";
-}
+// Indexed by CopyKind's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, 3> kCopyKindNames = {"host-to-device", "device-to-host",
+                                                            "device-to-device"};
+static_assert(kCopyKindNames.size() == static_cast<size_t>(CopyKind::kDeviceToDevice) + 1);
+
+std::string_view CopyKindName(CopyKind kind) { return NameIn(kCopyKindNames, kind); }
 
 // ---------------------------------------------------------------------------------------------
 // DeviceAllocation

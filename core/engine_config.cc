@@ -112,16 +112,11 @@ std::string Lower(std::string_view text) {
   return out;
 }
 
-template <class Enum, size_t N>
-std::string_view NameOf(Enum value, const std::array<std::string_view, N>& names) {
-  return names[static_cast<size_t>(value)];
-}
-
 // Reads `key` as one of `names` into the enum whose values index `names`.
 template <class Enum, size_t N>
 void ReadEnum(ObjectReader& reader, std::string_view key, Enum* out,
               const std::array<std::string_view, N>& names) {
-  std::string text(NameOf(*out, names));
+  std::string text(NameIn(names, *out));
   reader.Enum(key, &text, names);  // leaves `text` alone when absent or invalid
   *out = static_cast<Enum>(std::find(names.begin(), names.end(), text) - names.begin());
 }
@@ -533,8 +528,8 @@ Json ZoeToJson(const ZoeConfig& zoe) {
 
 }  // namespace
 
-std::string_view OffloadDeviceName(OffloadDevice device) { return NameOf(device, kOffloadDevices); }
-std::string_view ComputeDeviceName(ComputeDevice device) { return NameOf(device, kComputeDevices); }
+std::string_view OffloadDeviceName(OffloadDevice device) { return NameIn(kOffloadDevices, device); }
+std::string_view ComputeDeviceName(ComputeDevice device) { return NameIn(kComputeDevices, device); }
 
 Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {
   ZOE_ASSIGN_OR_RETURN(const Json document, ParseJson(json_text));

@@ -22,29 +22,6 @@ constexpr bool DTypesInEnumOrder() {
 }
 static_assert(DTypesInEnumOrder());
 
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
-    return std::tolower(static_cast<unsigned char>(x)) ==
-           std::tolower(static_cast<unsigned char>(y));
-  });
-}
-
-template <size_t N>
-Status UnknownName(std::string_view what, std::string_view name,
-                   const std::array<std::string_view, N>& allowed) {
-  return Status::InvalidArgument(
-      fmt::format("unknown {} '{}'; allowed: {}", what, name, JoinNames(allowed)));
-}
-
-// The enum value whose name in `names` is exactly `name`.
-template <class Enum, size_t N>
-Result<Enum> ParseExact(const std::array<std::string_view, N>& names, std::string_view what,
-                        std::string_view name) {
-  const auto found = std::find(names.begin(), names.end(), name);
-  if (found == names.end()) return UnknownName(what, name, names);
-  return static_cast<Enum>(found - names.begin());
-}
-
 std::array<std::string_view, kDTypes.size()> DTypeNames() {
   std::array<std::string_view, kDTypes.size()> names;
   for (size_t i = 0; i < kDTypes.size(); ++i) names[i] = kDTypes[i].name;
@@ -53,35 +30,51 @@ std::array<std::string_view, kDTypes.size()> DTypeNames() {
 
 }  // namespace
 
+bool SameName(std::string_view a, std::string_view b, Case letter_case) {
+  if (letter_case == Case::kExact) return a == b;
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) ==
+           std::tolower(static_cast<unsigned char>(y));
+  });
+}
+
+Status UnknownName(std::string_view what, std::string_view name, const std::string_view* names,
+                   size_t count) {
+  return Status::InvalidArgument(
+      fmt::format("unknown {} '{}'; allowed: {}", what, name, JoinNames(names, count)));
+}
+
 std::string JoinNames(const std::string_view* names, size_t count) {
   return fmt::format("{}", fmt::join(names, names + count, ", "));
 }
 
 Result<OptimizerKind> ParseOptimizerKind(std::string_view name) {
-  return ParseExact<OptimizerKind>(kOptimizerKindNames, "optimizer", name);
+  return ParseIn<OptimizerKind>(kOptimizerKindNames, "optimizer", name);
 }
 
 Result<Arithmetic> ParseArithmetic(std::string_view name) {
-  return ParseExact<Arithmetic>(kArithmeticNames, "arithmetic", name);
+  return ParseIn<Arithmetic>(kArithmeticNames, "arithmetic", name);
 }
 
 Result<EvictionKind> ParseEvictionKind(std::string_view name) {
-  return ParseExact<EvictionKind>(kEvictionKindNames, "eviction", name);
+  return ParseIn<EvictionKind>(kEvictionKindNames, "eviction", name);
 }
 
 Result<StoreMode> ParseStoreMode(std::string_view name) {
-  return ParseExact<StoreMode>(kStoreModeNames, "stores", name);
+  return ParseIn<StoreMode>(kStoreModeNames, "stores", name);
 }
 
 Result<DType> ParseDType(std::string_view name) {
   for (const DTypeInfo& info : kDTypes) {
-    const bool short_match = !info.short_name.empty() && EqualsIgnoreCase(name, info.short_name);
-    if (EqualsIgnoreCase(name, info.name) || EqualsIgnoreCase(name, info.torch_name) ||
-        short_match) {
+    const auto same = [&](std::string_view spelling) {
+      return !spelling.empty() && SameName(name, spelling, Case::kIgnore);
+    };
+    if (same(info.name) || same(info.torch_name) || same(info.short_name)) {
       return info.dtype;
     }
   }
-  return UnknownName("dtype", name, DTypeNames());
+  const auto names = DTypeNames();
+  return UnknownName("dtype", name, names.data(), names.size());
 }
 
 Status CheckMomentDType(DType dtype, std::string_view what) {

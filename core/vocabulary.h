@@ -88,27 +88,41 @@ inline constexpr std::array<DTypeInfo, 11> kDTypes = {{
     {DType::kFloat8E5M2, 1, "fp8_e5m2", "float8_e5m2", ""},
 }};
 
-namespace vocabulary_detail {
+// The one mechanism for an enum's spellings, in every layer: a table of names indexed by the
+// enum's value (its values numbered 0, 1, ... in order), NameIn to spell a value and ParseIn to
+// read one back. NameIn gives "unknown" for a value cast from an out-of-range integer.
 template <class Enum, size_t N>
 constexpr std::string_view NameIn(const std::array<std::string_view, N>& names, Enum value) {
   const auto index = static_cast<size_t>(value);
   return index < N ? names[index] : std::string_view("unknown");
 }
-}  // namespace vocabulary_detail
+
+// The value named `name` in `names` (exactly, or in any letter case with Case::kIgnore), else an
+// InvalidArgument "unknown <what> '<name>'; allowed: <the names>".
+enum class Case : uint8_t { kExact, kIgnore };
+Status UnknownName(std::string_view what, std::string_view name, const std::string_view* names,
+                   size_t count);
+bool SameName(std::string_view a, std::string_view b, Case letter_case);
+template <class Enum, size_t N>
+Result<Enum> ParseIn(const std::array<std::string_view, N>& names, std::string_view what,
+                     std::string_view name, Case letter_case = Case::kExact) {
+  for (size_t i = 0; i < N; ++i) {
+    if (SameName(names[i], name, letter_case)) return static_cast<Enum>(i);
+  }
+  return UnknownName(what, name, names.data(), N);
+}
 
 // Names of the values above; "unknown" for a value cast from an out-of-range integer.
 constexpr std::string_view OptimizerKindName(OptimizerKind kind) {
-  return vocabulary_detail::NameIn(kOptimizerKindNames, kind);
+  return NameIn(kOptimizerKindNames, kind);
 }
 constexpr std::string_view ArithmeticName(Arithmetic arithmetic) {
-  return vocabulary_detail::NameIn(kArithmeticNames, arithmetic);
+  return NameIn(kArithmeticNames, arithmetic);
 }
 constexpr std::string_view EvictionKindName(EvictionKind kind) {
-  return vocabulary_detail::NameIn(kEvictionKindNames, kind);
+  return NameIn(kEvictionKindNames, kind);
 }
-constexpr std::string_view StoreModeName(StoreMode mode) {
-  return vocabulary_detail::NameIn(kStoreModeNames, mode);
-}
+constexpr std::string_view StoreModeName(StoreMode mode) { return NameIn(kStoreModeNames, mode); }
 constexpr std::string_view DTypeName(DType dtype) {
   const auto index = static_cast<size_t>(dtype);
   return index < kDTypes.size() ? kDTypes[index].name : std::string_view("unknown");

@@ -13,6 +13,7 @@
 #include <cerrno>
 
 #include "core/log.h"
+#include "core/vocabulary.h"
 #include "io/file.h"
 
 namespace zoe::io {
@@ -61,27 +62,14 @@ std::string FilesystemName(int64_t magic) {
 
 }  // namespace
 
-std::string_view BackendName(BackendKind kind) {
-  switch (kind) {
-    case BackendKind::kAuto:
-      return "auto";
-    case BackendKind::kIoUring:
-      return "io_uring";
-    case BackendKind::kLibaio:
-      return "libaio";
-    case BackendKind::kPsync:
-      return "psync";
-  }
-  return "unknown";
-}
+// Indexed by BackendKind's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, 4> kBackendNames = {"auto", "io_uring", "libaio", "psync"};
+static_assert(kBackendNames.size() == static_cast<size_t>(BackendKind::kPsync) + 1);
+
+std::string_view BackendName(BackendKind kind) { return NameIn(kBackendNames, kind); }
 
 Result<BackendKind> ParseBackend(std::string_view name) {
-  for (BackendKind kind :
-       {BackendKind::kAuto, BackendKind::kIoUring, BackendKind::kLibaio, BackendKind::kPsync}) {
-    if (BackendName(kind) == name) return kind;
-  }
-  return Status::InvalidArgument(
-      fmt::format("unknown I/O backend '{}'; allowed: auto, io_uring, libaio, psync", name));
+  return ParseIn<BackendKind>(kBackendNames, "I/O backend", name);
 }
 
 Result<std::unique_ptr<Engine>> CreateEngine(const EngineOptions& options) {

@@ -36,17 +36,11 @@ bool IsKnownKind(optim::Kind kind) {
          std::end(optim::kAllKinds);
 }
 
-std::string_view SlotName(StateSlot slot) {
-  switch (slot) {
-    case StateSlot::kMaster:
-      return "master";
-    case StateSlot::kExpAvg:
-      return "exp_avg";
-    case StateSlot::kExpAvgSq:
-      return "exp_avg_sq";
-  }
-  return "unknown";
-}
+// Indexed by StateSlot's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, 3> kSlotNames = {"master", "exp_avg", "exp_avg_sq"};
+static_assert(kSlotNames.size() == static_cast<size_t>(StateSlot::kExpAvgSq) + 1);
+
+std::string_view SlotName(StateSlot slot) { return NameIn(kSlotNames, slot); }
 
 // A gradient view may have null data (no gradient for its elements); other views may not.
 Status CheckView(const std::string& group, std::string_view what, size_t index, const void* data,

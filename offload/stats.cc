@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <array>
+
 namespace zoe::offload {
 namespace {
 
@@ -19,19 +21,11 @@ void RaiseTo(std::atomic<uint64_t>& peak, uint64_t value) {
 
 }  // namespace
 
-std::string_view LinkName(Link link) {
-  switch (link) {
-    case Link::kDeviceToHost:
-      return "device_to_host";
-    case Link::kHostToDevice:
-      return "host_to_device";
-    case Link::kHostToNvme:
-      return "host_to_nvme";
-    case Link::kNvmeToHost:
-      return "nvme_to_host";
-  }
-  return "unknown";
-}
+// Indexed by Link's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, kLinkCount> kLinkNames = {"device_to_host", "host_to_device",
+                                                                 "host_to_nvme", "nvme_to_host"};
+
+std::string_view LinkName(Link link) { return NameIn(kLinkNames, link); }
 
 Result<Link> LinkBetween(Tier from, Tier to) {
   if (from == Tier::kDevice && to == Tier::kHost) return Link::kDeviceToHost;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 namespace zoe::optim {
@@ -34,26 +35,14 @@ Status CheckKernelDType(DType dtype, const DType* allowed, size_t allowed_count,
                   DTypeLabel(dtype), DTypeNames(allowed, allowed_count)));
 }
 
-std::string_view IsaName(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512Bf16:
-      return "avx512bf16";
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kScalar:
-      return "scalar";
-  }
-  return "unknown";
-}
+// Indexed by Isa's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, 4> kIsaNames = {"avx512bf16", "avx512", "avx2", "scalar"};
+static_assert(kIsaNames.size() == static_cast<size_t>(Isa::kScalar) + 1);
+
+std::string_view IsaName(Isa isa) { return NameIn(kIsaNames, isa); }
 
 Result<Isa> ParseIsa(std::string_view name) {
-  for (Isa isa : kAllIsas) {
-    if (IsaName(isa) == name) return isa;
-  }
-  return Status::InvalidArgument("unknown instruction set '" + std::string(name) +
-                                 "'; allowed: avx512bf16, avx512, avx2, scalar");
+  return ParseIn<Isa>(kIsaNames, "instruction set", name);
 }
 
 }  // namespace zoe::optim
