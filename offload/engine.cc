@@ -94,7 +94,7 @@ Status CheckSlot(StateSlot slot) {
 
 }  // namespace
 
-std::string_view EngineVersion() { return "0.1.0"; }
+std::string_view EngineVersion() { return "0.2.0"; }
 
 struct Engine::Group {
   mutable std::mutex mutex;             // serialises every call on this group

@@ -1,15 +1,22 @@
 // zoe_nccl_collectives_*: a zoe_collectives whose callbacks run offload's NcclCollectives (its
 // context owns the object).
+#include <fmt/format.h>
+
+#include <cstddef>
 #include <memory>
 #include <span>
 
 #include "integrations/c/capi_guard.h"
 #include "integrations/c/capi_handles.h"
+#include "integrations/c/capi_sized.h"
 #include "offload/nccl_collectives.h"
 
 using zoe::Status;
 using zoe::capi::CheckNotNull;
 using zoe::capi::Guard;
+using zoe::capi::ResetSized;
+using zoe::capi::StructSize;
+using zoe::capi::WriteSized;
 namespace offload = zoe::offload;
 
 namespace {
@@ -50,23 +57,33 @@ extern "C" {
 
 zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream, zoe_collectives* out) {
   return Guard([&]() -> Status {
-    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
-    *out = zoe_collectives{};
+    ZOE_RETURN_IF_ERROR(ResetSized(out, "out"));
+    // Collectives missing a member could be neither called nor released.
+    if (StructSize(out) < sizeof(zoe_collectives)) {
+      return Status::InvalidArgument(
+          fmt::format("out: zoe_collectives.struct_size = {} leaves out members that "
+                      "zoe_nccl_collectives_create fills; allowed: at least {}",
+                      StructSize(out), sizeof(zoe_collectives)));
+    }
     ZOE_ASSIGN_OR_RETURN(std::unique_ptr<offload::Collectives> collectives,
                          offload::MakeNcclCollectives(nccl_comm, cuda_stream));
-    out->rank = collectives->rank();
-    out->world_size = collectives->world_size();
-    out->all_reduce_sum = AllReduceSum;
-    out->reduce_scatter_sum = ReduceScatterSum;
-    out->all_gather = AllGather;
-    out->barrier = Barrier;
-    out->context = collectives.release();
+    zoe_collectives result = ZOE_COLLECTIVES_INIT;
+    result.rank = collectives->rank();
+    result.world_size = collectives->world_size();
+    result.all_reduce_sum = AllReduceSum;
+    result.reduce_scatter_sum = ReduceScatterSum;
+    result.all_gather = AllGather;
+    result.barrier = Barrier;
+    result.context = collectives.release();
+    WriteSized(result, out);
     return Status::Ok();
   });
 }
 
 void zoe_nccl_collectives_destroy(zoe_collectives* collectives) {
-  if (collectives == nullptr || collectives->context == nullptr) return;
+  constexpr size_t kContextEnd = offsetof(zoe_collectives, context) + sizeof(void*);
+  if (collectives == nullptr || StructSize(collectives) < kContextEnd) return;
+  if (collectives->context == nullptr) return;
   delete static_cast<offload::Collectives*>(collectives->context);
   collectives->context = nullptr;
 }

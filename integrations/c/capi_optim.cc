@@ -15,7 +15,9 @@ using zoe::Status;
 using zoe::capi::CheckNotNull;
 using zoe::capi::EngineOf;
 using zoe::capi::Guard;
+using zoe::capi::ResetSized;
 using zoe::capi::ToGroupId;
+using zoe::capi::WriteSized;
 using zoe::offload::Engine;
 namespace offload = zoe::offload;
 
@@ -45,14 +47,14 @@ zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group, const zoe_hype
                           const zoe_buffer_view* params_out, size_t n_params, double loss_scale,
                           zoe_step_result* out) {
   return Guard([&]() -> Status {
-    if (out != nullptr) *out = zoe_step_result{};
+    if (out != nullptr) ZOE_RETURN_IF_ERROR(ResetSized(out, "out"));
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::GradView> grad_views,
                          ToViews<offload::GradView>(grads, n_grads, "grads"));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> param_views,
                          ToViews<offload::ParamView>(params_out, n_params, "params_out"));
     offload::EngineStepArgs args;
-    if (hyper != nullptr) args.hyper = ToHyper(*hyper);
+    ZOE_ASSIGN_OR_RETURN(args.hyper, ToHyper(hyper));
     args.grads = grad_views;
     args.params = param_views;
     args.loss_scale = loss_scale;
@@ -81,7 +83,7 @@ zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> param_views,
                          ToViews<offload::ParamView>(params_out, n_params, "params_out"));
     offload::EngineStepArgs args;
-    if (hyper != nullptr) args.hyper = ToHyper(*hyper);
+    ZOE_ASSIGN_OR_RETURN(args.hyper, ToHyper(hyper));
     args.params = param_views;
     args.loss_scale = loss_scale;
     return e->Speculate(ToGroupId(group), args);
@@ -91,16 +93,17 @@ zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
 zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
                                              zoe_speculation_stats* out) {
   return Guard([&]() -> Status {
-    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
-    *out = zoe_speculation_stats{};
+    ZOE_RETURN_IF_ERROR(ResetSized(out, "out"));
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     ZOE_ASSIGN_OR_RETURN(const offload::SpeculationStats stats,
                          e->GroupSpeculationStats(ToGroupId(group)));
-    out->steps = stats.steps;
-    out->chunks_speculative = stats.chunks_speculative;
-    out->chunks_committed = stats.chunks_committed;
-    out->chunks_recomputed = stats.chunks_recomputed;
-    out->chunks_discarded = stats.chunks_discarded;
+    zoe_speculation_stats result = ZOE_SPECULATION_STATS_INIT;
+    result.steps = stats.steps;
+    result.chunks_speculative = stats.chunks_speculative;
+    result.chunks_committed = stats.chunks_committed;
+    result.chunks_recomputed = stats.chunks_recomputed;
+    result.chunks_discarded = stats.chunks_discarded;
+    WriteSized(result, out);
     return Status::Ok();
   });
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -50,8 +51,10 @@ class CallbackCollectives final : public offload::Collectives {
   zoe_collectives c_;
 };
 
-Status CheckCollectives(const zoe_collectives* c) {
-  ZOE_RETURN_IF_ERROR(CheckNotNull(c, "collectives"));
+// The caller's collectives (a sized struct), checked: rank, world size and every callback.
+Result<zoe_collectives> ReadCollectives(const zoe_collectives* in) {
+  ZOE_ASSIGN_OR_RETURN(const zoe_collectives copy, zoe::capi::ReadSized(in, "collectives"));
+  const zoe_collectives* c = &copy;
   if (c->world_size < 1 || c->rank < 0 || c->rank >= c->world_size) {
     return Status::InvalidArgument(
         fmt::format("collectives: rank {} of world size {}; allowed: world_size >= 1 and 0 <= "
@@ -64,7 +67,9 @@ Status CheckCollectives(const zoe_collectives* c) {
                                    "collectives->reduce_scatter_sum"));
   ZOE_RETURN_IF_ERROR(
       CheckNotNull(reinterpret_cast<const void*>(c->all_gather), "collectives->all_gather"));
-  return CheckNotNull(reinterpret_cast<const void*>(c->barrier), "collectives->barrier");
+  ZOE_RETURN_IF_ERROR(
+      CheckNotNull(reinterpret_cast<const void*>(c->barrier), "collectives->barrier"));
+  return copy;
 }
 
 }  // namespace
@@ -98,12 +103,12 @@ zoe_status zoe_sharded_group_create(zoe_engine* engine, const char* optim_json,
     *out = nullptr;
     ZOE_ASSIGN_OR_RETURN(offload::Engine * e, EngineOf(engine));
     ZOE_RETURN_IF_ERROR(CheckNotNull(optim_json, "optim_json"));
-    ZOE_RETURN_IF_ERROR(CheckCollectives(collectives));
+    ZOE_ASSIGN_OR_RETURN(const zoe_collectives c, ReadCollectives(collectives));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> views,
                          zoe::capi::ToViews<offload::ParamView>(params, n, "params"));
     auto handle = std::make_unique<zoe_sharded_group>();
     handle->engine = engine;
-    handle->collectives = std::make_unique<CallbackCollectives>(*collectives);
+    handle->collectives = std::make_unique<CallbackCollectives>(c);
     ZOE_ASSIGN_OR_RETURN(
         handle->group, offload::ShardedGroup::Create(*e, optim_json, views, *handle->collectives));
     *out = handle.release();
@@ -129,19 +134,22 @@ zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group,
                             size_t n_grads, const zoe_buffer_view* params_out, size_t n_params,
                             double loss_scale, zoe_step_result* out) {
   return Guard([&]() -> Status {
-    if (out != nullptr) *out = zoe_step_result{};
+    const Status out_ok = out != nullptr ? zoe::capi::ResetSized(out, "out") : Status::Ok();
     ZOE_ASSIGN_OR_RETURN(offload::Engine * e, EngineOf(engine));
     (void)e;
     ZOE_ASSIGN_OR_RETURN(offload::ShardedGroup * sharded, GroupOf(engine, group));
-    // Views refused here still reach the peers as this rank's failure (ShardedGroup::Abort).
+    // Arguments refused here still reach the peers as this rank's failure (ShardedGroup::Abort).
     Result<std::vector<offload::GradView>> grad_views =
         zoe::capi::ToViews<offload::GradView>(grads, n_grads, "grads");
     Result<std::vector<offload::ParamView>> param_views =
         zoe::capi::ToViews<offload::ParamView>(params_out, n_params, "params_out");
+    Result<std::optional<offload::StepHyperParams>> step_hyper = zoe::capi::ToHyper(hyper);
+    if (!out_ok.ok()) return sharded->Abort(out_ok, n_grads > 0);
     if (!grad_views.ok()) return sharded->Abort(grad_views.status(), n_grads > 0);
     if (!param_views.ok()) return sharded->Abort(param_views.status(), n_grads > 0);
+    if (!step_hyper.ok()) return sharded->Abort(step_hyper.status(), n_grads > 0);
     offload::ShardedStepArgs args;
-    if (hyper != nullptr) args.hyper = zoe::capi::ToHyper(*hyper);
+    args.hyper = *step_hyper;
     args.grads = *grad_views;
     args.params = *param_views;
     args.loss_scale = loss_scale;

@@ -3,6 +3,7 @@
 
 #include "integrations/c/capi_guard.h"
 #include "integrations/c/capi_handles.h"
+#include "integrations/c/capi_sized.h"
 
 using zoe::Status;
 using zoe::capi::CheckNotNull;
@@ -15,16 +16,16 @@ namespace offload = zoe::offload;
 
 namespace {
 
-zoe::Result<offload::TensorDesc> ToTensorDesc(const zoe_tensor_desc* desc) {
-  ZOE_RETURN_IF_ERROR(CheckNotNull(desc, "desc"));
-  ZOE_RETURN_IF_ERROR(CheckNotNull(desc->name, "desc->name"));
+zoe::Result<offload::TensorDesc> ToTensorDesc(const zoe_tensor_desc* in) {
+  ZOE_ASSIGN_OR_RETURN(const zoe_tensor_desc desc, zoe::capi::ReadSized(in, "desc"));
+  ZOE_RETURN_IF_ERROR(CheckNotNull(desc.name, "desc->name"));
   offload::TensorDesc out;
-  out.name = desc->name;
-  out.bytes = desc->bytes;
+  out.name = desc.name;
+  out.bytes = desc.bytes;
   ZOE_ASSIGN_OR_RETURN(out.dtype,
-                       zoe::capi::ToTensorDType(zoe::capi::RawEnum(desc->dtype), "desc->dtype"));
-  ZOE_ASSIGN_OR_RETURN(out.home, zoe::capi::ToTier(zoe::capi::RawEnum(desc->home), "desc->home"));
-  if (desc->group != nullptr) out.group = desc->group;
+                       zoe::capi::ToTensorDType(zoe::capi::RawEnum(desc.dtype), "desc->dtype"));
+  ZOE_ASSIGN_OR_RETURN(out.home, zoe::capi::ToTier(zoe::capi::RawEnum(desc.home), "desc->home"));
+  if (desc.group != nullptr) out.group = desc.group;
   return out;
 }
 

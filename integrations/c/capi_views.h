@@ -4,11 +4,13 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "core/result.h"
 #include "integrations/c/capi_handles.h"
+#include "integrations/c/capi_sized.h"
 #include "offload/engine.h"
 #include "zoe.h"
 
@@ -32,23 +34,31 @@ Result<std::vector<View>> ToViews(const zoe_buffer_view* views, size_t n, std::s
   return out;
 }
 
-inline zoe::offload::StepHyperParams ToHyper(const zoe_hyper_params& hyper) {
+// The step's hyper-parameters: empty for NULL (the group's), else the caller's sized struct
+// (members its struct_size leaves out at their ZOE_HYPER_PARAMS_INIT defaults).
+inline Result<std::optional<zoe::offload::StepHyperParams>> ToHyper(
+    const zoe_hyper_params* hyper) {
+  if (hyper == nullptr) return std::optional<zoe::offload::StepHyperParams>();
+  ZOE_ASSIGN_OR_RETURN(const zoe_hyper_params in, ReadSized(hyper, "hyper"));
   zoe::offload::StepHyperParams out;
-  out.lr = hyper.lr;
-  out.beta1 = hyper.beta1;
-  out.beta2 = hyper.beta2;
-  out.eps = hyper.eps;
-  out.weight_decay = hyper.weight_decay;
-  return out;
+  out.lr = in.lr;
+  out.beta1 = in.beta1;
+  out.beta2 = in.beta2;
+  out.eps = in.eps;
+  out.weight_decay = in.weight_decay;
+  return std::optional<zoe::offload::StepHyperParams>(out);
 }
 
+// Writes the members of *out (checked by ResetSized) that its struct_size covers.
 inline void ToStepResult(const zoe::offload::StepReport& report, zoe_step_result* out) {
-  out->skipped = report.skipped ? 1 : 0;
-  out->grad_norm = report.grad_norm;
-  out->steps_taken = report.steps_taken;
-  out->bytes_read = report.bytes_read;
-  out->bytes_written = report.bytes_written;
-  out->seconds = report.seconds;
+  zoe_step_result result = ZOE_STEP_RESULT_INIT;
+  result.skipped = report.skipped ? 1 : 0;
+  result.grad_norm = report.grad_norm;
+  result.steps_taken = report.steps_taken;
+  result.bytes_read = report.bytes_read;
+  result.bytes_written = report.bytes_written;
+  result.seconds = report.seconds;
+  WriteSized(result, out);
 }
 
 }  // namespace zoe::capi

@@ -82,7 +82,9 @@ TEST(CapiDescriptorsTest, DefaultEngineHoldsNoDeletedFileAfterDestroy) {
                 &engine),
             ZOE_OK)
       << zoe_last_error();
-  zoe_tensor_desc desc{"w", kTensorBytes, ZOE_DTYPE_FLOAT32, ZOE_TIER_NVME, nullptr};
+  zoe_tensor_desc desc = ZOE_TENSOR_DESC_INIT;
+  desc.name = "w";
+  desc.bytes = kTensorBytes;
   zoe_tensor_id id = ZOE_TENSOR_ID_INVALID;
   void* ptr = nullptr;
   EXPECT_EQ(zoe_tensor_register(engine, &desc, &id), ZOE_OK) << zoe_last_error();

@@ -86,7 +86,7 @@ static void fill(unsigned char* bytes, size_t n, unsigned seed) {
 }
 
 static zoe_tensor_id register_tensor(zoe_engine* engine, const char* name, zoe_tier home) {
-  zoe_tensor_desc desc;
+  zoe_tensor_desc desc = ZOE_TENSOR_DESC_INIT;
   zoe_tensor_id id = ZOE_TENSOR_ID_INVALID;
   desc.name = name;
   desc.bytes = kTensorBytes;
@@ -194,7 +194,7 @@ static void test_tensor_round_trip(void) {
 
 static void test_tensor_errors(void) {
   zoe_engine* engine = create_engine();
-  zoe_tensor_desc desc;
+  zoe_tensor_desc desc = ZOE_TENSOR_DESC_INIT;
   zoe_tensor_id id = 0;
   zoe_tensor_id w;
   void* ptr = &ptr;
@@ -340,8 +340,8 @@ static void test_optimizer_group(void) {
   zoe_engine* engine = create_engine();
   zoe_buffer_view grad_view;
   zoe_buffer_view out_view;
-  zoe_step_result result;
-  zoe_hyper_params hyper;
+  zoe_step_result result = ZOE_STEP_RESULT_INIT;
+  zoe_hyper_params hyper = ZOE_HYPER_PARAMS_INIT;
   static float updated[kParams];
   static float state[kParams];
   int64_t steps = -1;
@@ -428,8 +428,8 @@ static void test_speculation(void) {
   zoe_buffer_view plain_view = view_of(plain_out, kParams);
   zoe_buffer_view low = view_of(grads, kSubGroup);
   zoe_buffer_view high = view_of(grads + kSubGroup, kParams - kSubGroup);
-  zoe_speculation_stats stats;
-  zoe_step_result result;
+  zoe_speculation_stats stats = ZOE_SPECULATION_STATS_INIT;
+  zoe_step_result result = ZOE_STEP_RESULT_INIT;
   zoe_group_id spec;
   zoe_group_id plain;
   int step;
@@ -472,8 +472,8 @@ static void test_optimizer_errors(void) {
   zoe_engine* engine = create_engine();
   zoe_buffer_view views[2];
   zoe_buffer_view bad;
-  zoe_hyper_params hyper;
-  zoe_step_result result;
+  zoe_hyper_params hyper = ZOE_HYPER_PARAMS_INIT;
+  zoe_step_result result = ZOE_STEP_RESULT_INIT;
   zoe_group_id group;
   zoe_group_id id = 0;
   int64_t steps = 5;
@@ -593,7 +593,7 @@ static void test_optimizer_segments(void) {
   zoe_engine* engine = create_engine();
   zoe_buffer_view grad_views[2];
   zoe_buffer_view bad[3];
-  zoe_step_result result;
+  zoe_step_result result = ZOE_STEP_RESULT_INIT;
   static float before[kParams];
   static float after[kParams];
   int64_t counts[3] = {0, 0, 0};

@@ -167,7 +167,13 @@ typedef struct rank_run {
   uint64_t begin, end;
 } rank_run;
 
-static const zoe_hyper_params kHyper = {0.01, 0.9, 0.999, 1e-8, 0.01};
+/* A static object takes a braced list (a compound literal is no constant in C99). */
+static const zoe_hyper_params kHyper = {.struct_size = sizeof(zoe_hyper_params),
+                                        .lr = 0.01,
+                                        .beta1 = 0.9,
+                                        .beta2 = 0.999,
+                                        .eps = 1e-8,
+                                        .weight_decay = 0.01};
 
 static void note(rank_run* run, int slot, zoe_status status) {
   run->status[slot] = status;
@@ -182,7 +188,7 @@ static void* run_rank(void* arg) {
   float grads[kCount];
   zoe_buffer_view param_view = {params, ZOE_DTYPE_FLOAT32, kCount};
   zoe_buffer_view grad_views[kSegments];
-  zoe_collectives collectives;
+  zoe_collectives collectives = ZOE_COLLECTIVES_INIT;
   zoe_engine* engine = NULL;
   zoe_sharded_group* group = NULL;
   zoe_group_id local = ZOE_GROUP_ID_INVALID;
@@ -205,6 +211,7 @@ static void* run_rank(void* arg) {
   (void)zoe_sharded_group_local(group, &local, &run->begin, &run->end);
   for (step = 0; step < kSteps; ++step) {
     make_gradient(step, rank, grads, grad_views);
+    run->results[step] = ZOE_STEP_RESULT_INIT;
     note(run, step + 1,
          zoe_sharded_step(engine, group, &kHyper, grad_views, kSegments, &param_view, 1, 1.0,
                           &run->results[step]));
@@ -257,6 +264,7 @@ static void run_reference(int world, reference_run* out) {
       }
     }
     for (i = 0; i < kCount; ++i) average[i] *= 1.0f / (float)world;
+    out->results[step] = ZOE_STEP_RESULT_INIT;
     CHECK(zoe_optim_step(engine, group, &kHyper, views, kSegments, &param_view, 1, 1.0,
                          &out->results[step]) == ZOE_OK);
     memcpy(out->params[step], params, sizeof params);
@@ -346,8 +354,7 @@ static void* run_bad_rank(void* arg) {
   float grads[kCount];
   zoe_buffer_view param_view = {params, ZOE_DTYPE_FLOAT32, kCount};
   zoe_buffer_view grad_view = {grads, ZOE_DTYPE_FLOAT32, kCount};
-  zoe_collectives collectives = {NULL,       0,      0, all_reduce_sum, reduce_scatter_sum,
-                                 all_gather, barrier};
+  zoe_collectives collectives = ZOE_COLLECTIVES_INIT;
   zoe_engine* engine = NULL;
   zoe_sharded_group* group = NULL;
   size_t i;
@@ -356,6 +363,10 @@ static void* run_bad_rank(void* arg) {
   collectives.context = &run->context;
   collectives.rank = rank;
   collectives.world_size = run->context.comm->world;
+  collectives.all_reduce_sum = all_reduce_sum;
+  collectives.reduce_scatter_sum = reduce_scatter_sum;
+  collectives.all_gather = all_gather;
+  collectives.barrier = barrier;
   snprintf(name, sizeof name, "bad-rank%d", rank);
   run->status = create_engine(name, &engine);
   if (run->status == ZOE_OK) {
@@ -401,8 +412,7 @@ static void test_bad_collectives(void) {
   zoe_sharded_group* group = (zoe_sharded_group*)1;
   float params[4] = {0};
   zoe_buffer_view view = {params, ZOE_DTYPE_FLOAT32, 4};
-  zoe_collectives c;
-  memset(&c, 0, sizeof c);
+  zoe_collectives c = ZOE_COLLECTIVES_INIT;
   CHECK(create_engine("bad", &engine) == ZOE_OK);
   c.rank = 2;
   c.world_size = 2;
@@ -425,7 +435,7 @@ static void test_bad_collectives(void) {
 /* Without NCCL the helper says so; with it, a NULL communicator is refused. Neither leaves a
  * context to release. */
 static void test_nccl_helper_without_communicator(void) {
-  zoe_collectives c;
+  zoe_collectives c = ZOE_COLLECTIVES_INIT;
   const zoe_status status = zoe_nccl_collectives_create(NULL, NULL, &c);
   CHECK(status == ZOE_ERR_NOT_SUPPORTED || status == ZOE_ERR_INVALID_ARGUMENT);
   CHECK(c.context == NULL);

@@ -49,7 +49,9 @@ class Trainer {
     error_ = Failed(zoe_engine_create(NvmeConfig(nvme_dir).c_str(), &engine_), "create");
     for (int t = 0; error_.empty() && t < kTensors; ++t) {
       const std::string name = "t" + std::to_string(t);
-      zoe_tensor_desc desc{name.c_str(), kTensorBytes, ZOE_DTYPE_FLOAT32, ZOE_TIER_NVME, nullptr};
+      zoe_tensor_desc desc = ZOE_TENSOR_DESC_INIT;
+      desc.name = name.c_str();
+      desc.bytes = kTensorBytes;
       error_ += Failed(zoe_tensor_register(engine_, &desc, &tensors_[t]), "register " + name);
     }
     std::vector<float> params(kParams);
@@ -75,7 +77,9 @@ class Trainer {
     for (size_t i = 0; i < kParams; ++i)
       grads[i] = std::cos(0.003f * static_cast<float>(i * (round + 1)));
     zoe_buffer_view view{grads.data(), ZOE_DTYPE_FLOAT32, kParams};
-    zoe_hyper_params hyper{1e-2, 0.9, 0.999, 1e-8, 0.01};
+    zoe_hyper_params hyper = ZOE_HYPER_PARAMS_INIT;
+    hyper.lr = 1e-2;
+    hyper.weight_decay = 0.01;
     return Failed(zoe_optim_step(engine_, group_, &hyper, &view, 1, nullptr, 0, 1.0, nullptr),
                   "step " + std::to_string(round));
   }

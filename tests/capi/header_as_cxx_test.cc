@@ -44,16 +44,37 @@ static_assert(ZOE_TIER_NVME == 2 && ZOE_ACCESS_READ_WRITE == 2 && ZOE_DTYPE_FLOA
 static_assert(ZOE_STATE_EXP_AVG_SQ == 2);
 static_assert(sizeof(zoe_tier) == sizeof(int) && sizeof(zoe_dtype) == sizeof(int));
 
-// Struct layouts (LP64).
-static_assert(offsetof(zoe_tensor_desc, bytes) == 8 && offsetof(zoe_tensor_desc, dtype) == 16 &&
-              offsetof(zoe_tensor_desc, home) == 20 && offsetof(zoe_tensor_desc, group) == 24 &&
-              sizeof(zoe_tensor_desc) == 32);
+// Struct layouts (LP64). Every sized struct starts with struct_size (zoe.h, convention 8).
+static_assert(offsetof(zoe_tensor_desc, struct_size) == 0 && offsetof(zoe_tensor_desc, name) == 8 &&
+              offsetof(zoe_tensor_desc, bytes) == 16 && offsetof(zoe_tensor_desc, dtype) == 24 &&
+              offsetof(zoe_tensor_desc, home) == 28 && offsetof(zoe_tensor_desc, group) == 32 &&
+              sizeof(zoe_tensor_desc) == 40);
 static_assert(offsetof(zoe_buffer_view, dtype) == 8 && offsetof(zoe_buffer_view, count) == 16 &&
               sizeof(zoe_buffer_view) == 24);
-static_assert(sizeof(zoe_hyper_params) == 5 * sizeof(double));
-static_assert(offsetof(zoe_step_result, grad_norm) == 8 &&
-              offsetof(zoe_step_result, steps_taken) == 16 &&
-              offsetof(zoe_step_result, bytes_read) == 24 &&
-              offsetof(zoe_step_result, seconds) == 40 && sizeof(zoe_step_result) == 48);
+static_assert(offsetof(zoe_hyper_params, lr) == 8 && sizeof(zoe_hyper_params) == 6 * 8);
+static_assert(offsetof(zoe_step_result, skipped) == 8 && offsetof(zoe_step_result, grad_norm) == 16 &&
+              offsetof(zoe_step_result, steps_taken) == 24 &&
+              offsetof(zoe_step_result, bytes_read) == 32 &&
+              offsetof(zoe_step_result, seconds) == 48 && sizeof(zoe_step_result) == 56);
+static_assert(offsetof(zoe_speculation_stats, steps) == 8 && sizeof(zoe_speculation_stats) == 48);
+static_assert(offsetof(zoe_collectives, context) == 8 && offsetof(zoe_collectives, rank) == 16 &&
+              offsetof(zoe_collectives, all_reduce_sum) == 24 &&
+              offsetof(zoe_collectives, barrier) == 48 && sizeof(zoe_collectives) == 56);
+
+// The INIT macros are C++20 designated initializers here, and constant expressions.
+constexpr zoe_tensor_desc kDesc = ZOE_TENSOR_DESC_INIT;
+static_assert(kDesc.struct_size == sizeof(zoe_tensor_desc) && kDesc.name == nullptr &&
+              kDesc.dtype == ZOE_DTYPE_FLOAT32 && kDesc.home == ZOE_TIER_NVME);
+constexpr zoe_hyper_params kHyper = ZOE_HYPER_PARAMS_INIT;
+static_assert(kHyper.struct_size == sizeof(zoe_hyper_params) && kHyper.lr == 1e-3 &&
+              kHyper.beta1 == 0.9 && kHyper.beta2 == 0.999 && kHyper.eps == 1e-8 &&
+              kHyper.weight_decay == 0.0);
+constexpr zoe_step_result kResult = ZOE_STEP_RESULT_INIT;
+static_assert(kResult.struct_size == sizeof(zoe_step_result) && kResult.steps_taken == 0);
+constexpr zoe_speculation_stats kStats = ZOE_SPECULATION_STATS_INIT;
+static_assert(kStats.struct_size == sizeof(zoe_speculation_stats) && kStats.steps == 0);
+constexpr zoe_collectives kCollectives = ZOE_COLLECTIVES_INIT;
+static_assert(kCollectives.struct_size == sizeof(zoe_collectives) && kCollectives.world_size == 1 &&
+              kCollectives.barrier == nullptr);
 
 int main() { return zoe_version() != nullptr ? 0 : 1; }

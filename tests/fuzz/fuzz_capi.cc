@@ -245,7 +245,7 @@ const char* TensorName(uint8_t byte) {
 
 void Session::CallRegister(ByteReader& in) {
   const char* name = TensorName(in.U8());
-  zoe_tensor_desc desc;
+  zoe_tensor_desc desc = ZOE_TENSOR_DESC_INIT;
   desc.name = name;
   desc.bytes = in.U16() % (kMaxTensorBytes + 1);
   desc.dtype = static_cast<zoe_dtype>(in.U8() % 12);  // 11 is outside the enum
@@ -454,7 +454,8 @@ std::vector<zoe_buffer_view> CoveringViews(Buffers& buffers, uint64_t elements, 
 }
 
 zoe_hyper_params Hyper(uint8_t byte) {
-  zoe_hyper_params hyper{1e-3, 0.9, 0.999, 1e-8, 0.01};
+  zoe_hyper_params hyper = ZOE_HYPER_PARAMS_INIT;
+  hyper.weight_decay = 0.01;
   switch (byte % 5) {
     case 1:
       hyper.lr = -1.0;
@@ -497,6 +498,7 @@ void Session::CallStep(ByteReader& in) {
   const zoe_hyper_params hyper = Hyper(hyper_byte);
   zoe_step_result result;
   std::memset(&result, 0xab, sizeof result);
+  result.struct_size = sizeof result;
   const zoe_status status =
       Checked(zoe_optim_step(engine_, id, hyper_byte % 2 ? &hyper : nullptr, grads.data(),
                              grads.size(), params.data(), params.size(), loss_scale, &result),
@@ -633,7 +635,10 @@ void Session::CallEngineQueries(ByteReader& in) {
 
 // A NULL engine or a NULL required pointer is INVALID_ARGUMENT (zoe.h, convention 6).
 void Session::CallNullArguments(ByteReader& in) {
-  zoe_tensor_desc desc{"n", 64, ZOE_DTYPE_FLOAT32, ZOE_TIER_HOST, nullptr};
+  zoe_tensor_desc desc = ZOE_TENSOR_DESC_INIT;
+  desc.name = "n";
+  desc.bytes = 64;
+  desc.home = ZOE_TIER_HOST;
   zoe_tensor_id tensor = 0;
   zoe_group_id group = 0;
   void* ptr = nullptr;

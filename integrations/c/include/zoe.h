@@ -12,12 +12,39 @@
  *  6. A NULL engine or a NULL required pointer is ZOE_ERR_INVALID_ARGUMENT naming the argument;
  *     an id that names no tensor or group is ZOE_ERR_NOT_FOUND; an enum value outside its list is
  *     ZOE_ERR_INVALID_ARGUMENT. On failure, out-parameters (when not NULL themselves) are set to
- *     NULL, ZOE_TENSOR_ID_INVALID / ZOE_GROUP_ID_INVALID, or 0.
+ *     NULL, ZOE_TENSOR_ID_INVALID / ZOE_GROUP_ID_INVALID, or 0 (numbers, and the members of an
+ *     output struct that its struct_size covers).
  *  7. A destroyed engine cannot be told from a live one: using it is undefined behaviour.
+ *  8. Structs carry their size. Every struct a caller fills for zoe (zoe_tensor_desc,
+ *     zoe_hyper_params, zoe_collectives) or zoe fills for a caller (zoe_step_result,
+ *     zoe_speculation_stats, and zoe_collectives from zoe_nccl_collectives_create) starts with
+ *     `size_t struct_size`, the struct's sizeof as the caller was compiled. Its ZOE_<NAME>_INIT
+ *     macro (a compound literal, C99 and C++20) sets it and every other member to the documented
+ *     default: `zoe_hyper_params h = ZOE_HYPER_PARAMS_INIT; h.lr = 1e-3;` (a static object takes
+ *     a braced list with `.struct_size = sizeof(type)`). Members are only ever added at the end.
+ *     - struct_size < sizeof(size_t) (where the first member after struct_size starts), 0
+ *       included, is ZOE_ERR_INVALID_ARGUMENT naming the struct and both sizes.
+ *     - A smaller struct (a caller built against an older zoe.h): zoe reads only the members
+ *       struct_size covers whole; the others take their INIT default. zoe writes only the
+ *       members struct_size covers whole.
+ *     - A larger struct (a caller built against a newer zoe.h): accepted when every byte beyond
+ *       this library's sizeof is zero (members it does not know, left at their default);
+ *       otherwise ZOE_ERR_INVALID_ARGUMENT naming the struct, its struct_size and the size this
+ *       library knows. zoe never writes beyond its own sizeof, and never changes struct_size.
+ *     - A struct refused for its size is not written, not even cleared (item 6).
+ *     So a member added later has all-zero bytes as its default, and is laid out leaving no
+ *     padding (an explicit reserved member instead), because those bytes are checked.
+ *     zoe_buffer_view carries no size: it is an array element (a pointer and a count), where a
+ *     size per element would make callers step through arrays by bytes; it is frozen, and a view
+ *     that needs more gets a new type and new functions.
  *
  * Usage
  *     printf("zoe %s\n", zoe_version());
- *     if (zoe_some_call(...) != ZOE_OK) fprintf(stderr, "zoe: %s\n", zoe_last_error());
+ *     zoe_hyper_params hyper = ZOE_HYPER_PARAMS_INIT;
+ *     zoe_step_result result = ZOE_STEP_RESULT_INIT;
+ *     hyper.lr = 1e-3;
+ *     if (zoe_optim_step(engine, group, &hyper, &grad, 1, NULL, 0, 1.0, &result) != ZOE_OK)
+ *       fprintf(stderr, "zoe: %s\n", zoe_last_error());
  */
 #ifndef ZOE_H_
 #define ZOE_H_
@@ -36,8 +63,16 @@ extern "C" {
 #endif
 
 #define ZOE_VERSION_MAJOR 0
-#define ZOE_VERSION_MINOR 1
+#define ZOE_VERSION_MINOR 2
 #define ZOE_VERSION_PATCH 0
+
+/* The INIT macros' compound literal: `(type){...}` in C99, `type{...}` (designated
+ * initializers) in C++20. */
+#ifdef __cplusplus
+#define ZOE_LITERAL_(type) type
+#else
+#define ZOE_LITERAL_(type) (type)
+#endif
 
 typedef enum zoe_status {
   ZOE_OK = 0,
@@ -122,9 +157,12 @@ typedef enum zoe_state_slot {
   ZOE_STATE_EXP_AVG_SQ = 2 /* second moment (torch: exp_avg_sq) */
 } zoe_state_slot;
 
-/* A tensor to place. name: borrowed, copied; unique and non-empty. bytes: a multiple of the
- * dtype's size. group: borrowed, copied; NULL or "" for the default group. */
+/* A tensor to place (input; sized, convention 8). name: borrowed, copied; unique and non-empty.
+ * bytes: a multiple of the dtype's size. group: borrowed, copied; NULL or "" for the default
+ * group. Defaults (ZOE_TENSOR_DESC_INIT, and members a smaller struct_size leaves out): name NULL
+ * (so it must be given), bytes 0, dtype ZOE_DTYPE_FLOAT32, home ZOE_TIER_NVME, group NULL. */
 typedef struct zoe_tensor_desc {
+  size_t struct_size; /* sizeof(zoe_tensor_desc) */
   const char* name;
   uint64_t bytes;
   zoe_dtype dtype;
@@ -132,17 +170,26 @@ typedef struct zoe_tensor_desc {
   const char* group;
 } zoe_tensor_desc;
 
+#define ZOE_TENSOR_DESC_INIT                                                                   \
+  ZOE_LITERAL_(zoe_tensor_desc) {                                                              \
+    .struct_size = sizeof(zoe_tensor_desc), .name = NULL, .bytes = 0, .dtype = ZOE_DTYPE_FLOAT32, \
+    .home = ZOE_TIER_NVME, .group = NULL                                                       \
+  }
+
 /* A caller's host buffer of `count` elements of `dtype` (FLOAT32, BFLOAT16 or FLOAT16 where
  * optimizer groups take them). Borrowed for the duration of the call unless a function says
- * otherwise. */
+ * otherwise. Not sized (convention 8): an array element passed with a count, frozen as it is. */
 typedef struct zoe_buffer_view {
   void* data;
   zoe_dtype dtype;
   uint64_t count;
 } zoe_buffer_view;
 
-/* The hyper-parameters of one step; schedulers may change them on every call. */
+/* The hyper-parameters of one step (input; sized, convention 8); schedulers may change them on
+ * every call. Defaults (ZOE_HYPER_PARAMS_INIT, and members a smaller struct_size leaves out):
+ * lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0. */
 typedef struct zoe_hyper_params {
+  size_t struct_size; /* sizeof(zoe_hyper_params) */
   double lr;
   double beta1;
   double beta2;
@@ -150,7 +197,17 @@ typedef struct zoe_hyper_params {
   double weight_decay;
 } zoe_hyper_params;
 
+#define ZOE_HYPER_PARAMS_INIT                                                                 \
+  ZOE_LITERAL_(zoe_hyper_params) {                                                            \
+    .struct_size = sizeof(zoe_hyper_params), .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999,        \
+    .eps = 1e-8, .weight_decay = 0.0                                                          \
+  }
+
+/* What a step did (output; sized, convention 8): zoe writes the members struct_size covers.
+ * ZOE_STEP_RESULT_INIT sets struct_size and zeros the rest; a failed step leaves those members
+ * 0. */
 typedef struct zoe_step_result {
+  size_t struct_size;  /* sizeof(zoe_step_result); set by the caller, never changed by zoe */
   int32_t skipped;     /* 1: a gradient was inf/NaN and nothing changed */
   double grad_norm;    /* L2 norm of the unscaled gradients */
   int64_t steps_taken; /* the group's step count after this call */
@@ -158,6 +215,12 @@ typedef struct zoe_step_result {
   uint64_t bytes_written;
   double seconds;
 } zoe_step_result;
+
+#define ZOE_STEP_RESULT_INIT                                                                  \
+  ZOE_LITERAL_(zoe_step_result) {                                                             \
+    .struct_size = sizeof(zoe_step_result), .skipped = 0, .grad_norm = 0.0, .steps_taken = 0, \
+    .bytes_read = 0, .bytes_written = 0, .seconds = 0.0                                       \
+  }
 
 /* Creates an engine from a JSON configuration (DeepSpeed-shaped:
  * zero_optimization.offload_optimizer, offload_param, aio, plus zoe's own "zoe" section; see
@@ -283,14 +346,23 @@ ZOE_API zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
                                        const zoe_buffer_view* params_out, size_t n_params,
                                        double loss_scale);
 
-/* What speculation did in a group's steps since the group was created. */
+/* What speculation did in a group's steps since the group was created (output; sized,
+ * convention 8): zoe writes the members struct_size covers. ZOE_SPECULATION_STATS_INIT sets
+ * struct_size and zeros the rest. */
 typedef struct zoe_speculation_stats {
+  size_t struct_size;          /* sizeof(zoe_speculation_stats); never changed by zoe */
   uint64_t steps;              /* steps that speculated */
   uint64_t chunks_speculative; /* chunks updated before their step's global checks */
   uint64_t chunks_committed;   /* of those, updates that were final */
   uint64_t chunks_recomputed;  /* updated again with the clip factor */
   uint64_t chunks_discarded;   /* dropped: a non-finite gradient, or a failed step */
 } zoe_speculation_stats;
+
+#define ZOE_SPECULATION_STATS_INIT                                                            \
+  ZOE_LITERAL_(zoe_speculation_stats) {                                                       \
+    .struct_size = sizeof(zoe_speculation_stats), .steps = 0, .chunks_speculative = 0,        \
+    .chunks_committed = 0, .chunks_recomputed = 0, .chunks_discarded = 0                      \
+  }
 
 /* Fills *out (caller-owned) with the group's speculation counts. */
 ZOE_API zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_group_id group,
@@ -343,8 +415,12 @@ ZOE_API zoe_status zoe_checkpoint_load(zoe_engine* engine, const char* dir);
  * transport's own timeouts bound how long a rank waits for a peer: zoe never waits otherwise, and
  * a rank that fails inside zoe still makes every collective call of the step with its failure flag
  * set, so its peers fail too instead of waiting. counts: world_size entries, borrowed for the
- * call. context: borrowed, passed to every callback; the struct is copied at creation. */
+ * call. context: borrowed, passed to every callback; the struct is copied at creation.
+ * Sized (convention 8): an input of zoe_sharded_group_create and an output of
+ * zoe_nccl_collectives_create. Defaults (ZOE_COLLECTIVES_INIT, and members a smaller struct_size
+ * leaves out): context NULL, rank 0, world_size 1, every callback NULL (so each must be given). */
 typedef struct zoe_collectives {
+  size_t struct_size; /* sizeof(zoe_collectives) */
   void* context;
   int32_t rank;       /* in [0, world_size) */
   int32_t world_size; /* >= 1 */
@@ -358,6 +434,12 @@ typedef struct zoe_collectives {
   int (*all_gather)(void* context, const float* send, float* recv, const uint64_t* counts);
   int (*barrier)(void* context);
 } zoe_collectives;
+
+#define ZOE_COLLECTIVES_INIT                                                                  \
+  ZOE_LITERAL_(zoe_collectives) {                                                             \
+    .struct_size = sizeof(zoe_collectives), .context = NULL, .rank = 0, .world_size = 1,      \
+    .all_reduce_sum = NULL, .reduce_scatter_sum = NULL, .all_gather = NULL, .barrier = NULL   \
+  }
 
 /* Opaque: one rank's part of a sharded group. Lives until zoe_sharded_group_destroy; the engine
  * must outlive it. */
@@ -406,14 +488,17 @@ ZOE_API zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group
 
 /* Fills *out with collectives over an NCCL communicator the caller created (nccl_comm: an
  * ncclComm_t; cuda_stream: a cudaStream_t, NULL for the default stream), staging the host buffers
- * through device memory. out->context is owned by zoe: release it with
+ * through device memory. out->struct_size must cover every member of this version (they are all
+ * needed to use or release the collectives; INVALID_ARGUMENT otherwise). out->context is owned by zoe: release it with
  * zoe_nccl_collectives_destroy after the last group using it is destroyed. libzoe does not link
  * NCCL: it uses the libnccl.so.2 already in the process (the one the caller's communicator came
  * from), else the path in the environment variable ZOE_NCCL_LIBRARY, else the dynamic loader's
  * search. NOT_SUPPORTED when libzoe was built without NCCL or no libnccl.so.2 can be loaded. */
 ZOE_API zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream,
                                                zoe_collectives* out);
-/* Releases what zoe_nccl_collectives_create allocated (not the communicator). Accepts NULL. */
+/* Releases what zoe_nccl_collectives_create allocated (not the communicator) and sets
+ * collectives->context to NULL. Accepts NULL, and a struct whose struct_size does not cover
+ * context. */
 ZOE_API void zoe_nccl_collectives_destroy(zoe_collectives* collectives);
 
 #ifdef __cplusplus

@@ -89,15 +89,69 @@ def test_quoted_prototypes_match_the_header():
         assert quoted.get(name) == prototype, f"comment above {name} in _capi.py"
 
 
-def test_struct_fields_match_the_header():
+SIZED_STRUCTS = ("zoe_tensor_desc", "zoe_hyper_params", "zoe_step_result", "zoe_speculation_stats",
+                 "zoe_collectives")
+
+
+def header_struct_fields(struct):
+    """The member names of ``typedef struct <struct> {...}`` in zoe.h, in order (a function
+    pointer member ``int (*name)(...)`` by its name)."""
     text = open(HEADER, encoding="utf-8").read()
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    for struct in ("zoe_tensor_desc", "zoe_buffer_view", "zoe_hyper_params", "zoe_step_result"):
-        body = re.search(r"typedef struct %s \{(.*?)\}" % struct, text, flags=re.S).group(1)
-        fields = [re.findall(r"(\w+)\s*;", decl)[0] for decl in body.split(";") if decl.strip()
-                  for decl in [decl + ";"]]
+    body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (struct, struct), text, flags=re.S)
+    fields = []
+    for decl in body.group(1).split(";"):
+        if not decl.strip():
+            continue
+        pointer = re.search(r"\(\*\s*(\w+)\s*\)", decl)
+        fields.append(pointer.group(1) if pointer else re.findall(r"(\w+)\s*$", decl)[0])
+    return fields
+
+
+def test_struct_fields_match_the_header():
+    for struct in ("zoe_tensor_desc", "zoe_buffer_view") + SIZED_STRUCTS:
         declared = [field[0] for field in getattr(_capi, struct)._fields_]
-        assert declared == fields, struct
+        assert declared == header_struct_fields(struct), struct
+
+
+def test_sized_structs_start_with_struct_size_and_have_an_init_macro():
+    """zoe.h convention 8: every option or output struct starts with size_t struct_size, has a
+    ZOE_<NAME>_INIT macro that sets it, and its ctypes mirror fills it on construction."""
+    text = open(HEADER, encoding="utf-8").read()
+    for struct in SIZED_STRUCTS:
+        assert header_struct_fields(struct)[0] == "struct_size", struct
+        macro = "ZOE_%s_INIT" % struct[len("zoe_"):].upper()
+        definition = re.search(r"#define %s\b(.*?)\}" % macro, text, flags=re.S)
+        assert definition, macro
+        assert ".struct_size = sizeof(%s)" % struct in definition.group(1), macro
+        mirror = getattr(_capi, struct)
+        assert issubclass(mirror, _capi.SizedStructure), struct
+        assert mirror._fields_[0] == ("struct_size", _capi.c_size_t), struct
+        assert mirror().struct_size == _capi.ctypes.sizeof(mirror), struct
+    # zoe_buffer_view is an array element and carries no size (zoe.h says why).
+    assert "struct_size" not in header_struct_fields("zoe_buffer_view")
+    # Positional arguments fill the members after struct_size.
+    hyper = _capi.zoe_hyper_params(0.1, 0.2, 0.3, 0.4, 0.5)
+    assert (hyper.struct_size, hyper.lr, hyper.weight_decay) == (48, 0.1, 0.5)
+
+
+def test_the_library_checks_struct_size():
+    """The library refuses struct_size 0 naming the struct, and takes the mirror's own size."""
+    bad = _capi.zoe_step_result()
+    bad.struct_size = 0
+    status = _capi.zoe_optim_step(None, 0, None, None, 0, None, 0, 1.0, _capi.ctypes.byref(bad))
+    assert status == _capi.Status.INVALID_ARGUMENT
+    assert b"zoe_step_result.struct_size = 0" in _capi.zoe_last_error()
+    good = _capi.zoe_step_result()
+    status = _capi.zoe_optim_step(None, 0, None, None, 0, None, 0, 1.0, _capi.ctypes.byref(good))
+    assert status == _capi.Status.INVALID_ARGUMENT
+    assert _capi.zoe_last_error() == b"invalid argument: engine is NULL"
+    # zoe_nccl_collectives_create needs the whole struct: the mirror's size is C's.
+    collectives = _capi.zoe_collectives()
+    status = _capi.zoe_nccl_collectives_create(None, None, _capi.ctypes.byref(collectives))
+    assert b"struct_size" not in _capi.zoe_last_error(), _capi.zoe_last_error()
+    assert status in (_capi.Status.NOT_SUPPORTED, _capi.Status.INVALID_ARGUMENT)
+    assert not collectives.context
 
 
 def test_enum_values_match_the_header():

@@ -123,10 +123,23 @@ class zoe_engine(Structure):
 zoe_engine_p = POINTER(zoe_engine)
 
 
-class zoe_tensor_desc(Structure):
+class SizedStructure(Structure):
+    """A struct of zoe.h that starts with ``size_t struct_size`` (zoe.h, convention 8).
+
+    The one place Python fills it: every instance starts with ``struct_size`` =
+    ``ctypes.sizeof`` of its class, and positional arguments fill the members after it, so
+    ``zoe_hyper_params(lr, beta1, ...)`` is ``ZOE_HYPER_PARAMS_INIT`` with those members set.
+    Members not given are zero, not the INIT macro's defaults: give every input member."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
+
+
+class zoe_tensor_desc(SizedStructure):
     """struct zoe_tensor_desc."""
 
     _fields_ = [
+        ("struct_size", c_size_t),
         ("name", c_char_p),
         ("bytes", c_uint64),
         ("dtype", zoe_dtype),
@@ -136,15 +149,16 @@ class zoe_tensor_desc(Structure):
 
 
 class zoe_buffer_view(Structure):
-    """struct zoe_buffer_view."""
+    """struct zoe_buffer_view: an array element, not sized (zoe.h, convention 8)."""
 
     _fields_ = [("data", c_void_p), ("dtype", zoe_dtype), ("count", c_uint64)]
 
 
-class zoe_hyper_params(Structure):
+class zoe_hyper_params(SizedStructure):
     """struct zoe_hyper_params."""
 
     _fields_ = [
+        ("struct_size", c_size_t),
         ("lr", c_double),
         ("beta1", c_double),
         ("beta2", c_double),
@@ -153,10 +167,11 @@ class zoe_hyper_params(Structure):
     ]
 
 
-class zoe_step_result(Structure):
+class zoe_step_result(SizedStructure):
     """struct zoe_step_result."""
 
     _fields_ = [
+        ("struct_size", c_size_t),
         ("skipped", c_int32),
         ("grad_norm", c_double),
         ("steps_taken", c_int64),
@@ -166,10 +181,11 @@ class zoe_step_result(Structure):
     ]
 
 
-class zoe_speculation_stats(Structure):
+class zoe_speculation_stats(SizedStructure):
     """struct zoe_speculation_stats."""
 
     _fields_ = [
+        ("struct_size", c_size_t),
         ("steps", c_uint64),
         ("chunks_speculative", c_uint64),
         ("chunks_committed", c_uint64),
@@ -435,8 +451,11 @@ all_gather_fn = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, POINTER(c_
 barrier_fn = ctypes.CFUNCTYPE(c_int, c_void_p)
 
 
-class zoe_collectives(Structure):
+class zoe_collectives(SizedStructure):
+    """struct zoe_collectives."""
+
     _fields_ = [
+        ("struct_size", c_size_t),
         ("context", c_void_p),
         ("rank", c_int32),
         ("world_size", c_int32),

@@ -401,7 +401,11 @@ class OptimizerGroup:
             _capi.zoe_optim_group_speculation_stats(self.engine._h(), self.id, ctypes.byref(out)),
             f"speculation statistics of group {self.name!r}",
         )
-        return {name: getattr(out, name) for name, _ in _capi.zoe_speculation_stats._fields_}
+        return {
+            name: getattr(out, name)
+            for name, _ in _capi.zoe_speculation_stats._fields_
+            if name != "struct_size"
+        }
 
     def accumulate_grad(self, offset, grad):
         """Hands over the gradients of elements [offset, offset + grad.count) early (borrowed
