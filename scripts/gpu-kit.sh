@@ -30,7 +30,13 @@ cmake --build "$build" -j "${ZOE_KIT_JOBS:-$(nproc)}" --target zoe "${programs[@
 
 rm -rf "$bundle"
 mkdir -p "$bundle/lib" "$bundle/bin" "$bundle/python" "$bundle/tests" "$bundle/bench"
-cp -P "$build"/integrations/libzoe.so* "$bundle/lib/"
+# The library the build's libzoe.so names (older versions may lie beside it), its soname link
+# and libzoe.so.
+library=$(readlink -f "$build/integrations/libzoe.so")
+soname=$(objdump -p "$library" | awk '$1 == "SONAME" { print $2 }')
+cp "$library" "$bundle/lib/"
+ln -s "$(basename "$library")" "$bundle/lib/$soname"
+ln -s "$soname" "$bundle/lib/libzoe.so"
 for program in "${programs[@]}"; do
   cp "$build/tests/$program" "$bundle/bin/"
 done
