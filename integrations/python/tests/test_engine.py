@@ -79,12 +79,16 @@ def test_trace_records_then_prefetches(engine, nvme_dir):
     recording = iteration()
     assert recording["issued"] == 0 and recording["hits"] == 0  # nothing to replay yet
     assert recording["misses"] == 4 and recording["read"] >= 4 * 64 * 1024
-    for replay in (iteration(), iteration()):
+    replays = [iteration(), iteration()]
+    for replay in replays:
         # Acquiring t0 prefetches t1..t3 by the trace (the first replay's t0 may still be a miss):
-        # they are loading or resident when acquired, and their bytes came from NVMe.
+        # they are loading or resident when acquired.
         assert replay["issued"] >= 3, replay
         assert replay["hits"] >= 3 and replay["misses"] <= 1, replay
-        assert replay["read"] >= 3 * 64 * 1024, replay
+    # Every acquire found its tensor evicted, so each of the 12 brought it back from NVMe. A
+    # prefetch issued near the end of one iteration may complete (and count) in the one before,
+    # so the bytes are checked over the three together.
+    assert recording["read"] + sum(r["read"] for r in replays) >= 12 * 64 * 1024, replays
     engine.check_async_error()
     stats = engine.stats()
     assert stats["trace"]["matched"] >= 8 and stats["trace"]["unmatched"] == 0
