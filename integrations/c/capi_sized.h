@@ -81,14 +81,13 @@ struct SizedTraits<zoe_collectives> {
   static constexpr std::string_view kName = "zoe_collectives";
   static constexpr std::string_view kInit = "ZOE_COLLECTIVES_INIT";
   static constexpr zoe_collectives Defaults() { return ZOE_COLLECTIVES_INIT; }
-  static constexpr std::array kMembers = {
-      ZOE_CAPI_MEMBER(zoe_collectives, context),
-      ZOE_CAPI_MEMBER(zoe_collectives, rank),
-      ZOE_CAPI_MEMBER(zoe_collectives, world_size),
-      ZOE_CAPI_MEMBER(zoe_collectives, all_reduce_sum),
-      ZOE_CAPI_MEMBER(zoe_collectives, reduce_scatter_sum),
-      ZOE_CAPI_MEMBER(zoe_collectives, all_gather),
-      ZOE_CAPI_MEMBER(zoe_collectives, barrier)};
+  static constexpr std::array kMembers = {ZOE_CAPI_MEMBER(zoe_collectives, context),
+                                          ZOE_CAPI_MEMBER(zoe_collectives, rank),
+                                          ZOE_CAPI_MEMBER(zoe_collectives, world_size),
+                                          ZOE_CAPI_MEMBER(zoe_collectives, all_reduce_sum),
+                                          ZOE_CAPI_MEMBER(zoe_collectives, reduce_scatter_sum),
+                                          ZOE_CAPI_MEMBER(zoe_collectives, all_gather),
+                                          ZOE_CAPI_MEMBER(zoe_collectives, barrier)};
 };
 
 #undef ZOE_CAPI_MEMBER

@@ -36,8 +36,7 @@ Result<std::vector<View>> ToViews(const zoe_buffer_view* views, size_t n, std::s
 
 // The step's hyper-parameters: empty for NULL (the group's), else the caller's sized struct
 // (members its struct_size leaves out at their ZOE_HYPER_PARAMS_INIT defaults).
-inline Result<std::optional<zoe::offload::StepHyperParams>> ToHyper(
-    const zoe_hyper_params* hyper) {
+inline Result<std::optional<zoe::offload::StepHyperParams>> ToHyper(const zoe_hyper_params* hyper) {
   if (hyper == nullptr) return std::optional<zoe::offload::StepHyperParams>();
   ZOE_ASSIGN_OR_RETURN(const zoe_hyper_params in, ReadSized(hyper, "hyper"));
   zoe::offload::StepHyperParams out;

@@ -15,11 +15,11 @@
 #include "capi_check.h"
 #include "zoe.h"
 
-#define CHECK_OK(call)                                                                   \
-  do {                                                                                   \
-    zoe_status status_ = (call);                                                         \
-    CHECK(status_ == ZOE_OK);                                                            \
-    if (status_ != ZOE_OK) fprintf(stderr, "  %s: %s\n", #call, zoe_last_error());       \
+#define CHECK_OK(call)                                                             \
+  do {                                                                             \
+    zoe_status status_ = (call);                                                   \
+    CHECK(status_ == ZOE_OK);                                                      \
+    if (status_ != ZOE_OK) fprintf(stderr, "  %s: %s\n", #call, zoe_last_error()); \
   } while (0)
 
 /* Fails with INVALID_ARGUMENT and a message containing every one of the NULL-ended needles. */
@@ -33,10 +33,10 @@ static void check_refused(zoe_status status, const char* const* needles, int lin
       fprintf(stderr, "  line %d: '%s' not in '%s'\n", line, needles[i], message);
   }
 }
-#define CHECK_REFUSED(call, ...)                                    \
-  do {                                                              \
-    const char* const needles_[] = {__VA_ARGS__, NULL};             \
-    check_refused((call), needles_, __LINE__);                      \
+#define CHECK_REFUSED(call, ...)                        \
+  do {                                                  \
+    const char* const needles_[] = {__VA_ARGS__, NULL}; \
+    check_refused((call), needles_, __LINE__);          \
   } while (0)
 
 enum { kParams = 64 };
@@ -153,11 +153,10 @@ static void test_older_caller(void) {
   a = create_group(engine, "{\"name\": \"a\", \"lr\": 0.5, \"betas\": [0.5, 0.5]}");
   b = create_group(engine, "{\"name\": \"b\", \"lr\": 0.5, \"betas\": [0.5, 0.5]}");
   out_view = view_of(old_out, kParams);
-  CHECK_OK(zoe_optim_step(engine, a, (const zoe_hyper_params*)&old_hyper, &grad_view, 1,
-                          &out_view, 1, 1.0, (zoe_step_result*)&guarded.result));
+  CHECK_OK(zoe_optim_step(engine, a, (const zoe_hyper_params*)&old_hyper, &grad_view, 1, &out_view,
+                          1, 1.0, (zoe_step_result*)&guarded.result));
   out_view = view_of(full_out, kParams);
-  CHECK_OK(zoe_optim_step(engine, b, &full_hyper, &grad_view, 1, &out_view, 1, 1.0,
-                          &full_result));
+  CHECK_OK(zoe_optim_step(engine, b, &full_hyper, &grad_view, 1, &out_view, 1, 1.0, &full_result));
   for (i = 0; i < kParams; ++i) {
     same = same && old_out[i] == full_out[i];
     /* The first AdamW step moves each weight by about lr: lr 0.05 was read. */
@@ -197,8 +196,7 @@ static void test_older_caller_desc_and_stats(void) {
   guarded.stats.struct_size = sizeof guarded.stats;
   guarded.stats.steps = 99;
   guarded.after = 77;
-  CHECK_OK(zoe_optim_group_speculation_stats(engine, g,
-                                             (zoe_speculation_stats*)&guarded.stats));
+  CHECK_OK(zoe_optim_group_speculation_stats(engine, g, (zoe_speculation_stats*)&guarded.stats));
   CHECK(guarded.stats.steps == 0 && guarded.after == 77);
   zoe_engine_destroy(engine);
 }
@@ -225,8 +223,8 @@ static void test_newer_caller(void) {
   result.struct_size = sizeof result;
   g = create_group(engine, "{\"name\": \"n\"}");
   /* Unknown members left zero: accepted, and the unknown output member stays zero. */
-  CHECK_OK(zoe_optim_step(engine, g, (const zoe_hyper_params*)&hyper, &grad_view, 1, NULL, 0,
-                          1.0, (zoe_step_result*)&result));
+  CHECK_OK(zoe_optim_step(engine, g, (const zoe_hyper_params*)&hyper, &grad_view, 1, NULL, 0, 1.0,
+                          (zoe_step_result*)&result));
   CHECK(result.steps_taken == 1 && result.grad_norm > 0.0 && result.future == 0);
   CHECK(result.struct_size == sizeof result);
 
@@ -286,9 +284,9 @@ static void test_size_below_minimum(void) {
   CHECK_REFUSED(zoe_optim_group_speculation_stats(engine, g, &stats),
                 "zoe_speculation_stats.struct_size = 0");
   collectives.struct_size = 0;
-  CHECK_REFUSED(zoe_sharded_group_create(engine, "{\"name\": \"c\"}", &view, 1, &collectives,
-                                         &sharded),
-                "collectives: zoe_collectives.struct_size = 0");
+  CHECK_REFUSED(
+      zoe_sharded_group_create(engine, "{\"name\": \"c\"}", &view, 1, &collectives, &sharded),
+      "collectives: zoe_collectives.struct_size = 0");
   CHECK(sharded == NULL);
   /* Collectives zoe fills must have room for every member; refused before NCCL is looked for. */
   collectives.struct_size = sizeof(size_t) + sizeof(void*);

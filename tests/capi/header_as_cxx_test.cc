@@ -52,7 +52,8 @@ static_assert(offsetof(zoe_tensor_desc, struct_size) == 0 && offsetof(zoe_tensor
 static_assert(offsetof(zoe_buffer_view, dtype) == 8 && offsetof(zoe_buffer_view, count) == 16 &&
               sizeof(zoe_buffer_view) == 24);
 static_assert(offsetof(zoe_hyper_params, lr) == 8 && sizeof(zoe_hyper_params) == 6 * 8);
-static_assert(offsetof(zoe_step_result, skipped) == 8 && offsetof(zoe_step_result, grad_norm) == 16 &&
+static_assert(offsetof(zoe_step_result, skipped) == 8 &&
+              offsetof(zoe_step_result, grad_norm) == 16 &&
               offsetof(zoe_step_result, steps_taken) == 24 &&
               offsetof(zoe_step_result, bytes_read) == 32 &&
               offsetof(zoe_step_result, seconds) == 48 && sizeof(zoe_step_result) == 56);

@@ -170,10 +170,10 @@ typedef struct zoe_tensor_desc {
   const char* group;
 } zoe_tensor_desc;
 
-#define ZOE_TENSOR_DESC_INIT                                                                   \
-  ZOE_LITERAL_(zoe_tensor_desc) {                                                              \
+#define ZOE_TENSOR_DESC_INIT                                                                      \
+  ZOE_LITERAL_(zoe_tensor_desc) {                                                                 \
     .struct_size = sizeof(zoe_tensor_desc), .name = NULL, .bytes = 0, .dtype = ZOE_DTYPE_FLOAT32, \
-    .home = ZOE_TIER_NVME, .group = NULL                                                       \
+    .home = ZOE_TIER_NVME, .group = NULL                                                          \
   }
 
 /* A caller's host buffer of `count` elements of `dtype` (FLOAT32, BFLOAT16 or FLOAT16 where
@@ -197,10 +197,10 @@ typedef struct zoe_hyper_params {
   double weight_decay;
 } zoe_hyper_params;
 
-#define ZOE_HYPER_PARAMS_INIT                                                                 \
-  ZOE_LITERAL_(zoe_hyper_params) {                                                            \
-    .struct_size = sizeof(zoe_hyper_params), .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999,        \
-    .eps = 1e-8, .weight_decay = 0.0                                                          \
+#define ZOE_HYPER_PARAMS_INIT                                                          \
+  ZOE_LITERAL_(zoe_hyper_params) {                                                     \
+    .struct_size = sizeof(zoe_hyper_params), .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, \
+    .eps = 1e-8, .weight_decay = 0.0                                                   \
   }
 
 /* What a step did (output; sized, convention 8): zoe writes the members struct_size covers.
@@ -291,11 +291,11 @@ ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** o
  * placed as the engine's configuration says (offload_optimizer: nvme / cpu, ratio, buffer_count,
  * sub_group_size). optim_json: {"name": str, "type": "AdamW"|"Adam"|"Adagrad"|"Lion",
  * "lr", "betas": [b1, b2], "eps", "weight_decay", "max_grad_norm",
- * "moment_dtype": "fp32"|"bf16"|"int8", "segments": [n0, n1, ...]} (all but "name" optional; "Adam" is torch's Adam with L2 weight
- * decay; Adagrad also takes "lr_decay"; defaults come from the engine's configuration).
- * "segments" cuts the group into segments of those lengths (integers >= 0 adding up to the
- * group's elements; a framework's parameters), each with its own step count and bias correction
- * like torch's per-parameter state['step']; without it the group is one segment.
+ * "moment_dtype": "fp32"|"bf16"|"int8", "segments": [n0, n1, ...]} (all but "name" optional; "Adam"
+ * is torch's Adam with L2 weight decay; Adagrad also takes "lr_decay"; defaults come from the
+ * engine's configuration). "segments" cuts the group into segments of those lengths (integers >= 0
+ * adding up to the group's elements; a framework's parameters), each with its own step count and
+ * bias correction like torch's per-parameter state['step']; without it the group is one segment.
  * "master": "params" makes the fp32 `params` the master weights themselves (zero copy, as
  * DeepSpeed's CPU Adam keeps them): they stay borrowed for the group's life and every step updates
  * them in place, so the group holds only the moments (4 bytes per parameter less) and a step needs
@@ -358,10 +358,10 @@ typedef struct zoe_speculation_stats {
   uint64_t chunks_discarded;   /* dropped: a non-finite gradient, or a failed step */
 } zoe_speculation_stats;
 
-#define ZOE_SPECULATION_STATS_INIT                                                            \
-  ZOE_LITERAL_(zoe_speculation_stats) {                                                       \
-    .struct_size = sizeof(zoe_speculation_stats), .steps = 0, .chunks_speculative = 0,        \
-    .chunks_committed = 0, .chunks_recomputed = 0, .chunks_discarded = 0                      \
+#define ZOE_SPECULATION_STATS_INIT                                                     \
+  ZOE_LITERAL_(zoe_speculation_stats) {                                                \
+    .struct_size = sizeof(zoe_speculation_stats), .steps = 0, .chunks_speculative = 0, \
+    .chunks_committed = 0, .chunks_recomputed = 0, .chunks_discarded = 0               \
   }
 
 /* Fills *out (caller-owned) with the group's speculation counts. */
@@ -428,17 +428,16 @@ typedef struct zoe_collectives {
   int (*all_reduce_sum)(void* context, double* values, size_t count);
   /* send: sum(counts) fp32 elements, rank r's part starting at counts[0] + ... + counts[r - 1];
    * recv (counts[rank] elements) = the sum over ranks of this rank's part. */
-  int (*reduce_scatter_sum)(void* context, const float* send, float* recv,
-                            const uint64_t* counts);
+  int (*reduce_scatter_sum)(void* context, const float* send, float* recv, const uint64_t* counts);
   /* send (counts[rank] fp32 elements) of every rank, concatenated in rank order into recv. */
   int (*all_gather)(void* context, const float* send, float* recv, const uint64_t* counts);
   int (*barrier)(void* context);
 } zoe_collectives;
 
-#define ZOE_COLLECTIVES_INIT                                                                  \
-  ZOE_LITERAL_(zoe_collectives) {                                                             \
-    .struct_size = sizeof(zoe_collectives), .context = NULL, .rank = 0, .world_size = 1,      \
-    .all_reduce_sum = NULL, .reduce_scatter_sum = NULL, .all_gather = NULL, .barrier = NULL   \
+#define ZOE_COLLECTIVES_INIT                                                                \
+  ZOE_LITERAL_(zoe_collectives) {                                                           \
+    .struct_size = sizeof(zoe_collectives), .context = NULL, .rank = 0, .world_size = 1,    \
+    .all_reduce_sum = NULL, .reduce_scatter_sum = NULL, .all_gather = NULL, .barrier = NULL \
   }
 
 /* Opaque: one rank's part of a sharded group. Lives until zoe_sharded_group_destroy; the engine
@@ -489,11 +488,12 @@ ZOE_API zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group
 /* Fills *out with collectives over an NCCL communicator the caller created (nccl_comm: an
  * ncclComm_t; cuda_stream: a cudaStream_t, NULL for the default stream), staging the host buffers
  * through device memory. out->struct_size must cover every member of this version (they are all
- * needed to use or release the collectives; INVALID_ARGUMENT otherwise). out->context is owned by zoe: release it with
- * zoe_nccl_collectives_destroy after the last group using it is destroyed. libzoe does not link
- * NCCL: it uses the libnccl.so.2 already in the process (the one the caller's communicator came
- * from), else the path in the environment variable ZOE_NCCL_LIBRARY, else the dynamic loader's
- * search. NOT_SUPPORTED when libzoe was built without NCCL or no libnccl.so.2 can be loaded. */
+ * needed to use or release the collectives; INVALID_ARGUMENT otherwise). out->context is owned by
+ * zoe: release it with zoe_nccl_collectives_destroy after the last group using it is destroyed.
+ * libzoe does not link NCCL: it uses the libnccl.so.2 already in the process (the one the caller's
+ * communicator came from), else the path in the environment variable ZOE_NCCL_LIBRARY, else the
+ * dynamic loader's search. NOT_SUPPORTED when libzoe was built without NCCL or no libnccl.so.2 can
+ * be loaded. */
 ZOE_API zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream,
                                                zoe_collectives* out);
 /* Releases what zoe_nccl_collectives_create allocated (not the communicator) and sets
