@@ -13,7 +13,7 @@
 #include "core/device.h"
 #include "core/topology.h"
 #include "io/backend.h"
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 #include "optim/dispatch.h"
 
 namespace zoe::cli {

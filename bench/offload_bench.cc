@@ -11,7 +11,7 @@
 #include "core/aligned_buffer.h"
 #include "io/queue.h"
 #include "io/swap_space.h"
-#include "offload/tier_manager.h"
+#include "offload/paging/tier_manager.h"
 
 namespace zoe::cli {
 namespace {

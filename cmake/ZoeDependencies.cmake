@@ -59,7 +59,7 @@ endif()
 message(STATUS "zoe: CUDA device backend: ${ZOE_HAVE_CUDA}")
 
 # NCCL: only its header is needed to build; libnccl.so.2 is looked up at run time in the process
-# (offload/nccl_library.h), so libzoe neither links nor ships it.
+# (offload/distributed/nccl_library.h), so libzoe neither links nor ships it.
 set(ZOE_HAVE_NCCL OFF)
 if(NOT ZOE_WITH_NCCL STREQUAL "OFF")
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS /usr/local/cuda/include ${CUDAToolkit_INCLUDE_DIRS})

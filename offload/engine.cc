@@ -16,7 +16,7 @@
 #include "core/log.h"
 #include "io/backend.h"
 #include "io/swap_space.h"
-#include "offload/checkpoint_store.h"
+#include "offload/checkpoint/checkpoint_store.h"
 
 namespace zoe::offload {
 namespace {

@@ -50,10 +50,10 @@
 #include "core/scratch_dir.h"
 #include "io/engine.h"
 #include "io/queue.h"
-#include "offload/checkpoint_store.h"
+#include "offload/checkpoint/checkpoint_store.h"
 #include "offload/engine_setup.h"
-#include "offload/optimizer_group.h"
-#include "offload/tier_manager.h"
+#include "offload/optimizer/optimizer_group.h"
+#include "offload/paging/tier_manager.h"
 #include "offload/types.h"
 
 namespace zoe::offload {
@@ -91,7 +91,7 @@ struct EngineStepArgs {
   std::span<const GradView> grads;       // empty: those given to AccumulateGrad
   std::span<const ParamView> params;     // empty: no parameters written
   double loss_scale = 1.0;               // > 0
-  // StepArgs::agree_scan, for sharded groups (offload/sharded_group.h).
+  // StepArgs::agree_scan, for sharded groups (offload/distributed/sharded_group.h).
   std::function<Result<optim::GradScan>(const optim::GradScan& local)> agree_scan;
 };
 
@@ -166,7 +166,7 @@ class Engine {
   Result<std::vector<int64_t>> GroupSegmentSteps(GroupId group) const;
   Status SetGroupSegmentSteps(GroupId group, std::span<const int64_t> steps);
 
-  // Every group, through CheckpointWriter / CheckpointReader (offload/checkpoint_store.h). Load
+  // Every group, through CheckpointWriter / CheckpointReader (offload/checkpoint/checkpoint_store.h). Load
   // is all or nothing: it checks the identities and the manifest's steps and hyper-parameters
   // (Corruption when out of range), then prepares every group (OptimizerGroup::PrepareLoad:
   // reads and verifies its file, FailedPrecondition while it has accumulated gradients) and

@@ -14,7 +14,7 @@
 #include "core/device.h"
 #include "core/log.h"
 #include "io/backend.h"
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 
 namespace zoe::offload {
 namespace {

@@ -22,8 +22,8 @@
 
 #include "core/engine_config.h"
 #include "core/result.h"
-#include "offload/optimizer_group.h"
-#include "offload/tier_manager.h"
+#include "offload/optimizer/optimizer_group.h"
+#include "offload/paging/tier_manager.h"
 #include "optim/chunk.h"
 
 namespace zoe::offload {

@@ -1,5 +1,5 @@
 // Google Benchmark cases for the CPU time checksums add to the optimizer step's update of one
-// chunk (offload/chunk_update.h): the AdamW update of chunks of 8 Mi elements in the step's own
+// chunk (offload/optimizer/chunk_update.h): the AdamW update of chunks of 8 Mi elements in the step's own
 // layout, on one thread, with no checksums, with the read side verified, with the written side
 // hashed, with both in separate passes, and with the read side verified by the kernel as it
 // loads the state, alone and with the written side hashed (the step's default where the kernel
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "io/checksum.h"
-#include "offload/chunk_update.h"
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/chunk_update.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 #include "optim/chunk.h"
 
 namespace zoe::offload {

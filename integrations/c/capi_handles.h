@@ -14,7 +14,7 @@
 
 #include "core/result.h"
 #include "offload/engine.h"
-#include "offload/optimizer_group.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "offload/types.h"
 #include "zoe.h"
 

@@ -9,7 +9,7 @@
 #include "integrations/c/capi_guard.h"
 #include "integrations/c/capi_handles.h"
 #include "integrations/c/capi_sized.h"
-#include "offload/nccl_collectives.h"
+#include "offload/distributed/nccl_collectives.h"
 
 using zoe::Status;
 using zoe::capi::CheckNotNull;

@@ -10,8 +10,8 @@
 #include "integrations/c/capi_guard.h"
 #include "integrations/c/capi_handles.h"
 #include "integrations/c/capi_views.h"
-#include "offload/collectives.h"
-#include "offload/sharded_group.h"
+#include "offload/distributed/collectives.h"
+#include "offload/distributed/sharded_group.h"
 
 using zoe::Result;
 using zoe::Status;

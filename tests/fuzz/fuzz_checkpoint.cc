@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fmt/format.h"
-#include "offload/checkpoint_store.h"
+#include "offload/checkpoint/checkpoint_store.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_scratch.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "offload/trace.h"
+#include "offload/paging/trace.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_scratch.h"
 

@@ -21,8 +21,8 @@
 #include "io/backend.h"
 #include "io/queue.h"
 #include "io/swap_space.h"
-#include "offload/checkpoint_store.h"
-#include "offload/optimizer_group.h"
+#include "offload/checkpoint/checkpoint_store.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "tests/offload/temp_dir.h"
 
 namespace zoe::offload {

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "offload/checkpoint_store.h"
+#include "offload/checkpoint/checkpoint_store.h"
 #include "offload/engine.h"
 #include "tests/offload/temp_dir.h"
 

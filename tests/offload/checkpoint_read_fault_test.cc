@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "offload/checkpoint_store.h"
-#include "offload/chunk_update.h"
+#include "offload/checkpoint/checkpoint_store.h"
+#include "offload/optimizer/chunk_update.h"
 #include "tests/offload/optimizer_group_harness.h"
 #include "tests/offload/temp_dir.h"
 

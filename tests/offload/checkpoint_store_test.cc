@@ -1,7 +1,7 @@
 // Description: CheckpointWriter / CheckpointReader: round trips of odd-sized files and metadata,
 // every misuse, every kind of damage on disk, abandoned saves, and a failure injected at each
 // system call of a save in turn (the error surfaces, the previous checkpoint still loads).
-#include "offload/checkpoint_store.h"
+#include "offload/checkpoint/checkpoint_store.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

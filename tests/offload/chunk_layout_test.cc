@@ -1,6 +1,6 @@
 // Description: ChunkLayout: packing tensors into aligned chunks, spanning, groups, rejections and
 // the registry fingerprint.
-#include "offload/chunk_layout.h"
+#include "offload/optimizer/chunk_layout.h"
 
 #include <gtest/gtest.h>
 

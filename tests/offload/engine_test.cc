@@ -20,7 +20,7 @@
 #include "core/log.h"
 #include "io/backend.h"
 #include "io/fault_injection.h"
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 #include "optim/group.h"
 #include "tests/offload/temp_dir.h"
 

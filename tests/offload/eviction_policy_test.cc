@@ -1,12 +1,12 @@
 // Description: EvictionPolicy: LRU order, pins, OPT by next-use distance with clean-then-LRU tie
 // breaks, a policy driven by a real TraceCursor, and the errors (all pinned, misuse).
-#include "offload/eviction_policy.h"
+#include "offload/paging/eviction_policy.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "offload/trace_cursor.h"
+#include "offload/paging/trace_cursor.h"
 
 namespace zoe::offload {
 namespace {

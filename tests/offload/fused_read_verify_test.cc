@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "io/checksum.h"
-#include "offload/chunk_update.h"
-#include "offload/optimizer_group.h"
+#include "offload/optimizer/chunk_update.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "optim/chunk.h"
 #include "optim/dispatch.h"
 #include "tests/offload/optimizer_group_harness.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/executor.h"
-#include "offload/optimizer_group_scan.h"
+#include "offload/optimizer/optimizer_group_scan.h"
 
 namespace zoe::offload {
 namespace {

@@ -2,7 +2,7 @@
 // communicator, and (built with nccl.h) a libnccl.so.2 that cannot be loaded, named with the
 // setting that points zoe at it. The collectives themselves run on a GPU
 // (integrations/python/tests/test_nccl_cuda.py through scripts/gpu-check.sh).
-#include "offload/nccl_collectives.h"
+#include "offload/distributed/nccl_collectives.h"
 
 #include <gtest/gtest.h>
 

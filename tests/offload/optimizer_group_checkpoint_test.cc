@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
-#include "offload/checkpoint_store.h"
-#include "offload/optimizer_group.h"
+#include "offload/checkpoint/checkpoint_store.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "tests/offload/optimizer_group_harness.h"
 
 namespace zoe::offload {

@@ -15,8 +15,8 @@
 #include "core/executor.h"
 #include "io/backend.h"
 #include "io/fault_injection.h"
-#include "offload/checkpoint_store.h"
-#include "offload/optimizer_group.h"
+#include "offload/checkpoint/checkpoint_store.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "optim/group.h"
 #include "tests/offload/temp_dir.h"
 

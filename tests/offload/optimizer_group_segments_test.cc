@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "offload/checkpoint_store.h"
-#include "offload/optimizer_group.h"
+#include "offload/checkpoint/checkpoint_store.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "tests/offload/optimizer_group_harness.h"
 
 namespace zoe::offload {

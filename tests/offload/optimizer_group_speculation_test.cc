@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "io/fault_injection.h"
-#include "offload/chunk_update.h"
-#include "offload/optimizer_group.h"
+#include "offload/optimizer/chunk_update.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "tests/offload/optimizer_group_harness.h"
 
 namespace zoe::offload {

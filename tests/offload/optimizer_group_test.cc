@@ -2,7 +2,7 @@
 // on every I/O backend, placement, ratio and dtype; skipped steps; injected read, write and
 // checksum faults leave the state as it was; argument, capacity and coverage errors;
 // AccumulateGrad; ReadState/WriteState.
-#include "offload/optimizer_group.h"
+#include "offload/optimizer/optimizer_group.h"
 
 #include <gtest/gtest.h>
 

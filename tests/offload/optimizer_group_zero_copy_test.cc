@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "offload/optimizer_group.h"
+#include "offload/optimizer/optimizer_group.h"
 #include "tests/offload/optimizer_group_harness.h"
 
 namespace zoe::offload {

@@ -3,7 +3,7 @@
 // must see -- an I/O error on one rank during the update, bad gradients on one rank before it, a
 // creation that fails on one rank -- each ending every rank's step with a clear error within the
 // communicator's bound, never a hang.
-#include "offload/sharded_group.h"
+#include "offload/distributed/sharded_group.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

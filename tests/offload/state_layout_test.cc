@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "offload/chunk_update.h"
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/chunk_update.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 #include "tests/offload/optimizer_group_harness.h"
 
 namespace zoe::offload {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/host_device.h"
-#include "offload/tier_manager.h"
+#include "offload/paging/tier_manager.h"
 #include "tests/offload/temp_dir.h"
 
 namespace zoe::offload {

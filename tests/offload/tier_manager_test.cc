@@ -1,7 +1,7 @@
 // Description: TierManager — registration limits, acquire/release/flush/evict between HOST and
 // NVMe, data integrity under tight budgets on every I/O backend, back-pressure and Busy, prefetch,
 // injected I/O faults, and concurrent acquirers.
-#include "offload/tier_manager.h"
+#include "offload/paging/tier_manager.h"
 
 #include <gtest/gtest.h>
 

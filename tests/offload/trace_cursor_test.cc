@@ -2,7 +2,7 @@
 // brute-force scan), look-ahead prefetch limits, and resynchronisation for a mixture-of-experts
 // layer choosing other experts, a shorter evaluation pass (prefix and subsequence), repeats,
 // spurious far matches, and re-recording after repeated mismatches.
-#include "offload/trace_cursor.h"
+#include "offload/paging/trace_cursor.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Description: traces: recording several named traces, expanding acquires into chunk events, and
 // the trace file (round trip, and rejection of wrong magic, unknown version, truncation, trailing
 // bytes, checksum mismatch, foreign registry, malformed events and I/O failures).
-#include "offload/trace.h"
+#include "offload/paging/trace.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -73,11 +73,11 @@
 #include "io/queue.h"
 #include "io/swap_space.h"
 #include "offload/budget.h"
-#include "offload/chunk_layout.h"
-#include "offload/eviction_policy.h"
+#include "offload/optimizer/chunk_layout.h"
+#include "offload/paging/eviction_policy.h"
 #include "offload/stats.h"
-#include "offload/trace.h"
-#include "offload/trace_cursor.h"
+#include "offload/paging/trace.h"
+#include "offload/paging/trace_cursor.h"
 #include "offload/types.h"
 
 namespace zoe::offload {
@@ -168,7 +168,7 @@ class TierManager {
   Status TraceEnd();
   // True while the current iteration is being recorded (not replayed).
   bool trace_recording() const;
-  // Writes a recorded trace to `path` (see offload/trace.h for the format).
+  // Writes a recorded trace to `path` (see offload/paging/trace.h for the format).
   Status TraceSave(std::string_view name, const std::string& path) const;
   // Reads a trace recorded against the same registrations and keeps it under its name, which is
   // returned; TraceBegin(name) then replays it.

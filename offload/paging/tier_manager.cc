@@ -1,4 +1,4 @@
-#include "offload/tier_manager.h"
+#include "offload/paging/tier_manager.h"
 
 #include <fmt/format.h>
 

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "core/log.h"
-#include "offload/tier_manager.h"  // IWYU pragma: associated
+#include "offload/paging/tier_manager.h"  // IWYU pragma: associated
 
 namespace zoe::offload {
 

@@ -1,10 +1,10 @@
-#include "offload/optimizer_group_scan.h"
+#include "offload/optimizer/optimizer_group_scan.h"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 
 namespace zoe::offload {
 

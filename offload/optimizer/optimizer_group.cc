@@ -1,4 +1,4 @@
-#include "offload/optimizer_group.h"
+#include "offload/optimizer/optimizer_group.h"
 
 #include <fmt/format.h>
 
@@ -13,8 +13,8 @@
 
 #include "core/aligned_buffer.h"
 #include "core/log.h"
-#include "offload/chunk_update.h"
-#include "offload/optimizer_group_impl.h"
+#include "offload/optimizer/chunk_update.h"
+#include "offload/optimizer/optimizer_group_impl.h"
 #include "optim/quantize.h"
 
 namespace zoe::offload {

@@ -1,4 +1,4 @@
-#include "offload/eviction_policy.h"
+#include "offload/paging/eviction_policy.h"
 
 #include <fmt/format.h>
 

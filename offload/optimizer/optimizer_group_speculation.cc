@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
-#include "offload/optimizer_group_impl.h"
+#include "offload/optimizer/optimizer_group_impl.h"
 
 namespace zoe::offload {
 

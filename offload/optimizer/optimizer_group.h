@@ -106,7 +106,7 @@
 #include "core/result.h"
 #include "io/queue.h"
 #include "io/swap_space.h"
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 #include "offload/types.h"
 #include "optim/chunk.h"
 #include "optim/types.h"
@@ -164,7 +164,7 @@ struct StepArgs {
   std::span<const GradView> grads;    // empty: the gradients given to AccumulateGrad
   std::span<const ParamView> params;  // empty: no parameters written
   double loss_scale = 1.0;            // > 0; gradients are divided by it
-  // Set by a sharded group (offload/sharded_group.h): called once, after the gradients are scanned
+  // Set by a sharded group (offload/distributed/sharded_group.h): called once, after the gradients are scanned
   // and before anything is read for the update, with this group's scan; returns the scan the step
   // uses instead (the sum over every rank's shard, so all ranks skip and clip alike). An error
   // fails the step with the state unchanged. Empty: the group's own scan.

@@ -1,4 +1,4 @@
-#include "offload/checkpoint_store.h"
+#include "offload/checkpoint/checkpoint_store.h"
 
 #include <dirent.h>
 #include <fcntl.h>

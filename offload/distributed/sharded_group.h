@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "core/result.h"
-#include "offload/collectives.h"
+#include "offload/distributed/collectives.h"
 #include "offload/engine.h"
 
 namespace zoe::offload {

@@ -1,4 +1,4 @@
-#include "offload/trace_cursor.h"
+#include "offload/paging/trace_cursor.h"
 
 #include <fmt/format.h>
 

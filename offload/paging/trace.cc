@@ -1,4 +1,4 @@
-#include "offload/trace.h"
+#include "offload/paging/trace.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

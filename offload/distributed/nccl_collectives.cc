@@ -1,5 +1,5 @@
 // NcclCollectives: see nccl_collectives.h.
-#include "offload/nccl_collectives.h"
+#include "offload/distributed/nccl_collectives.h"
 
 #if defined(ZOE_HAVE_NCCL) && defined(ZOE_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "offload/nccl_library.h"
+#include "offload/distributed/nccl_library.h"
 #endif
 
 namespace zoe::offload {

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "offload/optimizer_group_impl.h"
+#include "offload/optimizer/optimizer_group_impl.h"
 
 namespace zoe::offload {
 

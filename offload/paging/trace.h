@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "core/result.h"
-#include "offload/chunk_layout.h"
+#include "offload/optimizer/chunk_layout.h"
 #include "offload/types.h"
 
 namespace zoe::offload {

@@ -1,6 +1,6 @@
 // ShardedGroup: the shard's range and segments, the agreed presence, scan and outcome, the
 // reduce-scatter of the gradients and the all-gather of the parameters.
-#include "offload/sharded_group.h"
+#include "offload/distributed/sharded_group.h"
 
 #include <fmt/format.h>
 

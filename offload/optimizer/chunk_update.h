@@ -27,7 +27,7 @@
 
 #include "core/status.h"
 #include "io/file.h"
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 #include "optim/chunk.h"
 
 namespace zoe::offload {

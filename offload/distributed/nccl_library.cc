@@ -1,5 +1,5 @@
 // NcclLibrary: see nccl_library.h.
-#include "offload/nccl_library.h"
+#include "offload/distributed/nccl_library.h"
 
 #if defined(ZOE_HAVE_NCCL)
 #include <dlfcn.h>

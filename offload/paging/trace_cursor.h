@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "core/result.h"
-#include "offload/trace.h"
+#include "offload/paging/trace.h"
 #include "offload/types.h"
 
 namespace zoe::offload {

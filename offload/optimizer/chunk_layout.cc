@@ -1,4 +1,4 @@
-#include "offload/chunk_layout.h"
+#include "offload/optimizer/chunk_layout.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>

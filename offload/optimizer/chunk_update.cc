@@ -1,4 +1,4 @@
-#include "offload/chunk_update.h"
+#include "offload/optimizer/chunk_update.h"
 
 #include <fmt/format.h>
 

@@ -14,7 +14,7 @@
 #include <memory>
 
 #include "core/result.h"
-#include "offload/collectives.h"
+#include "offload/distributed/collectives.h"
 
 namespace zoe::offload {
 

@@ -16,10 +16,10 @@
 #include <string_view>
 #include <vector>
 
-#include "offload/chunk_update.h"
-#include "offload/optimizer_group.h"
-#include "offload/optimizer_group_layout.h"
-#include "offload/optimizer_group_scan.h"
+#include "offload/optimizer/chunk_update.h"
+#include "offload/optimizer/optimizer_group.h"
+#include "offload/optimizer/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_scan.h"
 
 namespace zoe::offload {
 namespace detail {

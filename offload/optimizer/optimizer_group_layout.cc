@@ -1,4 +1,4 @@
-#include "offload/optimizer_group_layout.h"
+#include "offload/optimizer/optimizer_group_layout.h"
 
 #include <algorithm>
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "offload/checkpoint_store.h"
-#include "offload/optimizer_group_impl.h"
+#include "offload/checkpoint/checkpoint_store.h"
+#include "offload/optimizer/optimizer_group_impl.h"
 
 namespace zoe::offload {
 

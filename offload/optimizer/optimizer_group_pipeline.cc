@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "core/log.h"
-#include "offload/optimizer_group_impl.h"
+#include "offload/optimizer/optimizer_group_impl.h"
 
 namespace zoe::offload {
 
