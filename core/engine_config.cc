@@ -187,7 +187,7 @@ struct OptimizerParamsExtra {
   bool lr_decay_given = false;
 };
 
-Status ReadBetas(const Json& value, const std::string& key_path, OptimizerConfig* out) {
+Status ReadBetas(const Json& value, const std::string& key_path, HyperParams* out) {
   const bool pair_of_numbers =
       value.is_array() && value.size() == 2 && value[0].is_number() && value[1].is_number();
   if (!pair_of_numbers) {
@@ -205,7 +205,7 @@ Status ReadBetas(const Json& value, const std::string& key_path, OptimizerConfig
   return Status::Ok();
 }
 
-Status ReadOptimizerParams(ObjectReader& reader, OptimizerConfig* out, OptimizerParamsExtra* extra,
+Status ReadOptimizerParams(ObjectReader& reader, HyperParams* out, OptimizerParamsExtra* extra,
                            std::vector<std::string>* ignored) {
   std::optional<Json> betas;
   bool bias_correction = true;
@@ -262,18 +262,17 @@ Result<OptimizerKind> ResolveOptimizerType(const std::string& text, const std::s
                   closest.empty() ? "" : fmt::format(" did you mean '{}'?", closest), supported));
 }
 
-Status ReadOptimizer(ObjectReader& reader, OptimizerConfig* out,
-                     std::vector<std::string>* ignored) {
-  std::string type(OptimizerKindName(out->type));
+Status ReadOptimizer(ObjectReader& reader, HyperParams* out, std::vector<std::string>* ignored) {
+  std::string type(OptimizerKindName(out->kind));
   OptimizerParamsExtra extra;
   reader.String("type", &type)
       .Object("params",
               [&](ObjectReader& r) { return ReadOptimizerParams(r, out, &extra, ignored); })
       .Ignore("legacy_fusion", ignored);
   ZOE_RETURN_IF_ERROR(reader.Finish());
-  ZOE_ASSIGN_OR_RETURN(out->type,
+  ZOE_ASSIGN_OR_RETURN(out->kind,
                        ResolveOptimizerType(type, KeyPath(reader, "type"), extra.adam_w_mode));
-  if (extra.lr_decay_given && out->type != OptimizerKind::kAdagrad) {
+  if (extra.lr_decay_given && out->kind != OptimizerKind::kAdagrad) {
     return Status::InvalidArgument(
         fmt::format("{}.params.lr_decay applies to adagrad only; {}.type is '{}'", reader.path(),
                     reader.path(), type));
@@ -450,15 +449,15 @@ Status CheckAcrossSections(const Json& document, EngineConfig* config) {
 // ---------------------------------------------------------------------------------------------
 // ToJson
 
-Json OptimizerToJson(const OptimizerConfig& optimizer) {
+Json OptimizerToJson(const HyperParams& optimizer) {
   Json params = {{"lr", optimizer.lr},
                  {"betas", {optimizer.beta1, optimizer.beta2}},
                  {"eps", optimizer.eps},
                  {"weight_decay", optimizer.weight_decay}};
   // DeepSpeed's "adam" means AdamW unless adam_w_mode says otherwise.
-  if (optimizer.type == OptimizerKind::kAdam) params["adam_w_mode"] = false;
-  if (optimizer.type == OptimizerKind::kAdagrad) params["lr_decay"] = optimizer.lr_decay;
-  return {{"type", OptimizerKindName(optimizer.type)}, {"params", std::move(params)}};
+  if (optimizer.kind == OptimizerKind::kAdam) params["adam_w_mode"] = false;
+  if (optimizer.kind == OptimizerKind::kAdagrad) params["lr_decay"] = optimizer.lr_decay;
+  return {{"type", OptimizerKindName(optimizer.kind)}, {"params", std::move(params)}};
 }
 
 Json ZeroToJson(const ZeroConfig& zero) {

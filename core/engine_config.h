@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/hyper_params.h"
 #include "core/result.h"
 #include "core/vocabulary.h"
 
@@ -72,20 +73,6 @@ struct ZeroConfig {
   OffloadParamConfig offload_param;
 
   bool operator==(const ZeroConfig&) const = default;
-};
-
-// "optimizer": {"type", "params"}. DeepSpeed's "Adam" is AdamW unless params.adam_w_mode is false;
-// "AdamW" is AdamW whatever adam_w_mode says. Ranges are those of optim::ValidateHyperParams.
-struct OptimizerConfig {
-  OptimizerKind type = OptimizerKind::kAdamW;
-  double lr = 1e-3;           // >= 0
-  double beta1 = 0.9;         // [0, 1)
-  double beta2 = 0.999;       // [0, 1)
-  double eps = 1e-8;          // > 0
-  double weight_decay = 0.0;  // >= 0
-  double lr_decay = 0.0;      // >= 0, adagrad only
-
-  bool operator==(const OptimizerConfig&) const = default;
 };
 
 // "fp16": dynamic loss scaling unless loss_scale > 0 (then a static scale).
@@ -151,7 +138,10 @@ struct ZoeConfig {
 
 struct EngineConfig {
   ZeroConfig zero;  // "zero_optimization"
-  OptimizerConfig optimizer;
+  // "optimizer": {"type" (-> kind), "params"}. DeepSpeed's "Adam" is AdamW unless
+  // params.adam_w_mode is false; "AdamW" is AdamW whatever adam_w_mode says. Ranges are those of
+  // optim::ValidateHyperParams.
+  HyperParams optimizer;
   double gradient_clipping = 0.0;  // global gradient norm bound; 0: no clipping
   Fp16Config fp16;
   Bf16Config bf16;

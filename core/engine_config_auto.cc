@@ -94,7 +94,7 @@ Status StripAutoValues(Json* document, std::vector<std::string>* auto_keys) {
 }
 
 Json AutoKeyValue(const EngineConfig& config, std::string_view path) {
-  const OptimizerConfig& optimizer = config.optimizer;
+  const HyperParams& optimizer = config.optimizer;
   if (path == "optimizer.params.lr") return optimizer.lr;
   if (path == "optimizer.params.betas") return Json{optimizer.beta1, optimizer.beta2};
   if (path == "optimizer.params.eps") return optimizer.eps;

@@ -488,11 +488,7 @@ static Result<StepArgs> GroupStepArgs(const std::string& context, const optim::H
                                       size_t count, const EngineStepArgs& args) {
   optim::HyperParams hyper = current;
   if (args.hyper) {
-    hyper.lr = args.hyper->lr;
-    hyper.beta1 = args.hyper->beta1;
-    hyper.beta2 = args.hyper->beta2;
-    hyper.eps = args.hyper->eps;
-    hyper.weight_decay = args.hyper->weight_decay;
+    hyper = current.WithStepValues(*args.hyper);
     ZOE_RETURN_IF_ERROR(optim::ValidateHyperParams(hyper).WithContext(context));
   }
   if (!(args.loss_scale > 0.0) || !std::isfinite(args.loss_scale)) {

@@ -76,21 +76,14 @@ struct EngineHooks {
   std::function<int(CheckpointSyscall call, const std::string& path)> checkpoint_fault_for_testing;
 };
 
-// The hyper-parameters a caller may change on every step; the kind and Adagrad's lr_decay belong
-// to the group.
-struct StepHyperParams {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-};
-
 struct EngineStepArgs {
-  std::optional<StepHyperParams> hyper;  // empty: the group's current hyper-parameters
-  std::span<const GradView> grads;       // empty: those given to AccumulateGrad
-  std::span<const ParamView> params;     // empty: no parameters written
-  double loss_scale = 1.0;               // > 0
+  // Empty: the group's current hyper-parameters. Given: its per-step values (lr, betas, eps,
+  // weight_decay) replace the group's (HyperParams::WithStepValues); its kind and lr_decay are
+  // not read, they belong to the group.
+  std::optional<optim::HyperParams> hyper;
+  std::span<const GradView> grads;    // empty: those given to AccumulateGrad
+  std::span<const ParamView> params;  // empty: no parameters written
+  double loss_scale = 1.0;            // > 0
   // StepArgs::agree_scan, for sharded groups (offload/distributed/sharded_group.h).
   std::function<Result<optim::GradScan>(const optim::GradScan& local)> agree_scan;
 };
@@ -166,14 +159,14 @@ class Engine {
   Result<std::vector<int64_t>> GroupSegmentSteps(GroupId group) const;
   Status SetGroupSegmentSteps(GroupId group, std::span<const int64_t> steps);
 
-  // Every group, through CheckpointWriter / CheckpointReader (offload/checkpoint/checkpoint_store.h). Load
-  // is all or nothing: it checks the identities and the manifest's steps and hyper-parameters
-  // (Corruption when out of range), then prepares every group (OptimizerGroup::PrepareLoad:
-  // reads and verifies its file, FailedPrecondition while it has accumulated gradients) and
-  // commits them only when all were prepared, so a damaged checkpoint, an I/O error or a group
-  // that cannot load changes no group. Save gives the writer every group's file size, so a
-  // checkpoint that does not fit beside the live one is NoSpace, naming the directory and the
-  // bytes needed and available, before anything is written.
+  // Every group, through CheckpointWriter / CheckpointReader
+  // (offload/checkpoint/checkpoint_store.h). Load is all or nothing: it checks the identities and
+  // the manifest's steps and hyper-parameters (Corruption when out of range), then prepares every
+  // group (OptimizerGroup::PrepareLoad: reads and verifies its file, FailedPrecondition while it
+  // has accumulated gradients) and commits them only when all were prepared, so a damaged
+  // checkpoint, an I/O error or a group that cannot load changes no group. Save gives the writer
+  // every group's file size, so a checkpoint that does not fit beside the live one is NoSpace,
+  // naming the directory and the bytes needed and available, before anything is written.
   Status SaveCheckpoint(const std::string& dir);
   Status LoadCheckpoint(const std::string& dir);
 

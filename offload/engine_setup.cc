@@ -264,7 +264,7 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   if (count == 0)
     return Status::InvalidArgument("a group needs at least one parameter; the views hold none");
   GroupSpec spec;
-  spec.options.kind = config.optimizer.type;
+  spec.options.kind = config.optimizer.kind;
   // The parser admits only kMomentDTypes; a configuration built in code is checked here.
   ZOE_RETURN_IF_ERROR(CheckMomentDType(config.zoe.moment_dtype, "zoe.moment_dtype"));
   spec.options.state_dtype = config.zoe.moment_dtype;
@@ -272,12 +272,7 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   spec.options.run.arithmetic = config.zoe.arithmetic;
   spec.options.run.stores = config.zoe.stores;
   spec.options.slots = static_cast<uint32_t>(config.zoe.slots);
-  spec.hyper.lr = config.optimizer.lr;
-  spec.hyper.beta1 = config.optimizer.beta1;
-  spec.hyper.beta2 = config.optimizer.beta2;
-  spec.hyper.eps = config.optimizer.eps;
-  spec.hyper.weight_decay = config.optimizer.weight_decay;
-  spec.hyper.lr_decay = config.optimizer.lr_decay;
+  spec.hyper = config.optimizer;
   ZOE_ASSIGN_OR_RETURN(const Json document, config::ParseJson(json_text));
   GroupDocument doc;
   ZOE_RETURN_IF_ERROR(ReadGroupDocument(document, &doc, &spec));

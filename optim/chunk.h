@@ -18,22 +18,16 @@
 #include <optional>
 
 #include "core/executor.h"
+#include "core/hyper_params.h"
 #include "core/result.h"
 #include "optim/kernels.h"
 #include "optim/types.h"
 
 namespace zoe::optim {
 
-// Hyper-parameters of one call; schedulers may change any of them from step to step.
-struct HyperParams {
-  Kind kind = Kind::kAdamW;
-  double lr = 1e-3;           // >= 0
-  double beta1 = 0.9;         // [0, 1)
-  double beta2 = 0.999;       // [0, 1)
-  double eps = 1e-8;          // > 0 (unused by Lion)
-  double weight_decay = 0.0;  // >= 0: decoupled for AdamW and Lion, L2 for Adam and Adagrad
-  double lr_decay = 0.0;      // >= 0, Adagrad only: lr / (1 + (step - 1) * lr_decay)
-};
+// Hyper-parameters of one call (core/hyper_params.h); schedulers may change them from step to
+// step.
+using HyperParams = zoe::HyperParams;
 
 // Returns InvalidArgument naming the first bad field and its allowed range.
 Status ValidateHyperParams(const HyperParams& hyper);

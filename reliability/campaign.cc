@@ -405,7 +405,7 @@ class Workload {
 
   offload::EngineStepArgs StepArgs(const optim::HyperParams& h) const {
     offload::EngineStepArgs args;
-    args.hyper = offload::StepHyperParams{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+    args.hyper = h;
     return args;
   }
 

@@ -143,7 +143,7 @@ zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group,
         zoe::capi::ToViews<offload::GradView>(grads, n_grads, "grads");
     Result<std::vector<offload::ParamView>> param_views =
         zoe::capi::ToViews<offload::ParamView>(params_out, n_params, "params_out");
-    Result<std::optional<offload::StepHyperParams>> step_hyper = zoe::capi::ToHyper(hyper);
+    Result<std::optional<zoe::HyperParams>> step_hyper = zoe::capi::ToHyper(hyper);
     if (!out_ok.ok()) return sharded->Abort(out_ok, n_grads > 0);
     if (!grad_views.ok()) return sharded->Abort(grad_views.status(), n_grads > 0);
     if (!param_views.ok()) return sharded->Abort(param_views.status(), n_grads > 0);

@@ -36,16 +36,18 @@ Result<std::vector<View>> ToViews(const zoe_buffer_view* views, size_t n, std::s
 
 // The step's hyper-parameters: empty for NULL (the group's), else the caller's sized struct
 // (members its struct_size leaves out at their ZOE_HYPER_PARAMS_INIT defaults).
-inline Result<std::optional<zoe::offload::StepHyperParams>> ToHyper(const zoe_hyper_params* hyper) {
-  if (hyper == nullptr) return std::optional<zoe::offload::StepHyperParams>();
+// Only the per-step members are filled: the group keeps its kind and lr_decay
+// (EngineStepArgs::hyper).
+inline Result<std::optional<zoe::HyperParams>> ToHyper(const zoe_hyper_params* hyper) {
+  if (hyper == nullptr) return std::optional<zoe::HyperParams>();
   ZOE_ASSIGN_OR_RETURN(const zoe_hyper_params in, ReadSized(hyper, "hyper"));
-  zoe::offload::StepHyperParams out;
+  zoe::HyperParams out;
   out.lr = in.lr;
   out.beta1 = in.beta1;
   out.beta2 = in.beta2;
   out.eps = in.eps;
   out.weight_decay = in.weight_decay;
-  return std::optional<zoe::offload::StepHyperParams>(out);
+  return std::optional<zoe::HyperParams>(out);
 }
 
 // Writes the members of *out (checked by ResetSized) that its struct_size covers.

@@ -63,10 +63,10 @@ struct ShardedGroupOptions {
 };
 
 struct ShardedStepArgs {
-  std::optional<StepHyperParams> hyper;  // empty: the group's current hyper-parameters
-  std::span<const GradView> grads;       // the whole group's local gradients; empty: accumulated
-  std::span<const ParamView> params;     // the whole group's parameters; empty: none written
-  double loss_scale = 1.0;               // > 0
+  std::optional<optim::HyperParams> hyper;  // as EngineStepArgs::hyper
+  std::span<const GradView> grads;          // the whole group's local gradients; empty: accumulated
+  std::span<const ParamView> params;        // the whole group's parameters; empty: none written
+  double loss_scale = 1.0;                  // > 0
 };
 
 class ShardedGroup {

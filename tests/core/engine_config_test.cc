@@ -120,7 +120,7 @@ TEST(EngineConfig, EmptyDocumentGivesDefaultsOffloadingTheOptimizerToCpu) {
   EXPECT_EQ(config.zero.offload_param.device, OffloadDevice::kNone);
   EXPECT_EQ(config.zero.stage, 3u);
   EXPECT_EQ(config.zoe.device, ComputeDevice::kAuto);
-  EXPECT_EQ(config.optimizer.type, OptimizerKind::kAdamW);
+  EXPECT_EQ(config.optimizer.kind, OptimizerKind::kAdamW);
   EXPECT_EQ(config.zoe.eviction, EvictionKind::kOpt);
   EXPECT_EQ(config.zoe.moment_dtype, DType::kFloat32);
   EXPECT_TRUE(config.zoe.checksum);  // silent corruption is impossible by default
@@ -171,7 +171,7 @@ TEST(EngineConfig, DeepSpeedZeroInfinityConfigParsesWithItsValues) {
   EXPECT_EQ(param.max_in_cpu, 1'000'000'000u);
   EXPECT_THAT(config.zoe.nvme_paths, ElementsAre("/local_nvme"));
 
-  EXPECT_EQ(config.optimizer.type, OptimizerKind::kAdamW);
+  EXPECT_EQ(config.optimizer.kind, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(config.optimizer.lr, 3e-4);
   EXPECT_DOUBLE_EQ(config.optimizer.beta1, 0.9);
   EXPECT_DOUBLE_EQ(config.optimizer.beta2, 0.95);
@@ -305,7 +305,7 @@ TEST(EngineConfig, SizesAreAcceptedInEveryForm) {
 
 TEST(EngineConfig, DeepSpeedAdamMeansAdamWUnlessAdamWModeIsFalse) {
   auto type_of = [](const Json& optimizer) {
-    return ParseDocumentOk({{"optimizer", optimizer}}).optimizer.type;
+    return ParseDocumentOk({{"optimizer", optimizer}}).optimizer.kind;
   };
   EXPECT_EQ(type_of({{"type", "Adam"}}), OptimizerKind::kAdamW);
   EXPECT_EQ(type_of({{"type", "adam"}, {"params", {{"adam_w_mode", true}}}}),
@@ -321,7 +321,7 @@ TEST(EngineConfig, DeepSpeedAdamMeansAdamWUnlessAdamWModeIsFalse) {
 TEST(EngineConfig, OptimizerParamsAreReadPerType) {
   const EngineConfig adagrad = ParseOk(R"({"optimizer": {"type": "Adagrad", "params":
       {"lr": 0.01, "eps": 1e-10, "weight_decay": 0.001, "lr_decay": 0.5}}})");
-  EXPECT_EQ(adagrad.optimizer.type, OptimizerKind::kAdagrad);
+  EXPECT_EQ(adagrad.optimizer.kind, OptimizerKind::kAdagrad);
   EXPECT_DOUBLE_EQ(adagrad.optimizer.lr, 0.01);
   EXPECT_DOUBLE_EQ(adagrad.optimizer.eps, 1e-10);
   EXPECT_DOUBLE_EQ(adagrad.optimizer.weight_decay, 0.001);

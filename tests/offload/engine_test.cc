@@ -92,8 +92,16 @@ std::vector<float> ReadSlot(const Engine& engine, GroupId group, StateSlot slot,
   return out;
 }
 
+// Per-step hyper-parameters with this lr and beta1, the others at their defaults.
+optim::HyperParams StepValues(double lr, double beta1) {
+  optim::HyperParams hyper;
+  hyper.lr = lr;
+  hyper.beta1 = beta1;
+  return hyper;
+}
+
 Result<StepReport> StepWith(Engine& engine, GroupId group, const std::vector<float>& grads,
-                            std::optional<StepHyperParams> hyper = std::nullopt) {
+                            std::optional<optim::HyperParams> hyper = std::nullopt) {
   const GradView view{grads.data(), optim::DType::kFloat32, grads.size()};
   EngineStepArgs args;
   args.hyper = hyper;
@@ -487,10 +495,10 @@ TEST(Engine, GroupStepsMatchTheReferenceWithPerStepHyperParameters) {
   hyper.weight_decay = 0.1;
   for (int step = 0; step < 4; ++step) {
     const std::vector<float> grads = Gradients(kCount, step);
-    std::optional<StepHyperParams> given;
+    std::optional<optim::HyperParams> given;
     if (step != 2) {  // step 2 keeps the previous step's hyper-parameters
       hyper.lr = 0.01 / (step + 1);
-      given = StepHyperParams{hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay};
+      given = hyper;
     }
     Result<StepReport> report = StepWith(*engine, id, grads, given);
     ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -524,7 +532,7 @@ TEST(Engine, RejectedHyperParametersLeaveTheGroupsOwn) {
   std::vector<float> params = Ramp(kCount, 0.0f, 0.001f);
   const GroupId id = CreateGroup(*engine, R"({"name": "g", "lr": 0.03})", params);
   const std::vector<float> grads = Gradients(kCount, 1);
-  Result<StepReport> bad = StepWith(*engine, id, grads, StepHyperParams{0.1, 1.5, 0.999, 1e-8, 0});
+  Result<StepReport> bad = StepWith(*engine, id, grads, StepValues(0.1, 1.5));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("optimizer group 'g' step"));
@@ -601,9 +609,7 @@ class EngineCheckpointTest : public ::testing::Test {
 
   // Steps both groups so that their state differs from the checkpoint.
   void StepAway() {
-    ASSERT_TRUE(
-        StepWith(*engine_, a_, Gradients(kCount, 3), StepHyperParams{0.5, 0.9, 0.999, 1e-8, 0})
-            .ok());
+    ASSERT_TRUE(StepWith(*engine_, a_, Gradients(kCount, 3), StepValues(0.5, 0.9)).ok());
     ASSERT_TRUE(StepWith(*engine_, b_, Gradients(500, 4)).ok());
     ASSERT_NE(ReadSlot(*engine_, a_, StateSlot::kMaster, kCount), saved_a_);
   }

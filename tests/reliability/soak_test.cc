@@ -241,7 +241,9 @@ class Soak {
   }
 
   bool Step(offload::GroupId id, const StepRecord& record, bool accumulate, WorkerState& state) {
-    const offload::StepHyperParams hyper{record.lr, 0.9, 0.999, 1e-8, 0.01};
+    optim::HyperParams hyper;
+    hyper.lr = record.lr;
+    hyper.weight_decay = 0.01;
     offload::EngineStepArgs args;
     args.hyper = hyper;
     const offload::GradView grad{record.grads.data(), optim::DType::kFloat32, kParams};

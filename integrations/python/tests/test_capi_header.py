@@ -181,3 +181,31 @@ def test_invalid_id_constants_match_the_header():
     for name, value in (("TENSOR", _capi.TENSOR_ID_INVALID), ("GROUP", _capi.GROUP_ID_INVALID)):
         definition = re.search(r"#define ZOE_%s_ID_INVALID \(\(\w+\)(\w+)\)" % name, text)
         assert definition and definition.group(1) == "UINT32_MAX" and value == 2**32 - 1
+
+
+def header_init_values(macro):
+    """{member: float} of the designated initializers in zoe.h's ``#define macro``."""
+    text = open(HEADER, encoding="utf-8").read()
+    definition = re.search(r"#define %s\b(.*?)\}" % macro, text, flags=re.S).group(1)
+    return {
+        name: float(value)
+        for name, value in re.findall(r"\.(\w+)\s*=\s*([-+0-9.eE]+)", definition)
+        if name != "struct_size"
+    }
+
+
+def test_hyper_params_mirror_the_header():
+    """Python's hyper-parameters are the header's: zoe_hyper_params' members, the INIT macro's
+    defaults, and zoe.HyperParams made from both."""
+    import dataclasses
+
+    import zoe
+
+    header = header_init_values("ZOE_HYPER_PARAMS_INIT")
+    assert _capi.zoe_hyper_params.DEFAULTS == header
+    members = [field.name for field in dataclasses.fields(zoe.HyperParams)]
+    assert members == header_struct_fields("zoe_hyper_params")[1:]
+    given = zoe.HyperParams(lr=0.5)
+    for name, default in header.items():
+        if name != "lr":
+            assert getattr(given, name) == default, name

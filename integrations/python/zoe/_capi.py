@@ -155,7 +155,8 @@ class zoe_buffer_view(Structure):
 
 
 class zoe_hyper_params(SizedStructure):
-    """struct zoe_hyper_params."""
+    """struct zoe_hyper_params: Python's one definition of the hyper-parameters
+    (``zoe.HyperParams`` is made from its members and these defaults)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -165,6 +166,8 @@ class zoe_hyper_params(SizedStructure):
         ("eps", c_double),
         ("weight_decay", c_double),
     ]
+    # ZOE_HYPER_PARAMS_INIT's values (tests/test_capi_header.py checks them against zoe.h).
+    DEFAULTS = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
 
 
 class zoe_step_result(SizedStructure):

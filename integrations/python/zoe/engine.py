@@ -10,6 +10,7 @@ import ctypes
 import json
 import os
 import threading
+import dataclasses
 from dataclasses import dataclass
 
 from . import _capi
@@ -86,15 +87,32 @@ def _views(views):
     return array, len(views)
 
 
-@dataclass(frozen=True)
-class HyperParams:
-    """The hyper-parameters of one optimizer step."""
+def _hyper_params_class():
+    """``zoe.HyperParams``, a frozen dataclass with the members of ``struct zoe_hyper_params``
+    in its order and ZOE_HYPER_PARAMS_INIT's defaults, except ``lr``, which a caller always
+    gives."""
+    members = []
+    for name, _ in _capi.zoe_hyper_params._fields_[1:]:
+        if name == "lr":
+            members.append((name, float))
+        else:
+            default = _capi.zoe_hyper_params.DEFAULTS[name]
+            members.append((name, float, dataclasses.field(default=default)))
+    cls = dataclasses.make_dataclass("HyperParams", members, frozen=True)
+    cls.__module__ = __name__
+    cls.__doc__ = "The hyper-parameters of one optimizer step (struct zoe_hyper_params)."
+    return cls
 
-    lr: float
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+
+HyperParams = _hyper_params_class()
+
+
+def _c_hyper_params(hyper):
+    """A pointer to ``hyper`` as a ``zoe_hyper_params``, or None for None (the group's)."""
+    if hyper is None:
+        return None
+    values = [getattr(hyper, name) for name, _ in _capi.zoe_hyper_params._fields_[1:]]
+    return ctypes.byref(_capi.zoe_hyper_params(*values))
 
 
 @dataclass(frozen=True)
@@ -349,13 +367,7 @@ class OptimizerGroup:
         ``params_out``: BufferViews covering the group (``grads`` empty: those accumulated; a
         grads view with data 0 or None: no gradient for those elements, whole segments).
         Returns a :class:`StepResult`; a non-finite gradient skips the step (``skipped``)."""
-        c_hyper = None
-        if hyper is not None:
-            c_hyper = ctypes.byref(
-                _capi.zoe_hyper_params(
-                    hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay
-                )
-            )
+        c_hyper = _c_hyper_params(hyper)
         grad_array, n_grads = _views(grads)
         param_array, n_params = _views(params_out)
         out = _capi.zoe_step_result()
@@ -378,13 +390,7 @@ class OptimizerGroup:
         (clipping active, or other hyper-parameters, parameter views or loss scale) or discards
         them (a non-finite gradient), with the same result as a step without speculation.
         ``hyper``, ``params_out`` and ``loss_scale`` are what that step will be given."""
-        c_hyper = None
-        if hyper is not None:
-            c_hyper = ctypes.byref(
-                _capi.zoe_hyper_params(
-                    hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay
-                )
-            )
+        c_hyper = _c_hyper_params(hyper)
         param_array, n_params = _views(params_out)
         check(
             _capi.zoe_optim_speculate(
