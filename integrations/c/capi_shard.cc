@@ -118,6 +118,24 @@ zoe_status zoe_sharded_group_create(zoe_engine* engine, const char* optim_json,
 
 void zoe_sharded_group_destroy(zoe_sharded_group* group) { delete group; }
 
+zoe_status zoe_shard_range(uint64_t count, int32_t rank, int32_t world_size, uint64_t* begin,
+                           uint64_t* end) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(begin, "begin"));
+    ZOE_RETURN_IF_ERROR(CheckNotNull(end, "end"));
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+      return Status::InvalidArgument(
+          fmt::format("shard range: rank {} of world size {}; allowed: world_size >= 1 and 0 <= "
+                      "rank < world_size",
+                      rank, world_size));
+    }
+    const offload::ShardRange shard = offload::ShardOf(count, rank, world_size);
+    *begin = shard.begin;
+    *end = shard.end;
+    return Status::Ok();
+  });
+}
+
 zoe_status zoe_sharded_group_local(zoe_sharded_group* group, zoe_group_id* out_id, uint64_t* begin,
                                    uint64_t* end) {
   return Guard([&]() -> Status {

@@ -443,6 +443,35 @@ static void test_nccl_helper_without_communicator(void) {
   zoe_nccl_collectives_destroy(NULL);
 }
 
+/* zoe_shard_range: the shards tile [0, count) in order, differ in size by at most one element,
+ * follow floor(r * count / world) where that fits in 64 bits and do not overflow where it does
+ * not; bad ranks, world sizes and NULL outputs are refused. */
+static void test_shard_range(void) {
+  static const uint64_t counts[] = {0, 1, 7, 1001, UINT64_MAX};
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; ++c) {
+    for (int32_t world = 1; world <= 5; ++world) {
+      uint64_t expected_begin = 0;
+      for (int32_t rank = 0; rank < world; ++rank) {
+        uint64_t begin = 1, end = 0;
+        CHECK(zoe_shard_range(counts[c], rank, world, &begin, &end) == ZOE_OK);
+        CHECK(begin == expected_begin);
+        CHECK(end >= begin && end - begin >= counts[c] / (uint64_t)world);
+        CHECK(end - begin - counts[c] / (uint64_t)world <= 1);
+        if (counts[c] < (UINT64_MAX >> 8)) CHECK(end == (uint64_t)(rank + 1) * counts[c] / world);
+        expected_begin = end;
+      }
+      CHECK(expected_begin == counts[c]);
+    }
+  }
+  uint64_t begin = 0, end = 0;
+  CHECK(zoe_shard_range(10, 2, 2, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(zoe_last_error(), "rank 2 of world size 2") != NULL);
+  CHECK(zoe_shard_range(10, -1, 2, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(zoe_shard_range(10, 0, 0, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(zoe_shard_range(10, 0, 1, NULL, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(zoe_shard_range(10, 0, 1, &begin, NULL) == ZOE_ERR_INVALID_ARGUMENT);
+}
+
 int main(void) {
   const char* base = getenv("TMPDIR");
   snprintf(root, sizeof root, "%s/zoe-shard-XXXXXX", base != NULL && *base ? base : "/tmp");
@@ -455,6 +484,7 @@ int main(void) {
   test_bad_view_on_one_rank();
   test_bad_collectives();
   test_nccl_helper_without_communicator();
+  test_shard_range();
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   return finish_checks();
 }

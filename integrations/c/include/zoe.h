@@ -409,6 +409,14 @@ ZOE_API zoe_status zoe_checkpoint_load(zoe_engine* engine, const char* dir);
  * (sizes differ by at most one element). Collectives come from the caller's distributed engine.
  * ------------------------------------------------------------------------------------------- */
 
+/* The shard rank keeps of count elements cut among world_size ranks: *begin = floor(rank * count /
+ * world_size), *end = floor((rank + 1) * count / world_size), computed without overflow. The one
+ * formula of every sharded group and of zoe.torch's sharded parameters (stage 3), so callers cut
+ * what zoe cuts. InvalidArgument unless world_size >= 1 and 0 <= rank < world_size, or when begin
+ * or end is NULL. */
+ZOE_API zoe_status zoe_shard_range(uint64_t count, int32_t rank, int32_t world_size,
+                                   uint64_t* begin, uint64_t* end);
+
 /* The caller's collectives, called on the thread that called zoe_sharded_*; every rank calls them
  * in the same order with the same counts. Each returns 0 on success and anything else on failure
  * (the zoe call then fails on that rank with ZOE_ERR_ABORTED naming the callback). The

@@ -179,3 +179,15 @@ def test_import_zoe_does_not_need_torch():
                             env=dict(os.environ), timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == zoe.version()
+
+
+def test_shard_range_is_the_library_cut():
+    """zoe.shard_range is zoe_shard_range: shards tile the elements in rank order, and follow
+    floor(rank * count / world_size) even where the product exceeds 64 bits."""
+    for count in (0, 1, 7, 1001, 2**64 - 1):
+        for world in range(1, 6):
+            ends = [zoe.shard_range(count, rank, world) for rank in range(world)]
+            assert [begin for begin, _ in ends] == [rank * count // world for rank in range(world)]
+            assert [end for _, end in ends] == [(rank + 1) * count // world for rank in range(world)]
+    with pytest.raises(zoe.InvalidArgument, match="rank 3 of world size 3"):
+        zoe.shard_range(10, 3, 3)

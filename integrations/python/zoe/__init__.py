@@ -5,7 +5,16 @@ optimizers and parameter paging for PyTorch.
 """
 
 from ._capi import Access, DType, StateSlot, Tier
-from .engine import BufferView, Engine, HyperParams, OptimizerGroup, StepResult, Tensor, version
+from .engine import (
+    BufferView,
+    Engine,
+    HyperParams,
+    OptimizerGroup,
+    StepResult,
+    Tensor,
+    shard_range,
+    version,
+)
 from .errors import (
     Aborted,
     Busy,
@@ -26,5 +35,5 @@ __all__ = [
     "Aborted", "Access", "BufferView", "Busy", "Corruption", "DType", "Engine", "Error",
     "FailedPrecondition", "HyperParams", "Internal", "InvalidArgument", "IoError", "NoSpace",
     "NotFound", "NotSupported", "OptimizerGroup", "OutOfMemory", "PermissionDenied",
-    "StateSlot", "StepResult", "Tensor", "Tier", "version",
+    "StateSlot", "StepResult", "Tensor", "Tier", "shard_range", "version",
 ]

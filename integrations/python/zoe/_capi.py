@@ -483,6 +483,12 @@ zoe_sharded_group_create = _declare(
 # void zoe_sharded_group_destroy(zoe_sharded_group* group);
 zoe_sharded_group_destroy = _declare("zoe_sharded_group_destroy", None, zoe_sharded_group_p)
 
+# zoe_status zoe_shard_range(uint64_t count, int32_t rank, int32_t world_size, uint64_t* begin,
+#                            uint64_t* end);
+zoe_shard_range = _declare(
+    "zoe_shard_range", zoe_status, c_uint64, c_int32, c_int32, POINTER(c_uint64), POINTER(c_uint64)
+)
+
 # zoe_status zoe_sharded_group_local(zoe_sharded_group* group, zoe_group_id* out_id,
 #                                    uint64_t* begin, uint64_t* end);
 zoe_sharded_group_local = _declare(

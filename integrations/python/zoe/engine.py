@@ -23,6 +23,19 @@ def version():
     return _capi.zoe_version().decode()
 
 
+def shard_range(count, rank, world_size):
+    """``(begin, end)`` of the shard ``rank`` keeps of ``count`` elements cut among
+    ``world_size`` ranks: zoe's one shard formula (zoe_shard_range), that of every sharded group
+    and of zoe.torch's sharded parameters."""
+    begin, end = ctypes.c_uint64(), ctypes.c_uint64()
+    check(
+        _capi.zoe_shard_range(int(count), int(rank), int(world_size), ctypes.byref(begin),
+                              ctypes.byref(end)),
+        "shard range",
+    )
+    return begin.value, end.value
+
+
 def _config_text(config):
     """The configuration as a JSON string: from a dict, a JSON string, or a path to a file."""
     if config is None:
