@@ -1,41 +1,33 @@
 #include "core/status.h"
 
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
+#include "core/vocabulary.h"
+
 namespace zoe {
 
+// Indexed by StatusCode's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, 13> kStatusCodeNames = {"OK",
+                                                               "invalid argument",
+                                                               "not found",
+                                                               "IO error",
+                                                               "no space",
+                                                               "corruption",
+                                                               "out of memory",
+                                                               "not supported",
+                                                               "failed precondition",
+                                                               "busy",
+                                                               "permission denied",
+                                                               "aborted",
+                                                               "internal error"};
+static_assert(kStatusCodeNames.size() == static_cast<size_t>(StatusCode::kInternal) + 1);
+
 std::string_view StatusCodeName(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return "OK";
-    case StatusCode::kInvalidArgument:
-      return "invalid argument";
-    case StatusCode::kNotFound:
-      return "not found";
-    case StatusCode::kIoError:
-      return "IO error";
-    case StatusCode::kNoSpace:
-      return "no space";
-    case StatusCode::kCorruption:
-      return "corruption";
-    case StatusCode::kOutOfMemory:
-      return "out of memory";
-    case StatusCode::kNotSupported:
-      return "not supported";
-    case StatusCode::kFailedPrecondition:
-      return "failed precondition";
-    case StatusCode::kBusy:
-      return "busy";
-    case StatusCode::kPermissionDenied:
-      return "permission denied";
-    case StatusCode::kAborted:
-      return "aborted";
-    case StatusCode::kInternal:
-      return "internal error";
-  }
-  return "unknown status";
+  const std::string_view name = NameIn(kStatusCodeNames, code);
+  return name == "unknown" ? std::string_view("unknown status") : name;
 }
 
 Status::Status(StatusCode code, std::string message, int sys_errno) {

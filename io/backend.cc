@@ -43,6 +43,8 @@ Result<std::unique_ptr<Engine>> CreateOne(BackendKind kind, const EngineOptions&
   return Status::Internal("CreateOne called with kAuto");
 }
 
+// The filesystem a statfs magic number stands for (a kernel constant rather than an enum of zoe,
+// so not one of core/vocabulary.h's tables); others in hex.
 std::string FilesystemName(int64_t magic) {
   switch (magic) {
     case EXT4_SUPER_MAGIC:

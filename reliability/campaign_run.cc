@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 #include <stdlib.h>
 
+#include <array>
 #include <memory>
 #include <utility>
 
 #include "core/scratch_dir.h"
+#include "core/vocabulary.h"
 
 namespace zoe::reliability {
 
@@ -93,23 +95,12 @@ ForkedResult RunCase(const FaultPlan& plan) {
   return RunForked([&] { return RunWorkload(plan, path); }, kCaseDeadline);
 }
 
-std::string_view FaultKindName(io::FaultKind kind) {
-  switch (kind) {
-    case io::FaultKind::kEio:
-      return "EIO";
-    case io::FaultKind::kEnospc:
-      return "ENOSPC";
-    case io::FaultKind::kEintr:
-      return "EINTR";
-    case io::FaultKind::kEagain:
-      return "EAGAIN";
-    case io::FaultKind::kShortTransfer:
-      return "short transfer";
-    case io::FaultKind::kCorruption:
-      return "corrupted read";
-  }
-  return "?";
-}
+// Indexed by io::FaultKind's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, 6> kFaultKindNames = {
+    "EIO", "ENOSPC", "EINTR", "EAGAIN", "short transfer", "corrupted read"};
+static_assert(kFaultKindNames.size() == static_cast<size_t>(io::FaultKind::kCorruption) + 1);
+
+std::string_view FaultKindName(io::FaultKind kind) { return NameIn(kFaultKindNames, kind); }
 
 std::string CountdownName(const Countdown& c) {
   const char* target = c.target == Target::kTensors     ? "tensor"
