@@ -14,6 +14,7 @@
 
 #include "core/engine_config_auto.h"
 #include "core/log.h"
+#include "core/memory_limits.h"
 #include "io/backend.h"
 #include "io/swap_space.h"
 #include "offload/checkpoint/checkpoint_store.h"
@@ -156,7 +157,11 @@ Result<std::unique_ptr<Engine>> Engine::CreateFromJson(std::string_view json_tex
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(config::EngineConfig config, EngineHooks hooks) {
-  const HostBudgets budgets = ResolveHostBudgets(config.zoe, PhysicalMemoryBytes());
+  const MemoryLimits memory = ReadMemoryLimits();
+  const HostBudgets budgets = ResolveHostBudgets(config.zoe, memory.usable_bytes());
+  if (config.zoe.host_budget == 0)
+    ZOE_LOG_INFO("engine: zoe.host_budget {} bytes, half of what this process may use ({})",
+                 budgets.total, memory.Describe());
   std::vector<std::string> nvme_paths = config.zoe.nvme_paths;
   if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
   const std::string ignored = config::DescribeIgnoredKeys(config);
@@ -177,6 +182,7 @@ Status Engine::Build(std::vector<std::string> nvme_paths) {
     nvme_paths.push_back(scratch_->path());
     ZOE_LOG_INFO("engine: no zoe.nvme_paths; tensors swap to {}", scratch_->path());
   }
+  ZOE_RETURN_IF_ERROR(EnsureSwapDirectories(nvme_paths));
   nvme_paths_ = nvme_paths;
   ZOE_ASSIGN_OR_RETURN(TierManagerOptions options,
                        MakeTierManagerOptions(config_, std::move(nvme_paths), budgets_));

@@ -1,12 +1,12 @@
 #include "offload/engine_setup.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <utility>
 
@@ -23,7 +23,6 @@ using Json = nlohmann::json;
 
 constexpr uint64_t kDirectIoUnit = 4096;
 constexpr double kHugeNumber = 1e300;
-constexpr uint64_t kFallbackPhysicalBytes = uint64_t{8} << 30;
 
 std::string Lower(std::string_view text) {
   std::string out(text);
@@ -210,23 +209,33 @@ Json AutoValues(const config::EngineConfig& config, const Json& document, const 
 
 }  // namespace
 
-uint64_t PhysicalMemoryBytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return kFallbackPhysicalBytes;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
-}
-
-HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t physical_bytes) {
+HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t usable_bytes) {
   HostBudgets budgets;
-  budgets.total =
-      zoe.host_budget != 0 ? zoe.host_budget : std::max<uint64_t>(physical_bytes / 2, 2);
+  budgets.total = zoe.host_budget != 0 ? zoe.host_budget : std::max<uint64_t>(usable_bytes / 2, 2);
   budgets.tensors = zoe.tensor_host_budget != 0 ? zoe.tensor_host_budget : budgets.total / 2;
   // With an automatic total, an explicit tensor share may exceed it: the total grows to give the
   // optimizer the same share as the tensors would have left it.
   if (budgets.tensors >= budgets.total) budgets.total = budgets.tensors * 2;
   budgets.optimizer = budgets.total - budgets.tensors;
   return budgets;
+}
+
+Status EnsureSwapDirectories(const std::vector<std::string>& paths) {
+  for (const std::string& path : paths) {
+    std::error_code error;
+    const bool created = std::filesystem::create_directories(path, error);
+    if (!error && std::filesystem::is_directory(path, error)) {
+      if (created) ZOE_LOG_INFO("engine: created swap directory {}", path);
+      continue;
+    }
+    const std::string what = fmt::format(
+        "swap directory '{}' (from zoe.nvme_paths or an nvme_path of "
+        "zero_optimization.offload_optimizer / offload_param)",
+        path);
+    if (error) return Status::FromErrno(-error.value(), "create " + what);
+    return Status::InvalidArgument(what + " exists and is not a directory; give a directory");
+  }
+  return Status::Ok();
 }
 
 uint64_t TensorChecksumBlock(const config::EngineConfig& config) {

@@ -34,11 +34,15 @@ struct HostBudgets {
   uint64_t optimizer = 0;  // the optimizer groups' pinned pool
 };
 
-// Resolves the automatic values (0) of zoe.host_budget and zoe.tensor_host_budget.
-// `physical_bytes`: the machine's memory. Both shares are > 0.
-HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t physical_bytes);
-// sysconf(_SC_PHYS_PAGES) * page size.
-uint64_t PhysicalMemoryBytes();
+// Resolves the automatic values (0) of zoe.host_budget and zoe.tensor_host_budget: half of
+// `usable_bytes`, the memory the process may take (MemoryLimits::usable_bytes: the machine's
+// available memory, or less the room under a memory cgroup's limit). Both shares are > 0.
+HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t usable_bytes);
+
+// Creates each of `paths` that does not exist yet, with its parents (as DeepSpeed creates its
+// nvme_path). A path that exists but is not a directory, or that cannot be created, is an error
+// naming it and the configuration keys that give swap directories.
+Status EnsureSwapDirectories(const std::vector<std::string>& paths);
 
 // The checksum block of swap files when zoe.checksum is on: aio.block_size where it divides the
 // chunk size, else 4096; 0 when checksums are off.

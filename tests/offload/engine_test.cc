@@ -178,7 +178,6 @@ TEST(EngineSetup, HostBudgetIsSplitBetweenTensorsAndOptimizer) {
   HostBudgets grown = ResolveHostBudgets(zoe, 16 * kGiB);
   EXPECT_EQ(grown.tensors, 12 * kGiB);
   EXPECT_EQ(grown.optimizer, 12 * kGiB);
-  EXPECT_GT(PhysicalMemoryBytes(), 0u);
 }
 
 TEST(EngineSetup, GroupDefaultsComeFromTheConfiguration) {

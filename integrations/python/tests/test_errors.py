@@ -37,10 +37,20 @@ def test_missing_config_file():
         zoe.Engine("/var/tmp/no-such-dir-zoe/no-such-config.json")
 
 
-def test_bad_nvme_path_names_the_path():
-    path = "/var/tmp/zoe-no-such-directory/nvme"
-    config = small_config(path, offload="nvme")
-    with pytest.raises(zoe.Error, match="zoe-no-such-directory"):
+def test_a_missing_nvme_path_is_created(tmp_path):
+    path = tmp_path / "not" / "yet" / "there"
+    with zoe.Engine(small_config(str(path), offload="nvme")):
+        assert path.is_dir()
+
+
+def test_an_nvme_path_that_cannot_be_a_directory_names_the_path_and_the_key(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    config = small_config(str(blocker / "nvme"), offload="nvme")
+    with pytest.raises(zoe.Error, match=r"a-file/nvme.*nvme_path"):
+        zoe.Engine(config)
+    config = small_config(str(blocker), offload="nvme")
+    with pytest.raises(zoe.Error, match=r"a-file'.*nvme_path.*[Nn]ot a directory"):
         zoe.Engine(config)
 
 
