@@ -250,6 +250,7 @@ Json Engine::GroupStatsJson(const Group& group) const {
           {"parameters", optimizer.count()},
           {"placement", TierName(optimizer.options().placement)},
           {"chunks", optimizer.chunk_count()},
+          {"sub_group_size", optimizer.options().chunk_elements},
           {"nvme_chunks", optimizer.nvme_chunk_count()},
           {"pinned_bytes", optimizer.pinned_bytes()},
           {"nvme_bytes", optimizer.nvme_bytes()},
@@ -442,6 +443,31 @@ Result<std::unique_ptr<io::SwapSpace>> Engine::CreateGroupSwap(
   return io::SwapSpace::Create(nvme_paths_, bytes, swap);
 }
 
+// An OutOfMemory from creating a group, with the configuration keys that would make it fit and
+// the values that would: the host budget that holds the group, and for NVMe groups a smaller
+// sub-group size.
+Status Engine::WithSizingAdvice(Status status, const OptimizerGroupOptions& options,
+                                uint64_t pinned_free) const {
+  if (status.code() != StatusCode::kOutOfMemory) return status;
+  const uint64_t needed = GroupPinnedBytes(options, optimizer_pool_->alignment());
+  const uint64_t short_by = needed - std::min(needed, pinned_free);
+  std::string advice = fmt::format(
+      "; to fit, raise zoe.host_budget from {} to at least {} bytes (the optimizer groups get "
+      "host_budget - tensor_host_budget)",
+      budgets_.total, budgets_.total + short_by);
+  const size_t fitting =
+      options.placement == Tier::kNvme
+          ? LargestChunkWithin(options, pinned_free, optimizer_pool_->alignment(), 1)
+          : 0;
+  if (fitting != 0) {
+    advice += fmt::format(", or set zero_optimization.sub_group_size to {} (now {})", fitting,
+                          options.chunk_elements);
+  } else if (options.placement != Tier::kNvme) {
+    advice += ", or put the state on NVMe (zero_optimization.offload_optimizer.device \"nvme\")";
+  }
+  return Status(status.code(), std::string(status.message()) + advice, status.sys_errno());
+}
+
 Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
                                     std::span<const ParamView> params) {
   uint64_t count = 0;
@@ -471,6 +497,10 @@ Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
   spec.options.run.executor = &EnsureExecutor();
   OptimizerResources resources;
   resources.pinned = &*optimizer_pool_;
+  const uint64_t pinned_free =
+      optimizer_pool_->budget_bytes() -
+      std::min(optimizer_pool_->budget_bytes(), optimizer_pool_->used_bytes());
+  FitAutoSubGroup(config_, pinned_free, optimizer_pool_->alignment(), &spec.options);
   if (spec.options.placement == Tier::kNvme) {
     ZOE_RETURN_IF_ERROR(EnsureOptimizerIo().WithContext(context));
     Result<std::unique_ptr<io::SwapSpace>> swap = CreateGroupSwap(spec.options);
@@ -481,7 +511,10 @@ Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
   }
   Result<std::unique_ptr<OptimizerGroup>> created =
       OptimizerGroup::Create(spec.options, resources, params);
-  if (!created.ok()) return std::move(created).status().WithContext(context);
+  if (!created.ok()) {
+    return WithSizingAdvice(std::move(created).status(), spec.options, pinned_free)
+        .WithContext(context);
+  }
   group->optimizer = std::move(created).value();
   std::lock_guard lock(groups_mutex_);
   groups_.push_back(std::move(group));

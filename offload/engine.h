@@ -180,6 +180,8 @@ class Engine {
   Status EnsureOptimizerIo();
   Executor& EnsureExecutor();
   Result<std::unique_ptr<io::SwapSpace>> CreateGroupSwap(const OptimizerGroupOptions& options);
+  Status WithSizingAdvice(Status status, const OptimizerGroupOptions& options,
+                          uint64_t pinned_free) const;
   nlohmann::json GroupStatsJson(const Group& group) const;
   nlohmann::json NvmeWritesJson(const nlohmann::json& groups) const;
   // Every group's mutex, in id order; held for checkpoints.

@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/aligned_buffer.h"
 #include "core/config.h"
 #include "core/device.h"
 #include "core/log.h"
@@ -291,18 +292,67 @@ Result<GroupSpec> ParseGroupSpec(std::string_view json_text, const config::Engin
   return spec;
 }
 
-uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block) {
-  if (options.placement != Tier::kNvme || options.count == 0 || options.chunk_elements == 0)
-    return 0;
+namespace {
+
+StateLayout LayoutOf(const OptimizerGroupOptions& options, uint64_t io_block) {
   std::vector<size_t> segment_ends;  // int8 moments: segment starts split quantization blocks
   size_t end = 0;
   for (size_t length : options.segments) segment_ends.push_back(end += length);
-  const StateLayout layout(options.kind, options.state_dtype, options.count, options.chunk_elements,
-                           io_block, segment_ends);
-  // At least as many chunks as the group puts on NVMe, however it rounds the ratio.
-  const double wanted = std::ceil(options.nvme_ratio * static_cast<double>(layout.chunk_count()));
-  const size_t nvme_chunks =
-      std::min(layout.chunk_count(), static_cast<size_t>(std::max(wanted, 1.0)));
+  return StateLayout(options.kind, options.state_dtype, options.count, options.chunk_elements,
+                     io_block, segment_ends);
+}
+
+// At least as many chunks as the group puts on NVMe, however it rounds the ratio (rounding
+// `up`), or at most as many (rounding down).
+size_t NvmeChunksBound(const OptimizerGroupOptions& options, size_t chunks, bool up) {
+  if (options.placement != Tier::kNvme) return 0;
+  const double exact = options.nvme_ratio * static_cast<double>(chunks);
+  const double rounded = up ? std::max(std::ceil(exact), 1.0) : std::floor(exact);
+  return std::min(chunks, static_cast<size_t>(rounded));
+}
+
+}  // namespace
+
+uint64_t GroupPinnedBytes(const OptimizerGroupOptions& options, uint64_t page) {
+  if (options.count == 0 || options.chunk_elements == 0) return 0;
+  const StateLayout layout = LayoutOf(options, kDirectIoUnit);
+  const uint64_t chunk = AlignUp(layout.max_chunk_bytes(), page);
+  const size_t nvme_chunks = NvmeChunksBound(options, layout.chunk_count(), /*up=*/false);
+  const size_t host_chunks = layout.chunk_count() - nvme_chunks;
+  const size_t buffers =
+      std::min<size_t>(options.buffer_count, NvmeChunksBound(options, layout.chunk_count(), true));
+  return buffers * chunk + host_chunks * chunk * (options.speculative ? 2 : 1);
+}
+
+size_t LargestChunkWithin(OptimizerGroupOptions options, uint64_t limit, uint64_t page,
+                          size_t floor) {
+  for (;;) {
+    if (GroupPinnedBytes(options, page) <= limit) return options.chunk_elements;
+    if (options.chunk_elements <= std::max<size_t>(floor, 1)) return 0;
+    options.chunk_elements = std::max(std::max<size_t>(floor, 1), options.chunk_elements / 2);
+  }
+}
+
+bool FitAutoSubGroup(const config::EngineConfig& config, uint64_t pinned_free, uint64_t page,
+                     OptimizerGroupOptions* options) {
+  if (config.zero.sub_group_size != 0 || options->placement != Tier::kNvme) return false;
+  const size_t chosen = options->chunk_elements;
+  const size_t floor = std::min(chosen, kMinAutoChunkElements);
+  const size_t fitting = LargestChunkWithin(*options, pinned_free / 2, page, floor);
+  options->chunk_elements = fitting != 0 ? fitting : floor;
+  if (options->chunk_elements == chosen) return false;
+  ZOE_LOG_INFO(
+      "optimizer group '{}': sub-groups of {} elements (zero_optimization.sub_group_size is "
+      "automatic) so that its {} pinned bytes fit the {} free in the optimizer pool",
+      options->name, options->chunk_elements, GroupPinnedBytes(*options, page), pinned_free);
+  return true;
+}
+
+uint64_t GroupSwapBytes(const OptimizerGroupOptions& options, uint64_t io_block) {
+  if (options.placement != Tier::kNvme || options.count == 0 || options.chunk_elements == 0)
+    return 0;
+  const StateLayout layout = LayoutOf(options, io_block);
+  const size_t nvme_chunks = NvmeChunksBound(options, layout.chunk_count(), /*up=*/true);
   uint64_t bytes = 0;
   for (size_t i = 0; i < nvme_chunks; ++i) {
     const uint64_t extent = layout.chunk(i).bytes;

@@ -44,6 +44,24 @@ HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t usable_byt
 // naming it and the configuration keys that give swap directories.
 Status EnsureSwapDirectories(const std::vector<std::string>& paths);
 
+// An upper bound of the pinned bytes a group with `options` takes from the optimizer pool (whose
+// pages are `page` bytes): its pipeline buffers, one chunk each, and its HOST chunks (twice for a
+// speculative group).
+uint64_t GroupPinnedBytes(const OptimizerGroupOptions& options, uint64_t page);
+
+// The largest of options.chunk_elements / 2^k (k >= 0), at least `floor`, with which the group
+// takes at most `limit` pinned bytes (GroupPinnedBytes); 0 when none does.
+size_t LargestChunkWithin(OptimizerGroupOptions options, uint64_t limit, uint64_t page,
+                          size_t floor);
+
+// With an automatic sub-group size (zero_optimization.sub_group_size 0) on NVMe, halves
+// options->chunk_elements until the group's pinned bytes fit in half of `pinned_free`, down to
+// kMinAutoChunkElements, so that a small host budget gives smaller chunks rather than a refusal.
+// A sub-group size the user set is kept. Returns whether the size changed.
+inline constexpr size_t kMinAutoChunkElements = size_t{1} << 18;
+bool FitAutoSubGroup(const config::EngineConfig& config, uint64_t pinned_free, uint64_t page,
+                     OptimizerGroupOptions* options);
+
 // The checksum block of swap files when zoe.checksum is on: aio.block_size where it divides the
 // chunk size, else 4096; 0 when checksums are off.
 uint64_t TensorChecksumBlock(const config::EngineConfig& config);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -977,6 +978,66 @@ TEST(Engine, FailedCheckpointReadLeavesTheGroupsUsable) {
   EXPECT_TRUE(StepWith(*engine, id, Gradients(kCount, 3)).ok());
   ASSERT_TRUE(engine->LoadCheckpoint(dir.File("ckpt")).ok());
   EXPECT_EQ(*engine->GroupSteps(id), 1);
+}
+
+// A group of kSizingCount parameters on NVMe under a host budget whose optimizer share is 32 MiB:
+// the default sub-group (chunk_size / 4 = 1 Mi parameters, 12 MiB of fp32 state) needs four 12 MiB
+// pipeline buffers.
+constexpr size_t kSizingCount = size_t{4} << 20;
+
+Json SizingConfig(const TempDir& dir, std::optional<uint64_t> sub_group_size) {
+  Json document = SmallConfig(dir);
+  document["zero_optimization"].erase("sub_group_size");
+  if (sub_group_size) document["zero_optimization"]["sub_group_size"] = *sub_group_size;
+  document["zoe"]["chunk_size"] = "4M";
+  document["zoe"]["host_budget"] = "64M";
+  document["zoe"]["tensor_host_budget"] = "32M";
+  return document;
+}
+
+TEST(EngineSizing, AnAutomaticSubGroupShrinksToFitTheHostBudget) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SizingConfig(dir, std::nullopt));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kSizingCount, 0.5f, 1e-7f);
+  const GroupId id = CreateGroup(*engine, R"({"name": "big", "lr": 0.01})", params);
+  const Json group = engine->StatsJson()["groups"][0];
+  EXPECT_EQ(group["sub_group_size"], kMinAutoChunkElements);  // 4 buffers of 3 MiB <= 16 MiB
+  EXPECT_EQ(group["chunks"], kSizingCount / kMinAutoChunkElements);
+  const std::vector<float> grads = Gradients(kSizingCount, 1);
+  Result<StepReport> step = StepWith(*engine, id, grads);
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_GT(step->bytes_written, 0u);
+}
+
+TEST(EngineSizing, ASubGroupTheUserSetIsKeptAndARefusalNamesTheKeysAndValuesThatFit) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SizingConfig(dir, size_t{1} << 20));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> params = Ramp(kSizingCount, 0.5f, 1e-7f);
+  const ParamView view{params.data(), optim::DType::kFloat32, params.size()};
+  Result<GroupId> refused = engine->CreateGroup(R"({"name": "big"})", std::span(&view, 1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfMemory);
+  const std::string message(refused.status().message());
+  EXPECT_THAT(message, HasSubstr("raise zoe.host_budget from 67108864 to at least"));
+  EXPECT_THAT(message, HasSubstr("set zero_optimization.sub_group_size to 524288 (now 1048576)"));
+
+  // Each value the message gives works.
+  TempDir smaller_dir;
+  std::unique_ptr<Engine> smaller = MakeEngine(SizingConfig(smaller_dir, size_t{1} << 19));
+  ASSERT_NE(smaller, nullptr);
+  CreateGroup(*smaller, R"({"name": "big"})", params);
+  EXPECT_EQ(smaller->StatsJson()["groups"][0]["sub_group_size"], size_t{1} << 19);
+  const size_t at = message.find("to at least ") + std::string("to at least ").size();
+  const uint64_t budget = std::stoull(message.substr(at));
+  TempDir larger_dir;
+  Json larger = SizingConfig(larger_dir, size_t{1} << 20);
+  larger["zoe"]["host_budget"] = budget;
+  std::unique_ptr<Engine> roomier = MakeEngine(larger);
+  ASSERT_NE(roomier, nullptr);
+  CreateGroup(*roomier, R"({"name": "big"})", params);
+  EXPECT_EQ(roomier->StatsJson()["groups"][0]["sub_group_size"], size_t{1} << 20);
 }
 
 }  // namespace
