@@ -17,7 +17,7 @@ import zoe.torch
 from conftest import EXACT_TORCH, small_config
 from test_offload_parameters import TinyGPT, loss_of
 from test_optim import assert_params_close, batch, make_model, schedule
-from zoe._torch_device import HostTwin
+from zoe.torch.device import HostTwin
 
 STEPS = 50
 

@@ -235,7 +235,7 @@ def run_gather(rank, world, out_dir):
     other values): every rank's shard in rank order; and its
     reduce-scatter callback, twice per layout: the sum of the ranks' slices, the sender's buffer
     left as it was."""
-    from zoe._torch_zero import TorchCollectives
+    from zoe.torch.distributed import TorchCollectives
 
     comm = TorchCollectives(dist.group.WORLD)
     gathered = []

@@ -572,7 +572,7 @@ EVERY_GRADIENT = ("reduction of the gradients of the bucket of 14 parameters 'ga
 )
 def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch, collective,
                                              in_wait, when, bucket_elements, message):
-    from zoe import _torch_zero3
+    from zoe.torch import zero3
 
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
@@ -583,7 +583,7 @@ def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch,
             loss = loss_of(pager.model, 0, slice(None))
         if when == "clip":
             loss.backward()
-        monkeypatch.setattr(_torch_zero3.dist, collective, Broken(collective, in_wait))
+        monkeypatch.setattr(zero3.dist, collective, Broken(collective, in_wait))
         with pytest.raises(zoe.Aborted, match=message) as raised:
             if when == "forward":
                 loss_of(pager.model, 0, slice(None))

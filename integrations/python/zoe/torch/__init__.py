@@ -16,16 +16,18 @@ path in tests.
 docstring); ``ParameterPager`` is the handle it returns. With ``process_group=pg`` it is ZeRO
 stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/zero3.md).
 ``consolidate_checkpoint(directory, out_path)`` turns a sharded optimizer checkpoint into one
-state dict file without the ranks (zoe/consolidate.py).
+state dict file without the ranks (consolidate.py).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 """
 
-from ._torch_device import CudaBackend, DeviceBackend, HostTwin
-from ._torch_optim import Adam, AdamW, engine_config
-from ._torch_paging import ParameterPager, offload_parameters
-from ._torch_zero3 import ShardedParameterPager
+from .config import engine_config
 from .consolidate import consolidate_checkpoint, consolidated_state_dict
+from .device import CudaBackend, DeviceBackend, HostTwin
+from .offload import offload_parameters
+from .optimizer import Adam, AdamW
+from .paging import ParameterPager
+from .zero3 import ShardedParameterPager
 
 __all__ = [
     "Adam",

@@ -45,463 +45,21 @@ without the ranks; load_state_dict() takes such a dict, from any world size, eac
 the way to move training to another world size.
 """
 
-import ctypes
 import json
 import operator
 import os
-import re
-import shutil
-import tempfile
 import weakref
 
 import torch
 import torch.distributed as dist
 
-from . import _capi
-from ._collective_ops import agreed, gather_parts, reduce_parts
-from ._torch_common import _invalid, _live_group, _pager_of, _timed, _view, _weak_group
-from .engine import BufferView, OptimizerGroup, StepResult, _config_text, _views
-from . import errors as zoe_errors
-from .errors import check
-
-DEFAULT_BUCKET_ELEMENTS = 1 << 22
-MANIFEST = "zoe_sharded_manifest.json"
-MANIFEST_FORMAT = 2  # 1 (no "format"): the shards in rank-<r>, overwritten by every save
-_SAVE_NAME = re.compile(r"save-(\d+)")  # a rank's save folder: save-<n>
-
-
-def _shard_path(rank, version):
-    """Where rank's shard of save ``version`` lies, relative to the checkpoint directory."""
-    return os.path.join(f"rank-{rank}", f"save-{version:06d}")
-
-
-def _latest_of(engine_dir):
-    """The version an engine checkpoint directory's LATEST names ("v000001")."""
-    with open(os.path.join(engine_dir, "LATEST"), encoding="utf-8") as file:
-        return file.read().strip()
-
-
-def _fsync_directory(directory):
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def read_manifest(directory):
-    """The manifest of the sharded checkpoint in ``directory``; NotFound when there is none,
-    Corruption when it is not one."""
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
-        raise zoe_errors.NotFound(
-            _capi.Status.NOT_FOUND, f"{directory!r} holds no sharded zoe checkpoint"
-        )
-    try:
-        with open(path, encoding="utf-8") as file:
-            manifest = json.load(file)
-    except ValueError as error:
-        raise zoe_errors.Corruption(
-            _capi.Status.CORRUPTION, f"{path!r} is not a sharded zoe manifest: {error}"
-        ) from None
-    if not isinstance(manifest, dict) or "world_size" not in manifest or "groups" not in manifest:
-        raise zoe_errors.Corruption(
-            _capi.Status.CORRUPTION, f"{path!r} is not a sharded zoe manifest (no world_size or "
-            "groups)"
-        )
-    return manifest
-
-
-def shard_directory(directory, manifest, rank):
-    """The engine checkpoint of rank's shard that ``manifest`` names, checked to be the one it
-    recorded (Corruption when another save replaced it)."""
-    if "shards" not in manifest:  # format 1
-        return os.path.join(directory, f"rank-{rank}")
-    entry = manifest["shards"][rank]
-    path = os.path.join(directory, entry["path"])
-    try:
-        found = _latest_of(path)
-    except OSError as error:
-        found = f"nothing ({error.strerror})"
-    if found != entry["engine_version"]:
-        raise zoe_errors.Corruption(
-            _capi.Status.CORRUPTION,
-            f"rank {rank}'s shard {path!r} holds {found}; the manifest of {directory!r} names "
-            f"{entry['engine_version']}: the shard was changed after the manifest was written",
-        )
-    return path
-
-
-def _floats(address, count, ctype=ctypes.c_float, dtype=torch.float32):
-    """A tensor over ``count`` elements at ``address`` (no copy)."""
-    if count == 0:
-        return torch.empty(0, dtype=dtype)
-    return torch.frombuffer((ctype * count).from_address(address), dtype=dtype)
-
-
-def _shard_begin(count, rank, world_size):
-    """The first element of shard ``rank``: floor(rank * count / world_size)."""
-    return rank * count // world_size
-
-
-def save_sharded(directory, comm, save_shard, manifest):
-    """The sharded checkpoint protocol: one step after another, each agreed
-    (TorchCollectives.agreed: a step that fails on any rank raises on every rank, naming it,
-    and the ranks stay paired for their next collective):
-
-    1. save n is one more than every save the live manifest or any rank's folder names;
-    2. every rank calls ``save_shard(path)`` on a fresh ``directory``/rank-<r>/save-<n> (after a
-       failure on any rank, every rank removes its save n: no manifest names it);
-    3. rank 0 replaces the manifest (``manifest`` plus the format, n, the world size and each
-       rank's shard with the engine version its LATEST names) atomically;
-    4. each rank removes its other saves.
-
-    A rank killed or failing anywhere before step 3's rename leaves the previous manifest, which
-    names the previous save of every rank, still on disk: loaders never mix two saves, and a
-    failed save loses nothing saved before it."""
-    where = f"the sharded checkpoint in {directory!r}"
-    version = _next_version(directory, comm, where)
-    try:
-        latest = comm.agreed(f"saving the shards of {where}",
-                             lambda: _write_shard(directory, comm.rank, version, save_shard))
-    except Exception:
-        _remove_quietly(os.path.join(directory, _shard_path(comm.rank, version)))
-        raise
-    engine_versions = [None] * comm.world_size
-    dist.all_gather_object(engine_versions, latest, group=comm.group)
-    manifest = dict(manifest, format=MANIFEST_FORMAT, version=version, world_size=comm.world_size)
-    manifest["shards"] = [{"path": _shard_path(rank, version), "engine_version": found}
-                          for rank, found in enumerate(engine_versions)]
-    comm.agreed(f"publishing the manifest of {where}",
-                lambda: _publish_manifest(directory, manifest) if comm.rank == 0 else None)
-    _remove_old_saves(directory, comm.rank, version)
-
-
-def _next_version(directory, comm, where):
-    """Save n, the same on every rank: one more than the save the live manifest names (as rank
-    0 reads it; none when it cannot be read) and than every rank's save-<m> folders, so that no
-    save is ever written over one a manifest may name."""
-    highest = comm.agreed(f"numbering the new save of {where}",
-                          lambda: _highest_save(directory, comm.rank))
-    numbers = torch.zeros(comm.world_size, dtype=torch.float64)
-    numbers[comm.rank] = highest
-    comm.all_reduce(numbers)
-    return int(numbers.max().item()) + 1
-
-
-def _highest_save(directory, rank):
-    """The highest save number in rank's folder and, on rank 0, the live manifest's (0: none)."""
-    highest = _manifest_version(directory) if rank == 0 else 0
-    rank_dir = os.path.join(directory, f"rank-{rank}")
-    names = os.listdir(rank_dir) if os.path.isdir(rank_dir) else []
-    found = (_SAVE_NAME.fullmatch(name) for name in names)
-    return max([highest] + [int(match.group(1)) for match in found if match])
-
-
-def _manifest_version(directory):
-    """The save number the live manifest names; 0 when there is none or it cannot be read."""
-    try:
-        return int(read_manifest(directory).get("version", 0))
-    except (OSError, ValueError, TypeError, zoe_errors.Error):
-        return 0
-
-
-def _write_shard(directory, rank, version, save_shard):
-    """Rank's shard of save ``version``, written by ``save_shard`` into a fresh folder; returns
-    the engine version its LATEST names."""
-    path = os.path.join(directory, _shard_path(rank, version))
-    _fresh_directory(path)
-    save_shard(path)
-    return _latest_of(path)
-
-
-def _fresh_directory(path):
-    """``path`` created empty (a save killed earlier may have left one of the same name: no
-    manifest names it)."""
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.makedirs(path)
-
-
-def _publish_manifest(directory, manifest):
-    """Replaces the manifest: written to a temporary file, fsynced, renamed over the live one
-    and the directory fsynced, so a reader sees the old one or the new one, whole."""
-    temporary = os.path.join(directory, f".{MANIFEST}.tmp")
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(manifest, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, os.path.join(directory, MANIFEST))
-    _fsync_directory(directory)
-
-
-def _remove_old_saves(directory, rank, version):
-    """Removes everything in rank's folder but save ``version`` (best effort: a later save
-    removes what stays behind)."""
-    rank_dir = os.path.join(directory, f"rank-{rank}")
-    keep = os.path.basename(_shard_path(rank, version))
-    try:
-        names = os.listdir(rank_dir)
-    except OSError:
-        return
-    for name in names:
-        if name != keep:
-            _remove_quietly(os.path.join(rank_dir, name))
-
-
-def _remove_quietly(path):
-    """Removes a file or a folder tree, ignoring failures."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-
-
-def load_shard(comm, what, shard_dir, save, load):
-    """``load(shard_dir)`` as an agreed step that leaves every rank as it was when it failed on
-    any rank: first each rank saves its state as it is with ``save(folder)`` (an agreed step of
-    its own) into a scratch folder beside its shard; a rank whose load succeeded while another's
-    failed loads that back (a failed load leaves the state unchanged). The scratch folder is
-    removed either way."""
-    before = comm.agreed(f"saving the state as it is before {what}",
-                         lambda: _save_scratch(os.path.dirname(shard_dir), save))
-    loaded = False
-
-    def load_mine():
-        nonlocal loaded
-        load(shard_dir)
-        loaded = True
-
-    try:
-        comm.agreed(what, load_mine)
-    except Exception:
-        if loaded:  # another rank failed: back to the state before the load
-            load(before)
-        raise
-    finally:
-        _remove_quietly(before)
-
-
-def _save_scratch(parent, save):
-    """``save(folder)`` into a fresh scratch folder in ``parent`` (removed when it fails)."""
-    folder = tempfile.mkdtemp(prefix=".before-load-", dir=parent)
-    try:
-        save(folder)
-    except BaseException:
-        _remove_quietly(folder)
-        raise
-    return folder
-
-
-class TorchCollectives:
-    """zoe_collectives over a torch.distributed process group. The callbacks run on the thread
-    that steps (zoe calls them from zoe_sharded_*); an exception in one is kept in ``error`` and
-    reported to zoe as a failure (zoe then fails the step on this rank). ``seconds`` and
-    ``calls`` count the wall time spent inside its (blocking) collectives and how many ran.
-
-    Lifetime: the process group is held weakly, so destroy_process_group() ends it even while an
-    optimizer still exists (a collective afterwards raises FailedPrecondition). A group kept alive
-    past it would keep its transport's threads running into interpreter shutdown, where a gloo
-    worker that releases a finished collective's tensor needs the GIL and aborts the process
-    ("terminate called without an active exception"). The C callbacks hold this object weakly
-    too, so it forms no reference cycle and goes with its optimizer."""
-
-    def __init__(self, process_group):
-        self._group = _weak_group(process_group)
-        self.rank = dist.get_rank(process_group)
-        self.world_size = dist.get_world_size(process_group)
-        backend = dist.get_backend(process_group)
-        self._device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
-        self.error = None
-        self.seconds = 0.0
-        self.calls = 0
-        self._scratch = {}  # (purpose, element count) -> a buffer reused by every call
-        self._callbacks = (
-            _capi.all_reduce_sum_fn(self._guarded(TorchCollectives._all_reduce_sum)),
-            _capi.reduce_scatter_sum_fn(self._guarded(TorchCollectives._reduce_scatter_sum)),
-            _capi.all_gather_fn(self._guarded(TorchCollectives._all_gather)),
-            _capi.barrier_fn(self._guarded(TorchCollectives._barrier)),
-        )
-        self.struct = _capi.zoe_collectives(None, self.rank, self.world_size, *self._callbacks)
-
-    @property
-    def group(self):
-        """The process group; FailedPrecondition once destroy_process_group() ended it."""
-        return _live_group(self._group, "the zoe optimizer")
-
-    def agreed(self, what, step):
-        """``step()`` run on every rank, then agreed (_collective_ops.agreed): its result when
-        it succeeded on every rank, else every rank raises zoe's error naming the failing ranks
-        and ``what`` failed. ``step`` makes no collective call."""
-        return agreed(what, step, self.group)
-
-    def _guarded(self, function):
-        """A C callback running ``function(self, *args)``; it holds ``self`` weakly (the
-        callbacks are this object's own: a strong reference would be a cycle)."""
-        owner = weakref.ref(self)
-
-        def callback(_context, *args):
-            collectives = owner()
-            if collectives is None:  # zoe calls only while a group, which holds it, steps
-                return 1
-            try:
-                function(collectives, *args)
-                return 0
-            except Exception as error:  # reported to zoe, which fails the step on this rank
-                collectives.error = error
-                return 1
-
-        return callback
-
-    def all_reduce(self, tensor):
-        """Sums ``tensor`` over the ranks, in place."""
-        if self._device.type == "cpu":
-            with _timed(self, "seconds", calls="calls"):
-                dist.all_reduce(tensor, group=self.group)
-            return
-        moved = tensor.to(self._device)
-        with _timed(self, "seconds", calls="calls"):
-            dist.all_reduce(moved, group=self.group)
-        tensor.copy_(moved)
-
-    def _all_reduce_sum(self, values, count):
-        self.all_reduce(_floats(ctypes.addressof(values.contents), count, ctypes.c_double,
-                                torch.float64))
-
-    def _buffer(self, purpose, count, device=None):
-        """A float32 buffer of ``count`` elements kept for ``purpose`` (allocated zeroed at the
-        first call with that count, then the same memory: its contents are the last user's)."""
-        key = (purpose, count)
-        buffer = self._scratch.get(key)
-        if buffer is None:
-            buffer = torch.zeros(count, dtype=torch.float32, device=device or self._device)
-            self._scratch[key] = buffer
-        return buffer
-
-    def reduce_to_owners(self, tensor, bounds):
-        """Sums ``tensor`` over the ranks, each rank's part onto that rank: rank r's part is
-        elements [bounds[r], bounds[r + 1]) of ``tensor``. Afterwards this rank's part holds the
-        sum; the other parts hold unspecified values."""
-        parts = [tensor[bounds[r] : bounds[r + 1]] for r in range(self.world_size)]
-        if self._device.type == "cpu":
-            with _timed(self, "seconds", calls="calls"):
-                reduce_parts(parts, self.group)
-            return
-        self.all_reduce(tensor)
-
-    def _reduce_scatter_sum(self, send, recv, counts):
-        counts = [counts[r] for r in range(self.world_size)]
-        bounds = [sum(counts[:r]) for r in range(self.world_size + 1)]
-        whole = self._buffer("reduce_scatter", bounds[-1], torch.device("cpu"))
-        whole.copy_(_floats(send, whole.numel()))  # send is the caller's: not reduced in place
-        self.reduce_to_owners(whole, bounds)
-        mine = whole[bounds[self.rank] : bounds[self.rank + 1]]
-        _floats(recv, counts[self.rank]).copy_(mine)
-
-    def gather(self, shard, counts, out=None):
-        """Every rank's ``shard`` (counts[r] fp32 elements on rank r), concatenated in rank
-        order, into ``out`` (a fresh CPU tensor when None), which is returned. A CPU backend
-        broadcasts each rank's shard straight into its slice of ``out`` (_collective_ops);
-        otherwise every rank all-gathers a reused buffer of the largest count (the padding's
-        contents are never read)."""
-        if out is None:
-            out = torch.empty(sum(counts), dtype=torch.float32)
-        largest = max(counts)
-        if largest == 0:  # nothing to gather on any rank (gloo fails on empty tensors)
-            return out
-        if self._device.type == "cpu":
-            parts = list(out.split(counts))
-            if parts[self.rank].data_ptr() != shard.data_ptr():
-                parts[self.rank].copy_(shard)
-            with _timed(self, "seconds", calls="calls"):
-                gather_parts(parts, self.group)
-            return out
-        padded = self._buffer("gather_send", largest)
-        padded[: counts[self.rank]] = shard
-        received = self._buffer("gather_received", largest * len(counts))
-        with _timed(self, "seconds", calls="calls"):
-            dist.all_gather(list(received.split(largest)), padded, group=self.group)
-        begin = 0
-        for rank, count in enumerate(counts):
-            out[begin : begin + count].copy_(received[rank * largest : rank * largest + count])
-            begin += count
-        return out
-
-    def _all_gather(self, send, recv, counts):
-        counts = [counts[r] for r in range(self.world_size)]
-        self.gather(_floats(send, counts[self.rank]), counts, out=_floats(recv, sum(counts)))
-
-    def _barrier(self):
-        with _timed(self, "seconds", calls="calls"):
-            dist.barrier(group=self.group)
-
-
-class ShardedGroup:
-    """One rank's part of a sharded zoe optimizer group (zoe_sharded_group_*)."""
-
-    def __init__(self, engine, name, params, collectives, **options):
-        spec = {"name": name}
-        spec.update({key: value for key, value in options.items() if value is not None})
-        array, n = _views(params)
-        handle = ctypes.c_void_p()
-        self._collectives = collectives
-        self._call(
-            _capi.zoe_sharded_group_create(
-                engine._h(), json.dumps(spec).encode("utf-8"), array, n,
-                ctypes.byref(collectives.struct), ctypes.byref(handle),
-            ),
-            f"create sharded optimizer group {name!r}",
-        )
-        self._handle = handle
-        self.engine = engine
-        self.name = name
-        local = _capi.zoe_group_id()
-        begin, end = ctypes.c_uint64(), ctypes.c_uint64()
-        check(_capi.zoe_sharded_group_local(handle, ctypes.byref(local), ctypes.byref(begin),
-                                            ctypes.byref(end)))
-        self.begin, self.end = begin.value, end.value
-        segments = len(spec.get("segments", [0]))
-        self.local = OptimizerGroup(engine, local.value, name, self.end - self.begin, segments)
-
-    def _call(self, status, what):
-        """check(), naming the failed collective's Python exception when there was one."""
-        error, self._collectives.error = self._collectives.error, None
-        if status != _capi.Status.OK and error is not None:
-            what = f"{what} ({type(error).__name__} in a collective: {error})"
-        check(status, what)
-
-    def step(self, hyper, params_out, loss_scale=1.0):
-        """One sharded step on the gradients accumulated in ``local``; every rank calls it."""
-        c_hyper = ctypes.byref(
-            _capi.zoe_hyper_params(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
-                                   hyper.weight_decay)
-        )
-        param_array, n_params = _views(params_out)
-        out = _capi.zoe_step_result()
-        self._call(
-            _capi.zoe_sharded_step(
-                self.engine._h(), self._handle, c_hyper, None, 0, param_array, n_params,
-                float(loss_scale), ctypes.byref(out),
-            ),
-            f"sharded step of optimizer group {self.name!r}",
-        )
-        return StepResult(bool(out.skipped), out.grad_norm, out.steps_taken, out.bytes_read,
-                          out.bytes_written, out.seconds)
-
-    def close(self):
-        if self._handle:
-            _capi.zoe_sharded_group_destroy(self._handle)
-            self._handle = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the library may already be gone
-            pass
-
+from .. import _capi
+from .. import errors as zoe_errors
+from ..engine import BufferView, _config_text
+from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
+from .common import _invalid, _pager_of, _view
+from .distributed import (DEFAULT_BUCKET_ELEMENTS, ShardedGroup, TorchCollectives, shard_bounds,
+                          shard_counts)
 
 def _with_rank(path, rank):
     """``path`` with ``{rank}`` replaced, its directory created."""
@@ -789,7 +347,7 @@ class ZeroMixin:
                 target.zero_()
             else:
                 target.copy_(grad.detach().reshape(-1))
-        owners = [min(max(_shard_begin(total, r, self.world_size), begin), end) - begin
+        owners = [min(max(shard_bounds(total, r, self.world_size)[0], begin), end) - begin
                   for r in range(self.world_size + 1)]
         self._comm.reduce_to_owners(flat, owners)
         bucket.reduced = True
@@ -887,8 +445,7 @@ class ZeroMixin:
         layout, world = [], self.world_size
         for index, group in enumerate(self.param_groups):
             count = sum(param.numel() for param in group["params"])
-            shards = [[_shard_begin(count, r, world), _shard_begin(count, r + 1, world)]
-                      for r in range(world)]
+            shards = [list(shard_bounds(count, r, world)) for r in range(world)]
             layout.append({"name": self._group_name(index), "count": count, "shards": shards})
         return layout
 
@@ -957,9 +514,7 @@ class ZeroMixin:
         sharded.local.read_state(_capi.StateSlot.MASTER, 0, shard.numel(), shard.data_ptr())
         params = self.param_groups[group_index]["params"]
         count = sum(param.numel() for param in params)
-        counts = [_shard_begin(count, r + 1, self.world_size) - _shard_begin(count, r,
-                                                                             self.world_size)
-                  for r in range(self.world_size)]
+        counts = shard_counts(count, self.world_size)
         whole = self._comm.gather(shard, counts)
         for param, offset in zip(params, self._offsets(group_index)):
             param.copy_(whole[offset : offset + param.numel()].view_as(param))
@@ -991,9 +546,7 @@ class ZeroMixin:
         params = self.param_groups[group_index]["params"]
         offsets = self._offsets(group_index)
         count = sum(param.numel() for param in params)
-        counts = [_shard_begin(count, r + 1, self.world_size) - _shard_begin(count, r,
-                                                                             self.world_size)
-                  for r in range(self.world_size)]
+        counts = shard_counts(count, self.world_size)
         slots = {}
         for key, slot in (("exp_avg", _capi.StateSlot.EXP_AVG),
                           ("exp_avg_sq", _capi.StateSlot.EXP_AVG_SQ),
@@ -1048,3 +601,4 @@ def sharded_class(base):
         _CLASSES[base] = type(base.__name__, (ZeroMixin, base), {"__module__": base.__module__,
                                                                   "__doc__": base.__doc__})
     return _CLASSES[base]
+

@@ -27,10 +27,10 @@ import time
 
 import torch
 
-from . import _capi
-from ._torch_common import _DTYPES, _invalid, _pager_of
-from .engine import BufferView
-from .errors import Error, FailedPrecondition, Internal, IoError, NoSpace, as_zoe_error
+from .. import _capi
+from ..engine import BufferView
+from ..errors import Error, FailedPrecondition, Internal, IoError, NoSpace, as_zoe_error
+from .common import _DTYPES, _invalid, _pager_of
 
 # zoe tensors occupy whole chunks (zoe.chunk_size, 64 MiB by default); staging is rounded to it
 # when the optimizer sizes its engine's tensor swap space.

@@ -6,9 +6,9 @@ import weakref
 
 import torch
 
-from . import _capi
-from .engine import BufferView
-from .errors import FailedPrecondition, InvalidArgument
+from .. import _capi
+from ..engine import BufferView
+from ..errors import FailedPrecondition, InvalidArgument
 
 _DTYPES = {
     torch.float32: _capi.DType.FLOAT32,

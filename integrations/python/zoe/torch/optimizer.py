@@ -19,18 +19,21 @@ with FailedPrecondition naming it. ``zero_copy=False`` keeps a copy; ``zero_copy
 import contextlib
 import json
 import math
-import numbers
 import os
 import re
 import tempfile
 
 import torch
 
-from . import _capi, _torch_device
-from ._collective_ops import agreed
-from ._torch_common import _DTYPES, _invalid, _pager_of, _view
-from .engine import BufferView, Engine, HyperParams, StepResult, _config_text
-from .errors import FailedPrecondition, NotFound
+from .. import _capi
+from .._collective_ops import agreed
+from ..engine import BufferView, Engine, HyperParams, StepResult
+from ..errors import FailedPrecondition, NotFound
+from . import device
+from .common import _DTYPES, _invalid, _pager_of, _view
+from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
+from .zero import sharded_class
+
 
 def _current_values(param):
     """A parameter's values as a contiguous tensor (a copy for a paged parameter)."""
@@ -71,135 +74,6 @@ def _param_views(group_index, params):
     return [_view(param) for param in params]
 
 
-def engine_config(offload="cpu", nvme_path=None, moment_dtype=None, **zoe_options):
-    """A configuration dict placing the optimizer state on ``offload`` ("cpu" or "nvme")."""
-    if offload not in ("cpu", "nvme"):
-        raise _invalid(f"offload = {offload!r} is not allowed; allowed: 'cpu', 'nvme'")
-    if offload == "cpu" and nvme_path:
-        raise _invalid(
-            f"nvme_path = {os.fspath(nvme_path)!r} with offload='cpu': the state would stay in "
-            "DRAM and the path go unused; give offload='nvme' (or no offload: a path implies it)"
-        )
-    section = {"device": offload}
-    if offload == "nvme":
-        if not nvme_path:
-            raise _invalid("offload='nvme' needs nvme_path, a directory for the swap files")
-        section["nvme_path"] = os.fspath(nvme_path)
-    options = dict(zoe_options)
-    if moment_dtype:
-        options["moment_dtype"] = moment_dtype
-    # This engine holds optimizer groups only: no swap space for registered tensors is needed.
-    options.setdefault("tensor_swap_bytes", "1M")
-    return {"zero_optimization": {"offload_optimizer": section}, "zoe": options}
-
-
-def _optimizer_engine_config(config, offload, nvme_path, arguments, swap_bytes):
-    """The configuration of the engine an optimizer creates: ``config`` (a DeepSpeed-shaped
-    dict, JSON string or file path; its "auto" values are decided by the optimizer's arguments)
-    when given, else one from ``offload`` (None: "nvme" with an nvme_path, else "cpu") and the
-    moment dtype among ``arguments`` (see _check_config_agrees). The engine holds optimizer
-    groups only, so unless the config says otherwise it reserves for registered tensors only the
-    ``swap_bytes`` its device groups' staging needs (0: none). An argument that contradicts a
-    value the config sets is refused."""
-    swap = swap_bytes or "1M"
-    if config is None:
-        offload = offload or ("nvme" if nvme_path else "cpu")
-        moment_dtype, _ = arguments["zoe.moment_dtype"]
-        return engine_config(offload, nvme_path, moment_dtype=moment_dtype,
-                             tensor_swap_bytes=swap)
-    if nvme_path is not None or offload is not None:
-        raise _invalid(
-            "give either config (its zero_optimization.offload_optimizer places the state) or "
-            "offload/nvme_path, not both"
-        )
-    document = json.loads(_config_text(config) or "{}")
-    _check_config_agrees(document, arguments)
-    zoe_section = document.setdefault("zoe", {})
-    if isinstance(zoe_section, dict):
-        zoe_section.setdefault("tensor_swap_bytes", swap)  # a value the config sets is kept
-    return document
-
-
-def _check_config_agrees(document, arguments):
-    """InvalidArgument when the config sets a value (other than "auto") that an optimizer
-    argument contradicts. ``arguments`` maps a config key ("zoe.moment_dtype",
-    "gradient_clipping", "optimizer.params.lr", ...) to the optimizer's argument and its name;
-    an argument None stands for "not given". Either place alone decides; neither silently
-    overrides the other."""
-    for key, (argument, name) in arguments.items():
-        configured = document
-        for part in key.split("."):
-            configured = configured.get(part) if isinstance(configured, dict) else None
-        if configured is None or configured == "auto" or argument is None:
-            continue
-        if not _agree(configured, argument):
-            given = "" if key in _GIVEN_ONLY else " (passed, or the optimizer's default)"
-            raise _invalid(
-                f"{name} = {argument!r}{given} contradicts the config's {key} = {configured!r}; "
-                'set it in one place (or write "auto" in the config: it then takes the argument)'
-            )
-
-
-def _check_type_agrees(document, engine, zoe_type):
-    """InvalidArgument when the config names an optimizer.type that zoe (which reads DeepSpeed's
-    "Adam" as AdamW unless adam_w_mode is false) resolves to another kind than the class
-    constructed."""
-    optimizer = document.get("optimizer")
-    if not isinstance(optimizer, dict) or optimizer.get("type") is None:
-        return
-    resolved = engine.config["optimizer"]["type"]
-    if resolved != zoe_type.lower():
-        raise _invalid(
-            f"zoe.torch.{zoe_type} contradicts the config's optimizer.type = "
-            f"{optimizer['type']!r} (read as {resolved!r}); construct the matching class or "
-            "change the config"
-        )
-
-
-# Param group keys torch's AdamW would act on, which zoe's step does not do when true.
-_UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable")
-# Keys of the optimizer's own, which a param group cannot set.
-_OPTIMIZER_WIDE = ("moment_dtype", "max_grad_norm")
-
-
-def _check_group_options(group, where, zoe_type):
-    """InvalidArgument for a param group (added, loaded from a state dict, or changed before a
-    step) that asks for something zoe's ``zoe_type`` step would not do."""
-    for key in _UNSUPPORTED_FLAGS:
-        if group.get(key):
-            raise _invalid(f"{where} sets {key} = {group[key]!r}; zoe optimizers support none of "
-                           f"{', '.join(_UNSUPPORTED_FLAGS)}")
-    decoupled = group.get("decoupled_weight_decay")  # torch >= 2.7: Adam's switch to AdamW
-    if decoupled is not None and bool(decoupled) != (zoe_type == "AdamW"):
-        named = "AdamW" if decoupled else "Adam"
-        raise _invalid(f"{where} sets decoupled_weight_decay = {decoupled!r}, which is "
-                       f"{named}; this optimizer is zoe.torch.{zoe_type}")
-    for key in _OPTIMIZER_WIDE:
-        if key in group:
-            raise _invalid(f"{where} sets {key!r}; it is the optimizer's, given to its "
-                           "constructor (or the engine configuration), not per param group")
-
-
-# Config keys whose optimizer argument is compared only when the caller passed it.
-_GIVEN_ONLY = ("zoe.moment_dtype", "gradient_clipping")
-
-
-def _agree(configured, argument):
-    """Whether a config value and an argument say the same: numbers (any real, numpy's
-    included) equal to a relative 1e-6, so that a value computed in code or held in float32
-    (rounded to 6e-8) agrees with the config's decimal; sequences element by element; anything
-    else by ==."""
-    if isinstance(configured, (list, tuple)) and isinstance(argument, (list, tuple)):
-        return len(configured) == len(argument) and all(
-            _agree(a, b) for a, b in zip(configured, argument)
-        )
-    numeric = (numbers.Real, torch.Tensor)
-    if (isinstance(configured, numbers.Real) and isinstance(argument, numeric)
-            and not isinstance(configured, bool) and not isinstance(argument, bool)):
-        return math.isclose(float(configured), float(argument), rel_tol=1e-6, abs_tol=0.0)
-    return configured == argument
-
-
 class _ZoeAdamBase(torch.optim.Optimizer):
     """The shared implementation of AdamW (decoupled weight decay) and Adam (L2)."""
 
@@ -207,11 +81,9 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     def __new__(cls, *args, process_group=None, zero_stage=None, **kwargs):
         """With ``process_group`` or ``zero_stage``: the optimizer sharded across the group's
-        ranks (ZeRO stages 1 and 2, zoe/_torch_zero.py)."""
+        ranks (ZeRO stages 1 and 2, zoe/torch/zero.py)."""
         if (process_group is None and zero_stage is None) or getattr(cls, "_zoe_sharded", False):
             return super().__new__(cls)
-        from ._torch_zero import sharded_class
-
         return super().__new__(sharded_class(cls))
 
     def __init__(
@@ -269,7 +141,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                 "engine= comes with its own configuration; config, offload and nvme_path apply "
                 "only to the engine an optimizer creates, so give either engine or those"
             )
-        params, staging_swap = _torch_device.listed_params(params, device_backend)
+        params, staging_swap = device.listed_params(params, device_backend)
         if engine is None:
             arguments = {
                 "zoe.moment_dtype": (moment_dtype, "moment_dtype"),
@@ -287,7 +159,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             except BaseException:
                 self._engine.close()
                 raise
-        self._device_groups = []  # per param group: _torch_device.DeviceGroup, None on the CPU
+        self._device_groups = []  # per param group: device.DeviceGroup, None on the CPU
         self._zoe_groups = []  # per param group: zoe OptimizerGroup, created at its first use
         self._versions = []  # per param group: the parameters' version counters after our write
         self._pending = []  # per param group: a loaded state to apply when the group is created
@@ -352,10 +224,10 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         _check_group_options(param_group, f"param group {group_index}", self._ZOE_TYPE)
         for index, param in enumerate(params):
             self._check_param(param, f"parameter {index} of param group {group_index}")
-        backend = _torch_device.backend_for(group_index, params, self._device_backend)
+        backend = device.backend_for(group_index, params, self._device_backend)
         super().add_param_group(param_group)
         self._device_groups.append(
-            None if backend is None else _torch_device.DeviceGroup(self, group_index, backend)
+            None if backend is None else device.DeviceGroup(self, group_index, backend)
         )
         self._zoe_groups.append(None)
         self._masters.append(None)
@@ -560,7 +432,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         """The step of a param group zoe steps from host gradients: none when no parameter has
         a gradient (last_step None), else the group's state created, parameters written
         outside the optimizer taken into the master, the zoe step and its StepResult in
-        last_step. The sharded optimizer (_torch_zero) supplies its own _group_grads and
+        last_step. The sharded optimizer (zero.py) supplies its own _group_grads and
         _step_zoe."""
         grads = self._group_grads(group_index, group)
         if grads is None:
@@ -587,7 +459,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         return result
 
     def _device_step(self, group_index, group):
-        """The step of a param group on a device (see _torch_device)."""
+        """The step of a param group on a device (see device.py)."""
         device_group = self._device_groups[group_index]
         if not device_group.has_grads():
             self.last_step[group_index] = None
@@ -608,7 +480,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         is open, each device parameter's gradient is copied to the host as soon as it is final
         and handed to zoe, which starts reading its state during backward. Without it, step()
         copies the gradients after backward. CPU param groups are not affected."""
-        return _torch_device.overlap(self._device_groups)
+        return device.overlap(self._device_groups)
 
     def _write_back(self, group_index, present=None):
         """Copies the master weights into the parameters one at a time (paged parameters are
