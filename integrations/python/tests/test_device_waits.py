@@ -96,7 +96,7 @@ def close_then_reuse_the_staging(engine, adversarial):
     for step in range(2):
         train_step(reference, torch_opt, step, False)
         train_step(model, zoe_opt, step, True)
-    group = zoe_opt._device_groups[0]
+    group = zoe_opt._groups[0].device
     staging = group._param_host + group._grad_host
     zoe_opt.close()
     assert group._staging is None  # released

@@ -195,7 +195,8 @@ def run_fault(rank, world, out_dir):
 def reused_buffers(optimizer):
     """The optimizer's reused buffers: per param group its flat gradient buffer, and the
     collectives' scratch buffers by purpose and size."""
-    return {"grads": list(optimizer._grad_buffers), **optimizer._comm._scratch}
+    return {"grads": [state.shard.buffer for state in optimizer._groups],
+            **optimizer._zero.comm._scratch}
 
 
 def run_buffers(rank, world, out_dir):

@@ -45,10 +45,12 @@ without the ranks; load_state_dict() takes such a dict, from any world size, eac
 the way to move training to another world size.
 """
 
+import dataclasses
 import json
 import operator
 import os
 import weakref
+from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -60,6 +62,8 @@ from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _invalid, _pager_of, _view
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ShardedGroup, TorchCollectives, shard_bounds,
                           shard_counts)
+from .grad_hooks import buckets_of, on_gradient_accumulated
+from .state_layout import SLOTS, param_entries
 
 def _with_rank(path, rank):
     """``path`` with ``{rank}`` replaced, its directory created."""
@@ -142,7 +146,7 @@ def _check_sharded_options(options):
             )
 
 
-class _ShardSlice:
+class ShardSlice:
     """Passes the shard's part of whole-group state writes to the rank's group."""
 
     def __init__(self, sharded):
@@ -155,67 +159,88 @@ class _ShardSlice:
             self.sharded.local.write_state(slot, lo - begin, hi - lo, address + 4 * (lo - offset))
 
 
-class _Bucket:
-    """Consecutive parameters of a param group reduced together in stage 2."""
+@dataclasses.dataclass(eq=False)
+class GroupShard:
+    """A param group's ZeRO state on this rank (GroupState.shard)."""
 
-    def __init__(self, group_index, indices):
-        self.group_index = group_index
-        self.indices = indices
-        self.ready = 0  # gradients final so far in this iteration
-        self.reduced = False
+    buckets: List[Any]  # grad_hooks.Bucket: the group's parameters in reduction order
+    sharded: Optional[ShardedGroup] = None  # created with the zoe group, by every rank together
+    grads: List[torch.Tensor] = dataclasses.field(default_factory=list)  # slices zoe borrows
+    buffer: Optional[torch.Tensor] = None  # the flat fp32 gradient buffer (grad_buffer)
+    hooks: List[Any] = dataclasses.field(default_factory=list)  # (handle, node) of stage 2
 
 
-class ZeroMixin:
-    """Stages 1 and 2 on top of _ZoeAdamBase (see the module docstring)."""
+def _bucket_hook(optimizer, bucket):
+    """Stage 2's hook on a parameter of ``bucket``: the bucket is reduced once its last
+    gradient is final. It holds the optimizer weakly: autograd keeps the hook, the optimizer
+    keeps the parameter that holds it, and a strong reference would make a cycle that keeps an
+    unreferenced optimizer (its engine and collectives) alive until a garbage collection."""
+    owner = weakref.ref(optimizer)
 
-    _zoe_sharded = True
+    def ready():
+        optimizer = owner()
+        if optimizer is None:  # a gradient after the optimizer went: nothing to reduce
+            return
+        bucket.ready += 1
+        if bucket.ready == len(bucket.indices) and not bucket.reduced:
+            with torch.no_grad():
+                state = optimizer._groups[bucket.group_index]
+                optimizer._zero.reduce_bucket(optimizer, state, bucket)
 
-    def __init__(self, params, *args, process_group=None, zero_stage=None,
-                 bucket_elements=DEFAULT_BUCKET_ELEMENTS, config=None, nvme_path=None,
-                 engine=None, **options):
-        _check_sharded_options(options)
-        bucket_elements = _whole_count(bucket_elements, "bucket_elements")
+    return ready
+
+
+class ZeroPartition:
+    """ZeRO stages 1 and 2 of one zoe optimizer (see the module docstring): the optimizer holds
+    one when given a process_group and calls it where sharding changes what it does. It keeps
+    the collectives and the stage; each param group's shard is in its GroupState.shard. Methods
+    that create a zoe group or read the param groups take the optimizer as an argument: the
+    partition holds no reference to it."""
+
+    def __init__(self, process_group, zero_stage, bucket_elements, config, engine):
         if process_group is None:
             process_group = dist.group.WORLD
-        self._comm = TorchCollectives(process_group)
-        self._stage = _stage_of(zero_stage, config, engine)
-        self._bucket_elements = bucket_elements
-        self._sharded = []  # per param group: ShardedGroup, created at first use
-        self._shard_grads = []  # per param group: the reduced slices zoe borrows until step
-        self._grad_buffers = []  # per param group: the flat gradient buffer (_grad_buffer)
-        self._buckets = []
-        self._hooks = []
-        rank = self._comm.rank
-        super().__init__(params, *args, config=_config_with_rank(config, rank),
-                         nvme_path=_with_rank(nvme_path, rank), engine=engine, **options)
+        self.comm = TorchCollectives(process_group)
+        self.stage = _stage_of(zero_stage, config, engine)
+        self.bucket_elements = bucket_elements
 
-    @property
-    def zero_stage(self):
-        return self._stage
+    @classmethod
+    def for_arguments(cls, process_group, zero_stage, bucket_elements, config, engine,
+                      unsharded_options):
+        """The partition an optimizer's arguments ask for: None without process_group and
+        zero_stage (bucket_elements is then refused, as an unknown argument is); the options
+        of the unsharded optimizer that a sharded one would ignore are refused."""
+        if process_group is None and zero_stage is None:
+            if bucket_elements is not None:
+                raise TypeError("bucket_elements applies to a sharded optimizer "
+                                "(process_group= or zero_stage=)")
+            return None
+        _check_sharded_options(unsharded_options)
+        if bucket_elements is None:
+            bucket_elements = DEFAULT_BUCKET_ELEMENTS
+        bucket_elements = _whole_count(bucket_elements, "bucket_elements")
+        return cls(process_group, zero_stage, bucket_elements, config, engine)
 
     @property
     def rank(self):
-        return self._comm.rank
+        return self.comm.rank
 
     @property
     def world_size(self):
-        return self._comm.world_size
+        return self.comm.world_size
 
-    @property
-    def collective_seconds(self):
-        """Wall seconds this rank spent inside the optimizer's collectives (gradient
-        reductions, the agreed norm and outcome, the parameters' all-gather) since creation."""
-        return self._comm.seconds
+    def config_with_rank(self, config):
+        """The configuration (dict, JSON text or path) with ``{rank}`` replaced by this rank in
+        its offload_optimizer.nvme_path; None stays None."""
+        return _config_with_rank(config, self.rank)
 
-    @property
-    def collective_calls(self):
-        """How many collectives the optimizer ran on this rank since creation."""
-        return self._comm.calls
+    def path_with_rank(self, path):
+        """``path`` with ``{rank}`` replaced by this rank, its directory created."""
+        return _with_rank(path, self.rank)
 
-    def _check_param(self, param, where):
-        """_ZoeAdamBase's checks, and a sharded optimizer's: ordinary (not paged) CPU
-        parameters."""
-        super()._check_param(param, where)
+    def check_param(self, param, where):
+        """InvalidArgument for a parameter a sharded optimizer does not step: one not on the CPU,
+        or a paged one."""
         if param.device.type != "cpu":
             raise _invalid(f"{where} is on {param.device}; sharded zoe optimizers take CPU "
                            "parameters")
@@ -223,143 +248,79 @@ class ZeroMixin:
             raise _invalid(f"{where} is paged; sharded zoe optimizers take ordinary CPU "
                            "parameters")
 
-    def add_param_group(self, param_group):
-        super().add_param_group(param_group)
-        group_index = len(self.param_groups) - 1
-        self._sharded.append(None)
-        self._shard_grads.append([])
-        self._grad_buffers.append(None)
-        params = self.param_groups[group_index]["params"]
-        buckets, current, size = [], [], 0
-        for index, param in enumerate(params):
-            current.append(index)
-            size += param.numel()
-            if size >= self._bucket_elements:
-                buckets.append(_Bucket(group_index, current))
-                current, size = [], 0
-        if current:
-            buckets.append(_Bucket(group_index, current))
-        self._buckets.append(buckets)
-        if self._stage == 2:
-            for bucket in buckets:
-                for index in bucket.indices:
-                    self._hook(params[index], bucket)
+    def add_group(self, optimizer, state):
+        """Cuts a new param group into buckets and, in stage 2, hooks its parameters."""
+        state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements))
+        if self.stage != 2:
+            return
+        for bucket in state.shard.buckets:
+            for index in bucket.indices:
+                hook = _bucket_hook(optimizer, bucket)
+                state.shard.hooks.append(on_gradient_accumulated(state.params[index], hook))
 
-    # --- layout ----------------------------------------------------------------------------
-
-    def _offsets(self, group_index):
-        offsets, offset = [], 0
-        for param in self.param_groups[group_index]["params"]:
-            offsets.append(offset)
-            offset += param.numel()
-        return offsets
-
-    def _zoe_group(self, group_index):
-        """The rank's sharded group of a param group (created by every rank together)."""
-        if self._sharded[group_index] is not None:
-            return self._sharded[group_index].local
-        group = self.param_groups[group_index]
-        params = [param.detach() for param in group["params"]]
+    def create_group(self, engine, name, state, options):
+        """This rank's part of a param group's sharded zoe group (every rank creates it
+        together); returns its local zoe group."""
+        params = [param.detach() for param in state.params]
         for index, param in enumerate(params):
             if not param.is_contiguous():
                 raise _invalid(
-                    f"parameter {index} of param group {group_index} is not contiguous; zoe "
+                    f"parameter {index} of param group {state.index} is not contiguous; zoe "
                     "optimizers step contiguous parameters"
                 )
-        sharded = ShardedGroup(
-            self._engine,
-            self._group_name(group_index),
-            [_view(param) for param in params],
-            self._comm,
-            type=self._ZOE_TYPE,
-            lr=float(group["lr"]),
-            betas=list(group["betas"]),
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            max_grad_norm=self._max_grad_norm,
-            moment_dtype=self._moment_dtype,
-            segments=[param.numel() for param in params],
-        )
-        self._sharded[group_index] = sharded
-        self._zoe_groups[group_index] = sharded.local
-        self._record_versions(group_index)
-        return sharded.local
+        state.shard.sharded = ShardedGroup(engine, name, [_view(param) for param in params],
+                                           self.comm, **options)
+        return state.shard.sharded.local
 
-    def _sync_external_writes(self, group_index):
+    def sync_external_writes(self, state):
         """Parameters written outside the optimizer: their slice in the shard goes to the
         master weights (every rank holds the same full parameters)."""
-        sharded = self._sharded[group_index]
-        params = self.param_groups[group_index]["params"]
-        recorded = self._versions[group_index] or []
-        for param, version, offset in zip(params, recorded, self._offsets(group_index)):
+        sharded = state.shard.sharded
+        recorded = state.versions or []
+        for param, version, offset in zip(state.params, recorded, state.offsets()):
             if version is None or param._version == version:
                 continue
             lo, hi = max(offset, sharded.begin), min(offset + param.numel(), sharded.end)
             if hi <= lo:
                 continue
-            values = param.detach().to(torch.float32).contiguous().view(-1)[lo - offset : hi - offset]
+            values = param.detach().to(torch.float32).contiguous().view(-1)
+            values = values[lo - offset : hi - offset]
             sharded.local.write_state(_capi.StateSlot.MASTER, lo - sharded.begin, hi - lo,
                                       values.data_ptr())
 
+    def close(self, states):
+        """Destroys the sharded groups of ``states`` (the optimizer's GroupStates)."""
+        for state in states:
+            if state.shard is not None and state.shard.sharded is not None:
+                state.shard.sharded.close()
+
     # --- gradients -------------------------------------------------------------------------
 
-    def _hook(self, param, bucket):
-        # The hook holds the optimizer weakly: autograd keeps the hook, the optimizer keeps the
-        # node or parameter that holds it, and a strong reference would make a cycle that keeps
-        # an unreferenced optimizer (its engine and collectives) alive until a garbage collection.
-        owner = weakref.ref(self)
-
-        def ready(*_unused):
-            optimizer = owner()
-            if optimizer is None:  # a gradient after the optimizer went: nothing to reduce
-                return
-            bucket.ready += 1
-            if bucket.ready == len(bucket.indices) and not bucket.reduced:
-                with torch.no_grad():
-                    optimizer._reduce_bucket(bucket)
-
-        if hasattr(param, "register_post_accumulate_grad_hook"):
-            self._hooks.append(param.register_post_accumulate_grad_hook(ready))
-            return
-        # torch < 2.1: the hook of the parameter's AccumulateGrad node, which runs once the
-        # gradient is accumulated into .grad (the node is kept alive with the hook).
-        accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
-        self._hooks.append((accumulator, accumulator.register_hook(ready)))
-
-    def _reduce_bucket(self, bucket, present=None):
+    def reduce_bucket(self, optimizer, state, bucket, present=None):
         """Sums a bucket's gradients (zeros where a parameter has none on this rank) onto the
-        ranks that own them, averages this rank's part and hands its slice of each parameter to zoe -- without data for
-        parameters that ``present`` (None: all) marks absent on every rank."""
-        group_index = bucket.group_index
-        local = self._zoe_group(group_index)
-        sharded = self._sharded[group_index]
-        params = self.param_groups[group_index]["params"]
-        offsets = self._offsets(group_index)
+        ranks that own them, averages this rank's part and hands its slice of each parameter to
+        zoe -- without data for parameters that ``present`` (None: all) marks absent on every
+        rank."""
+        local = optimizer._zoe_group(state)
+        sharded = state.shard.sharded
+        offsets = state.offsets()
         first, last = bucket.indices[0], bucket.indices[-1]
-        begin, end = offsets[first], offsets[last] + params[last].numel()
-        total = offsets[-1] + params[-1].numel()
-        flat = self._grad_buffer(group_index, total)[begin:end]
-        for index in bucket.indices:
-            grad = params[index].grad
-            start = offsets[index] - begin
-            target = flat[start : start + params[index].numel()]
-            if grad is None:
-                target.zero_()
-            else:
-                target.copy_(grad.detach().reshape(-1))
+        begin, end = offsets[first], offsets[last] + state.params[last].numel()
+        flat = self._flat_bucket(state, bucket, offsets, begin, end)
+        total = state.element_count()
         owners = [min(max(shard_bounds(total, r, self.world_size)[0], begin), end) - begin
                   for r in range(self.world_size + 1)]
-        self._comm.reduce_to_owners(flat, owners)
+        self.comm.reduce_to_owners(flat, owners)
         bucket.reduced = True
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
         if hi <= lo:
             return
         shard = flat[lo - begin : hi - begin]  # no copy: not written again before the step
         shard /= self.world_size
-        self._shard_grads[group_index].append(shard)  # borrowed by zoe until the step
+        state.shard.grads.append(shard)  # borrowed by zoe until the step
         for index in bucket.indices:
             p_lo = max(offsets[index], lo)
-            p_hi = min(offsets[index] + params[index].numel(), hi)
+            p_hi = min(offsets[index] + state.params[index].numel(), hi)
             if p_hi <= p_lo:
                 continue
             if present is None or present[index]:
@@ -368,237 +329,170 @@ class ZeroMixin:
                 view = BufferView(0, _capi.DType.FLOAT32, p_hi - p_lo)
             local.accumulate_grad(p_lo - sharded.begin, view)
 
-    def _grad_buffer(self, group_index, count):
-        """The param group's flat fp32 gradient buffer of ``count`` elements, which every
-        bucket's reduction writes in place (its slice, laid out as the group's parameters) and
-        zoe borrows slices of until the step: allocated once, again only when the group's
-        element count changes."""
-        buffer = self._grad_buffers[group_index]
+    def _flat_bucket(self, state, bucket, offsets, begin, end):
+        """The bucket's slice [begin, end) of the group's gradient buffer, holding this rank's
+        gradients (zeros for a parameter without one)."""
+        flat = self._grad_buffer(state)[begin:end]
+        for index in bucket.indices:
+            param = state.params[index]
+            start = offsets[index] - begin
+            target = flat[start : start + param.numel()]
+            if param.grad is None:
+                target.zero_()
+            else:
+                target.copy_(param.grad.detach().reshape(-1))
+        return flat
+
+    @staticmethod
+    def _grad_buffer(state):
+        """The param group's flat fp32 gradient buffer, which every bucket's reduction writes in
+        place (its slice, laid out as the group's parameters) and zoe borrows slices of until
+        the step: allocated once, again only when the group's element count changes."""
+        count = state.element_count()
+        buffer = state.shard.buffer
         if buffer is None or buffer.numel() != count:
             buffer = torch.empty(count, dtype=torch.float32)
-            self._grad_buffers[group_index] = buffer
+            state.shard.buffer = buffer
         return buffer
 
-    def _agreed_presence(self, group_index):
+    def _agreed_presence(self, state):
         """Per parameter, whether some rank has its gradient (one all-reduce)."""
-        params = self.param_groups[group_index]["params"]
-        flags = torch.tensor([float(param.grad is not None) for param in params],
+        flags = torch.tensor([float(param.grad is not None) for param in state.params],
                              dtype=torch.float64)
-        self._comm.all_reduce(flags)
+        self.comm.all_reduce(flags)
         return [bool(flag > 0) for flag in flags]
 
-    def _reduce_for_step(self, group_index):
+    def reduce_for_step(self, optimizer, state):
         """Reduces what backward did not; False when no rank has a gradient in the group."""
-        buckets = self._buckets[group_index]
-        if self._stage == 1:
-            present = self._agreed_presence(group_index)
+        buckets = state.shard.buckets
+        if self.stage == 1:
+            present = self._agreed_presence(state)
             if not any(present):
                 return False
             for bucket in buckets:
-                self._reduce_bucket(bucket, present)
+                self.reduce_bucket(optimizer, state, bucket, present)
             return True
-        params = self.param_groups[group_index]["params"]
         any_reduced = False
         for bucket in buckets:
             if bucket.reduced:
                 any_reduced = True
                 continue
-            present = [param.grad is not None for param in params]
+            present = [param.grad is not None for param in state.params]
             if any(present[index] for index in bucket.indices):
-                self._reduce_bucket(bucket, present)
+                self.reduce_bucket(optimizer, state, bucket, present)
                 any_reduced = True
         if any_reduced:
             for bucket in buckets:  # a bucket without any gradient: its slices are absent
                 if not bucket.reduced:
-                    self._reduce_bucket(bucket, [False] * len(params))
+                    self.reduce_bucket(optimizer, state, bucket, [False] * len(state.params))
         return any_reduced
+
+    def end_iteration(self, state):
+        """Drops the reduced slices and the buckets' counts after a step (taken or failed)."""
+        state.shard.grads = []
+        for bucket in state.shard.buckets:
+            bucket.reset()
 
     # --- the step --------------------------------------------------------------------------
 
-    # --- the step: _ZoeAdamBase.step's loop, with the gradients reduced and the shard stepped
-
-    def _step_group(self, group_index, group):
-        """One param group's step on every rank together (its gradients reduced first); the
-        reduced slices and the buckets' counts are dropped whatever happens."""
-        try:
-            self._step_host_group(group_index, group)
-        finally:
-            self._shard_grads[group_index] = []
-            for bucket in self._buckets[group_index]:
-                bucket.ready, bucket.reduced = 0, False
-
-    def _group_grads(self, group_index, group):
-        """Reduces what backward did not: True, or None when no rank has a gradient in the
-        group (the shard's slices are already with zoe)."""
-        return True if self._reduce_for_step(group_index) else None
-
-    def _step_zoe(self, group_index, group, zoe_group, grads):
-        """The sharded step: this rank's shard, then every rank's parameters gathered."""
-        params = [param.detach() for param in group["params"]]
-        return self._sharded[group_index].step(self._step_hyper(group_index),
-                                               [_view(param) for param in params])
+    @staticmethod
+    def step(state, hyper, params):
+        """The sharded step on the gradients accumulated in the rank's group: this rank's
+        shard, then every rank's ``params`` (the group's, detached) gathered."""
+        return state.shard.sharded.step(hyper, [_view(param) for param in params])
 
     # --- sharded checkpoints ---------------------------------------------------------------
 
-    def _layout(self):
+    def _layout(self, optimizer):
         """Per param group: its zoe name, element count and every rank's shard range."""
         layout, world = [], self.world_size
-        for index, group in enumerate(self.param_groups):
-            count = sum(param.numel() for param in group["params"])
+        for state in optimizer._groups:
+            count = state.element_count()
             shards = [list(shard_bounds(count, r, world)) for r in range(world)]
-            layout.append({"name": self._group_name(index), "count": count, "shards": shards})
+            layout.append({"name": optimizer._group_name(state.index), "count": count,
+                           "shards": shards})
         return layout
 
-    def _param_layout(self):
+    @staticmethod
+    def _param_layout(optimizer):
         """Per param group, per parameter: its shape and dtype (what a consolidation without the
         ranks needs to build torch's layout)."""
         return [[{"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", "")}
-                 for param in group["params"]] for group in self.param_groups]
+                 for param in group["params"]] for group in optimizer.param_groups]
 
-    def save_checkpoint(self, directory):
+    def save_checkpoint(self, optimizer, directory):
         """Every rank saves its shard (the engine's streamed, crash-safe checkpoint) and rank 0
         the manifest naming them, the world size, the stage and the shard layout, as
         save_sharded() describes: a save killed on any rank leaves the previous checkpoint the
-        one every rank loads. Every rank calls it."""
-        for group_index in range(len(self.param_groups)):
-            self._zoe_group(group_index)
+        one every rank loads. Every rank calls it, with every zoe group created."""
         manifest = {
-            "zero_stage": self._stage,
-            "groups": self._layout(),
-            "params": self._param_layout(),
-            "param_groups": [{key: value for key, value in group.items() if key != "params"}
-                             for group in self.param_groups],
+            "zero_stage": self.stage,
+            "groups": self._layout(optimizer),
+            "params": self._param_layout(optimizer),
+            "param_groups": optimizer._hyper_parameters(),
         }
-        save_sharded(directory, self._comm, self._engine.save_checkpoint, manifest)
+        save_sharded(directory, self.comm, optimizer.engine.save_checkpoint, manifest)
 
-    @torch.no_grad()
-    def load_checkpoint(self, directory):
+    def load_checkpoint(self, optimizer, directory):
         """Loads the save the manifest names, written by save_checkpoint on the same world size
         and shard layout: each rank its shard (bit-identical), then every rank's parameters from
-        the gathered master weights. Every rank calls it. Each step is agreed: a failure on one
-        rank raises on every rank, naming it, and leaves every rank's optimizer as it was
-        (load_shard: the load needs room for one more save of the shard beside it)."""
-        for group_index in range(len(self.param_groups)):
-            self._zoe_group(group_index)
+        the gathered master weights. Every rank calls it, with every zoe group created. Each
+        step is agreed: a failure on one rank raises on every rank, naming it, and leaves every
+        rank's optimizer as it was (load_shard: the load needs room for one more save of the
+        shard beside it)."""
         where = f"the sharded checkpoint in {directory!r}"
-        manifest, shard_dir = self._comm.agreed(f"reading the manifest of {where}",
-                                                lambda: self._manifest_to_load(directory))
-        load_shard(self._comm, f"loading the shards of {where}", shard_dir,
-                   self._engine.save_checkpoint, self._engine.load_checkpoint)
-        for group, saved in zip(self.param_groups, manifest["param_groups"]):
-            group.update(saved)
-            group["betas"] = tuple(group["betas"])
-        for group_index in range(len(self.param_groups)):
-            self._gather_master(group_index)
-            self._record_versions(group_index)
+        manifest, shard_dir = self.comm.agreed(
+            f"reading the manifest of {where}", lambda: self._manifest_to_load(optimizer,
+                                                                              directory))
+        engine = optimizer.engine
+        load_shard(self.comm, f"loading the shards of {where}", shard_dir,
+                   engine.save_checkpoint, engine.load_checkpoint)
+        optimizer._take_hyper_parameters(manifest["param_groups"])
+        for state in optimizer._groups:
+            self._gather_master(state)
+            state.record_versions()
 
-    def _manifest_to_load(self, directory):
+    def _manifest_to_load(self, optimizer, directory):
         """The manifest in ``directory`` and this rank's shard it names; FailedPrecondition
         when it is of another world size or layout."""
         manifest = read_manifest(directory)
-        if manifest["world_size"] != self.world_size or manifest["groups"] != self._layout():
+        layout = self._layout(optimizer)
+        if manifest["world_size"] != self.world_size or manifest["groups"] != layout:
             raise zoe_errors.FailedPrecondition(
                 _capi.Status.FAILED_PRECONDITION,
                 f"the checkpoint in {directory!r} is of {manifest['world_size']} ranks with "
                 f"groups {[(g['name'], g['count']) for g in manifest['groups']]}; this optimizer "
                 f"has {self.world_size} ranks and "
-                f"{[(g['name'], g['count']) for g in self._layout()]}: allowed: the same world "
+                f"{[(g['name'], g['count']) for g in layout]}: allowed: the same world "
                 "size and parameters",
             )
         return manifest, shard_directory(directory, manifest, self.rank)
 
-    def _gather_master(self, group_index):
-        """Every rank's parameters of a group from the shards' master weights."""
-        sharded = self._sharded[group_index]
+    def _gathered_slot(self, state, slot):
+        """A slot of the whole param group, gathered from every rank's shard."""
+        sharded = state.shard.sharded
         shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
-        sharded.local.read_state(_capi.StateSlot.MASTER, 0, shard.numel(), shard.data_ptr())
-        params = self.param_groups[group_index]["params"]
-        count = sum(param.numel() for param in params)
-        counts = shard_counts(count, self.world_size)
-        whole = self._comm.gather(shard, counts)
-        for param, offset in zip(params, self._offsets(group_index)):
+        sharded.local.read_state(slot, 0, shard.numel(), shard.data_ptr())
+        return self.comm.gather(shard, shard_counts(state.element_count(), self.world_size))
+
+    def _gather_master(self, state):
+        """Every rank's parameters of a group from the shards' master weights."""
+        whole = self._gathered_slot(state, _capi.StateSlot.MASTER)
+        for param, offset in zip(state.params, state.offsets()):
             param.copy_(whole[offset : offset + param.numel()].view_as(param))
 
     # --- state dicts: torch's layout, consolidated ------------------------------------------
 
-    def state_dict(self):
-        """The whole optimizer's state in torch's layout (as an unsharded zoe optimizer's):
-        every rank's shard gathered, so every rank returns the same dict. Every rank calls it.
-        Memory: the whole state of one param group at a time."""
-        for group_index in range(len(self.param_groups)):
-            self._zoe_group(group_index)
-        packed_groups, state, next_index = [], {}, 0
-        for group_index, group in enumerate(self.param_groups):
-            params = group["params"]
-            packed = {key: value for key, value in group.items() if key != "params"}
-            packed["params"] = list(range(next_index, next_index + len(params)))
-            packed_groups.append(packed)
-            for offset, entry in enumerate(self._gathered_state(group_index)):
-                if entry is not None:
-                    state[next_index + offset] = entry
-            next_index += len(params)
-        return {"state": state, "param_groups": packed_groups}
-
-    def _gathered_state(self, group_index):
-        """[per-parameter state or None] of a group, gathered from every rank's shard; a
-        parameter's step count comes from the rank holding its first element."""
-        sharded = self._sharded[group_index]
-        params = self.param_groups[group_index]["params"]
-        offsets = self._offsets(group_index)
-        count = sum(param.numel() for param in params)
-        counts = shard_counts(count, self.world_size)
-        slots = {}
-        for key, slot in (("exp_avg", _capi.StateSlot.EXP_AVG),
-                          ("exp_avg_sq", _capi.StateSlot.EXP_AVG_SQ),
-                          ("master_param", _capi.StateSlot.MASTER)):
-            shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
-            sharded.local.read_state(slot, 0, shard.numel(), shard.data_ptr())
-            slots[key] = self._comm.gather(shard, counts)
-        steps = torch.zeros(len(params), dtype=torch.float64)
+    def gathered_state(self, state):
+        """[per-parameter state or None] of a group, gathered from every rank's shard (every
+        rank calls it); a parameter's step count comes from the rank holding its first
+        element."""
+        sharded = state.shard.sharded
+        slots = {key: self._gathered_slot(state, slot) for key, slot in SLOTS}
+        steps = torch.zeros(len(state.params), dtype=torch.float64)
         local_steps = sharded.local.segment_steps
-        for index, (param, offset) in enumerate(zip(params, offsets)):
+        for index, (param, offset) in enumerate(zip(state.params, state.offsets())):
             if param.numel() > 0 and sharded.begin <= offset < sharded.end:
                 steps[index] = local_steps[index]
-        self._comm.all_reduce(steps)
-        result = []
-        for param, offset, step in zip(params, offsets, steps.tolist()):
-            if step == 0:  # never stepped: torch keeps no state for it either
-                result.append(None)
-                continue
-            entry = {"step": torch.tensor(float(step))}
-            for key, values in slots.items():
-                if key != "master_param" or param.dtype != torch.float32:
-                    entry[key] = values[offset : offset + param.numel()].view_as(param).clone()
-            result.append(entry)
-        return result
-
-    def load_state_dict(self, state_dict):
-        """Loads a state dict in torch's layout (of torch's Adam/AdamW, an unsharded zoe
-        optimizer or a sharded one of any world size): each rank takes its shard's slice. Every
-        rank calls it."""
-        for group_index in range(len(self.param_groups)):
-            self._zoe_group(group_index)
-        super().load_state_dict(state_dict)
-
-    def _write_slots(self, zoe_group, params, master_of, per_param):
-        """The whole group's state, as _ZoeAdamBase builds it, written to the shard only."""
-        sharded = next(s for s in self._sharded if s is not None and s.local is zoe_group)
-        super()._write_slots(_ShardSlice(sharded), params, master_of, per_param)
-
-    def close(self):
-        for sharded in self._sharded:
-            if sharded is not None:
-                sharded.close()
-        super().close()
-
-
-_CLASSES = {}
-
-
-def sharded_class(base):
-    """The sharded subclass of a zoe optimizer class (one per class)."""
-    if base not in _CLASSES:
-        _CLASSES[base] = type(base.__name__, (ZeroMixin, base), {"__module__": base.__module__,
-                                                                  "__doc__": base.__doc__})
-    return _CLASSES[base]
-
+        self.comm.all_reduce(steps)
+        return param_entries(state.params, slots, steps.tolist())

@@ -71,8 +71,9 @@ from .._collective_ops import Agreement, agreed, agreement_error, gather_parts, 
 from ..errors import Aborted, FailedPrecondition
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
-from .device import _post_accumulate_hook, check_paging_tier
+from .device import check_paging_tier
 from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_bounds
+from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _PagedParam, _storage_pointer
 
 DEFAULT_PREFETCH_DEPTH = 2
@@ -252,7 +253,7 @@ class ShardedParameterPager(ParameterPager):
                 self._handles.append(module.register_forward_hook(self._post_hook(entries)))
         for entry in self._params:
             if entry.param.requires_grad:
-                handle, node = _post_accumulate_hook(
+                handle, node = on_gradient_accumulated(
                     entry.param, self._reduce_hook(entry)
                 )
                 self._handles.append(handle)
