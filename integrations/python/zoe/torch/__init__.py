@@ -19,6 +19,14 @@ stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/z
 state dict file without the ranks (consolidate.py).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
+
+The package, by concern: optimizer.py (AdamW, Adam; one GroupState per param group,
+param_group.py), config.py (engine_config and the optimizer's configuration), state_layout.py
+(torch's state dict layout), device.py (the device path: DeviceBackend, CudaBackend, HostTwin,
+its waits), grad_hooks.py (gradient hooks, ZeRO buckets), zero.py (ZeRO stages 1 and 2: the
+optimizer's ZeroPartition), distributed.py (collectives, the shard formula, sharded groups),
+checkpoint.py (sharded checkpoints), paging.py (ParameterPager), zero3.py (ZeRO stage 3:
+ShardedParameterPager), offload.py (offload_parameters), consolidate.py, common.py.
 """
 
 from .config import engine_config

@@ -112,32 +112,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     _ZOE_TYPE = None  # "AdamW" or "Adam"
 
-    def __init__(
-        self,
-        params,
-        lr=1e-3,
-        betas=(0.9, 0.999),
-        eps=1e-8,
-        weight_decay=0.0,
-        amsgrad=False,
-        *,
-        engine=None,
-        config=None,
-        offload=None,
-        nvme_path=None,
-        moment_dtype=None,
-        max_grad_norm=None,
-        name="zoe",
-        maximize=False,
-        foreach=None,
-        capturable=False,
-        device_backend=None,
-        speculative=False,
-        zero_copy=None,
-        process_group=None,
-        zero_stage=None,
-        bucket_elements=None,
-    ):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, *, engine=None, config=None, offload=None, nvme_path=None,
+                 moment_dtype=None, max_grad_norm=None, name="zoe", maximize=False, foreach=None,
+                 capturable=False, device_backend=None, speculative=False, zero_copy=None,
+                 process_group=None, zero_stage=None, bucket_elements=None):
         """Arguments as documented on AdamW; ``process_group``, ``zero_stage`` and
         ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition)."""
         self._zero = ZeroPartition.for_arguments(
