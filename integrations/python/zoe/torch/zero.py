@@ -32,15 +32,15 @@ all-gathers the updated parameters into every rank's parameters. A rank that fai
 makes every rank's step raise; the transport's timeout (init_process_group(timeout=...)) bounds
 the wait for a rank that dies.
 
-Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r>/save-<n> and, once
-every rank succeeded, rank 0 replaces the manifest (world size, stage, shard layout, the
-parameters' shapes, hyper-parameters, and each rank's save) atomically: ranks killed during a save
-all load the previous checkpoint (checkpoint.save_sharded). load_checkpoint(dir) restores the save the
-manifest names on the same world size and layout. Every step of both that one rank can fail is
-agreed (TorchCollectives.agreed): every rank raises zoe's error naming the failing rank, the ranks
-stay paired, a failed save keeps the previous checkpoint and a failed load changes no rank's state
-(checkpoint.load_shard). state_dict() gathers every shard into torch's AdamW layout (the same
-dict on every rank); consolidate.py does the same from the checkpoint without the ranks;
+Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r>/save-<n> and, once every
+rank succeeded, rank 0 replaces the manifest (world size, stage, shard layout, the parameters'
+shapes, hyper-parameters, and each rank's save) atomically: ranks killed during a save all load the
+previous checkpoint (checkpoint.save_sharded). load_checkpoint(dir) restores the save the manifest
+names on the same world size and layout. Every step of both that one rank can fail is agreed
+(TorchCollectives.agreed): every rank raises zoe's error naming the failing rank, the ranks stay
+paired, a failed save keeps the previous checkpoint and a failed load changes no rank's state
+(checkpoint.load_shard). state_dict() gathers every shard into torch's AdamW layout (the same dict
+on every rank); consolidate.py does the same from the checkpoint without the ranks;
 load_state_dict() takes such a dict, from any world size, each rank its slice: the way to move
 training to another world size.
 

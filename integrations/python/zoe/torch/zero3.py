@@ -12,10 +12,10 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
 (a torch optimizer steps the shards inside ``with pager.materialized():``).
 
 - Forward: a module's pre-hook gathers its own parameters (each rank's shard broadcast as bytes
-  into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points ``param.data`` at the full values; its post-hook
-  frees them. Backward: tensors autograd saved from a gathered parameter are packed as a
-  reference and gathered again when backward unpacks them; the parameter's gradient
-  accumulator hook frees them.
+  into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points
+  ``param.data`` at the full values; its post-hook frees them. Backward: tensors autograd saved
+  from a gathered parameter are packed as a reference and gathered again when backward unpacks
+  them; the parameter's gradient accumulator hook frees them.
 - Trace: the first iteration records the order in which parameters are gathered (forward and
   backward); later iterations issue the next ``prefetch_depth`` gathers of that order ahead
   with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
