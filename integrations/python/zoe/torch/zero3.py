@@ -2,14 +2,14 @@
 parameter partitioned across the ranks of a torch.distributed process group, each rank paging
 only its own shard through its own engine's tiers.
 
-Layout: each parameter, flattened, is cut into N contiguous element shards, shard r =
-[floor(r * n / N), floor((r + 1) * n / N)) (the convention of the stage 1 and 2 optimizer), so
-uneven sizes differ by at most one element and a parameter smaller than N leaves some shards
-empty. Sharding each parameter on its own (rather than a flat concatenation) lets a module
-gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
-(``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's
-parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer
-(a torch optimizer steps the shards inside ``with pager.materialized():``).
+Layout: each parameter, flattened, is cut into N contiguous element shards,
+shard r = [floor(r * n / N), floor((r + 1) * n / N)) (distributed.shard_bounds, as for the stage 1
+and 2 optimizer), so uneven sizes differ by at most one element and a parameter smaller than N
+leaves some shards empty. Sharding each parameter on its own (rather than a flat concatenation)
+lets a module gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
+(``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's parameter;
+``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer (a torch
+optimizer steps the shards inside ``with pager.materialized():``).
 
 - Forward: a module's pre-hook gathers its own parameters (each rank's shard broadcast as bytes
   into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points
@@ -46,8 +46,8 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   inf or NaN.
 - Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
   optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
-  each rank's save (ranks killed during a save all load the previous one: checkpoint.save_sharded's
-  save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
+  each rank's save (ranks killed during a save all load the previous one:
+  checkpoint.save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
   Each step of both is agreed: one rank's failure raises on every rank, naming it.
 - Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
   wait for a rank that died) raises zoe.Aborted naming the collective and the parameter (for a
@@ -72,7 +72,7 @@ from ..errors import Aborted, FailedPrecondition
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
 from .device import check_paging_tier
-from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_bounds
+from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_counts
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _PagedParam, _storage_pointer
 
@@ -213,8 +213,7 @@ class ShardedParameterPager(ParameterPager):
 
     def _register_one(self, prefix, name, param):
         numel = param.numel()
-        counts = [b - a for a, b in (shard_bounds(numel, r, self.world_size)
-                                     for r in range(self.world_size))]
+        counts = shard_counts(numel, self.world_size)
         entry = _ShardedParam(len(self._params), name, param, counts, self.rank)
         values = param.detach().contiguous().view(-1)[entry.begin : entry.begin + entry.count]
         if entry.count:
