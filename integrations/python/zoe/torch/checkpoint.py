@@ -1,10 +1,12 @@
-"""Sharded checkpoints of zoe's ZeRO optimizers and pagers: every rank saves its shard to
-dir/rank-<r>/save-<n> and, once every rank succeeded, rank 0 replaces the manifest (world size,
-stage, shard layout, the parameters' shapes, hyper-parameters, and each rank's save) atomically:
-ranks killed during a save all load the previous checkpoint (save_sharded). Every step that one
-rank can fail is agreed (TorchCollectives.agreed): every rank raises zoe's error naming the
-failing rank, the ranks stay paired, a failed save keeps the previous checkpoint and a failed
-load changes no rank's state (load_shard)."""
+"""Checkpoint files of zoe.torch beside the engines' own checkpoints: an unsharded optimizer's
+param groups (save_param_groups), and the sharded checkpoints of zoe's ZeRO optimizers and
+pagers: every rank saves its shard to dir/rank-<r>/save-<n> and, once every rank succeeded, rank
+0 replaces the manifest (world size, stage, shard layout, the parameters' shapes,
+hyper-parameters, and each rank's save) atomically: ranks killed during a save all load the
+previous checkpoint (save_sharded). Every step that one rank can fail is agreed
+(TorchCollectives.agreed): every rank raises zoe's error naming the failing rank, the ranks stay
+paired, a failed save keeps the previous checkpoint and a failed load changes no rank's state
+(load_shard)."""
 
 import json
 import os
@@ -18,6 +20,7 @@ import torch.distributed as dist
 from .. import _capi
 from .. import errors as zoe_errors
 
+PARAM_GROUPS = "zoe_torch_param_groups.json"  # an unsharded optimizer's hyper-parameters
 MANIFEST = "zoe_sharded_manifest.json"
 MANIFEST_FORMAT = 2  # 1 (no "format"): the shards in rank-<r>, overwritten by every save
 _SAVE_NAME = re.compile(r"save-(\d+)")  # a rank's save folder: save-<n>
@@ -236,3 +239,25 @@ def _save_scratch(parent, save):
         raise
     return folder
 
+
+def save_param_groups(directory, name, param_groups):
+    """Writes an unsharded optimizer's name and its param groups' hyper-parameters (JSON) beside
+    its engine checkpoint in ``directory``, atomically (a temporary file, fsynced, renamed)."""
+    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        json.dump({"name": name, "param_groups": param_groups}, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, os.path.join(directory, PARAM_GROUPS))
+
+
+def load_param_groups(directory):
+    """The param groups' hyper-parameters save_param_groups wrote in ``directory``; NotFound
+    when it holds no zoe optimizer checkpoint."""
+    path = os.path.join(directory, PARAM_GROUPS)
+    if not os.path.exists(path):
+        raise zoe_errors.NotFound(
+            _capi.Status.NOT_FOUND, f"{directory!r} holds no zoe optimizer checkpoint"
+        )
+    with open(path, encoding="utf-8") as file:
+        return json.load(file)["param_groups"]

@@ -23,19 +23,17 @@ sharded state (zero.py). Everything else is this class's, for both.
 
 Per param group the optimizer keeps one GroupState (param_group.py), in ``self._groups``."""
 
-import json
 import math
-import os
 import re
-import tempfile
 
 import torch
 
 from .. import _capi
 from .._collective_ops import agreed
 from ..engine import BufferView, Engine, HyperParams, StepResult
-from ..errors import FailedPrecondition, NotFound
+from ..errors import FailedPrecondition
 from . import device
+from .checkpoint import load_param_groups, save_param_groups
 from .common import _DTYPES, _current_values, _invalid, _pager_of, _view, _writable
 from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
 from .param_group import GroupState
@@ -638,8 +636,6 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     # --- streaming checkpoints -------------------------------------------------------------
 
-    _META = "zoe_torch_param_groups.json"
-
     def save_checkpoint(self, directory):
         """Saves the whole optimizer state to ``directory`` without holding it in RAM: every
         group's master weights, moments and step count are streamed by the engine
@@ -654,12 +650,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             self._zoe_group(state)
             self._check_masters(state)
         self._engine.save_checkpoint(directory)
-        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            json.dump({"name": self._name, "param_groups": self._hyper_parameters()}, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, os.path.join(directory, self._META))
+        save_param_groups(directory, self._name, self._hyper_parameters())
 
     def _hyper_parameters(self):
         """Per param group, everything but its parameters (what a checkpoint keeps of it)."""
@@ -681,20 +672,14 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             self._create_groups()
             self._zero.load_checkpoint(self, directory)
             return
-        meta_path = os.path.join(directory, self._META)
-        if not os.path.exists(meta_path):
-            raise NotFound(
-                _capi.Status.NOT_FOUND, f"{directory!r} holds no zoe optimizer checkpoint"
-            )
-        with open(meta_path, encoding="utf-8") as file:
-            meta = json.load(file)
-        if len(meta["param_groups"]) != len(self.param_groups):
+        saved_groups = load_param_groups(directory)
+        if len(saved_groups) != len(self.param_groups):
             raise ValueError("the checkpoint has a different number of parameter groups")
         for state in self._groups:
             self._zoe_group(state)
             self._check_masters(state)
         self._engine.load_checkpoint(directory)
-        self._take_hyper_parameters(meta["param_groups"])
+        self._take_hyper_parameters(saved_groups)
         for state in self._groups:
             self._write_back(state)
             state.record_versions()

@@ -47,8 +47,8 @@ optimizer steps the shards inside ``with pager.materialized():``).
 - Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
   optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
   each rank's save (ranks killed during a save all load the previous one:
-  checkpoint.save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
-  Each step of both is agreed: one rank's failure raises on every rank, naming it.
+  checkpoint.save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same
+  world size. Each step of both is agreed: one rank's failure raises on every rank, naming it.
 - Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
   wait for a rank that died) raises zoe.Aborted naming the collective and the parameter (for a
   gradient bucket of several, their names). A rank that cannot read its shard for a gather still
