@@ -61,9 +61,8 @@ def _param_views(group_index, params):
     return [_view(param) for param in params]
 
 
-def _check_arguments(lr, betas, eps, weight_decay, max_grad_norm, zero_copy, name):
-    """torch's ValueErrors for hyper-parameters out of range, and InvalidArgument for a
-    zero_copy or optimizer name zoe does not take."""
+def _check_hyper_parameters(lr, betas, eps, weight_decay, max_grad_norm):
+    """torch's ValueErrors for hyper-parameters out of range."""
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr}")
     if not 0.0 <= eps:
@@ -75,6 +74,10 @@ def _check_arguments(lr, betas, eps, weight_decay, max_grad_norm, zero_copy, nam
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
     if max_grad_norm is not None and not 0.0 <= max_grad_norm:
         raise ValueError(f"Invalid max_grad_norm value: {max_grad_norm}")
+
+
+def _check_zoe_arguments(zero_copy, name):
+    """InvalidArgument for a zero_copy or optimizer name zoe does not take."""
     if zero_copy not in (None, True, False):
         raise _invalid(
             f"zero_copy = {zero_copy!r} is not allowed; allowed: None (auto), True, False"
@@ -123,9 +126,10 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         if self._zero is not None:
             config = self._zero.config_with_rank(config)
             nvme_path = self._zero.path_with_rank(nvme_path)
-        _check_arguments(lr, betas, eps, weight_decay, max_grad_norm, zero_copy, name)
+        _check_hyper_parameters(lr, betas, eps, weight_decay, max_grad_norm)
         _check_group_options(dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
                              "the optimizer", self._ZOE_TYPE)
+        _check_zoe_arguments(zero_copy, name)
         self._name = name
         self._moment_dtype = moment_dtype
         # None: the engine configuration's gradient_clipping; 0.0: no clipping
