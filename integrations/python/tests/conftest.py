@@ -24,7 +24,7 @@ def adversarial_host_twin(monkeypatch):
     destinations NaN until then), so a missing wait fails a test instead of passing by luck; a
     test that wants the plain twin says HostTwin(adversarial=False). The C++ host stand-in's
     counterpart is ZOE_DEVICE_ADVERSARIAL_US (scripts/run-tests.sh sets it)."""
-    device = sys.modules.get("zoe._torch_device")  # imported by the tests that use the twin
+    device = sys.modules.get("zoe.torch.device")  # imported by the tests that use the twin
     if device is None:
         return
     init = device.HostTwin.__init__

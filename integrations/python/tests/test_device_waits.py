@@ -1,4 +1,4 @@
-"""A net under every wait of zoe.torch's device path: each wait named in _torch_device.WAITS is
+"""A net under every wait of zoe.torch's device path: each wait named in zoe.torch.device.WAITS is
 left out in turn (_SKIPPED_WAITS_FOR_TESTING), and a scenario that passes with every wait fails
 without it on the adversarial twin (wrong values or NaN), while the plain twin, whose copies
 complete at once, misses it. The table of waits is checked against the module's source, so a
@@ -16,8 +16,8 @@ import zoe.torch
 from conftest import small_config
 from test_optim import assert_params_close, batch, make_model
 from test_torch_device import FailingTwin
-from zoe import _torch_device
-from zoe._torch_device import HostTwin
+from zoe.torch import device as torch_device
+from zoe.torch.device import HostTwin
 
 STEPS = 3
 
@@ -96,7 +96,7 @@ def close_then_reuse_the_staging(engine, adversarial):
     for step in range(2):
         train_step(reference, torch_opt, step, False)
         train_step(model, zoe_opt, step, True)
-    group = zoe_opt._device_groups[0]
+    group = zoe_opt._groups[0].device
     staging = group._param_host + group._grad_host
     zoe_opt.close()
     assert group._staging is None  # released
@@ -106,7 +106,7 @@ def close_then_reuse_the_staging(engine, adversarial):
     assert_same(model, reference)
 
 
-# Per wait of _torch_device.WAITS: a scenario that needs it.
+# Per wait of zoe.torch.device.WAITS: a scenario that needs it.
 SCENARIOS = {
     "grad_poll": training(overlapped=True),
     "grad_copy": training(overlapped=False),
@@ -122,9 +122,9 @@ _WAIT_METHODS = {"ready", "wait", "wait_current"}  # DeviceBackend's
 
 
 def test_every_wait_of_the_device_path_is_named_and_has_a_scenario():
-    # Every call of a DeviceBackend wait in _torch_device outside _wait() is a wait without a
+    # Every call of a DeviceBackend wait in zoe.torch.device outside _wait() is a wait without a
     # name; every name of WAITS is used at one place, and has a scenario here.
-    tree = ast.parse(inspect.getsource(_torch_device))
+    tree = ast.parse(inspect.getsource(torch_device))
     named, direct = [], []
     for function in ast.walk(tree):
         if not isinstance(function, ast.FunctionDef) or function.name == "_wait":
@@ -139,10 +139,10 @@ def test_every_wait_of_the_device_path_is_named_and_has_a_scenario():
                   and isinstance(callee.value, ast.Attribute) and callee.value.attr == "backend"):
                 direct.append(f"line {call.lineno}: backend.{callee.attr}")
     assert direct == []  # every wait goes through _wait(), by a name of WAITS
-    assert sorted(named) == sorted(_torch_device.WAITS)  # each name at one place
-    assert set(_torch_device.WAITS.values()) == _WAIT_METHODS
-    assert sorted(SCENARIOS) == sorted(_torch_device.WAITS)
-    assert _torch_device._SKIPPED_WAITS_FOR_TESTING == frozenset()
+    assert sorted(named) == sorted(torch_device.WAITS)  # each name at one place
+    assert set(torch_device.WAITS.values()) == _WAIT_METHODS
+    assert sorted(SCENARIOS) == sorted(torch_device.WAITS)
+    assert torch_device._SKIPPED_WAITS_FOR_TESTING == frozenset()
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -152,12 +152,12 @@ def test_the_scenario_passes_with_every_wait(engine, name):
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_the_adversarial_twin_catches_the_wait_left_out(engine, name, monkeypatch):
-    monkeypatch.setattr(_torch_device, "_SKIPPED_WAITS_FOR_TESTING", frozenset({name}))
+    monkeypatch.setattr(torch_device, "_SKIPPED_WAITS_FOR_TESTING", frozenset({name}))
     with pytest.raises(AssertionError):
         SCENARIOS[name](engine, adversarial=True)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_the_plain_twin_misses_the_wait_left_out(engine, name, monkeypatch):
-    monkeypatch.setattr(_torch_device, "_SKIPPED_WAITS_FOR_TESTING", frozenset({name}))
+    monkeypatch.setattr(torch_device, "_SKIPPED_WAITS_FOR_TESTING", frozenset({name}))
     SCENARIOS[name](engine, adversarial=False)

@@ -66,8 +66,8 @@ def test_zero_copy_is_the_default_for_fp32_cpu_parameters_and_matches_the_copy_f
     assert zero_model.shared.data_ptr() % 64 != 0  # the view starts 12 bytes into its storage
     train(zero_model, zero_opt, 7)
     train(copy_model, copy_opt, 7)
-    assert zero_opt._zoe_groups[0].master_in_params
-    assert not copy_opt._zoe_groups[0].master_in_params
+    assert zero_opt._groups[0].zoe_group.master_in_params
+    assert not copy_opt._groups[0].zoe_group.master_in_params
     assert_same_bits(zero_model, copy_model)
     assert_same_state(zero_opt, copy_opt)
     # The head had no gradient on odd steps: 4 steps of 7.
@@ -101,7 +101,7 @@ def test_state_dict_round_trip_across_the_two_forms():
     for model, optimizer in ((zero_model, zero_opt), (zero_back_model, zero_back),
                              (copy_back_model, copy_back)):
         train(model, optimizer, 3, start=4)
-    assert zero_back._zoe_groups[0].master_in_params
+    assert zero_back._groups[0].zoe_group.master_in_params
     assert_same_bits(zero_back_model, zero_model)
     assert_same_bits(copy_back_model, zero_model)
     assert_same_state(zero_back, zero_opt)
@@ -142,7 +142,7 @@ def test_in_place_writes_reach_the_master():
             break
         offset += param.numel()
     master = torch.empty(model.first.weight.numel())
-    optimizer._zoe_groups[0].read_state(zoe.StateSlot.MASTER, offset, master.numel(),
+    optimizer._groups[0].zoe_group.read_state(zoe.StateSlot.MASTER, offset, master.numel(),
                                         master.data_ptr())
     assert torch.all(master == 0.25)
     optimizer.close()
@@ -167,7 +167,7 @@ def test_where_zero_copy_does_not_apply(nvme_dir):
     for p in train_bf16:
         p.grad = torch.ones_like(p)
     optimizer.step()
-    assert not optimizer._zoe_groups[0].master_in_params
+    assert not optimizer._groups[0].zoe_group.master_in_params
     optimizer.close()
     insisted = zoe.torch.AdamW(OddModel().to(torch.bfloat16).parameters(), zero_copy=True)
     with pytest.raises(zoe.InvalidArgument, match="zero_copy=True: parameter 0 .*bfloat16"):

@@ -1,10 +1,10 @@
-"""zoe._torch_common._timed: the collective timer shared by ZeRO-1/2 and ZeRO-3."""
+"""zoe.torch.common._timed: the collective timer shared by ZeRO-1/2 and ZeRO-3."""
 
 import time
 
 import pytest
 
-from zoe._torch_common import _timed
+from zoe.torch.common import _timed
 
 
 class _Owner:

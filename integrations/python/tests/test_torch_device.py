@@ -17,7 +17,7 @@ import zoe.torch
 from conftest import EXACT_TORCH, small_config
 from test_offload_parameters import TinyGPT, loss_of
 from test_optim import assert_params_close, batch, make_model, schedule
-from zoe._torch_device import HostTwin
+from zoe.torch.device import HostTwin
 
 STEPS = 50
 
@@ -54,7 +54,7 @@ def test_fp32_twin_matches_torch_over_50_steps(engine, overlapped):
         zoe_sched.step()
         assert_params_close(model, reference)
     assert zoe_opt.last_step[0].steps_taken == STEPS
-    stats = zoe_opt._device_groups[0].stats
+    stats = zoe_opt._groups[0].device.stats
     if overlapped:  # most gradients reached zoe during backward
         assert stats["handed_in_backward"] > stats["handed_at_step"]
     else:
@@ -90,7 +90,7 @@ def test_overlap_without_device_groups_changes_nothing(nvme_dir):
                 backward(torch.nn.functional.mse_loss(m(x), y), overlapped, opt is overlapped)
                 opt.step()
         assert params_equal(model, reference)
-        assert overlapped._device_groups == [None]
+        assert [state.device for state in overlapped._groups] == [None]
 
 
 def test_bf16_twin_matches_torch_adamw_on_fp32_master_weights(engine):
@@ -138,7 +138,7 @@ def test_gradient_accumulation_overlaps_the_last_micro_batch(engine):
                 backward(loss, zoe_opt, zoe_path and micro == micro_batches - 1)
             opt.step()
         assert_params_close(model, reference)
-    stats = zoe_opt._device_groups[0].stats
+    stats = zoe_opt._groups[0].device.stats
     # Only the last micro-batch's gradients (final) were copied and handed over early.
     handed = stats["handed_in_backward"] + stats["handed_at_step"]
     assert handed == STEPS * len(list(model.parameters()))
@@ -414,7 +414,7 @@ def test_post_accumulate_grad_hook_is_used_where_torch_has_it(engine, monkeypatc
                         register_post_accumulate_grad_hook, raising=False)
     model, reference, zoe_opt = train_briefly(engine, adversarial=True)
     assert len(registered) == len(list(model.parameters()))
-    assert zoe_opt._device_groups[0].stats["handed_in_backward"] > 0
+    assert zoe_opt._groups[0].device.stats["handed_in_backward"] > 0
     assert_params_close(model, reference)
     zoe_opt.close()
 
@@ -449,7 +449,7 @@ def test_speculative_steps_equal_plain_steps_bit_for_bit(engine, case):
     for index, entry in plain.items():
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(speculative[index][key], entry[key])
-    stats = optimizers[1]._zoe_groups[0].speculation_stats()
+    stats = optimizers[1]._groups[0].zoe_group.speculation_stats()
     # Clipping is active on every step here, so zoe backs off after each recompute (the next 1,
     # 2, 4, 8 steps do not speculate): steps 0, 2, 5 and 10 speculate.
     assert stats["steps"] == (4 if case == "clipped" else 12) and stats["chunks_speculative"] > 0
@@ -461,7 +461,7 @@ def test_speculative_steps_equal_plain_steps_bit_for_bit(engine, case):
         assert stats["chunks_discarded"] > 0 and stats["chunks_committed"] > 0
         assert optimizers[1].last_step[0].steps_taken == 9
     with pytest.raises(zoe.Error):  # a group created without speculation refuses it
-        optimizers[0]._zoe_groups[0].speculate(None)
+        optimizers[0]._groups[0].zoe_group.speculate(None)
     for optimizer in optimizers:
         optimizer.close()
 
@@ -516,7 +516,7 @@ def test_failed_copy_in_a_speculative_step_changes_nothing_and_the_next_step_is_
                         for key in ("exp_avg", "exp_avg_sq", "step"):
                             assert torch.equal(state_after[index][key], entry[key]), (index, key)
                     # zoe discarded both chunks' speculative updates
-                    assert faulty._zoe_groups[0].speculation_stats()["chunks_discarded"] == 2
+                    assert faulty._groups[0].zoe_group.speculation_stats()["chunks_discarded"] == 2
                     backend.failing = False
                     if fault == "event-at-step":  # the gradients are whole: step() again
                         optimizer.step()
@@ -535,7 +535,7 @@ def test_failed_copy_in_a_speculative_step_changes_nothing_and_the_next_step_is_
         assert faulty.last_step[0].steps_taken == 4
         skipped = {group["name"]: group["steps_skipped"] for group in engine.stats()["groups"]}
         assert skipped == {"faulty.0": 1, "reference.0": 0}  # zoe dropped the abandoned step
-        speculated = faulty._zoe_groups[0].speculation_stats()
+        speculated = faulty._groups[0].zoe_group.speculation_stats()
         retried = 0 if fault == "event-at-step" else 1  # a step() alone does not speculate
         assert speculated["steps"] == 4 + retried
         assert speculated["chunks_committed"] == 2 * (3 + retried)
@@ -568,7 +568,7 @@ def test_failed_parameter_copy_says_that_the_step_was_taken(engine):
                        r"failed \(RuntimeError: injected copy failure\); zoe took the step, and "
                        r"the device's parameters from 2 on may still hold their values before it"):
         zoe_opt.step()
-    assert zoe_opt._zoe_groups[0].steps == 1
+    assert zoe_opt._groups[0].zoe_group.steps == 1
     changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
     assert changed == [True, True, False, False, False, False]
     zoe_opt.close()

@@ -195,7 +195,8 @@ def run_fault(rank, world, out_dir):
 def reused_buffers(optimizer):
     """The optimizer's reused buffers: per param group its flat gradient buffer, and the
     collectives' scratch buffers by purpose and size."""
-    return {"grads": list(optimizer._grad_buffers), **optimizer._comm._scratch}
+    return {"grads": [state.shard.buffer for state in optimizer._groups],
+            **optimizer._zero.comm._scratch}
 
 
 def run_buffers(rank, world, out_dir):
@@ -235,7 +236,7 @@ def run_gather(rank, world, out_dir):
     other values): every rank's shard in rank order; and its
     reduce-scatter callback, twice per layout: the sum of the ranks' slices, the sender's buffer
     left as it was."""
-    from zoe._torch_zero import TorchCollectives
+    from zoe.torch.distributed import TorchCollectives
 
     comm = TorchCollectives(dist.group.WORLD)
     gathered = []

@@ -350,7 +350,7 @@ def step_with_nan_on_rank_0(rank, world_size, directory):
             shard = next(s for s in pager.shard_parameters() if s.grad is not None)
             shard.grad.view(-1)[0] = float("nan")
         optimizer.step()
-        record.append((optimizer.last_step[0].skipped, optimizer._zoe_groups[0].steps))
+        record.append((optimizer.last_step[0].skipped, optimizer._groups[0].zoe_group.steps))
     torch.save(record, os.path.join(directory, f"record{rank}.pt"))
     del pager
     engine.close()
@@ -389,7 +389,7 @@ def test_a_sharded_optimizers_bucket_size_is_any_whole_number(world_of_one):
     for size, taken in ((5e8, 500_000_000), (numpy.int64(1024), 1024), (0, 0)):
         optimizer = zoe.torch.AdamW(torch.nn.Linear(4, 4).parameters(), zero_stage=1,
                                     process_group=world_of_one, bucket_elements=size)
-        assert optimizer._bucket_elements == taken
+        assert optimizer._zero.bucket_elements == taken
         optimizer.close()
     for size in (1.5, -5, "4M", True):
         with pytest.raises(zoe.InvalidArgument, match="bucket_elements"):
@@ -572,7 +572,7 @@ EVERY_GRADIENT = ("reduction of the gradients of the bucket of 14 parameters 'ga
 )
 def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch, collective,
                                              in_wait, when, bucket_elements, message):
-    from zoe import _torch_zero3
+    from zoe.torch import zero3
 
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
@@ -583,7 +583,7 @@ def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch,
             loss = loss_of(pager.model, 0, slice(None))
         if when == "clip":
             loss.backward()
-        monkeypatch.setattr(_torch_zero3.dist, collective, Broken(collective, in_wait))
+        monkeypatch.setattr(zero3.dist, collective, Broken(collective, in_wait))
         with pytest.raises(zoe.Aborted, match=message) as raised:
             if when == "forward":
                 loss_of(pager.model, 0, slice(None))

@@ -25,7 +25,7 @@ FAULTS = {
 def arm(fault, optimizer, pager):
     """Makes this rank's next optimizer step fail as ``fault`` says."""
     if fault == "step":
-        zoe_group = optimizer._zoe_groups[0]
+        zoe_group = optimizer._groups[0].zoe_group
 
         def failing_step(*args, **kwargs):
             raise zoe.IoError(zoe.IoError.status, FAULTS[fault].split(": ", 1)[1])
@@ -74,7 +74,7 @@ def step_fails_on_rank_1(rank, world_size, directory, fault):
     paired = torch.ones(1)
     dist.all_reduce(paired)
     if rank == 1:  # the fault is gone
-        optimizer._zoe_groups[0].__dict__.pop("step", None)
+        optimizer._groups[0].zoe_group.__dict__.pop("step", None)
         pager.__dict__.pop("_hold", None)
     train_step(2)
     with open(os.path.join(directory, f"outcome{rank}"), "w") as file:

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 import zoe
 import zoe.torch
-from zoe import _torch_zero
+from zoe.torch import checkpoint
 from test_torch_zero import Net, make_optimizer, train
 import test_zero3
 
@@ -109,9 +109,9 @@ def pause(out_dir, rank):
 
 
 def wrap(name, before=None, after=None):
-    """Replaces _torch_zero.<name> in this rank with a version that calls ``before`` first and
-    ``after`` (given its arguments) once it returned."""
-    original = getattr(_torch_zero, name)
+    """Replaces zoe.torch.checkpoint.<name> in this rank with a version that calls ``before`` first
+    and ``after`` (given its arguments) once it returned."""
+    original = getattr(checkpoint, name)
 
     def wrapped(*args, **kwargs):
         if before is not None:
@@ -121,8 +121,8 @@ def wrap(name, before=None, after=None):
             after(*args)
         return result
 
-    setattr(_torch_zero, name, wrapped)
-    return lambda: setattr(_torch_zero, name, original)  # undoes the wrap
+    setattr(checkpoint, name, wrapped)
+    return lambda: setattr(checkpoint, name, original)  # undoes the wrap
 
 
 def pause_at(point, rank, out_dir):
@@ -195,7 +195,7 @@ def test_ranks_killed_during_a_save_load_one_checkpoint_and_resume(point, nvme_d
     kill_when_paused(start(killed_run, world, nvme_dir, point), nvme_dir, KILL_POINTS[point])
     published = point == "manifest_replaced"
     name, first = ("B", SAVE_B_STEP) if published else ("A", SAVE_A_STEP)
-    with open(os.path.join(nvme_dir, "checkpoint", _torch_zero.MANIFEST)) as file:
+    with open(os.path.join(nvme_dir, "checkpoint", checkpoint.MANIFEST)) as file:
         assert json.load(file)["version"] == (2 if published else 1)
     join(start(resumed_run, world, nvme_dir, first), nvme_dir)
     want = torch.load(os.path.join(nvme_dir, f"params-{name}-rank0.pt"))
@@ -216,7 +216,7 @@ def test_ranks_killed_during_a_save_load_one_checkpoint_and_resume(point, nvme_d
 def manifest_taken_by_a_directory(directory):
     """Rank 0 cannot publish the manifest: its path is a directory (the live one moved aside for
     the save, put back by the returned undo)."""
-    path = os.path.join(directory, _torch_zero.MANIFEST)
+    path = os.path.join(directory, checkpoint.MANIFEST)
     os.replace(path, path + ".aside")
     os.mkdir(path)
 
@@ -263,7 +263,7 @@ def timed_outcome(call):
 
 
 def manifest_version(directory):
-    with open(os.path.join(directory, _torch_zero.MANIFEST)) as file:
+    with open(os.path.join(directory, checkpoint.MANIFEST)) as file:
         return json.load(file)["version"]
 
 
@@ -538,7 +538,7 @@ def stage3_checkpoint_run(rank, world, out_dir):
     resumed = stage3_run(rank, world, out_dir, "resumed", 3, first=3, load=directory)
     other = os.path.join(out_dir, "stage2")
     os.makedirs(other, exist_ok=True)
-    with open(os.path.join(other, _torch_zero.MANIFEST), "w") as file:
+    with open(os.path.join(other, checkpoint.MANIFEST), "w") as file:
         json.dump({"world_size": world, "zero_stage": 2, "groups": []}, file)
     try:
         stage3_run(rank, world, out_dir, "refused", 0, load=other)
@@ -554,7 +554,7 @@ def test_stage3_checkpoint_restores_parameter_shards_and_resumes(nvme_dir):
     join(start(stage3_checkpoint_run, 2, nvme_dir), nvme_dir)
     for rank in range(2):
         got = torch.load(os.path.join(nvme_dir, f"stage3-rank{rank}.pt"))
-        assert got["files"] == ["rank-0", "rank-1", _torch_zero.MANIFEST], got["files"]
+        assert got["files"] == ["rank-0", "rank-1", checkpoint.MANIFEST], got["files"]
         assert sorted(got["loaded"]) == sorted(got["saved"])
         for key, value in got["saved"].items():
             assert torch.equal(got["loaded"][key], value), f"rank {rank} {key}: not loaded"
@@ -592,7 +592,7 @@ def test_stage3_checkpoint_restores_parameter_shards_and_resumes(nvme_dir):
 
     # A manifest whose shard layout does not match what a rank's optimizer holds, and one
     # without the optimizer's param group, are refused with what is allowed.
-    path = os.path.join(nvme_dir, "checkpoint", _torch_zero.MANIFEST)
+    path = os.path.join(nvme_dir, "checkpoint", checkpoint.MANIFEST)
     with open(path) as file:
         manifest = json.load(file)
     moved = json.loads(json.dumps(manifest))

@@ -1,4 +1,5 @@
-"""Shared by zoe.torch's optimizers and parameter paging: dtype tables and small helpers."""
+"""Shared by zoe.torch's optimizers and parameter paging: dtype tables and small helpers (a
+parameter's values, paged or not; process groups held weakly; timing)."""
 
 import contextlib
 import time
@@ -6,9 +7,9 @@ import weakref
 
 import torch
 
-from . import _capi
-from .engine import BufferView
-from .errors import FailedPrecondition, InvalidArgument
+from .. import _capi
+from ..engine import BufferView
+from ..errors import FailedPrecondition, InvalidArgument
 
 _DTYPES = {
     torch.float32: _capi.DType.FLOAT32,
@@ -74,3 +75,23 @@ def _timed(owner, seconds, calls=None):
         setattr(owner, seconds, getattr(owner, seconds) + time.perf_counter() - start)
         if calls is not None:
             setattr(owner, calls, getattr(owner, calls) + 1)
+
+
+def _current_values(param):
+    """A parameter's values as a contiguous tensor (a copy for a paged parameter)."""
+    pager = _pager_of(param)
+    if pager is None:
+        return param.detach().cpu()
+    with pager.held(param, _capi.Access.READ) as view:
+        return view.clone()
+
+
+@contextlib.contextmanager
+def _writable(param):
+    """The tensor to write a parameter's new values into (acquired when paged)."""
+    pager = _pager_of(param)
+    if pager is None:
+        yield param.detach()
+        return
+    with pager.held(param, _capi.Access.WRITE) as view:
+        yield view

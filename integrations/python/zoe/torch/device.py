@@ -27,10 +27,11 @@ import time
 
 import torch
 
-from . import _capi
-from ._torch_common import _DTYPES, _invalid, _pager_of
-from .engine import BufferView
-from .errors import Error, FailedPrecondition, Internal, IoError, NoSpace, as_zoe_error
+from .. import _capi
+from ..engine import BufferView
+from ..errors import Error, FailedPrecondition, Internal, IoError, NoSpace, as_zoe_error
+from .common import _DTYPES, _invalid, _pager_of
+from .grad_hooks import on_gradient_accumulated
 
 # zoe tensors occupy whole chunks (zoe.chunk_size, 64 MiB by default); staging is rounded to it
 # when the optimizer sizes its engine's tensor swap space.
@@ -320,17 +321,6 @@ def _aligned(nbytes):
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def _post_accumulate_hook(param, hook):
-    """Registers ``hook()`` to run once the parameter's gradient is accumulated into .grad
-    (register_post_accumulate_grad_hook where torch has it, else a hook on the AccumulateGrad
-    node). Returns (handle, node to keep alive)."""
-    if hasattr(param, "register_post_accumulate_grad_hook"):
-        return param.register_post_accumulate_grad_hook(lambda _: hook()), None
-    with torch.enable_grad():  # an optimizer may be built under no_grad
-        node = param.expand_as(param).grad_fn.next_functions[0][0]
-    return node.register_hook(lambda *_: hook()), node
-
-
 class DeviceGroup:
     """The device path of one param group: staging, hooks, hand-over and write-back."""
 
@@ -355,7 +345,11 @@ class DeviceGroup:
         self.stats = {"handed_in_backward": 0, "handed_at_step": 0, "step_seconds": 0.0}
         for index, param in enumerate(self.params):
             if param.requires_grad:
-                self._hooks.append(_post_accumulate_hook(param, self._hook_for(index)))
+                self._hooks.append(on_gradient_accumulated(param, self._hook_for(index)))
+
+    def _state(self):
+        """The optimizer's GroupState of this param group."""
+        return self.optimizer._groups[self.group_index]
 
     # --- staging ---------------------------------------------------------------------------
 
@@ -446,7 +440,7 @@ class DeviceGroup:
                 f"param group {self.group_index}: every gradient was handed to zoe before the "
                 "failure; call step() to take the step",
             )
-        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        zoe_group = self._state().zoe_group
         poison = self._grad_host[missing[0]]
         poison.fill_(float("nan"))
         zoe_group.accumulate_grad(self.offsets[missing[0]], _staged_view(poison))
@@ -489,9 +483,9 @@ class DeviceGroup:
         latest values (written outside the optimizer, e.g. by load_state_dict)."""
         if self._handed or self._pending:
             return
-        self.optimizer._zoe_group(self.group_index)
-        self.optimizer._sync_external_writes(self.group_index)
-        if self.armed and self.optimizer._speculative_group(self.group_index):
+        self.optimizer._zoe_group(self._state())
+        self.optimizer._sync_external_writes(self._state())
+        if self.armed and self.optimizer._speculative_group(self._state()):
             self._speculate()
 
     def _speculate(self):
@@ -502,9 +496,9 @@ class DeviceGroup:
         for event in self._to_device:
             _wait(self.backend, event, "speculate")
         self._to_device = []
-        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        zoe_group = self._state().zoe_group
         zoe_group.speculate(
-            self.optimizer._step_hyper(self.group_index),
+            self.optimizer._step_hyper(self._state()),
             params_out=[_staged_view(values) for values in self._param_host],
         )
 
@@ -522,7 +516,7 @@ class DeviceGroup:
 
     def _hand_over(self, index):
         """Gives the group a gradient whose copy has completed."""
-        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        zoe_group = self._state().zoe_group
         zoe_group.accumulate_grad(self.offsets[index], _staged_view(self._grad_host[index]))
         self._handed.add(index)
 
@@ -539,7 +533,7 @@ class DeviceGroup:
             self._hand_over(index)
             self.stats["handed_at_step"] += 1
         self._pending = []
-        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        zoe_group = self._state().zoe_group
         for index, param in enumerate(self.params):
             if index not in self._handed:
                 count = param.numel()
@@ -571,7 +565,7 @@ class DeviceGroup:
         for event in self._to_device:  # staging of the previous step's parameters is free
             _wait(self.backend, event, "step")
         self._to_device = []
-        zoe_group = self.optimizer._zoe_groups[self.group_index]
+        zoe_group = self._state().zoe_group
         views = [_staged_view(values) for values in self._param_host]
         # A zoe step that fails keeps the gradients handed to it: step() again retries it.
         result = zoe_group.step(hyper, grads=[], params_out=views)

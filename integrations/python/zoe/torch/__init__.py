@@ -16,16 +16,26 @@ path in tests.
 docstring); ``ParameterPager`` is the handle it returns. With ``process_group=pg`` it is ZeRO
 stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/zero3.md).
 ``consolidate_checkpoint(directory, out_path)`` turns a sharded optimizer checkpoint into one
-state dict file without the ranks (zoe/consolidate.py).
+state dict file without the ranks (consolidate.py).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
+
+The package, by concern: optimizer.py (AdamW, Adam; one GroupState per param group,
+param_group.py), config.py (engine_config and the optimizer's configuration), state_layout.py
+(torch's state dict layout), device.py (the device path: DeviceBackend, CudaBackend, HostTwin,
+its waits), grad_hooks.py (gradient hooks, ZeRO buckets), zero.py (ZeRO stages 1 and 2: the
+optimizer's ZeroPartition), distributed.py (collectives, the shard formula, sharded groups),
+checkpoint.py (sharded checkpoints), paging.py (ParameterPager), zero3.py (ZeRO stage 3:
+ShardedParameterPager), offload.py (offload_parameters), consolidate.py, common.py.
 """
 
-from ._torch_device import CudaBackend, DeviceBackend, HostTwin
-from ._torch_optim import Adam, AdamW, engine_config
-from ._torch_paging import ParameterPager, offload_parameters
-from ._torch_zero3 import ShardedParameterPager
+from .config import engine_config
 from .consolidate import consolidate_checkpoint, consolidated_state_dict
+from .device import CudaBackend, DeviceBackend, HostTwin
+from .offload import offload_parameters
+from .optimizer import Adam, AdamW
+from .paging import ParameterPager
+from .zero3 import ShardedParameterPager
 
 __all__ = [
     "Adam",

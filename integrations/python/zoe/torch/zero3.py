@@ -2,20 +2,20 @@
 parameter partitioned across the ranks of a torch.distributed process group, each rank paging
 only its own shard through its own engine's tiers.
 
-Layout: each parameter, flattened, is cut into N contiguous element shards, shard r =
-[floor(r * n / N), floor((r + 1) * n / N)) (the convention of the stage 1 and 2 optimizer), so
-uneven sizes differ by at most one element and a parameter smaller than N leaves some shards
-empty. Sharding each parameter on its own (rather than a flat concatenation) lets a module
-gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
-(``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's
-parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer
-(a torch optimizer steps the shards inside ``with pager.materialized():``).
+Layout: each parameter, flattened, is cut into N contiguous element shards,
+shard r = [floor(r * n / N), floor((r + 1) * n / N)) (distributed.shard_bounds, as for the stage 1
+and 2 optimizer), so uneven sizes differ by at most one element and a parameter smaller than N
+leaves some shards empty. Sharding each parameter on its own (rather than a flat concatenation)
+lets a module gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
+(``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's parameter;
+``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer (a torch
+optimizer steps the shards inside ``with pager.materialized():``).
 
 - Forward: a module's pre-hook gathers its own parameters (each rank's shard broadcast as bytes
-  into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points ``param.data`` at the full values; its post-hook
-  frees them. Backward: tensors autograd saved from a gathered parameter are packed as a
-  reference and gathered again when backward unpacks them; the parameter's gradient
-  accumulator hook frees them.
+  into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points
+  ``param.data`` at the full values; its post-hook frees them. Backward: tensors autograd saved
+  from a gathered parameter are packed as a reference and gathered again when backward unpacks
+  them; the parameter's gradient accumulator hook frees them.
 - Trace: the first iteration records the order in which parameters are gathered (forward and
   backward); later iterations issue the next ``prefetch_depth`` gathers of that order ahead
   with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
@@ -46,9 +46,9 @@ parameter; ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stag
   inf or NaN.
 - Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
   optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
-  each rank's save (ranks killed during a save all load the previous one: _torch_zero's
-  save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same world size.
-  Each step of both is agreed: one rank's failure raises on every rank, naming it.
+  each rank's save (ranks killed during a save all load the previous one:
+  checkpoint.save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same
+  world size. Each step of both is agreed: one rank's failure raises on every rank, naming it.
 - Failures: a collective that fails or times out (``init_process_group(timeout=...)`` bounds the
   wait for a rank that died) raises zoe.Aborted naming the collective and the parameter (for a
   gradient bucket of several, their names). A rank that cannot read its shard for a gather still
@@ -66,21 +66,19 @@ import numbers
 import torch
 import torch.distributed as dist
 
-from . import _capi, _torch_device
-from ._collective_ops import Agreement, agreed, agreement_error, gather_parts, reduce_parts
-from ._torch_common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
-from ._torch_paging import ParameterPager, _PagedParam, _storage_pointer
-from ._torch_zero import DEFAULT_BUCKET_ELEMENTS
-from .errors import Aborted, FailedPrecondition
+from .. import _capi
+from .._collective_ops import Agreement, agreed, agreement_error, gather_parts, reduce_parts
+from ..errors import Aborted, FailedPrecondition
+from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
+from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
+from .device import check_paging_tier
+from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_counts
+from .grad_hooks import on_gradient_accumulated
+from .paging import ParameterPager, _PagedParam, _storage_pointer
 
 DEFAULT_PREFETCH_DEPTH = 2
 REDUCTIONS_IN_FLIGHT = 2  # gradient buckets being reduced while backward goes on
 NAMES_IN_ERRORS = 8  # a failed bucket's error names this many of its parameters, then counts
-
-
-def shard_bounds(numel, rank, world_size):
-    """[begin, end) of rank's contiguous shard of ``numel`` elements."""
-    return numel * rank // world_size, numel * (rank + 1) // world_size
 
 
 def _collective_error(what, name, error, subject=None):
@@ -207,7 +205,7 @@ class ShardedParameterPager(ParameterPager):
                     f"parameter {name!r}: {param.dtype} cannot be paged; allowed: {allowed}"
                 )
             if param.device not in devices_checked:
-                _torch_device.check_paging_tier(self.engine, self.tier, param.device)
+                check_paging_tier(self.engine, self.tier, param.device)
                 devices_checked.add(param.device)
             named.append((name, param))
         for name, param in named:
@@ -215,8 +213,7 @@ class ShardedParameterPager(ParameterPager):
 
     def _register_one(self, prefix, name, param):
         numel = param.numel()
-        counts = [b - a for a, b in (shard_bounds(numel, r, self.world_size)
-                                     for r in range(self.world_size))]
+        counts = shard_counts(numel, self.world_size)
         entry = _ShardedParam(len(self._params), name, param, counts, self.rank)
         values = param.detach().contiguous().view(-1)[entry.begin : entry.begin + entry.count]
         if entry.count:
@@ -255,7 +252,7 @@ class ShardedParameterPager(ParameterPager):
                 self._handles.append(module.register_forward_hook(self._post_hook(entries)))
         for entry in self._params:
             if entry.param.requires_grad:
-                handle, node = _torch_device._post_accumulate_hook(
+                handle, node = on_gradient_accumulated(
                     entry.param, self._reduce_hook(entry)
                 )
                 self._handles.append(handle)
@@ -617,10 +614,8 @@ class ShardedParameterPager(ParameterPager):
         and step counts (the engine's streamed, crash-safe checkpoint) to
         ``directory``/rank-<r>/save-<n>, and rank 0 a manifest naming every rank's save and the
         parameters' layout; a save killed on any rank leaves the previous checkpoint the one
-        every rank loads (see _torch_zero.save_sharded). The shards the optimizer does not step
+        every rank loads (see checkpoint.save_sharded). The shards the optimizer does not step
         (parameters without requires_grad) are not saved. Every rank calls it."""
-        from ._torch_zero import TorchCollectives, save_sharded
-
         manifest = {
             "zero_stage": 3,
             "groups": [],
@@ -636,10 +631,8 @@ class ShardedParameterPager(ParameterPager):
         loads this rank's save that the manifest names, which sets every shard it steps to its
         saved master weights. Every rank calls it. Each step is agreed: a failure on one rank
         raises on every rank, naming it, and leaves every rank's optimizer and shards as they
-        were (_torch_zero.load_shard: the load needs room for one more save of the shard
+        were (checkpoint.load_shard: the load needs room for one more save of the shard
         beside it)."""
-        from ._torch_zero import TorchCollectives, load_shard
-
         comm = TorchCollectives(self.group)
         where = f"the stage 3 checkpoint in {directory!r}"
         shard_dir = comm.agreed(f"reading the manifest of {where}",
@@ -650,8 +643,6 @@ class ShardedParameterPager(ParameterPager):
     def _shard_to_load(self, directory):
         """This rank's shard that the manifest in ``directory`` names; FailedPrecondition when
         it is not a stage 3 checkpoint of this world size and these parameters."""
-        from ._torch_zero import read_manifest, shard_directory
-
         manifest = read_manifest(directory)
         layout = self._checkpoint_layout()
         if (manifest.get("zero_stage") != 3 or manifest["world_size"] != self.world_size

@@ -1,0 +1,245 @@
+"""ZeRO's collectives and sharding: the shard formula (shard_bounds, the one place it is
+written), zoe_collectives over a torch.distributed process group (TorchCollectives) and one
+rank's part of a sharded zoe optimizer group (ShardedGroup)."""
+
+import ctypes
+import json
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from .. import _capi
+from .._collective_ops import agreed, gather_parts, reduce_parts
+from ..engine import OptimizerGroup, StepResult, _views
+from ..errors import check
+from .common import _live_group, _timed, _weak_group
+
+DEFAULT_BUCKET_ELEMENTS = 1 << 22
+
+
+def shard_bounds(numel, rank, world_size):
+    """[begin, end) of rank's contiguous shard of ``numel`` elements cut into ``world_size``
+    shards: shard r = [floor(r * numel / world_size), floor((r + 1) * numel / world_size))."""
+    return numel * rank // world_size, numel * (rank + 1) // world_size
+
+
+def shard_counts(numel, world_size):
+    """Every rank's shard size of ``numel`` elements, in rank order (shard_bounds)."""
+    return [end - begin for begin, end in
+            (shard_bounds(numel, rank, world_size) for rank in range(world_size))]
+
+
+def _floats(address, count, ctype=ctypes.c_float, dtype=torch.float32):
+    """A tensor over ``count`` elements at ``address`` (no copy)."""
+    if count == 0:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer((ctype * count).from_address(address), dtype=dtype)
+
+
+class TorchCollectives:
+    """zoe_collectives over a torch.distributed process group. The callbacks run on the thread
+    that steps (zoe calls them from zoe_sharded_*); an exception in one is kept in ``error`` and
+    reported to zoe as a failure (zoe then fails the step on this rank). ``seconds`` and
+    ``calls`` count the wall time spent inside its (blocking) collectives and how many ran.
+
+    Lifetime: the process group is held weakly, so destroy_process_group() ends it even while an
+    optimizer still exists (a collective afterwards raises FailedPrecondition). A group kept alive
+    past it would keep its transport's threads running into interpreter shutdown, where a gloo
+    worker that releases a finished collective's tensor needs the GIL and aborts the process
+    ("terminate called without an active exception"). The C callbacks hold this object weakly
+    too, so it forms no reference cycle and goes with its optimizer."""
+
+    def __init__(self, process_group):
+        self._group = _weak_group(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        backend = dist.get_backend(process_group)
+        self._device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
+        self.error = None
+        self.seconds = 0.0
+        self.calls = 0
+        self._scratch = {}  # (purpose, element count) -> a buffer reused by every call
+        self._callbacks = (
+            _capi.all_reduce_sum_fn(self._guarded(TorchCollectives._all_reduce_sum)),
+            _capi.reduce_scatter_sum_fn(self._guarded(TorchCollectives._reduce_scatter_sum)),
+            _capi.all_gather_fn(self._guarded(TorchCollectives._all_gather)),
+            _capi.barrier_fn(self._guarded(TorchCollectives._barrier)),
+        )
+        self.struct = _capi.zoe_collectives(None, self.rank, self.world_size, *self._callbacks)
+
+    @property
+    def group(self):
+        """The process group; FailedPrecondition once destroy_process_group() ended it."""
+        return _live_group(self._group, "the zoe optimizer")
+
+    def agreed(self, what, step):
+        """``step()`` run on every rank, then agreed (_collective_ops.agreed): its result when
+        it succeeded on every rank, else every rank raises zoe's error naming the failing ranks
+        and ``what`` failed. ``step`` makes no collective call."""
+        return agreed(what, step, self.group)
+
+    def _guarded(self, function):
+        """A C callback running ``function(self, *args)``; it holds ``self`` weakly (the
+        callbacks are this object's own: a strong reference would be a cycle)."""
+        owner = weakref.ref(self)
+
+        def callback(_context, *args):
+            collectives = owner()
+            if collectives is None:  # zoe calls only while a group, which holds it, steps
+                return 1
+            try:
+                function(collectives, *args)
+                return 0
+            except Exception as error:  # reported to zoe, which fails the step on this rank
+                collectives.error = error
+                return 1
+
+        return callback
+
+    def all_reduce(self, tensor):
+        """Sums ``tensor`` over the ranks, in place."""
+        if self._device.type == "cpu":
+            with _timed(self, "seconds", calls="calls"):
+                dist.all_reduce(tensor, group=self.group)
+            return
+        moved = tensor.to(self._device)
+        with _timed(self, "seconds", calls="calls"):
+            dist.all_reduce(moved, group=self.group)
+        tensor.copy_(moved)
+
+    def _all_reduce_sum(self, values, count):
+        self.all_reduce(_floats(ctypes.addressof(values.contents), count, ctypes.c_double,
+                                torch.float64))
+
+    def _buffer(self, purpose, count, device=None):
+        """A float32 buffer of ``count`` elements kept for ``purpose`` (allocated zeroed at the
+        first call with that count, then the same memory: its contents are the last user's)."""
+        key = (purpose, count)
+        buffer = self._scratch.get(key)
+        if buffer is None:
+            buffer = torch.zeros(count, dtype=torch.float32, device=device or self._device)
+            self._scratch[key] = buffer
+        return buffer
+
+    def reduce_to_owners(self, tensor, bounds):
+        """Sums ``tensor`` over the ranks, each rank's part onto that rank: rank r's part is
+        elements [bounds[r], bounds[r + 1]) of ``tensor``. Afterwards this rank's part holds the
+        sum; the other parts hold unspecified values."""
+        parts = [tensor[bounds[r] : bounds[r + 1]] for r in range(self.world_size)]
+        if self._device.type == "cpu":
+            with _timed(self, "seconds", calls="calls"):
+                reduce_parts(parts, self.group)
+            return
+        self.all_reduce(tensor)
+
+    def _reduce_scatter_sum(self, send, recv, counts):
+        counts = [counts[r] for r in range(self.world_size)]
+        bounds = [sum(counts[:r]) for r in range(self.world_size + 1)]
+        whole = self._buffer("reduce_scatter", bounds[-1], torch.device("cpu"))
+        whole.copy_(_floats(send, whole.numel()))  # send is the caller's: not reduced in place
+        self.reduce_to_owners(whole, bounds)
+        mine = whole[bounds[self.rank] : bounds[self.rank + 1]]
+        _floats(recv, counts[self.rank]).copy_(mine)
+
+    def gather(self, shard, counts, out=None):
+        """Every rank's ``shard`` (counts[r] fp32 elements on rank r), concatenated in rank
+        order, into ``out`` (a fresh CPU tensor when None), which is returned. A CPU backend
+        broadcasts each rank's shard straight into its slice of ``out`` (_collective_ops);
+        otherwise every rank all-gathers a reused buffer of the largest count (the padding's
+        contents are never read)."""
+        if out is None:
+            out = torch.empty(sum(counts), dtype=torch.float32)
+        largest = max(counts)
+        if largest == 0:  # nothing to gather on any rank (gloo fails on empty tensors)
+            return out
+        if self._device.type == "cpu":
+            parts = list(out.split(counts))
+            if parts[self.rank].data_ptr() != shard.data_ptr():
+                parts[self.rank].copy_(shard)
+            with _timed(self, "seconds", calls="calls"):
+                gather_parts(parts, self.group)
+            return out
+        padded = self._buffer("gather_send", largest)
+        padded[: counts[self.rank]] = shard
+        received = self._buffer("gather_received", largest * len(counts))
+        with _timed(self, "seconds", calls="calls"):
+            dist.all_gather(list(received.split(largest)), padded, group=self.group)
+        begin = 0
+        for rank, count in enumerate(counts):
+            out[begin : begin + count].copy_(received[rank * largest : rank * largest + count])
+            begin += count
+        return out
+
+    def _all_gather(self, send, recv, counts):
+        counts = [counts[r] for r in range(self.world_size)]
+        self.gather(_floats(send, counts[self.rank]), counts, out=_floats(recv, sum(counts)))
+
+    def _barrier(self):
+        with _timed(self, "seconds", calls="calls"):
+            dist.barrier(group=self.group)
+
+
+class ShardedGroup:
+    """One rank's part of a sharded zoe optimizer group (zoe_sharded_group_*)."""
+
+    def __init__(self, engine, name, params, collectives, **options):
+        spec = {"name": name}
+        spec.update({key: value for key, value in options.items() if value is not None})
+        array, n = _views(params)
+        handle = ctypes.c_void_p()
+        self._collectives = collectives
+        self._call(
+            _capi.zoe_sharded_group_create(
+                engine._h(), json.dumps(spec).encode("utf-8"), array, n,
+                ctypes.byref(collectives.struct), ctypes.byref(handle),
+            ),
+            f"create sharded optimizer group {name!r}",
+        )
+        self._handle = handle
+        self.engine = engine
+        self.name = name
+        local = _capi.zoe_group_id()
+        begin, end = ctypes.c_uint64(), ctypes.c_uint64()
+        check(_capi.zoe_sharded_group_local(handle, ctypes.byref(local), ctypes.byref(begin),
+                                            ctypes.byref(end)))
+        self.begin, self.end = begin.value, end.value
+        segments = len(spec.get("segments", [0]))
+        self.local = OptimizerGroup(engine, local.value, name, self.end - self.begin, segments)
+
+    def _call(self, status, what):
+        """check(), naming the failed collective's Python exception when there was one."""
+        error, self._collectives.error = self._collectives.error, None
+        if status != _capi.Status.OK and error is not None:
+            what = f"{what} ({type(error).__name__} in a collective: {error})"
+        check(status, what)
+
+    def step(self, hyper, params_out, loss_scale=1.0):
+        """One sharded step on the gradients accumulated in ``local``; every rank calls it."""
+        c_hyper = ctypes.byref(
+            _capi.zoe_hyper_params(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
+                                   hyper.weight_decay)
+        )
+        param_array, n_params = _views(params_out)
+        out = _capi.zoe_step_result()
+        self._call(
+            _capi.zoe_sharded_step(
+                self.engine._h(), self._handle, c_hyper, None, 0, param_array, n_params,
+                float(loss_scale), ctypes.byref(out),
+            ),
+            f"sharded step of optimizer group {self.name!r}",
+        )
+        return StepResult(bool(out.skipped), out.grad_norm, out.steps_taken, out.bytes_read,
+                          out.bytes_written, out.seconds)
+
+    def close(self):
+        if self._handle:
+            _capi.zoe_sharded_group_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the library may already be gone
+            pass
+

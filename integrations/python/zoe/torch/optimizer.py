@@ -1,0 +1,725 @@
+"""zoe.torch.AdamW and zoe.torch.Adam: torch.optim.Optimizer subclasses whose state (fp32 master
+weights, exp_avg, exp_avg_sq) lives in a zoe engine, in pinned DRAM or on NVMe as the engine's
+configuration says. Each param group is one zoe optimizer group: the group's parameters,
+concatenated in order, are its elements, each parameter one segment of the group with its own step
+count (torch's state[p]['step']), and a step hands zoe one buffer view per parameter (gradients
+in, updated parameters out, in the parameters' own dtype). A parameter whose .grad is None is
+skipped as torch skips it: a gradient view without data, which leaves its state, its step count
+and the parameter untouched and keeps it out of the gradient norm.
+
+Zero copy. A param group of fp32, contiguous CPU parameters whose state is in DRAM
+(offload="cpu") keeps no separate master by default: the parameters' own storage is the master
+(zoe group option master="params", as DeepSpeed's CPU Adam keeps it), updated in place by the
+step's kernel pass, so the group saves 4 bytes per parameter and the write-back copy, with the same
+bits as the copy form. The optimizer holds a reference to each parameter's storage for the group's
+life; a step or checkpoint after a parameter's storage was replaced (param.data = ...) is refused
+with FailedPrecondition naming it. ``zero_copy=False`` keeps a copy; ``zero_copy=True`` insists
+(InvalidArgument naming the first parameter or setting that prevents it).
+
+ZeRO stages 1 and 2. With ``process_group`` (or ``zero_stage``) the optimizer holds a
+zero.ZeroPartition, which shards each param group across the group's ranks: it reduces the
+gradients, steps this rank's shard and gathers the parameters, and it saves and loads the
+sharded state (zero.py). Everything else is this class's, for both.
+
+Per param group the optimizer keeps one GroupState (param_group.py), in ``self._groups``."""
+
+import math
+import re
+
+import torch
+
+from .. import _capi
+from .._collective_ops import agreed
+from ..engine import BufferView, Engine, HyperParams, StepResult
+from ..errors import FailedPrecondition
+from . import device
+from .checkpoint import load_param_groups, save_param_groups
+from .common import _DTYPES, _current_values, _invalid, _pager_of, _view, _writable
+from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
+from .param_group import GroupState
+from .state_layout import (SLOTS, check_group_counts, checked_param_state, loaded_steps,
+                           packed_state_dict, param_entries, read_slot, write_slots)
+from .zero import ShardSlice, ZeroPartition
+
+
+def _grad_view(grad, param):
+    """The BufferView of a gradient, or for None one without data: no gradient for the
+    parameter's elements in this step."""
+    if grad is None:
+        return BufferView(0, _DTYPES[param.dtype], param.numel())
+    return _view(grad)
+
+
+def _param_views(group_index, params):
+    """BufferViews of a group's parameters, which must be contiguous when stepped."""
+    for index, param in enumerate(params):
+        if not param.is_contiguous():
+            raise _invalid(
+                f"parameter {index} of param group {group_index} is not contiguous; zoe "
+                "optimizers step contiguous parameters"
+            )
+    return [_view(param) for param in params]
+
+
+def _check_hyper_parameters(lr, betas, eps, weight_decay, max_grad_norm):
+    """torch's ValueErrors for hyper-parameters out of range."""
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    for index, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    if max_grad_norm is not None and not 0.0 <= max_grad_norm:
+        raise ValueError(f"Invalid max_grad_norm value: {max_grad_norm}")
+
+
+def _check_zoe_arguments(zero_copy, name):
+    """InvalidArgument for a zero_copy or optimizer name zoe does not take."""
+    if zero_copy not in (None, True, False):
+        raise _invalid(
+            f"zero_copy = {zero_copy!r} is not allowed; allowed: None (auto), True, False"
+        )
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise _invalid(f"optimizer name {name!r} must be letters, digits, '_', '.', '-'")
+
+
+def _host_grads(group_index, params):
+    """A param group's gradients as contiguous CPU tensors, None for a parameter without one
+    (skipped, as torch skips it); None when no parameter has one."""
+    if all(param.grad is None for param in params):
+        return None
+    grads = []
+    for index, param in enumerate(params):
+        grad = param.grad
+        if grad is None:
+            grads.append(None)
+            continue
+        if grad.is_sparse:
+            raise _invalid(f"parameter {index} of param group {group_index}: sparse gradient")
+        if grad.dtype not in _DTYPES or grad.device.type != "cpu":
+            raise _invalid(
+                f"gradient of parameter {index} of param group {group_index} is "
+                f"{grad.dtype} on {grad.device}; expected a CPU float tensor"
+            )
+        grads.append(grad.contiguous())
+    return grads
+
+
+class _ZoeAdamBase(torch.optim.Optimizer):
+    """The shared implementation of AdamW (decoupled weight decay) and Adam (L2)."""
+
+    _ZOE_TYPE = None  # "AdamW" or "Adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, *, engine=None, config=None, offload=None, nvme_path=None,
+                 moment_dtype=None, max_grad_norm=None, name="zoe", maximize=False, foreach=None,
+                 capturable=False, device_backend=None, speculative=False, zero_copy=None,
+                 process_group=None, zero_stage=None, bucket_elements=None):
+        """Arguments as documented on AdamW; ``process_group``, ``zero_stage`` and
+        ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition)."""
+        self._zero = ZeroPartition.for_arguments(
+            process_group, zero_stage, bucket_elements, config, engine,
+            dict(zero_copy=zero_copy, speculative=speculative, device_backend=device_backend))
+        if self._zero is not None:
+            config = self._zero.config_with_rank(config)
+            nvme_path = self._zero.path_with_rank(nvme_path)
+        _check_hyper_parameters(lr, betas, eps, weight_decay, max_grad_norm)
+        _check_group_options(dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
+                             "the optimizer", self._ZOE_TYPE)
+        _check_zoe_arguments(zero_copy, name)
+        self._name = name
+        self._moment_dtype = moment_dtype
+        # None: the engine configuration's gradient_clipping; 0.0: no clipping
+        self._max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self._speculative = bool(speculative)
+        self._zero_copy = zero_copy
+        self._owns_engine = engine is None
+        self._device_backend = device_backend
+        if engine is not None and (config is not None or offload is not None or nvme_path):
+            raise _invalid(
+                "engine= comes with its own configuration; config, offload and nvme_path apply "
+                "only to the engine an optimizer creates, so give either engine or those"
+            )
+        params, staging_swap = device.listed_params(params, device_backend)
+        if engine is None:
+            hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            engine = self._created_engine(config, offload, nvme_path, hyper, staging_swap)
+        self._engine = engine
+        self._groups = []  # per param group: its GroupState
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=False, foreach=foreach, maximize=False, capturable=False)
+        try:
+            super().__init__(params, defaults)
+            self._check_speculative()
+        except BaseException:
+            self.close()
+            raise
+
+    def _created_engine(self, config, offload, nvme_path, hyper, staging_swap):
+        """The engine this optimizer creates and owns (see _optimizer_engine_config), checked
+        to step the kind this class is."""
+        arguments = {
+            "zoe.moment_dtype": (self._moment_dtype, "moment_dtype"),
+            "gradient_clipping": (self._max_grad_norm, "max_grad_norm"),
+            "optimizer.params.lr": (hyper["lr"], "lr"),
+            "optimizer.params.betas": (list(hyper["betas"]), "betas"),
+            "optimizer.params.eps": (hyper["eps"], "eps"),
+            "optimizer.params.weight_decay": (hyper["weight_decay"], "weight_decay"),
+        }
+        document = _optimizer_engine_config(config, offload, nvme_path, arguments, staging_swap)
+        engine = Engine(document)
+        try:
+            _check_type_agrees(document, engine, self._ZOE_TYPE)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    def _check_speculative(self):
+        """InvalidArgument for speculative=True when no param group takes the device path."""
+        if self._speculative and all(state.device is None for state in self._groups):
+            raise _invalid(
+                "speculative=True applies to param groups stepped on a device (CUDA "
+                "parameters, or device_backend=zoe.torch.HostTwin()); every group here is "
+                "stepped on the CPU, where gradients reach zoe only at step()"
+            )
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    @property
+    def engine(self):
+        """The zoe engine holding the state."""
+        return self._engine
+
+    @property
+    def last_step(self):
+        """Per param group: the StepResult of its latest step (None: no gradient, or no step)."""
+        return [state.last_step for state in self._groups]
+
+    def close(self):
+        """Closes the engine when the optimizer created it (idempotent)."""
+        groups = getattr(self, "_groups", [])
+        if self._zero is not None:
+            self._zero.close(groups)
+        for state in groups:
+            if state.device is not None:
+                state.device.close()
+        if self._owns_engine:
+            self._engine.close()
+
+    def __getstate__(self):
+        raise TypeError(
+            "zoe optimizers hold state in a zoe engine and cannot be pickled; "
+            "use state_dict() or save_checkpoint()"
+        )
+
+    # --- ZeRO stages 1 and 2 (only with a process_group) ------------------------------------
+
+    def _partition(self, attribute):
+        """The ZeroPartition; AttributeError naming ``attribute`` when the optimizer is not
+        sharded (as for any attribute an object lacks)."""
+        if self._zero is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute "
+                                 f"{attribute!r} (it is a sharded optimizer's: process_group=)")
+        return self._zero
+
+    @property
+    def zero_stage(self):
+        """The ZeRO stage: 1 or 2 (stage 3's optimizer is stage 2's)."""
+        return self._partition("zero_stage").stage
+
+    @property
+    def rank(self):
+        return self._partition("rank").rank
+
+    @property
+    def world_size(self):
+        return self._partition("world_size").world_size
+
+    @property
+    def collective_seconds(self):
+        """Wall seconds this rank spent inside the optimizer's collectives (gradient
+        reductions, the agreed norm and outcome, the parameters' all-gather) since creation."""
+        return self._partition("collective_seconds").comm.seconds
+
+    @property
+    def collective_calls(self):
+        """How many collectives the optimizer ran on this rank since creation."""
+        return self._partition("collective_calls").comm.calls
+
+    # --- param groups ----------------------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        """As torch's; parameters must be contiguous float32/bfloat16/float16 tensors, on the
+        CPU or on one CUDA device per group (or on the CPU twin given as device_backend). A
+        group that asks for what zoe's step does not do (amsgrad, maximize, capturable, a
+        moment dtype or clipping of its own) is refused rather than stepped without it."""
+        group_index = len(self.param_groups)
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        param_group["params"] = params  # a generator is read once, here
+        _check_group_options(param_group, f"param group {group_index}", self._ZOE_TYPE)
+        for index, param in enumerate(params):
+            self._check_param(param, f"parameter {index} of param group {group_index}")
+        backend = device.backend_for(group_index, params, self._device_backend)
+        super().add_param_group(param_group)
+        state = GroupState(group_index, self.param_groups[group_index])
+        if backend is not None:
+            state.device = device.DeviceGroup(self, group_index, backend)
+        self._groups.append(state)
+        if self._zero is not None:
+            self._zero.add_group(self, state)
+
+    def _check_param(self, param, where):
+        """InvalidArgument for a parameter this optimizer cannot step (checked before its param
+        group is added): a dtype zoe does not take, or a stage 3 shard (ShardedParameterPager
+        over several ranks) in an optimizer that would clip, by this rank's shard's norm alone;
+        under ZeRO stages 1 and 2 also what ZeroPartition.check_param refuses."""
+        if param.dtype not in _DTYPES:
+            raise _invalid(
+                f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
+                "torch.bfloat16 or torch.float16"
+            )
+        self._check_shard_clipping(param, where)
+        if self._zero is not None:
+            self._zero.check_param(param, where)
+
+    def _check_shard_clipping(self, param, where):
+        """InvalidArgument for a stage 3 shard over several ranks when this optimizer clips."""
+        world_size = getattr(_pager_of(param), "world_size", 1)
+        if world_size <= 1:
+            return
+        clipping = self._max_grad_norm
+        if clipping is None:
+            clipping = self._engine.config.get("gradient_clipping", 0.0)
+        if clipping:
+            raise _invalid(
+                f"{where} is a shard of a ShardedParameterPager over {world_size} ranks, and "
+                f"this optimizer would clip at {clipping} by this rank's shard's norm alone; clip "
+                "with pager.clip_grad_norm_(max_norm) (the global norm), and leave max_grad_norm "
+                'unset with the engine\'s gradient_clipping 0 or "auto"'
+            )
+
+    def _group_name(self, group_index):
+        return f"{self._name}.{group_index}"
+
+    def _group_options(self, state):
+        """The zoe group options of a param group, as its hyper-parameters are now."""
+        group = state.group
+        return dict(type=self._ZOE_TYPE, lr=float(group["lr"]), betas=list(group["betas"]),
+                    eps=group["eps"], weight_decay=group["weight_decay"],
+                    max_grad_norm=self._max_grad_norm, moment_dtype=self._moment_dtype,
+                    segments=[param.numel() for param in state.params])
+
+    def _zoe_group(self, state):
+        """The zoe group of a param group, created from the parameters' current values at its
+        first use (under ZeRO, this rank's part, created by every rank together)."""
+        if state.zoe_group is not None:
+            return state.zoe_group
+        name, options = self._group_name(state.index), self._group_options(state)
+        if self._zero is not None:
+            state.zoe_group = self._zero.create_group(self._engine, name, state, options)
+        else:
+            self._create_local_group(state, name, options)
+        state.record_versions()
+        pending, state.pending = state.pending, None
+        if pending is not None:
+            self._apply_state(state, pending)
+        return state.zoe_group
+
+    def _create_local_group(self, state, name, options):
+        """Creates the (unsharded) zoe group of a param group, zero copy where it can."""
+        zero_copy = self._zero_copy_group(state)
+        if zero_copy:
+            params = [param.detach() for param in state.params]
+        else:
+            params = [_current_values(param) for param in state.params]
+        state.zoe_group = self._engine.optimizer_group(
+            name, _param_views(state.index, params), **options,
+            speculative=True if self._speculative_group(state) else None,
+            master="params" if zero_copy else None,
+        )
+        state.masters = params if zero_copy else None
+
+    def _zero_copy_group(self, state):
+        """Whether a param group's parameters are its master (see "Zero copy")."""
+        if self._zero_copy is False:
+            return False
+        obstacle = self._zero_copy_obstacle(state)
+        if obstacle is not None and self._zero_copy:
+            raise _invalid(f"zero_copy=True: {obstacle}")
+        return obstacle is None
+
+    def _zero_copy_obstacle(self, state):
+        """Why a param group cannot step zero-copy, or None."""
+        if state.device is not None:
+            return f"param group {state.index} steps on a device; zero copy takes CPU parameters"
+        section = self._engine.config["zero_optimization"]["offload_optimizer"]
+        if section["device"] == "nvme" and section.get("ratio", 1.0) > 0:
+            return "the optimizer state is on NVMe; zero copy needs it in DRAM (offload='cpu')"
+        for index, param in enumerate(state.params):
+            where = f"parameter {index} of param group {state.index}"
+            if _pager_of(param) is not None:
+                return f"{where} is paged; zero copy takes resident parameters"
+            if param.dtype != torch.float32:
+                return f"{where} is {param.dtype}; zero copy takes torch.float32 parameters"
+            if param.device.type != "cpu" or not param.is_contiguous():
+                return f"{where} is not a contiguous CPU tensor"
+        return None
+
+    def _check_masters(self, state):
+        """FailedPrecondition when a zero-copy parameter's storage was replaced since the group
+        was created (the group would keep updating the old storage)."""
+        if not state.zero_copy:
+            return
+        for index, (param, master) in enumerate(zip(state.params, state.masters)):
+            if param.data_ptr() != master.data_ptr():
+                raise FailedPrecondition(
+                    _capi.Status.FAILED_PRECONDITION,
+                    f"parameter {index} of param group {state.index} no longer uses the storage "
+                    "that is its master (zero copy): its storage was replaced (param.data = ...?) "
+                    "after the first step; write new values in place (param.copy_(...)) or create "
+                    "the optimizer with zero_copy=False",
+                )
+
+    def _speculative_group(self, state):
+        """Whether a param group's steps speculate: asked for, and the group takes the device
+        path (only there do gradients reach zoe during backward)."""
+        return self._speculative and state.device is not None
+
+    def _sync_external_writes(self, state):
+        """Copies parameters written outside the optimizer (their version counter moved, e.g.
+        by model.load_state_dict) into the master weights before the step (under ZeRO, their
+        slices in this rank's shard)."""
+        if self._zero is not None:
+            self._zero.sync_external_writes(state)
+            return
+        recorded = state.versions
+        if recorded is not None and len(recorded) != len(state.params):
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"param group {state.index} changed its parameter list after its first step",
+            )
+        if state.zero_copy:
+            return  # zero copy: a write into a parameter is a write into its master
+        offset = 0
+        for param, version in zip(state.params, recorded or []):
+            if version is not None and param._version != version:
+                values = param.detach().to("cpu", torch.float32).contiguous().view(-1)
+                state.zoe_group.write_state(
+                    _capi.StateSlot.MASTER, offset, values.numel(), values.data_ptr()
+                )
+            offset += param.numel()
+
+    # --- the step --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every param group that has gradients; returns the closure's loss. Over
+        the shards of a ShardedParameterPager (stage 3) the ranks agree on the step's outcome:
+        when it fails on some rank (zoe's step, or writing the updated shard), every rank raises,
+        naming the failing ranks (that rank its own error as zoe's, the others zoe.Aborted), and
+        the ranks stay paired for their next collective. The ranks that did not fail have taken
+        the step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        pager = self._sharded_pager()
+        if pager is not None and pager.any_gradient_nonfinite():
+            for state in self._groups:
+                state.last_step = self._agreed_skip(state)
+            return loss
+        if pager is None:
+            self._step_groups()
+            return loss
+        agreed(f"the step of optimizer {self._name!r} (the ranks that did not fail took it; "
+               "resume every rank from a checkpoint)", self._step_groups, pager.group)
+        return loss
+
+    def _step_groups(self):
+        for state in self._groups:
+            self._step_group(state)
+
+    def _sharded_pager(self):
+        """The ShardedParameterPager over several ranks whose shards this optimizer steps (stage
+        3), or None. Its ranks skip a step together when any rank's gradient is inf/NaN: each
+        optimizer sees only its own shard's."""
+        pagers = {}
+        for state in self._groups:
+            for param in state.params:
+                pager = _pager_of(param)
+                if getattr(pager, "world_size", 1) > 1:
+                    pagers[id(pager)] = pager
+        if len(pagers) > 1:
+            raise _invalid("the optimizer steps shards of several ShardedParameterPagers; give "
+                           "each pager's shards an optimizer of their own")
+        return next(iter(pagers.values()), None)
+
+    @staticmethod
+    def _agreed_skip(state):
+        """The StepResult of a step skipped because another rank's gradient was inf/NaN."""
+        zoe_group = state.zoe_group
+        return StepResult(skipped=True, grad_norm=math.inf,
+                          steps_taken=0 if zoe_group is None else zoe_group.steps,
+                          bytes_read=0, bytes_written=0, seconds=0.0)
+
+    def _step_group(self, state):
+        """One param group's step: on its device, sharded across the ranks (every rank
+        together; the reduced gradients and the buckets' counts are dropped whatever happens),
+        or on the host."""
+        if state.device is not None:
+            self._device_step(state)
+            return
+        if self._zero is None:
+            self._step_host_group(state)
+            return
+        try:
+            self._step_host_group(state)
+        finally:
+            self._zero.end_iteration(state)
+
+    def _step_host_group(self, state):
+        """The step of a param group zoe steps from host gradients: none when no parameter has
+        a gradient (last_step None), else the group's state created, parameters written
+        outside the optimizer taken into the master, the zoe step and its StepResult in
+        last_step. Under ZeRO the gradients are the ranks' reduced ones, already with zoe."""
+        if self._zero is not None:
+            has_grads = self._zero.reduce_for_step(self, state)
+            grads = [] if has_grads else None
+        else:
+            grads = _host_grads(state.index, state.params)
+        if grads is None:
+            state.last_step = None
+            return
+        zoe_group = self._zoe_group(state)
+        self._check_masters(state)
+        self._sync_external_writes(state)
+        state.last_step = self._step_zoe(state, zoe_group, grads)
+        state.record_versions()
+
+    def _step_zoe(self, state, zoe_group, grads):
+        """zoe's step of one group on ``grads`` (None for a parameter without a gradient); under
+        ZeRO this rank's shard, then every rank's parameters gathered."""
+        params = [param.detach() for param in state.params]
+        if self._zero is not None:
+            return self._zero.step(state, self._step_hyper(state), params)
+        paged = any(_pager_of(param) for param in state.params)
+        result = zoe_group.step(
+            self._step_hyper(state),
+            grads=[_grad_view(grad, param) for grad, param in zip(grads, params)],
+            params_out=[] if paged or state.zero_copy else _param_views(state.index, params),
+        )
+        if paged and not result.skipped:
+            self._write_back(state, present=[grad is not None for grad in grads])
+        return result
+
+    def _device_step(self, state):
+        """The step of a param group on a device (see device.py)."""
+        if not state.device.has_grads():
+            state.last_step = None
+            return
+        self._zoe_group(state)
+        state.last_step = state.device.step(self._step_hyper(state))
+        state.record_versions()
+
+    def _step_hyper(self, state):
+        """The hyper-parameters the next step of a param group takes (as set now)."""
+        group = state.group
+        _check_group_options(group, f"param group {state.index}", self._ZOE_TYPE)
+        beta1, beta2 = group["betas"]
+        return HyperParams(float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
+
+    def overlap(self):
+        """A context manager around the backward that ends a gradient accumulation: while it
+        is open, each device parameter's gradient is copied to the host as soon as it is final
+        and handed to zoe, which starts reading its state during backward. Without it, step()
+        copies the gradients after backward. CPU param groups are not affected."""
+        return device.overlap([state.device for state in self._groups])
+
+    def _write_back(self, state, present=None):
+        """Copies the master weights into the parameters one at a time (paged parameters are
+        acquired for writing one by one, so the group never needs to fit in DRAM at once);
+        ``present``: per parameter, whether to write it (None: all)."""
+        if state.zero_copy:
+            return  # zero copy: the parameters are the master
+        offset = 0
+        for index, param in enumerate(state.params):
+            n = param.numel()
+            if present is None or present[index]:
+                with _writable(param) as target:
+                    self._read_master(state.zoe_group, offset, target)
+            offset += n
+
+    @staticmethod
+    def _read_master(zoe_group, offset, target):
+        """Reads ``target.numel()`` master weights from element ``offset`` into ``target``."""
+        n = target.numel()
+        on_host = target.device.type == "cpu"
+        if target.dtype == torch.float32 and target.is_contiguous() and on_host:
+            zoe_group.read_state(_capi.StateSlot.MASTER, offset, n, target.data_ptr())
+            return
+        values = torch.empty(n, dtype=torch.float32)
+        zoe_group.read_state(_capi.StateSlot.MASTER, offset, n, values.data_ptr())
+        target.copy_(values.view_as(target))
+
+    # --- state dicts -----------------------------------------------------------------------
+
+    def state_dict(self):
+        """torch's layout (state_layout.py): per parameter 'step', 'exp_avg' and 'exp_avg_sq',
+        plus 'master_param' for bfloat16 and float16 parameters (the fp32 master weights;
+        torch's optimizers keep it untouched). Under ZeRO every rank's shard is gathered, so
+        every rank returns the same dict (every rank calls it; memory: the whole state of one
+        param group at a time)."""
+        if self._zero is not None:
+            self._create_groups()
+            entries = (self._zero.gathered_state(state) for state in self._groups)
+        else:
+            entries = (self._group_state(state) for state in self._groups)
+        return packed_state_dict(self.param_groups, entries)
+
+    def _create_groups(self):
+        """Creates every param group's zoe group that does not exist yet."""
+        for state in self._groups:
+            self._zoe_group(state)
+
+    def _group_state(self, state):
+        """[per-parameter state dict or None] of one (unsharded) group."""
+        if state.pending is not None:
+            return state.pending
+        zoe_group = state.zoe_group
+        if zoe_group is None or zoe_group.steps == 0:
+            return [None] * len(state.params)
+        count = state.element_count()
+        wanted = [(key, slot) for key, slot in SLOTS if key != "master_param"]
+        if any(param.dtype != torch.float32 for param in state.params):
+            wanted = SLOTS
+        slots = {key: read_slot(zoe_group, slot, count) for key, slot in wanted}
+        return param_entries(state.params, slots, zoe_group.segment_steps)
+
+    def load_state_dict(self, state_dict):
+        """Loads a state dict of this optimizer or of torch's Adam/AdamW (same groups and
+        parameter counts). The state is applied when the group's zoe state exists (at once, or
+        at the group's first step, so parameters loaded afterwards still seed the master).
+        Under ZeRO (every rank calls it) the dict may come from any world size, or from an
+        unsharded optimizer: each rank takes its shard's slice."""
+        if self._zero is not None:
+            self._create_groups()
+        saved_groups = state_dict["param_groups"]
+        check_group_counts(self.param_groups, saved_groups)
+        for group_index, saved in enumerate(saved_groups):
+            _check_group_options(saved, f"param group {group_index} of the loaded state dict",
+                                 self._ZOE_TYPE)
+        saved_state = state_dict["state"]
+        # Every parameter's state is checked before anything changes: a refused state dict
+        # leaves the optimizer as it was.
+        loaded = [
+            [checked_param_state(state.index, index, param, saved_state.get(key))
+             for index, (param, key) in enumerate(zip(state.params, saved["params"]))]
+            for state, saved in zip(self._groups, saved_groups)
+        ]
+        for state, saved, per_param in zip(self._groups, saved_groups, loaded):
+            for key, value in saved.items():
+                if key != "params":
+                    state.group[key] = value
+            state.group["betas"] = tuple(state.group["betas"])
+            if state.zoe_group is None:
+                state.pending = per_param
+            else:
+                self._apply_state(state, per_param)
+
+    def _apply_state(self, state, per_param):
+        """Writes a loaded per-parameter state into the group's zoe state (under ZeRO, the
+        rank's shard of it)."""
+        target = state.zoe_group if self._zero is None else ShardSlice(state.shard.sharded)
+        write_slots(target, state.params, per_param)
+        state.zoe_group.segment_steps = loaded_steps(per_param)
+
+    # --- streaming checkpoints -------------------------------------------------------------
+
+    def save_checkpoint(self, directory):
+        """Saves the whole optimizer state to ``directory`` without holding it in RAM: every
+        group's master weights, moments and step count are streamed by the engine
+        (zoe_checkpoint_save, crash-safe), the param groups' hyper-parameters go to a JSON file
+        beside them. Creates the groups' state first where no step has been taken. Under ZeRO
+        every rank saves its shard and rank 0 the manifest (ZeroPartition.save_checkpoint)."""
+        if self._zero is not None:
+            self._create_groups()
+            self._zero.save_checkpoint(self, directory)
+            return
+        for state in self._groups:
+            self._zoe_group(state)
+            self._check_masters(state)
+        self._engine.save_checkpoint(directory)
+        save_param_groups(directory, self._name, self._hyper_parameters())
+
+    def _hyper_parameters(self):
+        """Per param group, everything but its parameters (what a checkpoint keeps of it)."""
+        return [{key: value for key, value in group.items() if key != "params"}
+                for group in self.param_groups]
+
+    def _take_hyper_parameters(self, saved_groups):
+        """Sets the param groups' hyper-parameters to a checkpoint's (_hyper_parameters)."""
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update(saved)
+            group["betas"] = tuple(group["betas"])
+
+    @torch.no_grad()
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint written by save_checkpoint for the same param groups, and sets the
+        parameters to the loaded master weights (cast to their dtype). Under ZeRO every rank
+        loads its shard of the save the manifest names (ZeroPartition.load_checkpoint)."""
+        if self._zero is not None:
+            self._create_groups()
+            self._zero.load_checkpoint(self, directory)
+            return
+        saved_groups = load_param_groups(directory)
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("the checkpoint has a different number of parameter groups")
+        for state in self._groups:
+            self._zoe_group(state)
+            self._check_masters(state)
+        self._engine.load_checkpoint(directory)
+        self._take_hyper_parameters(saved_groups)
+        for state in self._groups:
+            self._write_back(state)
+            state.record_versions()
+
+
+class AdamW(_ZoeAdamBase):
+    """torch.optim.AdamW with its state offloaded through zoe (decoupled weight decay).
+
+    Arguments as torch's, plus keyword-only ``engine`` (a zoe.Engine; else one is created from
+    ``config``, a DeepSpeed-shaped configuration such as Hugging Face's ds_config_zero3.json whose
+    "auto" values take this optimizer's arguments, or from ``offload`` = "cpu" | "nvme" and
+    ``nvme_path``), ``moment_dtype`` ("fp32" | "bf16" | "int8": block-wise quantized, state_dict
+    still holds fp32 moments; None, the default: the engine configuration's zoe.moment_dtype, fp32
+    unless set there; with ``engine`` a value given is this optimizer's own, with ``config`` one
+    that contradicts the config's is refused),
+    ``max_grad_norm`` (None, the default: the engine configuration's gradient_clipping, none
+    unless set; 0: no clipping), ``name`` (unique per engine; names the zoe groups in
+    checkpoints) and ``device_backend`` (a zoe.torch.HostTwin: CPU parameters take the device
+    path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``) and
+    ``speculative`` (device param groups: inside ``overlap()`` zoe updates each chunk as soon as
+    its gradients arrive and the step commits, recomputes or discards those updates, with the
+    same bits as without; HOST-placed state then needs a second pinned copy)."""
+
+    _ZOE_TYPE = "AdamW"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, **options):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **options)
+
+
+class Adam(_ZoeAdamBase):
+    """torch.optim.Adam (L2 weight decay added to the gradient) with its state offloaded
+    through zoe; arguments as AdamW's."""
+
+    _ZOE_TYPE = "Adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, **options):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **options)

@@ -1,0 +1,503 @@
+"""ZeRO stages 1 and 2 for zoe.torch.AdamW / Adam across the ranks of a torch.distributed process
+group (``process_group=``): each param group's elements, concatenated, are cut into N contiguous
+shards, shard r = [floor(r * n / N), floor((r + 1) * n / N)), and rank r's zoe group holds shard
+r only (master weights, moments and per-parameter step counts), in its own engine: a ``{rank}``
+in ``nvme_path`` (or in the config's offload_optimizer.nvme_path) gives each rank its own
+directory. A parameter may be split across ranks: each rank sees its slice as one segment.
+
+The model is not wrapped in DistributedDataParallel: the optimizer reduces the gradients.
+
+- Stage 1: at step(), which parameters have a gradient is agreed (one all-reduce: a parameter
+  with a gradient on some rank counts zeros on the others, one with none anywhere is skipped as
+  torch skips it), each bucket's gradients are summed onto the ranks that own them (a
+  reduce-scatter, _collective_ops) and averaged, and each rank hands its shard's slice to zoe.
+- Stage 2: during backward, a hook on each parameter's gradient accumulator counts the
+  parameters of its bucket (consecutive parameters of a param group, ``bucket_elements`` at
+  least); when a bucket's last gradient is final the bucket is reduced and the shard's slice goes
+  straight to the zoe group (zoe_optim_accumulate_grad: its state reads start during backward).
+  Buckets whose gradients never all arrived are reduced at step(). Like DistributedDataParallel
+  without find_unused_parameters, stage 2 needs every rank to produce gradients for the same
+  parameters in an iteration, and one backward per step.
+
+Steady-state steps allocate no whole-group buffer in Python: each param group's flat fp32
+gradient buffer (which the buckets' reductions write in place and whose shard slices zoe borrows)
+is made once and again only when the group's element count changes, and the shards are gathered
+straight into the buffer zoe passes.
+
+Collectives: gloo in torch 1.13 has no reduce-scatter and a slow all-gather, so both are built
+from one reduce or broadcast per rank (_collective_ops); other backends all-reduce and all-gather
+through reused buffers. At step() zoe agrees the inf/NaN skip and the global gradient norm
+for ``max_grad_norm`` by one all-reduce (every rank skips or clips together), steps its shard and
+all-gathers the updated parameters into every rank's parameters. A rank that fails (an I/O error)
+makes every rank's step raise; the transport's timeout (init_process_group(timeout=...)) bounds
+the wait for a rank that dies.
+
+Checkpoints: save_checkpoint(dir) writes each rank's shard to dir/rank-<r>/save-<n> and, once every
+rank succeeded, rank 0 replaces the manifest (world size, stage, shard layout, the parameters'
+shapes, hyper-parameters, and each rank's save) atomically: ranks killed during a save all load the
+previous checkpoint (checkpoint.save_sharded). load_checkpoint(dir) restores the save the manifest
+names on the same world size and layout. Every step of both that one rank can fail is agreed
+(TorchCollectives.agreed): every rank raises zoe's error naming the failing rank, the ranks stay
+paired, a failed save keeps the previous checkpoint and a failed load changes no rank's state
+(checkpoint.load_shard). state_dict() gathers every shard into torch's AdamW layout (the same dict
+on every rank); consolidate.py does the same from the checkpoint without the ranks;
+load_state_dict() takes such a dict, from any world size, each rank its slice: the way to move
+training to another world size.
+
+Structure: the optimizer (optimizer.py) holds a ZeroPartition when sharded and calls it where
+sharding changes what it does (creating a group, reducing gradients, the step, external writes,
+state dicts and checkpoints); a param group's shard (its ShardedGroup, buckets and gradient
+buffer) is the GroupShard in its GroupState. The shard formula is distributed.shard_bounds.
+"""
+
+import dataclasses
+import json
+import operator
+import os
+import weakref
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import _capi
+from .. import errors as zoe_errors
+from ..engine import BufferView, _config_text
+from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
+from .common import _invalid, _pager_of, _view
+from .distributed import (DEFAULT_BUCKET_ELEMENTS, ShardedGroup, TorchCollectives, shard_bounds,
+                          shard_counts)
+from .grad_hooks import buckets_of, on_gradient_accumulated
+from .state_layout import SLOTS, param_entries
+
+def _with_rank(path, rank):
+    """``path`` with ``{rank}`` replaced, its directory created."""
+    if path is None or "{rank}" not in str(path):
+        return path
+    resolved = os.fspath(path).replace("{rank}", str(rank))
+    os.makedirs(resolved, exist_ok=True)
+    return resolved
+
+
+def _config_with_rank(config, rank):
+    """The configuration document (dict, JSON text or path) with ``{rank}`` replaced in
+    zero_optimization.offload_optimizer.nvme_path; None stays None."""
+    if config is None:
+        return None
+    document = json.loads(_config_text(config) or "{}")
+    section = document.get("zero_optimization", {}).get("offload_optimizer", {})
+    paths = section.get("nvme_path")
+    if isinstance(paths, list):
+        section["nvme_path"] = [_with_rank(path, rank) for path in paths]
+    elif paths is not None:
+        section["nvme_path"] = _with_rank(paths, rank)
+    return document
+
+
+def _stage_of(zero_stage, config, engine):
+    """The ZeRO stage: ``zero_stage``, else the config's (or the engine's)
+    zero_optimization.stage; the optimizer's part of stage 3 is stage 2's. zero_stage, when
+    given, is the optimizer's stage whatever the configuration says (its stage also describes
+    how a ShardedParameterPager partitions the parameters)."""
+    what = "zero_stage"
+    if zero_stage is None:
+        what = "zero_optimization.stage (from the configuration)"
+        if config is not None:
+            document = json.loads(_config_text(config) or "{}")
+            zero_stage = document.get("zero_optimization", {}).get("stage", 2)
+        elif engine is not None:
+            zero_stage = engine.config.get("zero_optimization", {}).get("stage", 2)
+        else:
+            zero_stage, what = 2, "zero_stage"
+    if zero_stage not in (1, 2, 3):
+        raise _invalid(
+            f"{what} = {zero_stage!r} is not allowed with a process_group; allowed: 1 "
+            "(gradients all-reduced at step), 2 (reduced during backward), 3 (as 2 for the "
+            "optimizer)"
+        )
+    return min(int(zero_stage), 2)
+
+
+def _whole_count(value, name):
+    """``value`` as an int >= 0: an integer of any kind (numpy's included) or a float with no
+    fraction (DeepSpeed's configurations write sizes as 5e8); InvalidArgument otherwise."""
+    if not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        try:
+            count = operator.index(value)
+        except TypeError:
+            count = -1
+        if count >= 0:
+            return count
+    raise _invalid(f"{name} = {value!r} is not allowed; allowed: an integer >= 0 (0 or 1: one "
+                   "parameter per bucket)")
+
+
+# Options of the unsharded optimizer that a sharded one does not take, with the value that
+# means "not asked for".
+_UNSHARDED_OPTIONS = {"zero_copy": (None, False), "speculative": (False,),
+                      "device_backend": (None,)}
+
+
+def _check_sharded_options(options):
+    """InvalidArgument for an option the sharded optimizer would otherwise ignore."""
+    for key, unset in _UNSHARDED_OPTIONS.items():
+        if key in options and options[key] not in unset:
+            raise _invalid(
+                f"{key} = {options[key]!r} is not supported with a process_group: a sharded "
+                "optimizer steps CPU parameters, keeps its own master of its shard and does "
+                "not speculate"
+            )
+
+
+class ShardSlice:
+    """Passes the shard's part of whole-group state writes to the rank's group."""
+
+    def __init__(self, sharded):
+        self.sharded = sharded
+
+    def write_state(self, slot, offset, count, address):
+        begin, end = self.sharded.begin, self.sharded.end
+        lo, hi = max(offset, begin), min(offset + count, end)
+        if hi > lo:
+            self.sharded.local.write_state(slot, lo - begin, hi - lo, address + 4 * (lo - offset))
+
+
+@dataclasses.dataclass(eq=False)
+class GroupShard:
+    """A param group's ZeRO state on this rank (GroupState.shard)."""
+
+    buckets: List[Any]  # grad_hooks.Bucket: the group's parameters in reduction order
+    sharded: Optional[ShardedGroup] = None  # created with the zoe group, by every rank together
+    grads: List[torch.Tensor] = dataclasses.field(default_factory=list)  # slices zoe borrows
+    buffer: Optional[torch.Tensor] = None  # the flat fp32 gradient buffer (grad_buffer)
+    hooks: List[Any] = dataclasses.field(default_factory=list)  # (handle, node) of stage 2
+
+
+def _bucket_hook(optimizer, bucket):
+    """Stage 2's hook on a parameter of ``bucket``: the bucket is reduced once its last
+    gradient is final. It holds the optimizer weakly: autograd keeps the hook, the optimizer
+    keeps the parameter that holds it, and a strong reference would make a cycle that keeps an
+    unreferenced optimizer (its engine and collectives) alive until a garbage collection."""
+    owner = weakref.ref(optimizer)
+
+    def ready():
+        optimizer = owner()
+        if optimizer is None:  # a gradient after the optimizer went: nothing to reduce
+            return
+        bucket.ready += 1
+        if bucket.ready == len(bucket.indices) and not bucket.reduced:
+            with torch.no_grad():
+                state = optimizer._groups[bucket.group_index]
+                optimizer._zero.reduce_bucket(optimizer, state, bucket)
+
+    return ready
+
+
+class ZeroPartition:
+    """ZeRO stages 1 and 2 of one zoe optimizer (see the module docstring): the optimizer holds
+    one when given a process_group and calls it where sharding changes what it does. It keeps
+    the collectives and the stage; each param group's shard is in its GroupState.shard. Methods
+    that create a zoe group or read the param groups take the optimizer as an argument: the
+    partition holds no reference to it."""
+
+    def __init__(self, process_group, zero_stage, bucket_elements, config, engine):
+        if process_group is None:
+            process_group = dist.group.WORLD
+        self.comm = TorchCollectives(process_group)
+        self.stage = _stage_of(zero_stage, config, engine)
+        self.bucket_elements = bucket_elements
+
+    @classmethod
+    def for_arguments(cls, process_group, zero_stage, bucket_elements, config, engine,
+                      unsharded_options):
+        """The partition an optimizer's arguments ask for: None without process_group and
+        zero_stage (bucket_elements is then refused, as an unknown argument is); the options
+        of the unsharded optimizer that a sharded one would ignore are refused."""
+        if process_group is None and zero_stage is None:
+            if bucket_elements is not None:
+                raise TypeError("bucket_elements applies to a sharded optimizer "
+                                "(process_group= or zero_stage=)")
+            return None
+        _check_sharded_options(unsharded_options)
+        if bucket_elements is None:
+            bucket_elements = DEFAULT_BUCKET_ELEMENTS
+        bucket_elements = _whole_count(bucket_elements, "bucket_elements")
+        return cls(process_group, zero_stage, bucket_elements, config, engine)
+
+    @property
+    def rank(self):
+        return self.comm.rank
+
+    @property
+    def world_size(self):
+        return self.comm.world_size
+
+    def config_with_rank(self, config):
+        """The configuration (dict, JSON text or path) with ``{rank}`` replaced by this rank in
+        its offload_optimizer.nvme_path; None stays None."""
+        return _config_with_rank(config, self.rank)
+
+    def path_with_rank(self, path):
+        """``path`` with ``{rank}`` replaced by this rank, its directory created."""
+        return _with_rank(path, self.rank)
+
+    def check_param(self, param, where):
+        """InvalidArgument for a parameter a sharded optimizer does not step: one not on the CPU,
+        or a paged one."""
+        if param.device.type != "cpu":
+            raise _invalid(f"{where} is on {param.device}; sharded zoe optimizers take CPU "
+                           "parameters")
+        if _pager_of(param) is not None:
+            raise _invalid(f"{where} is paged; sharded zoe optimizers take ordinary CPU "
+                           "parameters")
+
+    def add_group(self, optimizer, state):
+        """Cuts a new param group into buckets and, in stage 2, hooks its parameters."""
+        state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements))
+        if self.stage != 2:
+            return
+        for bucket in state.shard.buckets:
+            for index in bucket.indices:
+                hook = _bucket_hook(optimizer, bucket)
+                state.shard.hooks.append(on_gradient_accumulated(state.params[index], hook))
+
+    def create_group(self, engine, name, state, options):
+        """This rank's part of a param group's sharded zoe group (every rank creates it
+        together); returns its local zoe group."""
+        params = [param.detach() for param in state.params]
+        for index, param in enumerate(params):
+            if not param.is_contiguous():
+                raise _invalid(
+                    f"parameter {index} of param group {state.index} is not contiguous; zoe "
+                    "optimizers step contiguous parameters"
+                )
+        state.shard.sharded = ShardedGroup(engine, name, [_view(param) for param in params],
+                                           self.comm, **options)
+        return state.shard.sharded.local
+
+    def sync_external_writes(self, state):
+        """Parameters written outside the optimizer: their slice in the shard goes to the
+        master weights (every rank holds the same full parameters)."""
+        sharded = state.shard.sharded
+        recorded = state.versions or []
+        for param, version, offset in zip(state.params, recorded, state.offsets()):
+            if version is None or param._version == version:
+                continue
+            lo, hi = max(offset, sharded.begin), min(offset + param.numel(), sharded.end)
+            if hi <= lo:
+                continue
+            values = param.detach().to(torch.float32).contiguous().view(-1)
+            values = values[lo - offset : hi - offset]
+            sharded.local.write_state(_capi.StateSlot.MASTER, lo - sharded.begin, hi - lo,
+                                      values.data_ptr())
+
+    def close(self, states):
+        """Destroys the sharded groups of ``states`` (the optimizer's GroupStates)."""
+        for state in states:
+            if state.shard is not None and state.shard.sharded is not None:
+                state.shard.sharded.close()
+
+    # --- gradients -------------------------------------------------------------------------
+
+    def reduce_bucket(self, optimizer, state, bucket, present=None):
+        """Sums a bucket's gradients (zeros where a parameter has none on this rank) onto the
+        ranks that own them, averages this rank's part and hands its slice of each parameter to
+        zoe -- without data for parameters that ``present`` (None: all) marks absent on every
+        rank."""
+        local = optimizer._zoe_group(state)
+        sharded = state.shard.sharded
+        offsets = state.offsets()
+        first, last = bucket.indices[0], bucket.indices[-1]
+        begin, end = offsets[first], offsets[last] + state.params[last].numel()
+        flat = self._flat_bucket(state, bucket, offsets, begin, end)
+        total = state.element_count()
+        owners = [min(max(shard_bounds(total, r, self.world_size)[0], begin), end) - begin
+                  for r in range(self.world_size + 1)]
+        self.comm.reduce_to_owners(flat, owners)
+        bucket.reduced = True
+        lo, hi = max(begin, sharded.begin), min(end, sharded.end)
+        if hi <= lo:
+            return
+        shard = flat[lo - begin : hi - begin]  # no copy: not written again before the step
+        shard /= self.world_size
+        state.shard.grads.append(shard)  # borrowed by zoe until the step
+        for index in bucket.indices:
+            p_lo = max(offsets[index], lo)
+            p_hi = min(offsets[index] + state.params[index].numel(), hi)
+            if p_hi <= p_lo:
+                continue
+            if present is None or present[index]:
+                view = BufferView(shard[p_lo - lo :].data_ptr(), _capi.DType.FLOAT32, p_hi - p_lo)
+            else:
+                view = BufferView(0, _capi.DType.FLOAT32, p_hi - p_lo)
+            local.accumulate_grad(p_lo - sharded.begin, view)
+
+    def _flat_bucket(self, state, bucket, offsets, begin, end):
+        """The bucket's slice [begin, end) of the group's gradient buffer, holding this rank's
+        gradients (zeros for a parameter without one)."""
+        flat = self._grad_buffer(state)[begin:end]
+        for index in bucket.indices:
+            param = state.params[index]
+            start = offsets[index] - begin
+            target = flat[start : start + param.numel()]
+            if param.grad is None:
+                target.zero_()
+            else:
+                target.copy_(param.grad.detach().reshape(-1))
+        return flat
+
+    @staticmethod
+    def _grad_buffer(state):
+        """The param group's flat fp32 gradient buffer, which every bucket's reduction writes in
+        place (its slice, laid out as the group's parameters) and zoe borrows slices of until
+        the step: allocated once, again only when the group's element count changes."""
+        count = state.element_count()
+        buffer = state.shard.buffer
+        if buffer is None or buffer.numel() != count:
+            buffer = torch.empty(count, dtype=torch.float32)
+            state.shard.buffer = buffer
+        return buffer
+
+    def _agreed_presence(self, state):
+        """Per parameter, whether some rank has its gradient (one all-reduce)."""
+        flags = torch.tensor([float(param.grad is not None) for param in state.params],
+                             dtype=torch.float64)
+        self.comm.all_reduce(flags)
+        return [bool(flag > 0) for flag in flags]
+
+    def reduce_for_step(self, optimizer, state):
+        """Reduces what backward did not; False when no rank has a gradient in the group."""
+        buckets = state.shard.buckets
+        if self.stage == 1:
+            present = self._agreed_presence(state)
+            if not any(present):
+                return False
+            for bucket in buckets:
+                self.reduce_bucket(optimizer, state, bucket, present)
+            return True
+        any_reduced = False
+        for bucket in buckets:
+            if bucket.reduced:
+                any_reduced = True
+                continue
+            present = [param.grad is not None for param in state.params]
+            if any(present[index] for index in bucket.indices):
+                self.reduce_bucket(optimizer, state, bucket, present)
+                any_reduced = True
+        if any_reduced:
+            for bucket in buckets:  # a bucket without any gradient: its slices are absent
+                if not bucket.reduced:
+                    self.reduce_bucket(optimizer, state, bucket, [False] * len(state.params))
+        return any_reduced
+
+    def end_iteration(self, state):
+        """Drops the reduced slices and the buckets' counts after a step (taken or failed)."""
+        state.shard.grads = []
+        for bucket in state.shard.buckets:
+            bucket.reset()
+
+    # --- the step --------------------------------------------------------------------------
+
+    @staticmethod
+    def step(state, hyper, params):
+        """The sharded step on the gradients accumulated in the rank's group: this rank's
+        shard, then every rank's ``params`` (the group's, detached) gathered."""
+        return state.shard.sharded.step(hyper, [_view(param) for param in params])
+
+    # --- sharded checkpoints ---------------------------------------------------------------
+
+    def _layout(self, optimizer):
+        """Per param group: its zoe name, element count and every rank's shard range."""
+        layout, world = [], self.world_size
+        for state in optimizer._groups:
+            count = state.element_count()
+            shards = [list(shard_bounds(count, r, world)) for r in range(world)]
+            layout.append({"name": optimizer._group_name(state.index), "count": count,
+                           "shards": shards})
+        return layout
+
+    @staticmethod
+    def _param_layout(optimizer):
+        """Per param group, per parameter: its shape and dtype (what a consolidation without the
+        ranks needs to build torch's layout)."""
+        return [[{"shape": list(param.shape), "dtype": str(param.dtype).replace("torch.", "")}
+                 for param in group["params"]] for group in optimizer.param_groups]
+
+    def save_checkpoint(self, optimizer, directory):
+        """Every rank saves its shard (the engine's streamed, crash-safe checkpoint) and rank 0
+        the manifest naming them, the world size, the stage and the shard layout, as
+        save_sharded() describes: a save killed on any rank leaves the previous checkpoint the
+        one every rank loads. Every rank calls it, with every zoe group created."""
+        manifest = {
+            "zero_stage": self.stage,
+            "groups": self._layout(optimizer),
+            "params": self._param_layout(optimizer),
+            "param_groups": optimizer._hyper_parameters(),
+        }
+        save_sharded(directory, self.comm, optimizer.engine.save_checkpoint, manifest)
+
+    def load_checkpoint(self, optimizer, directory):
+        """Loads the save the manifest names, written by save_checkpoint on the same world size
+        and shard layout: each rank its shard (bit-identical), then every rank's parameters from
+        the gathered master weights. Every rank calls it, with every zoe group created. Each
+        step is agreed: a failure on one rank raises on every rank, naming it, and leaves every
+        rank's optimizer as it was (load_shard: the load needs room for one more save of the
+        shard beside it)."""
+        where = f"the sharded checkpoint in {directory!r}"
+        manifest, shard_dir = self.comm.agreed(
+            f"reading the manifest of {where}", lambda: self._manifest_to_load(optimizer,
+                                                                              directory))
+        engine = optimizer.engine
+        load_shard(self.comm, f"loading the shards of {where}", shard_dir,
+                   engine.save_checkpoint, engine.load_checkpoint)
+        optimizer._take_hyper_parameters(manifest["param_groups"])
+        for state in optimizer._groups:
+            self._gather_master(state)
+            state.record_versions()
+
+    def _manifest_to_load(self, optimizer, directory):
+        """The manifest in ``directory`` and this rank's shard it names; FailedPrecondition
+        when it is of another world size or layout."""
+        manifest = read_manifest(directory)
+        layout = self._layout(optimizer)
+        if manifest["world_size"] != self.world_size or manifest["groups"] != layout:
+            raise zoe_errors.FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the checkpoint in {directory!r} is of {manifest['world_size']} ranks with "
+                f"groups {[(g['name'], g['count']) for g in manifest['groups']]}; this optimizer "
+                f"has {self.world_size} ranks and "
+                f"{[(g['name'], g['count']) for g in layout]}: allowed: the same world "
+                "size and parameters",
+            )
+        return manifest, shard_directory(directory, manifest, self.rank)
+
+    def _gathered_slot(self, state, slot):
+        """A slot of the whole param group, gathered from every rank's shard."""
+        sharded = state.shard.sharded
+        shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
+        sharded.local.read_state(slot, 0, shard.numel(), shard.data_ptr())
+        return self.comm.gather(shard, shard_counts(state.element_count(), self.world_size))
+
+    def _gather_master(self, state):
+        """Every rank's parameters of a group from the shards' master weights."""
+        whole = self._gathered_slot(state, _capi.StateSlot.MASTER)
+        for param, offset in zip(state.params, state.offsets()):
+            param.copy_(whole[offset : offset + param.numel()].view_as(param))
+
+    # --- state dicts: torch's layout, consolidated ------------------------------------------
+
+    def gathered_state(self, state):
+        """[per-parameter state or None] of a group, gathered from every rank's shard (every
+        rank calls it); a parameter's step count comes from the rank holding its first
+        element."""
+        sharded = state.shard.sharded
+        slots = {key: self._gathered_slot(state, slot) for key, slot in SLOTS}
+        steps = torch.zeros(len(state.params), dtype=torch.float64)
+        local_steps = sharded.local.segment_steps
+        for index, (param, offset) in enumerate(zip(state.params, state.offsets())):
+            if param.numel() > 0 and sharded.begin <= offset < sharded.end:
+                steps[index] = local_steps[index]
+        self.comm.all_reduce(steps)
+        return param_entries(state.params, slots, steps.tolist())
