@@ -22,95 +22,79 @@ class Error(Exception):
         return (type(self), (self.code, self.message))
 
 
-class InvalidArgument(Error, ValueError):
-    """Bad input: a configuration key or value, a size, a dtype, a handle."""
-
-    status = _capi.Status.INVALID_ARGUMENT
+# One subclass of Error per zoe_status (zoe.h), with the Python exception it also is, if any.
+_BY_CODE = {}
 
 
-class NotFound(Error, LookupError):
-    """A named thing (file, directory, tensor, group, key) does not exist."""
-
-    status = _capi.Status.NOT_FOUND
-
-
-class IoError(Error):
-    """An I/O system call failed."""
-
-    status = _capi.Status.IO
+def _error_class(name, status, doc, *bases):
+    """The Error subclass ``name`` for ``status``, registered for error_for()."""
+    cls = type(name, (Error, *bases), {"status": status, "__doc__": doc, "__module__": __name__})
+    _BY_CODE[status] = cls
+    return cls
 
 
-class NoSpace(Error):
-    """The swap space or the file system is full."""
-
-    status = _capi.Status.NO_SPACE
-
-
-class Corruption(Error):
-    """A checksum, magic number or version did not match."""
-
-    status = _capi.Status.CORRUPTION
-
-
-class OutOfMemory(Error):
-    """An allocation failed or a memory budget cannot be met."""
-
-    status = _capi.Status.OUT_OF_MEMORY
-
-
-class NotSupported(Error):
-    """The machine, kernel or library lacks a feature."""
-
-    status = _capi.Status.NOT_SUPPORTED
-
-
-class FailedPrecondition(Error):
-    """A call in the wrong order, or on a closed object."""
-
-    status = _capi.Status.FAILED_PRECONDITION
-
-
-class Busy(Error):
-    """Every resource that could satisfy the request is held."""
-
-    status = _capi.Status.BUSY
-
-
-class PermissionDenied(Error):
-    """The file system refused access."""
-
-    status = _capi.Status.PERMISSION_DENIED
-
-
-class Aborted(Error):
-    """Cancelled, or skipped."""
-
-    status = _capi.Status.ABORTED
-
-
-class Internal(Error):
-    """A broken invariant inside zoe: a bug to report."""
-
-    status = _capi.Status.INTERNAL
-
-
-_BY_CODE = {
-    cls.status: cls
-    for cls in (
-        InvalidArgument,
-        NotFound,
-        IoError,
-        NoSpace,
-        Corruption,
-        OutOfMemory,
-        NotSupported,
-        FailedPrecondition,
-        Busy,
-        PermissionDenied,
-        Aborted,
-        Internal,
-    )
-}
+InvalidArgument = _error_class(
+    "InvalidArgument",
+    _capi.Status.INVALID_ARGUMENT,
+    "Bad input: a configuration key or value, a size, a dtype, a handle.",
+    ValueError,
+)
+NotFound = _error_class(
+    "NotFound",
+    _capi.Status.NOT_FOUND,
+    "A named thing (file, directory, tensor, group, key) does not exist.",
+    LookupError,
+)
+IoError = _error_class(
+    "IoError",
+    _capi.Status.IO,
+    "An I/O system call failed.",
+)
+NoSpace = _error_class(
+    "NoSpace",
+    _capi.Status.NO_SPACE,
+    "The swap space or the file system is full.",
+)
+Corruption = _error_class(
+    "Corruption",
+    _capi.Status.CORRUPTION,
+    "A checksum, magic number or version did not match.",
+)
+OutOfMemory = _error_class(
+    "OutOfMemory",
+    _capi.Status.OUT_OF_MEMORY,
+    "An allocation failed or a memory budget cannot be met.",
+)
+NotSupported = _error_class(
+    "NotSupported",
+    _capi.Status.NOT_SUPPORTED,
+    "The machine, kernel or library lacks a feature.",
+)
+FailedPrecondition = _error_class(
+    "FailedPrecondition",
+    _capi.Status.FAILED_PRECONDITION,
+    "A call in the wrong order, or on a closed object.",
+)
+Busy = _error_class(
+    "Busy",
+    _capi.Status.BUSY,
+    "Every resource that could satisfy the request is held.",
+)
+PermissionDenied = _error_class(
+    "PermissionDenied",
+    _capi.Status.PERMISSION_DENIED,
+    "The file system refused access.",
+)
+Aborted = _error_class(
+    "Aborted",
+    _capi.Status.ABORTED,
+    "Cancelled, or skipped.",
+)
+Internal = _error_class(
+    "Internal",
+    _capi.Status.INTERNAL,
+    "A broken invariant inside zoe: a bug to report.",
+)
 
 
 # errno -> the class zoe's C++ Status gives it (core/status.cc CodeForErrno); others are IoError.

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from .. import _capi
 from .._collective_ops import agreed, gather_parts, reduce_parts
-from ..engine import OptimizerGroup, StepResult, _views
+from ..engine import OptimizerGroup, StepResult, _c_hyper_params, _views, shard_range
 from ..errors import check
 from .common import _live_group, _timed, _weak_group
 
@@ -20,8 +20,15 @@ DEFAULT_BUCKET_ELEMENTS = 1 << 22
 
 def shard_bounds(numel, rank, world_size):
     """[begin, end) of rank's contiguous shard of ``numel`` elements cut into ``world_size``
-    shards: shard r = [floor(r * numel / world_size), floor((r + 1) * numel / world_size))."""
-    return numel * rank // world_size, numel * (rank + 1) // world_size
+    shards: shard r = [floor(r * numel / world_size), floor((r + 1) * numel / world_size)), as
+    the library cuts (zoe.shard_range, zoe_shard_range: the formula is written once, in C++)."""
+    return shard_range(numel, rank, world_size)
+
+
+def shard_boundaries(numel, world_size):
+    """The world_size + 1 boundaries of the shards of ``numel`` elements: shard r is
+    [boundaries[r], boundaries[r + 1])."""
+    return [shard_bounds(numel, rank, world_size)[0] for rank in range(world_size)] + [numel]
 
 
 def shard_counts(numel, world_size):
@@ -216,10 +223,7 @@ class ShardedGroup:
 
     def step(self, hyper, params_out, loss_scale=1.0):
         """One sharded step on the gradients accumulated in ``local``; every rank calls it."""
-        c_hyper = ctypes.byref(
-            _capi.zoe_hyper_params(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
-                                   hyper.weight_decay)
-        )
+        c_hyper = _c_hyper_params(hyper)
         param_array, n_params = _views(params_out)
         out = _capi.zoe_step_result()
         self._call(

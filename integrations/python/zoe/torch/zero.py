@@ -65,8 +65,8 @@ from .. import errors as zoe_errors
 from ..engine import BufferView, _config_text
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _invalid, _pager_of, _view
-from .distributed import (DEFAULT_BUCKET_ELEMENTS, ShardedGroup, TorchCollectives, shard_bounds,
-                          shard_counts)
+from .distributed import (DEFAULT_BUCKET_ELEMENTS, ShardedGroup, TorchCollectives,
+                          shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
 from .state_layout import SLOTS, param_entries
 
@@ -313,8 +313,8 @@ class ZeroPartition:
         begin, end = offsets[first], offsets[last] + state.params[last].numel()
         flat = self._flat_bucket(state, bucket, offsets, begin, end)
         total = state.element_count()
-        owners = [min(max(shard_bounds(total, r, self.world_size)[0], begin), end) - begin
-                  for r in range(self.world_size + 1)]
+        owners = [min(max(boundary, begin), end) - begin
+                  for boundary in shard_boundaries(total, self.world_size)]
         self.comm.reduce_to_owners(flat, owners)
         bucket.reduced = True
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
