@@ -75,57 +75,57 @@ size_t TotalCount(std::span<const View> views) {
   return total;
 }
 
-// Widens the elements [first, first + count) of the consecutive `views` into `out` (fp32); null
-// views give zeros. The inverse of NarrowIntoViews.
-template <class View>
-Status WidenRange(std::span<const View> views, size_t first, size_t count, float* out) {
+// Calls part(view, at, offset, n) for each part of the elements [first, first + count) of the
+// consecutive `views`: n elements from element `at` of `view`, which are elements
+// [offset, offset + n) of the range. Stops at the first error.
+template <class View, class Part>
+Status ForEachViewPart(std::span<const View> views, size_t first, size_t count, Part part) {
   const size_t end = first + count;
   size_t view_begin = 0;
   for (const View& view : views) {
     const size_t from = std::max(first, view_begin);
     const size_t to = std::min(end, view_begin + view.count);
-    if (from < to) {
-      float* dst = out + (from - first);
-      const size_t at = from - view_begin;
-      if (view.data == nullptr) {
-        std::fill_n(dst, to - from, 0.0f);
-      } else if (view.dtype == optim::DType::kFloat32) {
-        std::copy_n(static_cast<const float*>(view.data) + at, to - from, dst);
-      } else {
-        const std::byte* src =
-            static_cast<const std::byte*>(view.data) + at * DTypeSize(view.dtype);
-        ZOE_RETURN_IF_ERROR(optim::CastToF32(src, view.dtype, dst, to - from));
-      }
-    }
+    if (from < to) ZOE_RETURN_IF_ERROR(part(view, from - view_begin, from - first, to - from));
     view_begin += view.count;
     if (view_begin >= end) break;
   }
   return Status::Ok();
 }
 
+// Widens the elements [first, first + count) of the consecutive `views` into `out` (fp32); null
+// views give zeros. The inverse of NarrowIntoViews.
+template <class View>
+Status WidenRange(std::span<const View> views, size_t first, size_t count, float* out) {
+  return ForEachViewPart(
+      views, first, count, [out](const View& view, size_t at, size_t offset, size_t n) {
+        float* dst = out + offset;
+        if (view.data == nullptr) {
+          std::fill_n(dst, n, 0.0f);
+          return Status::Ok();
+        }
+        if (view.dtype == optim::DType::kFloat32) {
+          std::copy_n(static_cast<const float*>(view.data) + at, n, dst);
+          return Status::Ok();
+        }
+        const std::byte* src =
+            static_cast<const std::byte*>(view.data) + at * DTypeSize(view.dtype);
+        return optim::CastToF32(src, view.dtype, dst, n);
+      });
+}
+
 // Writes `count` fp32 `values` into the elements [first, first + count) of the consecutive
 // `views`, each in its dtype.
 Status NarrowIntoViews(const float* values, size_t first, size_t count,
                        std::span<const ParamView> views) {
-  const size_t end = first + count;
-  size_t view_begin = 0;
-  for (const ParamView& view : views) {
-    const size_t from = std::max(first, view_begin);
-    const size_t to = std::min(end, view_begin + view.count);
-    if (from < to) {
-      const float* src = values + (from - first);
-      const size_t at = from - view_begin;
-      if (view.dtype == optim::DType::kFloat32) {
-        std::copy_n(src, to - from, static_cast<float*>(view.data) + at);
-      } else {
+  return ForEachViewPart(
+      views, first, count, [values](const ParamView& view, size_t at, size_t offset, size_t n) {
+        if (view.dtype == optim::DType::kFloat32) {
+          std::copy_n(values + offset, n, static_cast<float*>(view.data) + at);
+          return Status::Ok();
+        }
         std::byte* dst = static_cast<std::byte*>(view.data) + at * DTypeSize(view.dtype);
-        ZOE_RETURN_IF_ERROR(optim::CastFromF32(src, view.dtype, dst, to - from));
-      }
-    }
-    view_begin += view.count;
-    if (view_begin >= end) break;
-  }
-  return Status::Ok();
+        return optim::CastFromF32(values + offset, view.dtype, dst, n);
+      });
 }
 
 // "1, 2" for the ranks whose flag in `flags` is set.
