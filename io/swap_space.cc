@@ -64,8 +64,13 @@ Status RemoveAll(FileSet& files) {
 
 }  // namespace
 
-SwapSpace::SwapSpace(std::unique_ptr<FileSet> files, uint64_t capacity, uint64_t alignment)
-    : files_(std::move(files)), capacity_(capacity), alignment_(alignment), free_total_(capacity) {
+SwapSpace::SwapSpace(std::unique_ptr<FileSet> files, std::vector<std::string> directories,
+                     uint64_t capacity, uint64_t alignment)
+    : files_(std::move(files)),
+      directories_(std::move(directories)),
+      alignment_(alignment),
+      capacity_(capacity),
+      free_total_(capacity) {
   free_[0] = capacity;
 }
 
@@ -106,26 +111,64 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const std::vector<std::stri
     for (const std::string& path : paths) ::unlink(path.c_str());
     return std::move(set).status();
   }
-  std::unique_ptr<FileSet> file_set = std::move(set).value();
-  const uint64_t per_file = file_set->PerFileBytes(capacity);
-  Status reserved = CheckFreeSpace(directories, per_file, capacity);
-  for (size_t i = 0; reserved.ok() && i < file_set->file_count(); ++i) {
-    reserved = file_set->file(i).Allocate(per_file);
-    if (reserved.code() == StatusCode::kNoSpace) {
-      reserved =
-          Status::NoSpace(fmt::format("swap space of {} bytes needs {} bytes for {}: {}", capacity,
-                                      per_file, file_set->file(i).path(), reserved.message()),
-                          reserved.sys_errno());
-    }
-  }
-  if (!reserved.ok()) {
-    (void)RemoveAll(*file_set);
+  std::unique_ptr<SwapSpace> swap(
+      new SwapSpace(std::move(set).value(), directories, capacity, options.alignment));
+  if (Status reserved = swap->ReserveFiles(0, capacity); !reserved.ok()) {
+    (void)swap->Close();
     return reserved;
   }
-  ZOE_LOG_INFO("io: swap space of {} bytes on {} ({})", capacity, file_set->Describe(),
-               file_set->direct() ? "O_DIRECT" : "buffered");
-  return std::unique_ptr<SwapSpace>(
-      new SwapSpace(std::move(file_set), capacity, options.alignment));
+  ZOE_LOG_INFO("io: swap space of {} bytes on {} ({})", capacity, swap->files().Describe(),
+               swap->files().direct() ? "O_DIRECT" : "buffered");
+  return swap;
+}
+
+Status SwapSpace::ReserveFiles(uint64_t old_capacity, uint64_t capacity) {
+  const uint64_t per_file = files_->PerFileBytes(capacity);
+  const uint64_t added = per_file - std::min(per_file, files_->PerFileBytes(old_capacity));
+  ZOE_RETURN_IF_ERROR(CheckFreeSpace(directories_, added, capacity));
+  for (size_t i = 0; i < files_->file_count(); ++i) {
+    const Status reserved = files_->file(i).Allocate(per_file);
+    if (reserved.code() == StatusCode::kNoSpace) {
+      return Status::NoSpace(
+          fmt::format("swap space of {} bytes needs {} bytes for {}: {}", capacity, per_file,
+                      files_->file(i).path(), reserved.message()),
+          reserved.sys_errno());
+    }
+    ZOE_RETURN_IF_ERROR(reserved);
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> SwapSpace::Grow(uint64_t bytes) {
+  if (bytes == 0) return Status::InvalidArgument("swap space growth must be > 0 bytes");
+  std::lock_guard grow(grow_mutex_);
+  uint64_t old_capacity = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) return Status::FailedPrecondition("swap space is closed");
+    old_capacity = capacity_;
+  }
+  const uint64_t added = AlignUp(bytes, alignment_);
+  if (added > UINT64_MAX - old_capacity)
+    return Status::InvalidArgument(fmt::format("swap space growth of {} bytes overflows", bytes));
+  ZOE_RETURN_IF_ERROR(ReserveFiles(old_capacity, old_capacity + added));
+  std::lock_guard lock(mutex_);
+  if (closed_) return Status::FailedPrecondition("swap space is closed");
+  capacity_ = old_capacity + added;
+  free_total_ += added;
+  auto last = free_.empty() ? free_.end() : std::prev(free_.end());
+  if (last != free_.end() && last->first + last->second == old_capacity) {
+    last->second += added;
+  } else {
+    free_[old_capacity] = added;
+  }
+  ZOE_LOG_INFO("io: swap space on {} grew to {} bytes", files_->Describe(), capacity_);
+  return capacity_;
+}
+
+uint64_t SwapSpace::capacity() const {
+  std::lock_guard lock(mutex_);
+  return capacity_;
 }
 
 Result<Extent> SwapSpace::Allocate(uint64_t bytes) {

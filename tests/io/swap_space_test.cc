@@ -165,5 +165,64 @@ TEST(SwapSpaceTest, StripedOverTwoDirectoriesWithChecksummedExtents) {
       StatusCode::kFailedPrecondition);
 }
 
+TEST(SwapSpaceTest, GrowAddsAllocatableSpaceAfterTheEndAndKeepsWrittenExtents) {
+  testing::TempDir first, second;
+  SwapOptions options;
+  options.files.stripe_unit = 64 << 10;
+  options.alignment = 64 << 10;
+  auto swap = MakeSwap({first.path(), second.path()}, 1 << 20, options);
+  ASSERT_NE(swap, nullptr);
+  std::string why;
+  auto queue = testing::MakeQueue(testing::MakeEngine(BackendKind::kAuto, 8, &why));
+  auto head = swap->Allocate(512 << 10);
+  ASSERT_TRUE(head.ok());
+  auto data = testing::MakeBuffer(head->length, 5);
+  ASSERT_TRUE(
+      queue->Wait(*queue->Submit(Request(Op::kWrite, swap->files(), head->offset, data.span())))
+          .ok());
+  EXPECT_EQ(swap->Allocate(1 << 20).status().code(), StatusCode::kNoSpace);
+
+  Result<uint64_t> grown = swap->Grow(700 << 10);  // rounded up to the 64 KiB alignment
+  ASSERT_TRUE(grown.ok()) << grown.status().ToString();
+  EXPECT_EQ(*grown, (1 << 20) + (704 << 10));
+  EXPECT_EQ(swap->capacity(), *grown);
+  EXPECT_EQ(swap->free_bytes(), *grown - (512 << 10));
+  // The free tail before the growth and the growth are one extent.
+  auto tail = swap->Allocate(*grown - (512 << 10));
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  EXPECT_EQ(tail->offset, 512u << 10);
+  for (size_t i = 0; i < swap->files().file_count(); ++i) {
+    struct stat st {};
+    ASSERT_EQ(::fstat(swap->files().file(i).fd(), &st), 0);
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, swap->files().PerFileBytes(*grown));
+  }
+  auto fill = testing::MakeBuffer(tail->length, 7);
+  ASSERT_TRUE(
+      queue->Wait(*queue->Submit(Request(Op::kWrite, swap->files(), tail->offset, fill.span())))
+          .ok());
+  auto back = testing::MakeBuffer(head->length);
+  ASSERT_TRUE(
+      queue->Wait(*queue->Submit(Request(Op::kRead, swap->files(), head->offset, back.span())))
+          .ok());
+  EXPECT_EQ(std::memcmp(back.data(), data.data(), data.size()), 0);
+}
+
+TEST(SwapSpaceTest, GrowthBeyondTheDiskFailsNamingTheBytesAndAddsNothing) {
+  testing::TempDir dir;
+  auto swap = MakeSwap({dir.path()}, 1 << 20);
+  ASSERT_NE(swap, nullptr);
+  Result<uint64_t> grown = swap->Grow(uint64_t{1} << 60);
+  ASSERT_FALSE(grown.ok());
+  EXPECT_EQ(grown.status().code(), StatusCode::kNoSpace);
+  EXPECT_NE(std::string(grown.status().message()).find("but only"), std::string::npos)
+      << grown.status().ToString();
+  EXPECT_EQ(swap->capacity(), 1u << 20);
+  EXPECT_EQ(swap->free_bytes(), 1u << 20);
+  EXPECT_EQ(swap->Grow(0).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(swap->Close().ok());
+  EXPECT_EQ(swap->Grow(1 << 20).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CountFiles(dir.path()), 0u);
+}
+
 }  // namespace
 }  // namespace zoe::io
