@@ -184,7 +184,7 @@ Status OptimizerGroup::PrepareLoad(CheckpointReader& reader) {
   ZOE_RETURN_IF_ERROR(reader.BeginFile(StateFileName(options_.name)));
   prepared.nvme_chunks.resize(impl.nvme_count);
   for (size_t c = 0; c < impl.nvme_count; ++c) prepared.nvme_chunks[c] = c;
-  prepared.in_place = impl.slot_count == 1 && impl.nvme_count > 0;
+  prepared.in_place = impl.nvme.single_slot() && impl.nvme_count > 0;
   Impl::Totals totals;
   Status read = impl.RunPipeline(
       prepared.nvme_chunks, /*read=*/false,
@@ -228,7 +228,7 @@ Status OptimizerGroup::Impl::AllocateLoadStaging(std::vector<PinnedBuffer>* stag
 void OptimizerGroup::CommitLoad() {
   Impl& impl = *impl_;
   if (!impl.prepared_load.has_value()) return;
-  impl.Flip(impl.prepared_load->nvme_chunks);
+  impl.nvme.Flip(impl.prepared_load->nvme_chunks);
   // Reads started by AccumulateGrad since PrepareLoad hold the state before the load; the step
   // reads those chunks again.
   impl.ReleasePrefetched();

@@ -51,17 +51,12 @@ std::vector<bool> OptimizerGroup::Impl::PresentChunks(const detail::PlacedViews&
   return present;
 }
 
-void OptimizerGroup::Impl::ReleaseAbsentReads(const std::vector<bool>& present_chunks) {
-  InFlightList kept;
-  kept.reserve(buffers.size());
-  for (const InFlight& entry : prefetched) {
-    if (present_chunks[entry.chunk]) {
-      kept.push_back(entry);
-    } else {
-      ReleaseUnusedRead(entry);
-    }
+void OptimizerGroup::Impl::ReleasePrefetchedChunks(std::span<const size_t> chunks) {
+  std::vector<bool> released(nvme_count, false);
+  for (size_t c : chunks) released[c] = true;
+  for (size_t b : buffers.Prefetched()) {
+    if (released[buffers[b].chunk]) ReleaseUnusedRead(b);
   }
-  prefetched.swap(kept);
 }
 
 }  // namespace zoe::offload
