@@ -485,7 +485,7 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
       nvme_count(NvmeChunkCount(options, CeilDiv(options.count, options.chunk_elements))),
       layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block,
              segment_ends, options.master_in_params, /*first_host_chunk=*/nvme_count),
-      nvme(options.slots),
+      pipeline(options.name, layout, nvme_count, options.slots, borrowed),
       host_run(HostRunOptions(
           options, options.count - std::min(options.count, nvme_count * layout.chunk_elements()))),
       scanner(options.count, options.run.tile_elements),
@@ -499,14 +499,14 @@ Status OptimizerGroup::Impl::WriteInitialState(const detail::PlacedViews& params
                                                const optim::RunOptions& run) {
   std::vector<size_t> order(nvme_count);
   for (size_t c = 0; c < nvme_count; ++c) order[c] = c;
-  Totals totals;
-  ZOE_RETURN_IF_ERROR(RunPipeline(
+  PipelineTotals totals;
+  ZOE_RETURN_IF_ERROR(pipeline.Run(
       order, /*read=*/false,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return FillInitialState(layout.chunk(chunk), state, params, run);
       },
       &totals));
-  nvme.Flip(order);
+  pipeline.slots().Flip(order);
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_RETURN_IF_ERROR(FillInitialState(layout.chunk(c), host_state(c), params, run));
   }
@@ -643,7 +643,7 @@ Status OptimizerGroup::Impl::RunStep(const StepArgs& args, const OptimizerGroupO
                                      const StepViews& views, StepReport* report) {
   const std::vector<bool> present_chunks = PresentChunks(views.grads);
   FinishSpeculativeWrites();
-  StartStepReads(NotSpeculated(present_chunks));
+  pipeline.StartStepReads(NotSpeculated(present_chunks));
   const Result<optim::StepScaling> scaling = ScaleStep(args, options, views.grads);
   Status status = scaling.status();
   SpeculationOutcome outcome = SpeculationOutcome::kNone;
@@ -693,8 +693,8 @@ StepPlan OptimizerGroup::Impl::PlanThisStep(const std::vector<bool>& present_chu
   in.present = present_chunks;
   if (commit) in.speculated = speculation->updated;
   in.commit = commit;
-  in.descending = descending;
-  for (size_t b : buffers.Prefetched()) in.prefetched.push_back(buffers[b].chunk);
+  in.descending = pipeline.descending();
+  in.prefetched = pipeline.PrefetchedChunks();
   return PlanStep(in);
 }
 
@@ -705,18 +705,18 @@ Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
                                        const std::vector<bool>& present_chunks, bool commit,
                                        StepReport* report) {
   const StepPlan plan = PlanThisStep(present_chunks, commit);
-  ReleasePrefetchedChunks(plan.release);
-  Totals totals;
-  Status applied = RunPipeline(
+  pipeline.ReleasePrefetchedChunks(plan.release);
+  PipelineTotals totals;
+  Status applied = pipeline.Run(
       plan.nvme_order, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums& checksums) {
         return UpdateChunkState(layout.chunk(chunk), state, inputs, checksums);
       },
       &totals, /*fn_hashes=*/true);
   ZOE_RETURN_IF_ERROR(BreakIfWritten(std::move(applied), totals.bytes_written));
-  nvme.Flip(plan.nvme_order);
-  nvme.Flip(plan.nvme_commit);
-  CommitCache();
+  pipeline.slots().Flip(plan.nvme_order);
+  pipeline.slots().Flip(plan.nvme_commit);
+  pipeline.CommitCache();
   const Clock::time_point start = Clock::now();
   ZOE_RETURN_IF_ERROR(UpdateHostChunks(plan, inputs));
   report->bytes_read = totals.bytes_read;
@@ -800,10 +800,10 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
     if (view.present()) impl.chunk_present[c] += to - from;
     const bool complete = impl.chunk_covered[c] == regions.count;
     if (!complete || impl.chunk_present[c] == 0) continue;
-    const bool read_ahead = impl.on_nvme(c) && impl.IsPrefetched(c);
+    const bool read_ahead = impl.on_nvme(c) && impl.pipeline.IsPrefetched(c);
     if (impl.on_nvme(c)) {
       impl.completion_order.push_back(c);
-      if (!read_ahead) impl.StartPrefetch(c);
+      if (!read_ahead) impl.pipeline.StartPrefetch(c);
     }
     if (impl.speculation) impl.SpeculateChunk(c, read_ahead);
   }
@@ -959,7 +959,7 @@ Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float>
       if (staging.empty()) {
         ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(impl.layout.max_chunk_bytes()));
       }
-      ZOE_RETURN_IF_ERROR(impl.ReadChunk(c, staging.data()));
+      ZOE_RETURN_IF_ERROR(impl.pipeline.ReadChunk(c, staging.data()));
       state = staging.data();
     } else {
       state = impl.host_state(c);
@@ -1014,7 +1014,7 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("write state"));
   // Reads a speculation started ahead of its gradients hold the state before this write (and
   // the pipeline below would take them for its own).
-  impl.ReleasePrefetched();
+  impl.pipeline.ReleasePrefetched();
   impl.DropPreparedLoad();
   ZOE_RETURN_IF_ERROR(impl.CheckUsable("write state"));
   if (values.empty()) return Status::Ok();
@@ -1024,15 +1024,15 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   const size_t last = impl.layout.ChunkOf(offset + values.size() - 1);
   std::vector<size_t> nvme_chunks;
   for (size_t c = first; c <= last && impl.on_nvme(c); ++c) nvme_chunks.push_back(c);
-  Impl::Totals totals;
-  Status stored = impl.RunPipeline(
+  PipelineTotals totals;
+  Status stored = impl.pipeline.Run(
       nvme_chunks, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return StoreState(chunk, state, r, offset, values);
       },
       &totals);
   ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(stored), totals.bytes_written));
-  impl.nvme.Flip(nvme_chunks);
+  impl.pipeline.slots().Flip(nvme_chunks);
   for (size_t c = std::max(first, impl.nvme_count); c <= last; ++c) {
     ZOE_RETURN_IF_ERROR(StoreState(c, impl.host_state(c), r, offset, values));
   }
@@ -1101,17 +1101,17 @@ Status OptimizerGroup::SetSegmentSteps(std::span<const int64_t> steps) {
 }
 
 size_t OptimizerGroup::reads_started() const {
-  return impl_->buffers.count(BufferState::kPrefetched);
+  return impl_->pipeline.buffers().count(BufferState::kPrefetched);
 }
 size_t OptimizerGroup::chunk_count() const { return impl_->layout.chunk_count(); }
 size_t OptimizerGroup::nvme_chunk_count() const { return impl_->nvme_count; }
 const StateLayout& OptimizerGroup::layout() const { return impl_->layout; }
 uint64_t OptimizerGroup::pinned_bytes() const {
-  uint64_t total = impl_->buffers.pinned_bytes();
+  uint64_t total = impl_->pipeline.buffers().pinned_bytes();
   for (const PinnedBuffer& buffer : impl_->host) total += buffer.size();
   for (const PinnedBuffer& buffer : impl_->host_spare) total += buffer.size();
   return total;
 }
 const Status& OptimizerGroup::broken() const { return impl_->broken; }
-uint64_t OptimizerGroup::nvme_bytes() const { return impl_->nvme.bytes(); }
+uint64_t OptimizerGroup::nvme_bytes() const { return impl_->pipeline.slots().bytes(); }
 }  // namespace zoe::offload

@@ -16,12 +16,11 @@
 #include <string_view>
 #include <vector>
 
+#include "offload/optimizer/chunk_pipeline.h"
 #include "offload/optimizer/chunk_update.h"
-#include "offload/optimizer/nvme_slots.h"
 #include "offload/optimizer/optimizer_group.h"
 #include "offload/optimizer/optimizer_group_layout.h"
 #include "offload/optimizer/optimizer_group_scan.h"
-#include "offload/optimizer/pipeline_buffer_pool.h"
 #include "offload/optimizer/step_plan.h"
 
 namespace zoe::offload {
@@ -93,13 +92,6 @@ Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const Step
 }  // namespace detail
 
 struct OptimizerGroup::Impl {
-  struct Totals {
-    uint64_t bytes_read = 0;
-    uint64_t bytes_reused = 0;  // state found in the pipeline buffers instead of read
-    uint64_t bytes_written = 0;
-    double io_wait_seconds = 0.0;
-    double compute_seconds = 0.0;
-  };
   // A checkpoint load read and verified but not yet live (OptimizerGroup::PrepareLoad).
   struct PreparedLoad {
     std::vector<size_t> nvme_chunks;  // written to their inactive slots
@@ -125,77 +117,19 @@ struct OptimizerGroup::Impl {
     std::vector<size_t> waiting;  // complete NVMe chunks not updated yet, oldest first
     size_t updated_count = 0;
     Status failure;         // of the first speculative update that failed
-    Totals totals;          // of the speculative updates, added to the Step's report
+    PipelineTotals totals;  // of the speculative updates, added to the Step's report
     bool declined = false;  // backing off: the Step takes the views, no chunk is updated early
   };
-  // Runs on each chunk of a pipeline, whose state is at `state`. With checksums on it verifies
-  // `checksums.expected` (non-empty when the state was just read from disk) and fills
-  // `checksums.computed` (non-empty when the pipeline was asked to take the sums from it).
-  using ChunkFn =
-      std::function<Status(size_t chunk, std::byte* state, const ChunkChecksums& checksums)>;
-
   // Lays out the chunks; AllocateState then takes the memory and the extents.
   Impl(const OptimizerGroupOptions& options, OptimizerResources borrowed, uint64_t io_block);
   ~Impl();
 
   bool on_nvme(size_t chunk) const { return chunk < nvme_count; }
   std::byte* host_state(size_t chunk) { return host[chunk - nvme_count].data(); }
-  size_t pipeline_buffers(uint32_t buffer_count) const {
-    return std::min<size_t>(buffer_count, nvme_count);
-  }
-  // "optimizer group 'g': chunk 3 (elements [a, b)) on NVMe", the context of every chunk error.
-  std::string ChunkName(size_t chunk) const;
+  std::string ChunkName(size_t chunk) const { return pipeline.ChunkName(chunk); }
 
   // optimizer_group_pipeline.cc: memory and extents, chunk I/O, the pipeline, accumulation.
   Status AllocateState(uint32_t buffer_count, bool speculative);
-  // A read or write of chunk `chunk`'s slot `slot`. `for_pipeline`: a read is verified by the
-  // chunk function that consumes it (hashing_in_stripes), a write records `sums` if not empty.
-  io::IoRequest ChunkIoRequest(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer,
-                               bool for_pipeline = false,
-                               std::span<const uint64_t> sums = {}) const;
-  Result<io::Ticket> SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer,
-                                   bool for_pipeline = false, std::span<const uint64_t> sums = {});
-  Status ReadChunk(size_t chunk, std::byte* buffer);
-  // The running pipeline (optimizer_group_pipeline.cc, "The pipeline").
-  struct PipelineRun {
-    std::span<const size_t> order;
-    bool read;
-    const ChunkFn& fn;
-    Totals* totals;
-    bool fn_hashes;
-    size_t next = 0;  // order[next] is the next chunk whose read starts
-    Status failure;   // the first error; it stops the pipeline
-  };
-  // A free pipeline buffer; when none is free, the oldest write whose buffer no read took gives
-  // it back: waited for when `block`, else only if it already completed (nullopt otherwise). A
-  // failed write is the error; so is finding no buffer at all when `block`.
-  Result<std::optional<size_t>> TakeBuffer(bool block, Totals* totals);
-  // Queues the read of `chunk` into buffer `b`, behind the write from it.
-  Status ReadBehindWrite(size_t chunk, size_t b, Totals* totals);
-  // Collects the write the read in buffer `b` followed, once the read was waited for (so the
-  // write is done): its status, named by its chunk.
-  Status CollectFollowedWrite(size_t b);
-  // How `fn` takes part in the checksums of the chunk it runs on; `fn_hashes`: it fills
-  // checksums.computed, which the chunk's write records.
-  ChunkChecksums ChecksumsFor(size_t chunk, size_t buffer, bool read_from_disk, bool fn_hashes,
-                              Status* status);
-  // The pipeline: the reads of `order` (the prefetched ones of its chunks first, which must lead
-  // it), `fn` on each chunk, its write. `keep_writes`: on success the writes are left in flight
-  // (the next pipeline or FinishSpeculativeWrites collects them); otherwise, and on any failure,
-  // every write is waited for.
-  Status RunPipeline(std::span<const size_t> order, bool read, const ChunkFn& fn, Totals* totals,
-                     bool fn_hashes = false, bool keep_writes = false);
-  // Pipeline stages: the prefetched reads it adopts, the reads it submits ahead of chunk `pos`,
-  // the consumption of the oldest read (wait, fn, write), and the drain.
-  size_t AdoptPrefetchedReads(std::span<const size_t> order, Totals* totals);
-  void SubmitReads(PipelineRun& run, size_t pos);
-  void StartPipelineRead(PipelineRun& run, size_t b);
-  void ConsumeRead(PipelineRun& run);
-  Status WaitForRead(PipelineRun& run, size_t b);
-  Status WriteChunk(PipelineRun& run, size_t b, const ChunkChecksums& checksums);
-  Status Drain(PipelineRun& run, bool keep_writes);
-  // Verifies a whole state read from chunk `chunk`'s live slot against its recorded checksums.
-  Status VerifyWhole(size_t chunk, const std::byte* state) const;
   // Single slot: `failure` came after `written` bytes were written in place; if any were, the
   // state may be torn and the group is broken until a checkpoint load commits. Returns `failure`.
   Status BreakIfWritten(Status failure, uint64_t written);
@@ -205,30 +139,7 @@ struct OptimizerGroup::Impl {
   // while its step counts are not).
   void DropPreparedLoad();
   void ResetAccumulation();
-  // Waits for a read the pipeline will not use and frees its buffer. A buffer whose read
-  // succeeded (or that was claimed from the cache) and whose chunk has not flipped since caches
-  // that chunk again, so a skipped or failed step does not cost the next one its reads.
-  void ReleaseUnusedRead(size_t b);
-  // ReleaseUnusedRead on every read AccumulateGrad or StartStepReads started.
-  void ReleasePrefetched();
   Status CheckCoverage() const;
-  // Makes chunk `chunk`'s state ready for the next step in a pipeline buffer: claims the buffer
-  // that still holds it, else starts its read into a free buffer (one holding no cached chunk
-  // first). Does nothing when no buffer is free.
-  void StartPrefetch(size_t chunk);
-  // Claims every buffer still holding a chunk's live state, in the order of the next step.
-  void ClaimCachedChunks();
-  // At the start of a step: claims the cached chunks, then starts reads of the next present
-  // chunks of the step's order into the buffers still free (they need no gradient, so they overlap
-  // the gradient scan).
-  void StartStepReads(const std::vector<bool>& present_chunks);
-  // After a successful step and its flip: the buffers' contents become the cache of their chunks.
-  void CommitCache();
-  // The free pipeline buffer holding chunk `chunk`'s live state, or nullptr.
-  std::byte* CachedState(size_t chunk);
-  // A free pipeline buffer to read into outside the pipeline (the group is idle): one holding no
-  // cached chunk if there is one, else the first, whose cache is dropped.
-  std::byte* ScratchBuffer();
   Status CheckIdle(std::string_view what) const;
   // optimizer_group_segments.cc: segments and absent gradients.
   // The segment holding `element` (< count): the first whose end is past it.
@@ -238,8 +149,6 @@ struct OptimizerGroup::Impl {
   // Per segment / per chunk: whether some present gradient view overlaps it.
   std::vector<bool> PresentSegments(const detail::PlacedViews& grads) const;
   std::vector<bool> PresentChunks(const detail::PlacedViews& grads) const;
-  // Releases (ReleaseUnusedRead) the prefetched reads of `chunks`.
-  void ReleasePrefetchedChunks(std::span<const size_t> chunks);
   // optimizer_group_speculation.cc
   // The gradient views overlapping chunk `chunk`, which accumulated views cover.
   detail::PlacedViews ChunkGrads(size_t chunk) const;
@@ -258,8 +167,6 @@ struct OptimizerGroup::Impl {
   // Frees the buffers of the speculative writes already completed (a failed one is the
   // speculation's failure), without waiting.
   void ReapSpeculativeWrites();
-  // Whether a read (or a claimed cached copy) of chunk `chunk` is prefetched.
-  bool IsPrefetched(size_t chunk) const;
   // The speculated step's inputs for a chunk whose gradient views are `grads`.
   detail::StepInputs SpeculativeInputs(const detail::PlacedViews& grads) const;
   // The parameter views of a speculative step are those given to Speculate: `params` (those given
@@ -310,21 +217,11 @@ struct OptimizerGroup::Impl {
   StateLayout layout;  // its HOST chunks staggered
   // master_in_params: the caller's fp32 parameters, which are the master (borrowed); else empty.
   detail::PlacedViews masters;
-  NvmeSlots nvme;                  // chunks [0, nvme_count)
+  ChunkPipeline pipeline;  // the NVMe chunks: their slots, the buffers, reads ahead, the cache
   std::vector<PinnedBuffer> host;  // chunks [nvme_count, chunk_count)
   // The options the step updates the HOST chunks with: the group's, with StoreMode::kAuto decided
   // for all of them at once (HostRunOptions).
   optim::RunOptions host_run;
-  PipelineBufferPool buffers;  // the pipeline's
-  // With checksums of kStripeChecksumBlock bytes, the chunk functions verify what the pipeline
-  // reads and hash what it writes, stripe by stripe on the kernel threads (chunk_update.h):
-  // the sums of each buffer's state, and those expected of the chunk being updated.
-  bool hashing_in_stripes = false;
-  std::vector<uint64_t> expected_sums;
-  // Steps keep in the pipeline buffers the last chunks they wrote and alternate their direction,
-  // so the next step starts with those chunks and does not read them again.
-  bool descending = false;  // the direction of the next step
-
   // Gradients handed over by AccumulateGrad for the next step.
   GradScanner scanner;
   std::map<size_t, detail::PlacedView> accumulated;  // by offset

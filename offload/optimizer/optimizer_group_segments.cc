@@ -51,12 +51,4 @@ std::vector<bool> OptimizerGroup::Impl::PresentChunks(const detail::PlacedViews&
   return present;
 }
 
-void OptimizerGroup::Impl::ReleasePrefetchedChunks(std::span<const size_t> chunks) {
-  std::vector<bool> released(nvme_count, false);
-  for (size_t c : chunks) released[c] = true;
-  for (size_t b : buffers.Prefetched()) {
-    if (released[buffers[b].chunk]) ReleaseUnusedRead(b);
-  }
-}
-
 }  // namespace zoe::offload

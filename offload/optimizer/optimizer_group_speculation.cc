@@ -103,12 +103,11 @@ void OptimizerGroup::Impl::SpeculateWaiting(bool keep_newest) {
   if (due == 0 || !s.failure.ok()) return;
   // The pipeline takes the reads in flight for due chunks first, in their order; the newest
   // chunk's read stays prefetched, aside.
-  std::vector<size_t> prefetched;
-  for (size_t b : buffers.Prefetched()) prefetched.push_back(buffers[b].chunk);
+  const std::vector<size_t> prefetched = pipeline.PrefetchedChunks();
   const std::vector<size_t> order =
       PipelineOrder(prefetched, std::span(s.waiting).first(due), nvme_count);
   s.waiting.erase(s.waiting.begin(), s.waiting.begin() + static_cast<ptrdiff_t>(due));
-  s.failure = RunPipeline(
+  s.failure = pipeline.Run(
       order, /*read=*/true,
       [&](size_t c, std::byte* state, const ChunkChecksums& checksums) {
         const PlacedViews grads = ChunkGrads(c);
@@ -124,46 +123,35 @@ void OptimizerGroup::Impl::SpeculateWaiting(bool keep_newest) {
 // Frees the buffers of the speculative writes that have completed, oldest first, without
 // waiting; a failed one becomes the speculation's failure.
 void OptimizerGroup::Impl::ReapSpeculativeWrites() {
-  for (size_t b : buffers.Writes()) {
-    std::optional<Status> written = resources.io->Poll(buffers[b].write_ticket);
-    if (!written.has_value()) return;
-    const size_t chunk = buffers[b].written_chunk;
-    buffers.CollectWrite(b);
-    if (!written->ok() && speculation->failure.ok()) {
-      speculation->failure = std::move(*written).WithContext(ChunkName(chunk));
-    }
-  }
+  Status written = pipeline.ReapWrites();
+  if (!written.ok() && speculation->failure.ok()) speculation->failure = std::move(written);
 }
 
 void OptimizerGroup::Impl::ReadAhead() {
   if (!speculation || speculation->declined || !speculation->failure.ok()) return;
   ReapSpeculativeWrites();
   if (!speculation->failure.ok()) return;
-  const size_t limit = buffers.size() > 2 ? buffers.size() - 2 : 0;
+  const size_t limit = pipeline.buffers().size() > 2 ? pipeline.buffers().size() - 2 : 0;
   auto complete = [&](size_t c) { return chunk_covered[c] == layout.chunk(c).count; };
   // Reads held for chunks that are not due: incomplete, or complete without a gradient.
-  const std::vector<size_t> prefetched = buffers.Prefetched();
+  const std::vector<size_t> prefetched = pipeline.PrefetchedChunks();
   size_t ahead =
-      static_cast<size_t>(std::count_if(prefetched.begin(), prefetched.end(), [&](size_t b) {
-        return !complete(buffers[b].chunk) || chunk_present[buffers[b].chunk] == 0;
+      static_cast<size_t>(std::count_if(prefetched.begin(), prefetched.end(), [&](size_t c) {
+        return !complete(c) || chunk_present[c] == 0;
       }));
   for (size_t i = completion_order.size(); i < expected_completions.size(); ++i) {
-    if (ahead >= limit || !buffers.any_free()) return;
+    if (ahead >= limit || !pipeline.buffers().any_free()) return;
     const size_t c = expected_completions[i];
-    if (!on_nvme(c) || complete(c) || IsPrefetched(c)) continue;
-    StartPrefetch(c);
-    if (IsPrefetched(c)) ++ahead;
+    if (!on_nvme(c) || complete(c) || pipeline.IsPrefetched(c)) continue;
+    pipeline.StartPrefetch(c);
+    if (pipeline.IsPrefetched(c)) ++ahead;
   }
 }
 
 void OptimizerGroup::Impl::FinishSpeculativeWrites() {
-  for (size_t b : buffers.Writes()) {
-    Status written = resources.io->Wait(buffers[b].write_ticket);
-    const size_t chunk = buffers[b].written_chunk;
-    buffers.CollectWrite(b);
-    if (!written.ok() && speculation && speculation->failure.ok()) {
-      speculation->failure = std::move(written).WithContext(ChunkName(chunk));
-    }
+  Status written = pipeline.FinishWrites();
+  if (!written.ok() && speculation && speculation->failure.ok()) {
+    speculation->failure = std::move(written);
   }
 }
 
@@ -221,7 +209,7 @@ Status OptimizerGroup::Impl::RestoreParams() {
       if (staging.empty()) {
         ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(layout.max_chunk_bytes()));
       }
-      ZOE_RETURN_IF_ERROR(ReadChunk(c, staging.data()));
+      ZOE_RETURN_IF_ERROR(pipeline.ReadChunk(c, staging.data()));
       state = staging.data();
     } else {
       state = host_state(c);
