@@ -67,11 +67,11 @@ std::byte* ChunkPipeline::ScratchBuffer() {
   return buffers_.data(b);
 }
 
-void ChunkPipeline::StartStepReads(const std::vector<bool>& present_chunks) {
+void ChunkPipeline::StartStepReads(const std::vector<bool>& wanted) {
   ClaimCachedChunks();
-  std::vector<bool> wanted = present_chunks;
-  for (size_t b : buffers_.Prefetched()) wanted[buffers_[b].chunk] = false;
-  for (size_t c : ChunksInDirection(wanted, nvme_count_, descending_)) {
+  std::vector<bool> unclaimed = wanted;
+  for (size_t b : buffers_.Prefetched()) unclaimed[buffers_[b].chunk] = false;
+  for (size_t c : ChunksInDirection(unclaimed, nvme_count_, descending_)) {
     if (!buffers_.any_free()) return;
     StartPrefetch(c);
   }

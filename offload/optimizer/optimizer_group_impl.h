@@ -1,6 +1,8 @@
 // Internals of OptimizerGroup shared by its source files (optimizer_group.cc: validation, the
-// step and state access; optimizer_group_pipeline.cc: chunk I/O and the pipeline;
-// optimizer_group_checkpoint.cc: Save and Load). Not part of the interface.
+// step and state access; optimizer_group_pipeline.cc: memory, a broken group, accumulation;
+// optimizer_group_speculation.cc; optimizer_group_checkpoint.cc: Save and Load). The NVMe
+// chunks' I/O, the pipeline buffers and the step plan are units of their own (chunk_pipeline.h,
+// pipeline_buffer_pool.h, nvme_slots.h, step_plan.h). Not part of the interface.
 #pragma once
 
 #include <algorithm>
@@ -128,7 +130,7 @@ struct OptimizerGroup::Impl {
   std::byte* host_state(size_t chunk) { return host[chunk - nvme_count].data(); }
   std::string ChunkName(size_t chunk) const { return pipeline.ChunkName(chunk); }
 
-  // optimizer_group_pipeline.cc: memory and extents, chunk I/O, the pipeline, accumulation.
+  // optimizer_group_pipeline.cc: memory, a broken group, accumulation.
   Status AllocateState(uint32_t buffer_count, bool speculative);
   // Single slot: `failure` came after `written` bytes were written in place; if any were, the
   // state may be torn and the group is broken until a checkpoint load commits. Returns `failure`.
