@@ -321,6 +321,7 @@ Status ChunkPipeline::WriteChunk(RunState& run, size_t b, const ChunkChecksums& 
 // run succeeded, waits for every write and frees its buffer. The run's failure, else the first
 // failed write's.
 Status ChunkPipeline::Drain(RunState& run, bool keep_writes) {
+  // One buffer at a time: a transfer stays recorded in its buffer until it is collected.
   while (const std::optional<size_t> b = buffers_.OldestRead()) {
     if (!run.read) {
       buffers_.Release(*b);
@@ -332,24 +333,18 @@ Status ChunkPipeline::Drain(RunState& run, bool keep_writes) {
   }
   if (keep_writes && run.failure.ok()) return run.failure;
   const Clock::time_point start = Clock::now();
-  for (size_t b : buffers_.Writes()) {
-    const size_t written_chunk = buffers_[b].written_chunk;
-    Status written = resources_.io->Wait(buffers_[b].write_ticket);
-    buffers_.CollectWrite(b);
-    if (!written.ok() && run.failure.ok()) {
-      run.failure = std::move(written).WithContext(ChunkName(written_chunk));
-    }
-  }
+  Status written = FinishWrites();
+  if (!written.ok() && run.failure.ok()) run.failure = std::move(written);
   run.totals->io_wait_seconds += SecondsSince(start);
   return run.failure;
 }
 
 Status ChunkPipeline::FinishWrites() {
   Status failure;
-  for (size_t b : buffers_.Writes()) {
-    Status written = resources_.io->Wait(buffers_[b].write_ticket);
-    const size_t chunk = buffers_[b].written_chunk;
-    buffers_.CollectWrite(b);
+  while (const std::optional<size_t> b = buffers_.OldestWrite()) {
+    Status written = resources_.io->Wait(buffers_[*b].write_ticket);
+    const size_t chunk = buffers_[*b].written_chunk;
+    buffers_.CollectWrite(*b);
     if (!written.ok() && failure.ok()) failure = std::move(written).WithContext(ChunkName(chunk));
   }
   return failure;
@@ -357,11 +352,11 @@ Status ChunkPipeline::FinishWrites() {
 
 Status ChunkPipeline::ReapWrites() {
   Status failure;
-  for (size_t b : buffers_.Writes()) {
-    std::optional<Status> written = resources_.io->Poll(buffers_[b].write_ticket);
+  while (const std::optional<size_t> b = buffers_.OldestWrite()) {
+    std::optional<Status> written = resources_.io->Poll(buffers_[*b].write_ticket);
     if (!written.has_value()) break;
-    const size_t chunk = buffers_[b].written_chunk;
-    buffers_.CollectWrite(b);
+    const size_t chunk = buffers_[*b].written_chunk;
+    buffers_.CollectWrite(*b);
     if (!written->ok() && failure.ok()) failure = std::move(*written).WithContext(ChunkName(chunk));
   }
   return failure;

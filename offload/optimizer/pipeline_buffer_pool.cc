@@ -120,6 +120,15 @@ std::optional<size_t> PipelineBufferPool::OldestFreeingWrite() const {
   return OldestWhere([&](size_t b) { return buffers_[b].state == BufferState::kWriting; }, true);
 }
 
+std::optional<size_t> PipelineBufferPool::OldestWrite() const {
+  return OldestWhere(
+      [&](size_t b) {
+        const BufferState state = buffers_[b].state;
+        return state == BufferState::kWriting || state == BufferState::kWritingThenReading;
+      },
+      true);
+}
+
 std::vector<size_t> PipelineBufferPool::Writes() const {
   std::vector<size_t> order;
   for (size_t b = 0; b < buffers_.size(); ++b) {

@@ -81,6 +81,8 @@ class PipelineBufferPool {
   std::optional<size_t> OldestRead() const;
   // The write to collect for a buffer: the oldest whose buffer no read took.
   std::optional<size_t> OldestFreeingWrite() const;
+  // The oldest write of any kind (writing or writing-then-reading); it does not allocate.
+  std::optional<size_t> OldestWrite() const;
   std::vector<size_t> Writes() const;  // writing and writing-then-reading
 
   // ---- Transitions (each checks its source state in debug builds).

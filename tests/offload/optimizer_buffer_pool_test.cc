@@ -71,6 +71,7 @@ TEST(PipelineBufferPoolTest, AReadBehindAWriteIsHandedOnAndFollowsIt) {
   // Its write frees no buffer, and its read comes after the reads started before it.
   EXPECT_FALSE(pool.OldestFreeingWrite().has_value());
   EXPECT_EQ(pool.Writes(), (std::vector<size_t>{0}));
+  EXPECT_EQ(pool.OldestWrite(), 0u);
   EXPECT_EQ(pool.OldestRead(), 1u);
   pool.Hold(1);
   EXPECT_EQ(pool.OldestRead(), 0u);
