@@ -480,12 +480,12 @@ OptimizerGroup::Impl::Impl(const OptimizerGroupOptions& options, OptimizerResour
                            uint64_t io_block)
     : name(options.name),
       count(options.count),
-      slot_count(options.slots),
       segment_ends(SegmentEnds(options)),
       resources(borrowed),
       nvme_count(NvmeChunkCount(options, CeilDiv(options.count, options.chunk_elements))),
       layout(options.kind, options.state_dtype, options.count, options.chunk_elements, io_block,
              segment_ends, options.master_in_params, /*first_host_chunk=*/nvme_count),
+      pipeline(options.name, layout, nvme_count, options.slots, borrowed),
       host_run(HostRunOptions(
           options, options.count - std::min(options.count, nvme_count * layout.chunk_elements()))),
       scanner(options.count, options.run.tile_elements),
@@ -499,14 +499,14 @@ Status OptimizerGroup::Impl::WriteInitialState(const detail::PlacedViews& params
                                                const optim::RunOptions& run) {
   std::vector<size_t> order(nvme_count);
   for (size_t c = 0; c < nvme_count; ++c) order[c] = c;
-  Totals totals;
-  ZOE_RETURN_IF_ERROR(RunPipeline(
+  PipelineTotals totals;
+  ZOE_RETURN_IF_ERROR(pipeline.Run(
       order, /*read=*/false,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return FillInitialState(layout.chunk(chunk), state, params, run);
       },
       &totals));
-  Flip(order);
+  pipeline.slots().Flip(order);
   for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
     ZOE_RETURN_IF_ERROR(FillInitialState(layout.chunk(c), host_state(c), params, run));
   }
@@ -622,50 +622,10 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   }
   if (impl.speculation) ZOE_RETURN_IF_ERROR(impl.UseSpeculatedParams(&params));
   const std::vector<bool> present_segments = impl.PresentSegments(grads);
-  const std::vector<bool> present_chunks = impl.PresentChunks(grads);
   std::vector<int64_t> segment_step(segment_steps_.size());
   for (size_t s = 0; s < segment_step.size(); ++s) segment_step[s] = segment_steps_[s] + 1;
-  // From here on the gradients are consumed, whatever the outcome. The chunks speculation
-  // updated are read only if the step turns out to need them again.
-  impl.FinishSpeculativeWrites();
-  impl.StartStepReads(impl.NotSpeculated(present_chunks));
-  if (!args.grads.empty()) {
-    std::vector<GradScanner::Piece> pieces;
-    pieces.reserve(grads.size());
-    for (const PlacedView& view : grads) {
-      pieces.push_back({view.offset, view.data, view.dtype, view.count});
-    }
-    Status scanned = impl.scanner.Add(pieces, options_.run);
-    if (!scanned.ok()) {
-      impl.ResetAccumulation();
-      return scanned;
-    }
-  }
-  Result<optim::GradScan> scan = impl.scanner.Total();
-  if (args.agree_scan) scan = args.agree_scan(*scan);
-  Result<optim::StepScaling> scaling =
-      scan.ok() ? optim::MakeStepScaling(*scan, args.loss_scale, options_.max_grad_norm)
-                : Result<optim::StepScaling>(scan.status());
   StepReport report;
-  Status status = scaling.status();
-  using Outcome = Impl::SpeculationOutcome;
-  Outcome outcome = Outcome::kNone;
-  if (impl.speculation && !impl.speculation->failure.ok()) {
-    status = impl.speculation->failure;
-  } else if (scaling.ok()) {
-    report.skipped = scaling->skip;
-    report.grad_norm = scaling->grad_norm;
-    if (impl.speculation) outcome = impl.DecideSpeculation(*scaling, args.hyper, segment_step);
-    if (!scaling->skip) {
-      const StepInputs inputs{&args.hyper,      impl.segment_ends,    segment_step,
-                              scaling->scaling, options_.state_dtype, &grads,
-                              &params,          &options_.run,        &impl.masters};
-      status = impl.ApplyStep(inputs, present_chunks, outcome == Outcome::kCommit, &report);
-    } else if (outcome == Outcome::kDiscard) {
-      status = impl.RestoreParams();
-    }
-  }
-  if (impl.speculation) impl.EndSpeculation(outcome, status, &report);
+  const Status status = impl.RunStep(args, options_, {grads, params, segment_step}, &report);
   // A step that failed on accumulated gradients keeps them (their reads were consumed), so the
   // caller can retry it; gradients given with the step are the caller's to give again.
   if (!status.ok() && args.grads.empty() && impl.broken.ok()) return status;
@@ -677,44 +637,107 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   return report;
 }
 
+// From here on the gradients are consumed, whatever the outcome. The chunks speculation updated
+// are read only if the step turns out to need them again.
+Status OptimizerGroup::Impl::RunStep(const StepArgs& args, const OptimizerGroupOptions& options,
+                                     const StepViews& views, StepReport* report) {
+  const std::vector<bool> present_chunks = PresentChunks(views.grads);
+  FinishSpeculativeWrites();
+  pipeline.StartStepReads(NotSpeculated(present_chunks));
+  const Result<optim::StepScaling> scaling = ScaleStep(args, options, views.grads);
+  Status status = scaling.status();
+  SpeculationOutcome outcome = SpeculationOutcome::kNone;
+  if (speculation && !speculation->failure.ok()) {
+    status = speculation->failure;
+  } else if (scaling.ok()) {
+    report->skipped = scaling->skip;
+    report->grad_norm = scaling->grad_norm;
+    if (speculation) outcome = DecideSpeculation(*scaling, args.hyper, views.segment_step);
+    if (!scaling->skip) {
+      const StepInputs inputs{&args.hyper,      segment_ends,        views.segment_step,
+                              scaling->scaling, options.state_dtype, &views.grads,
+                              &views.params,    &options.run,        &masters};
+      status = ApplyStep(inputs, present_chunks, outcome == SpeculationOutcome::kCommit, report);
+    } else if (outcome == SpeculationOutcome::kDiscard) {
+      status = RestoreParams();
+    }
+  }
+  if (speculation) EndSpeculation(outcome, status, report);
+  return status;
+}
+
+// Gradients given with the step are scanned now (accumulated ones were as they came); the
+// scaling follows from the total scan, agreed with the other ranks when the caller asks.
+Result<optim::StepScaling> OptimizerGroup::Impl::ScaleStep(const StepArgs& args,
+                                                           const OptimizerGroupOptions& options,
+                                                           const PlacedViews& grads) {
+  if (!args.grads.empty()) {
+    std::vector<GradScanner::Piece> pieces;
+    pieces.reserve(grads.size());
+    for (const PlacedView& view : grads) {
+      pieces.push_back({view.offset, view.data, view.dtype, view.count});
+    }
+    ZOE_RETURN_IF_ERROR(scanner.Add(pieces, options.run));
+  }
+  Result<optim::GradScan> scan = scanner.Total();
+  if (args.agree_scan) scan = args.agree_scan(*scan);
+  if (!scan.ok()) return scan.status();
+  return optim::MakeStepScaling(*scan, args.loss_scale, options.max_grad_norm);
+}
+
+// The plan of this step, from the reads started ahead and what speculation updated.
+StepPlan OptimizerGroup::Impl::PlanThisStep(const std::vector<bool>& present_chunks,
+                                            bool commit) const {
+  StepPlanInputs in;
+  in.nvme_count = nvme_count;
+  in.present = present_chunks;
+  if (commit) in.speculated = speculation->updated;
+  in.commit = commit;
+  in.descending = pipeline.descending();
+  in.prefetched = pipeline.PrefetchedChunks();
+  return PlanStep(in);
+}
+
 // NVMe chunks through the pipeline, then (once every write succeeded) the flip and the HOST
 // chunks in place. UpdateChunk fails only on arguments, which the first chunk checks, so the HOST
 // pass cannot fail half way.
 Status OptimizerGroup::Impl::ApplyStep(const StepInputs& inputs,
                                        const std::vector<bool>& present_chunks, bool commit,
                                        StepReport* report) {
-  Impl& impl = *this;
-  const std::vector<bool> pending = commit ? NotSpeculated(present_chunks) : present_chunks;
-  impl.ReleaseAbsentReads(pending);
-  const std::vector<size_t> order = impl.StepOrder(pending);
-  Impl::Totals totals;
-  Status applied = impl.RunPipeline(
-      order, /*read=*/true,
+  const StepPlan plan = PlanThisStep(present_chunks, commit);
+  pipeline.ReleasePrefetchedChunks(plan.release);
+  PipelineTotals totals;
+  Status applied = pipeline.Run(
+      plan.nvme_order, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums& checksums) {
-        return UpdateChunkState(impl.layout.chunk(chunk), state, inputs, checksums);
+        return UpdateChunkState(layout.chunk(chunk), state, inputs, checksums);
       },
       &totals, /*fn_hashes=*/true);
-  ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(applied), totals.bytes_written));
-  impl.Flip(order);
-  if (commit) impl.Flip(SpeculatedNvmeChunks());
-  impl.CommitCache();
+  ZOE_RETURN_IF_ERROR(BreakIfWritten(std::move(applied), totals.bytes_written));
+  pipeline.slots().Flip(plan.nvme_order);
+  pipeline.slots().Flip(plan.nvme_commit);
+  pipeline.CommitCache();
   const Clock::time_point start = Clock::now();
-  StepInputs host_inputs = inputs;
-  host_inputs.run = &impl.host_run;
-  // Last chunk first: the gradient scan just read the gradients in ascending order, so the last
-  // ones are the likeliest to be still in the cache when their update reads them again.
-  for (size_t c = impl.layout.chunk_count(); c-- > impl.nvme_count;) {
-    if (commit && speculation->updated[c])
-      std::swap(host[c - nvme_count], host_spare[c - nvme_count]);
-    if (!pending[c]) continue;
-    ZOE_RETURN_IF_ERROR(UpdateChunkState(impl.layout.chunk(c), impl.host_state(c), host_inputs)
-                            .WithContext(impl.ChunkName(c)));
-  }
+  ZOE_RETURN_IF_ERROR(UpdateHostChunks(plan, inputs));
   report->bytes_read = totals.bytes_read;
   report->bytes_reused = totals.bytes_reused;
   report->bytes_written = totals.bytes_written;
   report->io_wait_seconds = totals.io_wait_seconds;
   report->compute_seconds = totals.compute_seconds + SecondsSince(start);
+  return Status::Ok();
+}
+
+// Last chunk first: the gradient scan just read the gradients in ascending order, so the last
+// ones are the likeliest to be still in the cache when their update reads them again.
+Status OptimizerGroup::Impl::UpdateHostChunks(const StepPlan& plan, const StepInputs& inputs) {
+  StepInputs host_inputs = inputs;
+  host_inputs.run = &host_run;
+  for (size_t c : plan.host_order) {
+    if (plan.host_commit[c]) std::swap(host[c - nvme_count], host_spare[c - nvme_count]);
+    if (!plan.update[c]) continue;
+    ZOE_RETURN_IF_ERROR(
+        UpdateChunkState(layout.chunk(c), host_state(c), host_inputs).WithContext(ChunkName(c)));
+  }
   return Status::Ok();
 }
 
@@ -777,10 +800,10 @@ Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
     if (view.present()) impl.chunk_present[c] += to - from;
     const bool complete = impl.chunk_covered[c] == regions.count;
     if (!complete || impl.chunk_present[c] == 0) continue;
-    const bool read_ahead = impl.on_nvme(c) && impl.IsPrefetched(c);
+    const bool read_ahead = impl.on_nvme(c) && impl.pipeline.IsPrefetched(c);
     if (impl.on_nvme(c)) {
       impl.completion_order.push_back(c);
-      if (!read_ahead) impl.StartPrefetch(c);
+      if (!read_ahead) impl.pipeline.StartPrefetch(c);
     }
     if (impl.speculation) impl.SpeculateChunk(c, read_ahead);
   }
@@ -936,7 +959,7 @@ Status OptimizerGroup::ReadState(StateSlot slot, size_t offset, std::span<float>
       if (staging.empty()) {
         ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(impl.layout.max_chunk_bytes()));
       }
-      ZOE_RETURN_IF_ERROR(impl.ReadChunk(c, staging.data()));
+      ZOE_RETURN_IF_ERROR(impl.pipeline.ReadChunk(c, staging.data()));
       state = staging.data();
     } else {
       state = impl.host_state(c);
@@ -991,7 +1014,7 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("write state"));
   // Reads a speculation started ahead of its gradients hold the state before this write (and
   // the pipeline below would take them for its own).
-  impl.ReleasePrefetched();
+  impl.pipeline.ReleasePrefetched();
   impl.DropPreparedLoad();
   ZOE_RETURN_IF_ERROR(impl.CheckUsable("write state"));
   if (values.empty()) return Status::Ok();
@@ -1001,15 +1024,15 @@ Status OptimizerGroup::WriteState(StateSlot slot, size_t offset, std::span<const
   const size_t last = impl.layout.ChunkOf(offset + values.size() - 1);
   std::vector<size_t> nvme_chunks;
   for (size_t c = first; c <= last && impl.on_nvme(c); ++c) nvme_chunks.push_back(c);
-  Impl::Totals totals;
-  Status stored = impl.RunPipeline(
+  PipelineTotals totals;
+  Status stored = impl.pipeline.Run(
       nvme_chunks, /*read=*/true,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return StoreState(chunk, state, r, offset, values);
       },
       &totals);
   ZOE_RETURN_IF_ERROR(impl.BreakIfWritten(std::move(stored), totals.bytes_written));
-  impl.Flip(nvme_chunks);
+  impl.pipeline.slots().Flip(nvme_chunks);
   for (size_t c = std::max(first, impl.nvme_count); c <= last; ++c) {
     ZOE_RETURN_IF_ERROR(StoreState(c, impl.host_state(c), r, offset, values));
   }
@@ -1077,23 +1100,18 @@ Status OptimizerGroup::SetSegmentSteps(std::span<const int64_t> steps) {
   return Status::Ok();
 }
 
-size_t OptimizerGroup::reads_started() const { return impl_->prefetched.size(); }
+size_t OptimizerGroup::reads_started() const {
+  return impl_->pipeline.buffers().count(BufferState::kPrefetched);
+}
 size_t OptimizerGroup::chunk_count() const { return impl_->layout.chunk_count(); }
 size_t OptimizerGroup::nvme_chunk_count() const { return impl_->nvme_count; }
 const StateLayout& OptimizerGroup::layout() const { return impl_->layout; }
 uint64_t OptimizerGroup::pinned_bytes() const {
-  uint64_t total = 0;
-  for (const PinnedBuffer& buffer : impl_->buffers) total += buffer.size();
+  uint64_t total = impl_->pipeline.buffers().pinned_bytes();
   for (const PinnedBuffer& buffer : impl_->host) total += buffer.size();
   for (const PinnedBuffer& buffer : impl_->host_spare) total += buffer.size();
   return total;
 }
 const Status& OptimizerGroup::broken() const { return impl_->broken; }
-uint64_t OptimizerGroup::nvme_bytes() const {
-  uint64_t total = 0;
-  for (const Impl::NvmeChunk& chunk : impl_->nvme) {
-    total += chunk.slots[0].length + chunk.slots[1].length;
-  }
-  return total;
-}
+uint64_t OptimizerGroup::nvme_bytes() const { return impl_->pipeline.slots().bytes(); }
 }  // namespace zoe::offload

@@ -84,10 +84,10 @@ Status OptimizerGroup::Save(CheckpointWriter& writer) const {
     const ChunkRegions regions = impl.layout.chunk(c);
     std::byte* state = nullptr;
     if (impl.on_nvme(c)) {
-      state = impl.CachedState(c);
+      state = impl.pipeline.CachedState(c);
       if (state == nullptr) {
-        state = impl.ScratchBuffer();
-        ZOE_RETURN_IF_ERROR(impl.ReadChunk(c, state));
+        state = impl.pipeline.ScratchBuffer();
+        ZOE_RETURN_IF_ERROR(impl.pipeline.ReadChunk(c, state));
       }
     } else {
       state = impl.host_state(c);
@@ -184,9 +184,9 @@ Status OptimizerGroup::PrepareLoad(CheckpointReader& reader) {
   ZOE_RETURN_IF_ERROR(reader.BeginFile(StateFileName(options_.name)));
   prepared.nvme_chunks.resize(impl.nvme_count);
   for (size_t c = 0; c < impl.nvme_count; ++c) prepared.nvme_chunks[c] = c;
-  prepared.in_place = impl.slot_count == 1 && impl.nvme_count > 0;
-  Impl::Totals totals;
-  Status read = impl.RunPipeline(
+  prepared.in_place = impl.pipeline.slots().single_slot() && impl.nvme_count > 0;
+  PipelineTotals totals;
+  Status read = impl.pipeline.Run(
       prepared.nvme_chunks, /*read=*/false,
       [&](size_t chunk, std::byte* state, const ChunkChecksums&) {
         return ReadChunkPayload(reader, impl.layout.chunk(chunk), state);
@@ -228,10 +228,10 @@ Status OptimizerGroup::Impl::AllocateLoadStaging(std::vector<PinnedBuffer>* stag
 void OptimizerGroup::CommitLoad() {
   Impl& impl = *impl_;
   if (!impl.prepared_load.has_value()) return;
-  impl.Flip(impl.prepared_load->nvme_chunks);
+  impl.pipeline.slots().Flip(impl.prepared_load->nvme_chunks);
   // Reads started by AccumulateGrad since PrepareLoad hold the state before the load; the step
   // reads those chunks again.
-  impl.ReleasePrefetched();
+  impl.pipeline.ReleasePrefetched();
   impl.host.swap(impl.prepared_load->host);
   if (!impl.masters.empty()) {
     detail::ScatterToViews(impl.masters, 0, impl.count, impl.prepared_load->master.data());

@@ -1,6 +1,8 @@
 // Internals of OptimizerGroup shared by its source files (optimizer_group.cc: validation, the
-// step and state access; optimizer_group_pipeline.cc: chunk I/O and the pipeline;
-// optimizer_group_checkpoint.cc: Save and Load). Not part of the interface.
+// step and state access; optimizer_group_pipeline.cc: memory, a broken group, accumulation;
+// optimizer_group_speculation.cc; optimizer_group_checkpoint.cc: Save and Load). The NVMe
+// chunks' I/O, the pipeline buffers and the step plan are units of their own (chunk_pipeline.h,
+// pipeline_buffer_pool.h, nvme_slots.h, step_plan.h). Not part of the interface.
 #pragma once
 
 #include <algorithm>
@@ -16,10 +18,12 @@
 #include <string_view>
 #include <vector>
 
+#include "offload/optimizer/chunk_pipeline.h"
 #include "offload/optimizer/chunk_update.h"
 #include "offload/optimizer/optimizer_group.h"
 #include "offload/optimizer/optimizer_group_layout.h"
 #include "offload/optimizer/optimizer_group_scan.h"
+#include "offload/optimizer/step_plan.h"
 
 namespace zoe::offload {
 namespace detail {
@@ -90,44 +94,6 @@ Status UpdateChunkState(const ChunkRegions& regions, std::byte* base, const Step
 }  // namespace detail
 
 struct OptimizerGroup::Impl {
-  // An NVMe chunk's extents; `live` holds the current state, the other (with two slots)
-  // receives the next. With one slot, slots[1] is empty and `live` is always 0.
-  struct NvmeChunk {
-    std::array<io::Extent, 2> slots;
-    uint8_t live = 0;
-    uint64_t version = 0;  // counts flips: a copy of the state taken at another version is stale
-  };
-  // A pipeline buffer still holding a chunk's live state after the step that wrote it.
-  struct CachedChunk {
-    size_t chunk = 0;
-    uint64_t version = 0;
-    bool Holds(size_t c, uint64_t live_version) const {
-      return chunk == c && version == live_version;
-    }
-  };
-  // A transfer in flight through a pipeline buffer (ticket 0: none). For a read, `version` is the
-  // chunk's version when the read started (or when its cached copy was claimed), and `follows`
-  // the write out of the same buffer it was queued behind (0: none). A write whose buffer such a
-  // read took is `handed_on`: its completion frees no buffer.
-  struct InFlight {
-    size_t chunk = 0;
-    size_t buffer = 0;
-    io::Ticket ticket = 0;
-    uint64_t version = 0;
-    io::Ticket follows = 0;
-    bool handed_on = false;
-  };
-  // Transfers in flight, oldest first. At most one per pipeline buffer, so each list reserves
-  // that many entries before any transfer is submitted and recording one never allocates (a
-  // bad_alloc after a submit would lose its ticket and its buffer).
-  using InFlightList = std::vector<InFlight>;
-  struct Totals {
-    uint64_t bytes_read = 0;
-    uint64_t bytes_reused = 0;  // state found in the pipeline buffers instead of read
-    uint64_t bytes_written = 0;
-    double io_wait_seconds = 0.0;
-    double compute_seconds = 0.0;
-  };
   // A checkpoint load read and verified but not yet live (OptimizerGroup::PrepareLoad).
   struct PreparedLoad {
     std::vector<size_t> nvme_chunks;  // written to their inactive slots
@@ -153,60 +119,19 @@ struct OptimizerGroup::Impl {
     std::vector<size_t> waiting;  // complete NVMe chunks not updated yet, oldest first
     size_t updated_count = 0;
     Status failure;         // of the first speculative update that failed
-    Totals totals;          // of the speculative updates, added to the Step's report
+    PipelineTotals totals;  // of the speculative updates, added to the Step's report
     bool declined = false;  // backing off: the Step takes the views, no chunk is updated early
   };
-  // Runs on each chunk of a pipeline, whose state is at `state`. With checksums on it verifies
-  // `checksums.expected` (non-empty when the state was just read from disk) and fills
-  // `checksums.computed` (non-empty when the pipeline was asked to take the sums from it).
-  using ChunkFn =
-      std::function<Status(size_t chunk, std::byte* state, const ChunkChecksums& checksums)>;
-
   // Lays out the chunks; AllocateState then takes the memory and the extents.
   Impl(const OptimizerGroupOptions& options, OptimizerResources borrowed, uint64_t io_block);
   ~Impl();
 
   bool on_nvme(size_t chunk) const { return chunk < nvme_count; }
   std::byte* host_state(size_t chunk) { return host[chunk - nvme_count].data(); }
-  size_t pipeline_buffers(uint32_t buffer_count) const {
-    return std::min<size_t>(buffer_count, nvme_count);
-  }
-  // "optimizer group 'g': chunk 3 (elements [a, b)) on NVMe", the context of every chunk error.
-  std::string ChunkName(size_t chunk) const;
+  std::string ChunkName(size_t chunk) const { return pipeline.ChunkName(chunk); }
 
-  // optimizer_group_pipeline.cc: memory and extents, chunk I/O, the pipeline, accumulation.
+  // optimizer_group_pipeline.cc: memory, a broken group, accumulation.
   Status AllocateState(uint32_t buffer_count, bool speculative);
-  // A read or write of chunk `chunk`'s slot `slot`. `for_pipeline`: a read is verified by the
-  // chunk function that consumes it (hashing_in_stripes), a write records `sums` if not empty.
-  io::IoRequest ChunkIoRequest(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer,
-                               bool for_pipeline = false,
-                               std::span<const uint64_t> sums = {}) const;
-  Result<io::Ticket> SubmitChunkIo(io::Op op, size_t chunk, uint8_t slot, std::byte* buffer,
-                                   bool for_pipeline = false, std::span<const uint64_t> sums = {});
-  Status ReadChunk(size_t chunk, std::byte* buffer);
-  Result<std::optional<size_t>> TakeBuffer(InFlightList& writing, bool block, Totals* totals);
-  // Queues the read of `chunk` into the buffer `write` is writing from, behind that write.
-  Status ReadBehindWrite(size_t chunk, InFlight& write, InFlightList& reading, Totals* totals);
-  // Collects the write a read followed, once the read was waited for (so the write is done):
-  // its status, named by its chunk.
-  Status CollectFollowedWrite(const InFlight& read, InFlightList& writing);
-  // How `fn` takes part in the checksums of the chunk it runs on; `fn_hashes`: it fills
-  // checksums.computed, which the chunk's write records.
-  ChunkChecksums ChecksumsFor(size_t chunk, size_t buffer, bool read_from_disk, bool fn_hashes,
-                              Status* status);
-  // `carried` (may be null): writes left in flight by an earlier pipeline, which this one reaps
-  // for their buffers like its own, and where it leaves its own writes in flight when it
-  // succeeds (on failure every write is waited for and `carried` is empty).
-  Status RunPipeline(std::span<const size_t> order, bool read, const ChunkFn& fn, Totals* totals,
-                     bool fn_hashes = false, InFlightList* carried = nullptr);
-  // Verifies a whole state read from chunk `chunk`'s live slot against its recorded checksums.
-  Status VerifyWhole(size_t chunk, const std::byte* state) const;
-  // The slot a write of chunk `chunk` goes to: the inactive one, or with one slot the live one.
-  uint8_t WriteSlot(size_t chunk) const {
-    return slot_count == 2 ? nvme[chunk].live ^ 1 : nvme[chunk].live;
-  }
-  // Makes the slots just written live; with one slot only the version advances.
-  void Flip(std::span<const size_t> chunks);
   // Single slot: `failure` came after `written` bytes were written in place; if any were, the
   // state may be torn and the group is broken until a checkpoint load commits. Returns `failure`.
   Status BreakIfWritten(Status failure, uint64_t written);
@@ -216,32 +141,7 @@ struct OptimizerGroup::Impl {
   // while its step counts are not).
   void DropPreparedLoad();
   void ResetAccumulation();
-  // Waits for a read the pipeline will not use and frees its buffer. A buffer whose read
-  // succeeded (or that was claimed from the cache) and whose chunk has not flipped since caches
-  // that chunk again, so a skipped or failed step does not cost the next one its reads.
-  void ReleaseUnusedRead(const InFlight& read);
-  // ReleaseUnusedRead on every read AccumulateGrad or StartStepReads started.
-  void ReleasePrefetched();
-  // The NVMe chunks a step updates (`present`), in the order it visits them.
-  std::vector<size_t> StepOrder(const std::vector<bool>& present) const;
   Status CheckCoverage() const;
-  // Makes chunk `chunk`'s state ready for the next step in a pipeline buffer: claims the buffer
-  // that still holds it, else starts its read into a free buffer (one holding no cached chunk
-  // first). Does nothing when no buffer is free.
-  void StartPrefetch(size_t chunk);
-  // Claims every buffer still holding a chunk's live state, in the order of the next step.
-  void ClaimCachedChunks();
-  // At the start of a step: claims the cached chunks, then starts reads of the next present
-  // chunks of the step's order into the buffers still free (they need no gradient, so they overlap
-  // the gradient scan).
-  void StartStepReads(const std::vector<bool>& present_chunks);
-  // After a successful step and its flip: the buffers' contents become the cache of their chunks.
-  void CommitCache();
-  // The free pipeline buffer holding chunk `chunk`'s live state, or nullptr.
-  std::byte* CachedState(size_t chunk);
-  // A free pipeline buffer to read into outside the pipeline (the group is idle): one holding no
-  // cached chunk if there is one, else the first, whose cache is dropped.
-  std::byte* ScratchBuffer();
   Status CheckIdle(std::string_view what) const;
   // optimizer_group_segments.cc: segments and absent gradients.
   // The segment holding `element` (< count): the first whose end is past it.
@@ -251,8 +151,6 @@ struct OptimizerGroup::Impl {
   // Per segment / per chunk: whether some present gradient view overlaps it.
   std::vector<bool> PresentSegments(const detail::PlacedViews& grads) const;
   std::vector<bool> PresentChunks(const detail::PlacedViews& grads) const;
-  // Releases (ReleaseUnusedRead) the reads started for chunks the step does not update.
-  void ReleaseAbsentReads(const std::vector<bool>& present_chunks);
   // optimizer_group_speculation.cc
   // The gradient views overlapping chunk `chunk`, which accumulated views cover.
   detail::PlacedViews ChunkGrads(size_t chunk) const;
@@ -271,8 +169,6 @@ struct OptimizerGroup::Impl {
   // Frees the buffers of the speculative writes already completed (a failed one is the
   // speculation's failure), without waiting.
   void ReapSpeculativeWrites();
-  // Whether a read (or a claimed cached copy) of chunk `chunk` waits in `prefetched`.
-  bool IsPrefetched(size_t chunk) const;
   // The speculated step's inputs for a chunk whose gradient views are `grads`.
   detail::StepInputs SpeculativeInputs(const detail::PlacedViews& grads) const;
   // The parameter views of a speculative step are those given to Speculate: `params` (those given
@@ -280,8 +176,6 @@ struct OptimizerGroup::Impl {
   Status UseSpeculatedParams(detail::PlacedViews* params) const;
   // `present` without the chunks speculation updated (unless it failed): what a commit updates.
   std::vector<bool> NotSpeculated(const std::vector<bool>& present) const;
-  // The NVMe chunks speculation updated, whose inactive slots a commit makes live.
-  std::vector<size_t> SpeculatedNvmeChunks() const;
   // Which way the Step goes, once its scaling is known (a failed speculation aside).
   enum class SpeculationOutcome { kNone, kCommit, kDiscard, kRecompute };
   SpeculationOutcome DecideSpeculation(const optim::StepScaling& scaling,
@@ -299,13 +193,25 @@ struct OptimizerGroup::Impl {
   Status AllocateLoadStaging(std::vector<PinnedBuffer>* staging);
   // optimizer_group.cc
   Status WriteInitialState(const detail::PlacedViews& params, const optim::RunOptions& run);
+  // The views of a step, placed, and the step each segment takes.
+  struct StepViews {
+    const detail::PlacedViews& grads;
+    const detail::PlacedViews& params;
+    std::span<const int64_t> segment_step;
+  };
+  // The Step once its views are placed; fills `report` and returns the step's status.
+  Status RunStep(const StepArgs& args, const OptimizerGroupOptions& options, const StepViews& views,
+                 StepReport* report);
+  Result<optim::StepScaling> ScaleStep(const StepArgs& args, const OptimizerGroupOptions& options,
+                                       const detail::PlacedViews& grads);
+  StepPlan PlanThisStep(const std::vector<bool>& present_chunks, bool commit) const;
+  Status UpdateHostChunks(const StepPlan& plan, const detail::StepInputs& inputs);
   // `commit`: the chunks speculation updated are final; the others present are updated now.
   Status ApplyStep(const detail::StepInputs& inputs, const std::vector<bool>& present_chunks,
                    bool commit, StepReport* report);
 
   std::string name;
   size_t count;
-  uint32_t slot_count;               // extents per NVMe chunk, 1 or 2
   Status broken;                     // single slot: the failure that left the state possibly torn
   std::vector<size_t> segment_ends;  // exclusive end of each segment, ascending; last = count
   OptimizerResources resources;
@@ -313,32 +219,17 @@ struct OptimizerGroup::Impl {
   StateLayout layout;  // its HOST chunks staggered
   // master_in_params: the caller's fp32 parameters, which are the master (borrowed); else empty.
   detail::PlacedViews masters;
-  std::vector<NvmeChunk> nvme;     // chunks [0, nvme_count)
+  ChunkPipeline pipeline;  // the NVMe chunks: their slots, the buffers, reads ahead, the cache
   std::vector<PinnedBuffer> host;  // chunks [nvme_count, chunk_count)
   // The options the step updates the HOST chunks with: the group's, with StoreMode::kAuto decided
   // for all of them at once (HostRunOptions).
   optim::RunOptions host_run;
-  std::vector<PinnedBuffer> buffers;  // the pipeline's
-  std::vector<size_t> free_buffers;
-  // With checksums of kStripeChecksumBlock bytes, the chunk functions verify what the pipeline
-  // reads and hash what it writes, stripe by stripe on the kernel threads (chunk_update.h):
-  // the sums of each buffer's state, and those expected of the chunk being updated.
-  bool hashing_in_stripes = false;
-  std::vector<std::vector<uint64_t>> buffer_sums;  // per buffer, one per block
-  std::vector<uint64_t> expected_sums;
-  // Steps keep in the pipeline buffers the last chunks they wrote and alternate their direction,
-  // so the next step starts with those chunks and does not read them again.
-  std::vector<std::optional<CachedChunk>> cached;   // per buffer
-  std::vector<std::optional<size_t>> last_written;  // per buffer, by the last RunPipeline
-  bool descending = false;                          // the direction of the next step
-
   // Gradients handed over by AccumulateGrad for the next step.
   GradScanner scanner;
   std::map<size_t, detail::PlacedView> accumulated;  // by offset
   size_t accumulated_elements = 0;                   // their elements (they do not overlap)
   std::vector<size_t> chunk_covered;                 // elements of each chunk accumulated
   std::vector<size_t> chunk_present;                 // of those, elements with a gradient
-  InFlightList prefetched;  // reads started for fully covered chunks (or read ahead), in order
   // The NVMe chunks in the order their gradients completed during this accumulation, and during
   // the last one (what ReadAhead expects).
   std::vector<size_t> completion_order;
@@ -348,9 +239,6 @@ struct OptimizerGroup::Impl {
 
   std::optional<Speculation> speculation;  // armed by Speculate until the Step
   std::vector<PinnedBuffer> host_spare;    // per HOST chunk, with options.speculative
-  // Writes of speculative updates still in flight: the next chunk's update overlaps them.
-  InFlightList speculative_writes;
-  InFlightList held_reads;  // SpeculateWaiting's scratch
   // When Speculate declines ("Backing off" in optimizer_group.h).
   class SpeculationBackoff {
    public:

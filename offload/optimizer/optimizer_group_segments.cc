@@ -51,17 +51,4 @@ std::vector<bool> OptimizerGroup::Impl::PresentChunks(const detail::PlacedViews&
   return present;
 }
 
-void OptimizerGroup::Impl::ReleaseAbsentReads(const std::vector<bool>& present_chunks) {
-  InFlightList kept;
-  kept.reserve(buffers.size());
-  for (const InFlight& entry : prefetched) {
-    if (present_chunks[entry.chunk]) {
-      kept.push_back(entry);
-    } else {
-      ReleaseUnusedRead(entry);
-    }
-  }
-  prefetched.swap(kept);
-}
-
 }  // namespace zoe::offload

@@ -101,33 +101,20 @@ void OptimizerGroup::Impl::SpeculateWaiting(bool keep_newest) {
   Speculation& s = *speculation;
   const size_t due = s.waiting.size() - (keep_newest && !s.waiting.empty() ? 1 : 0);
   if (due == 0 || !s.failure.ok()) return;
-  std::vector<bool> is_due(nvme_count, false);
-  for (size_t i = 0; i < due; ++i) is_due[s.waiting[i]] = true;
   // The pipeline takes the reads in flight for due chunks first, in their order; the newest
-  // chunk's read waits aside (held, reserved like prefetched, so no allocation loses a ticket).
-  auto aside = std::stable_partition(prefetched.begin(), prefetched.end(),
-                                     [&](const InFlight& entry) { return is_due[entry.chunk]; });
-  held_reads.assign(aside, prefetched.end());
-  prefetched.erase(aside, prefetched.end());
-  std::vector<size_t> order;
-  for (const InFlight& entry : prefetched) {
-    order.push_back(entry.chunk);
-    is_due[entry.chunk] = false;
-  }
-  for (size_t i = 0; i < due; ++i) {
-    if (is_due[s.waiting[i]]) order.push_back(s.waiting[i]);
-  }
+  // chunk's read stays prefetched, aside.
+  const std::vector<size_t> prefetched = pipeline.PrefetchedChunks();
+  const std::vector<size_t> order =
+      PipelineOrder(prefetched, std::span(s.waiting).first(due), nvme_count);
   s.waiting.erase(s.waiting.begin(), s.waiting.begin() + static_cast<ptrdiff_t>(due));
-  s.failure = RunPipeline(
+  s.failure = pipeline.Run(
       order, /*read=*/true,
       [&](size_t c, std::byte* state, const ChunkChecksums& checksums) {
         const PlacedViews grads = ChunkGrads(c);
         return detail::UpdateChunkState(layout.chunk(c), state, SpeculativeInputs(grads),
                                         checksums);
       },
-      &s.totals, /*fn_hashes=*/true, &speculative_writes);
-  prefetched.insert(prefetched.end(), held_reads.begin(), held_reads.end());
-  held_reads.clear();
+      &s.totals, /*fn_hashes=*/true, /*keep_writes=*/true);
   if (!s.failure.ok()) return;
   for (size_t c : order) s.updated[c] = true;
   s.updated_count += order.size();
@@ -136,55 +123,41 @@ void OptimizerGroup::Impl::SpeculateWaiting(bool keep_newest) {
 // Frees the buffers of the speculative writes that have completed, oldest first, without
 // waiting; a failed one becomes the speculation's failure.
 void OptimizerGroup::Impl::ReapSpeculativeWrites() {
-  while (!speculative_writes.empty()) {
-    const InFlight oldest = speculative_writes.front();
-    std::optional<Status> written = resources.io->Poll(oldest.ticket);
-    if (!written.has_value()) return;
-    speculative_writes.erase(speculative_writes.begin());
-    if (!oldest.handed_on) free_buffers.push_back(oldest.buffer);
-    if (!written->ok() && speculation->failure.ok()) {
-      speculation->failure = std::move(*written).WithContext(ChunkName(oldest.chunk));
-    }
-  }
+  Status written = pipeline.ReapWrites();
+  if (!written.ok() && speculation->failure.ok()) speculation->failure = std::move(written);
 }
 
 void OptimizerGroup::Impl::ReadAhead() {
   if (!speculation || speculation->declined || !speculation->failure.ok()) return;
   ReapSpeculativeWrites();
   if (!speculation->failure.ok()) return;
-  const size_t limit = buffers.size() > 2 ? buffers.size() - 2 : 0;
+  const size_t limit = pipeline.buffers().size() > 2 ? pipeline.buffers().size() - 2 : 0;
   auto complete = [&](size_t c) { return chunk_covered[c] == layout.chunk(c).count; };
   // Reads held for chunks that are not due: incomplete, or complete without a gradient.
-  size_t ahead = static_cast<size_t>(std::count_if(
-      prefetched.begin(), prefetched.end(),
-      [&](const InFlight& e) { return !complete(e.chunk) || chunk_present[e.chunk] == 0; }));
+  const std::vector<size_t> prefetched = pipeline.PrefetchedChunks();
+  size_t ahead =
+      static_cast<size_t>(std::count_if(prefetched.begin(), prefetched.end(), [&](size_t c) {
+        return !complete(c) || chunk_present[c] == 0;
+      }));
   for (size_t i = completion_order.size(); i < expected_completions.size(); ++i) {
-    if (ahead >= limit || free_buffers.empty()) return;
+    if (ahead >= limit || !pipeline.buffers().any_free()) return;
     const size_t c = expected_completions[i];
-    if (!on_nvme(c) || complete(c) || IsPrefetched(c)) continue;
-    StartPrefetch(c);
-    if (IsPrefetched(c)) ++ahead;
+    if (!on_nvme(c) || complete(c) || pipeline.IsPrefetched(c)) continue;
+    pipeline.StartPrefetch(c);
+    if (pipeline.IsPrefetched(c)) ++ahead;
   }
 }
 
 void OptimizerGroup::Impl::FinishSpeculativeWrites() {
-  for (const InFlight& entry : speculative_writes) {
-    Status written = resources.io->Wait(entry.ticket);
-    if (!entry.handed_on) free_buffers.push_back(entry.buffer);
-    if (!written.ok() && speculation && speculation->failure.ok()) {
-      speculation->failure = std::move(written).WithContext(ChunkName(entry.chunk));
-    }
+  Status written = pipeline.FinishWrites();
+  if (!written.ok() && speculation && speculation->failure.ok()) {
+    speculation->failure = std::move(written);
   }
-  speculative_writes.clear();
 }
 
 std::vector<bool> OptimizerGroup::Impl::NotSpeculated(const std::vector<bool>& present) const {
-  std::vector<bool> pending = present;
-  if (!speculation || !speculation->failure.ok()) return pending;
-  for (size_t c = 0; c < pending.size(); ++c) {
-    if (speculation->updated[c]) pending[c] = false;
-  }
-  return pending;
+  if (!speculation || !speculation->failure.ok()) return present;
+  return WithoutSpeculated(present, speculation->updated);
 }
 
 // The parameter views of a speculative step are those given to Speculate: `params` (those given
@@ -204,14 +177,6 @@ Status OptimizerGroup::Impl::UseSpeculatedParams(PlacedViews* params) const {
   }
   *params = speculated;
   return Status::Ok();
-}
-
-std::vector<size_t> OptimizerGroup::Impl::SpeculatedNvmeChunks() const {
-  std::vector<size_t> chunks;
-  for (size_t c = 0; c < nvme_count; ++c) {
-    if (speculation->updated[c]) chunks.push_back(c);
-  }
-  return chunks;
 }
 
 OptimizerGroup::Impl::SpeculationOutcome OptimizerGroup::Impl::DecideSpeculation(
@@ -244,7 +209,7 @@ Status OptimizerGroup::Impl::RestoreParams() {
       if (staging.empty()) {
         ZOE_ASSIGN_OR_RETURN(staging, AlignedBuffer::Allocate(layout.max_chunk_bytes()));
       }
-      ZOE_RETURN_IF_ERROR(ReadChunk(c, staging.data()));
+      ZOE_RETURN_IF_ERROR(pipeline.ReadChunk(c, staging.data()));
       state = staging.data();
     } else {
       state = host_state(c);
