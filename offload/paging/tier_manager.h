@@ -49,6 +49,15 @@
 //    iteration mismatched too often. Without a trace eviction is LRU.
 //  - Thread-safe: every public function may be called from any thread; one mutex guards the
 //    state and is never held while waiting for I/O.
+//
+// Shape. A run holds one TierCopy per cached tier (offload/paging/tier_residency.h): its state
+// (Absent, Loading, Resident, WritingBack), dirtiness, pins per tenant, the pending transfer and
+// the thread that claimed it, and its errors; every state change goes through Transition. NVMe
+// presence is the run's own fact (on_nvme). HOST and DEVICE sit behind one TierBackend
+// (offload/paging/tier_backend.h), so each operation below takes the tier it works on; the
+// inclusive rule (a DEVICE copy pins and stages through its HOST copy) is the one place the tiers
+// differ (tier_coherence.cc). Transfers: tier_transfers.cc; trace replay and prefetch:
+// tier_prefetch.cc.
 #pragma once
 
 #include <array>
@@ -75,19 +84,14 @@
 #include "offload/budget.h"
 #include "offload/optimizer/chunk_layout.h"
 #include "offload/paging/eviction_policy.h"
-#include "offload/stats.h"
+#include "offload/paging/tier_backend.h"
+#include "offload/paging/tier_residency.h"
 #include "offload/paging/trace.h"
 #include "offload/paging/trace_cursor.h"
+#include "offload/stats.h"
 #include "offload/types.h"
 
 namespace zoe::offload {
-
-// The tier manager's waits for device copies, named so that a test can leave each out
-// (TierManagerOptions::skipped_device_waits_for_testing) and show a test failing without it.
-enum class DeviceWait : uint8_t {
-  kDemandCopy = 1,    // a copy an acquire (or eviction) needs, to or from the device
-  kPrefetchCopy = 2,  // a prefetch's copy to the device, applied when found finished
-};
 
 struct TierManagerOptions {
   // The device tier: "" for none, else a kind for CreateDeviceBackend ("host", "auto", "cuda").
@@ -176,10 +180,13 @@ class TierManager {
 
   const Stats& stats() const { return stats_; }
   nlohmann::json StatsJson() const { return stats_.ToJson(); }
-  uint64_t host_reserved_bytes() const { return host_budget_.reserved(); }
-  uint64_t host_budget_bytes() const { return host_budget_.capacity(); }
-  uint64_t device_reserved_bytes() const { return device_budget_ ? device_budget_->reserved() : 0; }
-  uint64_t device_budget_bytes() const { return device_budget_ ? device_budget_->capacity() : 0; }
+  uint64_t host_reserved_bytes() const { return reserved_bytes(Tier::kHost); }
+  uint64_t host_budget_bytes() const { return budget_bytes(Tier::kHost); }
+  uint64_t device_reserved_bytes() const { return reserved_bytes(Tier::kDevice); }
+  uint64_t device_budget_bytes() const { return budget_bytes(Tier::kDevice); }
+  // The same for any tier: 0 for NVME and for a tier that is not configured.
+  uint64_t reserved_bytes(Tier tier) const;
+  uint64_t budget_bytes(Tier tier) const;
   // The swap files of the tensors, one per NVMe path (their bytes_written: the wear).
   const io::FileSet& swap_files() const { return swap_->files(); }
   bool has_device() const { return device_ != nullptr; }
@@ -194,45 +201,27 @@ class TierManager {
 
  private:
   using Clock = std::chrono::steady_clock;
-  enum class Residency : uint8_t { kAbsent, kLoading, kResident, kWritingBack };
 
   // The consecutive chunks created by one registration, moved as one unit.
   struct Run {
-    ChunkId first_chunk;  // also the run's key in the eviction policy
+    ChunkId first_chunk;  // also the run's key in the eviction policies
     uint64_t bytes = 0;
     io::Extent extent;
     std::vector<TensorId> tensors;
-    Residency host = Residency::kAbsent;
-    PinnedBuffer memory;   // while not kAbsent
-    bool dirty = false;    // HOST holds bytes NVMe does not
-    bool on_nvme = false;  // the extent has been written at least once
-    bool evict_after_write = false;
-    uint32_t pins = 0;
-    io::Ticket ticket = 0;  // the transfer in flight (kLoading, kWritingBack)
-    bool ticket_claimed = false;
-    bool prefetch_pending = false;  // the load in flight was started by a prefetch
-    Status write_error;             // of the last write-back, until one succeeds
-    // A load nobody was waiting on failed (a prefetch, or an acquire's load finished by another
-    // thread that needed the memory): the next acquire of the run reports it, the one after
-    // retries the read.
-    Status load_error;
-    // A device copy came back into the HOST copy while it was being written to NVMe: that write
-    // may hold some of the old bytes, so the run stays dirty after it.
-    bool rewritten_while_writing = false;
-    // The device copy. While not kAbsent it holds one of `pins` on the HOST copy.
-    Residency device = Residency::kAbsent;
-    DeviceAllocation device_memory;
-    bool device_dirty = false;  // DEVICE holds bytes HOST does not
-    bool device_evict_after = false;
-    bool device_prefetch_pending = false;  // the copy in flight was started by a prefetch
-    bool device_wanted = false;            // a DEVICE hint: copy over once the HOST load completes
-    uint32_t device_pins = 0;
-    DeviceEvent device_event;  // the copy in flight (kLoading, kWritingBack)
-    bool device_event_claimed = false;
-    // A copy to the device nobody was waiting on failed (a prefetch, or another acquire's copy
-    // finished by a thread that needed the memory): the next device acquire of the run reports
-    // it, the one after copies again. The device's counterpart of load_error.
-    Status device_copy_error;
+    bool on_nvme = false;  // the backing store holds the run (its extent was written once)
+    std::array<TierCopy, kCopyTierCount> copies;  // by CopyIndex; the DEVICE copy pins HOST's
+
+    TierCopy& copy(Tier tier) { return copies[CopyIndex(tier)]; }
+    const TierCopy& copy(Tier tier) const { return copies[CopyIndex(tier)]; }
+  };
+
+  // What the manager keeps for one cached tier.
+  struct TierSlot {
+    explicit TierSlot(Tier tier) : policy(tier) {}
+    std::unique_ptr<TierBackend> backend;  // null: the tier is not configured
+    std::unique_ptr<Budget> budget;
+    EvictionPolicy policy;
+    std::vector<size_t> prefetching;  // runs whose prefetch into the tier may still be in flight
   };
 
   // One outstanding acquire: where, and whether the caller may write through its pointer.
@@ -254,123 +243,126 @@ class TierManager {
     bool advanced = false;
   };
 
+  // What a copy is brought in for: an acquire in its tier (which also brings the copy above in
+  // line), or staging the copy above (always read whole, whatever the access; the copy above is
+  // left alone).
+  enum class CopyUse : uint8_t { kAcquire, kStaging };
+
   TierManager(TierManagerOptions options, ChunkLayout layout, std::unique_ptr<io::SwapSpace> swap,
               std::unique_ptr<io::IoQueue> io, PinnedMemoryPool pool,
               std::unique_ptr<DeviceBackend> device, std::unique_ptr<DeviceQueue> device_queue);
 
+  TierSlot& slot(Tier tier) { return tiers_[CopyIndex(tier)]; }
+  const TierSlot& slot(Tier tier) const { return tiers_[CopyIndex(tier)]; }
+  bool HasTier(Tier tier) const;  // a configured cached tier
+
+  // ---- registry (tier_manager.cc)
   Status CheckFitsNewRun(const TensorDesc& desc) const;
   Status AddRunIfNew(TensorId tensor);
   Result<const TensorEntry*> Entry(TensorId tensor) const;
   std::string Describe(const Run& run) const;
 
-  Result<void*> AcquireHost(TensorId tensor, Access access);
-  // Returns with the lock held and the run resident on HOST (not pinned yet). kHostAcquire also
-  // brings the device copy in line for `access`; kDeviceStaging (the HOST copy a device acquire
-  // copies from) always reads the run, whatever `access`, and leaves the device copy alone.
-  enum class HostUse : uint8_t { kHostAcquire, kDeviceStaging };
-  Status BringToHost(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
-                     const std::string& name, Progress* progress,
-                     HostUse use = HostUse::kHostAcquire);
+  // ---- acquire (tier_manager.cc)
+  Result<void*> AcquireIn(TensorId tensor, Tier tier, Access access);
+  // Returns with the lock held and the run's copy in `tier` resident (not pinned yet); for
+  // kAcquire also with the copy above in line for `access`.
+  Status Bring(std::unique_lock<std::mutex>& lock, TensorId tensor, Tier tier, Access access,
+               const std::string& name, Progress* progress, CopyUse use);
+  Status BringStep(std::unique_lock<std::mutex>& lock, TensorId tensor, Tier tier, Access access,
+                   const std::string& name, Progress* progress, CopyUse use);
+  // Stages the copy below (pinning it), reserves `tier`'s bytes and starts the load.
+  Status LoadCopy(std::unique_lock<std::mutex>& lock, TensorId tensor, Tier tier, Access access,
+                  const std::string& name, Progress* progress);
   void FinishAcquire(TensorId tensor, Access access, Tier tier, Clock::time_point start,
                      Progress* progress);
+  void Pin(size_t run_index, Tier tier, Tenant tenant);
+  void Unpin(size_t run_index, Tier tier, Tenant tenant);
+  Status MarkDirty(size_t run_index, Tier tier);
+  Status EvictStep(std::unique_lock<std::mutex>& lock, size_t run_index, Tier tier,
+                   const std::string& name);
+  Status FlushTier(std::unique_lock<std::mutex>& lock, Tier tier);
+  void WaitForWriteBacks(std::unique_lock<std::mutex>& lock, Tier tier);
 
-  // The device tier (tier_manager_device.cc).
-  Result<void*> AcquireDevice(TensorId tensor, Access access);
-  Status LoadToDevice(std::unique_lock<std::mutex>& lock, TensorId tensor, Access access,
-                      const std::string& name, Progress* progress);
-  Status ReserveDevice(std::unique_lock<std::mutex>& lock, uint64_t bytes, std::string_view who);
-  Status StartDeviceLoad(size_t run_index);
-  Status StartDeviceEviction(size_t run_index);
-  Status StartDeviceWriteBack(size_t run_index, bool evict_after);
-  Status FinishDeviceCopy(std::unique_lock<std::mutex>& lock, size_t run_index);
-  bool SkipsWait(DeviceWait wait) const;  // see skipped_device_waits_for_testing
-  Status ApplyDeviceCopy(size_t run_index, Status outcome);
-  bool FinishAnyDeviceCopy(std::unique_lock<std::mutex>& lock, Status* outcome);
-  void FreeDevice(size_t run_index);
-  // True while a HOST acquire for writing of one of the run's tensors is outstanding: the run
-  // must not be copied to the device then.
-  bool HasHostWriter(const Run& run) const;
-  // What a HOST acquire must do first about the device copy; false when nothing.
-  bool NeedsDeviceSync(const Run& run, Access access) const;
-  Status SyncDeviceForHost(std::unique_lock<std::mutex>& lock, size_t run_index, Access access,
-                           const std::string& name);
-  Status FlushDevice(std::unique_lock<std::mutex>& lock);
-  // HOST back-pressure when every HOST run is pinned (see ReserveHost).
-  Status EvictDeviceCopyForHost(std::unique_lock<std::mutex>& lock, bool* unpinned);
-  void PinHostRun(size_t run_index);
-  void UnpinHostRun(size_t run_index);
-  // One step of bringing the run to kResident; true once it is.
-  Result<bool> AdvanceToResident(std::unique_lock<std::mutex>& lock, size_t run_index,
-                                 Access access, bool* waited);
-  Status StartLoad(size_t run_index, Access access);
-  // Reserves HOST bytes, evicting and waiting as needed.
-  Status ReserveHost(std::unique_lock<std::mutex>& lock, uint64_t bytes, std::string_view who);
-  // Starts evicting an unpinned resident run: a clean one is freed at once, a dirty one starts
+  // ---- the inclusive tiers (tier_coherence.cc)
+  // True while an acquire for writing in `tier` of one of the run's tensors is outstanding: the
+  // run must not be copied up from `tier` then.
+  bool HasWriterIn(const Run& run, Tier tier) const;
+  // What an acquire in `tier` must do first about the copy above; false when nothing.
+  bool NeedsUpperSync(const Run& run, Tier tier, Access access) const;
+  Status SyncUpperForAcquire(std::unique_lock<std::mutex>& lock, size_t run_index, Tier tier,
+                             Access access, const std::string& name);
+  // Back-pressure of `tier` when all of its copies are pinned: evicts a copy above, which gives
+  // back its pin. `*unpinned` is false when every copy above is pinned too.
+  Status EvictUpperCopy(std::unique_lock<std::mutex>& lock, Tier tier, bool* unpinned);
+  // Records what a finished write-back of the copy in `tier` made true in the tier below.
+  Status MarkWrittenBelow(size_t run_index, Tier tier);
+  // The bytes below the run's copies: its swap offset and its HOST copy.
+  LowerCopy LowerOf(Run& run);
+
+  // ---- transfers (tier_transfers.cc)
+  // Reserves `tier`'s bytes, evicting and waiting as needed.
+  Status Reserve(std::unique_lock<std::mutex>& lock, Tier tier, uint64_t bytes,
+                 std::string_view who);
+  Status ReserveStep(std::unique_lock<std::mutex>& lock, Tier tier, uint64_t bytes,
+                     bool* progressed);
+  Status BusyError(Tier tier, uint64_t bytes, std::string_view who) const;
+  // Requires reserved bytes (and a pin on the copy below, if any); gives them back on failure.
+  Status StartLoad(size_t run_index, Tier tier, Access access);
+  Status FillWithoutRead(size_t run_index, Tier tier);
+  // Starts evicting an unpinned resident copy: a clean one is freed at once, a dirty one starts
   // its write-back.
-  Status StartEviction(size_t run_index);
-  Status StartWriteBack(size_t run_index, bool evict_after);
-  // Waits outside the lock for the run's transfer (or for whoever waits on it) and applies it.
-  Status FinishTransfer(std::unique_lock<std::mutex>& lock, size_t run_index);
-  Status ApplyTransfer(size_t run_index, Status outcome);
-  void FreeHost(size_t run_index);
-  // Memory for runs, reusing that of runs freed earlier (see spare_host_ below); the Keep
-  // functions take memory back for reuse.
-  Result<PinnedBuffer> TakeHostMemory(uint64_t bytes);
-  void KeepHostMemory(uint64_t bytes, PinnedBuffer memory);
-  Result<DeviceAllocation> TakeDeviceMemory(uint64_t bytes);
-  void KeepDeviceMemory(uint64_t bytes, DeviceAllocation memory);
-  // Waits for any write-back or load to finish; false when none is in flight.
-  bool FinishAnyTransfer(std::unique_lock<std::mutex>& lock, Status* outcome);
+  Status StartEviction(size_t run_index, Tier tier);
+  Status StartWriteBack(size_t run_index, Tier tier, AfterWrite then);
+  // Waits outside the lock for the copy's transfer (or for whoever waits on it) and applies it.
+  Status FinishTransfer(std::unique_lock<std::mutex>& lock, size_t run_index, Tier tier);
+  Status ApplyTransfer(size_t run_index, Tier tier, Status outcome);
+  Status ApplyLoad(size_t run_index, Tier tier, Status outcome);
+  Status ApplyWrite(size_t run_index, Tier tier, Status outcome);
+  // Waits for any transfer of `tier` to finish; false when none is in flight.
+  bool FinishAnyTransfer(std::unique_lock<std::mutex>& lock, Tier tier, Status* outcome);
+  // Moves the copy by `event` (kFreed, kLoadFailed) and gives back its memory and bytes.
+  void FreeCopy(size_t run_index, Tier tier, CopyEvent event);
+  void ReleaseCopyMemory(size_t run_index, Tier tier);
+  void GiveBackReservation(size_t run_index, Tier tier);
 
+  // ---- traces and prefetch (tier_prefetch.cc)
+  Status HintCopy(size_t run_index, Tier tier);
   // Records the acquire while recording, or advances the replay and issues its prefetches.
   // `acquiring_run` (the run being acquired, loading or pinned) is never made evictable here.
   void AdvanceTrace(TensorId tensor, Access access, Tier tier, size_t acquiring_run);
-  void IssueTracePrefetches(size_t acquiring_run);
-  void IssueHostPrefetches(size_t acquiring_run);
-  // The DEVICE look-ahead (tier_manager_device.cc): copies runs the trace next uses on DEVICE
-  // that are resident on HOST.
-  void IssueDevicePrefetches(size_t acquiring_run);
-  void CollectDevicePrefetches(size_t acquiring_run);
-  bool ReserveDeviceForPrefetch(size_t run_index, uint64_t distance);
-  // Requires reserved device bytes and a run resident on HOST; gives the bytes back on failure.
-  Status StartDevicePrefetch(size_t run_index);
-  // After a HOST load: starts the copy a DEVICE hint asked for, if the device has room now.
-  void StartWantedDeviceCopy(size_t run_index);
-  // Applies prefetches that have completed and nobody waits for, except `acquiring_run`'s;
-  // forgets finished ones.
-  void CollectPrefetches(size_t acquiring_run);
-  // Makes room for a prefetch of a chunk needed in `distance` events by evicting clean runs
+  void CountMatch(AcquireMatch match);
+  void IssuePrefetches(Tier tier, size_t acquiring_run);
+  PrefetchLimits LookAheadLimits(Tier tier) const;
+  // Applies prefetches into `tier` that have completed and nobody waits for, except
+  // `acquiring_run`'s; forgets finished ones.
+  void CollectPrefetches(Tier tier, size_t acquiring_run);
+  // Makes room for a prefetch of a chunk needed in `distance` events by evicting clean copies
   // needed later; false when that is not possible now.
-  bool ReserveForPrefetch(size_t run_index, uint64_t distance);
+  bool ReserveForPrefetch(size_t run_index, Tier tier, uint64_t distance);
+  // Requires reserved bytes in `tier` and, above HOST, a resident HOST copy; gives the bytes back
+  // on failure.
+  Status StartPrefetch(size_t run_index, Tier tier);
+  // After a load into the tier below: starts the copy a hint asked for, if `tier` has room now.
+  void StartWantedCopy(size_t run_index, Tier tier);
   uint64_t NextUseOfRun(size_t run_index) const;
   Status StartReplay(const Trace& trace);
-  Status StartPrefetch(size_t run_index);
+  void ForgetReplay();
 
   const TierManagerOptions options_;
   ChunkLayout layout_;
   std::unique_ptr<io::SwapSpace> swap_;
-  PinnedMemoryPool pool_;
-  Budget host_budget_;
   Stats stats_;
-  std::unique_ptr<DeviceBackend> device_;  // outlives runs_ (their device allocations)
-  std::unique_ptr<Budget> device_budget_;
-  EvictionPolicy device_policy_{Tier::kDevice};
+  std::unique_ptr<DeviceBackend> device_;  // outlives tiers_ and runs_ (their device memory)
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
+  // By CopyIndex. Their backends keep spare memory of freed copies; declared after device_:
+  // destroyed before it.
+  std::array<TierSlot, kCopyTierCount> tiers_{TierSlot(Tier::kDevice), TierSlot(Tier::kHost)};
   std::vector<Run> runs_;
   std::vector<size_t> run_of_chunk_;
   std::vector<TensorState> tensors_;
-  // Memory of freed runs, kept for the next run of the same size: page-locking a buffer (mlock
-  // faults in and locks every page) or allocating device memory costs far more than an acquire's
-  // bookkeeping. Spares stay within the pool's and the device's own limits, and are given up
-  // when either refuses a new allocation. Declared after device_: destroyed before it.
-  std::vector<std::pair<uint64_t, PinnedBuffer>> spare_host_;
-  std::vector<std::pair<uint64_t, DeviceAllocation>> spare_device_;
-  EvictionPolicy host_policy_{Tier::kHost};
   size_t waiting_ = 0;
-  std::vector<size_t> prefetching_;         // runs whose prefetch may still be in flight
-  std::vector<size_t> device_prefetching_;  // the same for device copies
   TraceSet traces_;
   std::optional<TraceCursor> cursor_;  // while replaying
   bool open_iteration_ = false;        // between TraceBegin and TraceEnd
