@@ -5,7 +5,8 @@
 # library when the asan preset is built in the same run), and the libFuzzer targets for a bounded
 # time (scripts/run-fuzzers.sh). At the end it fails the run if any test skipped for a reason
 # tests/allowed-skips.txt does not allow (scripts/check-skips.py: only "no GPU"-class and
-# sanitizer reasons are allowed), reading the JUnit files of every ctest and pytest run.
+# sanitizer reasons are allowed), reading the JUnit files of every ctest and pytest run. Before
+# any of it, no product function may be longer than 60 lines (scripts/function-lengths.py).
 # Usage: scripts/run-tests.sh [preset ...]     (default: release asan tsan python fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -106,6 +107,11 @@ check_skips() {
   fi
   /usr/bin/python3 scripts/check-skips.py --allow tests/allowed-skips.txt "${junit_files[@]}"
 }
+
+# The longest function of the product code (tests and benchmarks aside) is at most 60 lines
+# (scripts/function-lengths.py); checked first, it takes a second.
+echo "=== function lengths"
+/usr/bin/python3 scripts/function-lengths.py --max 60 --top 5
 
 mkdir -p build
 for preset in "${presets[@]}"; do
