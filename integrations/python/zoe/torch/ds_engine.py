@@ -250,9 +250,15 @@ class DeepSpeedEngine:
         return True
 
     def _save_optimizer(self, directory):
-        if isinstance(self.optimizer, _ZoeAdamBase):
+        """zoe's sharded optimizer: every rank its shard; otherwise the ranks' optimizers are
+        identical and rank 0 saves its own."""
+        if self._sharded():
             self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
-        elif self.global_rank == 0:
+        elif self.global_rank != 0:
+            return
+        elif isinstance(self.optimizer, _ZoeAdamBase):
+            self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
+        else:
             torch.save(self.optimizer.state_dict(), os.path.join(directory, TORCH_OPTIMIZER))
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
