@@ -24,11 +24,16 @@ def make_model(seed=0):
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
 
-def ds_config(stage=0, offload="none", nvme_path=None, world=1):
-    """The DeepSpeed configuration the scripts train with."""
+def ds_config(stage=0, offload="none", nvme_path=None, world=1, offload_param=None):
+    """The DeepSpeed configuration the scripts train with (``offload_param``: stage 3's)."""
     offload_section = {"device": offload}
     if offload == "nvme":
         offload_section["nvme_path"] = nvme_path
+    zero = {"stage": stage, "offload_optimizer": offload_section, "sub_group_size": 64}
+    if offload_param is not None:
+        zero["offload_param"] = {"device": offload_param}
+        if offload_param == "nvme":
+            zero["offload_param"]["nvme_path"] = nvme_path
     return {
         "train_batch_size": MICRO * ACCUMULATION * world,
         "train_micro_batch_size_per_gpu": MICRO,
@@ -36,8 +41,7 @@ def ds_config(stage=0, offload="none", nvme_path=None, world=1):
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
                                                   "weight_decay": WEIGHT_DECAY}},
         "scheduler": {"type": "WarmupLR", "params": dict(WARMUP)},
-        "zero_optimization": {"stage": stage, "offload_optimizer": offload_section,
-                              "sub_group_size": 64},
+        "zero_optimization": zero,
         "zoe": {"device": "host", "chunk_size": "64K", "host_budget": "64M",
                 "tensor_swap_bytes": "1M", "log_level": "error"},
     }

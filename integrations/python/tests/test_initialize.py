@@ -18,9 +18,12 @@ from initialize_script import (ACCUMULATION, LR, MICRO, ds_config, make_model, r
 from zoe.torch.ds_config import batch_sizes
 
 
-@pytest.mark.parametrize("stage,offload", [(0, "none"), (1, "cpu"), (2, "nvme"), (0, "nvme")])
-def test_script_equals_plain_torch_loop(stage, offload, nvme_dir):
-    config = ds_config(stage, offload, os.path.join(nvme_dir, "swap"))
+@pytest.mark.parametrize("stage,offload,offload_param", [
+    (0, "none", None), (1, "cpu", None), (2, "nvme", None), (0, "nvme", None),
+    (3, "cpu", "cpu"), (3, "nvme", "nvme")])
+def test_script_equals_plain_torch_loop(stage, offload, offload_param, nvme_dir):
+    config = ds_config(stage, offload, os.path.join(nvme_dir, "swap"),
+                       offload_param=offload_param)
     found = run_script(config, os.path.join(nvme_dir, "ckpt"))
     assert_same_state(found, reference())
 

@@ -1,6 +1,7 @@
 """zoe.torch.initialize on 2 ranks (torch.multiprocessing, gloo): the DeepSpeed-style script at
 ZeRO stage 0 (the engine all-reduces the gradients), 1 and 2 (zoe's sharded optimizer; stage 2
-with gradient accumulation) with the optimizer state in DRAM or on NVMe, checkpoint and fresh
+with gradient accumulation) and 3 (parameters sharded and paged from NVMe) with the optimizer
+state in DRAM or on NVMe, checkpoint and fresh
 engine half-way, ends on every rank with the parameters of one process running the plain torch
 loop over the whole batch; an fp16 overflow on one rank only skips the step on both."""
 
@@ -21,12 +22,13 @@ from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_
 
 WORLD = 2
 JOIN_SECONDS = 50
-RUNS = [(0, "none"), (1, "cpu"), (2, "nvme")]
+RUNS = [(0, "none", None), (1, "cpu", None), (2, "nvme", None), (3, "nvme", "nvme")]
 
 
 def run_scripts(rank, out_dir):
-    for stage, offload in RUNS:
-        config = ds_config(stage, offload, os.path.join(out_dir, f"swap{stage}"), WORLD)
+    for stage, offload, offload_param in RUNS:
+        config = ds_config(stage, offload, os.path.join(out_dir, f"swap{stage}"), WORLD,
+                           offload_param)
         state = run_script(config, os.path.join(out_dir, f"ckpt{stage}"), rank, WORLD)
         torch.save(state, os.path.join(out_dir, f"stage{stage}-rank{rank}.pt"))
 
@@ -74,7 +76,7 @@ def spawn(out_dir):
 def test_two_ranks_equal_one_process(nvme_dir):
     spawn(nvme_dir)
     expected = reference(WORLD)
-    for stage, _ in RUNS:
+    for stage, _, _ in RUNS:
         for rank in range(WORLD):
             found = torch.load(os.path.join(nvme_dir, f"stage{stage}-rank{rank}.pt"))
             assert_same_state(found, expected)

@@ -40,7 +40,7 @@ class DeepSpeedEngine:
     """See the module docstring. Built by zoe.torch.initialize (ds_initialize.py)."""
 
     def __init__(self, module, optimizer, lr_scheduler, training, process_group=None,
-                 loss_scaler=None, owns_optimizer=True):
+                 loss_scaler=None, owns_optimizer=True, stage3=None):
         self.module = module
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -49,6 +49,7 @@ class DeepSpeedEngine:
         self._group = process_group
         self.loss_scaler = loss_scaler
         self._owns_optimizer = owns_optimizer
+        self._stage3 = stage3  # ds_stage3.Stage3 at ZeRO stage 3, else None
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -126,7 +127,10 @@ class DeepSpeedEngine:
         if self._group is not None and not self._sharded():
             self._average_gradients()
         overflow = self._agreed_overflow() if self.loss_scaler is not None else False
-        if isinstance(self.optimizer, _ZoeAdamBase):
+        if self._stage3 is not None:
+            self._clip_stage3()
+            self.optimizer.step()  # skips a non-finite step itself, on every rank
+        elif isinstance(self.optimizer, _ZoeAdamBase):
             self.optimizer.step()  # skips a non-finite step itself, on every rank
         elif not overflow:
             self._clip_torch_gradients()
@@ -163,7 +167,10 @@ class DeepSpeedEngine:
         return [param for group in self.optimizer.param_groups for param in group["params"]]
 
     def _sharded(self):
-        """Whether the optimizer reduces the gradients itself (zoe's ZeRO stages 1 and 2)."""
+        """Whether the gradients are reduced without the engine (zoe's ZeRO stages 1 and 2 in
+        the optimizer, stage 3 in the pager)."""
+        if self._stage3 is not None:
+            return self._stage3.sharded
         return getattr(self.optimizer, "_zero", None) is not None
 
     @torch.no_grad()
@@ -194,6 +201,11 @@ class DeepSpeedEngine:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item() > 0)
 
+    def _clip_stage3(self):
+        """gradient_clipping at stage 3: the global norm over the ranks' shards."""
+        if self._training.gradient_clipping > 0:
+            self._stage3.clip(self._params(), self._training.gradient_clipping)
+
     def _clip_torch_gradients(self):
         """gradient_clipping for a torch optimizer (zoe's clip inside their step)."""
         if self._training.gradient_clipping > 0:
@@ -209,7 +221,7 @@ class DeepSpeedEngine:
     def _reductions_held(self, hold):
         """While ``hold``: zoe's stage 2 reduces no bucket (their counts forgotten after)."""
         buckets = []
-        if hold and self._sharded() and self.optimizer.zero_stage == 2:
+        if hold and getattr(getattr(self.optimizer, "_zero", None), "stage", 0) == 2:
             buckets = [bucket for state in self.optimizer._groups
                        for bucket in state.shard.buckets]
         for bucket in buckets:
@@ -228,7 +240,7 @@ class DeepSpeedEngine:
 
     def _engine_state(self, client_state):
         return {
-            "module": self.module.state_dict(),
+            "module": self.module_state_dict(),
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
             "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict(),
             "global_steps": self.global_steps, "global_samples": self.global_samples,
@@ -244,15 +256,19 @@ class DeepSpeedEngine:
         tag = f"global_step{self.global_steps}" if tag is None else str(tag)
         partial = ds_checkpoint.begin_save(save_dir, tag, self.global_rank, self._barrier)
         self._save_optimizer(partial)
+        state = self._engine_state(client_state)  # a collective at stage 3 over ranks
         if self.global_rank == 0:
-            torch.save(self._engine_state(client_state), os.path.join(partial, MODEL_STATES))
+            torch.save(state, os.path.join(partial, MODEL_STATES))
         ds_checkpoint.commit_save(save_dir, tag, self.global_rank, self._barrier, save_latest)
         return True
 
     def _save_optimizer(self, directory):
         """zoe's sharded optimizer: every rank its shard; otherwise the ranks' optimizers are
         identical and rank 0 saves its own."""
-        if self._sharded():
+        if self._stage3 is not None:
+            self._stage3.save(os.path.join(directory, OPTIMIZER_DIR), self.optimizer,
+                              self.global_rank)
+        elif self._sharded():
             self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
         elif self.global_rank != 0:
             return
@@ -271,7 +287,7 @@ class DeepSpeedEngine:
             return None, None
         path = os.path.join(load_dir, tag)
         state = torch.load(os.path.join(path, MODEL_STATES))
-        self.module.load_state_dict(state["module"], strict=load_module_strict)
+        self._load_module(state["module"], load_module_strict)
         if load_module_only:
             return path, state["client_state"]
         if load_optimizer_states:
@@ -284,14 +300,29 @@ class DeepSpeedEngine:
             setattr(self, key, state[key])
         return path, state["client_state"]
 
+    def _load_module(self, state, strict):
+        """The module's saved state; at stage 3 its buffers only (the paged parameters take
+        the optimizer checkpoint's master weights)."""
+        if self._stage3 is None:
+            self.module.load_state_dict(state, strict=strict)
+            return
+        names = {name for name, _ in self.module.named_parameters()}
+        buffers = {key: value for key, value in state.items() if key not in names}
+        self.module.load_state_dict(buffers, strict=False)
+
     def _load_optimizer(self, path):
-        if isinstance(self.optimizer, _ZoeAdamBase):
+        if self._stage3 is not None:
+            self._stage3.load(os.path.join(path, OPTIMIZER_DIR), self.optimizer)
+        elif isinstance(self.optimizer, _ZoeAdamBase):
             self.optimizer.load_checkpoint(os.path.join(path, OPTIMIZER_DIR))
         else:
             self.optimizer.load_state_dict(torch.load(os.path.join(path, TORCH_OPTIMIZER)))
 
     def module_state_dict(self):
-        """The module's state dict (its parameters' current values)."""
+        """The module's state dict (its parameters' current values; gathered at stage 3, a
+        collective over the ranks)."""
+        if self._stage3 is not None:
+            return self._stage3.module_state()
         return self.module.state_dict()
 
     def close(self):
@@ -300,7 +331,10 @@ class DeepSpeedEngine:
         for handle in self._unscale_hooks:
             handle.remove()
         self._unscale_hooks = []
-        if self._owns_optimizer and hasattr(self.optimizer, "close"):
+        if self._stage3 is not None:
+            stage3, self._stage3 = self._stage3, None
+            stage3.close(self.optimizer)
+        elif self._owns_optimizer and hasattr(self.optimizer, "close"):
             self.optimizer.close()
 
     def __enter__(self):

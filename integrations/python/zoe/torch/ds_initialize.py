@@ -16,6 +16,7 @@ import torch.distributed as dist
 from .common import _invalid
 from .ds_config import training_config, engine_document
 from .ds_engine import DeepSpeedEngine
+from .ds_stage3 import stage3_setup
 from .loss_scaler import loss_scaler_for
 from .lr_schedules import schedule_from_config
 from .optimizer import Adam, AdamW, _ZoeAdamBase
@@ -94,6 +95,19 @@ def _build_optimizer(optimizer, params, training, document, group):
     return _zoe_optimizer(training.optimizer, params, training, document, group), True
 
 
+def _stage3_optimizer(optimizer, module, training, document, group):
+    """(Stage3, its optimizer): the module paged (and sharded over ``group``), the config's
+    optimizer over what this rank steps (ds_stage3.py)."""
+    if optimizer is not None:
+        raise _invalid("at zero_optimization.stage 3 initialize builds the optimizer over the "
+                       "parameter shards: name it in the config's 'optimizer' section instead "
+                       "of passing optimizer=")
+    if training.optimizer is None:
+        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW or "
+                       "Adam)")
+    return stage3_setup(module, training.optimizer, document, training, group)
+
+
 def _build_scheduler(lr_scheduler, optimizer, training):
     """The schedule from the config, or the user's (a scheduler or a function of the
     optimizer), or None."""
@@ -140,21 +154,25 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
     training = training_config(_config_of(args, config, config_params), world)
-    if training.zero_stage == 3 or training.offload_param != "none":
-        raise _invalid("zero_optimization.stage 3 (offload_param) is not supported by "
-                       "initialize yet; use stage 2 with offload_optimizer, or page the "
-                       "parameters with zoe.torch.offload_parameters (docs/zero3.md)")
     module = _cast_module(model, training)
-    params = model_parameters if model_parameters is not None else module.parameters()
-    params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
     document = engine_document(training, rank, world)
-    optimizer, owns = _build_optimizer(optimizer, params, training, document, group)
+    stage3 = None
+    if training.zero_stage == 3:
+        stage3, optimizer = _stage3_optimizer(optimizer, module, training, document, group)
+        owns = True
+    else:
+        params = model_parameters if model_parameters is not None else module.parameters()
+        params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
+        optimizer, owns = _build_optimizer(optimizer, params, training, document, group)
     try:
         scheduler = _build_scheduler(lr_scheduler, optimizer, training)
         scaler = None if training.fp16 is None else loss_scaler_for(training.fp16)
-        engine = DeepSpeedEngine(module, optimizer, scheduler, training, group, scaler, owns)
+        engine = DeepSpeedEngine(module, optimizer, scheduler, training, group, scaler, owns,
+                                 stage3)
     except BaseException:
-        if owns:
+        if stage3 is not None:
+            stage3.close(optimizer)
+        elif owns:
             optimizer.close()
         raise
     loader = _dataloader(training_data, training, group, collate_fn)
