@@ -11,7 +11,7 @@ One process by default; ``--ranks N`` starts N ranks with torch.multiprocessing 
 talking over gloo (no torchrun needed), or run it under torchrun / with the usual environment
 variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set.
 
-Usage: ds_style_train.py [--ranks N] [--stage 0|1|2] [--epochs N] [--deepspeed_config FILE]
+Usage: ds_style_train.py [--ranks N] [--stage 0|1|2|3] [--epochs N] [--deepspeed_config FILE]
                          [--work-dir DIR]
 """
 
@@ -51,7 +51,7 @@ def parse_arguments():
     parser.add_argument("--local_rank", type=int, default=-1, help="set by launchers")
     parser.add_argument("--deepspeed_config", help="a DeepSpeed JSON configuration")
     parser.add_argument("--ranks", type=int, default=1)
-    parser.add_argument("--stage", type=int, choices=(0, 1, 2))
+    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3))
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--work-dir", help="NVMe swap and checkpoints (default: a temporary "
                                            "directory, removed at the end)")
@@ -117,6 +117,9 @@ def with_config_file(args, work_dir):
     config = json.loads(json.dumps(DS_CONFIG).replace("WORK_DIR", work_dir))
     if args.stage is not None:
         config["zero_optimization"]["stage"] = args.stage
+    if args.stage == 3:  # the parameters too, paged from NVMe and sharded over the ranks
+        config["zero_optimization"]["offload_param"] = {"device": "nvme",
+                                                        "nvme_path": f"{work_dir}/nvme"}
     path = os.path.join(work_dir, f"ds_config-{os.getpid()}.json")
     with open(path, "w", encoding="utf-8") as file:
         json.dump(config, file, indent=2)

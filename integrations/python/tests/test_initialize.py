@@ -136,3 +136,44 @@ def test_user_torch_optimizer_and_scheduler_are_honoured(nvme_dir):
     engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"))
     assert engine.load_checkpoint(os.path.join(nvme_dir, "ckpt"))[0] is not None
     engine.close()
+
+
+def test_user_zoe_optimizer_must_clip_as_the_config_says(nvme_dir):
+    config = ds_config()
+    del config["optimizer"]
+    model = make_model()
+    unclipped = zoe.torch.AdamW(model.parameters(), lr=LR)
+    with pytest.raises(zoe.InvalidArgument, match="max_grad_norm=1.0"):
+        zoe.torch.initialize(model=model, optimizer=unclipped, config=config)
+    unclipped.close()
+    clipped = zoe.torch.AdamW(model.parameters(), lr=LR, max_grad_norm=1.0)
+    engine, returned, _, _ = zoe.torch.initialize(model=model, optimizer=clipped, config=config)
+    assert returned is clipped
+    train_engine(engine, 0, 1, 0, 1)
+    engine.close()
+    clipped.close()  # the caller's: the engine does not close it
+
+
+def test_training_data_gives_micro_batches():
+    data = torch.utils.data.TensorDataset(torch.randn(20, 8), torch.randn(20, 4))
+    engine, _, loader, _ = zoe.torch.initialize(model=make_model(), config=ds_config(),
+                                                training_data=data)
+    assert [len(x) for x, _ in loader] == [MICRO] * 5
+    engine.close()
+
+
+def test_bf16_casts_the_module_and_trains(nvme_dir):
+    config = ds_config()
+    config["bf16"] = {"enabled": True}
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+    assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters())
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    for _ in range(2 * ACCUMULATION):
+        x = torch.randn(MICRO, 8).bfloat16()
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+    engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"), tag="same")
+    engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"), tag="same")  # replaces it
+    assert sorted(os.listdir(os.path.join(nvme_dir, "ckpt"))) == ["latest", "same"]
+    engine.close()

@@ -4,11 +4,14 @@ AdamW/Adam from the config's ``optimizer``, sharded over the process group at Ze
 2), the schedule (lr_schedules.py) and the loss scaler (loss_scaler.py), and returns
 ``(engine, optimizer, training_dataloader, lr_scheduler)`` with engine a ds_engine.DeepSpeedEngine.
 
+At ZeRO stage 3 the module's parameters are paged through a zoe engine and sharded over the
+process group, and the optimizer steps the shards (ds_stage3.py).
+
 A user's ``optimizer`` is honoured when it is a zoe.torch AdamW/Adam (its own stage and clipping
-must agree with the config's) or, at stage 0, any torch optimizer (the engine clips and
-averages); a user's ``lr_scheduler`` is a torch scheduler over the engine's optimizer or a
-function of the optimizer returning one. Giving one in both places is refused, as each setting
-lives in one place."""
+must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
+or, at stage 0 without offload, any torch optimizer (the engine clips and averages); a user's
+``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
+returning one. Giving one in both places is refused, as each setting lives in one place."""
 
 import torch
 import torch.distributed as dist
@@ -75,6 +78,7 @@ def _check_user_optimizer(optimizer, training):
             raise _invalid(f"the optimizer given is sharded at ZeRO stage {stage} but the "
                            f"config's zero_optimization.stage is {training.zero_stage}; make "
                            "them agree")
+        _check_user_clipping(optimizer, training)
         return
     if training.zero_stage != 0 or training.offload_optimizer not in ("none",):
         raise _invalid(
@@ -82,6 +86,18 @@ def _check_user_optimizer(optimizer, training):
             "offloads only zoe.torch.AdamW / Adam; give zero_optimization.stage 0 without "
             "offload_optimizer, or pass zoe.torch.AdamW(...), or name the optimizer in the "
             "config")
+
+
+def _check_user_clipping(optimizer, training):
+    """A zoe optimizer clips inside its step: it must clip as the config's gradient_clipping
+    says (its max_grad_norm, else its engine's gradient_clipping)."""
+    clipping = optimizer._max_grad_norm
+    if clipping is None:
+        clipping = optimizer.engine.config.get("gradient_clipping", 0.0)
+    if float(clipping or 0.0) != training.gradient_clipping:
+        raise _invalid(f"the optimizer given clips to {clipping or 0.0} but the config's "
+                       f"gradient_clipping is {training.gradient_clipping}; construct it with "
+                       f"max_grad_norm={training.gradient_clipping} (0.0: none)")
 
 
 def _build_optimizer(optimizer, params, training, document, group):

@@ -11,7 +11,8 @@ With t = last_batch_iteration and W = max(2, warmup_num_steps), the warmup facto
   max(0, (total_num_steps - t) / max(1, total_num_steps - W)).
 - WarmupCosineLR: a ratio of each group's lr at construction: during warmup
   warmup_min_ratio + (1 - warmup_min_ratio) * factor, then
-  max(0, cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * (t - W + 1) / (total_num_steps - W))) / 2).
+  max(0, cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * p)) / 2) with
+  p = (t - W + 1) / (total_num_steps - W).
   Like DeepSpeed's, it sets the rate to 0 at construction (t = -1).
 
 WarmupLR and WarmupDecayLR leave the optimizer's rate alone until their first step, as
