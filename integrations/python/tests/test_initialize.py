@@ -177,3 +177,21 @@ def test_bf16_casts_the_module_and_trains(nvme_dir):
     engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"), tag="same")  # replaces it
     assert sorted(os.listdir(os.path.join(nvme_dir, "ckpt"))) == ["latest", "same"]
     engine.close()
+
+
+def test_auto_values_as_hugging_face_writes_them():
+    config = ds_config()
+    config.update(train_batch_size="auto", gradient_accumulation_steps="auto",
+                  gradient_clipping="auto", fp16={"enabled": "auto"}, bf16={"enabled": "auto"})
+    config["optimizer"]["params"].update(lr="auto", weight_decay="auto")
+    config["scheduler"]["params"]["warmup_max_lr"] = "auto"
+    model = make_model()
+    engine, _, _, scheduler = zoe.torch.initialize(model=model, config=config)
+    assert (engine.train_batch_size(), engine.gradient_accumulation_steps()) == (MICRO, 1)
+    assert engine.get_lr() == [1e-3] and scheduler.max_lrs == [1e-3]  # DeepSpeed's defaults
+    assert not engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert next(model.parameters()).dtype == torch.float32
+    engine.backward(engine(torch.randn(MICRO, 8)).pow(2).mean())
+    engine.step()
+    assert engine.was_step_applied() and engine.global_steps == 1
+    engine.close()

@@ -36,6 +36,15 @@ OPTIMIZER_DIR = "optimizer"
 TORCH_OPTIMIZER = "optimizer.pt"
 
 
+def _load_saved(path):
+    """torch.load of a file this engine saved (client state may hold any picklable object:
+    torch 2.6 and later load only tensors and plain types unless told otherwise)."""
+    try:
+        return torch.load(path, weights_only=False)
+    except TypeError:  # a torch without the weights_only argument
+        return torch.load(path)
+
+
 class DeepSpeedEngine:
     """See the module docstring. Built by zoe.torch.initialize (ds_initialize.py)."""
 
@@ -54,6 +63,7 @@ class DeepSpeedEngine:
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
+        self._step_applied = False
         self._unscale_hooks = self._hook_unscaling() if loss_scaler is not None else []
 
     # --- sizes and ranks -------------------------------------------------------------------
@@ -135,6 +145,7 @@ class DeepSpeedEngine:
         elif not overflow:
             self._clip_torch_gradients()
             self.optimizer.step()
+        self._step_applied = not overflow
         if overflow:
             self.skipped_steps += 1
         elif self.lr_scheduler is not None:
@@ -144,6 +155,11 @@ class DeepSpeedEngine:
         self.zero_grad()
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
+
+    def was_step_applied(self):
+        """Whether the latest boundary's step changed the parameters (False after an fp16
+        overflow)."""
+        return self._step_applied
 
     def zero_grad(self):
         """Drops every gradient (set to None)."""
@@ -286,7 +302,7 @@ class DeepSpeedEngine:
         if tag is None:
             return None, None
         path = os.path.join(load_dir, tag)
-        state = torch.load(os.path.join(path, MODEL_STATES))
+        state = _load_saved(os.path.join(path, MODEL_STATES))
         self._load_module(state["module"], load_module_strict)
         if load_module_only:
             return path, state["client_state"]
@@ -316,7 +332,7 @@ class DeepSpeedEngine:
         elif isinstance(self.optimizer, _ZoeAdamBase):
             self.optimizer.load_checkpoint(os.path.join(path, OPTIMIZER_DIR))
         else:
-            self.optimizer.load_state_dict(torch.load(os.path.join(path, TORCH_OPTIMIZER)))
+            self.optimizer.load_state_dict(_load_saved(os.path.join(path, TORCH_OPTIMIZER)))
 
     def module_state_dict(self):
         """The module's state dict (its parameters' current values; gathered at stage 3, a
