@@ -3,7 +3,8 @@ ZeRO stage 0 (the engine all-reduces the gradients), 1 and 2 (zoe's sharded opti
 with gradient accumulation) and 3 (parameters sharded and paged from NVMe) with the optimizer
 state in DRAM or on NVMe, checkpoint and fresh
 engine half-way, ends on every rank with the parameters of one process running the plain torch
-loop over the whole batch; an fp16 overflow on one rank only skips the step on both."""
+loop over the whole batch; an fp16 overflow on one rank only skips the step on both (stages 0
+and 2)."""
 
 import datetime
 import glob
@@ -22,6 +23,7 @@ from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_
 
 WORLD = 2
 JOIN_SECONDS = 50
+FP16_STAGES = (0, 2)
 RUNS = [(0, "none", None), (1, "cpu", None), (2, "nvme", None), (3, "nvme", "nvme")]
 
 
@@ -33,15 +35,19 @@ def run_scripts(rank, out_dir):
         torch.save(state, os.path.join(out_dir, f"stage{stage}-rank{rank}.pt"))
 
 
-def run_fp16(rank, out_dir):
+def run_fp16(rank, out_dir, stage):
     """Rank 1 alone overflows on OVERFLOW_STEPS."""
     config = fp16_config()
     config["train_batch_size"] = 4 * 2 * WORLD
+    config["zero_optimization"]["stage"] = stage
     engine, _, _, _ = zoe.torch.initialize(model=HalfNet(), config=config)
     overflows = OVERFLOW_STEPS if rank == 1 else ()
-    scales, _, after = run_fp16_steps(engine, len(EXPECTED_SCALES), overflows)
-    torch.save({"scales": scales, "skipped": engine.skipped_steps, "params": after[-1]},
-               os.path.join(out_dir, f"fp16-rank{rank}.pt"))
+    scales, before, after = run_fp16_steps(engine, len(EXPECTED_SCALES), overflows)
+    unchanged = [all(torch.equal(a, b) for a, b in zip(before[step], after[step]))
+                 for step in range(len(EXPECTED_SCALES))]
+    torch.save({"scales": scales, "skipped": engine.skipped_steps, "params": after[-1],
+                "unchanged": unchanged},
+               os.path.join(out_dir, f"fp16-stage{stage}-rank{rank}.pt"))
     engine.close()
 
 
@@ -50,7 +56,8 @@ def worker(rank, out_dir):
         dist.init_process_group("gloo", init_method=f"file://{out_dir}/init", rank=rank,
                                 world_size=WORLD, timeout=datetime.timedelta(seconds=30))
         run_scripts(rank, out_dir)
-        run_fp16(rank, out_dir)
+        for stage in FP16_STAGES:
+            run_fp16(rank, out_dir, stage)
     except BaseException:
         with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
             file.write(traceback.format_exc())
@@ -80,9 +87,13 @@ def test_two_ranks_equal_one_process(nvme_dir):
         for rank in range(WORLD):
             found = torch.load(os.path.join(nvme_dir, f"stage{stage}-rank{rank}.pt"))
             assert_same_state(found, expected)
-    results = [torch.load(os.path.join(nvme_dir, f"fp16-rank{rank}.pt")) for rank in range(WORLD)]
-    for result in results:
-        assert result["scales"] == EXPECTED_SCALES
-        assert result["skipped"] == len(OVERFLOW_STEPS)
-    for first, second in zip(results[0]["params"], results[1]["params"]):
-        assert torch.equal(first, second)
+    for stage in FP16_STAGES:
+        results = [torch.load(os.path.join(nvme_dir, f"fp16-stage{stage}-rank{rank}.pt"))
+                   for rank in range(WORLD)]
+        for result in results:
+            assert result["scales"] == EXPECTED_SCALES
+            assert result["skipped"] == len(OVERFLOW_STEPS)
+            assert result["unchanged"] == [step in OVERFLOW_STEPS
+                                           for step in range(len(EXPECTED_SCALES))]
+        for first, second in zip(results[0]["params"], results[1]["params"]):
+            assert torch.equal(first, second)
