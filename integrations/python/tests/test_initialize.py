@@ -1,7 +1,9 @@
 """zoe.torch.initialize in one process: a DeepSpeed-style script (accumulation 2, clipping,
 AdamW and WarmupLR from the config, a checkpoint loaded into a fresh engine half-way) at ZeRO
 stages 0-2 with the optimizer state in DRAM or on NVMe ends with the parameters of the plain
-torch loop; the latest checkpoint is the default, a crash mid-save keeps the previous one; batch
+torch loop (stage 3 with the parameters paged too); the latest checkpoint is the default, a save
+that fails or is killed half-way keeps the previous one; bf16, "auto" values, a user's torch or
+zoe optimizer and scheduler, the data loader; batch
 settings are derived and checked as DeepSpeed does; unsupported optimizers, schedulers and
 settings given twice are refused naming the fix."""
 
@@ -194,4 +196,27 @@ def test_auto_values_as_hugging_face_writes_them():
     engine.backward(engine(torch.randn(MICRO, 8)).pow(2).mean())
     engine.step()
     assert engine.was_step_applied() and engine.global_steps == 1
+    engine.close()
+
+
+def test_a_save_that_fails_half_way_keeps_the_previous_one(nvme_dir, monkeypatch):
+    ckpt = os.path.join(nvme_dir, "ckpt")
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=ds_config())
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt)
+    saved = {k: v.clone() for k, v in engine.module_state_dict().items()}
+    train_engine(engine, 1, 2, 0, 1)
+
+    def failing_module_state():
+        raise OSError("disk full")
+    monkeypatch.setattr(engine, "module_state_dict", failing_module_state)
+    with pytest.raises(OSError, match="disk full"):
+        engine.save_checkpoint(ckpt)  # the optimizer written, the rest not
+    monkeypatch.undo()
+    assert open(os.path.join(ckpt, "latest")).read() == "global_step1"
+    path, _ = engine.load_checkpoint(ckpt)
+    assert path.endswith("global_step1") and engine.global_steps == 1
+    assert_same_state(engine.module_state_dict(), saved, atol=0)
+    engine.save_checkpoint(ckpt)  # a later save of the same tag starts afresh
+    assert sorted(os.listdir(ckpt)) == ["global_step1", "latest"]
     engine.close()

@@ -47,12 +47,15 @@ def partial_directory(save_dir, tag):
 
 
 def begin_save(save_dir, tag, rank, barrier):
-    """Prepares an empty partial folder for ``tag`` (rank 0 removes a stale one) and returns
-    it once every rank may write into it."""
+    """Prepares an empty partial folder for ``tag`` (rank 0 first removes what saves that
+    failed or were killed left, of any tag) and returns it once every rank may write into
+    it."""
     partial = partial_directory(save_dir, tag)
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)
+        for name in os.listdir(save_dir):
+            if name.startswith(".") and name.endswith(".partial"):
+                shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
         os.makedirs(partial)
     barrier()
     return partial
