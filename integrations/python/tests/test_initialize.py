@@ -1,11 +1,10 @@
 """zoe.torch.initialize in one process: a DeepSpeed-style script (accumulation 2, clipping,
 AdamW and WarmupLR from the config, a checkpoint loaded into a fresh engine half-way) at ZeRO
-stages 0-2 with the optimizer state in DRAM or on NVMe ends with the parameters of the plain
-torch loop (stage 3 with the parameters paged too); the latest checkpoint is the default, a save
-that fails or is killed half-way keeps the previous one; bf16, "auto" values, a user's torch or
-zoe optimizer and scheduler, the data loader; batch
-settings are derived and checked as DeepSpeed does; unsupported optimizers, schedulers and
-settings given twice are refused naming the fix."""
+stages 0-2 with the optimizer state in DRAM or on NVMe, and 3 with the parameters paged too, ends
+with the parameters of the plain torch loop; the latest checkpoint is the default, a save that
+fails or is killed half-way keeps the previous one; bf16, "auto" values, a user's torch or zoe
+optimizer and scheduler, the data loader; batch settings are derived and checked as DeepSpeed
+does; unsupported optimizers, schedulers and settings given twice are refused naming the fix."""
 
 import json
 import os
