@@ -32,6 +32,7 @@ ShardedParameterPager), offload.py (offload_parameters), consolidate.py, common.
 from .config import engine_config
 from .consolidate import consolidate_checkpoint, consolidated_state_dict
 from .device import CudaBackend, DeviceBackend, HostTwin
+from .ds_initialize import initialize
 from .offload import offload_parameters
 from .optimizer import Adam, AdamW
 from .paging import ParameterPager
@@ -48,5 +49,6 @@ __all__ = [
     "consolidate_checkpoint",
     "consolidated_state_dict",
     "engine_config",
+    "initialize",
     "offload_parameters",
 ]

@@ -1,0 +1,115 @@
+"""Shared by the test_initialize*.py files: a DeepSpeed-style training script run through
+zoe.torch.initialize (gradient accumulation 2, clipping 1.0, AdamW and WarmupLR from the config,
+a save_checkpoint and a load_checkpoint into a fresh engine half-way) and the equivalent plain
+torch loop in one process."""
+
+import copy
+
+import torch
+
+import zoe.torch
+from zoe.torch.lr_schedules import WarmupLR
+
+STEPS = 6            # optimizer steps
+ACCUMULATION = 2
+MICRO = 4            # samples per rank per micro-batch
+LR = 0.01
+WEIGHT_DECAY = 0.01
+CLIP = 1.0
+WARMUP = dict(warmup_min_lr=0.0, warmup_max_lr=LR, warmup_num_steps=4)
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def ds_config(stage=0, offload="none", nvme_path=None, world=1, offload_param=None):
+    """The DeepSpeed configuration the scripts train with (``offload_param``: stage 3's)."""
+    offload_section = {"device": offload}
+    if offload == "nvme":
+        offload_section["nvme_path"] = nvme_path
+    zero = {"stage": stage, "offload_optimizer": offload_section, "sub_group_size": 64}
+    if offload_param is not None:
+        zero["offload_param"] = {"device": offload_param}
+        if offload_param == "nvme":
+            zero["offload_param"]["nvme_path"] = nvme_path
+    return {
+        "train_batch_size": MICRO * ACCUMULATION * world,
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_clipping": CLIP,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                  "weight_decay": WEIGHT_DECAY}},
+        "scheduler": {"type": "WarmupLR", "params": dict(WARMUP)},
+        "zero_optimization": zero,
+        "zoe": {"device": "host", "chunk_size": "64K", "host_budget": "64M",
+                "tensor_swap_bytes": "1M", "log_level": "error"},
+    }
+
+
+def micro_batch(step, micro, world):
+    """The global micro-batch ``micro`` of optimizer step ``step``: MICRO rows per rank.
+    Large inputs at step 1 make the gradient norm exceed CLIP, so clipping acts."""
+    generator = torch.Generator().manual_seed(1000 * step + micro)
+    x = torch.randn(MICRO * world, 8, generator=generator) * (20.0 if step == 1 else 1.0)
+    y = torch.randn(MICRO * world, 4, generator=generator)
+    return x, y
+
+
+def rows(tensor, rank, world):
+    return tensor[rank * MICRO:(rank + 1) * MICRO]
+
+
+def train_engine(engine, first, last, rank, world):
+    """Optimizer steps [first, last) as a DeepSpeed script writes them."""
+    for step in range(first, last):
+        for micro in range(ACCUMULATION):
+            x, y = micro_batch(step, micro, world)
+            loss = torch.nn.functional.mse_loss(engine(rows(x, rank, world)), rows(y, rank, world))
+            engine.backward(loss)
+            engine.step()
+
+
+def run_script(config, checkpoint_dir, rank=0, world=1):
+    """The DeepSpeed-style script: half the steps, save, a fresh engine loads and finishes.
+    Returns the final module_state_dict and the learning rates each engine reported."""
+    model = make_model()
+    engine, _, _, _ = zoe.torch.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    train_engine(engine, 0, STEPS // 2, rank, world)
+    engine.save_checkpoint(checkpoint_dir, client_state={"epoch": 3})
+    engine.close()
+    model = make_model(seed=1)  # different values: the checkpoint must restore them
+    engine, _, _, scheduler = zoe.torch.initialize(model=model, config=config)
+    path, client = engine.load_checkpoint(checkpoint_dir)
+    assert client == {"epoch": 3} and path.endswith(f"global_step{STEPS // 2}"), (path, client)
+    assert engine.global_steps == STEPS // 2 and engine.micro_steps == STEPS
+    assert scheduler.last_batch_iteration == STEPS // 2 - 1
+    train_engine(engine, STEPS // 2, STEPS, rank, world)
+    state = {key: value.clone() for key, value in engine.module_state_dict().items()}
+    engine.close()
+    return state
+
+
+def reference(world=1):
+    """The plain torch loop the script must equal: loss / accumulation, clip_grad_norm_,
+    AdamW, the schedule stepped after each step."""
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    schedule = WarmupLR(optimizer, **WARMUP)
+    for step in range(STEPS):
+        for micro in range(ACCUMULATION):
+            x, y = micro_batch(step, micro, world)
+            (torch.nn.functional.mse_loss(model(x), y) / ACCUMULATION).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+    return copy.deepcopy(model.state_dict())
+
+
+def assert_same_state(found, expected, atol=2e-6):
+    assert found.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(found[key], expected[key], rtol=1e-5, atol=atol,
+                                   msg=lambda text, key=key: f"{key}: {text}")

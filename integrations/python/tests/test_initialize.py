@@ -1,0 +1,221 @@
+"""zoe.torch.initialize in one process: a DeepSpeed-style script (accumulation 2, clipping,
+AdamW and WarmupLR from the config, a checkpoint loaded into a fresh engine half-way) at ZeRO
+stages 0-2 with the optimizer state in DRAM or on NVMe, and 3 with the parameters paged too, ends
+with the parameters of the plain torch loop; the latest checkpoint is the default, a save that
+fails or is killed half-way keeps the previous one; bf16, "auto" values, a user's torch or zoe
+optimizer and scheduler, the data loader; batch settings are derived and checked as DeepSpeed
+does; unsupported optimizers, schedulers and settings given twice are refused naming the fix."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import zoe
+import zoe.torch
+from initialize_script import (ACCUMULATION, LR, MICRO, ds_config, make_model, reference,
+                               run_script, assert_same_state, train_engine)
+from zoe.torch.ds_config import batch_sizes
+
+
+@pytest.mark.parametrize("stage,offload,offload_param", [
+    (0, "none", None), (1, "cpu", None), (2, "nvme", None), (0, "nvme", None),
+    (3, "cpu", "cpu"), (3, "nvme", "nvme")])
+def test_script_equals_plain_torch_loop(stage, offload, offload_param, nvme_dir):
+    config = ds_config(stage, offload, os.path.join(nvme_dir, "swap"),
+                       offload_param=offload_param)
+    found = run_script(config, os.path.join(nvme_dir, "ckpt"))
+    assert_same_state(found, reference())
+
+
+def test_engine_counters_boundaries_and_learning_rate(nvme_dir):
+    model = make_model()
+    engine, optimizer, _, scheduler = zoe.torch.initialize(model=model, config=ds_config())
+    assert isinstance(optimizer, zoe.torch.AdamW)
+    assert engine.train_batch_size() == MICRO * ACCUMULATION
+    assert engine.gradient_accumulation_steps() == ACCUMULATION
+    assert engine.get_lr() == [LR]  # WarmupLR leaves the rate alone until its first step
+    boundaries = []
+    for _ in range(2 * ACCUMULATION):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        loss = engine(torch.randn(MICRO, 8)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    assert boundaries == [False, True, False, True]
+    assert (engine.global_steps, engine.micro_steps) == (2, 4)
+    assert engine.get_lr() == scheduler.get_last_lr() == [scheduler.get_lr()[0]]
+    assert all(p.grad is None for p in model.parameters())
+    engine.close()
+
+
+def test_latest_tag_by_default_and_a_crash_mid_save_keeps_it(nvme_dir):
+    ckpt = os.path.join(nvme_dir, "ckpt")
+    model = make_model()
+    engine, _, _, _ = zoe.torch.initialize(model=model, config=ds_config())
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt, tag="first", client_state={"n": 1})
+    train_engine(engine, 1, 2, 0, 1)
+    engine.save_checkpoint(ckpt, client_state={"n": 2})
+    assert open(os.path.join(ckpt, "latest")).read() == "global_step2"
+    os.makedirs(os.path.join(ckpt, ".global_step3.partial"))  # a save killed half-way
+    path, client = engine.load_checkpoint(ckpt)
+    assert path == os.path.join(ckpt, "global_step2") and client == {"n": 2}
+    path, client = engine.load_checkpoint(ckpt, tag="first")
+    assert client == {"n": 1} and engine.global_steps == 1
+    assert engine.load_checkpoint(os.path.join(nvme_dir, "none")) == (None, None)
+    engine.close()
+
+
+@pytest.mark.parametrize("given,world,expected", [
+    (dict(train_batch_size=32, train_micro_batch_size_per_gpu=4), 2, (32, 4, 4)),
+    (dict(train_batch_size=32, gradient_accumulation_steps=2), 2, (32, 8, 2)),
+    (dict(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=3), 2, (24, 4, 3)),
+    (dict(train_batch_size=16), 4, (16, 4, 1)),
+    (dict(train_micro_batch_size_per_gpu=4, train_batch_size="auto"), 2, (8, 4, 1)),
+])
+def test_batch_settings_are_derived_as_deepspeed_derives_them(given, world, expected):
+    sizes = batch_sizes(given, world)
+    assert (sizes.train_batch_size, sizes.micro_batch_per_gpu,
+            sizes.gradient_accumulation_steps) == expected
+
+
+def test_inconsistent_batch_settings_are_refused_naming_the_fix():
+    config = ds_config()
+    config["gradient_accumulation_steps"] = 3
+    with pytest.raises(zoe.InvalidArgument, match="set train_batch_size to 12"):
+        zoe.torch.initialize(model=make_model(), config=config)
+    with pytest.raises(zoe.InvalidArgument, match="give train_batch_size or"):
+        batch_sizes({}, 1)
+
+
+@pytest.mark.parametrize("kind,fix", [
+    ("Lion", "zoe.torch offers only Adam and AdamW"),
+    ("Adagrad", "optimizer=torch.optim.Adagrad"),
+    ("OneBitAdam", "zoe.torch steps Adam, AdamW"),
+])
+def test_unsupported_optimizer_is_refused_with_the_reason(kind, fix):
+    config = ds_config()
+    config["optimizer"]["type"] = kind
+    with pytest.raises(zoe.InvalidArgument, match=fix):
+        zoe.torch.initialize(model=make_model(), config=config)
+
+
+def test_unknown_scheduler_is_refused_naming_the_supported_ones():
+    config = ds_config()
+    config["scheduler"] = {"type": "OneCycle", "params": {}}
+    with pytest.raises(zoe.InvalidArgument, match="supported: WarmupLR, WarmupDecayLR, "
+                                                   "WarmupCosineLR.*lr_scheduler="):
+        zoe.torch.initialize(model=make_model(), config=config)
+
+
+def test_settings_given_twice_are_refused():
+    model = make_model()
+    user = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(zoe.InvalidArgument, match="remove one of them"):
+        zoe.torch.initialize(model=model, optimizer=user, config=ds_config())
+    config = ds_config()
+    del config["optimizer"]
+    config["zero_optimization"]["stage"] = 2
+    with pytest.raises(zoe.InvalidArgument, match="give zero_optimization.stage 0"):
+        zoe.torch.initialize(model=model, optimizer=user, config=config)
+
+
+def test_user_torch_optimizer_and_scheduler_are_honoured(nvme_dir):
+    """Stage 0 with a torch optimizer and a torch scheduler: the engine clips, steps both."""
+    config = ds_config()
+    del config["optimizer"], config["scheduler"]
+    config["zero_optimization"] = {"stage": 0}
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine, returned, _, scheduler = zoe.torch.initialize(
+        model=model, optimizer=optimizer, config=json.dumps(config),
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
+    assert returned is optimizer
+    train_engine(engine, 0, 2, 0, 1)
+    assert engine.get_lr() == pytest.approx([0.025])
+    engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"))
+    assert engine.load_checkpoint(os.path.join(nvme_dir, "ckpt"))[0] is not None
+    engine.close()
+
+
+def test_user_zoe_optimizer_must_clip_as_the_config_says(nvme_dir):
+    config = ds_config()
+    del config["optimizer"]
+    model = make_model()
+    unclipped = zoe.torch.AdamW(model.parameters(), lr=LR)
+    with pytest.raises(zoe.InvalidArgument, match="max_grad_norm=1.0"):
+        zoe.torch.initialize(model=model, optimizer=unclipped, config=config)
+    unclipped.close()
+    clipped = zoe.torch.AdamW(model.parameters(), lr=LR, max_grad_norm=1.0)
+    engine, returned, _, _ = zoe.torch.initialize(model=model, optimizer=clipped, config=config)
+    assert returned is clipped
+    train_engine(engine, 0, 1, 0, 1)
+    engine.close()
+    clipped.close()  # the caller's: the engine does not close it
+
+
+def test_training_data_gives_micro_batches():
+    data = torch.utils.data.TensorDataset(torch.randn(20, 8), torch.randn(20, 4))
+    engine, _, loader, _ = zoe.torch.initialize(model=make_model(), config=ds_config(),
+                                                training_data=data)
+    assert [len(x) for x, _ in loader] == [MICRO] * 5
+    engine.close()
+
+
+def test_bf16_casts_the_module_and_trains(nvme_dir):
+    config = ds_config()
+    config["bf16"] = {"enabled": True}
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+    assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters())
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    for _ in range(2 * ACCUMULATION):
+        x = torch.randn(MICRO, 8).bfloat16()
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+    engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"), tag="same")
+    engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"), tag="same")  # replaces it
+    assert sorted(os.listdir(os.path.join(nvme_dir, "ckpt"))) == ["latest", "same"]
+    engine.close()
+
+
+def test_auto_values_as_hugging_face_writes_them():
+    config = ds_config()
+    config.update(train_batch_size="auto", gradient_accumulation_steps="auto",
+                  gradient_clipping="auto", fp16={"enabled": "auto"}, bf16={"enabled": "auto"})
+    config["optimizer"]["params"].update(lr="auto", weight_decay="auto")
+    config["scheduler"]["params"]["warmup_max_lr"] = "auto"
+    model = make_model()
+    engine, _, _, scheduler = zoe.torch.initialize(model=model, config=config)
+    assert (engine.train_batch_size(), engine.gradient_accumulation_steps()) == (MICRO, 1)
+    assert engine.get_lr() == [1e-3] and scheduler.max_lrs == [1e-3]  # DeepSpeed's defaults
+    assert not engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert next(model.parameters()).dtype == torch.float32
+    engine.backward(engine(torch.randn(MICRO, 8)).pow(2).mean())
+    engine.step()
+    assert engine.was_step_applied() and engine.global_steps == 1
+    engine.close()
+
+
+def test_a_save_that_fails_half_way_keeps_the_previous_one(nvme_dir, monkeypatch):
+    ckpt = os.path.join(nvme_dir, "ckpt")
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=ds_config())
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt)
+    saved = {k: v.clone() for k, v in engine.module_state_dict().items()}
+    train_engine(engine, 1, 2, 0, 1)
+
+    def failing_module_state():
+        raise OSError("disk full")
+    monkeypatch.setattr(engine, "module_state_dict", failing_module_state)
+    with pytest.raises(OSError, match="disk full"):
+        engine.save_checkpoint(ckpt)  # the optimizer written, the rest not
+    monkeypatch.undo()
+    assert open(os.path.join(ckpt, "latest")).read() == "global_step1"
+    path, _ = engine.load_checkpoint(ckpt)
+    assert path.endswith("global_step1") and engine.global_steps == 1
+    assert_same_state(engine.module_state_dict(), saved, atol=0)
+    engine.save_checkpoint(ckpt)  # a later save of the same tag starts afresh
+    assert sorted(os.listdir(ckpt)) == ["global_step1", "latest"]
+    engine.close()

@@ -1,0 +1,149 @@
+"""fp16 under zoe.torch.initialize: the module is cast to half, the loss is scaled and the
+gradients unscaled, an overflowing step is skipped (parameters, optimizer step counts and the
+schedule untouched) and the dynamic loss scale follows DeepSpeed's rule (hysteresis,
+loss_scale_window, min_loss_scale) and, with hysteresis 1, torch's GradScaler."""
+
+import random
+
+import pytest
+import torch
+
+import zoe.torch
+from zoe.torch.loss_scaler import DynamicLossScaler, StaticLossScaler
+
+OVERFLOW_STEPS = (2, 3, 5)
+# DeepSpeed's rule from 2**4 with loss_scale_window 2 and hysteresis 2, for OVERFLOW_STEPS:
+# step 1 doubles (2 clean steps), 2 spends the hysteresis, 3 halves, 5 halves (the hysteresis
+# is not refilled until a window of clean steps), 7 doubles.
+EXPECTED_SCALES = [16, 32, 32, 16, 16, 8, 8, 16]
+
+
+class HalfNet(torch.nn.Module):
+    """Element-wise only, so that it runs in fp16 on the CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.b = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return (x * self.w).sum(-1) + self.b
+
+
+def fp16_config(**fp16):
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0,
+        "fp16": {"enabled": True, "initial_scale_power": 4, "loss_scale_window": 2, **fp16},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}},
+        "scheduler": {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.005, "warmup_max_lr": 0.01, "warmup_num_steps": 4}},
+        "zero_optimization": {"stage": 0},
+        "zoe": {"device": "host", "chunk_size": "64K", "host_budget": "64M",
+                "tensor_swap_bytes": "1M", "log_level": "error"},
+    }
+
+
+def inputs(step, micro, overflow):
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * step + micro))
+    if overflow and micro == 1:
+        x[0, 0] = 60000.0  # its square overflows fp16 in the loss: an inf gradient
+    return x.half()
+
+
+def run_fp16_steps(engine, steps, overflows):
+    """Trains ``steps`` optimizer steps; returns the scale after each and the parameters
+    before and after each."""
+    scales, before, after = [], [], []
+    for step in range(steps):
+        before.append([p.detach().clone() for p in engine.module.parameters()])
+        for micro in range(engine.gradient_accumulation_steps()):
+            out = engine(inputs(step, micro, step in overflows))
+            engine.backward((out.float() ** 2).mean())
+            engine.step()
+        scales.append(engine.loss_scaler.loss_scale)
+        after.append([p.detach().clone() for p in engine.module.parameters()])
+    return scales, before, after
+
+
+def test_overflowing_steps_are_skipped_and_the_scale_follows_deepspeed():
+    engine, optimizer, _, scheduler = zoe.torch.initialize(model=HalfNet(),
+                                                           config=fp16_config())
+    assert engine.module.w.dtype == torch.float16 and engine.loss_scaler.loss_scale == 16
+    scales, before, after = run_fp16_steps(engine, 8, OVERFLOW_STEPS)
+    assert scales == EXPECTED_SCALES
+    for step in range(8):
+        same = all(torch.equal(a, b) for a, b in zip(before[step], after[step]))
+        assert same == (step in OVERFLOW_STEPS), step
+    assert engine.skipped_steps == len(OVERFLOW_STEPS) and engine.global_steps == 8
+    assert scheduler.last_batch_iteration == 8 - len(OVERFLOW_STEPS) - 1
+    assert float(optimizer.state_dict()["state"][0]["step"]) == 8 - len(OVERFLOW_STEPS)
+    engine.close()
+
+
+def test_gradients_are_unscaled_before_the_step():
+    engine, _, _, _ = zoe.torch.initialize(model=HalfNet(), config=fp16_config())
+    x = inputs(0, 0, False)
+    engine.backward((engine(x).float() ** 2).mean())
+    reference = HalfNet().half()
+    ((reference(x).float() ** 2).mean() / 2).backward()
+    torch.testing.assert_close(engine.module.w.grad, reference.w.grad, rtol=2e-3, atol=1e-4)
+    engine.close()
+
+
+def grad_scaler_sequence(pattern, interval):
+    """torch's GradScaler update (growth 2, backoff 0.5) over an overflow pattern: its own
+    operator where the build has a CPU kernel, else the same rule written out."""
+    scale, tracker, scales = torch.tensor([16.0]), torch.tensor([0], dtype=torch.int32), []
+    for overflow in pattern:
+        found = torch.tensor([float(overflow)])
+        try:
+            torch._amp_update_scale_(scale, tracker, found, 2.0, 0.5, interval)
+        except (RuntimeError, NotImplementedError):
+            if overflow:
+                scale, tracker = scale * 0.5, tracker * 0
+            else:
+                tracker = tracker + 1
+                if int(tracker) == interval:
+                    scale, tracker = scale * 2.0, tracker * 0
+        scales.append(float(scale))
+    return scales
+
+
+def test_hysteresis_one_is_torch_grad_scaler():
+    rng = random.Random(5)
+    pattern = [rng.random() < 0.3 for _ in range(200)]
+    scaler = DynamicLossScaler(initial_scale_power=4, loss_scale_window=3, hysteresis=1,
+                               min_loss_scale=2.0 ** -30)
+    scales = []
+    for overflow in pattern:
+        scaler.update(overflow)
+        scales.append(scaler.loss_scale)
+    assert scales == grad_scaler_sequence(pattern, 3)
+
+
+def test_min_scale_consecutive_hysteresis_and_static_scale():
+    scaler = DynamicLossScaler(initial_scale_power=1, hysteresis=1, min_loss_scale=1.0)
+    for _ in range(3):
+        scaler.update(True)
+    assert scaler.loss_scale == 1.0
+    scaler = DynamicLossScaler(initial_scale_power=4, hysteresis=2, consecutive_hysteresis=True)
+    for overflow in (True, False, True):  # the clean step refills the hysteresis
+        scaler.update(overflow)
+    assert scaler.loss_scale == 16
+    static = StaticLossScaler(128.0)
+    static.update(True)
+    assert static.loss_scale == 128.0
+
+
+@pytest.mark.parametrize("config_scale,expected", [(0, 2.0 ** 16), (64, 64.0)])
+def test_deepspeed_defaults(config_scale, expected):
+    config = fp16_config(loss_scale=config_scale)
+    del config["fp16"]["initial_scale_power"], config["fp16"]["loss_scale_window"]
+    engine, _, _, _ = zoe.torch.initialize(model=HalfNet(), config=config)
+    assert engine.loss_scaler.loss_scale == expected
+    if config_scale == 0:
+        assert (engine.loss_scaler.scale_window, engine.loss_scaler.delayed_shift,
+                engine.loss_scaler.min_scale) == (1000, 2, 1.0)
+    engine.close()

@@ -1,0 +1,97 @@
+"""DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (zoe.torch.lr_schedules) against their
+formulas at several steps, log and linear warmup, and stepped by the engine after each optimizer
+step when named in the config."""
+
+import math
+
+import pytest
+import torch
+
+import zoe
+import zoe.torch
+from initialize_script import ds_config, make_model, train_engine
+from zoe.torch.lr_schedules import WarmupCosineLR, WarmupDecayLR, WarmupLR
+
+LOW, HIGH, WARM, TOTAL = 0.001, 0.01, 10, 30
+
+
+def optimizer(lr=0.02):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=lr)
+
+
+def rate_at(schedule, iteration):
+    schedule.step(iteration)
+    return schedule.optimizer.param_groups[0]["lr"]
+
+
+def warmup(t, kind):
+    return math.log(t + 1) / math.log(WARM) if kind == "log" else t / WARM
+
+
+@pytest.mark.parametrize("kind", ["log", "linear"])
+def test_warmup_lr(kind):
+    schedule = WarmupLR(optimizer(), LOW, HIGH, WARM, warmup_type=kind)
+    assert schedule.optimizer.param_groups[0]["lr"] == 0.02  # untouched before step()
+    for t in (0, 1, 4, 9):
+        assert rate_at(schedule, t) == pytest.approx(LOW + (HIGH - LOW) * warmup(t, kind))
+    for t in (10, 25, 1000):
+        assert rate_at(schedule, t) == pytest.approx(HIGH)
+
+
+@pytest.mark.parametrize("kind", ["log", "linear"])
+def test_warmup_decay_lr(kind):
+    schedule = WarmupDecayLR(optimizer(), TOTAL, LOW, HIGH, WARM, warmup_type=kind)
+    for t in (0, 3, 9):
+        assert rate_at(schedule, t) == pytest.approx(LOW + (HIGH - LOW) * warmup(t, kind))
+    for t in (10, 15, 29, 30, 45):
+        decay = max(0.0, (TOTAL - t) / (TOTAL - WARM))
+        assert rate_at(schedule, t) == pytest.approx(LOW + (HIGH - LOW) * decay)
+    assert rate_at(schedule, 20) == pytest.approx(LOW + (HIGH - LOW) * 0.5)
+
+
+@pytest.mark.parametrize("kind", ["log", "linear"])
+def test_warmup_cosine_lr(kind):
+    base, start, end = 0.02, 0.1, 0.05
+    schedule = WarmupCosineLR(optimizer(base), TOTAL, warmup_min_ratio=start,
+                              warmup_num_steps=WARM, cos_min_ratio=end, warmup_type=kind)
+    assert schedule.optimizer.param_groups[0]["lr"] == 0.0  # as DeepSpeed's, before step()
+    for t in (0, 5, 9):
+        ratio = start + (1 - start) * warmup(t, kind)
+        assert rate_at(schedule, t) == pytest.approx(base * ratio)
+    for t in (10, 17, 29):
+        cosine = (1 + math.cos(math.pi * (t - WARM + 1) / (TOTAL - WARM))) / 2
+        assert rate_at(schedule, t) == pytest.approx(base * (end + (1 - end) * cosine))
+    assert rate_at(schedule, TOTAL - 1) == pytest.approx(base * end)
+
+
+def test_warmup_num_steps_is_at_least_two_and_state_round_trips():
+    schedule = WarmupLR(optimizer(), LOW, HIGH, warmup_num_steps=1)
+    assert schedule.warmup_num_steps == 2
+    schedule.step()
+    schedule.step()
+    other = WarmupLR(optimizer(), LOW, HIGH, warmup_num_steps=1)
+    other.load_state_dict(schedule.state_dict())
+    assert other.last_batch_iteration == 1
+
+
+def test_engine_steps_the_config_schedule_after_each_optimizer_step():
+    config = ds_config()
+    config["scheduler"] = {"type": "WarmupDecayLR", "params": {
+        "total_num_steps": TOTAL, "warmup_min_lr": LOW, "warmup_max_lr": HIGH,
+        "warmup_num_steps": WARM, "warmup_type": "linear"}}
+    engine, _, _, scheduler = zoe.torch.initialize(model=make_model(), config=config)
+    assert isinstance(scheduler, WarmupDecayLR)
+    train_engine(engine, 0, 3, 0, 1)  # 3 optimizer steps, 6 micro-batches
+    assert scheduler.last_batch_iteration == 2
+    assert engine.get_lr() == pytest.approx([LOW + (HIGH - LOW) * 2 / WARM])
+    engine.close()
+
+
+def test_scheduler_parameters_are_checked():
+    config = ds_config()
+    config["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_max_lr": HIGH}}
+    with pytest.raises(zoe.InvalidArgument, match="total_num_steps"):
+        zoe.torch.initialize(model=make_model(), config=config)
+    config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}
+    with pytest.raises(zoe.InvalidArgument, match="allowed: 'log', 'linear'"):
+        zoe.torch.initialize(model=make_model(), config=config)

@@ -1,0 +1,210 @@
+"""The training settings zoe.torch.initialize reads from a DeepSpeed configuration: batch sizes
+(checked against the world size as DeepSpeed checks them), gradient clipping, the optimizer, the
+scheduler, the ZeRO stage and its offload, fp16 loss scaling and bf16. ``"auto"`` (as Hugging
+Face's configurations write it) counts as "not given": batch sizes are then derived, the others
+take DeepSpeed's defaults. What the engine itself honours (offload placement, NVMe paths, the
+``zoe`` section) stays in ``document`` and reaches zoe.Engine as it is."""
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Optional
+
+from ..engine import _config_text
+from .common import _invalid
+
+AUTO = "auto"
+
+# DeepSpeed's optimizer types zoe.torch steps, and what each becomes.
+SUPPORTED_OPTIMIZERS = ("Adam", "AdamW")
+# Types zoe's engine steps through its C API but zoe.torch has no torch.optim class for.
+ENGINE_ONLY_OPTIMIZERS = ("Adagrad", "Lion")
+
+# DeepSpeed's fp16 defaults (deepspeed/runtime/fp16/loss_scaler.py, runtime/constants.py).
+FP16_DEFAULTS = dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=1000,
+                     hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0)
+
+
+@dataclasses.dataclass
+class BatchSizes:
+    """train_batch_size = micro_batch_per_gpu x gradient_accumulation_steps x world_size."""
+    train_batch_size: int
+    micro_batch_per_gpu: int
+    gradient_accumulation_steps: int
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    """What initialize takes from a DeepSpeed configuration (see the module docstring)."""
+    document: Dict[str, Any]
+    batch: BatchSizes
+    gradient_clipping: float
+    optimizer: Optional[Dict[str, Any]]  # {"type": ..., "params": {...}} with "auto" resolved
+    scheduler: Optional[Dict[str, Any]]  # {"type": ..., "params": {...}}
+    zero_stage: int
+    offload_optimizer: str  # "none", "cpu" or "nvme"
+    offload_param: str
+    fp16: Optional[Dict[str, Any]]  # DeepSpeed's fp16 settings when enabled, else None
+    bf16: bool
+    dataloader_drop_last: bool
+
+
+def load_document(config):
+    """The configuration (a dict, JSON text or a path to a JSON file) as a fresh dict."""
+    if config is None:
+        raise _invalid("initialize needs a DeepSpeed configuration: config= a dict, JSON text "
+                       "or the path of a JSON file (or args.deepspeed_config)")
+    document = json.loads(_config_text(config) or "{}")
+    if not isinstance(document, dict):
+        raise _invalid("the DeepSpeed configuration must be a JSON object")
+    return document
+
+
+def _given(document, key):
+    """A positive integer setting, or None when absent or "auto"; refuses anything else."""
+    value = document.get(key)
+    if value is None or value == AUTO:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _invalid(f"{key} = {value!r} is not allowed; it must be a positive integer "
+                       '(or "auto", or left out, to derive it from the other batch settings)')
+    return value
+
+
+def batch_sizes(document, world_size):
+    """The three batch settings, the missing ones derived, as DeepSpeed derives them
+    (DeepSpeedConfig._configure_train_batch_size); InvalidArgument naming the fix when they do
+    not satisfy train_batch_size = micro x accumulation x world_size."""
+    train = _given(document, "train_batch_size")
+    micro = _given(document, "train_micro_batch_size_per_gpu")
+    accum = _given(document, "gradient_accumulation_steps")
+    if train is None and micro is None:
+        raise _invalid("give train_batch_size or train_micro_batch_size_per_gpu (or both): "
+                       "DeepSpeed needs one of them to size the batches")
+    if train is not None and micro is not None and accum is None:
+        accum = max(1, train // (micro * world_size))
+    elif train is not None and micro is None:
+        accum = accum or 1
+        micro = max(1, train // (world_size * accum))
+    elif train is None:
+        accum = accum or 1
+        train = micro * accum * world_size
+    if train != micro * accum * world_size:
+        raise _invalid(
+            f"train_batch_size = {train} is not train_micro_batch_size_per_gpu ({micro}) x "
+            f"gradient_accumulation_steps ({accum}) x world size ({world_size}) = "
+            f"{micro * accum * world_size}; set train_batch_size to "
+            f"{micro * accum * world_size}, or leave one of the three out (or \"auto\") so it "
+            "is derived from the others")
+    return BatchSizes(train, micro, accum)
+
+
+def _number(value, default):
+    """A numeric setting; "auto" or absent gives the default."""
+    return default if value is None or value == AUTO else value
+
+
+def _optimizer_spec(document):
+    """The optimizer section with its type checked and "auto" params removed (the optimizer's
+    defaults then apply); None when the configuration names none."""
+    section = document.get("optimizer")
+    if section is None:
+        return None
+    kind = section.get("type")
+    params = {key: value for key, value in section.get("params", {}).items() if value != AUTO}
+    lowered = str(kind).lower()
+    if lowered in ("adam", "adamw"):
+        return {"type": "Adam" if lowered == "adam" else "AdamW", "params": params}
+    if str(kind).capitalize() in ENGINE_ONLY_OPTIMIZERS:
+        raise _invalid(
+            f"optimizer.type = {kind!r}: zoe's engine steps it, but zoe.torch offers only "
+            f"{' and '.join(SUPPORTED_OPTIMIZERS)}; use \"AdamW\", or leave the config's "
+            "optimizer out and pass optimizer=torch.optim." + str(kind).capitalize() +
+            "(...) to initialize (zero_optimization.stage 0)")
+    raise _invalid(
+        f"optimizer.type = {kind!r} is not supported; zoe.torch steps "
+        f"{', '.join(SUPPORTED_OPTIMIZERS)} (\"Adam\" is AdamW unless adam_w_mode is false); "
+        "use one of them, or leave the config's optimizer out and pass a torch optimizer to "
+        "initialize (zero_optimization.stage 0)")
+
+
+def _scheduler_spec(document):
+    """The scheduler section ({"type", "params"} with "auto" params removed), or None."""
+    section = document.get("scheduler")
+    if section is None:
+        return None
+    params = {key: value for key, value in section.get("params", {}).items() if value != AUTO}
+    return {"type": section.get("type"), "params": params}
+
+
+def _device_of(section):
+    """An offload section's device: "none", "cpu" or "nvme"."""
+    if not isinstance(section, dict):
+        return "none"
+    return str(section.get("device", "none")).lower()
+
+
+def _enabled(document, *keys):
+    """Whether any of the sections ``keys`` has enabled: true ("auto" is false)."""
+    return any(document.get(key, {}).get("enabled") is True for key in keys)
+
+
+def _fp16_settings(document):
+    """DeepSpeed's fp16 settings (FP16_DEFAULTS filled in) when fp16 is enabled, else None."""
+    if not _enabled(document, "fp16"):
+        return None
+    section = document["fp16"]
+    return {key: _number(section.get(key), default) for key, default in FP16_DEFAULTS.items()}
+
+
+def training_config(config, world_size):
+    """The TrainingConfig of a DeepSpeed configuration for ``world_size`` data-parallel ranks."""
+    document = load_document(config)
+    zero = document.get("zero_optimization", {})
+    stage = _number(zero.get("stage"), 0)  # DeepSpeed's default, not the engine's (3)
+    if stage not in (0, 1, 2, 3):
+        raise _invalid(f"zero_optimization.stage = {stage!r} is not allowed; allowed: 0..3")
+    if _enabled(document, "fp16") and _enabled(document, "bf16", "bfloat16"):
+        raise _invalid("fp16.enabled and bf16.enabled are both true; enable one of them")
+    return TrainingConfig(
+        document=document,
+        batch=batch_sizes(document, world_size),
+        gradient_clipping=float(_number(document.get("gradient_clipping"), 0.0)),
+        optimizer=_optimizer_spec(document),
+        scheduler=_scheduler_spec(document),
+        zero_stage=int(stage),
+        offload_optimizer=_device_of(zero.get("offload_optimizer")),
+        offload_param=_device_of(zero.get("offload_param")),
+        fp16=_fp16_settings(document),
+        bf16=_enabled(document, "bf16", "bfloat16"),
+        dataloader_drop_last=bool(document.get("dataloader_drop_last", False)),
+    )
+
+
+def engine_document(training, rank, world_size):
+    """The configuration handed to the zoe engine of this rank: the user's, with the stage
+    DeepSpeed defaults to (0) made explicit, and with several ranks each rank's NVMe directory
+    its own (``{rank}`` replaced, else a ``rank<r>`` directory below the path given)."""
+    document = json.loads(json.dumps(training.document))
+    zero = document.setdefault("zero_optimization", {})
+    zero["stage"] = training.zero_stage
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero.get(key)
+        if isinstance(section, dict) and section.get("nvme_path"):
+            section["nvme_path"] = _rank_path(section["nvme_path"], rank, world_size)
+    return document
+
+
+def _rank_path(path, rank, world_size):
+    """An NVMe path (or list of paths) made this rank's own, its directory created."""
+    if isinstance(path, list):
+        return [_rank_path(one, rank, world_size) for one in path]
+    path = os.fspath(path)
+    if "{rank}" in path:
+        path = path.replace("{rank}", str(rank))
+    elif world_size > 1:
+        path = os.path.join(path, f"rank{rank}")
+    os.makedirs(path, exist_ok=True)
+    return path

@@ -1,0 +1,360 @@
+"""The engine zoe.torch.initialize returns: DeepSpeed's training-loop API over a module, a torch
+optimizer (zoe.torch.AdamW / Adam, or a plain torch optimizer at stage 0), a learning-rate
+schedule and, under fp16, a loss scaler.
+
+Contract, as DeepSpeed's engine:
+- ``engine(*inputs)`` runs the module.
+- ``backward(loss)`` divides the loss by gradient_accumulation_steps (and multiplies it by the
+  loss scale under fp16; a hook on each parameter divides its incoming gradient by the scale,
+  so ``.grad`` always holds unscaled gradients) and runs backward.
+- ``step()`` is called after every micro-batch and steps only at the accumulation boundary
+  (``is_gradient_accumulation_boundary()``): it averages the gradients over the ranks (stage 0;
+  zoe's ZeRO optimizer reduces its own at stages 1 and 2), agrees an fp16 overflow over the
+  ranks, steps the optimizer (which clips to gradient_clipping; zoe's skips a non-finite step on
+  every rank by itself), steps the schedule unless the step overflowed, updates the loss scale
+  and zeroes the gradients. ``global_steps`` counts boundaries (skipped ones too, as
+  DeepSpeed's), ``micro_steps`` micro-batches, ``skipped_steps`` overflows.
+- ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
+  holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
+  schedule, the loss scaler, the counters and the client state.
+
+ZeRO stage 2 with accumulation: zoe's stage 2 reduces a bucket as soon as its gradients are
+final in a backward; the engine holds those reductions back during the backwards that do not end
+an accumulation, so the one that does reduces the accumulated gradients."""
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import ds_checkpoint
+from .optimizer import _ZoeAdamBase
+
+MODEL_STATES = "model_states.pt"
+OPTIMIZER_DIR = "optimizer"
+TORCH_OPTIMIZER = "optimizer.pt"
+
+
+def _load_saved(path):
+    """torch.load of a file this engine saved (client state may hold any picklable object:
+    torch 2.6 and later load only tensors and plain types unless told otherwise)."""
+    try:
+        return torch.load(path, weights_only=False)
+    except TypeError:  # a torch without the weights_only argument
+        return torch.load(path)
+
+
+class DeepSpeedEngine:
+    """See the module docstring. Built by zoe.torch.initialize (ds_initialize.py)."""
+
+    def __init__(self, module, optimizer, lr_scheduler, training, process_group=None,
+                 loss_scaler=None, owns_optimizer=True, stage3=None):
+        self.module = module
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.config = training.document
+        self._training = training
+        self._group = process_group
+        self.loss_scaler = loss_scaler
+        self._owns_optimizer = owns_optimizer
+        self._stage3 = stage3  # ds_stage3.Stage3 at ZeRO stage 3, else None
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._step_applied = False
+        self._unscale_hooks = self._hook_unscaling() if loss_scaler is not None else []
+
+    # --- sizes and ranks -------------------------------------------------------------------
+
+    @property
+    def world_size(self):
+        return 1 if self._group is None else dist.get_world_size(self._group)
+
+    @property
+    def global_rank(self):
+        return 0 if self._group is None else dist.get_rank(self._group)
+
+    def train_batch_size(self):
+        return self._training.batch.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self):
+        return self._training.batch.micro_batch_per_gpu
+
+    def gradient_accumulation_steps(self):
+        return self._training.batch.gradient_accumulation_steps
+
+    def zero_optimization_stage(self):
+        return self._training.zero_stage
+
+    def fp16_enabled(self):
+        return self._training.fp16 is not None
+
+    def bfloat16_enabled(self):
+        return self._training.bf16
+
+    # --- the training loop -----------------------------------------------------------------
+
+    def __call__(self, *inputs, **kwargs):
+        return self.forward(*inputs, **kwargs)
+
+    def forward(self, *inputs, **kwargs):
+        """The module's forward."""
+        return self.module(*inputs, **kwargs)
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def is_gradient_accumulation_boundary(self):
+        """Whether the current micro-batch's step() steps the optimizer."""
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def backward(self, loss, retain_graph=False):
+        """Backward of ``loss`` / gradient_accumulation_steps (times the loss scale under
+        fp16); returns ``loss`` as given."""
+        scaled = loss
+        if self.gradient_accumulation_steps() > 1:
+            scaled = scaled / self.gradient_accumulation_steps()
+        if self.loss_scaler is not None:
+            scaled = scaled * self.loss_scaler.loss_scale
+        with self._reductions_held(not self.is_gradient_accumulation_boundary()):
+            scaled.backward(retain_graph=retain_graph)
+        return loss
+
+    def step(self, lr_kwargs=None):
+        """Called after every micro-batch's backward; steps at the accumulation boundary."""
+        if self.is_gradient_accumulation_boundary():
+            self._take_model_step(lr_kwargs or {})
+        self.micro_steps += 1
+
+    def _take_model_step(self, lr_kwargs):
+        """The boundary's step (see the module docstring)."""
+        if self._group is not None and not self._sharded():
+            self._average_gradients()
+        overflow = self._agreed_overflow() if self.loss_scaler is not None else False
+        if self._stage3 is not None:
+            self._clip_stage3()
+            self.optimizer.step()  # skips a non-finite step itself, on every rank
+        elif isinstance(self.optimizer, _ZoeAdamBase):
+            self.optimizer.step()  # skips a non-finite step itself, on every rank
+        elif not overflow:
+            self._clip_torch_gradients()
+            self.optimizer.step()
+        self._step_applied = not overflow
+        if overflow:
+            self.skipped_steps += 1
+        elif self.lr_scheduler is not None:
+            self.lr_scheduler.step(**lr_kwargs)
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(overflow)
+        self.zero_grad()
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+
+    def was_step_applied(self):
+        """Whether the latest boundary's step changed the parameters (False after an fp16
+        overflow)."""
+        return self._step_applied
+
+    def zero_grad(self):
+        """Drops every gradient (set to None)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for param in self.module.parameters():
+            param.grad = None
+
+    def get_lr(self):
+        """Per param group, the learning rate the next step takes."""
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        """The gradient norm of the latest step (zoe's optimizers), else None."""
+        results = getattr(self.optimizer, "last_step", None) or []
+        norms = [result.grad_norm for result in results if result is not None]
+        return norms[0] if norms else None
+
+    # --- gradients -------------------------------------------------------------------------
+
+    def _params(self):
+        return [param for group in self.optimizer.param_groups for param in group["params"]]
+
+    def _sharded(self):
+        """Whether the gradients are reduced without the engine (zoe's ZeRO stages 1 and 2 in
+        the optimizer, stage 3 in the pager)."""
+        if self._stage3 is not None:
+            return self._stage3.sharded
+        return getattr(self.optimizer, "_zero", None) is not None
+
+    @torch.no_grad()
+    def _average_gradients(self):
+        """Stage 0 over several ranks: every gradient replaced by the ranks' mean, in one
+        all-reduce of a flat buffer (a parameter without a gradient counts zeros; one without
+        a gradient on every rank stays without)."""
+        params = self._params()
+        present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64)
+        dist.all_reduce(present, group=self._group)
+        flat = torch.cat([torch.zeros(p.numel()) if p.grad is None
+                          else p.grad.detach().reshape(-1).float() for p in params])
+        dist.all_reduce(flat, group=self._group)
+        flat /= self.world_size
+        offset = 0
+        for param, shared in zip(params, present.tolist()):
+            part = flat[offset: offset + param.numel()].view_as(param)
+            offset += param.numel()
+            if shared:
+                param.grad = part.to(param.dtype).clone()
+
+    def _agreed_overflow(self):
+        """Whether some rank has an inf or NaN gradient."""
+        local = any(param.grad is not None and not bool(torch.isfinite(param.grad).all())
+                    for param in self.module.parameters())
+        flag = torch.tensor([float(local)])
+        if self._group is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(flag.item() > 0)
+
+    def _clip_stage3(self):
+        """gradient_clipping at stage 3: the global norm over the ranks' shards."""
+        if self._training.gradient_clipping > 0:
+            self._stage3.clip(self._params(), self._training.gradient_clipping)
+
+    def _clip_torch_gradients(self):
+        """gradient_clipping for a torch optimizer (zoe's clip inside their step)."""
+        if self._training.gradient_clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self._params(), self._training.gradient_clipping)
+
+    def _hook_unscaling(self):
+        """fp16: a hook per parameter dividing its incoming gradient by the loss scale."""
+        scaler = self.loss_scaler
+        return [param.register_hook(lambda grad: grad * (1.0 / scaler.loss_scale))
+                for param in self.module.parameters() if param.requires_grad]
+
+    @contextlib.contextmanager
+    def _reductions_held(self, hold):
+        """While ``hold``: zoe's stage 2 reduces no bucket (their counts forgotten after)."""
+        buckets = []
+        if hold and getattr(getattr(self.optimizer, "_zero", None), "stage", 0) == 2:
+            buckets = [bucket for state in self.optimizer._groups
+                       for bucket in state.shard.buckets]
+        for bucket in buckets:
+            bucket.reduced = True
+        try:
+            yield
+        finally:
+            for bucket in buckets:
+                bucket.reset()
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    def _barrier(self):
+        if self._group is not None:
+            dist.barrier(group=self._group)
+
+    def _engine_state(self, client_state):
+        return {
+            "module": self.module_state_dict(),
+            "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
+            "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict(),
+            "global_steps": self.global_steps, "global_samples": self.global_samples,
+            "micro_steps": self.micro_steps, "skipped_steps": self.skipped_steps,
+            "world_size": self.world_size, "zero_stage": self._training.zero_stage,
+            "client_state": dict(client_state or {}),
+        }
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        """Saves everything training needs to resume to ``<save_dir>/<tag>`` (default tag
+        ``global_step<N>``), crash-safe, and points ``<save_dir>/latest`` at it (unless
+        save_latest is false). Every rank calls it. Returns True, as DeepSpeed's."""
+        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
+        partial = ds_checkpoint.begin_save(save_dir, tag, self.global_rank, self._barrier)
+        self._save_optimizer(partial)
+        state = self._engine_state(client_state)  # a collective at stage 3 over ranks
+        if self.global_rank == 0:
+            torch.save(state, os.path.join(partial, MODEL_STATES))
+        ds_checkpoint.commit_save(save_dir, tag, self.global_rank, self._barrier, save_latest)
+        return True
+
+    def _save_optimizer(self, directory):
+        """zoe's sharded optimizer: every rank its shard; otherwise the ranks' optimizers are
+        identical and rank 0 saves its own."""
+        if self._stage3 is not None:
+            self._stage3.save(os.path.join(directory, OPTIMIZER_DIR), self.optimizer,
+                              self.global_rank)
+        elif self._sharded():
+            self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
+        elif self.global_rank != 0:
+            return
+        elif isinstance(self.optimizer, _ZoeAdamBase):
+            self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
+        else:
+            torch.save(self.optimizer.state_dict(), os.path.join(directory, TORCH_OPTIMIZER))
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False):
+        """Loads the save ``tag`` (default: the one ``<load_dir>/latest`` names). Returns
+        (its path, the client_state saved with it), or (None, None) when there is none."""
+        tag = ds_checkpoint.resolve_tag(load_dir, tag)
+        if tag is None:
+            return None, None
+        path = os.path.join(load_dir, tag)
+        state = _load_saved(os.path.join(path, MODEL_STATES))
+        self._load_module(state["module"], load_module_strict)
+        if load_module_only:
+            return path, state["client_state"]
+        if load_optimizer_states:
+            self._load_optimizer(path)
+        if load_lr_scheduler_states and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if self.loss_scaler is not None and state["loss_scaler"] is not None:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+        for key in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
+            setattr(self, key, state[key])
+        return path, state["client_state"]
+
+    def _load_module(self, state, strict):
+        """The module's saved state; at stage 3 its buffers only (the paged parameters take
+        the optimizer checkpoint's master weights)."""
+        if self._stage3 is None:
+            self.module.load_state_dict(state, strict=strict)
+            return
+        names = {name for name, _ in self.module.named_parameters()}
+        buffers = {key: value for key, value in state.items() if key not in names}
+        self.module.load_state_dict(buffers, strict=False)
+
+    def _load_optimizer(self, path):
+        if self._stage3 is not None:
+            self._stage3.load(os.path.join(path, OPTIMIZER_DIR), self.optimizer)
+        elif isinstance(self.optimizer, _ZoeAdamBase):
+            self.optimizer.load_checkpoint(os.path.join(path, OPTIMIZER_DIR))
+        else:
+            self.optimizer.load_state_dict(_load_saved(os.path.join(path, TORCH_OPTIMIZER)))
+
+    def module_state_dict(self):
+        """The module's state dict (its parameters' current values; gathered at stage 3, a
+        collective over the ranks)."""
+        if self._stage3 is not None:
+            return self._stage3.module_state()
+        return self.module.state_dict()
+
+    def close(self):
+        """Removes the engine's hooks and closes the optimizer it created (its zoe engine and
+        swap files); idempotent."""
+        for handle in self._unscale_hooks:
+            handle.remove()
+        self._unscale_hooks = []
+        if self._stage3 is not None:
+            stage3, self._stage3 = self._stage3, None
+            stage3.close(self.optimizer)
+        elif self._owns_optimizer and hasattr(self.optimizer, "close"):
+            self.optimizer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,195 @@
+"""zoe.torch.initialize: DeepSpeed's ``deepspeed.initialize`` over zoe. It reads the DeepSpeed
+configuration (ds_config.py), casts the module for fp16/bf16, builds the optimizer (zoe.torch
+AdamW/Adam from the config's ``optimizer``, sharded over the process group at ZeRO stages 1 and
+2), the schedule (lr_schedules.py) and the loss scaler (loss_scaler.py), and returns
+``(engine, optimizer, training_dataloader, lr_scheduler)`` with engine a ds_engine.DeepSpeedEngine.
+
+At ZeRO stage 3 the module's parameters are paged through a zoe engine and sharded over the
+process group, and the optimizer steps the shards (ds_stage3.py).
+
+A user's ``optimizer`` is honoured when it is a zoe.torch AdamW/Adam (its own stage and clipping
+must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
+or, at stage 0 without offload, any torch optimizer (the engine clips and averages); a user's
+``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
+returning one. Giving one in both places is refused, as each setting lives in one place."""
+
+import torch
+import torch.distributed as dist
+
+from .common import _invalid
+from .ds_config import training_config, engine_document
+from .ds_engine import DeepSpeedEngine
+from .ds_stage3 import stage3_setup
+from .loss_scaler import loss_scaler_for
+from .lr_schedules import schedule_from_config
+from .optimizer import Adam, AdamW, _ZoeAdamBase
+
+
+def _process_group(process_group):
+    """The data-parallel group: the one given, else the default group when torch.distributed
+    is initialized, else None (one process)."""
+    if process_group is not None:
+        return process_group
+    if dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD
+    return None
+
+
+def _config_of(args, config, config_params):
+    """The configuration from config=, config_params= (DeepSpeed's older name) or
+    args.deepspeed_config; giving two is refused."""
+    given = [value for value in (config, config_params,
+                                 getattr(args, "deepspeed_config", None)) if value is not None]
+    if len(given) > 1:
+        raise _invalid("the DeepSpeed configuration is given twice (config=, config_params= or "
+                       "args.deepspeed_config); give it once")
+    return given[0] if given else None
+
+
+def _cast_module(module, training):
+    """The module in fp16 or bf16 when the config enables it, as DeepSpeed casts it."""
+    if training.fp16 is not None:
+        return module.half()
+    if training.bf16:
+        return module.to(torch.bfloat16)
+    return module
+
+
+def _zoe_optimizer(spec, params, training, document, group):
+    """zoe.torch AdamW/Adam from the config's optimizer section ("Adam" is AdamW unless
+    adam_w_mode is false), sharded over ``group`` at stages 1 and 2."""
+    settings = spec["params"]
+    adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
+    options = dict(lr=settings.get("lr", 1e-3), betas=tuple(settings.get("betas", (0.9, 0.999))),
+                   eps=settings.get("eps", 1e-8), weight_decay=settings.get("weight_decay", 0.0))
+    if group is not None and training.zero_stage in (1, 2):
+        options.update(process_group=group, zero_stage=training.zero_stage)
+    return (AdamW if adamw else Adam)(params, config=document, **options)
+
+
+def _check_user_optimizer(optimizer, training):
+    """InvalidArgument for a user optimizer the engine could not drive as the config asks."""
+    if training.optimizer is not None:
+        raise _invalid("an optimizer is given both to initialize and in the config's "
+                       "'optimizer' section; remove one of them")
+    if isinstance(optimizer, _ZoeAdamBase):
+        stage = getattr(optimizer._zero, "stage", None)
+        if stage is not None and stage != training.zero_stage:
+            raise _invalid(f"the optimizer given is sharded at ZeRO stage {stage} but the "
+                           f"config's zero_optimization.stage is {training.zero_stage}; make "
+                           "them agree")
+        _check_user_clipping(optimizer, training)
+        return
+    if training.zero_stage != 0 or training.offload_optimizer not in ("none",):
+        raise _invalid(
+            f"optimizer {type(optimizer).__name__} is a torch optimizer: zoe partitions and "
+            "offloads only zoe.torch.AdamW / Adam; give zero_optimization.stage 0 without "
+            "offload_optimizer, or pass zoe.torch.AdamW(...), or name the optimizer in the "
+            "config")
+
+
+def _check_user_clipping(optimizer, training):
+    """A zoe optimizer clips inside its step: it must clip as the config's gradient_clipping
+    says (its max_grad_norm, else its engine's gradient_clipping)."""
+    clipping = optimizer._max_grad_norm
+    if clipping is None:
+        clipping = optimizer.engine.config.get("gradient_clipping", 0.0)
+    if float(clipping or 0.0) != training.gradient_clipping:
+        raise _invalid(f"the optimizer given clips to {clipping or 0.0} but the config's "
+                       f"gradient_clipping is {training.gradient_clipping}; construct it with "
+                       f"max_grad_norm={training.gradient_clipping} (0.0: none)")
+
+
+def _build_optimizer(optimizer, params, training, document, group):
+    """(the optimizer, whether the engine owns it)."""
+    if optimizer is not None:
+        _check_user_optimizer(optimizer, training)
+        return optimizer, False
+    if training.optimizer is None:
+        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW or "
+                       "Adam) or pass optimizer= to initialize")
+    return _zoe_optimizer(training.optimizer, params, training, document, group), True
+
+
+def _stage3_optimizer(optimizer, module, training, document, group):
+    """(Stage3, its optimizer): the module paged (and sharded over ``group``), the config's
+    optimizer over what this rank steps (ds_stage3.py)."""
+    if optimizer is not None:
+        raise _invalid("at zero_optimization.stage 3 initialize builds the optimizer over the "
+                       "parameter shards: name it in the config's 'optimizer' section instead "
+                       "of passing optimizer=")
+    if training.optimizer is None:
+        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW or "
+                       "Adam)")
+    return stage3_setup(module, training.optimizer, document, training, group)
+
+
+def _build_scheduler(lr_scheduler, optimizer, training):
+    """The schedule from the config, or the user's (a scheduler or a function of the
+    optimizer), or None."""
+    if lr_scheduler is not None and training.scheduler is not None:
+        raise _invalid("a learning-rate scheduler is given both to initialize and in the "
+                       "config's 'scheduler' section; remove one of them")
+    if training.scheduler is not None:
+        return schedule_from_config(training.scheduler, optimizer)
+    if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        lr_scheduler = lr_scheduler(optimizer)
+    if lr_scheduler is not None and getattr(lr_scheduler, "optimizer", optimizer) is not optimizer:
+        raise _invalid("lr_scheduler steps another optimizer than the engine's; build it over "
+                       "the optimizer initialize returns, or pass a function of the optimizer")
+    return lr_scheduler
+
+
+def _dataloader(training_data, training, group, collate_fn):
+    """A DataLoader of micro-batches, each rank its share of the samples (None without
+    training_data)."""
+    if training_data is None:
+        return None
+    sampler = None
+    if group is not None:
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            training_data, num_replicas=dist.get_world_size(group), rank=dist.get_rank(group))
+    return torch.utils.data.DataLoader(
+        training_data, batch_size=training.batch.micro_batch_per_gpu, sampler=sampler,
+        collate_fn=collate_fn, drop_last=training.dataloader_drop_last)
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
+               config=None, config_params=None, process_group=None):
+    """DeepSpeed's initialize (see the module docstring): returns (engine, optimizer,
+    training_dataloader, lr_scheduler). ``process_group`` (default: torch.distributed's default
+    group when initialized) is the data-parallel group; ``mpu`` (model parallelism) is not
+    supported; ``dist_init_required`` is accepted and ignored (initialize the process group
+    before calling)."""
+    if model is None:
+        raise _invalid("initialize needs model= (a torch.nn.Module)")
+    if mpu is not None:
+        raise _invalid("mpu= (model parallelism) is not supported: zoe is data parallel only")
+    group = _process_group(process_group)
+    world = 1 if group is None else dist.get_world_size(group)
+    rank = 0 if group is None else dist.get_rank(group)
+    training = training_config(_config_of(args, config, config_params), world)
+    module = _cast_module(model, training)
+    document = engine_document(training, rank, world)
+    stage3 = None
+    if training.zero_stage == 3:
+        stage3, optimizer = _stage3_optimizer(optimizer, module, training, document, group)
+        owns = True
+    else:
+        params = model_parameters if model_parameters is not None else module.parameters()
+        params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
+        optimizer, owns = _build_optimizer(optimizer, params, training, document, group)
+    try:
+        scheduler = _build_scheduler(lr_scheduler, optimizer, training)
+        scaler = None if training.fp16 is None else loss_scaler_for(training.fp16)
+        engine = DeepSpeedEngine(module, optimizer, scheduler, training, group, scaler, owns,
+                                 stage3)
+    except BaseException:
+        if stage3 is not None:
+            stage3.close(optimizer)
+        elif owns:
+            optimizer.close()
+        raise
+    loader = _dataloader(training_data, training, group, collate_fn)
+    return engine, optimizer, loader, scheduler

@@ -1,0 +1,86 @@
+"""ZeRO stage 3 under zoe.torch.initialize: the module's parameters paged through a zoe engine
+(offload_parameters; homed in DRAM for offload_param "none"/"cpu", on NVMe for "nvme") and,
+over a process group, partitioned across its ranks (a ShardedParameterPager, docs/zero3.md);
+the optimizer (zoe.torch AdamW / Adam on the same engine) steps this rank's shards, or the paged
+parameters in one process. Clipping is the engine's: the optimizer is built with
+max_grad_norm=0.0 and ``clip`` clips to the global norm over every rank's shards.
+
+Stage3 holds the pager and the zoe engine, and does for the DeepSpeedEngine what paging changes:
+clipping, the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks)
+and closing."""
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..engine import Engine
+from .._capi import Tier
+from .common import _invalid
+from .offload import offload_parameters
+from .optimizer import Adam, AdamW
+
+
+@dataclasses.dataclass
+class Stage3:
+    """The paging side of a stage 3 engine (see the module docstring)."""
+    pager: Any
+    engine: Engine
+    sharded: bool
+
+    def clip(self, params, max_norm):
+        """Clips the gradients to ``max_norm`` (global over the ranks' shards when sharded)."""
+        if self.sharded:
+            self.pager.clip_grad_norm_(max_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def module_state(self):
+        """The module's state dict with its parameters' values (a collective when sharded)."""
+        return self.pager.state_dict()
+
+    def save(self, directory, optimizer, rank):
+        """The optimizer and the parameters it steps: every rank its shards, or rank 0."""
+        if self.sharded:
+            self.pager.save_checkpoint(directory, optimizer)
+        elif rank == 0:
+            optimizer.save_checkpoint(directory)
+
+    def load(self, directory, optimizer):
+        """Loads what save wrote; the parameters take the saved master weights."""
+        if self.sharded:
+            self.pager.load_checkpoint(directory, optimizer)
+        else:
+            optimizer.load_checkpoint(directory)
+
+    def close(self, optimizer):
+        """Gives the module ordinary parameters again (a collective when sharded), closes the
+        optimizer and the engine."""
+        self.pager.remove()
+        optimizer.close()
+        self.engine.close()
+
+
+def _home(training):
+    return Tier.NVME if training.offload_param == "nvme" else Tier.HOST
+
+
+def stage3_setup(module, spec, document, training, group):
+    """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
+    if training.fp16 is not None:
+        raise _invalid("fp16 with zero_optimization.stage 3 is not supported by initialize "
+                       "yet; use bf16, or stage 2")
+    settings = spec["params"]
+    adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
+    engine = Engine(document)
+    try:
+        pager = offload_parameters(module, engine, home=_home(training), process_group=group)
+        params = pager.shard_parameters() if group is not None else list(module.parameters())
+        optimizer = (AdamW if adamw else Adam)(
+            params, lr=settings.get("lr", 1e-3),
+            betas=tuple(settings.get("betas", (0.9, 0.999))), eps=settings.get("eps", 1e-8),
+            weight_decay=settings.get("weight_decay", 0.0), engine=engine, max_grad_norm=0.0)
+    except BaseException:
+        engine.close()
+        raise
+    return Stage3(pager, engine, group is not None), optimizer

@@ -1,0 +1,82 @@
+"""fp16 loss scaling as DeepSpeed does it (deepspeed/runtime/fp16/loss_scaler.py): a static scale,
+or a dynamic one that starts at 2**initial_scale_power, halves after ``hysteresis`` overflowing
+steps (never below min_loss_scale) and doubles after ``loss_scale_window`` overflow-free steps.
+
+The dynamic rule, per step i (from 0) with last_overflow starting at -1:
+- overflow: when the hysteresis left is 1 the scale becomes max(scale / 2, min_loss_scale),
+  otherwise the hysteresis left drops by one; last_overflow = i.
+- no overflow: with consecutive_hysteresis the hysteresis is refilled; when
+  (i - last_overflow) % loss_scale_window == 0 the hysteresis is refilled (if not already) and
+  the scale doubles.
+
+With hysteresis 1 this is torch's GradScaler with growth_factor 2, backoff_factor 0.5 and
+growth_interval loss_scale_window. Unlike DeepSpeed, an overflow at min_loss_scale keeps the
+scale rather than ending the run."""
+
+
+class StaticLossScaler:
+    """A fixed scale (fp16.loss_scale > 0); update() changes nothing."""
+
+    def __init__(self, scale):
+        self.loss_scale = float(scale)
+
+    def update(self, overflow):
+        pass
+
+    def state_dict(self):
+        return {"loss_scale": self.loss_scale}
+
+    def load_state_dict(self, state):
+        self.loss_scale = float(state["loss_scale"])
+
+
+class DynamicLossScaler:
+    """DeepSpeed's dynamic loss scaler (see the module docstring)."""
+
+    def __init__(self, initial_scale_power=16, loss_scale_window=1000, hysteresis=2,
+                 consecutive_hysteresis=False, min_loss_scale=1.0):
+        self.loss_scale = float(2 ** initial_scale_power)
+        self.scale_window = int(loss_scale_window)
+        self.delayed_shift = int(hysteresis)
+        self.hysteresis_left = int(hysteresis)
+        self.consecutive_hysteresis = bool(consecutive_hysteresis)
+        self.min_scale = float(min_loss_scale)
+        self.iteration = 0
+        self.last_overflow = -1
+
+    def update(self, overflow):
+        """Takes one step's outcome: ``overflow`` when some gradient was inf or NaN."""
+        if overflow:
+            if self.delayed_shift == 1 or self.hysteresis_left == 1:
+                self.loss_scale = max(self.loss_scale / 2.0, self.min_scale)
+            else:
+                self.hysteresis_left -= 1
+            self.last_overflow = self.iteration
+        else:
+            if self.consecutive_hysteresis:
+                self.hysteresis_left = self.delayed_shift
+            if (self.iteration - self.last_overflow) % self.scale_window == 0:
+                self.hysteresis_left = self.delayed_shift
+                self.loss_scale *= 2.0
+        self.iteration += 1
+
+    def state_dict(self):
+        return {key: getattr(self, key) for key in _DYNAMIC_STATE}
+
+    def load_state_dict(self, state):
+        for key in _DYNAMIC_STATE:
+            setattr(self, key, state[key])
+
+
+_DYNAMIC_STATE = ("loss_scale", "scale_window", "delayed_shift", "hysteresis_left",
+                  "consecutive_hysteresis", "min_scale", "iteration", "last_overflow")
+
+
+def loss_scaler_for(fp16):
+    """The scaler of DeepSpeed's fp16 settings (ds_config.FP16_DEFAULTS filled in): static when
+    loss_scale > 0, else dynamic."""
+    if fp16["loss_scale"] > 0:
+        return StaticLossScaler(fp16["loss_scale"])
+    return DynamicLossScaler(fp16["initial_scale_power"], fp16["loss_scale_window"],
+                             fp16["hysteresis"], fp16["consecutive_hysteresis"],
+                             fp16["min_loss_scale"])
