@@ -1,0 +1,101 @@
+"""Parameters paged while their modules are constructed (zoe.torch.zero_init, paged_init.py) and
+adopted by offload_parameters: the record such a parameter carries from one to the other, the
+checks adoption makes, and the one way both write a parameter's values into a new zoe tensor."""
+
+import torch
+
+from .. import _capi
+from .common import _PAGED_DTYPES, _invalid
+
+RECORD_ATTRIBUTE = "_zoe_init"  # the InitRecord of a parameter zero_init paged
+PAGER_ATTRIBUTES = ("_zoe_pager", "_zoe_sharded_pager")  # set on a parameter a pager pages
+
+
+def write_new_tensor(engine, name, values, home, tensor=None):
+    """A zoe tensor homed in ``home`` holding a copy of ``values`` (any layout, any device):
+    ``tensor`` when given (one of the same size, dtype and home, reused), else one registered as
+    ``name``. Homed on NVMe, it is evicted once written: DRAM holds it only while needed."""
+    flat = values.detach().contiguous().view(-1).cpu()
+    if tensor is None:
+        nbytes = flat.numel() * flat.element_size()
+        tensor = engine.register_tensor(name, nbytes, _PAGED_DTYPES[values.dtype], home)
+    with tensor.acquired(_capi.Tier.HOST, _capi.Access.WRITE) as memory:
+        torch.frombuffer(memory, dtype=values.dtype, count=flat.numel()).copy_(flat)
+    if home == _capi.Tier.NVME:
+        tensor.evict()
+    return tensor
+
+
+def placeholder_for(shape, dtype, device):
+    """What param.data points at while a parameter is paged: one zero expanded to ``shape``."""
+    return torch.zeros(1, dtype=dtype, device=device).expand(shape)
+
+
+class InitRecord:
+    """How zero_init paged one parameter: the engine and home of its zoe tensor, the tensor
+    (this rank's shard's with a process group; None for an empty shard), the placeholder
+    param.data points at and, with a process group, every rank's shard size (``counts``), this
+    rank and the placeholder of the shard. ``abandoned``: the zero_init that paged it raised,
+    so the parameter belongs to no model and cannot be adopted."""
+
+    def __init__(self, engine, home, tensor, placeholder, counts=None, rank=None,
+                 shard_placeholder=None):
+        self.engine = engine
+        self.home = home
+        self.tensor = tensor
+        self.placeholder = placeholder
+        self.counts = counts
+        self.rank = rank
+        self.shard_placeholder = shard_placeholder
+        self.abandoned = False
+
+
+def init_record(param):
+    """The InitRecord of a parameter zero_init paged, or None."""
+    return getattr(param, RECORD_ATTRIBUTE, None)
+
+
+def check_adoptable(named_params, engine, home, rank=None, world_size=None):
+    """Refuses, before a pager changes anything, a model whose parameters it cannot take:
+    one already paged by a pager, or one zero_init paged for another engine, home or
+    sharding (``rank`` of ``world_size``; None for a pager without a process group), or by a
+    zero_init whose construction raised. InvalidArgument naming the parameter."""
+    for name, param in named_params:
+        if any(getattr(param, attribute, None) is not None for attribute in PAGER_ATTRIBUTES):
+            raise _invalid(f"parameter {name!r} is already paged (offload_parameters was called "
+                           "on this model before); call pager.remove() first")
+        record = init_record(param)
+        if record is not None:
+            _check_record(name, record, engine, home, rank, world_size)
+
+
+def _check_record(name, record, engine, home, rank, world_size):
+    where = f"parameter {name!r} was paged by zoe.torch.zero_init"
+    if record.abandoned:
+        raise _invalid(f"{where} whose construction raised; build the model again")
+    if record.engine is not engine:
+        raise _invalid(f"{where} with another engine; offload it through the same engine")
+    if record.home != home:
+        raise _invalid(f"{where} homed in {_capi.Tier(record.home).name}; offload_parameters "
+                       f"was asked for {_capi.Tier(home).name}: pass the same home (or none "
+                       "to both, which follows zero_optimization.offload_param)")
+    sharded_as = None if record.counts is None else (record.rank, len(record.counts))
+    wanted = None if world_size is None else (rank, world_size)
+    if sharded_as != wanted:
+        raise _invalid(f"{where} {_sharding_words(sharded_as)}; offload_parameters pages it "
+                       f"{_sharding_words(wanted)}: pass zero_init and offload_parameters the "
+                       "same process_group")
+
+
+def _sharding_words(sharding):
+    if sharding is None:
+        return "without a process group"
+    return f"as rank {sharding[0]} of {sharding[1]}"
+
+
+def adopt(param):
+    """The InitRecord of ``param``, which a pager now takes over (the parameter no longer
+    carries it)."""
+    record = init_record(param)
+    delattr(param, RECORD_ATTRIBUTE)
+    return record
