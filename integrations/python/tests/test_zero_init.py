@@ -51,6 +51,29 @@ class TiedAfterConstruction(torch.nn.Module):
         self.head = torch.nn.Linear(6, 9, bias=False)
 
 
+class Reinitialising(torch.nn.Module):
+    """Writes its submodules' parameters in its own __init__, after they were built (and, under
+    zero_init, paged): in place by nn.init and fill_, or by giving them other data."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(4, 6)
+        self.second = torch.nn.Linear(6, 3)
+        self.norm = torch.nn.LayerNorm(3)
+        torch.nn.init.zeros_(self.first.bias)
+        torch.nn.init.constant_(self.second.weight, 0.5)
+        self.norm.bias.data.fill_(0.25)
+        self.first.weight.data = torch.randn(6, 4)
+        self.second.bias = torch.nn.Parameter(torch.rand(3))
+
+
+def changed_after_construction():
+    model = Custom()
+    torch.nn.init.ones_(model.inner[1].weight)
+    model.first.data = torch.arange(15.0).view(3, 5)
+    return model
+
+
 def tied_after_construction():
     model = TiedAfterConstruction()
     model.head.weight = model.embed.weight  # the same Parameter in two modules
@@ -64,6 +87,8 @@ BUILDERS = {
     "custom": Custom,
     "tied_in_init": TinyGPT,
     "tied_after_construction": tied_after_construction,
+    "reinitialised_by_parent": Reinitialising,
+    "changed_after_construction": changed_after_construction,
 }
 
 
@@ -80,7 +105,8 @@ def build(builder, seed, engine=None):
 def test_initial_values_equal_a_normal_build(engine, kind):
     reference = build(BUILDERS[kind], 5)
     model = build(BUILDERS[kind], 5, engine)
-    assert all(p.data.stride() == (0,) * p.dim() for p in model.parameters())  # placeholders
+    if kind != "changed_after_construction":  # there, one was given other data since
+        assert all(p.data.stride() == (0,) * p.dim() for p in model.parameters())  # paged
     pager = zoe.torch.offload_parameters(model, engine)
     state, expected = pager.state_dict(), reference.state_dict()
     assert list(state) == list(expected)
@@ -260,14 +286,24 @@ def shard_of(values, rank, world_size):
     return flat[begin:end]
 
 
+class ShardedBuild(torch.nn.Module):
+    """test_zero3's model (uneven shards, a 1-element bias, a weight tied in __init__) beside
+    one whose __init__ rewrites its submodules' parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = ShardedModel()
+        self.rewritten = Reinitialising()
+
+
 def build_sharded(rank, world_size, directory):
-    """One rank: ShardedModel built under zero_init with the process group, then adopted; saves
-    its shards, its full state dict and what zero_init paged, and checks a training step runs."""
+    """One rank: ShardedBuild built under zero_init with the process group, then adopted; saves
+    its shards, its full state dict and what zero_init paged."""
     init(rank, world_size, directory)
     engine, _ = engine_for(directory, rank)
     torch.manual_seed(0)
     with zoe.torch.zero_init(engine, process_group=dist.group.WORLD) as construction:
-        model = ShardedModel()
+        model = ShardedBuild()
     pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
     shards = {}
     for name, shard in pager.named_shard_parameters():
@@ -283,13 +319,14 @@ def build_sharded(rank, world_size, directory):
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_each_rank_keeps_only_its_shard(nvme_dir, world_size):
     torch.manual_seed(0)
-    reference = ShardedModel().state_dict()
+    reference = ShardedBuild().state_dict()
     run_ranks(build_sharded, world_size, nvme_dir)
-    # The model ties head.weight to tokens.weight in its __init__: zero_init also paged the
-    # head's own weight, which the tie dropped.
+    # zero_init also paged what construction then dropped: the head's own weight before
+    # ShardedModel tied it to tokens.weight, Reinitialising's first second.bias, and its
+    # first.weight twice (before and after it was given other data).
     model_bytes = sum(v.numel() * v.element_size() for k, v in reference.items()
-                      if k != "head.weight")
-    built_bytes = model_bytes + reference["head.weight"].numel() * 4
+                      if k != "model.head.weight")
+    built_bytes = model_bytes + (reference["model.head.weight"].numel() + 3 + 24) * 4
     for rank in range(world_size):
         record = torch.load(os.path.join(nvme_dir, f"rank{rank}.pt"))
         assert record["shard_bytes"] <= model_bytes // world_size + 64

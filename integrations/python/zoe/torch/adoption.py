@@ -9,6 +9,7 @@ from .common import _PAGED_DTYPES, _invalid
 
 RECORD_ATTRIBUTE = "_zoe_init"  # the InitRecord of a parameter zero_init paged
 PAGER_ATTRIBUTES = ("_zoe_pager", "_zoe_sharded_pager")  # set on a parameter a pager pages
+SPARES_ATTRIBUTE = "_zoe_spare_tensors"  # on an engine: spare_tensors()
 
 
 def write_new_tensor(engine, name, values, home, tensor=None):
@@ -35,8 +36,12 @@ class InitRecord:
     """How zero_init paged one parameter: the engine and home of its zoe tensor, the tensor
     (this rank's shard's with a process group; None for an empty shard), the placeholder
     param.data points at and, with a process group, every rank's shard size (``counts``), this
-    rank and the placeholder of the shard. ``abandoned``: the zero_init that paged it raised,
-    so the parameter belongs to no model and cannot be adopted."""
+    rank and the placeholder of the shard.
+
+    ``state``: "paged" (by zero_init, waiting for a pager), then one of "adopted" (a pager took
+    the tensor over), "dropped" (the parameter was given other data: the tensor became a spare
+    of the engine) or "abandoned" (the zero_init that paged it raised: the tensor became a spare
+    and the parameter, which belongs to no model, cannot be adopted)."""
 
     def __init__(self, engine, home, tensor, placeholder, counts=None, rank=None,
                  shard_placeholder=None):
@@ -47,7 +52,18 @@ class InitRecord:
         self.counts = counts
         self.rank = rank
         self.shard_placeholder = shard_placeholder
-        self.abandoned = False
+        self.state = "paged"
+        self.version = None  # the parameter's version counter once paged (see written)
+
+    def release(self, state):
+        """Moves a paged record to ``state`` ("dropped" or "abandoned"): its tensor becomes a
+        spare of the engine (spare_tensors) since no parameter uses it any more."""
+        if self.state != "paged":
+            return
+        self.state = state
+        if self.tensor is not None:
+            key = (self.tensor.nbytes, self.placeholder.dtype, self.home)
+            spare_tensors(self.engine).setdefault(key, []).append(self.tensor)
 
 
 def init_record(param):
@@ -71,7 +87,7 @@ def check_adoptable(named_params, engine, home, rank=None, world_size=None):
 
 def _check_record(name, record, engine, home, rank, world_size):
     where = f"parameter {name!r} was paged by zoe.torch.zero_init"
-    if record.abandoned:
+    if record.state == "abandoned":
         raise _invalid(f"{where} whose construction raised; build the model again")
     if record.engine is not engine:
         raise _invalid(f"{where} with another engine; offload it through the same engine")
@@ -93,9 +109,73 @@ def _sharding_words(sharding):
     return f"as rank {sharding[0]} of {sharding[1]}"
 
 
+def replaced(param, record):
+    """Whether ``param`` was given other data (``param.data = ...``) after zero_init paged it:
+    its zoe tensor no longer holds its values."""
+    data, placeholder = param.data, record.placeholder
+    return data.data_ptr() != placeholder.data_ptr() or data.shape != placeholder.shape
+
+
+def written(param, record):
+    """Whether ``param`` was written in place after zero_init paged it: through the parameter
+    (nn.init.zeros_, ones_, constant_: its version counter moved) or through ``param.data``
+    (a fill_ left a value other than zero in its placeholder). Both can only fill it with one
+    value; other writes into a placeholder raise. ``param.data.zero_()`` goes unseen."""
+    cell = record.placeholder.as_strided((1,), (1,))
+    return param._version != record.version or bool(cell.ne(0).item())
+
+
+def rewrite(param, record):
+    """Writes the value ``param`` was filled with in place (see written) into its zoe tensor
+    (this rank's shard of it with a process group) and gives it a fresh placeholder."""
+    values = param.data
+    if record.counts is not None:
+        begin = sum(record.counts[: record.rank])
+        values = values.reshape(-1)[begin : begin + record.counts[record.rank]]
+    if record.tensor is not None:
+        write_new_tensor(record.engine, None, values, record.home, record.tensor)
+    record.placeholder = placeholder_for(param.shape, param.dtype, param.device)
+    param.data = record.placeholder
+    record.version = param._version
+
+
+def settle(param, record):
+    """Brings a paged record up to date with what construction did to its parameter since:
+    other data (replaced: the record is dropped and the parameter is unpaged) or an in-place
+    fill (written: the tensor rewritten). True while the parameter stays paged."""
+    if replaced(param, record):
+        drop(param, record)
+        return False
+    if written(param, record):
+        with torch.no_grad():
+            rewrite(param, record)
+    return True
+
+
+def drop(param, record):
+    """Forgets the paging of a parameter whose data was replaced: it is an ordinary parameter
+    again, and its zoe tensor a spare of the engine."""
+    delattr(param, RECORD_ATTRIBUTE)
+    record.release("dropped")
+
+
+def spare_tensors(engine):
+    """The engine's zoe tensors that no parameter uses, by (bytes, dtype, home): tensors cannot
+    be unregistered, so zero_init reuses them."""
+    spares = getattr(engine, SPARES_ATTRIBUTE, None)
+    if spares is None:
+        spares = {}
+        setattr(engine, SPARES_ATTRIBUTE, spares)
+    return spares
+
+
 def adopt(param):
     """The InitRecord of ``param``, which a pager now takes over (the parameter no longer
-    carries it)."""
+    carries it), brought up to date (settle); None when its data was replaced since (the pager
+    pages it afresh)."""
     record = init_record(param)
+    if not settle(param, record):
+        return None
     delattr(param, RECORD_ATTRIBUTE)
+    record.state = "adopted"
     return record

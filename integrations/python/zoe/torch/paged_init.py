@@ -34,13 +34,12 @@ import torch.distributed as dist
 
 from .. import _capi
 from .._collective_ops import agreed
-from .adoption import (RECORD_ATTRIBUTE, InitRecord, init_record, placeholder_for,
-                       write_new_tensor)
+from .adoption import (RECORD_ATTRIBUTE, InitRecord, init_record, placeholder_for, settle,
+                       spare_tensors, write_new_tensor)
 from .common import _PAGED_DTYPES, _invalid, _live_group, _weak_group
 from .distributed import shard_counts
 
 _TENSOR_NAMES = itertools.count()  # a serial in every tensor name zero_init registers
-_SPARE_TENSORS = "_zoe_spare_tensors"  # engine attribute: {(nbytes, dtype, home): [Tensor]}
 _active = None  # the _Construction of the context in effect (contexts do not nest)
 
 
@@ -112,7 +111,7 @@ class ZeroInit:
     def page(self, module):
         """Pages every parameter of ``module`` and its submodules not paged yet."""
         pending = [(name, param) for name, param in module.named_parameters()
-                   if init_record(param) is None and not _is_lazy(param) and param.numel()]
+                   if _unpaged(param) and not _is_lazy(param) and param.numel()]
         if not pending:
             return
         for name, param in pending:
@@ -158,7 +157,7 @@ class ZeroInit:
         """A zoe tensor holding ``values``: a spare one of the same size, dtype and home when
         the engine has one, else one registered now."""
         nbytes = values.numel() * values.element_size()
-        spares = _spare_tensors(self.engine).get((nbytes, values.dtype, self.home))
+        spares = spare_tensors(self.engine).get((nbytes, values.dtype, self.home))
         if spares:
             tensor, name = spares.pop(), None
             self.reused += 1
@@ -171,6 +170,7 @@ class ZeroInit:
 
     def _attach(self, param, record):
         param.data = record.placeholder
+        record.version = param._version
         setattr(param, RECORD_ATTRIBUTE, record)
         self._records.append(record)
         self.parameters += 1
@@ -178,22 +178,17 @@ class ZeroInit:
     def abandon(self):
         """The construction raised: every parameter it paged is abandoned and its tensor kept
         for the next zero_init on the engine."""
-        spares = _spare_tensors(self.engine)
         for record in self._records:
-            record.abandoned = True
-            if record.tensor is not None:
-                key = (record.tensor.nbytes, record.placeholder.dtype, record.home)
-                spares.setdefault(key, []).append(record.tensor)
+            record.release("abandoned")  # those adopted meanwhile stay with their pager
         self._records = []
 
 
-def _spare_tensors(engine):
-    """The engine's zoe tensors of abandoned parameters, by (bytes, dtype, home)."""
-    spares = getattr(engine, _SPARE_TENSORS, None)
-    if spares is None:
-        spares = {}
-        setattr(engine, _SPARE_TENSORS, spares)
-    return spares
+def _unpaged(param):
+    """Whether ``param`` is not paged: zero_init never paged it, or it was given other data
+    since (then its record is dropped and its tensor kept as a spare). A paged parameter
+    filled in place since is written again (adoption.settle)."""
+    record = init_record(param)
+    return record is None or not settle(param, record)
 
 
 def _is_lazy(param):

@@ -99,10 +99,7 @@ class ParameterPager:
             if param.device not in devices_checked:
                 check_paging_tier(self.engine, self.tier, param.device)
                 devices_checked.add(param.device)
-            if init_record(param) is not None:
-                record = self._adopt(name, param)
-            else:
-                record = self._page(prefix + name, name, param)
+            record = self._adopt(name, param) or self._page(prefix + name, name, param)
             param._zoe_pager = self
             self._records[id(param)] = record
 
@@ -114,8 +111,11 @@ class ParameterPager:
         return _PagedParam(name, param, tensor, placeholder, self.tier)
 
     def _adopt(self, name, param):
-        """A record of ``param``, which zero_init paged: its tensor and placeholder taken over."""
-        init = adopt(param)
+        """A record of ``param`` when zero_init paged it (its tensor and placeholder taken
+        over), else None."""
+        init = adopt(param) if init_record(param) is not None else None
+        if init is None:
+            return None
         return _PagedParam(name, param, init.tensor, init.placeholder, self.tier)
 
     def _install_hooks(self):

@@ -218,8 +218,8 @@ class ShardedParameterPager(ParameterPager):
         numel = param.numel()
         counts = shard_counts(numel, self.world_size)
         entry = _ShardedParam(len(self._params), name, param, counts, self.rank)
-        if init_record(param) is not None:
-            init = adopt(param)
+        init = adopt(param) if init_record(param) is not None else None
+        if init is not None:
             entry.placeholder = init.placeholder
             if entry.count:
                 entry.shard = self._shard_leaf(prefix + name, init.tensor,
