@@ -124,6 +124,9 @@ def test_tied_weights_are_registered_once(engine):
     pager = zoe.torch.offload_parameters(model, engine)
     assert len(pager._records) == 1
     assert model.head.weight is model.embed.weight
+    with zoe.torch.zero_init(engine) as again:  # the dropped head weight's tensor is reused
+        torch.nn.Linear(6, 9, bias=False)
+    assert again.reused == 1 and again.registered == 0
 
 
 class Stack(torch.nn.Module):

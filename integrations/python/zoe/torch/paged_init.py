@@ -22,12 +22,16 @@ parameters to page), so a failure on one rank raises on every rank.
 Leaving the context restores every wrapped ``__init__``. When the construction raises, every
 parameter the context paged is marked abandoned (offload_parameters refuses it) and its zoe
 tensor is kept by the engine for the next zero_init on it to reuse (zoe has no way to
-unregister a tensor): building the model again registers no new tensors for them.
+unregister a tensor): building the model again registers no new tensors for them. So is the
+tensor of a paged parameter that construction drops (a weight replaced by a tie, a parameter
+given other data) once it is gone. A parameter paged here carries an adoption.InitRecord until
+a pager adopts it; adoption.py keeps what construction wrote into it since in its tensor.
 """
 
 import contextlib
 import functools
 import itertools
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -172,6 +176,9 @@ class ZeroInit:
         param.data = record.placeholder
         record.version = param._version
         setattr(param, RECORD_ATTRIBUTE, record)
+        # A parameter that dies before a pager adopts it (a weight a tie replaced) leaves its
+        # tensor to the engine's spares.
+        weakref.finalize(param, record.release, "dropped").atexit = False
         self._records.append(record)
         self.parameters += 1
 
