@@ -36,15 +36,15 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .. import _capi
 from .._collective_ops import agreed
 from .adoption import (RECORD_ATTRIBUTE, InitRecord, init_record, placeholder_for, settle,
                        spare_tensors, write_new_tensor)
 from .common import _PAGED_DTYPES, _invalid, _live_group, _weak_group
 from .distributed import shard_counts
+from .offload import _home_from_config
 
 _TENSOR_NAMES = itertools.count()  # a serial in every tensor name zero_init registers
-_active = None  # the _Construction of the context in effect (contexts do not nest)
+_active = None  # the ZeroInit of the context in effect (contexts do not nest)
 
 
 def _home_of(engine, home):
@@ -60,7 +60,7 @@ def _home_of(engine, home):
             f"{device!r}: set zero_optimization.offload_param.device to \"cpu\" or \"nvme\" in "
             "the engine's configuration (or pass home=zoe.Tier.HOST or zoe.Tier.NVME)"
         )
-    return _capi.Tier.HOST if device == "cpu" else _capi.Tier.NVME
+    return _home_from_config(engine)
 
 
 class _Sharding:
