@@ -17,7 +17,8 @@ import zoe.torch
 from conftest import small_config
 from test_offload_parameters import TinyGPT, loss_of
 from test_zero3 import Model as ShardedModel
-from test_zero3 import engine_for, init, run_ranks
+from test_zero3 import BATCH, engine_for, init, run_ranks
+from test_zero3 import loss_of as sharded_loss_of
 
 
 def paging_config(nvme_dir, device="nvme", **zoe_options):
@@ -313,14 +314,41 @@ def build_sharded(rank, world_size, directory):
         with pager.held(shard) as values:
             shards[name] = values.clone()
     record = {"shards": shards, "state": pager.state_dict(), "bytes": construction.bytes,
-              "shard_bytes": pager.shard_bytes}
+              "shard_bytes": pager.shard_bytes, "training": train_both_ways(rank, world_size,
+                                                                            engine)}
     torch.save(record, os.path.join(directory, f"rank{rank}.pt"))
     dist.destroy_process_group()
     engine.close()
 
 
+def train_both_ways(rank, world_size, engine, steps=3):
+    """ShardedModel sharded by offload_parameters after a normal build and adopted after
+    zero_init, each trained by zoe.torch.AdamW over its shards: (losses, full parameters) of
+    each."""
+    results = []
+    for under_zero_init in (False, True):
+        torch.manual_seed(0)
+        with (zoe.torch.zero_init(engine, process_group=dist.group.WORLD) if under_zero_init
+              else contextlib.nullcontext()):
+            model = ShardedModel()
+        way = "adopted" if under_zero_init else "built"
+        pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD,
+                                             prefix=f"{way}.", trace_name=way)
+        optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=1e-2, engine=engine, name=way)
+        rows = slice(BATCH * rank // world_size, BATCH * (rank + 1) // world_size)
+        losses = []
+        for step in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            loss = sharded_loss_of(model, step, rows)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        results.append((losses, pager.state_dict()))
+    return results
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_each_rank_keeps_only_its_shard(nvme_dir, world_size):
+def test_each_rank_keeps_only_its_shard_and_trains_as_if_built(nvme_dir, world_size):
     torch.manual_seed(0)
     reference = ShardedBuild().state_dict()
     run_ranks(build_sharded, world_size, nvme_dir)
@@ -338,3 +366,7 @@ def test_each_rank_keeps_only_its_shard(nvme_dir, world_size):
             assert torch.equal(values, shard_of(reference[name], rank, world_size)), name
         for key, values in reference.items():
             assert torch.equal(record["state"][key], values), (rank, key)
+        (built_losses, built), (adopted_losses, adopted) = record["training"]
+        assert all(map(torch.equal, built_losses, adopted_losses)), rank
+        assert built.keys() == adopted.keys()
+        assert all(torch.equal(built[key], adopted[key]) for key in built), rank
