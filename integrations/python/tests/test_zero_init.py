@@ -263,6 +263,20 @@ def test_an_exception_restores_the_classes_and_abandons_what_was_paged(engine):
     assert again.reused == 3 and again.registered == 2  # the last Linear's sizes are new
 
 
+class RandomlyReinitialising(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 3)
+        torch.nn.init.normal_(self.layer.weight)  # the weight is paged already
+
+
+def test_a_random_write_into_a_paged_submodule_raises(engine):
+    with pytest.raises(RuntimeError, match="more than one element"):
+        with zoe.torch.zero_init(engine):
+            RandomlyReinitialising()
+    assert not hasattr(torch.nn.Linear.__init__, "__wrapped__")
+
+
 def test_contexts_do_not_nest_and_pagers_refuse_a_mismatch(engine, nvme_dir):
     with zoe.torch.zero_init(engine):
         with pytest.raises(zoe.InvalidArgument, match="do not nest"):
