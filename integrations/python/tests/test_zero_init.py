@@ -64,6 +64,7 @@ class Reinitialising(torch.nn.Module):
         torch.nn.init.zeros_(self.first.bias)
         torch.nn.init.constant_(self.second.weight, 0.5)
         self.norm.bias.data.fill_(0.25)
+        self.norm.weight.data.zero_()
         self.first.weight.data = torch.randn(6, 4)
         self.second.bias = torch.nn.Parameter(torch.rand(3))
 
@@ -275,6 +276,19 @@ def test_a_random_write_into_a_paged_submodule_raises(engine):
         with zoe.torch.zero_init(engine):
             RandomlyReinitialising()
     assert not hasattr(torch.nn.Linear.__init__, "__wrapped__")
+
+
+def test_paged_parameters_read_nan_until_adopted_and_a_conversion_is_refused(engine):
+    with zoe.torch.zero_init(engine):
+        layer, converted = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    assert torch.isnan(layer.weight).all() and torch.isnan(layer.bias).all()
+    pager = zoe.torch.offload_parameters(layer, engine)
+    assert torch.equal(layer.weight.data, torch.zeros(2, 3))  # the pager's placeholder
+    with pager.materialized():
+        assert torch.isfinite(layer.weight).all()
+    converted.double()
+    with pytest.raises(zoe.InvalidArgument, match="converted to torch.float64"):
+        zoe.torch.offload_parameters(converted, engine)
 
 
 def test_contexts_do_not_nest_and_pagers_refuse_a_mismatch(engine, nvme_dir):

@@ -32,26 +32,40 @@ def placeholder_for(shape, dtype, device):
     return torch.zeros(1, dtype=dtype, device=device).expand(shape)
 
 
+def construction_placeholder(shape, dtype, device):
+    """What param.data points at from zero_init to adoption: one NaN expanded to ``shape`` (one
+    zero for a dtype without NaN), so that construction code reading a paged parameter spreads
+    NaN rather than plausible zeros, and any fill of it shows (written)."""
+    value = float("nan") if dtype.is_floating_point else 0
+    return torch.full((1,), value, dtype=dtype, device=device).expand(shape)
+
+
+def _untouched(cell):
+    """Whether a construction placeholder's one element still holds what it was made with."""
+    if cell.is_floating_point():
+        return bool(torch.isnan(cell).item())
+    return not bool(cell.item())
+
+
 class InitRecord:
     """How zero_init paged one parameter: the engine and home of its zoe tensor, the tensor
     (this rank's shard's with a process group; None for an empty shard), the placeholder
-    param.data points at and, with a process group, every rank's shard size (``counts``), this
-    rank and the placeholder of the shard.
+    param.data points at (construction_placeholder) and, with a process group, every rank's
+    shard size (``counts``) and this rank.
 
     ``state``: "paged" (by zero_init, waiting for a pager), then one of "adopted" (a pager took
-    the tensor over), "dropped" (the parameter was given other data: the tensor became a spare
-    of the engine) or "abandoned" (the zero_init that paged it raised: the tensor became a spare
-    and the parameter, which belongs to no model, cannot be adopted)."""
+    the tensor over; the parameter's data became the pager's placeholder), "dropped" (the
+    parameter was given other data, or died unadopted: the tensor became a spare of the engine)
+    or "abandoned" (the zero_init that paged it raised: the tensor became a spare and the
+    parameter, which belongs to no model, cannot be adopted)."""
 
-    def __init__(self, engine, home, tensor, placeholder, counts=None, rank=None,
-                 shard_placeholder=None):
+    def __init__(self, engine, home, tensor, placeholder, counts=None, rank=None):
         self.engine = engine
         self.home = home
         self.tensor = tensor
         self.placeholder = placeholder
         self.counts = counts
         self.rank = rank
-        self.shard_placeholder = shard_placeholder
         self.state = "paged"
         self.version = None  # the parameter's version counter once paged (see written)
 
@@ -74,23 +88,25 @@ def init_record(param):
 def check_adoptable(named_params, engine, home, rank=None, world_size=None):
     """Refuses, before a pager changes anything, a model whose parameters it cannot take:
     one already paged by a pager, or one zero_init paged for another engine, home or
-    sharding (``rank`` of ``world_size``; None for a pager without a process group), or by a
-    zero_init whose construction raised. InvalidArgument naming the parameter."""
+    sharding (``rank`` of ``world_size``; None for a pager without a process group), by a
+    zero_init whose construction raised, or converted since. InvalidArgument naming the
+    parameter."""
     for name, param in named_params:
         if any(getattr(param, attribute, None) is not None for attribute in PAGER_ATTRIBUTES):
             raise _invalid(f"parameter {name!r} is already paged (offload_parameters was called "
                            "on this model before); call pager.remove() first")
         record = init_record(param)
         if record is not None:
-            _check_record(name, record, engine, home, rank, world_size)
+            _check_record(name, param, record, engine, home, rank, world_size)
 
 
-def _check_record(name, record, engine, home, rank, world_size):
+def _check_record(name, param, record, engine, home, rank, world_size):
     where = f"parameter {name!r} was paged by zoe.torch.zero_init"
     if record.state == "abandoned":
         raise _invalid(f"{where} whose construction raised; build the model again")
     if record.engine is not engine:
         raise _invalid(f"{where} with another engine; offload it through the same engine")
+    refuse_converted(name, param, record)
     if record.home != home:
         raise _invalid(f"{where} homed in {_capi.Tier(record.home).name}; offload_parameters "
                        f"was asked for {_capi.Tier(home).name}: pass the same home (or none "
@@ -116,13 +132,20 @@ def replaced(param, record):
     return data.data_ptr() != placeholder.data_ptr() or data.shape != placeholder.shape
 
 
+def converted(param, record):
+    """Whether ``param`` was converted to another dtype or device (model.to, .cuda(), .half())
+    after zero_init paged it: the conversion saw only its placeholder."""
+    data, placeholder = param.data, record.placeholder
+    return data.dtype != placeholder.dtype or data.device != placeholder.device
+
+
 def written(param, record):
     """Whether ``param`` was written in place after zero_init paged it: through the parameter
     (nn.init.zeros_, ones_, constant_: its version counter moved) or through ``param.data``
-    (a fill_ left a value other than zero in its placeholder). Both can only fill it with one
-    value; other writes into a placeholder raise. ``param.data.zero_()`` goes unseen."""
+    (a fill_ changed its construction placeholder's one element). Both can only fill it with
+    one value; other writes into a placeholder raise."""
     cell = record.placeholder.as_strided((1,), (1,))
-    return param._version != record.version or bool(cell.ne(0).item())
+    return param._version != record.version or not _untouched(cell)
 
 
 def rewrite(param, record):
@@ -134,15 +157,29 @@ def rewrite(param, record):
         values = values.reshape(-1)[begin : begin + record.counts[record.rank]]
     if record.tensor is not None:
         write_new_tensor(record.engine, None, values, record.home, record.tensor)
-    record.placeholder = placeholder_for(param.shape, param.dtype, param.device)
+    record.placeholder = construction_placeholder(param.shape, param.dtype, param.device)
     param.data = record.placeholder
     record.version = param._version
 
 
-def settle(param, record):
+def refuse_converted(name, param, record):
+    """InvalidArgument when ``param`` was converted after zero_init paged it (converted)."""
+    if converted(param, record):
+        raise _invalid(
+            f"parameter {name!r} was converted to {param.dtype} on {param.device} after "
+            "zoe.torch.zero_init paged it (model.to, .cuda(), .half() before "
+            "offload_parameters), which converted only its placeholder: build the model in "
+            "the dtype and on the device it is to have inside zero_init (the modules' dtype= "
+            "and device= arguments, torch.set_default_dtype)"
+        )
+
+
+def settle(name, param, record):
     """Brings a paged record up to date with what construction did to its parameter since:
     other data (replaced: the record is dropped and the parameter is unpaged) or an in-place
-    fill (written: the tensor rewritten). True while the parameter stays paged."""
+    fill (written: the tensor rewritten). True while the parameter stays paged. A conversion
+    (converted) is refused."""
+    refuse_converted(name, param, record)
     if replaced(param, record):
         drop(param, record)
         return False
@@ -169,13 +206,15 @@ def spare_tensors(engine):
     return spares
 
 
-def adopt(param):
+def adopt(name, param):
     """The InitRecord of ``param``, which a pager now takes over (the parameter no longer
-    carries it), brought up to date (settle); None when its data was replaced since (the pager
-    pages it afresh)."""
+    carries it), brought up to date (settle), its placeholder the pager's; None when its data
+    was replaced since (the pager pages it afresh)."""
     record = init_record(param)
-    if not settle(param, record):
+    if not settle(name, param, record):
         return None
     delattr(param, RECORD_ATTRIBUTE)
     record.state = "adopted"
+    record.placeholder = placeholder_for(param.shape, param.dtype, param.device)
+    param.data = record.placeholder
     return record

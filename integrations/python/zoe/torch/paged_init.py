@@ -7,10 +7,11 @@ defined inside it, through ``Module.__init_subclass__``) is wrapped. The wrapper
 deep a module is in its own ``__init__`` chain (``super().__init__()`` calls nest); when the
 outermost one returns, every parameter of the module and its submodules that is not paged yet
 is written into a new zoe tensor homed where ``zero_optimization.offload_param`` says, its
-``param.data`` replaced by the placeholder the pagers use (one zero expanded to its shape), and
-an adoption.InitRecord attached. Submodules finish first, so a module's memory is freed as soon
-as it is built: the DRAM in use at once is about the largest module's own parameters (a module
-that creates its parameters before its submodules holds them until its ``__init__`` returns).
+``param.data`` replaced by a placeholder (one NaN expanded to its shape, one zero for integer
+dtypes: adoption.construction_placeholder), and an adoption.InitRecord attached. Submodules
+finish first, so a module's memory is freed as soon as it is built: the DRAM in use at once is
+about the largest module's own parameters (a module that creates its parameters before its
+submodules holds them until its ``__init__`` returns).
 Construction itself is untouched: the random number generator is consumed exactly as without
 the context, so the values are those of the same model built normally.
 
@@ -37,8 +38,8 @@ import torch
 import torch.distributed as dist
 
 from .._collective_ops import agreed
-from .adoption import (RECORD_ATTRIBUTE, InitRecord, init_record, placeholder_for, settle,
-                       spare_tensors, write_new_tensor)
+from .adoption import (RECORD_ATTRIBUTE, InitRecord, construction_placeholder, init_record,
+                       settle, spare_tensors, write_new_tensor)
 from .common import _PAGED_DTYPES, _invalid, _live_group, _weak_group
 from .distributed import shard_counts
 from .offload import _home_from_config
@@ -115,7 +116,7 @@ class ZeroInit:
     def page(self, module):
         """Pages every parameter of ``module`` and its submodules not paged yet."""
         pending = [(name, param) for name, param in module.named_parameters()
-                   if _unpaged(param) and not _is_lazy(param) and param.numel()]
+                   if _unpaged(name, param) and not _is_lazy(param) and param.numel()]
         if not pending:
             return
         for name, param in pending:
@@ -144,18 +145,17 @@ class ZeroInit:
         counts = shard_counts(param.numel(), self.sharding.world_size)
         rank = self.sharding.rank
         begin, count = sum(counts[:rank]), counts[rank]
-        tensor = shard_placeholder = None
+        tensor = None
         if count:
             flat = param.detach().contiguous().view(-1)
             tensor = self._write(name, flat[begin : begin + count])
-            shard_placeholder = placeholder_for(count, param.dtype, param.device)
         record = InitRecord(self.engine, self.home, tensor, self._placeholder(param),
-                            counts, rank, shard_placeholder)
+                            counts, rank)
         self._attach(param, record)
 
     @staticmethod
     def _placeholder(param):
-        return placeholder_for(param.shape, param.dtype, param.device)
+        return construction_placeholder(param.shape, param.dtype, param.device)
 
     def _write(self, name, values):
         """A zoe tensor holding ``values``: a spare one of the same size, dtype and home when
@@ -190,12 +190,12 @@ class ZeroInit:
         self._records = []
 
 
-def _unpaged(param):
+def _unpaged(name, param):
     """Whether ``param`` is not paged: zero_init never paged it, or it was given other data
     since (then its record is dropped and its tensor kept as a spare). A paged parameter
     filled in place since is written again (adoption.settle)."""
     record = init_record(param)
-    return record is None or not settle(param, record)
+    return record is None or not settle(name, param, record)
 
 
 def _is_lazy(param):
@@ -297,8 +297,10 @@ def zero_init(engine, process_group=None, home=None):
       as offload_parameters(..., process_group=pg) shards them; every rank builds the same
       model with the same seed (each writes its slice of the values it built).
     * Values: the model's parameters are those of building it without the context (the
-      random number generator is consumed identically); they read as zeros (placeholders)
-      until offload_parameters adopts them.
+      random number generator is consumed identically); until offload_parameters adopts them
+      they read as NaN (zero for integer dtypes). Converting the model (``.to``, ``.cuda()``,
+      ``.half()``) before adoption is refused by offload_parameters: build it in its dtype
+      and on its device inside the context.
     * Only modules whose ``__init__`` runs inside the context are paged as built; parameters
       created outside any module's ``__init__`` stay in DRAM and offload_parameters registers
       them as usual. Modules built by other threads meanwhile are paged too.

@@ -113,7 +113,7 @@ class ParameterPager:
     def _adopt(self, name, param):
         """A record of ``param`` when zero_init paged it (its tensor and placeholder taken
         over), else None."""
-        init = adopt(param) if init_record(param) is not None else None
+        init = adopt(name, param) if init_record(param) is not None else None
         if init is None:
             return None
         return _PagedParam(name, param, init.tensor, init.placeholder, self.tier)

@@ -218,12 +218,12 @@ class ShardedParameterPager(ParameterPager):
         numel = param.numel()
         counts = shard_counts(numel, self.world_size)
         entry = _ShardedParam(len(self._params), name, param, counts, self.rank)
-        init = adopt(param) if init_record(param) is not None else None
+        init = adopt(name, param) if init_record(param) is not None else None
         if init is not None:
             entry.placeholder = init.placeholder
             if entry.count:
-                entry.shard = self._shard_leaf(prefix + name, init.tensor,
-                                               init.shard_placeholder, param)
+                placeholder = placeholder_for(entry.count, param.dtype, param.device)
+                entry.shard = self._shard_leaf(prefix + name, init.tensor, placeholder, param)
         else:
             flat = param.detach().contiguous().view(-1)
             if entry.count:
