@@ -1,8 +1,9 @@
 """zoe.torch.zero_init: parameters paged as their modules are constructed (Linear, Embedding,
-LayerNorm, a custom module, tied weights) hold the values of a normal build with the same seed,
-construction never holds more than about one layer's parameters, training after
-offload_parameters adopts them equals a model paged after being built, the error without
-offload_param, cleanup after an exception, and each rank's shard with 1 and 2 gloo ranks."""
+LayerNorm, custom modules, tied weights, parameters a parent rewrites) hold the values of a normal
+build with the same seed, construction never holds more than about two layers' parameters,
+training after offload_parameters adopts them equals a model paged after being built, the error
+without offload_param, cleanup after an exception, refused mismatches and conversions, and each
+rank's shard (and training) with 1 and 2 gloo ranks."""
 
 import contextlib
 import os

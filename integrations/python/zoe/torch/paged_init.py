@@ -85,7 +85,8 @@ class ZeroInit:
     """What ``with zoe.torch.zero_init(...) as construction:`` yields: the engine, the home,
     and what the construction paged so far: ``parameters`` (count), ``bytes`` (of the zoe
     tensors: this rank's shards with a process group), ``registered`` (zoe tensors registered)
-    and ``reused`` (tensors of an earlier construction that raised, written again)."""
+    and ``reused`` (spare tensors of the engine written again: those of parameters a
+    construction that raised paged, or that construction dropped)."""
 
     def __init__(self, engine, home, sharding):
         self.engine = engine
