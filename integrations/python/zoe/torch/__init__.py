@@ -15,6 +15,8 @@ path in tests.
 ``offload_parameters(model, engine)`` pages a module's parameters through the engine (see its
 docstring); ``ParameterPager`` is the handle it returns. With ``process_group=pg`` it is ZeRO
 stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/zero3.md).
+``with zero_init(engine): model = build()`` pages each parameter as its module is constructed,
+so the model never exists whole in DRAM; offload_parameters then adopts them (paged_init.py).
 ``consolidate_checkpoint(directory, out_path)`` turns a sharded optimizer checkpoint into one
 state dict file without the ranks (consolidate.py).
 
@@ -26,7 +28,8 @@ param_group.py), config.py (engine_config and the optimizer's configuration), st
 its waits), grad_hooks.py (gradient hooks, ZeRO buckets), zero.py (ZeRO stages 1 and 2: the
 optimizer's ZeroPartition), distributed.py (collectives, the shard formula, sharded groups),
 checkpoint.py (sharded checkpoints), paging.py (ParameterPager), zero3.py (ZeRO stage 3:
-ShardedParameterPager), offload.py (offload_parameters), consolidate.py, common.py.
+ShardedParameterPager), offload.py (offload_parameters), paged_init.py and adoption.py (zero_init;
+parameters it paged adopted by the pagers), consolidate.py, common.py.
 """
 
 from .config import engine_config
@@ -37,6 +40,7 @@ from .offload import offload_parameters
 from .optimizer import Adam, AdamW
 from .paging import ParameterPager
 from .zero3 import ShardedParameterPager
+from .paged_init import ZeroInit, zero_init
 
 __all__ = [
     "Adam",
@@ -46,9 +50,11 @@ __all__ = [
     "HostTwin",
     "ParameterPager",
     "ShardedParameterPager",
+    "ZeroInit",
     "consolidate_checkpoint",
     "consolidated_state_dict",
     "engine_config",
     "initialize",
     "offload_parameters",
+    "zero_init",
 ]

@@ -7,8 +7,9 @@ import torch
 
 from .. import _capi
 from ..errors import FailedPrecondition
-from .device import check_paging_tier, wrap_tier_memory
+from .adoption import adopt, check_adoptable, init_record, placeholder_for, write_new_tensor
 from .common import _PAGED_DTYPES, _invalid
+from .device import check_paging_tier, wrap_tier_memory
 
 
 def _storage_pointer(tensor):
@@ -84,11 +85,13 @@ class ParameterPager:
     # --- registration ----------------------------------------------------------------------
 
     def _register(self, prefix):
-        seen, devices_checked = set(), set()
-        for name, param in self.model.named_parameters():
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
+        """Pages every parameter of the model once (a weight tied to several modules once):
+        one zero_init paged is adopted (its zoe tensor taken over), any other is registered
+        as ``prefix`` + its name and written."""
+        named = _distinct_named_parameters(self.model)
+        check_adoptable(named, self.engine, self.home)
+        devices_checked = set()
+        for name, param in named:
             if param.numel() == 0:
                 continue  # nothing to page
             if param.dtype not in _PAGED_DTYPES:
@@ -96,23 +99,24 @@ class ParameterPager:
             if param.device not in devices_checked:
                 check_paging_tier(self.engine, self.tier, param.device)
                 devices_checked.add(param.device)
-            data = param.detach().contiguous().cpu()
-            nbytes = data.numel() * data.element_size()
-            tensor = self.engine.register_tensor(
-                prefix + name, nbytes, _PAGED_DTYPES[param.dtype], self.home
-            )
-            placeholder = torch.zeros(1, dtype=param.dtype, device=param.device)
-            placeholder = placeholder.expand(param.shape)
-            record = _PagedParam(name, param, tensor, placeholder, self.tier)
-            with tensor.acquired(_capi.Tier.HOST, _capi.Access.WRITE) as memory:
-                torch.frombuffer(memory, dtype=param.dtype, count=data.numel()).copy_(
-                    data.view(-1)
-                )
-            if self.home == _capi.Tier.NVME:
-                tensor.evict()  # written to NVMe; DRAM holds it only while it is needed
-            param.data = placeholder
+            record = self._adopt(name, param) or self._page(prefix + name, name, param)
             param._zoe_pager = self
             self._records[id(param)] = record
+
+    def _page(self, tensor_name, name, param):
+        """A record of ``param`` paged through a new zoe tensor; param.data the placeholder."""
+        tensor = write_new_tensor(self.engine, tensor_name, param, self.home)
+        placeholder = placeholder_for(param.shape, param.dtype, param.device)
+        param.data = placeholder
+        return _PagedParam(name, param, tensor, placeholder, self.tier)
+
+    def _adopt(self, name, param):
+        """A record of ``param`` when zero_init paged it (its tensor and placeholder taken
+        over), else None."""
+        init = adopt(name, param) if init_record(param) is not None else None
+        if init is None:
+            return None
+        return _PagedParam(name, param, init.tensor, init.placeholder, self.tier)
 
     def _install_hooks(self):
         # The root's own parameters are held by the iteration hooks, inside the trace.
@@ -336,6 +340,16 @@ class ParameterPager:
                 record.param.data = copy
                 del record.param._zoe_pager
         self._records.clear()
+
+
+def _distinct_named_parameters(model):
+    """(name, parameter) for each parameter of ``model`` once, by its first name."""
+    named, seen = [], set()
+    for name, param in model.named_parameters():
+        if id(param) not in seen:
+            seen.add(id(param))
+            named.append((name, param))
+    return named
 
 
 def _tier_stats(stats):

@@ -69,12 +69,13 @@ import torch.distributed as dist
 from .. import _capi
 from .._collective_ops import Agreement, agreed, agreement_error, gather_parts, reduce_parts
 from ..errors import Aborted, FailedPrecondition
+from .adoption import adopt, check_adoptable, init_record, placeholder_for, write_new_tensor
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
 from .device import check_paging_tier
 from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_counts
 from .grad_hooks import on_gradient_accumulated
-from .paging import ParameterPager, _PagedParam, _storage_pointer
+from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
 
 DEFAULT_PREFETCH_DEPTH = 2
 REDUCTIONS_IN_FLIGHT = 2  # gradient buckets being reduced while backward goes on
@@ -193,12 +194,14 @@ class ShardedParameterPager(ParameterPager):
 
     def _register(self, prefix):
         """Checks every parameter, then shards them: a parameter that cannot be paged leaves
-        the model untouched."""
-        named, seen, devices_checked = [], set(), set()
-        for name, param in self.model.named_parameters():
-            if id(param) in seen or param.numel() == 0:
+        the model untouched. A parameter zero_init paged is adopted: its shard is already
+        paged."""
+        named, devices_checked = [], set()
+        distinct = _distinct_named_parameters(self.model)
+        check_adoptable(distinct, self.engine, self.home, self.rank, self.world_size)
+        for name, param in distinct:
+            if param.numel() == 0:
                 continue
-            seen.add(id(param))
             if param.dtype not in _PAGED_DTYPES:
                 allowed = ", ".join(str(dtype) for dtype in _PAGED_DTYPES)
                 raise _invalid(
@@ -215,30 +218,37 @@ class ShardedParameterPager(ParameterPager):
         numel = param.numel()
         counts = shard_counts(numel, self.world_size)
         entry = _ShardedParam(len(self._params), name, param, counts, self.rank)
-        values = param.detach().contiguous().view(-1)[entry.begin : entry.begin + entry.count]
-        if entry.count:
-            entry.shard = self._page_shard(prefix + name, values, param)
-        placeholder = torch.zeros(1, dtype=param.dtype, device=param.device)
-        entry.placeholder = placeholder.expand(param.shape)
-        param.data = entry.placeholder
+        init = adopt(name, param) if init_record(param) is not None else None
+        if init is not None:
+            entry.placeholder = init.placeholder
+            if entry.count:
+                placeholder = placeholder_for(entry.count, param.dtype, param.device)
+                entry.shard = self._shard_leaf(prefix + name, init.tensor, placeholder, param)
+        else:
+            flat = param.detach().contiguous().view(-1)
+            if entry.count:
+                entry.shard = self._page_shard(
+                    prefix + name, flat[entry.begin : entry.begin + entry.count], param
+                )
+            entry.placeholder = placeholder_for(param.shape, param.dtype, param.device)
+            param.data = entry.placeholder
         param._zoe_sharded_pager = self
         self._params.append(entry)
         self._by_param[id(param)] = entry
 
     def _page_shard(self, name, values, param):
         """A leaf tensor over ``values`` (this rank's slice) paged through the engine."""
-        nbytes = values.numel() * values.element_size()
-        tensor = self.engine.register_tensor(name, nbytes, _PAGED_DTYPES[param.dtype], self.home)
-        with tensor.acquired(_capi.Tier.HOST, _capi.Access.WRITE) as memory:
-            torch.frombuffer(memory, dtype=param.dtype, count=values.numel()).copy_(values.cpu())
-        if self.home == _capi.Tier.NVME:
-            tensor.evict()
-        placeholder = torch.zeros(1, dtype=param.dtype, device=param.device)
-        placeholder = placeholder.expand(values.numel())
+        tensor = write_new_tensor(self.engine, name, values, self.home)
+        placeholder = placeholder_for(values.numel(), param.dtype, param.device)
+        return self._shard_leaf(name, tensor, placeholder, param)
+
+    def _shard_leaf(self, name, tensor, placeholder, param):
+        """The leaf tensor of this rank's shard of ``param``, paged through ``tensor``, its data
+        ``placeholder`` while not acquired."""
         shard = torch.nn.Parameter(placeholder, requires_grad=param.requires_grad)
         shard._zoe_pager = self
         self._records[id(shard)] = _PagedParam(name, shard, tensor, placeholder, self.tier)
-        self.shard_bytes += nbytes
+        self.shard_bytes += tensor.nbytes
         return shard
 
     def _install_hooks(self):
