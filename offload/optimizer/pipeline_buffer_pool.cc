@@ -2,32 +2,22 @@
 #include "offload/optimizer/pipeline_buffer_pool.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <utility>
 
+#include "core/vocabulary.h"
+
 namespace zoe::offload {
 
-const char* BufferStateName(BufferState state) {
-  switch (state) {
-    case BufferState::kFree:
-      return "free";
-    case BufferState::kCached:
-      return "cached";
-    case BufferState::kWritten:
-      return "written";
-    case BufferState::kPrefetched:
-      return "prefetched";
-    case BufferState::kReading:
-      return "reading";
-    case BufferState::kHolding:
-      return "holding";
-    case BufferState::kWriting:
-      return "writing";
-    case BufferState::kWritingThenReading:
-      return "writing-then-reading";
-  }
-  return "unknown";
-}
+// Indexed by BufferState's value (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, 8> kBufferStateNames = {
+    "free",    "cached",  "written", "prefetched",
+    "reading", "holding", "writing", "writing-then-reading"};
+static_assert(kBufferStateNames.size() ==
+              static_cast<size_t>(BufferState::kWritingThenReading) + 1);
+
+std::string_view BufferStateName(BufferState state) { return NameIn(kBufferStateNames, state); }
 
 size_t PipelineBufferPool::Add(PinnedBuffer memory, size_t sum_blocks) {
   PipelineBuffer& buffer = buffers_.emplace_back();

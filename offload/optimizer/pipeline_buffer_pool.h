@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/pinned_memory.h"
@@ -38,7 +39,7 @@ enum class BufferState : uint8_t {
   kWritingThenReading,  // write of `written_chunk` in flight, read of `chunk` queued behind it
 };
 
-const char* BufferStateName(BufferState state);
+std::string_view BufferStateName(BufferState state);
 
 struct PipelineBuffer {
   PinnedBuffer memory;

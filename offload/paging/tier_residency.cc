@@ -2,45 +2,23 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <numeric>
+
+#include "core/vocabulary.h"
 
 namespace zoe::offload {
 
-std::string_view CopyStateName(CopyState state) {
-  switch (state) {
-    case CopyState::kAbsent:
-      return "absent";
-    case CopyState::kLoading:
-      return "loading";
-    case CopyState::kResident:
-      return "resident";
-    case CopyState::kWritingBack:
-      return "writing_back";
-  }
-  return "unknown";
-}
+// Indexed by CopyState's and CopyEvent's values (core/vocabulary.h's mechanism).
+constexpr std::array<std::string_view, kCopyStateCount> kCopyStateNames = {
+    "absent", "loading", "resident", "writing_back"};
+constexpr std::array<std::string_view, kCopyEventCount> kCopyEventNames = {
+    "load_started",  "filled",  "loaded",       "load_failed",
+    "write_started", "written", "write_failed", "freed"};
 
-std::string_view CopyEventName(CopyEvent event) {
-  switch (event) {
-    case CopyEvent::kLoadStarted:
-      return "load_started";
-    case CopyEvent::kFilled:
-      return "filled";
-    case CopyEvent::kLoaded:
-      return "loaded";
-    case CopyEvent::kLoadFailed:
-      return "load_failed";
-    case CopyEvent::kWriteStarted:
-      return "write_started";
-    case CopyEvent::kWritten:
-      return "written";
-    case CopyEvent::kWriteFailed:
-      return "write_failed";
-    case CopyEvent::kFreed:
-      return "freed";
-  }
-  return "unknown";
-}
+std::string_view CopyStateName(CopyState state) { return NameIn(kCopyStateNames, state); }
+
+std::string_view CopyEventName(CopyEvent event) { return NameIn(kCopyEventNames, event); }
 
 namespace {
 

@@ -131,8 +131,8 @@ TEST(PipelineBufferPoolTest, WrittenBuffersBecomeTheCacheOrAreForgotten) {
 }
 
 TEST(PipelineBufferPoolTest, EveryStateHasAName) {
-  EXPECT_STREQ(BufferStateName(BufferState::kWritingThenReading), "writing-then-reading");
-  EXPECT_STREQ(BufferStateName(BufferState::kFree), "free");
+  EXPECT_EQ(BufferStateName(BufferState::kWritingThenReading), "writing-then-reading");
+  EXPECT_EQ(BufferStateName(BufferState::kFree), "free");
 }
 
 }  // namespace
