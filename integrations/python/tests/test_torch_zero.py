@@ -9,6 +9,7 @@ and training resumes as if uninterrupted; a rank whose state fails its checksum 
 within the transport's timeout, never a hang; an optimizer (closed or not, referenced or not)
 never keeps its process group alive past destroy_process_group()."""
 
+import contextlib
 import ctypes
 import datetime
 import gc
@@ -70,6 +71,36 @@ def train(optimizer, model, rank, world, steps=STEPS, first=0):
         loss = torch.nn.functional.mse_loss(model(x, step), y)
         loss.backward()
         optimizer.step()
+
+
+ACCUMULATION_STEPS = 6
+
+
+def train_accumulating(optimizer, model, rank, world, hold=True):
+    """Each step over two micro-batches (the halves of the rank's rows, each loss halved), the
+    first backward inside optimizer.no_sync() when ``hold``."""
+    for step in range(ACCUMULATION_STEPS):
+        x, y = batch(step)
+        per_rank = BATCH // world
+        x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+        half = per_rank // 2
+        optimizer.zero_grad(set_to_none=True)
+        first = optimizer.no_sync() if hold else contextlib.nullcontext()
+        with first:
+            (torch.nn.functional.mse_loss(model(x[:half], step), y[:half]) / 2).backward()
+        (torch.nn.functional.mse_loss(model(x[half:], step), y[half:]) / 2).backward()
+        optimizer.step()
+
+
+def run_accumulation(rank, world, out_dir, name, hold):
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(),
+                               os.path.join(out_dir, name + "-nvme-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100)
+    train_accumulating(optimizer, model, rank, world, hold=hold)
+    torch.save([p.detach().clone() for p in model.parameters()],
+               os.path.join(out_dir, f"{name}-rank{rank}.pt"))
+    optimizer.close()
 
 
 def make_optimizer(kind, params, nvme_path, config_stage=3, buffer_count=4, **options):
@@ -275,6 +306,8 @@ def worker(rank, world, init_file, out_dir, runs):
                 run_checkpoint(rank, world, out_dir)
             elif name == "sd":
                 run_state_dict(rank, world, out_dir)
+            elif name in ("accum", "accum-unheld"):
+                run_accumulation(rank, world, out_dir, name, hold=name == "accum")
             else:
                 run_training(rank, world, out_dir, name, kind, stage)
     except BaseException:
@@ -386,6 +419,29 @@ def test_sharded_equals_one_process(world, nvme_dir):
                 torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
                                            msg=f"{name}: rank {rank} parameter {index}")
             assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
+
+
+def test_stage2_accumulation_holds_reductions_inside_no_sync(nvme_dir):
+    """Gradient accumulation over two micro-batches at stage 2 on 2 ranks, the first backward
+    inside optimizer.no_sync(), equals one process accumulating the same losses; without
+    no_sync the first micro-batch's buckets are reduced alone and the result differs."""
+    directory = os.path.join(nvme_dir, "accum-single")
+    os.makedirs(directory, exist_ok=True)
+    model = Net()
+    optimizer = make_optimizer("AdamW", model.parameters(), directory)
+    with optimizer.no_sync():  # unsharded: nothing to hold
+        pass
+    train_accumulating(optimizer, model, 0, 1)
+    want = [p.detach().clone() for p in model.parameters()]
+    optimizer.close()
+    spawn(2, nvme_dir, [("accum", None, 2), ("accum-unheld", None, 2)])
+    for rank in range(2):
+        got = torch.load(os.path.join(nvme_dir, f"accum-rank{rank}.pt"))
+        for index, (a, b) in enumerate(zip(got, want)):
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                                       msg=f"rank {rank} parameter {index}")
+        unheld = torch.load(os.path.join(nvme_dir, f"accum-unheld-rank{rank}.pt"))
+        assert any(not torch.allclose(a, b, rtol=2e-5, atol=2e-6) for a, b in zip(unheld, want))
 
 
 def test_steady_state_steps_reuse_their_buffers(nvme_dir):

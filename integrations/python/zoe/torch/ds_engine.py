@@ -233,20 +233,10 @@ class DeepSpeedEngine:
         return [param.register_hook(lambda grad: grad * (1.0 / scaler.loss_scale))
                 for param in self.module.parameters() if param.requires_grad]
 
-    @contextlib.contextmanager
     def _reductions_held(self, hold):
-        """While ``hold``: zoe's stage 2 reduces no bucket (their counts forgotten after)."""
-        buckets = []
-        if hold and getattr(getattr(self.optimizer, "_zero", None), "stage", 0) == 2:
-            buckets = [bucket for state in self.optimizer._groups
-                       for bucket in state.shard.buckets]
-        for bucket in buckets:
-            bucket.reduced = True
-        try:
-            yield
-        finally:
-            for bucket in buckets:
-                bucket.reset()
+        """While ``hold`` (a micro-batch before the boundary): zoe's stage 2 reduces nothing."""
+        no_sync = getattr(self.optimizer, "no_sync", None)
+        return no_sync() if hold and no_sync is not None else contextlib.nullcontext()
 
     # --- checkpoints -----------------------------------------------------------------------
 

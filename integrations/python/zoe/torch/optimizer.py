@@ -23,6 +23,7 @@ sharded state (zero.py). Everything else is this class's, for both.
 
 Per param group the optimizer keeps one GroupState (param_group.py), in ``self._groups``."""
 
+import contextlib
 import math
 import re
 
@@ -539,6 +540,16 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         and handed to zoe, which starts reading its state during backward. Without it, step()
         copies the gradients after backward. CPU param groups are not affected."""
         return device.overlap([state.device for state in self._groups])
+
+    def no_sync(self):
+        """A context manager around the backwards of a gradient accumulation's micro-batches
+        before its last, as DistributedDataParallel.no_sync: with ZeRO stage 2 their gradients
+        add up in ``.grad`` instead of being reduced bucket by bucket, and the last backward,
+        outside, reduces the sums. Nothing to hold otherwise (unsharded, or stage 1, which
+        reduces at step())."""
+        if self._zero is None:
+            return contextlib.nullcontext()
+        return self._zero.no_sync(self._groups)
 
     def _write_back(self, state, present=None):
         """Copies the master weights into the parameters one at a time (paged parameters are

@@ -50,6 +50,7 @@ state dicts and checkpoints); a param group's shard (its ShardedGroup, buckets a
 buffer) is the GroupShard in its GroupState. The shard formula is distributed.shard_bounds.
 """
 
+import contextlib
 import dataclasses
 import json
 import operator
@@ -391,6 +392,23 @@ class ZeroPartition:
                 if not bucket.reduced:
                     self.reduce_bucket(optimizer, state, bucket, [False] * len(state.params))
         return any_reduced
+
+    @contextlib.contextmanager
+    def no_sync(self, states):
+        """Backwards inside reduce no stage-2 bucket (DistributedDataParallel.no_sync): the
+        micro-batches of a gradient accumulation before its last, whose gradients add up in
+        ``.grad``. The next backward outside reduces the sums. Stage 1 reduces at step() and
+        needs nothing held."""
+        buckets = [bucket for state in states for bucket in state.shard.buckets]
+        if self.stage != 2:
+            buckets = []
+        for bucket in buckets:
+            bucket.reduced = True  # the hooks count, and reduce nothing
+        try:
+            yield
+        finally:
+            for bucket in buckets:
+                bucket.reset()
 
     def end_iteration(self, state):
         """Drops the reduced slices and the buckets' counts after a step (taken or failed)."""
