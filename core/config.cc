@@ -360,26 +360,25 @@ ObjectReader& ObjectReader::Double(std::string_view key, double* out, double min
   return *this;
 }
 
-ObjectReader& ObjectReader::Bool(std::string_view key, bool* out) {
+template <class T>
+ObjectReader& ObjectReader::Typed(std::string_view key, T* out, bool (Json::*is)() const noexcept,
+                                  std::string_view expected) {
   const Json* value = Find(key);
   if (value == nullptr) return *this;
-  if (!value->is_boolean()) {
-    status_ = WrongType(KeyPath(found_key_), "true or false", *value);
+  if (!(value->*is)()) {
+    status_ = WrongType(KeyPath(found_key_), expected, *value);
   } else {
-    *out = value->get<bool>();
+    *out = value->get<T>();
   }
   return *this;
 }
 
+ObjectReader& ObjectReader::Bool(std::string_view key, bool* out) {
+  return Typed(key, out, &Json::is_boolean, "true or false");
+}
+
 ObjectReader& ObjectReader::String(std::string_view key, std::string* out) {
-  const Json* value = Find(key);
-  if (value == nullptr) return *this;
-  if (!value->is_string()) {
-    status_ = WrongType(KeyPath(found_key_), "a string", *value);
-  } else {
-    *out = value->get<std::string>();
-  }
-  return *this;
+  return Typed(key, out, &Json::is_string, "a string");
 }
 
 ObjectReader& ObjectReader::StringList(std::string_view key, std::vector<std::string>* out) {

@@ -75,6 +75,11 @@ class ObjectReader {
   const std::string& path() const { return path_; }
 
  private:
+  // Reads `key` into *out when its JSON value passes `is` (else a wrong-type error naming
+  // `expected`).
+  template <class T>
+  ObjectReader& Typed(std::string_view key, T* out, bool (nlohmann::json::*is)() const noexcept,
+                      std::string_view expected);
   const nlohmann::json* Find(std::string_view key);
   std::string KeyPath(std::string_view key) const;
 

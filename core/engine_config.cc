@@ -348,12 +348,21 @@ Status CheckTensorHostBudget(const ObjectReader& reader, const ZoeConfig& zoe) {
       zoe.host_budget));
 }
 
+// A fixed tensor swap space holds at least one direct-I/O unit; 0 is automatic.
+Status CheckTensorSwapBytes(const ObjectReader& reader, const ZoeConfig& zoe) {
+  if (zoe.tensor_swap_bytes == 0 || zoe.tensor_swap_bytes >= kDirectIoUnit) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "{} = {} is out of range; allowed: 0 (automatic: grown as tensors register) or "
+      "{}..{}",
+      KeyPath(reader, "tensor_swap_bytes"), zoe.tensor_swap_bytes, kDirectIoUnit, kMaxBudget));
+}
+
 Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
   ReadEnum(reader, "device", &out->device, kComputeDevices);
   reader.Size("device_budget", &out->device_budget, 0, kMaxBudget)
       .Size("host_budget", &out->host_budget, 0, kMaxBudget)
       .Size("tensor_host_budget", &out->tensor_host_budget, 0, kMaxBudget)
-      .Size("tensor_swap_bytes", &out->tensor_swap_bytes, kDirectIoUnit, kMaxBudget)
+      .Size("tensor_swap_bytes", &out->tensor_swap_bytes, 0, kMaxBudget)
       .StringList("nvme_paths", &out->nvme_paths)
       .Size("stripe_unit", &out->stripe_unit, kDirectIoUnit, uint64_t{1} << 30)
       .Size("chunk_size", &out->chunk_size, kDirectIoUnit, uint64_t{16} << 30)
@@ -369,6 +378,7 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "stripe_unit", out->stripe_unit));
   ZOE_RETURN_IF_ERROR(CheckDirectIoMultiple(reader, "chunk_size", out->chunk_size));
   ZOE_RETURN_IF_ERROR(CheckTensorHostBudget(reader, *out));
+  ZOE_RETURN_IF_ERROR(CheckTensorSwapBytes(reader, *out));
   return CheckNvmePaths(reader, out->nvme_paths);
 }
 

@@ -112,8 +112,9 @@ struct ZoeConfig {
   // rest holds the optimizer groups' state and pipeline buffers. 0: half of host_budget. Less than
   // host_budget when both are given.
   uint64_t tensor_host_budget = 0;
-  // Bytes of NVMe swap space reserved when the engine is created for registered tensors.
-  uint64_t tensor_swap_bytes = uint64_t{1} << 30;
+  // Bytes of NVMe swap space for registered tensors, reserved when the engine is created and
+  // fixed; 0: automatic, kAutoTensorSwapBytes at first, grown as registrations need.
+  uint64_t tensor_swap_bytes = 0;
   // Directories a swap space is striped over. After parsing: the given list, else the nvme_path
   // of each offload section whose device is nvme (distinct, optimizer's first); may be empty only
   // when nothing is offloaded to NVMe.
@@ -135,6 +136,9 @@ struct ZoeConfig {
 
   bool operator==(const ZoeConfig&) const = default;
 };
+
+// The first size, and the least growth, of an automatic zoe.tensor_swap_bytes.
+inline constexpr uint64_t kAutoTensorSwapBytes = uint64_t{1} << 30;
 
 struct EngineConfig {
   ZeroConfig zero;  // "zero_optimization"

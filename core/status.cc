@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "core/vocabulary.h"
 
@@ -43,35 +44,32 @@ Status& Status::operator=(const Status& other) {
   return *this;
 }
 
+// The code of each errno zoe tells apart; every other errno is an I/O error. zoe.errors in Python
+// mirrors this table (_BY_ERRNO).
+constexpr std::pair<int, StatusCode> kErrnoCodes[] = {
+    {ENOSPC, StatusCode::kNoSpace},
+    {EFBIG, StatusCode::kNoSpace},
+    {EDQUOT, StatusCode::kNoSpace},
+    {ENOENT, StatusCode::kNotFound},
+    {ENOTDIR, StatusCode::kNotFound},
+    {EACCES, StatusCode::kPermissionDenied},
+    {EPERM, StatusCode::kPermissionDenied},
+    {EROFS, StatusCode::kPermissionDenied},
+    {ENOMEM, StatusCode::kOutOfMemory},
+    {EINVAL, StatusCode::kInvalidArgument},
+    {EBADF, StatusCode::kInvalidArgument},
+    {EFAULT, StatusCode::kInvalidArgument},
+    {ENOSYS, StatusCode::kNotSupported},
+    {EOPNOTSUPP, StatusCode::kNotSupported},
+    {EBUSY, StatusCode::kBusy},
+    {ECANCELED, StatusCode::kAborted},
+};
+
 static StatusCode CodeForErrno(int err) {
-  switch (err) {
-    case ENOSPC:
-    case EFBIG:
-    case EDQUOT:
-      return StatusCode::kNoSpace;
-    case ENOENT:
-    case ENOTDIR:
-      return StatusCode::kNotFound;
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return StatusCode::kPermissionDenied;
-    case ENOMEM:
-      return StatusCode::kOutOfMemory;
-    case EINVAL:
-    case EBADF:
-    case EFAULT:
-      return StatusCode::kInvalidArgument;
-    case ENOSYS:
-    case EOPNOTSUPP:
-      return StatusCode::kNotSupported;
-    case EBUSY:
-      return StatusCode::kBusy;
-    case ECANCELED:
-      return StatusCode::kAborted;
-    default:
-      return StatusCode::kIoError;
+  for (const auto& [number, code] : kErrnoCodes) {
+    if (number == err) return code;
   }
+  return StatusCode::kIoError;
 }
 
 Status Status::FromErrno(int err, std::string_view context) {

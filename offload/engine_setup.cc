@@ -256,7 +256,11 @@ Result<TierManagerOptions> MakeTierManagerOptions(const config::EngineConfig& co
   options.host_budget_bytes = budgets.tensors;
   options.layout.chunk_bytes = zoe.chunk_size;
   options.nvme_paths = std::move(nvme_paths);
-  options.nvme_capacity_bytes = zoe.tensor_swap_bytes;
+  const bool automatic_swap = zoe.tensor_swap_bytes == 0;
+  options.nvme_capacity_bytes =
+      automatic_swap ? config::kAutoTensorSwapBytes : zoe.tensor_swap_bytes;
+  options.nvme_growth_bytes = automatic_swap ? config::kAutoTensorSwapBytes : 0;
+  options.nvme_capacity_key = "zoe.tensor_swap_bytes";
   ZOE_ASSIGN_OR_RETURN(options.io_backend, io::ParseBackend(config.aio.backend));
   options.queue_depth = static_cast<uint32_t>(config.aio.queue_depth);
   options.checksum_block = TensorChecksumBlock(config);

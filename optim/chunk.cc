@@ -338,30 +338,31 @@ Result<StepScaling> StepChunk(const HyperParams& hyper, int64_t step, const Chun
   return scaling;
 }
 
-Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
-                   const RunOptions& run) {
-  ZOE_RETURN_IF_ERROR(CheckKernelDType(dst_dtype, kCastDTypes, "cast target dtype"));
+// Converts `count` elements between fp32 and `dtype` (bf16 or fp16) on the run's tiles: to fp32
+// when `widen`, from fp32 otherwise.
+static Status ConvertOnTiles(const void* src, void* dst, size_t count, DType dtype, bool widen,
+                             const RunOptions& run) {
+  ZOE_RETURN_IF_ERROR(
+      CheckKernelDType(dtype, kCastDTypes, widen ? "cast source dtype" : "cast target dtype"));
   if (count > 0 && (src == nullptr || dst == nullptr)) {
     return Status::InvalidArgument("cast of " + std::to_string(count) +
                                    " elements got a null buffer");
   }
   ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
-  const ConvertFn convert = kernels->from_f32[KernelTable::Slot(dst_dtype)];
+  const size_t slot = KernelTable::Slot(dtype);
+  const ConvertFn convert = widen ? kernels->to_f32[slot] : kernels->from_f32[slot];
   ForEachTile(run, count, [&](size_t begin, size_t end) { convert(src, dst, begin, end); });
   return Status::Ok();
 }
 
+Status CastFromF32(const float* src, DType dst_dtype, void* dst, size_t count,
+                   const RunOptions& run) {
+  return ConvertOnTiles(src, dst, count, dst_dtype, /*widen=*/false, run);
+}
+
 Status CastToF32(const void* src, DType src_dtype, float* dst, size_t count,
                  const RunOptions& run) {
-  ZOE_RETURN_IF_ERROR(CheckKernelDType(src_dtype, kCastDTypes, "cast source dtype"));
-  if (count > 0 && (src == nullptr || dst == nullptr)) {
-    return Status::InvalidArgument("cast of " + std::to_string(count) +
-                                   " elements got a null buffer");
-  }
-  ZOE_ASSIGN_OR_RETURN(const KernelTable* kernels, ResolveKernels(run));
-  const ConvertFn convert = kernels->to_f32[KernelTable::Slot(src_dtype)];
-  ForEachTile(run, count, [&](size_t begin, size_t end) { convert(src, dst, begin, end); });
-  return Status::Ok();
+  return ConvertOnTiles(src, dst, count, src_dtype, /*widen=*/true, run);
 }
 
 size_t QuantBlockCount(size_t count, size_t block_offset) {

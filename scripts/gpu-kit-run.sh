@@ -55,6 +55,8 @@ run cuda-device-conformance "$here/bin/zoe_core_tests" \
 run cuda-adamw-kernel "$here/bin/zoe_optim_tests" --gtest_filter='CudaAdamW.*'
 run zoe-torch-cuda "$python" -m pytest -q -rs -p no:cacheprovider \
   "$here/tests/test_torch_cuda.py" "$here/tests/test_nccl_cuda.py"
+run hf-trainer-and-initialize "$python" -m pytest -q -rs -s -p no:cacheprovider \
+  "$here/tests/test_hf_cuda.py"
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
 echo

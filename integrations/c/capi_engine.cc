@@ -1,16 +1,7 @@
 // The engine's lifetime, flush, the async-error query, statistics and configuration.
 #include <string>
 
-#include "integrations/c/capi_guard.h"
-#include "integrations/c/capi_handles.h"
-
-using zoe::Status;
-using zoe::capi::CheckCreatorProcess;
-using zoe::capi::CheckNotNull;
-using zoe::capi::CopyForCaller;
-using zoe::capi::EngineOf;
-using zoe::capi::Guard;
-using zoe::offload::Engine;
+#include "integrations/c/capi_names.h"
 
 extern "C" {
 

@@ -6,18 +6,8 @@
 #include <memory>
 #include <span>
 
-#include "integrations/c/capi_guard.h"
-#include "integrations/c/capi_handles.h"
-#include "integrations/c/capi_sized.h"
+#include "integrations/c/capi_names.h"
 #include "offload/distributed/nccl_collectives.h"
-
-using zoe::Status;
-using zoe::capi::CheckNotNull;
-using zoe::capi::Guard;
-using zoe::capi::ResetSized;
-using zoe::capi::StructSize;
-using zoe::capi::WriteSized;
-namespace offload = zoe::offload;
 
 namespace {
 

@@ -6,24 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "integrations/c/capi_guard.h"
-#include "integrations/c/capi_handles.h"
-#include "integrations/c/capi_views.h"
-
-using zoe::Result;
-using zoe::Status;
-using zoe::capi::CheckNotNull;
-using zoe::capi::EngineOf;
-using zoe::capi::Guard;
-using zoe::capi::ResetSized;
-using zoe::capi::ToGroupId;
-using zoe::capi::WriteSized;
-using zoe::offload::Engine;
-namespace offload = zoe::offload;
-
-using zoe::capi::ToHyper;
-using zoe::capi::ToStepResult;
-using zoe::capi::ToViews;
+#include "integrations/c/capi_names.h"
 
 extern "C" {
 

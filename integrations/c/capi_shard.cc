@@ -7,18 +7,9 @@
 #include <span>
 #include <vector>
 
-#include "integrations/c/capi_guard.h"
-#include "integrations/c/capi_handles.h"
-#include "integrations/c/capi_views.h"
+#include "integrations/c/capi_names.h"
 #include "offload/distributed/collectives.h"
 #include "offload/distributed/sharded_group.h"
-
-using zoe::Result;
-using zoe::Status;
-using zoe::capi::CheckNotNull;
-using zoe::capi::EngineOf;
-using zoe::capi::Guard;
-namespace offload = zoe::offload;
 
 namespace {
 

@@ -1,18 +1,7 @@
 // Tensors (register, find, acquire, release, prefetch, evict) and traces.
 #include <string>
 
-#include "integrations/c/capi_guard.h"
-#include "integrations/c/capi_handles.h"
-#include "integrations/c/capi_sized.h"
-
-using zoe::Status;
-using zoe::capi::CheckNotNull;
-using zoe::capi::CopyForCaller;
-using zoe::capi::EngineOf;
-using zoe::capi::Guard;
-using zoe::capi::ToTensorId;
-using zoe::offload::Engine;
-namespace offload = zoe::offload;
+#include "integrations/c/capi_names.h"
 
 namespace {
 

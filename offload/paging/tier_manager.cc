@@ -149,9 +149,12 @@ Status TierManager::CheckFitsNewRun(const TensorDesc& desc) const {
         desc.name, desc.bytes, run_bytes, budget_bytes(Tier::kDevice)));
   }
   if (run_bytes > swap_->free_bytes()) {
+    const uint64_t capacity = swap_->capacity();
     return Status::NoSpace(fmt::format(
-        "tensor '{}' of {} bytes needs {} bytes of NVMe swap space, {} of {} bytes are free",
-        desc.name, desc.bytes, run_bytes, swap_->free_bytes(), swap_->capacity()));
+        "tensor '{}' of {} bytes needs {} bytes of NVMe swap space, {} of {} bytes are free; "
+        "set {} to at least {} (or leave it out: zoe then grows the space as tensors register)",
+        desc.name, desc.bytes, run_bytes, swap_->free_bytes(), capacity, options_.nvme_capacity_key,
+        capacity + run_bytes - swap_->free_bytes()));
   }
   return Status::Ok();
 }
@@ -182,7 +185,23 @@ Status TierManager::AddRunIfNew(TensorId tensor) {
   return Status::Ok();
 }
 
+Status TierManager::GrowSwapFor(const TensorDesc& desc) {
+  if (options_.nvme_growth_bytes == 0) return Status::Ok();
+  const uint64_t chunk = layout_.options().chunk_bytes;
+  if (desc.bytes == 0 || desc.bytes > layout_.options().max_tensor_bytes) return Status::Ok();
+  const uint64_t run_bytes = (desc.bytes + chunk - 1) / chunk * chunk;
+  const uint64_t free = swap_->free_bytes();
+  if (run_bytes <= free) return Status::Ok();
+  Result<uint64_t> grown = swap_->Grow(std::max(run_bytes - free, options_.nvme_growth_bytes));
+  if (!grown.ok()) {
+    return std::move(grown).status().WithContext(
+        fmt::format("growing the tensors' swap space for tensor '{}'", desc.name));
+  }
+  return Status::Ok();
+}
+
 Result<TensorId> TierManager::RegisterTensor(TensorDesc desc) {
+  ZOE_RETURN_IF_ERROR(GrowSwapFor(desc));
   std::lock_guard lock(mutex_);
   ZOE_RETURN_IF_ERROR(CheckFitsNewRun(desc));
   ZOE_ASSIGN_OR_RETURN(TensorId id, layout_.Register(std::move(desc)));

@@ -103,6 +103,11 @@ struct TierManagerOptions {
   ChunkLayoutOptions layout;                       // chunk size and tensor alignment
   std::vector<std::string> nvme_paths;             // swap directories (striped); at least one
   uint64_t nvme_capacity_bytes = uint64_t{4} << 30;
+  // 0: the swap space stays nvme_capacity_bytes and a registration beyond it is refused (naming
+  // `nvme_capacity_key` and the size that would fit). Else a registration that does not fit
+  // grows it first, by at least this many bytes (io::SwapSpace::Grow).
+  uint64_t nvme_growth_bytes = 0;
+  std::string nvme_capacity_key = "nvme_capacity_bytes";  // the setting refusals name
   io::BackendKind io_backend = io::BackendKind::kAuto;
   uint32_t queue_depth = 32;
   uint64_t checksum_block = 0;  // 0: no checksums; else xxh3 per block (a multiple of 4096)
@@ -258,6 +263,9 @@ class TierManager {
 
   // ---- registry (tier_manager.cc)
   Status CheckFitsNewRun(const TensorDesc& desc) const;
+  // Grows the swap space when `desc` could need more than is free and growth is allowed
+  // (TierManagerOptions::nvme_growth_bytes); called without mutex_ held (it may fallocate).
+  Status GrowSwapFor(const TensorDesc& desc);
   Status AddRunIfNew(TensorId tensor);
   Result<const TensorEntry*> Entry(TensorId tensor) const;
   std::string Describe(const Run& run) const;

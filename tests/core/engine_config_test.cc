@@ -128,7 +128,7 @@ TEST(EngineConfig, EmptyDocumentGivesDefaultsOffloadingTheOptimizerToCpu) {
   EXPECT_TRUE(config.zoe.nvme_paths.empty());
   EXPECT_EQ(config.zero.sub_group_size, 0u);  // derived from zoe.chunk_size
   EXPECT_EQ(config.zoe.tensor_host_budget, 0u);
-  EXPECT_EQ(config.zoe.tensor_swap_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(config.zoe.tensor_swap_bytes, 0u);  // automatic
   EXPECT_TRUE(config.ignored_keys.empty());
   EXPECT_EQ(DescribeIgnoredKeys(config), "");
 }

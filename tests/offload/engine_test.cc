@@ -12,8 +12,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,6 +131,8 @@ TEST(EngineSetup, TierManagerOptionsFollowTheConfiguration) {
   EXPECT_TRUE(static_cast<bool>(options->device_factory));
   EXPECT_EQ(options->nvme_paths, (std::vector<std::string>{"/a", "/b"}));
   EXPECT_EQ(options->nvme_capacity_bytes, 8u << 20);
+  EXPECT_EQ(options->nvme_growth_bytes, 0u);  // a size the user set is kept
+  EXPECT_EQ(options->nvme_capacity_key, "zoe.tensor_swap_bytes");
   EXPECT_EQ(options->io_backend, io::BackendKind::kLibaio);
   EXPECT_EQ(options->queue_depth, 16u);
   EXPECT_EQ(options->checksum_block, 64u << 10);  // aio.block_size divides the chunk
@@ -179,6 +181,16 @@ TEST(EngineSetup, HostBudgetIsSplitBetweenTensorsAndOptimizer) {
   HostBudgets grown = ResolveHostBudgets(zoe, 16 * kGiB);
   EXPECT_EQ(grown.tensors, 12 * kGiB);
   EXPECT_EQ(grown.optimizer, 12 * kGiB);
+}
+
+TEST(EngineSetup, AnAutomaticTensorSwapSpaceStartsAtOneGibibyteAndGrows) {
+  const config::EngineConfig config = ParseConfig(Json::object());
+  EXPECT_EQ(config.zoe.tensor_swap_bytes, 0u);
+  HostBudgets budgets{uint64_t{8} << 20, uint64_t{2} << 20, uint64_t{6} << 20};
+  Result<TierManagerOptions> options = MakeTierManagerOptions(config, {"/a"}, budgets);
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->nvme_capacity_bytes, config::kAutoTensorSwapBytes);
+  EXPECT_EQ(options->nvme_growth_bytes, config::kAutoTensorSwapBytes);
 }
 
 TEST(EngineSetup, GroupDefaultsComeFromTheConfiguration) {

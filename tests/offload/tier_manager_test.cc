@@ -112,6 +112,54 @@ TEST(TierManagerTest, RejectsOptionsWithoutSwapOrBudget) {
   EXPECT_EQ(TierManager::Create(options).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(TierManagerTest, AGrowableSwapSpaceGrowsForRegistrationsAndKeepsWhatWasWritten) {
+  TempDir dir;
+  TierManagerOptions options = SmallOptions(dir, 4);
+  options.nvme_capacity_bytes = 2 * kChunk;
+  options.nvme_growth_bytes = 2 * kChunk;
+  auto manager = MakeManager(options);
+  ASSERT_NE(manager, nullptr);
+  const TensorId first = Register(*manager, "first", 2 * kChunk);
+  const std::vector<std::byte> contents = Pattern(2 * kChunk, 1);
+  Store(*manager, first, contents);
+  ASSERT_TRUE(manager->Evict(first).ok());
+  // Five more chunks than the space held: three growths, one of them by more than the step.
+  const TensorId second = Register(*manager, "second", kChunk);
+  const TensorId third = Register(*manager, "third", 4 * kChunk);
+  ASSERT_NE(second, TensorId());
+  ASSERT_NE(third, TensorId());
+  const std::vector<std::byte> more = Pattern(4 * kChunk, 2);
+  Store(*manager, third, more);
+  ASSERT_TRUE(manager->Evict(third).ok());
+  ExpectContents(*manager, first, contents);
+  ExpectContents(*manager, third, more);
+}
+
+TEST(TierManagerTest, AFixedSwapSpaceRefusesARegistrationNamingTheSettingAndASizeThatFits) {
+  TempDir dir;
+  TierManagerOptions options = SmallOptions(dir, 4);
+  options.nvme_capacity_bytes = 2 * kChunk;
+  options.nvme_capacity_key = "zoe.tensor_swap_bytes";
+  auto manager = MakeManager(options);
+  ASSERT_NE(manager, nullptr);
+  Register(*manager, "first", kChunk);
+  TensorDesc desc{"big", 3 * kChunk, DType::kUInt8, Tier::kHost, ""};
+  Result<TensorId> refused = manager->RegisterTensor(desc);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNoSpace);
+  const std::string message(refused.status().message());
+  EXPECT_NE(message.find("set zoe.tensor_swap_bytes to at least 262144"), std::string::npos)
+      << message;
+  // That size works.
+  TempDir other;
+  options = SmallOptions(other, 4);
+  options.nvme_capacity_bytes = 4 * kChunk;
+  auto roomier = MakeManager(options);
+  ASSERT_NE(roomier, nullptr);
+  Register(*roomier, "first", kChunk);
+  EXPECT_TRUE(roomier->RegisterTensor(desc).ok());
+}
+
 TEST(TierManagerTest, TensorLargerThanHostBudgetFailsAtRegistration) {
   TempDir dir;
   auto manager = MakeManager(SmallOptions(dir, 2));

@@ -1,0 +1,129 @@
+"""zoe on a CUDA model through the two front doors users come by (run where torch sees a GPU;
+skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs it):
+
+- Hugging Face's `transformers.Trainer` training a tiny GPT-2 built from a `GPT2Config`
+  (nothing downloaded) with `optimizers=(zoe.torch.AdamW(..., offload="nvme"), scheduler)`,
+  beside the same Trainer with torch's AdamW: the losses agree and fall;
+- `zoe.torch.initialize` on a CUDA model from a DeepSpeed configuration (ZeRO stage 2, optimizer
+  state on NVMe, WarmupLR, gradient accumulation 2, clipping 1.0) beside the plain torch loop.
+"""
+
+import pytest
+import torch
+
+import zoe.torch
+from zoe.torch.lr_schedules import WarmupLR
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device visible to torch"
+)
+
+VOCAB, SEQUENCE, SAMPLES = 128, 32, 64
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """Random token sequences, each its own label (a causal LM learns to predict them)."""
+
+    def __init__(self):
+        generator = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, VOCAB, (SAMPLES, SEQUENCE), generator=generator)
+
+    def __len__(self):
+        return SAMPLES
+
+    def __getitem__(self, index):
+        return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
+
+
+def tiny_gpt2(transformers):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=64,
+                                     n_layer=2, n_head=2)
+    return transformers.GPT2LMHeadModel(config).cuda()
+
+
+def trainer_losses(transformers, tmp_path, name, make_optimizer):
+    """The per-step training losses of a Trainer run of 12 steps with ``make_optimizer``."""
+    model = tiny_gpt2(transformers)
+    optimizer = make_optimizer(model)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / name), per_device_train_batch_size=4, max_steps=12,
+        learning_rate=1e-3, logging_steps=1, report_to="none", save_strategy="no", seed=0,
+        dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=TokenDataset(),
+                                   optimizers=(optimizer, scheduler))
+    trainer.train()
+    if hasattr(optimizer, "close"):
+        optimizer.close()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_hugging_face_trainer_trains_with_zoe_adamw_on_nvme(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    nvme = tmp_path / "nvme"
+    zoe_losses = trainer_losses(
+        transformers, tmp_path, "zoe",
+        lambda model: zoe.torch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0,
+                                      offload="nvme", nvme_path=str(nvme)))
+    torch_losses = trainer_losses(
+        transformers, tmp_path, "torch",
+        lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0))
+    print("zoe", zoe_losses, "torch", torch_losses)
+    assert len(zoe_losses) == len(torch_losses) == 12
+    assert zoe_losses[-1] < zoe_losses[0]
+    for step, (a, b) in enumerate(zip(zoe_losses, torch_losses)):
+        assert a == pytest.approx(b, rel=2e-3, abs=2e-3), (step, zoe_losses, torch_losses)
+
+
+def ds_config(nvme_path):
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
+        "scheduler": {"type": "WarmupLR",
+                      "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
+                                 "warmup_num_steps": 4}},
+        "zero_optimization": {"stage": 2,
+                              "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}},
+    }
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 8)).cuda()
+
+
+def micro_batches(count):
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 32, generator=generator).cuda(),
+             torch.randn(4, 8, generator=generator).cuda()) for _ in range(count)]
+
+
+def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path):
+    batches = micro_batches(16)
+    model = mlp()
+    engine, _, _, scheduler = zoe.torch.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config(str(tmp_path)))
+    for x, y in batches:
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        engine.step()
+    got = [p.detach().cpu() for p in engine.module_state_dict().values()]
+    engine.close()
+
+    reference = mlp()
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    schedule = WarmupLR(optimizer, warmup_min_lr=0, warmup_max_lr=1e-3, warmup_num_steps=4)
+    for step in range(len(batches) // 2):
+        for x, y in batches[2 * step : 2 * step + 2]:
+            (torch.nn.functional.mse_loss(reference(x), y) / 2).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()  # DeepSpeed's schedule, stepped after each optimizer step
+        optimizer.zero_grad(set_to_none=True)
+    want = [p.detach().cpu() for p in reference.state_dict().values()]
+    assert engine.global_steps == len(batches) // 2
+    for index, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"tensor {index}")
