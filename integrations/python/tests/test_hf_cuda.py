@@ -22,11 +22,13 @@ VOCAB, SEQUENCE, SAMPLES = 128, 32, 64
 
 
 class TokenDataset(torch.utils.data.Dataset):
-    """Random token sequences, each its own label (a causal LM learns to predict them)."""
+    """Sequences that count up from a random start (mod VOCAB), each its own label: the next
+    token is the current one plus one, which a causal LM learns within a few steps."""
 
     def __init__(self):
         generator = torch.Generator().manual_seed(0)
-        self.tokens = torch.randint(0, VOCAB, (SAMPLES, SEQUENCE), generator=generator)
+        starts = torch.randint(0, VOCAB, (SAMPLES, 1), generator=generator)
+        self.tokens = (starts + torch.arange(SEQUENCE)) % VOCAB
 
     def __len__(self):
         return SAMPLES
