@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from .. import _capi
 from .. import errors as zoe_errors
+from .common import fsync_path
 
 PARAM_GROUPS = "zoe_torch_param_groups.json"  # an unsharded optimizer's hyper-parameters
 MANIFEST = "zoe_sharded_manifest.json"
@@ -35,14 +36,6 @@ def _latest_of(engine_dir):
     """The version an engine checkpoint directory's LATEST names ("v000001")."""
     with open(os.path.join(engine_dir, "LATEST"), encoding="utf-8") as file:
         return file.read().strip()
-
-
-def _fsync_directory(directory):
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def read_manifest(directory):
@@ -176,7 +169,7 @@ def _publish_manifest(directory, manifest):
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, os.path.join(directory, MANIFEST))
-    _fsync_directory(directory)
+    fsync_path(directory)
 
 
 def _remove_old_saves(directory, rank, version):

@@ -2,6 +2,7 @@
 parameter's values, paged or not; process groups held weakly; timing)."""
 
 import contextlib
+import os
 import time
 import weakref
 
@@ -26,6 +27,15 @@ _PAGED_DTYPES = {
     torch.uint8: _capi.DType.UINT8,
     torch.bool: _capi.DType.BOOL,
 }
+
+
+def fsync_path(path):
+    """fsync of one file or directory (a directory's entries are durable once it is synced)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _invalid(message):

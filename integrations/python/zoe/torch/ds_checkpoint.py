@@ -10,24 +10,17 @@ The ranks are kept in step by ``barrier`` (a function; one process passes a no-o
 import os
 import shutil
 
+from .common import fsync_path
+
 LATEST = "latest"
-
-
-def _fsync_path(path):
-    """fsync of one file or directory."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def fsync_tree(root):
     """fsync of every file and directory below ``root``, then of ``root`` itself."""
     for directory, _, files in os.walk(root, topdown=False):
         for name in files:
-            _fsync_path(os.path.join(directory, name))
-        _fsync_path(directory)
+            fsync_path(os.path.join(directory, name))
+        fsync_path(directory)
 
 
 def write_atomically(path, text):
@@ -38,7 +31,7 @@ def write_atomically(path, text):
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, path)
-    _fsync_path(os.path.dirname(os.path.abspath(path)))
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def partial_directory(save_dir, tag):
@@ -74,7 +67,7 @@ def commit_save(save_dir, tag, rank, barrier, save_latest=True):
             shutil.rmtree(replaced, ignore_errors=True)
             os.replace(final, replaced)
         os.replace(partial, final)
-        _fsync_path(save_dir)
+        fsync_path(save_dir)
         if save_latest:
             write_atomically(os.path.join(save_dir, LATEST), str(tag))
         shutil.rmtree(replaced, ignore_errors=True)
