@@ -258,8 +258,9 @@ def train_on_device(model, data, steps, seed, config, overlapped):
             backward_seconds.append(backward_done - started)
             schedule.step()
             losses.append(loss.item())
-        handed = dict(optimizer._device_groups[0].stats)
-        handed["speculation"] = optimizer._zoe_groups[0].speculation_stats()
+        group = optimizer._groups[0]  # the first param group's zoe state (zoe.torch.param_group)
+        handed = dict(group.device.stats)
+        handed["speculation"] = group.zoe_group.speculation_stats()
         optimizer.close()
     return losses, backward_seconds, step_seconds, handed
 
