@@ -1,7 +1,8 @@
 // Google Benchmark case for how a DRAM group's update meets memory: the AdamW update of 64 Mi
 // parameters in HOST chunks of 8 Mi elements on two threads, in the four combinations of
 //  - the chunk layout: every region on a 4096-byte boundary (the NVMe layout), or the HOST
-//    chunks' staggered regions (offload/optimizer/optimizer_group_layout.h, "Staggered host chunks");
+//    chunks' staggered regions (offload/optimizer/optimizer_group_layout.h, "Staggered host
+//    chunks");
 //  - the stores: ordinary (zoe.stores "cached", the default) or non-temporal ("streaming").
 // Chunks are 2 MiB-aligned huge-page memory, as the pinned pool's. All four are run in every
 // iteration, in rotating order, so a change in what the machine gives (other tenants' memory

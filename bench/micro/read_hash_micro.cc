@@ -1,10 +1,11 @@
 // Google Benchmark cases for verifying optimizer state inside the update kernel: the AdamW update
 // (fp32 master, fp32, bf16 or int8 moments, one thread) of chunks of 8 Mi elements in stripes of
 // 32 Ki elements, with no checksums, with a separate verification pass (io::Xxh3 of each block
-// of master, exp_avg and exp_avg_sq before the stripe's update, as offload/optimizer/chunk_update.cc does
-// today), and with the kernel hashing the blocks it reads (UpdatePointers::read_sums, compared
-// with the expected sums after each stripe). Four chunks are updated in turn, so each comes from
-// DRAM as after a read from NVMe. Only on a CPU whose default kernels hash their reads.
+// of master, exp_avg and exp_avg_sq before the stripe's update, as
+// offload/optimizer/chunk_update.cc does today), and with the kernel hashing the blocks it reads
+// (UpdatePointers::read_sums, compared with the expected sums after each stripe). Four chunks are
+// updated in turn, so each comes from DRAM as after a read from NVMe. Only on a CPU whose default
+// kernels hash their reads.
 //   zoe_micro_bench --benchmark_filter=ReadHash
 #include <benchmark/benchmark.h>
 
@@ -26,7 +27,8 @@ namespace zoe::optim {
 namespace {
 
 constexpr size_t kElements = size_t{8} << 20;  // the step bench's chunk at 256 Mi parameters
-constexpr size_t kStripe = size_t{32} << 10;   // the longest hashed stripe (kMaxHashedStripeElements)
+constexpr size_t kStripe = size_t{32}
+                           << 10;  // the longest hashed stripe (kMaxHashedStripeElements)
 constexpr size_t kChunks = 4;
 constexpr size_t kArrays = 3;  // master, exp_avg, exp_avg_sq
 

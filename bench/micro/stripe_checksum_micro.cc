@@ -1,11 +1,11 @@
 // Google Benchmark cases for the CPU time checksums add to the optimizer step's update of one
-// chunk (offload/optimizer/chunk_update.h): the AdamW update of chunks of 8 Mi elements in the step's own
-// layout, on one thread, with no checksums, with the read side verified, with the written side
-// hashed, with both in separate passes, and with the read side verified by the kernel as it
-// loads the state, alone and with the written side hashed (the step's default where the kernel
-// hashes its reads: AVX-512). Four chunk buffers (384 MiB with fp32 moments) are
-// updated in turn, so every chunk comes from DRAM as it does after a read from NVMe. Items are
-// parameters; compare the CPU time of the cases.
+// chunk (offload/optimizer/chunk_update.h): the AdamW update of chunks of 8 Mi elements in the
+// step's own layout, on one thread, with no checksums, with the read side verified, with the
+// written side hashed, with both in separate passes, and with the read side verified by the kernel
+// as it loads the state, alone and with the written side hashed (the step's default where the
+// kernel hashes its reads: AVX-512). Four chunk buffers (384 MiB with fp32 moments) are updated in
+// turn, so every chunk comes from DRAM as it does after a read from NVMe. Items are parameters;
+// compare the CPU time of the cases.
 //   zoe_micro_bench --benchmark_filter=StripeChecksum
 #include <benchmark/benchmark.h>
 

@@ -164,10 +164,10 @@ struct StepArgs {
   std::span<const GradView> grads;    // empty: the gradients given to AccumulateGrad
   std::span<const ParamView> params;  // empty: no parameters written
   double loss_scale = 1.0;            // > 0; gradients are divided by it
-  // Set by a sharded group (offload/distributed/sharded_group.h): called once, after the gradients are scanned
-  // and before anything is read for the update, with this group's scan; returns the scan the step
-  // uses instead (the sum over every rank's shard, so all ranks skip and clip alike). An error
-  // fails the step with the state unchanged. Empty: the group's own scan.
+  // Set by a sharded group (offload/distributed/sharded_group.h): called once, after the gradients
+  // are scanned and before anything is read for the update, with this group's scan; returns the
+  // scan the step uses instead (the sum over every rank's shard, so all ranks skip and clip alike).
+  // An error fails the step with the state unchanged. Empty: the group's own scan.
   std::function<Result<optim::GradScan>(const optim::GradScan& local)> agree_scan;
 };
 

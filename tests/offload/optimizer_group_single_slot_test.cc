@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "offload/optimizer/chunk_update.h"
 #include "offload/engine_setup.h"
+#include "offload/optimizer/chunk_update.h"
 #include "offload/optimizer/optimizer_group.h"
 #include "tests/offload/optimizer_group_harness.h"
 #include "tests/offload/temp_dir.h"
