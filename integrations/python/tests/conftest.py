@@ -67,3 +67,24 @@ def engine(nvme_dir):
     """An engine with its optimizer state on NVMe (in nvme_dir)."""
     with zoe.Engine(small_config(nvme_dir, offload="nvme")) as e:
         yield e
+
+
+def spawn_ranks(worker, args, nprocs, out_dir, join_seconds):
+    """Runs ``worker(rank, *args)`` on ``nprocs`` spawned processes; fails the test when they are
+    still running after ``join_seconds`` (a hang: they are killed) or when a rank left a
+    ``crash*.txt`` in ``out_dir``. torch is imported here so tests without it need not."""
+    import datetime
+    import glob
+
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(worker, args=args, nprocs=nprocs, join=False,
+                                 start_method="spawn")
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=join_seconds)
+    while not context.join(timeout=1):
+        if datetime.datetime.now() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"ranks still running after {join_seconds} s: a hang")
+    crashes = glob.glob(os.path.join(out_dir, "crash*.txt"))
+    assert not crashes, open(crashes[0]).read()

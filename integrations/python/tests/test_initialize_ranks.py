@@ -7,16 +7,15 @@ loop over the whole batch; an fp16 overflow on one rank only skips the step on b
 and 2)."""
 
 import datetime
-import glob
 import os
 import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import zoe.torch
+from conftest import spawn_ranks
 from initialize_script import assert_same_state, ds_config, reference, run_script
 from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_config, \
     run_fp16_steps
@@ -68,16 +67,7 @@ def worker(rank, out_dir):
 
 
 def spawn(out_dir):
-    context = mp.start_processes(worker, args=(out_dir,), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=JOIN_SECONDS)
-    while not context.join(timeout=1):
-        if datetime.datetime.now() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"ranks still running after {JOIN_SECONDS} s: a hang")
-    crashes = glob.glob(os.path.join(out_dir, "crash*.txt"))
-    assert not crashes, open(crashes[0]).read()
+    spawn_ranks(worker, (out_dir,), WORLD, out_dir, JOIN_SECONDS)
 
 
 def test_two_ranks_equal_one_process(nvme_dir):

@@ -21,11 +21,10 @@ import weakref
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import zoe
 import zoe.torch
-from conftest import small_config
+from conftest import small_config, spawn_ranks
 
 STEPS = 20
 NAN_STEP = 7
@@ -321,18 +320,8 @@ def worker(rank, world, init_file, out_dir, runs):
 
 def spawn(world, out_dir, runs):
     """Runs ``worker`` on ``world`` spawned ranks; fails on a crash or after JOIN_SECONDS."""
-    context = mp.start_processes(
-        worker, args=(world, os.path.join(out_dir, "init"), out_dir, runs),
-        nprocs=world, join=False, start_method="spawn",
-    )
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=JOIN_SECONDS)
-    while not context.join(timeout=1):
-        if datetime.datetime.now() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"ranks still running after {JOIN_SECONDS} s: a hang")
-    crashes = glob.glob(os.path.join(out_dir, "crash*.txt"))
-    assert not crashes, open(crashes[0]).read()
+    spawn_ranks(worker, (world, os.path.join(out_dir, "init"), out_dir, runs), world, out_dir,
+                JOIN_SECONDS)
 
 
 def reference(kind, directory):
