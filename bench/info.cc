@@ -108,9 +108,10 @@ nlohmann::json DeviceJson() {
   return out;
 }
 
-// NVMe bytes per parameter of each optimizer's state with the default chunk (zoe.chunk_size 64 MiB:
-// 16 Mi parameters), checksum blocks of 4 KiB and a large group (2^30 parameters), so padding at
-// the ends of regions adds almost nothing: {"optimizer", "moment_dtype", "slots", "bytes"}.
+// NVMe bytes per parameter of each optimizer's state with a 64 MiB chunk (16 Mi parameters; the
+// automatic zoe.chunk_size with 2 GiB or more of tensors' host budget), checksum blocks of 4 KiB
+// and a large group (2^30 parameters), so padding at the ends of regions adds almost nothing:
+// {"optimizer", "moment_dtype", "slots", "bytes"}.
 nlohmann::json NvmeBytesPerParameterJson() {
   constexpr size_t kCount = size_t{1} << 30;
   constexpr size_t kChunkElements = size_t{16} << 20;

@@ -18,7 +18,8 @@ using Json = nlohmann::json;
 // Bounds for numbers that have no natural maximum; JSON has no infinity, so a finite bound keeps
 // every accepted value printable by ToJson.
 constexpr double kHugeNumber = 1e300;
-constexpr uint64_t kMaxBudget = uint64_t{1} << 50;  // 1 PiB
+constexpr uint64_t kMaxBudget = uint64_t{1} << 50;      // 1 PiB
+constexpr uint64_t kMaxChunkSize = uint64_t{16} << 30;  // 16 GiB
 constexpr uint64_t kDirectIoUnit = 4096;
 
 // Names in the document, indexed by the enum's value.
@@ -365,7 +366,7 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
       .Size("tensor_swap_bytes", &out->tensor_swap_bytes, 0, kMaxBudget)
       .StringList("nvme_paths", &out->nvme_paths)
       .Size("stripe_unit", &out->stripe_unit, kDirectIoUnit, uint64_t{1} << 30)
-      .Size("chunk_size", &out->chunk_size, kDirectIoUnit, uint64_t{16} << 30)
+      .Size("chunk_size", &out->chunk_size, 0, kMaxChunkSize)
       .Bool("checksum", &out->checksum)
       .UInt("slots", &out->slots, 1, 2)
       .Enum("log_level", &out->log_level, kLogLevels)

@@ -120,8 +120,10 @@ struct ZoeConfig {
   // when nothing is offloaded to NVMe.
   std::vector<std::string> nvme_paths;
   uint64_t stripe_unit = uint64_t{1} << 20;  // bytes per directory before the next, 4 KiB multiple
-  uint64_t chunk_size = uint64_t{64} << 20;  // bytes of one chunk, the unit tiers move
-  bool checksum = true;                      // xxh3 per block on NVMe, verified on read
+  // Bytes of one chunk, the unit tiers move; 0: automatic (offload::AutoChunkSize, from the
+  // tensors' HOST budget), resolved when the engine is created.
+  uint64_t chunk_size = 0;
+  bool checksum = true;                        // xxh3 per block on NVMe, verified on read
   Arithmetic arithmetic = Arithmetic::kExact;  // of the CPU optimizer kernels (optim/chunk.h)
   StoreMode stores = StoreMode::kCached;       // how those kernels write (optim/chunk.h)
   // NVMe extents per optimizer chunk: 2 makes every step atomic; 1 updates the state in place,

@@ -57,14 +57,15 @@ Result<optim::HyperParams> HyperFromJson(const Json& json, optim::Kind kind) {
   return hyper;
 }
 
-// Checks that `views` (grads or params) cover the group's `count` elements exactly.
+// Checks that `views` (grads or params) cover the group's `count` elements exactly. A view
+// without data is allowed where `absent_allowed`: a gradient view says its elements have no
+// gradient (OptimizerGroup checks that they are whole segments), an initial parameter view that
+// their master weights start at zero; parameter views of a step need their buffer.
 template <class View>
-Status CheckViews(std::span<const View> views, size_t count, std::string_view what) {
+Status CheckViews(std::span<const View> views, size_t count, std::string_view what,
+                  bool absent_allowed) {
   uint64_t total = 0;
   for (size_t i = 0; i < views.size(); ++i) {
-    // A gradient view without data says its elements have no gradient (OptimizerGroup checks
-    // that they are whole segments); parameter views need their buffer.
-    const bool absent_allowed = std::is_same_v<View, GradView>;
     if (views[i].data == nullptr && views[i].count > 0 && !absent_allowed)
       return Status::InvalidArgument(fmt::format("{}[{}] has no data (NULL)", what, i));
     if (views[i].count > std::numeric_limits<uint64_t>::max() - total)
@@ -162,6 +163,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(config::EngineConfig config, Engi
   if (config.zoe.host_budget == 0)
     ZOE_LOG_INFO("engine: zoe.host_budget {} bytes, half of what this process may use ({})",
                  budgets.total, memory.Describe());
+  if (config.zoe.chunk_size == 0) {
+    config.zoe.chunk_size = AutoChunkSize(budgets.tensors);
+    ZOE_LOG_INFO("engine: zoe.chunk_size {} bytes, from the tensors' host budget of {} bytes",
+                 config.zoe.chunk_size, budgets.tensors);
+  }
   std::vector<std::string> nvme_paths = config.zoe.nvme_paths;
   if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
   const std::string ignored = config::DescribeIgnoredKeys(config);
@@ -483,7 +489,8 @@ Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
   if (!parsed.ok()) return std::move(parsed).status().WithContext("optimizer group");
   GroupSpec spec = std::move(parsed).value();
   const std::string context = fmt::format("optimizer group '{}'", spec.options.name);
-  ZOE_RETURN_IF_ERROR(CheckViews(params, count, "params").WithContext(context));
+  ZOE_RETURN_IF_ERROR(
+      CheckViews(params, count, "params", /*absent_allowed=*/true).WithContext(context));
 
   std::lock_guard create(create_mutex_);
   if (FindGroup(spec.options.name).ok())
@@ -535,9 +542,11 @@ static Result<StepArgs> GroupStepArgs(const std::string& context, const optim::H
         "{}: loss_scale = {} must be a finite number > 0 (1 for none)", context, args.loss_scale));
   }
   if (!args.grads.empty())
-    ZOE_RETURN_IF_ERROR(CheckViews(args.grads, count, "grads").WithContext(context));
+    ZOE_RETURN_IF_ERROR(
+        CheckViews(args.grads, count, "grads", /*absent_allowed=*/true).WithContext(context));
   if (!args.params.empty())
-    ZOE_RETURN_IF_ERROR(CheckViews(args.params, count, "params").WithContext(context));
+    ZOE_RETURN_IF_ERROR(
+        CheckViews(args.params, count, "params", /*absent_allowed=*/false).WithContext(context));
   StepArgs step;
   step.hyper = hyper;
   step.grads = args.grads;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -155,7 +156,7 @@ void ApplyPlacement(const config::EngineConfig& config, size_t count, GroupSpec*
   options.nvme_ratio = on_nvme ? offload.ratio : 1.0;
   options.buffer_count = static_cast<uint32_t>(std::max<uint64_t>(2, offload.buffer_count));
   const uint64_t sub_group =
-      config.zero.sub_group_size != 0 ? config.zero.sub_group_size : config.zoe.chunk_size / 4;
+      config.zero.sub_group_size != 0 ? config.zero.sub_group_size : ChunkSizeOf(config.zoe) / 4;
   options.chunk_elements = static_cast<size_t>(std::clamp<uint64_t>(sub_group, 1, count));
   options.count = count;
 }
@@ -219,6 +220,12 @@ HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t usable_byt
   if (budgets.tensors >= budgets.total) budgets.total = budgets.tensors * 2;
   budgets.optimizer = budgets.total - budgets.tensors;
   return budgets;
+}
+
+uint64_t AutoChunkSize(uint64_t tensor_budget) {
+  const uint64_t share = tensor_budget / kAutoChunksInHostBudget;
+  const uint64_t power = share == 0 ? 0 : std::bit_floor(share);
+  return std::clamp(power, kMinAutoChunkSize, kMaxAutoChunkSize);
 }
 
 Status EnsureSwapDirectories(const std::vector<std::string>& paths) {

@@ -39,6 +39,20 @@ struct HostBudgets {
 // available memory, or less the room under a memory cgroup's limit). Both shares are > 0.
 HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t usable_bytes);
 
+// The automatic zoe.chunk_size (chunk_size 0): the largest power of two that is at most
+// 1/kAutoChunksInHostBudget of the tensors' HOST budget, within [1 MiB, 64 MiB]. The HOST tier
+// then holds that many chunks (a layer's parameters, its gradient, prefetches ahead) rather than
+// a few, and the automatic sub-group (chunk_size / 4 parameters) scales with it.
+inline constexpr uint64_t kAutoChunksInHostBudget = 32;
+inline constexpr uint64_t kMinAutoChunkSize = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxAutoChunkSize = uint64_t{64} << 20;
+uint64_t AutoChunkSize(uint64_t tensor_budget);
+// zoe.chunk_size as an engine resolves it; for a configuration no engine resolved (chunk_size 0),
+// the largest automatic size.
+inline uint64_t ChunkSizeOf(const config::ZoeConfig& zoe) {
+  return zoe.chunk_size != 0 ? zoe.chunk_size : kMaxAutoChunkSize;
+}
+
 // Creates each of `paths` that does not exist yet, with its parents (as DeepSpeed creates its
 // nvme_path). A path that exists but is not a directory, or that cannot be created, is an error
 // naming it and the configuration keys that give swap directories.

@@ -57,15 +57,16 @@ Status CheckView(const std::string& group, std::string_view what, size_t index, 
 }
 
 // Places views back to back; they must cover exactly `count` elements. Empty views are dropped.
+// Views with null data are allowed (kept, as absent) where `absent_allowed`.
 template <class View>
 Result<PlacedViews> PlaceViews(const std::string& group, std::string_view what,
-                               std::span<const View> views, size_t count) {
+                               std::span<const View> views, size_t count, bool absent_allowed) {
   PlacedViews placed;
   size_t offset = 0;
   for (size_t i = 0; i < views.size(); ++i) {
     const View& view = views[i];
-    ZOE_RETURN_IF_ERROR(CheckView(group, what, i, view.data, view.dtype, view.count,
-                                  std::is_same_v<View, GradView>));
+    ZOE_RETURN_IF_ERROR(
+        CheckView(group, what, i, view.data, view.dtype, view.count, absent_allowed));
     if (view.count == 0) continue;
     if (view.count > count - offset) {
       return Status::InvalidArgument(fmt::format(
@@ -85,8 +86,8 @@ Result<PlacedViews> PlaceViews(const std::string& group, std::string_view what,
   return placed;
 }
 
-// Fills a chunk's extent: master from the caller's parameters (widened exactly), moments and
-// padding zero. An external master is the caller's parameters already.
+// Fills a chunk's extent: master from the caller's parameters (widened exactly; zero under an
+// absent view), moments and padding zero. An external master is the caller's parameters already.
 Status FillInitialState(const ChunkRegions& regions, std::byte* base, const PlacedViews& params,
                         const optim::RunOptions& run) {
   std::memset(base, 0, regions.bytes);
@@ -95,6 +96,7 @@ Status FillInitialState(const ChunkRegions& regions, std::byte* base, const Plac
   const size_t end = regions.first + regions.count;
   for (auto view = FindView(params, regions.first); view != params.end() && view->offset < end;
        ++view) {
+    if (!view->present()) continue;
     const size_t from = std::max(regions.first, view->offset);
     const size_t to = std::min(end, view->end());
     float* dst = master + (from - regions.first);
@@ -561,8 +563,10 @@ Result<std::unique_ptr<OptimizerGroup>> OptimizerGroup::Create(
     OptimizerGroupOptions options, OptimizerResources resources,
     std::span<const ParamView> initial_params) {
   ZOE_RETURN_IF_ERROR(CheckOptions(options, resources));
-  ZOE_ASSIGN_OR_RETURN(PlacedViews params, PlaceViews(options.name, "initial parameter",
-                                                      initial_params, options.count));
+  // Absent initial values (master zero until WriteState) need the master inside the group.
+  ZOE_ASSIGN_OR_RETURN(PlacedViews params,
+                       PlaceViews(options.name, "initial parameter", initial_params, options.count,
+                                  /*absent_allowed=*/!options.master_in_params));
   if (options.master_in_params) ZOE_RETURN_IF_ERROR(CheckMasterViews(options.name, initial_params));
   const size_t chunks = CeilDiv(options.count, options.chunk_elements);
   const bool uses_nvme = NvmeChunkCount(options, chunks) > 0;
@@ -612,13 +616,15 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
           "call Step with no gradients to use them",
           options_.name, impl.accumulated.size()));
     }
-    ZOE_ASSIGN_OR_RETURN(grads, PlaceViews(options_.name, "gradient", args.grads, count()));
+    ZOE_ASSIGN_OR_RETURN(grads, PlaceViews(options_.name, "gradient", args.grads, count(),
+                                           /*absent_allowed=*/true));
     ZOE_RETURN_IF_ERROR(CheckAbsentViews(args.grads));
     impl.speculation.reset();  // armed, but no gradient came through AccumulateGrad
   }
   PlacedViews params;
   if (!args.params.empty()) {
-    ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
+    ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count(),
+                                            /*absent_allowed=*/false));
   }
   if (impl.speculation) ZOE_RETURN_IF_ERROR(impl.UseSpeculatedParams(&params));
   const std::vector<bool> present_segments = impl.PresentSegments(grads);
@@ -832,7 +838,8 @@ Status OptimizerGroup::Speculate(const StepArgs& args) {
   ZOE_RETURN_IF_ERROR(impl.CheckIdle("speculate"));
   PlacedViews params;
   if (!args.params.empty()) {
-    ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count()));
+    ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count(),
+                                            /*absent_allowed=*/false));
   }
   // Finite gradients of norm 0 give the scaling of every step that is neither skipped nor clipped.
   ZOE_ASSIGN_OR_RETURN(

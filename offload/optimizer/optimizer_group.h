@@ -210,7 +210,10 @@ class OptimizerGroup {
   // Validates the options (InvalidArgument naming the field and its allowed range), checks that
   // the swap space and the pinned budget can hold the state (NoSpace / OutOfMemory giving the
   // bytes needed and free), allocates the chunks and writes the initial state: master from
-  // `initial_params` (which must cover `count`; bf16/fp16 widened exactly), moments zero.
+  // `initial_params` (which must cover `count`; bf16/fp16 widened exactly), moments zero. A view
+  // with null data leaves its elements' master zero, for WriteState to fill (a caller whose
+  // parameters do not fit in memory at once writes them one at a time); not with
+  // master_in_params.
   static Result<std::unique_ptr<OptimizerGroup>> Create(OptimizerGroupOptions options,
                                                         OptimizerResources resources,
                                                         std::span<const ParamView> initial_params);

@@ -161,6 +161,7 @@ std::vector<ChunkId> TraceCursor::NextPrefetches(const PrefetchLimits& limits,
     if (seen_stamp_[e.chunk.value] == stamp_) continue;
     seen_stamp_[e.chunk.value] = stamp_;
     if (limits.only_tier && e.tier != *limits.only_tier) continue;
+    if (!Reads(e.access)) continue;  // its acquire overwrites it: nothing to bring in
     const uint64_t cost = limits.chunk_bytes ? limits.chunk_bytes(e.chunk) : e.bytes;
     if (cost > limits.byte_budget - window) break;
     window += cost;

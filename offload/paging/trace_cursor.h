@@ -85,7 +85,9 @@ class TraceCursor {
   void Restart();
 
   // The distinct chunks of the upcoming events, in order of first use, that `skip` (resident or
-  // already in flight) does not exclude, within the window, count and tier of `limits`.
+  // already in flight) does not exclude, within the window, count and tier of `limits`. A chunk
+  // whose first upcoming use is a write (Access::kWrite: its contents are overwritten, as a
+  // gradient written afresh each iteration) is neither prefetched nor charged to the window.
   std::vector<ChunkId> NextPrefetches(const PrefetchLimits& limits,
                                       const std::function<bool(ChunkId)>& skip);
 

@@ -497,7 +497,8 @@ TEST(EngineConfig, OutOfRangeValuesNameKeyValueAndRange) {
        "zoe.stripe_unit = 6144 is not a multiple of 4096; allowed: multiples of 4096"},
       {R"({"zoe": {"chunk_size": "1MB"}})", "zoe.chunk_size = 1000000 is not a multiple of 4096"},
       {R"({"zoe": {"chunk_size": "17GiB"}})",
-       "zoe.chunk_size = \"17GiB\" is out of range; allowed: 4096 (4 KiB)..17179869184 (16 GiB)"},
+       "zoe.chunk_size = \"17GiB\" is out of range; allowed: 0..17179869184 (16 GiB)"},
+      {R"({"zoe": {"chunk_size": 2048}})", "zoe.chunk_size = 2048 is not a multiple of 4096"},
       {R"({"zoe": {"device_budget": "2PiB"}})", "zoe.device_budget: size '2PiB' has an unknown"},
       {R"({"zoe": {"host_budget": "2048T"}})",
        "zoe.host_budget = \"2048T\" is out of range; allowed: 0..1125899906842624"},
@@ -597,7 +598,7 @@ TEST(EngineConfigToJson, PrintsEveryEffectiveOption) {
   EXPECT_EQ(printed["optimizer"]["params"]["betas"], Json({0.9, 0.95}));
   EXPECT_EQ(printed["aio"]["intra_op_parallelism"], 1u);
   EXPECT_EQ(printed["zoe"]["nvme_paths"], Json({"/local_nvme"}));
-  EXPECT_EQ(printed["zoe"]["chunk_size"], 64u << 20);
+  EXPECT_EQ(printed["zoe"]["chunk_size"], 0u);         // automatic: the engine resolves it
   EXPECT_FALSE(printed["zoe"].contains("log_level"));  // unset: the environment decides
   EXPECT_FALSE(printed.contains("scheduler"));
 }

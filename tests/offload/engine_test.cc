@@ -1022,6 +1022,35 @@ TEST(EngineSizing, AnAutomaticSubGroupShrinksToFitTheHostBudget) {
   EXPECT_GT(step->bytes_written, 0u);
 }
 
+TEST(EngineSizing, AnAutomaticChunkSizeIsAThirtySecondOfTheTensorsBudgetWithinLimits) {
+  EXPECT_EQ(AutoChunkSize(uint64_t{256} << 20), uint64_t{8} << 20);
+  EXPECT_EQ(AutoChunkSize(uint64_t{250} << 20), uint64_t{4} << 20);  // a power of two below
+  EXPECT_EQ(AutoChunkSize(uint64_t{1} << 20), kMinAutoChunkSize);
+  EXPECT_EQ(AutoChunkSize(uint64_t{64} << 30), kMaxAutoChunkSize);
+  for (const auto& [budget, chunk] :
+       {std::pair<std::string, uint64_t>{"32M", 1u << 20}, {"512M", 16u << 20}}) {
+    TempDir dir;
+    Json document = SmallConfig(dir);
+    document["zoe"].erase("chunk_size");
+    document["zero_optimization"].erase("sub_group_size");
+    document["zoe"]["host_budget"] = "1G";
+    document["zoe"]["tensor_host_budget"] = budget;
+    std::unique_ptr<Engine> engine = MakeEngine(document);
+    ASSERT_NE(engine, nullptr);
+    EXPECT_EQ(engine->ConfigJson()["zoe"]["chunk_size"], chunk) << budget;
+    // The automatic sub-group follows the chunk.
+    EXPECT_EQ(engine->ConfigJson()["zero_optimization"]["sub_group_size"], chunk / 4) << budget;
+  }
+  TempDir dir;
+  Json given = SmallConfig(dir);
+  given["zoe"]["chunk_size"] = "64K";
+  given["zoe"]["tensor_host_budget"] = "512M";
+  given["zoe"]["host_budget"] = "1G";
+  std::unique_ptr<Engine> engine = MakeEngine(given);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->ConfigJson()["zoe"]["chunk_size"], 64u << 10);  // a size given is kept
+}
+
 TEST(EngineSizing, ASubGroupTheUserSetIsKeptAndARefusalNamesTheKeysAndValuesThatFit) {
   TempDir dir;
   std::unique_ptr<Engine> engine = MakeEngine(SizingConfig(dir, size_t{1} << 20));

@@ -152,10 +152,16 @@ class GroupHarness {
   std::vector<std::byte> params_bytes() const { return params_; }
 
   Result<std::unique_ptr<OptimizerGroup>> CreateGroup(const OptimizerGroupOptions& options) {
-    const OptimizerResources resources{queue_.get(), swap_.get(), &*pinned_};
     const std::vector<ParamView> views = initial_param_views();
+    return CreateGroupFrom(options, views);
+  }
+  Result<std::unique_ptr<OptimizerGroup>> CreateGroupFrom(const OptimizerGroupOptions& options,
+                                                          std::span<const ParamView> views) {
+    const OptimizerResources resources{queue_.get(), swap_.get(), &*pinned_};
     return OptimizerGroup::Create(options, resources, views);
   }
+  // The harness's group from now on (a harness made with create = false).
+  void Adopt(std::unique_ptr<OptimizerGroup> group) { group_ = std::move(group); }
 
   // Gradients of step `step`: uniform in (-1, 1), halved on two steps out of three.
   void NewGradients(int step) {

@@ -273,7 +273,71 @@ TEST(OptimizerGroupSegmentsTest, AStepWithEveryGradientAbsentChangesNothing) {
   EXPECT_EQ(SegmentSteps(harness.group()), std::vector<int64_t>(5, 0));
 }
 
+// Views of the initial parameters per segment, those of the segments `given` says, the others
+// absent (null data).
+std::vector<ParamView> InitialViewsOf(const GroupHarness& harness, const std::vector<bool>& given) {
+  // Initial views are only read; ParamView's data is writable for the steps' views.
+  auto* initial =
+      const_cast<float*>(reinterpret_cast<const float*>(harness.initial_params().data()));
+  std::vector<ParamView> views;
+  for (size_t s = 0; s < kSegments.size(); ++s) {
+    views.push_back(
+        {given[s] ? initial + SegmentBegin(s) : nullptr, DType::kFloat32, kSegments[s]});
+  }
+  return views;
+}
+
+TEST(OptimizerGroupSegmentsTest, AbsentInitialValuesStartAtZeroAndWriteStateGivesThem) {
+  // A group created with segments 0, 2 and 4 absent, which WriteState then fills one segment at
+  // a time, equals the group created from every value, before and after steps.
+  GroupHarness reference(SegmentOptions(Tier::kNvme));
+  GroupHarness harness(SegmentOptions(Tier::kNvme), /*create=*/false);
+  ASSERT_TRUE(reference.ok() && harness.ok());
+  const std::vector<bool> given = {false, true, false, true, false};
+  Result<std::unique_ptr<OptimizerGroup>> group =
+      harness.CreateGroupFrom(harness.group_options(), InitialViewsOf(harness, given));
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  harness.Adopt(std::move(group).value());
+  std::vector<float> master(harness.count());
+  ASSERT_TRUE(harness.group().ReadState(StateSlot::kMaster, 0, master).ok());
+  const auto* initial = reinterpret_cast<const float*>(harness.initial_params().data());
+  for (size_t s = 0; s < kSegments.size(); ++s) {
+    const size_t begin = SegmentBegin(s);
+    for (size_t i = begin; i < begin + kSegments[s]; ++i) {
+      ASSERT_EQ(master[i], given[s] ? initial[i] : 0.0f) << "element " << i;
+    }
+    if (given[s]) continue;
+    ASSERT_TRUE(harness.group()
+                    .WriteState(StateSlot::kMaster, begin,
+                                std::span<const float>(initial + begin, kSegments[s]))
+                    .ok());
+  }
+  EXPECT_EQ(harness.Snapshot(), reference.Snapshot());
+  for (int step = 0; step < 2; ++step) {
+    reference.NewGradients(step);
+    harness.NewGradients(step);
+    ASSERT_TRUE(reference.Step(reference.Hyper(step)).ok());
+    ASSERT_TRUE(harness.Step(harness.Hyper(step)).ok());
+  }
+  EXPECT_EQ(harness.Snapshot(), reference.Snapshot());
+}
+
 // ---- invalid arguments ------------------------------------------------------------------------
+
+TEST(OptimizerGroupSegmentsTest, AbsentInitialValuesAreRefusedWhenTheMasterIsTheParameters) {
+  HarnessOptions options = SegmentOptions(Tier::kHost);
+  options.group.master_in_params = true;
+  GroupHarness harness(options, /*create=*/false);
+  ASSERT_TRUE(harness.ok());
+  Result<std::unique_ptr<OptimizerGroup>> group = harness.CreateGroupFrom(
+      harness.group_options(), InitialViewsOf(harness, {true, false, true, true, true}));
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(group.status().message().find("initial parameter view 1 of 30000 elements has a "
+                                          "null buffer"),
+            std::string::npos)
+      << group.status().ToString();
+}
 
 TEST(OptimizerGroupSegmentsTest, AnAbsentRangeThatCutsASegmentIsRefusedAndChangesNothing) {
   GroupHarness harness(SegmentOptions(Tier::kNvme));

@@ -177,6 +177,19 @@ TEST(TraceCursor, PrefetchWindowOfOneTierChargesOnlyThatTier) {
   EXPECT_EQ(cursor.NextPrefetches(host, kNothingResident), Chunks({1, 3}));
 }
 
+TEST(TraceCursor, ChunksWrittenBeforeTheyAreReadAreNotPrefetchedNorCharged) {
+  Trace trace = MakeTrace({1, 2, 3, 4, 1});
+  trace.events[0].access = Access::kWrite;      // chunk 1: written, then read
+  trace.events[2].access = Access::kWrite;      // chunk 3: only written
+  trace.events[3].access = Access::kReadWrite;  // chunk 4: its bytes are read
+  Result<TraceCursor> made = TraceCursor::Create(trace, kChunks);
+  ASSERT_TRUE(made.ok());
+  TraceCursor cursor = std::move(made).value();
+  EXPECT_EQ(cursor.NextPrefetches(Limits(10000, 10), kNothingResident), Chunks({2, 4}));
+  EXPECT_EQ(cursor.NextPrefetches(Limits(200, 10), kNothingResident), Chunks({2, 4}));
+  EXPECT_EQ(cursor.NextPrefetches(Limits(150, 10), kNothingResident), Chunks({2}));
+}
+
 TEST(TraceCursor, PrefetchWindowUsesTheChunkCostWhenGiven) {
   TraceCursor cursor = MakeCursor({1, 2, 3});
   PrefetchLimits limits{4096 * 2, 10, [](ChunkId) -> uint64_t { return 4096; }};

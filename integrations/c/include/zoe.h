@@ -301,9 +301,11 @@ ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** o
  * them in place, so the group holds only the moments (4 bytes per parameter less) and a step needs
  * no params_out; it needs offload_optimizer.device cpu (every chunk in DRAM), no "speculative", and
  * fp32 views (INVALID_ARGUMENT naming the violation otherwise). State reads and writes, checkpoints
- * and their files are the same as with "master": "zoe" (the default, a copy). Names are unique.
- * Ids are given 0, 1, 2, ... in creation order. NO_SPACE / OUT_OF_MEMORY name the bytes needed and
- * free. */
+ * and their files are the same as with "master": "zoe" (the default, a copy). A view with NULL
+ * data (not with "master": "params") leaves its elements' master weights zero, to be written with
+ * zoe_optim_state_write: a framework whose parameters do not fit in memory at once writes them one
+ * at a time. Names are unique. Ids are given 0, 1, 2, ... in creation order. NO_SPACE /
+ * OUT_OF_MEMORY name the bytes needed and free. */
 ZOE_API zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,
                                           const zoe_buffer_view* params, size_t n,
                                           zoe_group_id* out);
