@@ -110,7 +110,7 @@ def train(rank, world_size, directory, bucket_elements=None):
     pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD,
                                          **buckets)
     optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=LR, weight_decay=0.01,
-                                engine=engine)
+                                engine=engine, max_grad_norm=MAX_NORM)
     rows = slice(BATCH * rank // world_size, BATCH * (rank + 1) // world_size)
     skipped = 0
     for step in range(STEPS):
@@ -119,11 +119,9 @@ def train(rank, world_size, directory, bucket_elements=None):
         if step == NONFINITE_STEP and rank == 0:
             loss = loss * float("inf")
         loss.backward()
-        norm = pager.clip_grad_norm_(MAX_NORM)
-        if not math.isfinite(norm):
-            skipped += 1
-            continue
-        optimizer.step()
+        assert all(shard.grad is None for shard in pager.shard_parameters())  # streamed
+        optimizer.step()  # clips by the global norm, skips a non-finite step on every rank
+        skipped += optimizer.last_step[0].skipped
     state = pager.state_dict()
     stats = pager.stats()
     stats.pop("engine")
@@ -297,44 +295,39 @@ def test_a_failing_rank_fails_every_rank_within_a_bound(nvme_dir, damage, error)
     assert parameters[0] == parameters[1], parameters  # the same gather on both ranks
 
 
-def construct_over_shards(rank, world_size, directory):
-    """Rank's outcome of constructing an optimizer over its shards: with max_grad_norm, with
-    the engine's gradient_clipping, and with the engine's clipping turned off by
-    max_grad_norm=0.0."""
+def clip_by_hand_over_streamed_shards(rank, world_size, directory):
+    """Rank's outcome of pager.clip_grad_norm_ once a zoe optimizer streams the shards'
+    gradients (their .grad stays None, so clipping them by hand would clip nothing)."""
     init(rank, world_size, directory)
-    outcomes = []
-    for clipping, options in ((None, {"max_grad_norm": 1.0}), (1.0, {}),
-                              (1.0, {"max_grad_norm": 0.0})):
-        extra = {} if clipping is None else {"gradient_clipping": clipping}
-        engine, _ = engine_for(os.path.join(directory, str(len(outcomes))), rank, **extra)
-        torch.manual_seed(0)
-        pager = zoe.torch.offload_parameters(Model(), engine, process_group=dist.group.WORLD)
-        try:
-            zoe.torch.AdamW(pager.shard_parameters(), engine=engine, **options).close()
-            outcomes.append("accepted")
-        except zoe.InvalidArgument as error:
-            outcomes.append(str(error))
-        del pager
-        engine.close()
-    torch.save(outcomes, os.path.join(directory, f"outcomes{rank}.pt"))
+    engine, _ = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    optimizer = zoe.torch.AdamW(pager.shard_parameters(), engine=engine)
+    loss_of(model, 0, slice(rank, rank + 1)).backward()
+    try:
+        pager.clip_grad_norm_(1.0)
+        outcome = "accepted"
+    except zoe.InvalidArgument as error:
+        outcome = str(error)
+    optimizer.close()
+    del pager
+    engine.close()
+    torch.save(outcome, os.path.join(directory, f"outcome{rank}.pt"))
     dist.destroy_process_group()
 
 
-def test_an_optimizer_that_would_clip_shards_by_their_own_norm_is_refused(nvme_dir):
-    run_ranks(construct_over_shards, 2, nvme_dir)
+def test_clipping_streamed_shards_by_hand_is_refused_naming_max_grad_norm(nvme_dir):
+    run_ranks(clip_by_hand_over_streamed_shards, 2, nvme_dir)
     for rank in range(2):
-        by_argument, by_engine, turned_off = torch.load(
-            os.path.join(nvme_dir, f"outcomes{rank}.pt"))
-        for outcome in (by_argument, by_engine):
-            assert "ShardedParameterPager over 2 ranks" in outcome, outcome
-            assert "pager.clip_grad_norm_" in outcome, outcome
-        assert turned_off == "accepted"
+        outcome = torch.load(os.path.join(nvme_dir, f"outcome{rank}.pt"))
+        assert "streams these shards' gradients" in outcome, outcome
+        assert "max_grad_norm" in outcome, outcome
 
 
 def step_with_nan_on_rank_0(rank, world_size, directory):
-    """Three iterations calling optimizer.step() whatever the pager's norm (which every rank
-    asks for, finishing the reductions); in the second, one element of rank 0's shard gradient
-    is made NaN after that. Each rank saves its skips and steps taken."""
+    """Three iterations calling optimizer.step(); in the second, rank 0's loss (so its part of
+    every gradient) is NaN. Each rank saves its skips and steps taken."""
     init(rank, world_size, directory)
     engine, _ = engine_for(directory, rank)
     torch.manual_seed(0)
@@ -344,11 +337,10 @@ def step_with_nan_on_rank_0(rank, world_size, directory):
     record = []
     for step in range(3):
         optimizer.zero_grad(set_to_none=True)
-        loss_of(model, step, slice(rank, rank + 1)).backward()
-        pager.clip_grad_norm_(None)
+        loss = loss_of(model, step, slice(rank, rank + 1))
         if step == 1 and rank == 0:
-            shard = next(s for s in pager.shard_parameters() if s.grad is not None)
-            shard.grad.view(-1)[0] = float("nan")
+            loss = loss * float("nan")
+        loss.backward()
         optimizer.step()
         record.append((optimizer.last_step[0].skipped, optimizer._groups[0].zoe_group.steps))
     torch.save(record, os.path.join(directory, f"record{rank}.pt"))

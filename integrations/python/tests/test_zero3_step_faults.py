@@ -1,7 +1,9 @@
 """A stage 3 optimizer step (zoe.torch.AdamW over a ShardedParameterPager's shards) that fails
 on one of 2 gloo ranks, in zoe's step or in writing the updated shard back: every rank raises,
 naming the failing rank, well within the process group's timeout, and the ranks stay paired:
-a collective right after pairs up, and the next training step runs on both."""
+a collective right after pairs up, and the next training step runs on both (after a failed
+write-back, which left rank 1's group partly stepped, once every rank loaded the checkpoint
+saved before: the group refuses to step until then)."""
 
 import os
 import time
@@ -43,9 +45,10 @@ def arm(fault, optimizer, pager):
 
 
 def step_fails_on_rank_1(rank, world_size, directory, fault):
-    """Step 0 trains; rank 1's step 1 fails as ``fault`` says; step 2 trains again. Each rank
-    writes how long step 1 took, the sum of a collective made after it (paired: 2), step 1's
-    error and whether step 2 ran."""
+    """Step 0 trains and is saved; rank 1's step 1 fails as ``fault`` says; step 2 trains again
+    (after a write-back failure, from the checkpoint, and not before: rank 1 refuses it). Each
+    rank writes how long step 1 took, the sum of a collective made after it (paired: 2), step
+    1's error and whether step 2 ran."""
     init(rank, world_size, directory, timeout_s=TIMEOUT_S)
     engine, _ = engine_for(directory, rank)
     torch.manual_seed(0)
@@ -61,6 +64,8 @@ def step_fails_on_rank_1(rank, world_size, directory, fault):
         optimizer.step()
 
     train_step(0)
+    checkpoint = os.path.join(directory, "checkpoint")
+    pager.save_checkpoint(checkpoint, optimizer)
     if rank == 1:
         arm(fault, optimizer, pager)
     start = time.monotonic()
@@ -76,6 +81,13 @@ def step_fails_on_rank_1(rank, world_size, directory, fault):
     if rank == 1:  # the fault is gone
         optimizer._groups[0].zoe_group.__dict__.pop("step", None)
         pager.__dict__.pop("_hold", None)
+    if fault == "write-back":
+        try:
+            train_step(2)
+            raise AssertionError("a partly stepped group stepped again")
+        except zoe.Error as error:
+            assert "partly stepped" in str(error) or rank == 0, error
+        pager.load_checkpoint(checkpoint, optimizer)
     train_step(2)
     with open(os.path.join(directory, f"outcome{rank}"), "w") as file:
         file.write(f"{seconds:.3f}\n{paired.item():g}\n{outcome}")

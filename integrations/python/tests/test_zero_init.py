@@ -20,6 +20,7 @@ from test_offload_parameters import TinyGPT, loss_of
 from test_zero3 import Model as ShardedModel
 from test_zero3 import BATCH, engine_for, init, run_ranks
 from test_zero3 import loss_of as sharded_loss_of
+from test_zero3 import world_of_one  # noqa: F401  (a fixture)
 
 
 def paging_config(nvme_dir, device="nvme", **zoe_options):
@@ -70,6 +71,27 @@ class Reinitialising(torch.nn.Module):
         self.second.bias = torch.nn.Parameter(torch.rand(3))
 
 
+class InitialisedByApply(torch.nn.Module):
+    """Ends its constructor as Hugging Face's post_init and many GPTs do: self.apply(init), with
+    random in-place initialisers, over submodules already paged under zero_init."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(9, 6)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(6), torch.nn.Linear(6, 6)) for _ in range(3))
+        self.head = torch.nn.Linear(6, 9, bias=False)
+        self.head.weight = self.embed.weight
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            torch.nn.init.uniform_(module.bias)
+
+
 def changed_after_construction():
     model = Custom()
     torch.nn.init.ones_(model.inner[1].weight)
@@ -91,6 +113,7 @@ BUILDERS = {
     "tied_in_init": TinyGPT,
     "tied_after_construction": tied_after_construction,
     "reinitialised_by_parent": Reinitialising,
+    "initialised_by_apply": InitialisedByApply,
     "changed_after_construction": changed_after_construction,
 }
 
@@ -277,6 +300,21 @@ def test_a_random_write_into_a_paged_submodule_raises(engine):
         with zoe.torch.zero_init(engine):
             RandomlyReinitialising()
     assert not hasattr(torch.nn.Linear.__init__, "__wrapped__")
+
+
+def test_apply_outside_zero_init_is_torch_s_again(engine):
+    with zoe.torch.zero_init(engine):
+        pass
+    assert torch.nn.Module.apply is torch.nn.Module.__dict__["apply"]
+    assert not hasattr(torch.nn.Module.apply, "__wrapped__")
+
+
+def test_apply_over_parameters_sharded_by_zero_init_is_refused(engine, world_of_one):
+    with pytest.raises(zoe.InvalidArgument, match="initialise the parameters in each module's "
+                                                   "own constructor"):
+        with zoe.torch.zero_init(engine, process_group=world_of_one):
+            InitialisedByApply()
+    assert not hasattr(torch.nn.Module.apply, "__wrapped__")
 
 
 def test_paged_parameters_read_nan_until_adopted_and_a_conversion_is_refused(engine):

@@ -278,13 +278,8 @@ def backend_for(group_index, params, device_backend):
         )
     device = next(iter(devices), torch.device("cpu"))
     if any(_pager_of(param) for param in params):
-        if device.type != "cpu":
-            raise _invalid(
-                f"param group {group_index} holds parameters paged by offload_parameters on "
-                f"{device}; zoe optimizers step paged parameters on the CPU (or the CPU twin) "
-                "only so far: step these with a torch optimizer inside pager.materialized()"
-            )
-        return None  # stepped in place through the pager, one parameter at a time
+        # stepped through the pager, their gradients streamed to the host (grad_stream.py)
+        return None
     if device.type == "cuda":
         if device_backend is not None and not isinstance(device_backend, CudaBackend):
             raise _invalid(

@@ -136,15 +136,15 @@ class DeepSpeedEngine:
         """The boundary's step (see the module docstring)."""
         if self._group is not None and not self._sharded():
             self._average_gradients()
-        overflow = self._agreed_overflow() if self.loss_scaler is not None else False
-        if self._stage3 is not None:
-            self._clip_stage3()
-            self.optimizer.step()  # skips a non-finite step itself, on every rank
-        elif isinstance(self.optimizer, _ZoeAdamBase):
-            self.optimizer.step()  # skips a non-finite step itself, on every rank
-        elif not overflow:
-            self._clip_torch_gradients()
+        if isinstance(self.optimizer, _ZoeAdamBase):
+            # zoe's optimizers clip, and skip a non-finite step on every rank, themselves
             self.optimizer.step()
+            overflow = self.loss_scaler is not None and self._zoe_step_skipped()
+        else:
+            overflow = self._agreed_overflow() if self.loss_scaler is not None else False
+            if not overflow:
+                self._clip_torch_gradients()
+                self.optimizer.step()
         self._step_applied = not overflow
         if overflow:
             self.skipped_steps += 1
@@ -217,10 +217,10 @@ class DeepSpeedEngine:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item() > 0)
 
-    def _clip_stage3(self):
-        """gradient_clipping at stage 3: the global norm over the ranks' shards."""
-        if self._training.gradient_clipping > 0:
-            self._stage3.clip(self._params(), self._training.gradient_clipping)
+    def _zoe_step_skipped(self):
+        """Whether the zoe optimizer's latest step skipped for an inf/NaN gradient (the same on
+        every rank: zoe agrees on it)."""
+        return any(result is not None and result.skipped for result in self.optimizer.last_step)
 
     def _clip_torch_gradients(self):
         """gradient_clipping for a torch optimizer (zoe's clip inside their step)."""

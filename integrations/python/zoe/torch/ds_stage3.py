@@ -2,17 +2,16 @@
 (offload_parameters; homed in DRAM for offload_param "none"/"cpu", on NVMe for "nvme") and,
 over a process group, partitioned across its ranks (a ShardedParameterPager, docs/zero3.md);
 the optimizer (zoe.torch AdamW / Adam on the same engine) steps this rank's shards, or the paged
-parameters in one process. Clipping is the engine's: the optimizer is built with
-max_grad_norm=0.0 and ``clip`` clips to the global norm over every rank's shards.
+parameters in one process. The gradients stream out of backward into the optimizer
+(grad_stream.py), which clips them to gradient_clipping by the global norm over every rank's
+shards and skips a non-finite step on every rank.
 
 Stage3 holds the pager and the zoe engine, and does for the DeepSpeedEngine what paging changes:
-clipping, the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks)
-and closing."""
+the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks) and
+closing."""
 
 import dataclasses
 from typing import Any
-
-import torch
 
 from ..engine import Engine
 from .._capi import Tier
@@ -27,13 +26,6 @@ class Stage3:
     pager: Any
     engine: Engine
     sharded: bool
-
-    def clip(self, params, max_norm):
-        """Clips the gradients to ``max_norm`` (global over the ranks' shards when sharded)."""
-        if self.sharded:
-            self.pager.clip_grad_norm_(max_norm)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     def module_state(self):
         """The module's state dict with its parameters' values (a collective when sharded)."""
@@ -79,7 +71,8 @@ def stage3_setup(module, spec, document, training, group):
         optimizer = (AdamW if adamw else Adam)(
             params, lr=settings.get("lr", 1e-3),
             betas=tuple(settings.get("betas", (0.9, 0.999))), eps=settings.get("eps", 1e-8),
-            weight_decay=settings.get("weight_decay", 0.0), engine=engine, max_grad_norm=0.0)
+            weight_decay=settings.get("weight_decay", 0.0), engine=engine,
+            max_grad_norm=training.gradient_clipping)
     except BaseException:
         engine.close()
         raise

@@ -37,6 +37,7 @@ from . import device
 from .checkpoint import load_param_groups, save_param_groups
 from .common import _DTYPES, _current_values, _invalid, _pager_of, _view, _writable
 from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
+from .grad_stream import GradStream, combined_result, is_finite
 from .param_group import GroupState
 from .state_layout import (SLOTS, check_group_counts, checked_param_state, loaded_steps,
                            packed_state_dict, param_entries, read_slot, write_slots)
@@ -47,19 +48,72 @@ def _grad_view(grad, param):
     """The BufferView of a gradient, or for None one without data: no gradient for the
     parameter's elements in this step."""
     if grad is None:
-        return BufferView(0, _DTYPES[param.dtype], param.numel())
+        return _absent_view(param)
     return _view(grad)
 
 
+def _absent_view(param):
+    """A BufferView without data covering a parameter's elements."""
+    return BufferView(0, _DTYPES[param.dtype], param.numel())
+
+
 def _param_views(group_index, params):
-    """BufferViews of a group's parameters, which must be contiguous when stepped."""
+    """BufferViews of a group's parameters (a BufferView given is taken as it is), which must be
+    contiguous when stepped."""
     for index, param in enumerate(params):
+        if isinstance(param, BufferView):
+            continue
         if not param.is_contiguous():
             raise _invalid(
                 f"parameter {index} of param group {group_index} is not contiguous; zoe "
                 "optimizers step contiguous parameters"
             )
-    return [_view(param) for param in params]
+    return [param if isinstance(param, BufferView) else _view(param) for param in params]
+
+
+def _stage3_shards(params):
+    """``params`` (tensors or param-group dicts, read once) with every parameter of a model a
+    ShardedParameterPager shards replaced by this rank's shard of it (dropped when empty), and
+    that pager's process group (None when there is none)."""
+    if isinstance(params, torch.Tensor):
+        return params, None
+    params = list(params)
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    pagers = {}
+    for group in groups:
+        inner = group["params"]
+        inner = [inner] if isinstance(inner, torch.Tensor) else list(inner)
+        shards = []
+        for param in inner:
+            pager = getattr(param, "_zoe_sharded_pager", None)
+            if pager is None:
+                shards.append(param)
+                continue
+            pagers[id(pager)] = pager
+            shard = pager.shard_of(param)
+            if shard is not None:
+                shards.append(shard)
+        group["params"] = shards
+    if not pagers:
+        return params, None
+    if len(pagers) > 1:
+        raise _invalid("the parameters belong to models of several ShardedParameterPagers; give "
+                       "each pager's model an optimizer of its own")
+    return (params if isinstance(params[0], dict) else groups[0]["params"],
+            next(iter(pagers.values())).group)
+
+
+def _checked_stage3_group(process_group, zero_stage, pager_group):
+    """None (the pager shards; the optimizer steps its shards) when ``process_group`` is None
+    or the pager's and ``zero_stage`` is None or 3; else InvalidArgument naming the fix."""
+    if process_group is not None and process_group is not pager_group:
+        raise _invalid("the parameters are sharded by a ShardedParameterPager over another "
+                       "process group; give process_group=None or the pager's")
+    if zero_stage not in (None, 3):
+        raise _invalid(f"zero_stage={zero_stage!r}: the parameters are sharded by a "
+                       "ShardedParameterPager (ZeRO stage 3), whose optimizer steps this rank's "
+                       "shards; leave zero_stage unset")
+    return None
 
 
 def _check_hyper_parameters(lr, betas, eps, weight_decay, max_grad_norm):
@@ -120,7 +174,12 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                  capturable=False, device_backend=None, speculative=False, zero_copy=None,
                  process_group=None, zero_stage=None, bucket_elements=None):
         """Arguments as documented on AdamW; ``process_group``, ``zero_stage`` and
-        ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition)."""
+        ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition). The parameters
+        of a model a ShardedParameterPager shards stand for this rank's shards of them (ZeRO
+        stage 3: the pager shards them; ``process_group``, when given, must be the pager's)."""
+        params, stage3_group = _stage3_shards(params)
+        if stage3_group is not None:
+            process_group = _checked_stage3_group(process_group, zero_stage, stage3_group)
         self._zero = ZeroPartition.for_arguments(
             process_group, zero_stage, bucket_elements, config, engine,
             dict(zero_copy=zero_copy, speculative=speculative, device_backend=device_backend))
@@ -208,6 +267,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         for state in groups:
             if state.device is not None:
                 state.device.close()
+            if state.stream is not None:
+                state.stream.close()
         if self._owns_engine:
             self._engine.close()
 
@@ -273,36 +334,20 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._groups.append(state)
         if self._zero is not None:
             self._zero.add_group(self, state)
+        elif GradStream.wanted(params):
+            state.stream = GradStream(params, self._group_name(group_index))
 
     def _check_param(self, param, where):
         """InvalidArgument for a parameter this optimizer cannot step (checked before its param
-        group is added): a dtype zoe does not take, or a stage 3 shard (ShardedParameterPager
-        over several ranks) in an optimizer that would clip, by this rank's shard's norm alone;
-        under ZeRO stages 1 and 2 also what ZeroPartition.check_param refuses."""
+        group is added): a dtype zoe does not take; under ZeRO stages 1 and 2 also what
+        ZeroPartition.check_param refuses."""
         if param.dtype not in _DTYPES:
             raise _invalid(
                 f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
                 "torch.bfloat16 or torch.float16"
             )
-        self._check_shard_clipping(param, where)
         if self._zero is not None:
             self._zero.check_param(param, where)
-
-    def _check_shard_clipping(self, param, where):
-        """InvalidArgument for a stage 3 shard over several ranks when this optimizer clips."""
-        world_size = getattr(_pager_of(param), "world_size", 1)
-        if world_size <= 1:
-            return
-        clipping = self._max_grad_norm
-        if clipping is None:
-            clipping = self._engine.config.get("gradient_clipping", 0.0)
-        if clipping:
-            raise _invalid(
-                f"{where} is a shard of a ShardedParameterPager over {world_size} ranks, and "
-                f"this optimizer would clip at {clipping} by this rank's shard's norm alone; clip "
-                "with pager.clip_grad_norm_(max_norm) (the global norm), and leave max_grad_norm "
-                'unset with the engine\'s gradient_clipping 0 or "auto"'
-            )
 
     def _group_name(self, group_index):
         return f"{self._name}.{group_index}"
@@ -310,9 +355,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
     def _group_options(self, state):
         """The zoe group options of a param group, as its hyper-parameters are now."""
         group = state.group
+        # a streamed group is clipped by the factor its step gives zoe (grad_stream.py)
+        clipping = 0.0 if state.stream is not None else self._max_grad_norm
         return dict(type=self._ZOE_TYPE, lr=float(group["lr"]), betas=list(group["betas"]),
                     eps=group["eps"], weight_decay=group["weight_decay"],
-                    max_grad_norm=self._max_grad_norm, moment_dtype=self._moment_dtype,
+                    max_grad_norm=clipping, moment_dtype=self._moment_dtype,
                     segments=[param.numel() for param in state.params])
 
     def _zoe_group(self, state):
@@ -332,18 +379,36 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         return state.zoe_group
 
     def _create_local_group(self, state, name, options):
-        """Creates the (unsharded) zoe group of a param group, zero copy where it can."""
+        """Creates the (unsharded) zoe group of a param group, zero copy where it can. Paged
+        parameters are left out of the creation (their master weights start at zero) and
+        written one at a time afterwards, so the group never needs them all in memory."""
         zero_copy = self._zero_copy_group(state)
         if zero_copy:
             params = [param.detach() for param in state.params]
         else:
-            params = [_current_values(param) for param in state.params]
+            params = [None if _pager_of(param) else _current_values(param)
+                      for param in state.params]
+        views = [_absent_view(param) if values is None else values
+                 for param, values in zip(state.params, params)]
         state.zoe_group = self._engine.optimizer_group(
-            name, _param_views(state.index, params), **options,
+            name, _param_views(state.index, views), **options,
             speculative=True if self._speculative_group(state) else None,
             master="params" if zero_copy else None,
         )
         state.masters = params if zero_copy else None
+        self._write_paged_masters(state)
+
+    def _write_paged_masters(self, state):
+        """Writes each paged parameter's values into the group's master weights, one parameter
+        acquired at a time."""
+        for param, offset in zip(state.params, state.offsets()):
+            pager = _pager_of(param)
+            if pager is None:
+                continue
+            with pager.held(param, _capi.Access.READ) as values:
+                flat = values.reshape(-1).to(torch.float32).contiguous()
+                state.zoe_group.write_state(_capi.StateSlot.MASTER, offset, flat.numel(),
+                                            flat.data_ptr())
 
     def _zero_copy_group(self, state):
         """Whether a param group's parameters are its master (see "Zero copy")."""
@@ -430,10 +495,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         pager = self._sharded_pager()
-        if pager is not None and pager.any_gradient_nonfinite():
-            for state in self._groups:
-                state.last_step = self._agreed_skip(state)
-            return loss
+        self._take_stream_norms()
         if pager is None:
             self._step_groups()
             return loss
@@ -444,6 +506,14 @@ class _ZoeAdamBase(torch.optim.Optimizer):
     def _step_groups(self):
         for state in self._groups:
             self._step_group(state)
+
+    def _take_stream_norms(self):
+        """Each streamed group's global gradient norm, before any group steps: over a sharded
+        pager's ranks these are collectives, which every rank makes in the same order whatever
+        its step then does."""
+        for state in self._groups:
+            if state.stream is not None:
+                state.stream_norm = state.stream.global_norm(state.params)
 
     def _sharded_pager(self):
         """The ShardedParameterPager over several ranks whose shards this optimizer steps (stage
@@ -460,20 +530,15 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                            "each pager's shards an optimizer of their own")
         return next(iter(pagers.values()), None)
 
-    @staticmethod
-    def _agreed_skip(state):
-        """The StepResult of a step skipped because another rank's gradient was inf/NaN."""
-        zoe_group = state.zoe_group
-        return StepResult(skipped=True, grad_norm=math.inf,
-                          steps_taken=0 if zoe_group is None else zoe_group.steps,
-                          bytes_read=0, bytes_written=0, seconds=0.0)
-
     def _step_group(self, state):
         """One param group's step: on its device, sharded across the ranks (every rank
         together; the reduced gradients and the buckets' counts are dropped whatever happens),
         or on the host."""
         if state.device is not None:
             self._device_step(state)
+            return
+        if state.stream is not None:
+            self._step_streamed(state)
             return
         if self._zero is None:
             self._step_host_group(state)
@@ -501,6 +566,44 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         self._sync_external_writes(state)
         state.last_step = self._step_zoe(state, zoe_group, grads)
         state.record_versions()
+
+    def _step_streamed(self, state):
+        """The step of a param group whose paged parameters' gradients were streamed out of
+        backward (grad_stream.py): skipped when the global norm is inf/NaN (every rank of a
+        sharded pager together), else stepped window by window, clipped by the global norm."""
+        stream, params = state.stream, state.params
+        stream.check_usable()
+        norm, state.stream_norm = state.stream_norm, None
+        if not stream.any_present(params):
+            state.last_step = None
+            return
+        zoe_group = self._zoe_group(state)
+        self._sync_external_writes(state)
+        steps = max(zoe_group.segment_steps, default=0)
+        if not is_finite(norm):
+            stream.clear()
+            state.last_step = combined_result([], norm, True, steps)
+            return
+        results = stream.step(params, zoe_group, self._step_hyper(state), norm,
+                              self._clip_norm(), lambda present: self._write_back(state, present))
+        state.last_step = combined_result(results, norm, False,
+                                          max(zoe_group.segment_steps, default=0))
+        state.record_versions()
+
+    def _clip_norm(self):
+        """The max_grad_norm this optimizer clips to (0.0: none): its own, else the engine
+        configuration's gradient_clipping."""
+        if self._max_grad_norm is not None:
+            return self._max_grad_norm
+        clipping = self._engine.config.get("gradient_clipping", 0.0)
+        return clipping if isinstance(clipping, (int, float)) else 0.0
+
+    def zero_grad(self, *args, **kwargs):
+        """As torch's; streamed gradients (paged parameters) are dropped too."""
+        super().zero_grad(*args, **kwargs)
+        for state in self._groups:
+            if state.stream is not None:
+                state.stream.clear()
 
     def _step_zoe(self, state, zoe_group, grads):
         """zoe's step of one group on ``grads`` (None for a parameter without a gradient); under
@@ -641,6 +744,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                 state.pending = per_param
             else:
                 self._apply_state(state, per_param)
+        self.loaded_whole_state()
 
     def _apply_state(self, state, per_param):
         """Writes a loaded per-parameter state into the group's zoe state (under ZeRO, the
@@ -698,6 +802,15 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         for state in self._groups:
             self._write_back(state)
             state.record_versions()
+        self.loaded_whole_state()
+
+    def loaded_whole_state(self):
+        """Called once every param group's state was loaded (a checkpoint): a streamed group
+        that a failed step left partly stepped steps again, and gradients held are dropped."""
+        for state in self._groups:
+            if state.stream is not None:
+                state.stream.broken = None
+                state.stream.clear()
 
 
 class AdamW(_ZoeAdamBase):

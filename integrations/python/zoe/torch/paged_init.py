@@ -15,6 +15,16 @@ submodules holds them until its ``__init__`` returns).
 Construction itself is untouched: the random number generator is consumed exactly as without
 the context, so the values are those of the same model built normally.
 
+Re-initialisation by ``Module.apply``: a constructor that ends by initialising every submodule
+(``self.apply(self._init_weights)``, as Hugging Face's ``post_init`` and many GPTs do) runs after
+its submodules' parameters were paged. While the context is active, ``Module.apply`` visits the
+modules as torch's does (children first) and calls ``fn(module)`` with that module's own paged
+parameters acquired and ``param.data`` pointing at their values (a copy on the parameter's
+device for one not on the CPU), written back when ``fn`` returns, so in-place initialisers work
+and consume the random number generator as without the context: one module's parameters are in
+memory at a time. With a process group each rank holds only its shard, so ``apply`` over sharded
+parameters is refused, naming the alternative (initialise in each module's constructor).
+
 With a process group, each rank keeps only its shard of every parameter (the layout of
 zero3.py): each rank builds every module in full, writes its own slice and drops the rest, and
 the ranks agree that every rank could write its shards (one all-reduce per module that has
@@ -37,10 +47,12 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from .. import _capi
 from .._collective_ops import agreed
 from .adoption import (RECORD_ATTRIBUTE, InitRecord, construction_placeholder, init_record,
                        settle, spare_tensors, write_new_tensor)
 from .common import _PAGED_DTYPES, _invalid, _live_group, _weak_group
+from .device import wrap_tier_memory
 from .distributed import shard_counts
 from .offload import _home_from_config
 
@@ -183,12 +195,49 @@ class ZeroInit:
         self._records.append(record)
         self.parameters += 1
 
+    @torch.no_grad()
+    def call_materialized(self, module, fn):
+        """``fn(module)`` with the module's own paged parameters readable and writable (see
+        "Re-initialisation by Module.apply")."""
+        paged = [(param, init_record(param)) for param in module.parameters(recurse=False)]
+        paged = [(param, record) for param, record in paged
+                 if record is not None and record.state == "paged" and record.tensor is not None]
+        if paged and self.sharding is not None:
+            raise _invalid(
+                f"Module.apply over the parameters of a {type(module).__name__} that zero_init "
+                "sharded across ranks: each rank holds only its shard; initialise the "
+                "parameters in each module's own constructor instead")
+        held = []
+        try:
+            for param, record in paged:
+                held.append((param, record, _materialize(param, record)))
+            return fn(module)
+        finally:
+            for param, record, (view, values) in held:
+                if values is not view:
+                    view.copy_(values.to(view.device))
+                param.data = record.placeholder
+                record.version = param._version
+                record.tensor.release()
+
     def abandon(self):
         """The construction raised: every parameter it paged is abandoned and its tensor kept
         for the next zero_init on the engine."""
         for record in self._records:
             record.release("abandoned")  # those adopted meanwhile stay with their pager
         self._records = []
+
+
+def _materialize(param, record):
+    """Acquires a paged parameter's tensor for writing and points param.data at its values (a
+    copy on the parameter's device when that is not the CPU): (the tensor's view, the values
+    param.data points at)."""
+    address = record.tensor.acquire(_capi.Tier.HOST, _capi.Access.READ_WRITE)
+    view = wrap_tier_memory(address, record.tensor.nbytes, param.dtype,
+                            torch.device("cpu")).view(param.shape)
+    values = view if param.device.type == "cpu" else view.to(param.device)
+    param.data = values
+    return view, values
 
 
 def _unpaged(name, param):
@@ -225,18 +274,22 @@ class _Interception:
         self.construction = construction
         self.originals = {}  # class -> the __init__ it defined
         self.init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+        self.apply = torch.nn.Module.__dict__["apply"]
 
     def install(self):
         try:
             for cls in _module_classes():
                 self.wrap(cls)
             torch.nn.Module.__init_subclass__ = classmethod(self._init_subclass_hook())
+            torch.nn.Module.apply = self._apply_hook()
         except BaseException:
             self.uninstall()
             raise
 
     def uninstall(self):
-        """Gives every wrapped class its own __init__ back, and Module its __init_subclass__."""
+        """Gives every wrapped class its own __init__ back, and Module its __init_subclass__
+        and apply."""
+        torch.nn.Module.apply = self.apply
         if self.init_subclass is None:
             if "__init_subclass__" in torch.nn.Module.__dict__:
                 delattr(torch.nn.Module, "__init_subclass__")
@@ -271,6 +324,17 @@ class _Interception:
             if outermost:
                 construction.page(module)
         return __init__
+
+    def _apply_hook(self):
+        construction = self.construction
+
+        @functools.wraps(self.apply)
+        def apply(module, fn):
+            for child in module.children():
+                child.apply(fn)
+            construction.call_materialized(module, fn)
+            return module
+        return apply
 
     def _init_subclass_hook(self):
         interception, inherited = self, self.init_subclass

@@ -174,7 +174,9 @@ class ParameterPager:
 
     # Saved tensors that live in acquired parameter memory are packed as a reference to the
     # parameter and re-acquired when backward unpacks them; the parameter's gradient hook (or
-    # the end of backward) releases what backward acquired.
+    # the end of backward) releases what backward acquired. A parameter that takes no gradient
+    # (requires_grad False) has no gradient hook: its unpacked values are a copy, and its
+    # acquisition is released at once rather than held to the end of backward.
     def _pack(self, tensor):
         record = self._by_address.get(_storage_pointer(tensor)) if tensor.numel() else None
         if record is None:
@@ -185,11 +187,16 @@ class ParameterPager:
         if isinstance(packed, torch.Tensor):
             return packed
         record, dtype, size, stride, offset = packed
-        view = self._hold(record, _capi.Access.READ, backward=True)
+        frozen = not record.param.requires_grad
+        view = self._hold(record, _capi.Access.READ, backward=not frozen)
         flat = view.view(-1)
         if dtype != flat.dtype:
             flat = flat.view(dtype)
-        return flat.as_strided(size, stride, offset)
+        values = flat.as_strided(size, stride, offset)
+        if frozen:
+            values = values.clone()
+            self._unhold(record)
+        return values
 
     def _grad_hook(self, record):
         def hook(grad):

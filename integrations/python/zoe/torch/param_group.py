@@ -1,7 +1,7 @@
 """GroupState: everything a zoe optimizer keeps for one torch param group, in one object (the
 zoe group, the device path, zero copy's masters, the parameters' version counters, a loaded
-state waiting for the zoe group, the latest step's result and, under ZeRO stages 1 and 2, the
-rank's shard). The optimizer holds one per entry of ``param_groups``, in the same order."""
+state waiting for the zoe group, the latest step's result, under ZeRO stages 1 and 2 the rank's
+shard, and for paged parameters their streamed gradients). The optimizer holds one per entry of ``param_groups``, in the same order."""
 
 import dataclasses
 from typing import Any, List, Optional
@@ -33,6 +33,12 @@ class GroupState:
     last_step: Optional[StepResult] = None
     # zero.GroupShard under ZeRO stages 1 and 2 (the sharded group, buckets, gradient buffer)
     shard: Any = None
+    # grad_stream.GradStream when the group holds paged parameters (their gradients streamed
+    # out of backward), else None
+    stream: Any = None
+    # the global norm of a streamed group's gradients, taken before its step (every rank of a
+    # sharded pager together), else None
+    stream_norm: Any = None
 
     @property
     def params(self):

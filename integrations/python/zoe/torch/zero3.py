@@ -37,13 +37,14 @@ optimizer steps the shards inside ``with pager.materialized():``).
   on every rank; like DistributedDataParallel without find_unused_parameters, every rank must
   produce gradients for the same parameters in an iteration (a parameter unused on every rank
   in an iteration is simply skipped, and the optimizer skips it as torch does).
-- Clipping and the inf/NaN skip: ``pager.clip_grad_norm_(max_norm)`` all-reduces the squared
-  norms of the shard gradients, so every rank gets the same global norm (inf or NaN on every
-  rank when any gradient anywhere is not finite) and clips by the same factor. An optimizer
-  that would clip over shards (``max_grad_norm``, or the engine's gradient_clipping) is refused:
-  it would see only its own shard. The optimizer's own inf/NaN skip is agreed: its step() asks
-  any_gradient_nonfinite() (one all-reduce), and every rank skips when any rank's shard holds an
-  inf or NaN.
+- Clipping and the inf/NaN skip: a zoe optimizer over the shards takes each shard's reduced
+  gradient through its gradient sink (``set_gradient_sink``) into its streamed gradient store
+  (grad_stream.py) instead of ``.grad``; its step all-reduces the squared norms (one collective of
+  one float64), so every rank clips by the same global norm and skips a non-finite step together
+  (``max_grad_norm``, or the engine's gradient_clipping). Without such an optimizer the reduced
+  gradients land in the shards' ``.grad``, and ``pager.clip_grad_norm_(max_norm)`` clips them by
+  the global norm (refused, naming ``max_grad_norm``, once an optimizer streams them);
+  ``any_gradient_nonfinite()`` asks the same of ``.grad`` with one all-reduce of a flag.
 - Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
   optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
   each rank's save (ranks killed during a save all load the previous one:
@@ -175,6 +176,7 @@ class ShardedParameterPager(ParameterPager):
         self._bucket = []  # (entry, flat fp32 gradient) waiting for the bucket to fill
         self._bucket_size = 0  # elements in self._bucket
         self._reductions = []  # _GradientBucket in flight, oldest first
+        self._gradient_sinks = {}  # id(shard) -> sink(shard, grad) taking its reduced gradient
         self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0}
         self.reductions = {"issued": 0, "parameters": 0}  # buckets reduced, gradients in them
         self.shard_bytes = 0  # bytes of this rank's shards (paged through its engine)
@@ -469,8 +471,8 @@ class ShardedParameterPager(ParameterPager):
             self._finish_reduction(bucket)
 
     def _finish_reduction(self, bucket):
-        """Waits for a bucket's sum and adds each parameter's slice of this rank's part, / N, to
-        its shard's .grad."""
+        """Waits for a bucket's sum and hands each parameter's slice of this rank's part, / N, to
+        its shard's gradient sink, or adds it to the shard's .grad."""
         try:
             with _timed(self, "collective_seconds"):
                 bucket.handle.wait()
@@ -480,7 +482,10 @@ class ShardedParameterPager(ParameterPager):
         for entry in bucket.entries:
             if entry.shard is not None:
                 grad = mine[offset : offset + entry.count].div_(self.world_size).to(entry.dtype)
-                if entry.shard.grad is None:
+                sink = self._gradient_sinks.get(id(entry.shard))
+                if sink is not None:
+                    sink(entry.shard, grad)
+                elif entry.shard.grad is None:
                     entry.shard.grad = grad.clone()
                 else:
                     entry.shard.grad.add_(grad)
@@ -520,9 +525,42 @@ class ShardedParameterPager(ParameterPager):
         the stage 3 optimizer steps (their .grad holds the mean gradient after backward)."""
         return [entry.shard for entry in self._params if entry.shard is not None]
 
+    def shard_of(self, param):
+        """This rank's shard of one of the model's parameters (None when the shard is empty);
+        KeyError for a parameter this pager does not shard."""
+        return self._by_param[id(param)].shard
+
     def named_shard_parameters(self):
         """(parameter name, shard) for this rank's non-empty shards."""
         return [(entry.name, entry.shard) for entry in self._params if entry.shard is not None]
+
+    def set_gradient_sink(self, shard, sink):
+        """Routes the shard's reduced gradient to ``sink(shard, grad)`` instead of its .grad
+        (a zoe optimizer streaming it: grad_stream.py); None routes it to .grad again."""
+        if sink is None:
+            self._gradient_sinks.pop(id(shard), None)
+        else:
+            self._gradient_sinks[id(shard)] = sink
+
+    def all_reduce_sum(self, values, what):
+        """Sums ``values`` (a CPU tensor) over the ranks in place, once the gradient reductions
+        in flight are finished (every rank calls it); zoe.Aborted naming ``what`` when the
+        collective fails."""
+        self._finish_reductions()
+        try:
+            with _timed(self, "collective_seconds"):
+                dist.all_reduce(values, group=self.group)
+        except RuntimeError as error:
+            raise _collective_error(f"all_reduce of {what}", "*", error) from None
+
+    def _check_no_sinks(self, what):
+        """InvalidArgument for ``what`` (on .grad) when a zoe optimizer streams the gradients."""
+        if self._gradient_sinks:
+            raise _invalid(
+                f"{what}: a zoe optimizer streams these shards' gradients (their .grad stays "
+                "None); give the optimizer max_grad_norm (or the engine gradient_clipping) and "
+                "it clips by the global norm over every rank's shards, and skips a step with an "
+                "inf/NaN gradient on every rank")
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm=None, norm_type=2.0):
@@ -531,6 +569,7 @@ class ShardedParameterPager(ParameterPager):
         max_norm / (norm + 1e-6) when that is below 1, as torch.nn.utils.clip_grad_norm_. Every
         rank gets the same norm: inf or NaN on all ranks when any gradient is not finite, so
         ``if not math.isfinite(norm)`` skips the step on every rank together."""
+        self._check_no_sinks("pager.clip_grad_norm_")
         if float(norm_type) != 2.0:
             raise _invalid(f"norm_type = {norm_type!r} is not supported; allowed: 2.0")
         self._finish_reductions()

@@ -1,0 +1,309 @@
+"""Streamed gradients: the gradients of paged parameters taken out of backward as each becomes
+final, so a model's gradients are never held whole.
+
+A zoe optimizer over paged parameters (offload_parameters, zero_init, a ShardedParameterPager's
+shards) gives each paged parameter of a param group a gradient store: a zoe tensor of the
+parameter's elements in fp32, registered in the pager's engine with the pager's home tier. When
+a parameter's gradient is final in a backward (its post-accumulate hook; for a stage 3 shard, its
+slice of a reduced bucket), the gradient is added into its store (written on its first backward
+since the last step, added on the next ones: accumulation over micro-batches in fp32) and the
+gradient's own memory is released: ``param.grad`` stays None. The store is an ordinary zoe tensor:
+HOST within the tensors' budget, written to NVMe (checksummed, as every swapped byte) when the
+budget needs the room, read back at the step. Peak gradient memory is thus bounded by the
+tensors' HOST budget, not by the model.
+
+Each time a store is written, the norm of its accumulated values is taken (fp32, as
+``torch.nn.utils.clip_grad_norm_`` takes each gradient's), so the step knows the global norm,
+and whether any gradient is inf/NaN, without reading the gradients again: the norm of the
+parameters' norms, as clip_grad_norm_ computes it (over the ranks of a sharded pager, the
+square root of the all-reduced sum of the shards' squared norms).
+
+The step (``GradStream.step_windows``) hands zoe's group the gradients window by window: the
+longest runs of consecutive parameters whose stores fit a quarter of the tensors' HOST budget
+are acquired together and stepped, every other parameter's gradient absent (its state, step count
+and values untouched), while the next window's stores are prefetched. Clipping is the factor
+clip_grad_norm_ applies (``max_norm / (norm + 1e-6)``, at most 1), given to zoe as the step's
+loss scale (its reciprocal), so every window is scaled alike. A non-finite norm skips the step
+(every rank of a sharded pager together). Gradients are consumed by the step that uses them (as
+DeepSpeed's engine.step zeroes them) and dropped by ``optimizer.zero_grad()``."""
+
+import contextlib
+import dataclasses
+import math
+from typing import Any, Optional
+
+import torch
+
+from .. import _capi
+from ..engine import BufferView, StepResult
+from ..errors import FailedPrecondition
+from .common import _DTYPES, _invalid, _pager_of, _view
+from .device import wrap_tier_memory
+from .grad_hooks import on_gradient_accumulated
+
+# The share of the tensors' HOST budget one window of gradients may hold (the next window's
+# prefetch and the parameters written back take from the rest).
+WINDOW_SHARE = 4
+
+
+@dataclasses.dataclass(eq=False)
+class _Store:
+    """One paged parameter's gradient store."""
+
+    tensor: Any  # the zoe tensor of numel fp32 elements
+    numel: int
+    present: bool = False  # holds a gradient since the last step or zero_grad
+    norm: Optional[torch.Tensor] = None  # fp32 norm of the accumulated values
+
+
+def _host_footprint(engine):
+    """(bytes of HOST the engine gives registered tensors, a function giving the HOST bytes a
+    tensor of n bytes takes there: whole chunks)."""
+    options = engine.config["zoe"]
+    chunk = max(1, int(options["chunk_size"]))
+    return int(options["tensor_host_budget"]), lambda nbytes: -(-nbytes // chunk) * chunk
+
+
+class GradStream:
+    """The streamed gradients of one param group's paged parameters (see the module's
+    docstring). ``params``: the group's parameters; ``prefix``: names the stores."""
+
+    def __init__(self, params, prefix):
+        self._stores = {}  # id(param) -> _Store
+        self._handles = []  # hook handles (and nodes kept alive) to remove at close
+        self.pager = None
+        self.broken = None  # why a step failed part-way (see step), else None
+        self.last_windows = 0  # windows the latest step took
+        for index, param in enumerate(params):
+            pager = _pager_of(param)
+            if pager is None:
+                continue
+            self._check_one_pager(pager)
+            tensor = pager.engine.register_tensor(f"{prefix}.grad.{index}", param.numel() * 4,
+                                                  _capi.DType.FLOAT32, pager.home)
+            self._stores[id(param)] = _Store(tensor, param.numel())
+            self._attach(pager, param)
+
+    @staticmethod
+    def wanted(params):
+        """Whether a param group's gradients stream: any of its parameters is paged."""
+        return any(_pager_of(param) is not None for param in params)
+
+    def _check_one_pager(self, pager):
+        if self.pager is not None and pager is not self.pager:
+            raise _invalid("a param group holds parameters of two pagers; give each pager's "
+                           "parameters a param group (or an optimizer) of their own")
+        self.pager = pager
+
+    def _attach(self, pager, param):
+        """Routes the parameter's final gradient here: a shard's reduced slice through its
+        pager's sink, any other parameter's through its post-accumulate hook."""
+        set_sink = getattr(pager, "set_gradient_sink", None)
+        if set_sink is not None:
+            set_sink(param, self.add)
+            self._handles.append((None, lambda p=param: set_sink(p, None)))
+            return
+        handle, node = on_gradient_accumulated(param, lambda p=param: self._take_grad(p))
+        self._handles.append((node, handle.remove))
+
+    @property
+    def world_size(self):
+        return getattr(self.pager, "world_size", 1)
+
+    def close(self):
+        """Removes the hooks (the stores stay registered in the engine)."""
+        for _, remove in self._handles:
+            remove()
+        self._handles = []
+
+    # --- backward ----------------------------------------------------------------------------
+
+    def _take_grad(self, param):
+        """The post-accumulate hook: the gradient moves into its store; .grad is released."""
+        grad = param.grad
+        if grad is None:
+            return
+        param.grad = None
+        self.add(param, grad)
+
+    @torch.no_grad()
+    def add(self, param, grad):
+        """Adds ``grad`` (any float dtype, any device, the parameter's elements) into the
+        parameter's store: written when it holds no gradient, else added in fp32."""
+        store = self._stores[id(param)]
+        if grad.is_sparse:
+            raise _invalid("streamed gradients are dense; a sparse gradient reached a paged "
+                           "parameter")
+        access = _capi.Access.READ_WRITE if store.present else _capi.Access.WRITE
+        address = store.tensor.acquire(_capi.Tier.HOST, access)
+        try:
+            values = wrap_tier_memory(address, store.numel * 4, torch.float32,
+                                      torch.device("cpu"))
+            flat = grad.detach().reshape(-1)
+            if store.present:
+                values.add_(flat.to("cpu", torch.float32))
+            else:
+                values.copy_(flat)
+            store.norm = torch.linalg.vector_norm(values)
+        finally:
+            store.tensor.release()
+        store.present = True
+
+    def clear(self):
+        """Drops every gradient held (nothing is read or written)."""
+        for store in self._stores.values():
+            store.present, store.norm = False, None
+
+    def has_grad(self, param):
+        """Whether a paged parameter holds a gradient; None for a parameter not paged."""
+        store = self._stores.get(id(param))
+        return None if store is None else store.present
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def any_present(self, params):
+        return any(self._present(param) for param in params)
+
+    def _present(self, param):
+        store = self._stores.get(id(param))
+        return param.grad is not None if store is None else store.present
+
+    def global_norm(self, params):
+        """The norm of every present gradient of ``params`` (streamed or in .grad): the norm of
+        the per-parameter fp32 norms, as clip_grad_norm_; over a sharded pager's ranks, the
+        square root of the all-reduced sum of squares (every rank calls it). A float; inf or
+        NaN when any gradient is."""
+        norms = []
+        for param in params:
+            store = self._stores.get(id(param))
+            if store is None:
+                if param.grad is not None:
+                    norms.append(torch.linalg.vector_norm(param.grad.detach().float()))
+            elif store.present:
+                norms.append(store.norm)
+        local = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+        if self.world_size <= 1:
+            return local
+        squares = (local.double() ** 2).reshape(1)
+        self.pager.all_reduce_sum(squares, "the streamed gradients' norm")
+        return squares.sqrt().float().reshape(())
+
+    def windows(self, params):
+        """[first, end) index ranges of consecutive parameters whose present stores fit a
+        window (at least one parameter each), covering every parameter with a gradient."""
+        budget, footprint = _host_footprint(self.pager.engine)
+        budget = max(1, budget // WINDOW_SHARE)
+        windows, first, held = [], None, 0
+        for index, param in enumerate(params):
+            if not self._present(param):
+                continue
+            store = self._stores.get(id(param))
+            nbytes = 0 if store is None else footprint(store.numel * 4)
+            if first is not None and held + nbytes > budget:
+                windows.append((first, last + 1))
+                first, held = None, 0
+            if first is None:
+                first = index
+            held += nbytes
+            last = index
+        if first is not None:
+            windows.append((first, last + 1))
+        return windows
+
+    def prefetch(self, params, window):
+        """Starts bringing a window's stores into HOST (never blocks)."""
+        if window is None:
+            return
+        for param in params[window[0]:window[1]]:
+            store = self._stores.get(id(param))
+            if store is not None and store.present:
+                store.tensor.prefetch(_capi.Tier.HOST)
+
+    @contextlib.contextmanager
+    def window_views(self, params, window):
+        """BufferViews of every parameter's gradient for one window's step: the window's present
+        gradients (stores acquired for reading for the block), every other one absent."""
+        first, end = window
+        views = []
+        with contextlib.ExitStack() as held:
+            for index, param in enumerate(params):
+                views.append(self._view_for(param, first <= index < end, held))
+            yield views
+
+    def _view_for(self, param, inside, held):
+        absent = BufferView(0, _DTYPES[param.dtype], param.numel())
+        if not inside or not self._present(param):
+            return absent
+        store = self._stores.get(id(param))
+        if store is None:
+            return _view(param.grad.detach().contiguous())
+        address = store.tensor.acquire(_capi.Tier.HOST, _capi.Access.READ)
+        held.callback(store.tensor.release)
+        return BufferView(address, _capi.DType.FLOAT32, store.numel)
+
+
+    def step(self, params, zoe_group, hyper, norm, max_norm, write_back):
+        """Steps ``zoe_group`` on the present gradients window by window (the next window's
+        stores prefetched meanwhile), each window's parameters then written back by
+        ``write_back(present)`` (per parameter: whether to write it); returns the StepResult of
+        each window. The gradients are consumed. A failure after a window was stepped leaves
+        the group partly stepped: ``broken`` then says so and the optimizer refuses to step
+        until a checkpoint is loaded; a failure before leaves everything as it was."""
+        self.check_usable()
+        scale = 1.0 / clip_coefficient(norm, max_norm)
+        windows = self.windows(params)
+        self.last_windows = len(windows)
+        results = []
+        try:
+            for position, window in enumerate(windows):
+                following = windows[position + 1] if position + 1 < len(windows) else None
+                self.prefetch(params, following)
+                with self.window_views(params, window) as views:
+                    results.append(
+                        zoe_group.step(hyper, grads=views, params_out=[], loss_scale=scale))
+                write_back([window[0] <= index < window[1] and self._present(param)
+                            for index, param in enumerate(params)])
+        except BaseException as error:
+            if results:
+                self.broken = (f"its step failed after {len(results)} of {len(windows)} "
+                               f"windows of streamed gradients were applied ({error})")
+            raise
+        if len(results) > 1:
+            # zoe counted each window as a step: the group's count becomes its segments' largest
+            zoe_group.segment_steps = zoe_group.segment_steps
+        self.clear()
+        return results
+
+    def check_usable(self):
+        """FailedPrecondition when an earlier step failed part-way (see step)."""
+        if self.broken is not None:
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the param group's optimizer state is partly stepped: {self.broken}; load a "
+                "checkpoint (optimizer.load_checkpoint, or the engine's load_checkpoint) to "
+                "resume")
+
+
+def clip_coefficient(norm, max_norm):
+    """clip_grad_norm_'s factor for a global ``norm`` (an fp32 tensor): max_norm / (norm + 1e-6)
+    in fp32, at most 1; 1.0 without clipping."""
+    if not max_norm:
+        return 1.0
+    coefficient = max_norm / (norm + 1e-6)
+    return float(torch.clamp(coefficient, max=1.0))
+
+
+def combined_result(results, norm, skipped, steps_taken):
+    """One StepResult for a step taken window by window."""
+    return StepResult(
+        skipped=skipped,
+        grad_norm=float(norm),
+        steps_taken=steps_taken,
+        bytes_read=sum(result.bytes_read for result in results),
+        bytes_written=sum(result.bytes_written for result in results),
+        seconds=sum(result.seconds for result in results),
+    )
+
+
+def is_finite(norm):
+    return math.isfinite(float(norm))
