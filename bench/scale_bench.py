@@ -41,73 +41,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CGROUP_V2 = "/sys/fs/cgroup"
-CGROUP_V1 = "/sys/fs/cgroup/memory"
-
-
-def parse_size(text):
-    """Bytes from "1G", "512M", "3GiB" or a number."""
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
-
-
-# ---- memory cgroups --------------------------------------------------------------------------
-
-
-def own_cgroup():
-    """(version, folder) of this process's memory cgroup, or (None, None)."""
-    with open("/proc/self/cgroup") as lines:
-        entries = [line.rstrip("\n").split(":", 2) for line in lines]
-    for _, controllers, path in entries:
-        if "memory" in controllers.split(",") and os.path.isdir(CGROUP_V1):
-            return 1, CGROUP_V1 + path
-    for hierarchy, controllers, path in entries:
-        if hierarchy == "0" and not controllers:
-            return 2, CGROUP_V2 + path
-    return None, None
-
-
-def make_cgroup(limit, name):
-    """A new memory cgroup below this process's, limited to ``limit`` bytes: (version, folder)."""
-    version, parent = own_cgroup()
-    if version is None:
-        raise SystemExit("no memory cgroup is mounted; run with --limit 0 (no limit)")
-    folder = os.path.join(parent, name)
-    os.makedirs(folder, exist_ok=True)
-    if version == 2:
-        write(folder, "memory.max", limit)
-        if os.path.exists(os.path.join(folder, "memory.swap.max")):
-            write(folder, "memory.swap.max", 0)
-    else:
-        write(folder, "memory.limit_in_bytes", limit)
-        if os.path.exists(os.path.join(folder, "memory.memsw.limit_in_bytes")):
-            write(folder, "memory.memsw.limit_in_bytes", limit)
-    return version, folder
-
-
-def write(folder, name, value):
-    with open(os.path.join(folder, name), "w") as out:
-        out.write(str(value))
-
-
-def cgroup_peak(version, folder):
-    """The cgroup's peak memory in bytes, or None where the kernel does not keep one."""
-    name = "memory.peak" if version == 2 else "memory.max_usage_in_bytes"
-    try:
-        with open(os.path.join(folder, name)) as text:
-            return int(text.read())
-    except OSError:
-        return None
-
-
-def remove_cgroup(folder):
-    for _ in range(50):  # the child's memory is uncharged shortly after it exits
-        try:
-            os.rmdir(folder)
-            return
-        except OSError:
-            time.sleep(0.1)
+sys.path.insert(0, os.path.join(ROOT, "integrations", "python"))
+from zoe.memory_limit import MemoryCgroup, parse_size  # noqa: E402  (no torch: the parent)
 
 
 # ---- the disk's rates -----------------------------------------------------------------------
@@ -185,7 +120,7 @@ def torch_setup(torch, args):
 def child(args):
     """Runs one implementation and prints its figures as one JSON line."""
     if args.cgroup:
-        write(args.cgroup, "cgroup.procs", os.getpid())
+        MemoryCgroup.join(args.cgroup)
     import torch
 
     torch.manual_seed(0)
@@ -221,18 +156,17 @@ def child(args):
 
 def run_child(impl, args, rates):
     """Runs ``impl`` in a child inside its own cgroup; its "result" line."""
-    version, folder = (make_cgroup(args.limit, f"zoe-scale-{impl}-{os.getpid()}")
-                       if args.limit else (None, None))
+    cgroup = MemoryCgroup(args.limit, f"zoe-scale-{impl}-{os.getpid()}") if args.limit else None
     command = [sys.executable, os.path.abspath(__file__), "--child", impl, "--dir", args.dir,
                "--layers", str(args.layers), "--width", str(args.width), "--batch",
                str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    if folder:
-        command += ["--cgroup", folder]
+    if cgroup:
+        command += ["--cgroup", cgroup.folder]
     started = time.perf_counter()
     completed = subprocess.run(command, capture_output=True, text=True)
-    peak = cgroup_peak(version, folder) if folder else None
-    if folder:
-        remove_cgroup(folder)
+    peak = cgroup.peak() if cgroup else None
+    if cgroup:
+        cgroup.remove()
     lines = [json.loads(l) for l in completed.stdout.splitlines() if l.startswith("{")]
     return summarize(impl, args, rates, lines, completed, peak, time.perf_counter() - started)
 
