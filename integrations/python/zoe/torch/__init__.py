@@ -19,6 +19,10 @@ stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/z
 so the model never exists whole in DRAM; offload_parameters then adopts them (paged_init.py).
 ``consolidate_checkpoint(directory, out_path)`` turns a sharded optimizer checkpoint into one
 state dict file without the ranks (consolidate.py).
+``with offload_activations(engine, device="nvme"):`` around a forward moves the tensors autograd
+saves for backward to pinned DRAM or NVMe and brings them back for backward (activations.py,
+activation_store.py); ``checkpoint(function, *args)`` is torch.utils.checkpoint with its saved
+inputs offloaded (activation_checkpoint.py, docs/activation-offload.md).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 
@@ -32,6 +36,7 @@ ShardedParameterPager), offload.py (offload_parameters), paged_init.py and adopt
 parameters it paged adopted by the pagers), consolidate.py, common.py.
 """
 
+from .activations import ActivationOffload, offload_activations
 from .config import engine_config
 from .consolidate import consolidate_checkpoint, consolidated_state_dict
 from .device import CudaBackend, DeviceBackend, HostTwin
@@ -43,6 +48,7 @@ from .zero3 import ShardedParameterPager
 from .paged_init import ZeroInit, zero_init
 
 __all__ = [
+    "ActivationOffload",
     "Adam",
     "AdamW",
     "CudaBackend",
@@ -55,6 +61,7 @@ __all__ = [
     "consolidated_state_dict",
     "engine_config",
     "initialize",
+    "offload_activations",
     "offload_parameters",
     "zero_init",
 ]
