@@ -36,6 +36,9 @@ ShardedParameterPager), offload.py (offload_parameters), paged_init.py and adopt
 parameters it paged adopted by the pagers), consolidate.py, common.py.
 """
 
+from . import checkpoint as _sharded_checkpoints
+from .activation_checkpoint import checkpoint_profile, configure_checkpointing
+from .activation_checkpoint import checkpoint as _checkpoint
 from .activations import ActivationOffload, offload_activations
 from .config import engine_config
 from .consolidate import consolidate_checkpoint, consolidated_state_dict
@@ -47,6 +50,19 @@ from .paging import ParameterPager
 from .zero3 import ShardedParameterPager
 from .paged_init import ZeroInit, zero_init
 
+
+class _CallableModule(type(_sharded_checkpoints)):
+    """``zoe.torch.checkpoint`` is both the module of sharded checkpoints (checkpoint.py, its
+    names as before) and, called, activation checkpointing: ``zoe.torch.checkpoint(function,
+    *args)`` (activation_checkpoint.checkpoint)."""
+
+    def __call__(self, function, *args, **kwargs):
+        return _checkpoint(function, *args, **kwargs)
+
+
+_sharded_checkpoints.__class__ = _CallableModule
+checkpoint = _sharded_checkpoints
+
 __all__ = [
     "ActivationOffload",
     "Adam",
@@ -57,6 +73,9 @@ __all__ = [
     "ParameterPager",
     "ShardedParameterPager",
     "ZeroInit",
+    "checkpoint",
+    "checkpoint_profile",
+    "configure_checkpointing",
     "consolidate_checkpoint",
     "consolidated_state_dict",
     "engine_config",

@@ -28,7 +28,7 @@ import weakref
 import torch
 
 from .. import _capi
-from ..errors import FailedPrecondition, OutOfMemory, as_zoe_error
+from ..errors import Error, FailedPrecondition, OutOfMemory, as_zoe_error
 from .activation_store import Bucket, aligned, pool_for
 from .common import _invalid
 from .device import CudaBackend
@@ -128,14 +128,14 @@ class ActivationOffload:
         self.pool = pool_for(engine)
         chunk = self.pool.chunk_bytes
         self.bucket_bytes = aligned(bucket_bytes or max(chunk, 4 * _MiB), chunk)
-        self.pinned_bytes = int(pinned_bytes or self._default_pinned())
+        self.pinned_bytes = None if pinned_bytes is None else int(pinned_bytes)
         self.prefetch_bytes = int(self.bucket_bytes * 2 if prefetch_bytes is None
                                   else prefetch_bytes)
-        if device == "nvme" and self.pinned_bytes < 2 * self.bucket_bytes:
-            raise _invalid(f"pinned_bytes = {self.pinned_bytes} must hold two buckets "
-                           f"({2 * self.bucket_bytes} bytes: bucket_bytes = "
-                           f"{self.bucket_bytes}): one filling while one is written")
+        if device != "auto":
+            self._set_pinned_bytes()
         self.iterations = []  # per forward: its statistics (see stats())
+        self.last_error = None  # the latest zoe.Error raised by a hook (see _pack)
+        self._block_error = None  # one raised by a pack hook of the current block
         self._forward = None
         self._forwards = []  # forwards that may still hold buckets
         self._active = False
@@ -147,10 +147,16 @@ class ActivationOffload:
         self._backends = {}
         self._dedup = {}
 
-    def _default_pinned(self):
-        if self.device == "nvme":
-            return 4 * self.bucket_bytes
-        return int(self.engine.stats()["host_budget"]["tensors"])
+    def _set_pinned_bytes(self):
+        """pinned_bytes once the device is known: by default four buckets for "nvme", the
+        engine's tensor HOST budget for "cpu"."""
+        if self.pinned_bytes is None:
+            self.pinned_bytes = (4 * self.bucket_bytes if self.device == "nvme"
+                                 else int(self.engine.stats()["host_budget"]["tensors"]))
+        if self.device == "nvme" and self.pinned_bytes < 2 * self.bucket_bytes:
+            raise _invalid(f"pinned_bytes = {self.pinned_bytes} must hold two buckets "
+                           f"({2 * self.bucket_bytes} bytes: bucket_bytes = "
+                           f"{self.bucket_bytes}): one filling while one is written")
 
     # --- the block -------------------------------------------------------------------------
 
@@ -161,6 +167,7 @@ class ActivationOffload:
                                      "ActivationOffload do not nest")
         self._check_device_choice()
         self._forward = _Forward(len(self.iterations))
+        self._block_error = None
         self.iterations.append(self._forward.stats)
         self._live_forwards()
         self._forwards.append(self._forward)
@@ -181,10 +188,13 @@ class ActivationOffload:
         self._active = False
         forward, self._forward = self._forward, None
         self._dedup.clear()
-        if kind is not None:
-            self._abandon(forward)
-        else:
+        if kind is None:
             self._finish(forward)
+            return False
+        self._abandon(forward)
+        block_error, self._block_error = self._block_error, None
+        if block_error is not None and error is not block_error:
+            raise block_error from error
         return False
 
     def _check_device_choice(self):
@@ -217,7 +227,24 @@ class ActivationOffload:
 
     # --- pack ------------------------------------------------------------------------------
 
+    # torch 1.x raises an exception of a saved-tensor hook as a RuntimeError whose message
+    # starts with the class name; the zoe.Error itself is kept in last_error, and one raised in
+    # forward leaves the ``with`` block as itself.
     def _pack(self, tensor):
+        try:
+            return self._pack_one(tensor)
+        except Error as error:
+            self.last_error = self._block_error = _untraced(error)
+            raise
+
+    def _unpack(self, saved):
+        try:
+            return self._unpack_one(saved)
+        except Error as error:
+            self.last_error = _untraced(error)
+            raise
+
+    def _pack_one(self, tensor):
         if not self._active:
             return tensor  # a stale entry of the hook stack after a forward that raised
         for pager in self._pagers:
@@ -291,6 +318,7 @@ class ActivationOffload:
     def _resolve_device(self, backend):
         if self.device == "auto":
             self.device = "cpu" if backend is not None else "nvme"
+            self._set_pinned_bytes()
         if self.device == "cpu" and backend is None:
             raise _invalid(
                 "offload_activations(device='cpu') got a saved tensor of a model on the CPU; "
@@ -447,7 +475,7 @@ class ActivationOffload:
 
     # --- unpack ----------------------------------------------------------------------------
 
-    def _unpack(self, saved):
+    def _unpack_one(self, saved):
         if isinstance(saved, _PagerSaved):
             return saved.pager._unpack(saved.packed)
         if not isinstance(saved, _Saved):
@@ -541,10 +569,25 @@ class ActivationOffload:
                           or forward is self._forward]
         return self._forwards
 
+    def wait_copies(self):
+        """Waits for every device copy into the buckets issued so far (and, with device "nvme",
+        hands the buckets they held back to the writer)."""
+        for forward in self._live_forwards():
+            for bucket in forward.buckets:
+                if bucket.backend is not None and not bucket.freed:
+                    bucket.end_copies(bucket.backend, bucket.copies_in)
+            if self.device == "nvme":
+                self._submit_writes(forward, block=True)
+
     def wait_writes(self):
         """Waits until every bucket handed to the writer so far is on NVMe (for tests and
         measurements)."""
         self.pool.drain()
+
+
+def _untraced(error):
+    """A copy of a zoe.Error without its traceback (whose frames would keep the graph alive)."""
+    return type(error)(error.code, error.message)
 
 
 def _pending(future):
