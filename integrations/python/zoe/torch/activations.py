@@ -343,8 +343,10 @@ class ActivationOffload:
     def _new_bucket(self, forward, nbytes):
         """A bucket of ``nbytes`` (rounded up to chunks) for ``forward``, within pinned_bytes."""
         needed = aligned(nbytes, self.pool.chunk_bytes)
-        while self._pinned(forward) + needed > self.pinned_bytes:
-            if not self._make_room(forward, needed):
+        # With "nvme" a tensor larger than pinned_bytes still goes, alone.
+        while self._pinned(forward) + needed > self.pinned_bytes and (
+                self.device != "nvme" or self._pinned(forward) > 0):
+            if not self._make_room(forward):
                 raise OutOfMemory(
                     _capi.Status.OUT_OF_MEMORY,
                     f"saved activations need {self._pinned(forward) + needed} bytes of pinned "
@@ -364,13 +366,17 @@ class ActivationOffload:
         return sum(bucket.slot.nbytes for bucket in forward.buckets
                    if not bucket.freed and (bucket.held or _pending(bucket.write_future)))
 
-    def _make_room(self, forward, needed):
+    def _make_room(self, forward):
         """With device 'nvme': submits the closed buckets' writes and waits for the oldest one
         in flight; False when nothing can be written out."""
         if self.device != "nvme":
             return False
         self._submit_writes(forward, block=True)
         writing = [b for b in forward.buckets if _pending(b.write_future)]
+        if not writing and forward.open is not None:
+            self._close(forward, forward.open)  # written early, to make room for a large one
+            self._submit_writes(forward, block=True)
+            writing = [b for b in forward.buckets if _pending(b.write_future)]
         if not writing:
             return False
         writing[0].write_future.exception()  # waits; an error is raised below

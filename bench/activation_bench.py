@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""What offloading activations costs and saves: eight nn.TransformerEncoderLayer(128, 4, 512,
+dropout=0, batch_first=True) in fp32 on the CPU, one forward + backward per iteration, with the
+saved activations kept (torch), moved to NVMe (``offload_activations(device="nvme")``), or, for
+the CPU twin of a GPU model, moved to pinned DRAM (``device="cpu"``, HostTwin).
+
+Each (mode, sequence length, measure) runs in a child process of its own: it builds the model,
+the input (TOKENS tokens: batch = TOKENS / sequence length) and the engine, runs one warm-up
+iteration (which registers the activation slots and allocates the pinned buffers), then
+ITERATIONS measured ones (a time child) or one (a memory child, run with
+MALLOC_MMAP_THRESHOLD_=131072 so that glibc returns freed tensors at once and VmRSS follows the
+memory in use). Before each, VmHWM is reset (``/proc/self/clear_refs`` 5) and VmRSS read; the
+iteration's peak memory growth is VmHWM after it minus that VmRSS. ``growth_with_pool`` also
+counts what the warm-up allocated for zoe (its pinned buffers): VmHWM minus VmRSS before the
+engine existed. Rounds alternate the modes (the order reversed on odd rounds); a figure is the
+median over the rounds of each child's median. Gradients are compared by SHA-256 across modes.
+Prints a JSON line per child and a table:
+
+    /usr/bin/python3 bench/activation_bench.py --seq 512,1024,2048,4096 --rounds 3
+
+(ZOE_LIBRARY and PYTHONPATH as for the tests; --nvme-dir picks the swap directory.)
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TOKENS = 4096
+MiB = 1 << 20
+
+
+def _status(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak():
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+
+
+def _offload(zoe, engine, mode):
+    """The ActivationOffload of ``mode`` (None keeps the activations)."""
+    if mode == "keep":
+        return None
+    if mode == "nvme":
+        return zoe.torch.offload_activations(engine, device="nvme", min_bytes=MiB,
+                                             bucket_bytes=8 * MiB, pinned_bytes=64 * MiB,
+                                             prefetch_bytes=64 * MiB)
+    twin = zoe.torch.HostTwin(adversarial=False)
+    return zoe.torch.offload_activations(engine, device="cpu", min_bytes=MiB,
+                                         device_backend=twin, bucket_bytes=8 * MiB)
+
+
+def _iteration(torch, model, x, offload):
+    model.zero_grad(set_to_none=True)
+    if offload is None:
+        loss = model(x).square().mean()
+    else:
+        with offload:
+            loss = model(x).square().mean()
+    loss.backward()
+
+
+def child(spec):
+    """One (mode, seq) measurement in this process; returns its figures."""
+    import torch
+    import zoe
+    import zoe.torch
+
+    torch.manual_seed(0)
+    layers = [torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0, batch_first=True)
+              for _ in range(8)]
+    model = torch.nn.Sequential(*layers)
+    x = torch.randn(TOKENS // spec["seq"], spec["seq"], 128)
+    rss_before_engine = _status("VmRSS")
+    engine = zoe.Engine({"zoe": {"device": "host", "chunk_size": "8M", "log_level": "warn",
+                                 "nvme_paths": [spec["nvme_dir"]]}})
+    offload = _offload(zoe, engine, spec["mode"])
+    _iteration(torch, model, x, offload)  # warm-up
+    seconds, growth, with_pool = [], [], []
+    for _ in range(spec["iterations"] if spec["measure"] == "time" else 1):
+        _reset_peak()
+        base = _status("VmRSS")
+        started = time.perf_counter()
+        _iteration(torch, model, x, offload)
+        seconds.append(time.perf_counter() - started)
+        peak = _status("VmHWM")
+        growth.append(peak - base)
+        with_pool.append(peak - rss_before_engine)
+    digest = hashlib.sha256()
+    for param in model.parameters():
+        digest.update(param.grad.numpy().tobytes())
+    last = offload.stats()["per_iteration"][-1] if offload is not None else {}
+    engine.close()
+    return {"mode": spec["mode"], "seq": spec["seq"], "batch": TOKENS // spec["seq"],
+            "seconds": statistics.median(seconds), "growth": statistics.median(growth),
+            "growth_with_pool": statistics.median(with_pool), "grad_sha256": digest.hexdigest(),
+            "iterations": spec["iterations"], "offload": last}
+
+
+def _spawn(spec):
+    """Runs child(spec) in a fresh process. A memory child runs with a fixed mmap threshold:
+    glibc then returns every freed block of 128 KiB or more to the system at once, so VmRSS
+    follows the memory in use rather than what malloc keeps; a time child runs with glibc's
+    defaults, as training does."""
+    env = dict(os.environ)
+    if spec["measure"] == "memory":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                         check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(seqs, modes, rounds, iterations, nvme_dir):
+    """Every (seq, mode) child ``rounds`` times, modes alternating; the figures per child."""
+    results = []
+    for seq in seqs:
+        for round_index in range(rounds):
+            order = modes if round_index % 2 == 0 else list(reversed(modes))
+            for mode in order:
+                for measure in ("time", "memory"):
+                    spec = {"mode": mode, "seq": seq, "iterations": iterations,
+                            "nvme_dir": nvme_dir, "measure": measure}
+                    result = _spawn(spec)
+                    result["round"], result["measure"] = round_index, measure
+                    print(json.dumps(result), flush=True)
+                    results.append(result)
+    return results
+
+
+def _median(results, seq, mode, key):
+    """The median of ``key`` over the rounds: times from time children, memory from memory
+    children."""
+    measure = "time" if key == "seconds" else "memory"
+    return statistics.median(r[key] for r in results
+                             if r["seq"] == seq and r["mode"] == mode and r["measure"] == measure)
+
+
+def table(results, seqs, modes, rounds):
+    """The Markdown table: per seq, each mode's medians and its ratios to keeping them."""
+    lines = ["| seq x batch | mode | iteration s | ratio | peak growth MiB | ratio | "
+             "growth with zoe's pool MiB | to NVMe MiB | prefetch hits/misses | "
+             "stall s | grads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for seq in seqs:
+        keep_s = _median(results, seq, "keep", "seconds")
+        keep_g = _median(results, seq, "keep", "growth")
+        keep_hash = {r["grad_sha256"] for r in results if r["seq"] == seq and r["mode"] == "keep"}
+        for mode in modes:
+            ours = [r for r in results if r["seq"] == seq and r["mode"] == mode]
+            s = _median(results, seq, mode, "seconds")
+            g = _median(results, seq, mode, "growth")
+            pool = _median(results, seq, mode, "growth_with_pool")
+            last = ours[-1]["offload"]
+            same = {r["grad_sha256"] for r in ours} == keep_hash and len(keep_hash) == 1
+            lines.append(
+                f"| {seq} x {TOKENS // seq} | {mode} | {s:.3f} | {s / keep_s:.2f} | "
+                f"{g / MiB:.0f} | {g / keep_g:.2f} | {pool / MiB:.0f} | "
+                f"{last.get('bytes_to_nvme', 0) / MiB:.0f} | "
+                f"{last.get('prefetch_hits', 0)}/{last.get('prefetch_misses', 0)} | "
+                f"{last.get('stall_seconds', 0.0):.3f} | "
+                f"{'identical' if same else 'DIFFER'} |")
+    lines.append(f"\n{rounds} rounds per row (modes alternating), each the median of its "
+                 "child's measured iterations.")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", default="512,1024,2048,4096")
+    parser.add_argument("--modes", default="keep,nvme,twin-cpu")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--nvme-dir", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    seqs = [int(seq) for seq in args.seq.split(",")]
+    modes = args.modes.split(",")
+    nvme_dir = args.nvme_dir or tempfile.mkdtemp(prefix="zoe-activation-bench-", dir="/var/tmp")
+    os.makedirs(nvme_dir, exist_ok=True)
+    results = run(seqs, modes, args.rounds, args.iterations, nvme_dir)
+    print(table(results, seqs, modes, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
