@@ -132,6 +132,8 @@ class Bucket:
         self.backend = None  # the DeviceBackend of its copies; None for a CPU model
         self.in_prefetch = False  # a prefetch was started and backward has not read it yet
         self.counted = False  # backward's first read of it was counted in the statistics
+        self.borrowed = 0  # tensors backward holds over its memory (borrow)
+        self.release_pending = False  # freed while borrowed: released when the last returns
         self.copies_in = []  # events of device -> host copies into the bucket
         self.copies_out = []  # events of host -> device copies out of it
 
@@ -148,13 +150,25 @@ class Bucket:
         self.used = offset + nbytes
         return offset
 
-    def view(self, offset, nbytes):
-        """The bucket's bytes [offset, offset + nbytes) as a uint8 CPU tensor."""
+    def _address(self):
         address = self.write_address if self.write_address is not None else self.read_address
         if address is None:
             raise FailedPrecondition(_capi.Status.FAILED_PRECONDITION,
                                      f"activation bucket {self.index} is not resident")
-        return host_view(address + offset, nbytes)
+        return address
+
+    def view(self, offset, nbytes):
+        """The bucket's bytes [offset, offset + nbytes) as a uint8 CPU tensor (borrowed: valid
+        while the bucket holds its memory)."""
+        return host_view(self._address() + offset, nbytes)
+
+    def borrow(self, offset, nbytes, on_return):
+        """The same bytes as a uint8 CPU tensor whose views keep the memory held: when the last
+        of them is gone, ``on_return(self)`` runs (from whichever thread drops it)."""
+        array = (ctypes.c_char * nbytes).from_address(self._address() + offset)
+        self.borrowed += 1
+        weakref.finalize(array, on_return, self)
+        return torch.frombuffer(array, dtype=torch.uint8)
 
     def end_copies(self, backend, events):
         """Waits for ``events`` (a list, emptied) of ``backend``."""

@@ -363,8 +363,8 @@ class ActivationOffload:
 
     def _pinned(self, forward):
         """Bytes of pinned DRAM this forward's buckets hold (writes in flight included)."""
-        return sum(bucket.slot.nbytes for bucket in forward.buckets
-                   if not bucket.freed and (bucket.held or _pending(bucket.write_future)))
+        return sum(bucket.slot.nbytes for bucket in forward.buckets if _unreleased(bucket)
+                   and (bucket.held or _pending(bucket.write_future)))
 
     def _make_room(self, forward):
         """With device 'nvme': submits the closed buckets' writes and waits for the oldest one
@@ -456,6 +456,13 @@ class ActivationOffload:
         if backend is not None:
             bucket.end_copies(backend, bucket.copies_in)
             bucket.end_copies(backend, bucket.copies_out)
+        if bucket.borrowed:
+            bucket.release_pending = True  # _returned gives it back
+            return
+        self._give_back(bucket)
+
+    def _give_back(self, bucket):
+        """Releases a freed bucket's memory and returns its slot to the pool."""
         tensor, pool = bucket.slot.tensor, self.pool
         held = [a for a in (bucket.write_address, bucket.read_address) if a is not None]
         bucket.write_address = bucket.read_address = None
@@ -468,6 +475,16 @@ class ActivationOffload:
             pool.background(lambda: pool.give(bucket.slot))
         else:
             pool.give(bucket.slot)
+
+    def _returned(self, bucket):
+        """The last tensor backward held over part of ``bucket`` is gone (a finalizer)."""
+        bucket.borrowed -= 1
+        if bucket.borrowed == 0 and bucket.release_pending:
+            bucket.release_pending = False
+            try:
+                self._give_back(bucket)
+            except Exception:  # noqa: BLE001 - a finalizer; the engine may be closed already
+                pass
 
     def _drop(self, saved):
         """A _Saved no one refers to any more (autograd freed it)."""
@@ -495,16 +512,16 @@ class ActivationOffload:
                    if forward.raised else "its memory was given back already"))
         self._readable(forward, bucket)
         self._prefetch_before(forward, bucket)
+        if saved.backend is None:  # a CPU model computes on the pinned memory itself
+            raw = bucket.borrow(saved.offset, saved.nbytes, self._returned)
+            return raw.view(saved.dtype).as_strided(saved.size, saved.stride)
         source = bucket.view(saved.offset, saved.nbytes).view(saved.dtype)
         source = source.as_strided(saved.size, saved.stride)
         out = torch.empty_strided(saved.size, saved.stride, dtype=saved.dtype,
                                   device=saved.device)
-        if saved.backend is None:
-            out.copy_(source)
-        else:
-            event = saved.backend.copy_to_device(source, out)
-            saved.backend.wait_current(event)
-            bucket.copies_out.append(event)
+        event = saved.backend.copy_to_device(source, out)
+        saved.backend.wait_current(event)
+        bucket.copies_out.append(event)
         return out
 
     def _readable(self, forward, bucket):
@@ -533,7 +550,9 @@ class ActivationOffload:
         """Starts reading the buckets backward needs next (earlier ones, latest first) within
         prefetch_bytes, and lets go of later ones backward has passed."""
         for later in forward.buckets[bucket.index + 2:]:
-            if later.read_address is not None and not later.freed:
+            if later.read_address is not None and not later.freed and not later.borrowed:
+                if later.backend is not None:
+                    later.end_copies(later.backend, later.copies_out)
                 later.read_address = None
                 later.slot.tensor.release()
         for earlier in reversed(forward.buckets[:bucket.index]):
@@ -564,14 +583,14 @@ class ActivationOffload:
             "slots_registered": self.pool.registered,
             "slots_in_use": self.pool.in_use,
             "pinned_held_bytes": sum(self._pinned(forward) for forward in self._live_forwards()),
-            "live_buckets": sum(not bucket.freed for forward in self._live_forwards()
+            "live_buckets": sum(_unreleased(bucket) for forward in self._live_forwards()
                                 for bucket in forward.buckets),
         }
 
     def _live_forwards(self):
         """The forwards some of whose buckets are not freed yet (the others are forgotten)."""
         self._forwards = [forward for forward in self._forwards
-                          if any(not bucket.freed for bucket in forward.buckets)
+                          if any(_unreleased(bucket) for bucket in forward.buckets)
                           or forward is self._forward]
         return self._forwards
 
@@ -589,6 +608,11 @@ class ActivationOffload:
         """Waits until every bucket handed to the writer so far is on NVMe (for tests and
         measurements)."""
         self.pool.drain()
+
+
+def _unreleased(bucket):
+    """Whether the bucket still holds its slot (not freed, or freed while borrowed)."""
+    return not bucket.freed or bucket.release_pending
 
 
 def _untraced(error):
