@@ -31,16 +31,16 @@ from .. import _capi
 from ..errors import FailedPrecondition
 
 _ALIGN = 256  # bytes between the starts of two tensors in a bucket
-_POOLS = weakref.WeakKeyDictionary()  # engine -> SlotPool
 _POOLS_LOCK = threading.Lock()
 
 
 def pool_for(engine):
-    """The engine's SlotPool, created on first use and kept as long as the engine."""
+    """The engine's SlotPool, created on first use and kept by the engine (an attribute: the
+    pool's slots refer to the engine, so the two are collected together)."""
     with _POOLS_LOCK:
-        pool = _POOLS.get(engine)
+        pool = getattr(engine, "_zoe_activation_slots", None)
         if pool is None:
-            pool = _POOLS[engine] = SlotPool(engine)
+            pool = engine._zoe_activation_slots = SlotPool(engine)
         return pool
 
 
@@ -51,7 +51,8 @@ def aligned(nbytes, unit=_ALIGN):
 class Slot:
     """A registered zoe tensor of ``chunks`` whole chunks (``nbytes``), homed on NVMe."""
 
-    def __init__(self, tensor, chunks, nbytes):
+    def __init__(self, serial, tensor, chunks, nbytes):
+        self.serial = serial  # registration order
         self.tensor = tensor
         self.chunks = chunks
         self.nbytes = nbytes
@@ -62,7 +63,7 @@ class SlotPool:
     that evicts closed buckets to NVMe in the background."""
 
     def __init__(self, engine):
-        self.engine = weakref.proxy(engine)
+        self.engine = engine
         self.chunk_bytes = int(engine.config["zoe"]["chunk_size"])
         self.lock = threading.RLock()
         self._free = {}  # chunks -> [Slot]
@@ -72,20 +73,23 @@ class SlotPool:
             max_workers=1, thread_name_prefix="zoe-activations")
 
     def take(self, nbytes):
-        """A free slot of at least ``nbytes`` (whole chunks), registered when none is free."""
+        """A free slot of at least ``nbytes`` (whole chunks), registered when none is free. The
+        free slot registered first is taken, so iterations of the same shapes use the same slots
+        in the same order (what a trace recorded by the engine expects)."""
         chunks = max(1, -(-int(nbytes) // self.chunk_bytes))
         with self.lock:
             free = self._free.get(chunks)
             if free:
                 self.in_use += 1
-                return free.pop()
-            name = f"zoe.activations.{self.registered}"
+                return free.pop(min(range(len(free)), key=lambda i: free[i].serial))
+            serial = self.registered
             self.registered += 1
+        name = f"zoe.activations.{serial}"
         tensor = self.engine.register_tensor(name, chunks * self.chunk_bytes, _capi.DType.UINT8,
                                              _capi.Tier.NVME, group=name)
         with self.lock:
             self.in_use += 1
-        return Slot(tensor, chunks, chunks * self.chunk_bytes)
+        return Slot(serial, tensor, chunks, chunks * self.chunk_bytes)
 
     def give(self, slot):
         """Returns a slot no activation refers to any more."""
