@@ -268,7 +268,10 @@ def test_a_damaged_activation_read_fails_backward_and_frees_everything(engine, n
 
 
 class Failing(torch.nn.Module):
+    """Raises; keeps its input, so a test can try backward through the forward that raised."""
+
     def forward(self, x):
+        self.input = x
         raise RuntimeError("the model failed")
 
 
@@ -290,6 +293,23 @@ def test_a_forward_that_raised_leaves_nothing(nvme_dir, cause):
         assert_nothing_held(offload)
         assert offload.stats()["per_iteration"][0]["buckets"] > 0
         assert swap_files(nvme_dir) == files
+        if cause == "model":  # the graph of the forward that raised is refused, not misread
+            with pytest.raises((zoe.FailedPrecondition, RuntimeError), match="forward raised"):
+                model.blocks[-1].input.sum().backward()
+            del model.blocks[-1].input
+            assert_nothing_held(offload)
+
+
+def test_a_failed_background_write_fails_the_forward(engine, monkeypatch):
+    def failing_write_back(bucket):  # the engine's failed evict: released, then an error
+        bucket.slot.tensor.release()
+        raise zoe.IoError(zoe._capi.Status.IO, "injected write failure")
+
+    monkeypatch.setattr(activation_store.Bucket, "write_back", failing_write_back)
+    offload = nvme_offload(engine)
+    with pytest.raises(zoe.IoError, match="writing saved activations .* injected write failure"):
+        gradients(Model(), offload)
+    assert_nothing_held(offload)
 
 
 def test_a_hundred_iterations_grow_nothing(engine, nvme_dir):
@@ -325,6 +345,13 @@ def _rss():
 def test_arguments_are_checked(engine):
     with pytest.raises(zoe.InvalidArgument, match="allowed: 'auto', 'cpu', 'nvme'"):
         zoe.torch.offload_activations(engine, device="gpu")
+    with pytest.raises(zoe.InvalidArgument, match="min_bytes = 0"):
+        zoe.torch.offload_activations(engine, min_bytes=0)
+    offload = nvme_offload(engine)
+    with offload:
+        with pytest.raises(zoe.FailedPrecondition, match="do not nest"):
+            with offload:
+                pass
     with pytest.raises(zoe.InvalidArgument, match="two buckets"):
         zoe.torch.offload_activations(engine, device="nvme", bucket_bytes=64 << 10,
                                       pinned_bytes=64 << 10)
@@ -383,3 +410,11 @@ def test_initialize_honours_activation_checkpointing(nvme_dir):
     document["activation_checkpointing"] = {"partition_activations": True}
     with pytest.raises(zoe.InvalidArgument, match="partition_activations"):
         zoe.torch.initialize(model=Model(), config=document)
+    # A torch optimizer at stage 0 has no zoe engine to offload to.
+    document["activation_checkpointing"] = {"cpu_checkpointing": True}
+    document["zero_optimization"] = {"stage": 0}
+    del document["optimizer"]
+    model = Model()
+    with pytest.raises(zoe.InvalidArgument, match="cpu_checkpointing false"):
+        zoe.torch.initialize(model=model, config=document,
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
