@@ -13,7 +13,9 @@ memory in use). Before each, VmHWM is reset (``/proc/self/clear_refs`` 5) and Vm
 iteration's peak memory growth is VmHWM after it minus that VmRSS. ``growth_with_pool`` also
 counts what the warm-up allocated for zoe (its pinned buffers): VmHWM minus VmRSS before the
 engine existed. Rounds alternate the modes (the order reversed on odd rounds); a figure is the
-median over the rounds of each child's median. Gradients are compared by SHA-256 across modes.
+median over the rounds of each child's median; the time ratio is the median over the rounds of
+the ratio to the keep child of the same round, and "best" the fastest iteration of all rounds.
+Gradients are compared by SHA-256 across modes.
 Prints a JSON line per child and a table:
 
     /usr/bin/python3 bench/activation_bench.py --seq 512,1024,2048,4096 --rounds 3
@@ -103,7 +105,8 @@ def child(spec):
     last = offload.stats()["per_iteration"][-1] if offload is not None else {}
     engine.close()
     return {"mode": spec["mode"], "seq": spec["seq"], "batch": TOKENS // spec["seq"],
-            "seconds": statistics.median(seconds), "growth": statistics.median(growth),
+            "seconds": statistics.median(seconds), "best_seconds": min(seconds),
+            "growth": statistics.median(growth),
             "growth_with_pool": statistics.median(with_pool), "grad_sha256": digest.hexdigest(),
             "iterations": spec["iterations"], "offload": last}
 
@@ -138,40 +141,50 @@ def run(seqs, modes, rounds, iterations, nvme_dir):
     return results
 
 
-def _median(results, seq, mode, key):
-    """The median of ``key`` over the rounds: times from time children, memory from memory
-    children."""
-    measure = "time" if key == "seconds" else "memory"
-    return statistics.median(r[key] for r in results
-                             if r["seq"] == seq and r["mode"] == mode and r["measure"] == measure)
+def _of(results, seq, mode, measure):
+    return [r for r in results if r["seq"] == seq and r["mode"] == mode and r["measure"] == measure]
 
 
-def table(results, seqs, modes, rounds):
-    """The Markdown table: per seq, each mode's medians and its ratios to keeping them."""
-    lines = ["| seq x batch | mode | iteration s | ratio | peak growth MiB | ratio | "
-             "growth with zoe's pool MiB | to NVMe MiB | prefetch hits/misses | "
+def _time_ratio(results, seq, mode):
+    """The median over the rounds of (mode's median seconds / keep's, in the same round): a
+    ratio of neighbours, so that load on the machine that drifts between rounds cancels."""
+    keep = {r["round"]: r["seconds"] for r in _of(results, seq, "keep", "time")}
+    return statistics.median(r["seconds"] / keep[r["round"]]
+                             for r in _of(results, seq, mode, "time") if r["round"] in keep)
+
+
+def _row(results, seq, mode, keep_growth, keep_hash):
+    """One table row: medians over the rounds (time from time children, memory from memory
+    children), the best time of all, ratios to keeping the activations."""
+    timed, measured = _of(results, seq, mode, "time"), _of(results, seq, mode, "memory")
+    seconds = statistics.median(r["seconds"] for r in timed)
+    best = min(r["best_seconds"] for r in timed)
+    keep_best = min(r["best_seconds"] for r in _of(results, seq, "keep", "time"))
+    growth = statistics.median(r["growth"] for r in measured)
+    pool = statistics.median(r["growth_with_pool"] for r in measured)
+    last = measured[-1]["offload"]
+    same = {r["grad_sha256"] for r in timed + measured} == keep_hash and len(keep_hash) == 1
+    return (f"| {seq} x {TOKENS // seq} | {mode} | {seconds:.3f} | "
+            f"{_time_ratio(results, seq, mode):.2f} | {best:.3f} | {best / keep_best:.2f} | "
+            f"{growth / MiB:.0f} | {growth / keep_growth:.2f} | {pool / MiB:.0f} | "
+            f"{last.get('bytes_to_nvme', 0) / MiB:.0f} | "
+            f"{last.get('prefetch_hits', 0)}/{last.get('prefetch_misses', 0)} | "
+            f"{last.get('stall_seconds', 0.0):.3f} | {'identical' if same else 'DIFFER'} |")
+
+
+def table(results, seqs, modes):
+    """The Markdown table of ``results`` (the JSON lines of the children)."""
+    lines = ["| seq x batch | mode | median s | ratio | best s | ratio | peak growth MiB | "
+             "ratio | growth with zoe's pool MiB | to NVMe MiB | prefetch hits/misses | "
              "stall s | grads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for seq in seqs:
-        keep_s = _median(results, seq, "keep", "seconds")
-        keep_g = _median(results, seq, "keep", "growth")
+        keep_growth = statistics.median(r["growth"] for r in _of(results, seq, "keep", "memory"))
         keep_hash = {r["grad_sha256"] for r in results if r["seq"] == seq and r["mode"] == "keep"}
-        for mode in modes:
-            ours = [r for r in results if r["seq"] == seq and r["mode"] == mode]
-            s = _median(results, seq, mode, "seconds")
-            g = _median(results, seq, mode, "growth")
-            pool = _median(results, seq, mode, "growth_with_pool")
-            last = ours[-1]["offload"]
-            same = {r["grad_sha256"] for r in ours} == keep_hash and len(keep_hash) == 1
-            lines.append(
-                f"| {seq} x {TOKENS // seq} | {mode} | {s:.3f} | {s / keep_s:.2f} | "
-                f"{g / MiB:.0f} | {g / keep_g:.2f} | {pool / MiB:.0f} | "
-                f"{last.get('bytes_to_nvme', 0) / MiB:.0f} | "
-                f"{last.get('prefetch_hits', 0)}/{last.get('prefetch_misses', 0)} | "
-                f"{last.get('stall_seconds', 0.0):.3f} | "
-                f"{'identical' if same else 'DIFFER'} |")
-    lines.append(f"\n{rounds} rounds per row (modes alternating), each the median of its "
-                 "child's measured iterations.")
+        lines.extend(_row(results, seq, mode, keep_growth, keep_hash) for mode in modes)
+    rounds = max(r["round"] for r in results) + 1
+    lines.append(f"\n{rounds} round(s) per row, modes alternating; per round and mode one time "
+                 "child and one memory child.")
     return "\n".join(lines)
 
 
@@ -182,6 +195,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--nvme-dir", default=None)
+    parser.add_argument("--from-json", default=None,
+                        help="only print the table of the JSON lines a run printed to this file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -189,10 +204,15 @@ def main():
         return
     seqs = [int(seq) for seq in args.seq.split(",")]
     modes = args.modes.split(",")
+    if args.from_json is not None:
+        with open(args.from_json) as lines:
+            results = [json.loads(line) for line in lines if line.startswith("{")]
+        print(table(results, sorted({r["seq"] for r in results}), modes))
+        return
     nvme_dir = args.nvme_dir or tempfile.mkdtemp(prefix="zoe-activation-bench-", dir="/var/tmp")
     os.makedirs(nvme_dir, exist_ok=True)
     results = run(seqs, modes, args.rounds, args.iterations, nvme_dir)
-    print(table(results, seqs, modes, args.rounds))
+    print(table(results, seqs, modes))
 
 
 if __name__ == "__main__":
