@@ -163,12 +163,19 @@ def test_twin_model_is_bit_identical(engine, device):
     assert_nothing_held(offload)
 
 
-def test_twin_without_its_copy_waits_gives_wrong_gradients(engine, monkeypatch):
-    # The mutation that shows the waits matter: copies never waited deliver NaN.
+@pytest.mark.parametrize("left_out", ["end_copies", "wait_current"])
+def test_twin_without_its_copy_waits_gives_wrong_gradients(engine, monkeypatch, left_out):
+    # The mutations that show the waits matter: the adversarial twin's copies deliver NaN until
+    # waited for. end_copies: device -> host copies read back before they ended; wait_current:
+    # a restored activation used before its host -> device copy.
     torch.manual_seed(2)
     model = Model()
     expected = gradients(model)
-    monkeypatch.setattr(activation_store.Bucket, "end_copies", lambda self, backend, events: None)
+    if left_out == "end_copies":
+        monkeypatch.setattr(activation_store.Bucket, "end_copies",
+                            lambda self, backend, events: None)
+    else:
+        monkeypatch.setattr(zoe.torch.HostTwin, "wait_current", lambda self, event: None)
     offload = nvme_offload(engine, device="cpu", device_backend=zoe.torch.HostTwin(),
                            pinned_bytes=None)
     found = gradients(model, offload)
