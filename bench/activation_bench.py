@@ -50,14 +50,18 @@ def _reset_peak():
         clear_refs.write("5")
 
 
-def _offload(zoe, engine, mode):
-    """The ActivationOffload of ``mode`` (None keeps the activations)."""
+def _offload(zoe, engine, mode, seq):
+    """The ActivationOffload of ``mode`` (None keeps the activations). With "nvme", 8 MiB
+    buckets and room for two attention-weight tensors (batch x 4 heads x seq x seq fp32, the
+    largest saved tensor) pinned and as many prefetched, at least 64 MiB."""
     if mode == "keep":
         return None
     if mode == "nvme":
+        attention = (TOKENS // seq) * 4 * seq * seq * 4
+        budget = max(64 * MiB, 2 * attention)
         return zoe.torch.offload_activations(engine, device="nvme", min_bytes=MiB,
-                                             bucket_bytes=8 * MiB, pinned_bytes=64 * MiB,
-                                             prefetch_bytes=64 * MiB)
+                                             bucket_bytes=8 * MiB, pinned_bytes=budget,
+                                             prefetch_bytes=budget)
     twin = zoe.torch.HostTwin(adversarial=False)
     return zoe.torch.offload_activations(engine, device="cpu", min_bytes=MiB,
                                          device_backend=twin, bucket_bytes=8 * MiB)
@@ -87,7 +91,7 @@ def child(spec):
     rss_before_engine = _status("VmRSS")
     engine = zoe.Engine({"zoe": {"device": "host", "chunk_size": "8M", "log_level": "warn",
                                  "nvme_paths": [spec["nvme_dir"]]}})
-    offload = _offload(zoe, engine, spec["mode"])
+    offload = _offload(zoe, engine, spec["mode"], spec["seq"])
     _iteration(torch, model, x, offload)  # warm-up
     seconds, growth, with_pool = [], [], []
     for _ in range(spec["iterations"] if spec["measure"] == "time" else 1):
