@@ -212,6 +212,20 @@ def test_zoe_checkpoint_offloads_its_inputs(engine):
     assert_nothing_held(offload)
 
 
+@pytest.mark.parametrize("synchronize", [False, True])
+def test_synchronize_checkpoint_boundary_ends_the_offload_copies(engine, synchronize):
+    twin = zoe.torch.HostTwin()
+    section = {"cpu_checkpointing": True, "synchronize_checkpoint_boundary": synchronize}
+    zoe.torch.configure_checkpointing(engine, section, device="cpu", device_backend=twin)
+    torch.manual_seed(11)
+    block = Block()
+    x = batch(0).requires_grad_() * 1.0  # not a leaf: checkpoint's saved input is moved out
+    out = zoe.torch.checkpoint(block, x)  # device -> host on the twin
+    assert twin.copies == 1 and twin.in_flight() == (0 if synchronize else 1)
+    out.square().mean().backward()
+    assert twin.in_flight() == 0
+
+
 def test_paged_parameters_compose_with_offloaded_activations(nvme_dir):
     document = config(nvme_dir)
     document["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir}
