@@ -168,7 +168,8 @@ def _row(results, seq, mode, keep_growth, keep_hash):
     pool = statistics.median(r["growth_with_pool"] for r in measured)
     last = measured[-1]["offload"]
     same = {r["grad_sha256"] for r in timed + measured} == keep_hash and len(keep_hash) == 1
-    return (f"| {seq} x {TOKENS // seq} | {mode} | {seconds:.3f} | "
+    rounds = len({r["round"] for r in timed})
+    return (f"| {seq} x {TOKENS // seq} | {mode} | {rounds} | {seconds:.3f} | "
             f"{_time_ratio(results, seq, mode):.2f} | {best:.3f} | {best / keep_best:.2f} | "
             f"{growth / MiB:.0f} | {growth / keep_growth:.2f} | {pool / MiB:.0f} | "
             f"{last.get('bytes_to_nvme', 0) / MiB:.0f} | "
@@ -178,17 +179,16 @@ def _row(results, seq, mode, keep_growth, keep_hash):
 
 def table(results, seqs, modes):
     """The Markdown table of ``results`` (the JSON lines of the children)."""
-    lines = ["| seq x batch | mode | median s | ratio | best s | ratio | peak growth MiB | "
-             "ratio | growth with zoe's pool MiB | to NVMe MiB | prefetch hits/misses | "
-             "stall s | grads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| seq x batch | mode | rounds | median s | ratio | best s | ratio | "
+             "peak growth MiB | ratio | growth with zoe's pool MiB | to NVMe MiB | "
+             "prefetch hits/misses | stall s | grads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for seq in seqs:
         keep_growth = statistics.median(r["growth"] for r in _of(results, seq, "keep", "memory"))
         keep_hash = {r["grad_sha256"] for r in results if r["seq"] == seq and r["mode"] == "keep"}
         lines.extend(_row(results, seq, mode, keep_growth, keep_hash) for mode in modes)
-    rounds = max(r["round"] for r in results) + 1
-    lines.append(f"\n{rounds} round(s) per row, modes alternating; per round and mode one time "
-                 "child and one memory child.")
+    lines.append("\nModes alternate within a round; per round and mode one time child and one "
+                 "memory child.")
     return "\n".join(lines)
 
 
