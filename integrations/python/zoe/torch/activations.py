@@ -22,6 +22,7 @@ or at once when the forward raised. ``backward(retain_graph=True)`` keeps the sa
 second backward reads them again. Statistics: ``offload.stats()``.
 """
 
+import collections
 import time
 import weakref
 
@@ -34,6 +35,7 @@ from .common import _invalid
 from .device import CudaBackend
 
 _DEVICES = ("auto", "cpu", "nvme")
+_HISTORY = 1000  # iterations whose statistics are kept
 _MiB = 1 << 20
 
 
@@ -133,7 +135,9 @@ class ActivationOffload:
                                   else prefetch_bytes)
         if device != "auto":
             self._set_pinned_bytes()
-        self.iterations = []  # per forward: its statistics (see stats())
+        # per forward, the latest _HISTORY: its statistics (see stats())
+        self.iterations = collections.deque(maxlen=_HISTORY)
+        self.forwards_run = 0
         self.last_error = None  # the latest zoe.Error raised by a hook (see _pack)
         self._block_error = None  # one raised by a pack hook of the current block
         self._forward = None
@@ -166,7 +170,9 @@ class ActivationOffload:
                                      "offload_activations is already active; blocks of one "
                                      "ActivationOffload do not nest")
         self._check_device_choice()
-        self._forward = _Forward(len(self.iterations))
+        self._forward = _Forward(self.forwards_run)
+        self.forwards_run += 1
+        self._pager_cache.clear()  # module ids may have been reused since the last block
         self._block_error = None
         self.iterations.append(self._forward.stats)
         self._live_forwards()
@@ -569,12 +575,12 @@ class ActivationOffload:
     # --- figures ---------------------------------------------------------------------------
 
     def stats(self):
-        """Per iteration (forward and its backward): tensors and bytes moved out
-        (``bytes_to_host``: into pinned DRAM; ``bytes_to_nvme`` / ``bytes_from_nvme``: whole
-        buckets written and read), saved tensors kept (below min_bytes), buckets, prefetch hits
-        and misses (a bucket read from NVMe that a prefetch had started, or not), resident hits
-        (a bucket backward found still in DRAM), stall_seconds (backward waiting for reads and
-        copies) and peak_pinned_bytes; and the engine's activation slots."""
+        """Per iteration (forward and its backward; the latest 1000): tensors and bytes moved
+        out (``bytes_to_host``: into pinned DRAM; ``bytes_to_nvme`` / ``bytes_from_nvme``:
+        whole buckets written and read), saved tensors kept (below min_bytes), buckets, prefetch
+        hits and misses (a bucket read from NVMe that a prefetch had started, or not), resident
+        hits (a bucket backward found still in DRAM), stall_seconds (backward waiting for reads
+        and copies) and peak_pinned_bytes; and the engine's activation slots."""
         return {
             "per_iteration": [dict(stats) for stats in self.iterations],
             "device": self.device,
