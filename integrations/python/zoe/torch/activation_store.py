@@ -15,8 +15,9 @@ Bucket life: *open* (acquired for writing, copies going in) -> *closed* (full; s
 *read* in backward (acquired for reading, prefetched ahead in reverse order) -> *freed* (slot
 back to the pool) once no saved tensor refers to it.
 
-Thread-safety: every Bucket and SlotPool method takes the pool's lock; engine calls that wait for
-I/O (evict, acquire) run without it.
+Thread-safety: SlotPool's methods take its lock (engine calls that wait, registration, run
+without it). A Bucket is used by the thread running forward or backward; its write_back runs on
+the writer thread after that thread has handed the bucket's write acquisition over.
 """
 
 import concurrent.futures
