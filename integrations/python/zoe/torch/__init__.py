@@ -19,6 +19,10 @@ stage 3 across the group's ranks and returns a ``ShardedParameterPager`` (docs/z
 so the model never exists whole in DRAM; offload_parameters then adopts them (paged_init.py).
 ``consolidate_checkpoint(directory, out_path)`` turns a sharded optimizer checkpoint into one
 state dict file without the ranks (consolidate.py).
+``with offload_activations(engine, device="nvme"):`` around a forward moves the tensors autograd
+saves for backward to pinned DRAM or NVMe and brings them back for backward (activations.py,
+activation_store.py); ``checkpoint(function, *args)`` is torch.utils.checkpoint with its saved
+inputs offloaded (activation_checkpoint.py, docs/activation-offload.md).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 
@@ -32,6 +36,10 @@ ShardedParameterPager), offload.py (offload_parameters), paged_init.py and adopt
 parameters it paged adopted by the pagers), consolidate.py, common.py.
 """
 
+from . import checkpoint as _sharded_checkpoints
+from .activation_checkpoint import checkpoint_profile, configure_checkpointing
+from .activation_checkpoint import checkpoint as _checkpoint
+from .activations import ActivationOffload, offload_activations
 from .config import engine_config
 from .consolidate import consolidate_checkpoint, consolidated_state_dict
 from .device import CudaBackend, DeviceBackend, HostTwin
@@ -42,7 +50,21 @@ from .paging import ParameterPager
 from .zero3 import ShardedParameterPager
 from .paged_init import ZeroInit, zero_init
 
+
+class _CallableModule(type(_sharded_checkpoints)):
+    """``zoe.torch.checkpoint`` is both the module of sharded checkpoints (checkpoint.py, its
+    names as before) and, called, activation checkpointing: ``zoe.torch.checkpoint(function,
+    *args)`` (activation_checkpoint.checkpoint)."""
+
+    def __call__(self, function, *args, **kwargs):
+        return _checkpoint(function, *args, **kwargs)
+
+
+_sharded_checkpoints.__class__ = _CallableModule
+checkpoint = _sharded_checkpoints
+
 __all__ = [
+    "ActivationOffload",
     "Adam",
     "AdamW",
     "CudaBackend",
@@ -51,10 +73,14 @@ __all__ = [
     "ParameterPager",
     "ShardedParameterPager",
     "ZeroInit",
+    "checkpoint",
+    "checkpoint_profile",
+    "configure_checkpointing",
     "consolidate_checkpoint",
     "consolidated_state_dict",
     "engine_config",
     "initialize",
+    "offload_activations",
     "offload_parameters",
     "zero_init",
 ]

@@ -11,6 +11,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ..engine import _config_text
+from .activation_checkpoint import checkpointing_config
 from .common import _invalid
 
 AUTO = "auto"
@@ -47,6 +48,8 @@ class TrainingConfig:
     fp16: Optional[Dict[str, Any]]  # DeepSpeed's fp16 settings when enabled, else None
     bf16: bool
     dataloader_drop_last: bool
+    # activation_checkpointing, checked (activation_checkpoint.py); None when absent
+    activation_checkpointing: Optional[Any] = None
 
 
 def load_document(config):
@@ -180,6 +183,9 @@ def training_config(config, world_size):
         fp16=_fp16_settings(document),
         bf16=_enabled(document, "bf16", "bfloat16"),
         dataloader_drop_last=bool(document.get("dataloader_drop_last", False)),
+        activation_checkpointing=(
+            checkpointing_config(document["activation_checkpointing"])
+            if "activation_checkpointing" in document else None),
     )
 
 

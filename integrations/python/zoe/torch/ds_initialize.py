@@ -13,9 +13,12 @@ or, at stage 0 without offload, any torch optimizer (the engine clips and averag
 ``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
 returning one. Giving one in both places is refused, as each setting lives in one place."""
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
+from .activation_checkpoint import configure_checkpointing
 from .common import _invalid
 from .ds_config import training_config, engine_document
 from .ds_engine import DeepSpeedEngine
@@ -154,6 +157,22 @@ def _dataloader(training_data, training, group, collate_fn):
         collate_fn=collate_fn, drop_last=training.dataloader_drop_last)
 
 
+def _configure_checkpointing(training, optimizer, stage3):
+    """The configuration's activation_checkpointing section, for zoe.torch.checkpoint: with
+    cpu_checkpointing the checkpoints' inputs go to the zoe engine of the optimizer (of the
+    paged parameters at stage 3)."""
+    section = training.activation_checkpointing
+    if section is None:
+        return
+    engine = stage3.engine if stage3 is not None else getattr(optimizer, "engine", None)
+    if section.cpu_checkpointing and engine is None:
+        raise _invalid("activation_checkpointing.cpu_checkpointing offloads checkpoints "
+                       "through a zoe engine, and this configuration's optimizer has none (a "
+                       "torch optimizer at stage 0): use the config's optimizer, or set "
+                       "cpu_checkpointing false")
+    configure_checkpointing(engine, dataclasses.asdict(section))
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None, process_group=None):
@@ -183,6 +202,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     try:
         scheduler = _build_scheduler(lr_scheduler, optimizer, training)
         scaler = None if training.fp16 is None else loss_scaler_for(training.fp16)
+        _configure_checkpointing(training, optimizer, stage3)
         engine = DeepSpeedEngine(module, optimizer, scheduler, training, group, scaler, owns,
                                  stage3)
     except BaseException:
