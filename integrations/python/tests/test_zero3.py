@@ -592,3 +592,124 @@ def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch,
             else:
                 pager.clip_grad_norm_(1.0)
         assert "Connection closed by peer" in str(raised.value)
+
+
+def placeholders_only(model, pager):
+    """Whether no parameter is gathered and every parameter and shard is its placeholder."""
+    tensors = list(model.parameters()) + pager.shard_parameters()
+    return (pager.gathered_bytes == pager.in_flight_bytes == 0
+            and all(t.data.stride() == (0,) * t.dim() for t in tensors if t.numel() > 1))
+
+
+def materialize_on_two_ranks(rank, world_size, directory):
+    """Rank's outcomes of pager.materialized(): reads, writes through the full parameters and
+    through the shards, writes under READ, a block raising on rank 1 only, a shard written both
+    ways; after each, whether only placeholders are left and the full values then."""
+    init(rank, world_size, directory)
+    engine, _ = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    loss_of(model, 0, slice(rank, rank + 1)).backward()  # a trained pager, gradients in shards
+    record = {"before": pager.state_dict()}
+    with pager.materialized(zoe.Access.READ):
+        record["read"] = {name: p.detach().clone() for name, p in model.named_parameters()}
+        for p in model.parameters():
+            p.data.add_(1.0)  # dropped: READ
+    record["after_read"] = (placeholders_only(model, pager), pager.state_dict())
+    shifted = {key: value + 0.5 for key, value in record["before"].items()}
+    with pager.materialized():
+        model.load_state_dict(shifted)  # the same values on every rank
+    record["after_load"] = (placeholders_only(model, pager), pager.state_dict())
+    with pager.materialized():
+        with torch.no_grad():
+            for shard in pager.shard_parameters():
+                shard.mul_(2.0)
+    record["after_shards"] = (placeholders_only(model, pager), pager.state_dict())
+    record["raised"] = outcome_of(lambda: raise_on_rank_1(pager, model, rank))
+    record["after_raise"] = (placeholders_only(model, pager), pager.state_dict())
+    record["both_ways"] = outcome_of(lambda: write_both_ways(pager, model, rank))
+    record["after_both"] = (placeholders_only(model, pager), pager.state_dict())
+    torch.save(record, os.path.join(directory, f"materialized{rank}.pt"))
+    del pager
+    engine.close()
+    dist.destroy_process_group()
+
+
+def outcome_of(function):
+    try:
+        function()
+        return "no error"
+    except Exception as error:  # the outcome under test
+        return f"{type(error).__name__}: {error}"
+
+
+def raise_on_rank_1(pager, model, rank):
+    with pager.materialized():
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(3.0)  # dropped: the block raises on a rank
+            pager.shard_parameters()[0].add_(1.0)  # dropped as well
+        if rank == 1:
+            raise ValueError("the block failed on purpose")
+
+
+def write_both_ways(pager, model, rank):
+    """Rank 1 writes 'scale' both ways; rank 0 through the full parameter only."""
+    with pager.materialized():
+        with torch.no_grad():
+            model.scale.add_(1.0)
+            if rank == 1:
+                pager.named_shard_parameters()[1][1].add_(1.0)  # 'scale': index 1
+                pager.shard_parameters()[0].add_(1.0)  # dropped too: the block is refused
+
+
+def test_materialized_gathers_full_values_and_writes_back_each_ranks_shard(nvme_dir):
+    run_ranks(materialize_on_two_ranks, 2, nvme_dir)
+    records = [torch.load(os.path.join(nvme_dir, f"materialized{rank}.pt")) for rank in (0, 1)]
+    for rank, record in enumerate(records):
+        before = record["before"]
+        for name, values in record["read"].items():
+            assert torch.equal(values, before[name]), (rank, name)
+        expected = {
+            "after_read": before,
+            "after_load": {key: value + 0.5 for key, value in before.items()},
+            "after_shards": {key: (value + 0.5) * 2.0 for key, value in before.items()},
+        }
+        expected["after_raise"] = expected["after_both"] = expected["after_shards"]
+        for stage, values in expected.items():
+            only_placeholders, state = record[stage]
+            assert only_placeholders, (rank, stage)
+            assert state.keys() == values.keys()
+            for key in values:
+                assert torch.equal(state[key], values[key]), (rank, stage, key)
+    assert records[1]["raised"] == "ValueError: the block failed on purpose"
+    assert records[0]["raised"].startswith(
+        "Aborted: the block inside pager.materialized() failed on rank 1 (rank 1: "), records[0]
+    assert records[1]["both_ways"].startswith(
+        "FailedPrecondition: checking the writes inside pager.materialized() failed on rank 1: "
+        "parameter 'scale' was written inside pager.materialized() both"), records[1]
+    assert records[0]["both_ways"].startswith(
+        "Aborted: checking the writes inside pager.materialized() failed on rank 1 "), records[0]
+
+
+def test_a_torch_optimizer_steps_the_shards_inside_shards_materialized(world_of_one, nvme_dir):
+    reference, model = reference_and_model()
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        optimizers = [torch.optim.SGD(reference.parameters(), lr=0.1),
+                      torch.optim.SGD(pager.shard_parameters(), lr=0.1)]
+        for step in range(2):
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            loss_of(reference, step, slice(None)).backward()
+            loss_of(model, step, slice(None)).backward()
+            optimizers[0].step()
+            with pager.shards_materialized() as shards:  # no gather: the shards only
+                assert pager.gathered_bytes == 0 and shards == pager.shard_parameters()
+                optimizers[1].step()
+        state = pager.state_dict()
+        for name, expected in reference.state_dict().items():
+            assert torch.equal(state[name], expected), name
+        assert placeholders_only(model, pager)

@@ -9,7 +9,13 @@ leaves some shards empty. Sharding each parameter on its own (rather than a flat
 lets a module gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
 (``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's parameter;
 ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer (a torch
-optimizer steps the shards inside ``with pager.materialized():``).
+optimizer steps the shards inside ``with pager.shards_materialized():``, which acquires this
+rank's shards, or inside ``with pager.materialized():``).
+- ``pager.materialized()``: every parameter gathered in full for the block (a collective: every
+  rank enters it; the whole model is held at once), this rank's shards acquired too. With
+  READ_WRITE each rank writes its own slice of each full parameter written inside back to its
+  shard at exit (so ``model.load_state_dict(...)`` inside, on every rank, loads the model);
+  leaving is agreed: a block that raised on any rank keeps nothing on any rank.
 
 - Forward: a module's pre-hook gathers its own parameters (each rank's shard broadcast as bytes
   into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points
@@ -60,6 +66,7 @@ optimizer steps the shards inside ``with pager.materialized():``).
   checkpoint.
 """
 
+import contextlib
 import math
 import numbers
 
@@ -567,6 +574,134 @@ class ShardedParameterPager(ParameterPager):
             raise _collective_error("all_reduce of the inf/NaN check", "*", error) from None
         return flag.item() > 0
 
+    # --- materialized ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def materialized(self, access=_capi.Access.READ_WRITE):
+        """Every parameter gathered in full for the block, ``param.data`` its full values, and
+        this rank's shards acquired (``access``) as the one-process pager's: a collective, every
+        rank enters and leaves it together (a rank that does not waits at the first gather until
+        the process group's timeout, then raises zoe.Aborted). The whole model is held at once.
+
+        READ: values read inside are the full ones; writes are dropped at exit. READ_WRITE (the
+        default) or WRITE: at exit each rank keeps the writes that landed in its own shard:
+        written through the full parameter (``param.copy_``, ``model.load_state_dict``, a torch
+        optimizer over ``model.parameters()``), this rank's slice of it is written to its shard,
+        and a write to another rank's slice is that rank's to keep (write the same values on
+        every rank); written through the shard (a torch optimizer over ``shard_parameters()``),
+        it stays. A shard written both ways is refused (FailedPrecondition), as is a block that
+        raised: with writes, leaving is agreed (an all-reduce), so when the block raises on any
+        rank no rank writes back and every rank raises (the raising rank its own exception, the
+        others zoe.Aborted naming it); a write-back failing on a rank raises on every rank too.
+        Whatever happens, every gathered parameter is freed and the shards released."""
+        writes = _capi.Access(access) != _capi.Access.READ
+        held = []
+        try:
+            self._materialize(held, access)
+            try:
+                yield self.model
+            except Exception as error:
+                if writes:
+                    self._agree_on_block(held, error)
+                raise
+            if writes:
+                self._agree_on_block(held, None)
+                agreed("writing back the parameters written inside pager.materialized()",
+                       lambda: self._write_back(held), self.group)
+        finally:
+            for entry, _ in reversed(held):
+                if entry.shard is not None:
+                    self._unhold(self._records[id(entry.shard)])
+                self._unhold_full(entry)
+
+    def _materialize(self, held, access):
+        """Gathers every parameter (all issued first, then waited for in order), then acquires
+        this rank's shards (agreed: a rank that cannot makes every rank raise); appends (entry,
+        the original values of this rank's slice, or None when nothing is written back) to
+        ``held`` as it goes."""
+        for entry in self._params:
+            if entry.full is None and entry not in self._pending:
+                self._pending[entry] = self._issue_gather(entry)
+        gathered = []
+        try:
+            for entry in self._params:
+                self._hold_full(entry)
+                gathered.append(entry)
+        except Exception:
+            for entry in gathered:
+                self._unhold_full(entry)
+            with contextlib.suppress(Exception):  # the gathers every rank issued, waited for
+                self._drain_prefetches()
+            raise
+        writes = _capi.Access(access) != _capi.Access.READ
+        try:
+            agreed("acquiring this rank's shards for pager.materialized()",
+                   lambda: self._acquire_shards(gathered, held, access, writes), self.group)
+        except BaseException:
+            for entry in gathered[len(held):]:
+                self._unhold_full(entry)
+            raise
+
+    def _acquire_shards(self, gathered, held, access, writes):
+        """Acquires the shard of each gathered entry, appending it to ``held`` with its slice's
+        original values when ``writes``; an acquire that raises leaves the rest unheld."""
+        for entry in gathered:
+            original = None
+            if entry.shard is not None:
+                self._hold(self._records[id(entry.shard)], access)
+                original = self._own_slice(entry).clone() if writes else None
+            held.append((entry, original))
+
+    def _own_slice(self, entry):
+        """This rank's slice of ``entry``'s gathered full values (a view)."""
+        return entry.full.reshape(-1)[entry.begin : entry.begin + entry.count]
+
+    def _agree_on_block(self, held, error):
+        """Whether the block raised, or wrote a shard both ways, on some rank (one all-reduce,
+        and one more for the check): when it did, every rank drops what the block wrote into
+        its shards and raises, a rank whose block raised ``error`` itself."""
+        failed = Agreement(error is not None, self.group).failed_ranks()
+        try:
+            if failed:
+                agreed_error = agreement_error("the block inside pager.materialized()", error,
+                                               failed, self.group)
+                raise error if error is not None else agreed_error
+            agreed("checking the writes inside pager.materialized()",
+                   lambda: self._check_writes(held), self.group)
+        except Exception:
+            for entry, original in held:
+                if original is not None:
+                    self._records[id(entry.shard)].view.copy_(original)
+            raise
+
+    def _check_writes(self, held):
+        """FailedPrecondition for a shard written both through its full parameter and through
+        the shard itself inside the block."""
+        for entry, original in held:
+            if original is None or _same_bits(self._own_slice(entry), original):
+                continue
+            if not _same_bits(self._records[id(entry.shard)].view, original):
+                raise FailedPrecondition(
+                    _capi.Status.FAILED_PRECONDITION,
+                    f"parameter {entry.name!r} was written inside pager.materialized() both "
+                    "through the full parameter and through this rank's shard "
+                    "(pager.shard_parameters()); write it one way only")
+
+    def _write_back(self, held):
+        """Writes this rank's slice of each full parameter written inside the block to its
+        shard (a shard written through itself holds its new values already)."""
+        for entry, original in held:
+            if original is not None and not _same_bits(self._own_slice(entry), original):
+                self._records[id(entry.shard)].view.copy_(self._own_slice(entry))
+
+    @contextlib.contextmanager
+    def shards_materialized(self, access=_capi.Access.READ_WRITE):
+        """This rank's shards acquired for the block, as the one-process pager's materialized()
+        acquires its parameters; yields ``shard_parameters()``. No collective and 1/N of the
+        model: for a torch optimizer stepping the shards, or reading them."""
+        with ParameterPager.materialized(self, access):
+            yield self.shard_parameters()
+
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
         re-recorded), the gradient reductions (``issued``: buckets reduced, one reduce_parts
@@ -685,6 +820,11 @@ class ShardedParameterPager(ParameterPager):
         self._params.clear()
         self._by_param.clear()
         self._records.clear()
+
+
+def _same_bits(first, second):
+    """Whether two contiguous tensors of one dtype hold the same bytes (NaNs included)."""
+    return torch.equal(first.reshape(-1).view(torch.uint8), second.reshape(-1).view(torch.uint8))
 
 
 def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
