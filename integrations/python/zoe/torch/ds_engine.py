@@ -138,8 +138,9 @@ class DeepSpeedEngine:
             self._average_gradients()
         overflow = self._agreed_overflow() if self.loss_scaler is not None else False
         if self._stage3 is not None:
-            self._clip_stage3()
-            self.optimizer.step()  # skips a non-finite step itself, on every rank
+            if not overflow:
+                self._clip_stage3()
+                self.optimizer.step()  # skips a non-finite step itself, on every rank
         elif isinstance(self.optimizer, _ZoeAdamBase):
             self.optimizer.step()  # skips a non-finite step itself, on every rank
         elif not overflow:
@@ -210,6 +211,8 @@ class DeepSpeedEngine:
 
     def _agreed_overflow(self):
         """Whether some rank has an inf or NaN gradient."""
+        if self._stage3 is not None:
+            return self._stage3.overflow(self.module)
         local = any(param.grad is not None and not bool(torch.isfinite(param.grad).all())
                     for param in self.module.parameters())
         flag = torch.tensor([float(local)])
@@ -220,7 +223,7 @@ class DeepSpeedEngine:
     def _clip_stage3(self):
         """gradient_clipping at stage 3: the global norm over the ranks' shards."""
         if self._training.gradient_clipping > 0:
-            self._stage3.clip(self._params(), self._training.gradient_clipping)
+            self._stage3.clip(self._training.gradient_clipping)
 
     def _clip_torch_gradients(self):
         """gradient_clipping for a torch optimizer (zoe's clip inside their step)."""

@@ -2,8 +2,11 @@
 (offload_parameters; homed in DRAM for offload_param "none"/"cpu", on NVMe for "nvme") and,
 over a process group, partitioned across its ranks (a ShardedParameterPager, docs/zero3.md);
 the optimizer (zoe.torch AdamW / Adam on the same engine) steps this rank's shards, or the paged
-parameters in one process. Clipping is the engine's: the optimizer is built with
-max_grad_norm=0.0 and ``clip`` clips to the global norm over every rank's shards.
+parameters in one process. Over ranks clipping is the engine's: the optimizer is built with
+max_grad_norm=0.0 and ``clip`` clips to the global norm over every rank's shards; in one process
+the optimizer clips inside its step (max_grad_norm=gradient_clipping), as at stage 0. Under fp16
+an overflow is agreed over the ranks' shard gradients (``overflow``), and the step is skipped on
+every rank.
 
 Stage3 holds the pager and the zoe engine, and does for the DeepSpeedEngine what paging changes:
 clipping, the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks)
@@ -16,7 +19,6 @@ import torch
 
 from ..engine import Engine
 from .._capi import Tier
-from .common import _invalid
 from .offload import offload_parameters
 from .optimizer import Adam, AdamW
 
@@ -28,12 +30,19 @@ class Stage3:
     engine: Engine
     sharded: bool
 
-    def clip(self, params, max_norm):
-        """Clips the gradients to ``max_norm`` (global over the ranks' shards when sharded)."""
+    def clip(self, max_norm):
+        """Clips the gradients to ``max_norm``, the global norm over the ranks' shards, when
+        sharded; in one process the optimizer clips inside its step."""
         if self.sharded:
             self.pager.clip_grad_norm_(max_norm)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def overflow(self, module):
+        """Whether some rank's gradient holds an inf or NaN: over the ranks' shards when sharded
+        (one all-reduce, the same answer on every rank), else over the module's gradients."""
+        if self.sharded:
+            return self.pager.any_gradient_nonfinite()
+        return any(param.grad is not None and not bool(torch.isfinite(param.grad).all())
+                   for param in module.parameters())
 
     def module_state(self):
         """The module's state dict with its parameters' values (a collective when sharded)."""
@@ -67,9 +76,6 @@ def _home(training):
 
 def stage3_setup(module, spec, document, training, group):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
-    if training.fp16 is not None:
-        raise _invalid("fp16 with zero_optimization.stage 3 is not supported by initialize "
-                       "yet; use bf16, or stage 2")
     settings = spec["params"]
     adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
     engine = Engine(document)
@@ -79,7 +85,8 @@ def stage3_setup(module, spec, document, training, group):
         optimizer = (AdamW if adamw else Adam)(
             params, lr=settings.get("lr", 1e-3),
             betas=tuple(settings.get("betas", (0.9, 0.999))), eps=settings.get("eps", 1e-8),
-            weight_decay=settings.get("weight_decay", 0.0), engine=engine, max_grad_norm=0.0)
+            weight_decay=settings.get("weight_decay", 0.0), engine=engine,
+            max_grad_norm=0.0 if group is not None else training.gradient_clipping)
     except BaseException:
         engine.close()
         raise
