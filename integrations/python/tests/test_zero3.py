@@ -713,3 +713,48 @@ def test_a_torch_optimizer_steps_the_shards_inside_shards_materialized(world_of_
         for name, expected in reference.state_dict().items():
             assert torch.equal(state[name], expected), name
         assert placeholders_only(model, pager)
+
+
+def test_a_zero_stage_1_or_2_optimizer_over_stage_3_parameters_is_refused(world_of_one,
+                                                                           nvme_dir):
+    from zoe.torch.stage3_checks import check_optimizer_parameter
+
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        model = Model()
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        for param, kind in ((model.scale, "a parameter of a model sharded"),
+                            (pager.shard_parameters()[0], "a shard of")):
+            for stage in (1, 2):
+                with pytest.raises(zoe.InvalidArgument, match=kind) as caught:
+                    check_optimizer_parameter(param, "parameter 0 of param group 0", stage)
+                assert f"zero_stage={stage} would partition it again" in str(caught.value)
+                assert "zoe.torch.AdamW(pager.shard_parameters(), engine=engine)" in \
+                    str(caught.value)
+            check_optimizer_parameter(param, "parameter 0", None)  # unsharded: stage 3's own
+        check_optimizer_parameter(torch.nn.Parameter(torch.ones(2)), "parameter 0", 2)
+
+
+def test_state_dict_of_placeholders_is_refused_outside_materialized(world_of_one, nvme_dir):
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        expected = {key: value.clone() for key, value in model.state_dict().items()}
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        for call in (model.state_dict, model[0].state_dict):
+            with pytest.raises(zoe.InvalidArgument, match="call pager.state_dict"):
+                call()
+        with pytest.raises(zoe.InvalidArgument, match="load_state_dict.. of '0.weight'"):
+            model.load_state_dict(expected)
+        buffers = {key: value + 1 for key, value in expected.items() if "running" in key}
+        model.load_state_dict(buffers, strict=False)  # buffers only: no placeholder written
+        state = pager.state_dict()
+        with pager.materialized(zoe.Access.READ):
+            inside = model.state_dict()
+            for key, value in state.items():
+                assert torch.equal(inside[key], value), key
+        for key, value in expected.items():
+            assert torch.equal(state[key], buffers.get(key, value)), key
+        pager.remove()
+        model.state_dict()  # ordinary parameters again

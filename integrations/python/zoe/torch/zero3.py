@@ -83,6 +83,7 @@ from .device import check_paging_tier
 from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_counts
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
+from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
 
 DEFAULT_PREFETCH_DEPTH = 2
 REDUCTIONS_IN_FLIGHT = 2  # gradient buckets being reduced while backward goes on
@@ -189,7 +190,10 @@ class ShardedParameterPager(ParameterPager):
         self.in_flight_bytes = 0  # bytes of all-gathers issued and not yet waited for
         self.peak_gathered_bytes = 0  # the peak of the two together
         self.collective_seconds = 0.0  # wall time blocked in collectives: issuing and waiting
+        self.gather_seconds = 0.0  # the part of it spent on gathers
+        self.reduction_seconds = 0.0  # the part of it spent on gradient reductions
         self._root_records = []  # the base class's root holds: shards are held by gathers
+        self._full_values = 0  # > 0 while state_dict() or materialized() hold full values
 
     @property
     def group(self):
@@ -267,6 +271,7 @@ class ShardedParameterPager(ParameterPager):
             if entries and module is not self.model:
                 self._handles.append(module.register_forward_pre_hook(self._pre_hook(entries)))
                 self._handles.append(module.register_forward_hook(self._post_hook(entries)))
+        self._install_state_dict_checks()
         for entry in self._params:
             if entry.param.requires_grad:
                 handle, node = on_gradient_accumulated(
@@ -274,6 +279,27 @@ class ShardedParameterPager(ParameterPager):
                 )
                 self._handles.append(handle)
                 self._accumulator_nodes.append(node)
+
+    def _install_state_dict_checks(self):
+        """On each module that owns a sharded parameter: its state_dict() and the loading of
+        those parameters by load_state_dict() are refused while they are placeholders
+        (stage3_checks); where this torch lacks the hooks, nothing is installed."""
+        for module in self.model.modules():
+            names = [name for name, param in module._parameters.items()
+                     if param is not None and id(param) in self._by_param]
+            if not names:
+                continue
+            if hasattr(module, "_register_state_dict_hook"):
+                self._handles.append(module._register_state_dict_hook(
+                    refuse_placeholder_state_dict(self)))
+            if hasattr(module, "_register_load_state_dict_pre_hook"):
+                self._handles.append(module._register_load_state_dict_pre_hook(
+                    refuse_placeholder_load(self, names)))
+
+    def placeholders_in_state_dict(self):
+        """Whether the model's state_dict() would now hold placeholders: outside
+        materialized() and this pager's state_dict()."""
+        return self._full_values == 0
 
     def _direct_entries(self, module):
         return [
@@ -299,7 +325,7 @@ class ShardedParameterPager(ParameterPager):
             except Exception as caught:  # agreed with the gather: every rank raises
                 error = caught
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "gather_seconds"):
                 handle = gather_parts(parts, self.group, async_op=True)
                 agreement = Agreement(error is not None, self.group, async_op=True)
         except RuntimeError as failure:
@@ -324,7 +350,7 @@ class ShardedParameterPager(ParameterPager):
         its shard (_collective_ops.agreement_error: that rank its own error, the others
         zoe.Aborted, naming it and the parameter)."""
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "gather_seconds"):
                 pending.handle.wait()
                 failed = pending.agreement.failed_ranks()
         except RuntimeError as error:
@@ -458,7 +484,7 @@ class ShardedParameterPager(ParameterPager):
         bucket = _GradientBucket(gradients, self.world_size)
         del gradients  # a bucket of several holds only its rank-major copy from here
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
                 bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
         except RuntimeError as error:
             raise bucket.error(error) from None
@@ -479,7 +505,7 @@ class ShardedParameterPager(ParameterPager):
         """Waits for a bucket's sum and adds each parameter's slice of this rank's part, / N, to
         its shard's .grad."""
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
                 bucket.handle.wait()
         except RuntimeError as error:
             raise bucket.error(error) from None
@@ -595,9 +621,10 @@ class ShardedParameterPager(ParameterPager):
         others zoe.Aborted naming it); a write-back failing on a rank raises on every rank too.
         Whatever happens, every gathered parameter is freed and the shards released."""
         writes = _capi.Access(access) != _capi.Access.READ
-        held = []
+        held, counted = [], False
         try:
             self._materialize(held, access)
+            self._full_values, counted = self._full_values + 1, True
             try:
                 yield self.model
             except Exception as error:
@@ -609,6 +636,7 @@ class ShardedParameterPager(ParameterPager):
                 agreed("writing back the parameters written inside pager.materialized()",
                        lambda: self._write_back(held), self.group)
         finally:
+            self._full_values -= int(counted)
             for entry, _ in reversed(held):
                 if entry.shard is not None:
                     self._unhold(self._records[id(entry.shard)])
@@ -708,7 +736,9 @@ class ShardedParameterPager(ParameterPager):
         each; ``parameters``: the gradients they held), this rank's shard bytes, the peak bytes
         of gathered parameters and ``collective_seconds``: the wall time this rank was blocked
         issuing or waiting for its gathers and reductions (collectives running in the background
-        while it computes are not counted)."""
+        while it computes are not counted), of which ``gather_seconds`` on gathers and
+        ``reduction_seconds`` on gradient reductions (the rest: clipping's and the inf/NaN
+        check's all-reduces)."""
         stats = super().stats()
         stats.update(
             gathers=dict(self.gathers),
@@ -717,13 +747,19 @@ class ShardedParameterPager(ParameterPager):
             peak_gathered_bytes=self.peak_gathered_bytes,
             peak_held_bytes=self.shard_bytes + self.peak_gathered_bytes,
             collective_seconds=self.collective_seconds,
+            gather_seconds=self.gather_seconds,
+            reduction_seconds=self.reduction_seconds,
         )
         return stats
 
     def state_dict(self):
         """model.state_dict() with every parameter's full values, gathered one at a time
         (a collective: every rank calls it)."""
-        state = self.model.state_dict()
+        self._full_values += 1
+        try:
+            state = self.model.state_dict()
+        finally:
+            self._full_values -= 1
         for module_name, module in self.model.named_modules():
             for name, param in module._parameters.items():
                 key = f"{module_name}.{name}" if module_name else name
