@@ -19,10 +19,11 @@ rows of each global batch (the loss is the MSE against a random target). Impleme
                              torch 1.13 under Python 3.11 on a CPU-only build cannot run it: the
                              line says exactly what failed (see fsdp_attempt and fsdp_probe)
 
-With --initialize, zoe's implementations are built by zoe.torch.initialize from the DeepSpeed
-configuration of their stage and offload (the same zoe section; zero_optimization.offload_param
-at stage 3) and trained as a DeepSpeed script does: engine(x), engine.backward(loss),
-engine.step(). Their breakdown comes from the engine's stats().
+  ds_s1_dram ... ds_s3_nvme   the zoe implementation of the same stage and offload built by
+                             zoe.torch.initialize from the DeepSpeed configuration (the same zoe
+                             section; zero_optimization.offload_param at stage 3) and trained as
+                             a DeepSpeed script does: engine(x), engine.backward(loss),
+                             engine.step(); --initialize runs every zoe_* named as its ds_*
 
 Each round runs every implementation in turn (in the opposite order on odd rounds): it builds the
 model and optimizer, takes WARMUP untimed iterations (state creation, the trace) and STEPS timed
@@ -53,12 +54,12 @@ the CPUs' pending deltas, so each reading is within nr_cpus x max(32, 2 x nr_cpu
 exact count (percpu_counter): a start read right after the peak was started over can exceed
 the peak by that much.
 
-Breakdown per iteration (breakdown_*_s, the slowest rank per round, median over rounds): through
-initialize, forward, backward and step (engine.stats(): the step includes stage 0's all-reduce
-and the optimizer's parameter all-gather) and, inside them, the time blocked in reductions
-(stage 3's gradient buckets), gathers (stage 3's parameter gathers) and optimizer_collectives
-(stages 1 and 2: the sharded optimizer's reductions, norm and all-gather, not split); without
-it, zoe stage 3 the pager's gathers and reductions, stages 1 and 2 the optimizer's collectives;
+Breakdown per iteration (breakdown_*_s, the slowest rank per round, median over rounds): ds_*,
+forward, backward and step (engine.stats(): the step includes the optimizer's parameter
+all-gather at stages 1 and 2) and, inside them, the time blocked in reductions (stage 3's
+gradient buckets), gathers (stage 3's parameter gathers) and optimizer_collectives (stages 1 and
+2: the sharded optimizer's reductions, norm and all-gather, not split); zoe_*, stage 3 the
+pager's gathers and reductions, stages 1 and 2 the optimizer's collectives;
 torch ZeRO its DDP all-reduces (issue to completion, overlapping backward) as reductions and
 its parameter broadcasts as gathers.
 
@@ -91,6 +92,8 @@ ZOE_IMPLS = ["zoe_s1_dram", "zoe_s1_nvme", "zoe_s2_dram", "zoe_s2_nvme", "zoe_s3
              "zoe_s3_nvme"]
 TORCH_IMPLS = ["torch_zero_adamw", "fsdp_cpu_offload"]
 ALL_IMPLS = ZOE_IMPLS + TORCH_IMPLS
+# zoe's implementations built through zoe.torch.initialize (--initialize makes zoe_* these).
+INITIALIZE_IMPLS = ["ds" + impl[3:] for impl in ZOE_IMPLS]
 HYPER = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 STATE_BYTES_PER_ELEMENT = 12  # zoe: fp32 master, exp_avg and exp_avg_sq
 # Seconds per iteration by part (see breakdown() of each runner); a runner reports those it has.
@@ -436,9 +439,10 @@ def fsdp_probe(directory):
 
 
 def build(impl, model, world, rank, directory, opts):
-    if impl.startswith("zoe_s"):
-        stage, device = int(impl[5]), "cpu" if impl.endswith("dram") else "nvme"
-        if opts["initialize"]:
+    if impl.startswith(("zoe_s", "ds_s")):
+        stage = int(impl.split("_")[1][1])
+        device = "cpu" if impl.endswith("dram") else "nvme"
+        if impl.startswith("ds_"):
             return ZoeInitialize(model, stage, device, directory, rank, world, opts)
         if stage == 3:
             return ZoeStage3(model, device, directory, rank, opts)
@@ -564,7 +568,7 @@ def summarize(world, impl, samples, opts):
                                                  "peak_rss_bytes"):
             result[key + ("" if key.endswith("_per_step") else "_per_rank")] = [
                 s.get(key) for s in last]
-    if impl.startswith("zoe_"):
+    if impl.startswith(("zoe_", "ds_")):
         total = opts["parameters"] * STATE_BYTES_PER_ELEMENT
         chunk = opts["chunk_bytes"] // 4 * STATE_BYTES_PER_ELEMENT  # one sub-group's state
         result["state_bytes_total"] = total
@@ -620,7 +624,7 @@ def run_world(world, impls, opts, emit, samples_too):
 
 
 def targets(world, results):
-    zoe_results = [r for r in results.values() if r["impl"].startswith("zoe_")]
+    zoe_results = [r for r in results.values() if r["impl"].startswith(("zoe_", "ds_"))]
     line = {"kind": "targets", "world": world,
             "state_bytes_within_one_chunk_of_1_over_n": {
                 r["impl"]: r["state_target_met"] for r in zoe_results}}
@@ -638,7 +642,8 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2,3", help="comma list of rank counts")
     parser.add_argument("--impls", default=",".join(ALL_IMPLS), help="comma list of: " +
-                        ", ".join(ALL_IMPLS))
+                        ", ".join(ALL_IMPLS + INITIALIZE_IMPLS) + " (ds_*: zoe's through "
+                        "zoe.torch.initialize)")
     parser.add_argument("--small", action="store_true", help="a 263 K-parameter model, one "
                         "round (for tests)")
     for key in ("width", "layers", "batch", "steps", "warmup", "rounds"):
@@ -648,10 +653,10 @@ def parse_args():
     parser.add_argument("--dir", default="/var/tmp", help="where the temporary directories "
                         "(rendezvous, NVMe state) go")
     parser.add_argument("--samples", action="store_true", help="also print every sample")
-    parser.add_argument("--initialize", action="store_true", help="build zoe's implementations "
-                        "through zoe.torch.initialize (the DeepSpeed configuration of their "
-                        "stage and offload) and train with engine(x), engine.backward(loss), "
-                        "engine.step()")
+    parser.add_argument("--initialize", action="store_true", help="run zoe's implementations "
+                        "zoe_* as ds_*: built through zoe.torch.initialize (the DeepSpeed "
+                        "configuration of their stage and offload) and trained with engine(x), "
+                        "engine.backward(loss), engine.step()")
     args = parser.parse_args()
     opts = dict(SMALL if args.small else LARGE)
     for key in ("width", "layers", "batch", "steps", "warmup", "rounds"):
@@ -659,14 +664,16 @@ def parse_args():
             opts[key] = getattr(args, key)
     worlds = [int(n) for n in args.ranks.split(",")]
     impls = args.impls.split(",")
-    unknown = sorted(set(impls) - set(ALL_IMPLS))
+    unknown = sorted(set(impls) - set(ALL_IMPLS) - set(INITIALIZE_IMPLS))
     if unknown:
-        parser.error(f"unknown implementations {unknown}; allowed: {ALL_IMPLS}")
+        parser.error(f"unknown implementations {unknown}; allowed: {ALL_IMPLS + INITIALIZE_IMPLS}")
+    if args.initialize:
+        impls = ["ds" + impl[3:] if impl in ZOE_IMPLS else impl for impl in impls]
     if any(n < 1 for n in worlds) or any(opts["batch"] % n for n in worlds):
         parser.error(f"--ranks must be positive and divide the batch of {opts['batch']}")
     if opts["steps"] < 1 or opts["rounds"] < 1:
         parser.error("--steps and --rounds must be at least 1")
-    opts.update(threads=args.threads, dir=args.dir, initialize=args.initialize,
+    opts.update(threads=args.threads, dir=args.dir,
                 parameters=parameter_count(opts["width"], opts["layers"]),
                 chunk_bytes=_size(opts["chunk_size"]))
     return args, worlds, impls, opts
@@ -687,7 +694,6 @@ def main():
           "layers": opts["layers"], "batch": opts["batch"], "steps": opts["steps"],
           "warmup": opts["warmup"], "rounds": opts["rounds"], "threads": opts["threads"],
           "chunk_size": opts["chunk_size"], "ranks": worlds, "impls": impls,
-          "through_initialize": opts["initialize"],
           "torch": torch.__version__, "python": sys.version.split()[0],
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
     if "fsdp_cpu_offload" in impls:

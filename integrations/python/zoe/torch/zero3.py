@@ -615,11 +615,13 @@ class ShardedParameterPager(ParameterPager):
         optimizer over ``model.parameters()``), this rank's slice of it is written to its shard,
         and a write to another rank's slice is that rank's to keep (write the same values on
         every rank); written through the shard (a torch optimizer over ``shard_parameters()``),
-        it stays. A shard written both ways is refused (FailedPrecondition), as is a block that
-        raised: with writes, leaving is agreed (an all-reduce), so when the block raises on any
-        rank no rank writes back and every rank raises (the raising rank its own exception, the
-        others zoe.Aborted naming it); a write-back failing on a rank raises on every rank too.
-        Whatever happens, every gathered parameter is freed and the shards released."""
+        it stays. With writes, leaving is agreed (all-reduces): when the block raised on any
+        rank, or wrote a shard both ways on any rank (FailedPrecondition there), no rank keeps
+        anything the block wrote (its shards are restored) and every rank raises (a rank whose
+        block raised its own exception, the others zoe.Aborted naming it); a write-back failing
+        on a rank raises on every rank too. Whatever happens, every gathered parameter is freed
+        and the shards released. ``model.state_dict()`` inside the block holds the full
+        values."""
         writes = _capi.Access(access) != _capi.Access.READ
         held, counted = [], False
         try:
