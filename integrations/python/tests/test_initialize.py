@@ -235,3 +235,23 @@ def test_stage_3_refuses_model_parameters_it_would_not_honour():
         engine, _, _, _ = zoe.torch.initialize(model=model, model_parameters=given,
                                                config=config)
         engine.close()
+
+
+@pytest.mark.parametrize("stage,offload_param", [(0, None), (3, "cpu")])
+def test_stats_say_where_the_time_went(stage, offload_param):
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(),
+                                           config=ds_config(stage, "cpu" if stage else "none",
+                                                            offload_param=offload_param))
+    before = engine.stats()
+    assert before["forward"] == before["backward"] == before["step"] == 0.0
+    train_engine(engine, 0, 2, 0, 1)
+    stats = engine.stats()
+    engine.close()
+    assert (stats["micro_steps"], stats["global_steps"]) == (2 * ACCUMULATION, 2)
+    for key in ("forward", "backward", "step"):
+        assert stats[key] > 0.0, key
+    # one process: no collectives; stage 3 adds the pager's statistics
+    assert stats["reductions"] == stats["gathers"] == stats["optimizer_collectives"] == 0.0
+    assert ("pager" in stats) == (stage == 3)
+    if stage == 3:
+        assert stats["pager"]["iterations"] == 2 * ACCUMULATION

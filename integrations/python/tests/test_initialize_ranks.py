@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 import zoe.torch
 from conftest import spawn_ranks
-from initialize_script import assert_same_state, ds_config, reference, run_script
+from initialize_script import assert_same_state, ds_config, make_model, reference, run_script, \
+    train_engine
 from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_config, \
     run_fp16_steps_read
 
@@ -51,12 +52,23 @@ def run_fp16(rank, out_dir, stage):
     engine.close()
 
 
+def record_stats(rank, out_dir, world):
+    """engine.stats() after two optimizer steps at stages 2 and 3 (DRAM)."""
+    for stage, offload_param in ((2, None), (3, "cpu")):
+        config = ds_config(stage, "cpu", None, world, offload_param)
+        engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+        train_engine(engine, 0, 2, rank, world)
+        torch.save(engine.stats(), os.path.join(out_dir, f"stats{stage}-rank{rank}.pt"))
+        engine.close()
+
+
 def worker(rank, out_dir, world):
     try:
         dist.init_process_group("gloo", init_method=f"file://{out_dir}/init", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=30))
         run_scripts(rank, out_dir, world)
         if world == FP16_WORLD:
+            record_stats(rank, out_dir, world)
             for stage in FP16_STAGES:
                 run_fp16(rank, out_dir, stage)
     except BaseException:
@@ -78,6 +90,15 @@ def test_ranks_equal_one_process(nvme_dir, world):
             assert_same_state(found, expected)
     if world != FP16_WORLD:
         return
+    for rank in range(world):
+        stage2, stage3 = (torch.load(os.path.join(nvme_dir, f"stats{stage}-rank{rank}.pt"))
+                          for stage in (2, 3))
+        assert stage2["optimizer_collectives"] > 0 and stage2["gathers"] == 0.0
+        assert stage3["gathers"] > 0 and stage3["reductions"] > 0
+        assert stage3["optimizer_collectives"] == 0.0
+        assert stage3["pager"]["reductions"]["issued"] > 0
+        for stats in (stage2, stage3):
+            assert stats["forward"] > 0 and stats["backward"] > 0 and stats["step"] > 0
     by_stage = {}
     for stage in FP16_STAGES:
         results = [torch.load(os.path.join(nvme_dir, f"fp16-stage{stage}-rank{rank}.pt"))
