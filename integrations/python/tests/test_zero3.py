@@ -758,3 +758,16 @@ def test_state_dict_of_placeholders_is_refused_outside_materialized(world_of_one
             assert torch.equal(state[key], buffers.get(key, value)), key
         pager.remove()
         model.state_dict()  # ordinary parameters again
+
+
+def test_the_finite_check_agrees_with_isfinite_on_every_kind_of_tensor():
+    from zoe.torch.zero3 import _all_finite
+
+    inf, nan = float("inf"), float("nan")
+    cases = [torch.randn(1000), torch.zeros(0), torch.tensor([1.0, inf]),
+             torch.tensor([nan, 1.0]), torch.tensor([inf, -inf]),
+             torch.full((10,), 3e38),  # finite values whose sum overflows
+             torch.full((10,), 60000.0, dtype=torch.float16),
+             torch.tensor([1.0, -inf], dtype=torch.bfloat16)]
+    for tensor in cases:
+        assert _all_finite(tensor) == bool(torch.isfinite(tensor).all()), tensor
