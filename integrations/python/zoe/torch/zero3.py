@@ -27,8 +27,8 @@ rank's shards, or inside ``with pager.materialized():``).
   with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
   runs the same hooks in the same order, so every rank issues the same collectives. An order
   that differs from the trace re-records it.
-- Gradients, in buckets: when a parameter's full gradient is accumulated, a flat fp32 copy joins
-  the pending bucket (the full gradient leaves ``param.grad``). Once the bucket holds
+- Gradients, in buckets: when a parameter's full gradient is accumulated, it joins the pending
+  bucket flat and in fp32 (an fp32 gradient itself, any other a copy) and leaves ``param.grad``. Once the bucket holds
   ``bucket_elements`` elements or more (default DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2
   optimizer's; 0 or 1: one parameter per bucket), its sum over the ranks starts as one
   _collective_ops.reduce_parts (``async_op=True``): part r, which rank r owns, is every bucketed
@@ -460,13 +460,16 @@ class ShardedParameterPager(ParameterPager):
         return hook
 
     def _reduce_grad(self, entry):
-        """Moves the full gradient out of param.grad into the pending bucket (a flat fp32 copy)
+        """Moves the full gradient out of param.grad into the pending bucket (flat and fp32:
+        a contiguous fp32 gradient itself, which autograd gave param.grad alone, else a copy)
         and reduces the bucket once it holds ``bucket_elements`` elements or more."""
         grad, entry.param.grad = entry.param.grad, None
         if grad is None:
             return
-        total = grad.detach().reshape(-1).to(torch.float32, copy=True)
-        del grad  # the full gradient is not held while buckets are reduced
+        total = grad.detach().reshape(-1)
+        if total.dtype != torch.float32 or grad.requires_grad:  # create_graph: autograd's
+            total = total.to(torch.float32, copy=True)
+        del grad  # the full gradient is not held twice while buckets are reduced
         if self._bucket and self._bucket[0][1].device != total.device:
             self._reduce_bucket()  # a bucket's buffer lives on one device
         self._bucket.append((entry, total))
