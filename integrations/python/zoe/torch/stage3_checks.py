@@ -51,8 +51,9 @@ def _placeholder_error(pager, what):
     return _invalid(
         f"{what} of a model whose parameters a ShardedParameterPager shards over "
         f"{pager.world_size} ranks would see the one-element placeholders its parameters point "
-        "at between gathers: call pager.state_dict() on every rank (a collective) for the full "
-        "values, or do it inside `with pager.materialized():` entered on every rank")
+        "at between gathers: call pager.state_dict() (through zoe.torch.initialize: "
+        "engine.module_state_dict()) on every rank, a collective, for the full values, or do "
+        "it inside `with pager.materialized():` entered on every rank")
 
 
 def refuse_placeholder_state_dict(pager):
