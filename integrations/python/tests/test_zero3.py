@@ -626,9 +626,9 @@ def materialize_on_two_ranks(rank, world_size, directory):
             for shard in pager.shard_parameters():
                 shard.mul_(2.0)
     record["after_shards"] = (placeholders_only(model, pager), pager.state_dict())
-    record["raised"] = outcome_of(lambda: raise_on_rank_1(pager, model, rank))
+    record["raised"] = outcome_of(raise_on_rank_1, pager, model, rank)
     record["after_raise"] = (placeholders_only(model, pager), pager.state_dict())
-    record["both_ways"] = outcome_of(lambda: write_both_ways(pager, model, rank))
+    record["both_ways"] = outcome_of(write_both_ways, pager, model, rank)
     record["after_both"] = (placeholders_only(model, pager), pager.state_dict())
     torch.save(record, os.path.join(directory, f"materialized{rank}.pt"))
     del pager
@@ -636,9 +636,9 @@ def materialize_on_two_ranks(rank, world_size, directory):
     dist.destroy_process_group()
 
 
-def outcome_of(function):
+def outcome_of(function, *args):
     try:
-        function()
+        function(*args)
         return "no error"
     except Exception as error:  # the outcome under test
         return f"{type(error).__name__}: {error}"

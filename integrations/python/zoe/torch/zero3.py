@@ -28,9 +28,10 @@ rank's shards, or inside ``with pager.materialized():``).
   runs the same hooks in the same order, so every rank issues the same collectives. An order
   that differs from the trace re-records it.
 - Gradients, in buckets: when a parameter's full gradient is accumulated, it joins the pending
-  bucket flat and in fp32 (an fp32 gradient itself, any other a copy) and leaves ``param.grad``. Once the bucket holds
-  ``bucket_elements`` elements or more (default DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2
-  optimizer's; 0 or 1: one parameter per bucket), its sum over the ranks starts as one
+  bucket flat and in fp32 (an fp32 gradient itself, any other a copy) and leaves
+  ``param.grad``. Once the bucket holds ``bucket_elements`` elements or more (default
+  DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2 optimizer's; 0 or 1: one parameter per
+  bucket), its sum over the ranks starts as one
   _collective_ops.reduce_parts (``async_op=True``): part r, which rank r owns, is every bucketed
   parameter's shard r side by side in hook order (rank-major, so each part is contiguous however
   the parameters are cut). At most REDUCTIONS_IN_FLIGHT buckets are in flight, the oldest
