@@ -682,8 +682,13 @@ class ShardedParameterPager(ParameterPager):
         for entry in gathered:
             original = None
             if entry.shard is not None:
-                self._hold(self._records[id(entry.shard)], access)
-                original = self._own_slice(entry).clone() if writes else None
+                record = self._records[id(entry.shard)]
+                self._hold(record, access)
+                try:
+                    original = self._own_slice(entry).clone() if writes else None
+                except BaseException:
+                    self._unhold(record)
+                    raise
             held.append((entry, original))
 
     def _own_slice(self, entry):
