@@ -3,7 +3,10 @@ this machine: 20 steps equal one unsharded process (uneven shards, clipping agre
 a skipped non-finite step, a module unused on odd steps), bucketed gradient reductions give the
 parameters of one reduction per parameter with fewer collectives, the bytes each rank holds fall
 with N, the trace prefetches gathers, and a rank whose swap file is corrupted makes every rank
-raise, naming it, well within the process group's timeout, with the ranks still paired."""
+raise, naming it, well within the process group's timeout, with the ranks still paired;
+materialized() gathers the full values and writes each rank's slice back, agreed across the
+ranks, and the misuses of a sharded model (state_dict of placeholders, a stage 1/2 optimizer
+over it) are refused naming the fix."""
 
 import datetime
 import math
@@ -23,6 +26,7 @@ import torch.multiprocessing as mp
 import zoe
 import zoe.torch
 from conftest import small_config
+from zoe.torch.distributed import shard_counts
 
 STEPS = 20
 BATCH = 6  # rows per step, split evenly over 1, 2 or 3 ranks
@@ -771,3 +775,65 @@ def test_the_finite_check_agrees_with_isfinite_on_every_kind_of_tensor():
              torch.tensor([1.0, -inf], dtype=torch.bfloat16)]
     for tensor in cases:
         assert _all_finite(tensor) == bool(torch.isfinite(tensor).all()), tensor
+
+
+def materialize_failing_on_rank_1(rank, world_size, directory):
+    """Rank 1 fails to acquire its shards for materialized(), then to write them back; each rank
+    records its outcomes, whether only placeholders were left and the values afterwards."""
+    init(rank, world_size, directory)
+    engine, _ = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    before = pager.state_dict()
+    failing = {}
+    if rank == 1:
+        def fail(name):
+            def raising(*_):
+                raise zoe.IoError(zoe._capi.Status.IO, f"{name} failed on purpose")
+            return raising
+        failing = {"_acquire_shards": fail("acquire"), "_write_back": fail("write-back")}
+    record = {}
+    for method in ("_acquire_shards", "_write_back"):
+        if method in failing:
+            setattr(pager, method, failing[method])
+        record[method] = outcome_of(shift_inside_materialized, pager, model)
+        if method in failing:
+            delattr(pager, method)
+        record[method + " after"] = (placeholders_only(model, pager), pager.state_dict())
+    record["before"] = before
+    torch.save(record, os.path.join(directory, f"failing{rank}.pt"))
+    del pager
+    engine.close()
+    dist.destroy_process_group()
+
+
+def shift_inside_materialized(pager, model):
+    with pager.materialized():
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+
+
+def test_materialized_fails_on_every_rank_when_one_cannot_acquire_or_write_back(nvme_dir):
+    run_ranks(materialize_failing_on_rank_1, 2, nvme_dir)
+    records = [torch.load(os.path.join(nvme_dir, f"failing{rank}.pt")) for rank in (0, 1)]
+    for step, what in (("_acquire_shards", "acquiring this rank's shards"),
+                       ("_write_back", "writing back the parameters")):
+        assert records[1][step].startswith(
+            f"IoError: {what}"), records[1][step]
+        assert " failed on rank 1: " in records[1][step], records[1][step]
+        assert records[0][step].startswith(f"Aborted: {what}"), records[0][step]
+        assert "failed on rank 1 (rank 1: zoe.IoError: " in records[0][step], records[0][step]
+    for rank, record in enumerate(records):
+        before = record["before"]
+        for step in ("_acquire_shards", "_write_back"):
+            only_placeholders, state = record[step + " after"]
+            assert only_placeholders, (rank, step)
+            for key, value in state.items():
+                # after the failed acquire nothing is kept; after the failed write-back rank 0
+                # has written its slice of each parameter and rank 1 nothing
+                expected = before[key].clone()
+                if step == "_write_back":
+                    expected.view(-1)[: shard_counts(expected.numel(), 2)[0]] += 1.0
+                assert torch.equal(value, expected), (rank, step, key)
