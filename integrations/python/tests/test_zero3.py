@@ -837,3 +837,35 @@ def test_materialized_fails_on_every_rank_when_one_cannot_acquire_or_write_back(
                 if step == "_write_back":
                     expected.view(-1)[: shard_counts(expected.numel(), 2)[0]] += 1.0
                 assert torch.equal(value, expected), (rank, step, key)
+
+
+def materialize_with_a_damaged_rank_1(rank, world_size, directory):
+    """Rank 1's parameter swap files are overwritten before materialized(): its first gather
+    cannot read the shard. Each rank records its outcome, what is left gathered or in flight,
+    and the sum of a collective made afterwards (the ranks still paired: 2)."""
+    init(rank, world_size, directory, timeout_s=FAILURE_TIMEOUT_S)
+    engine, paths = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    if rank == 1:
+        for path in (os.path.join(p, name) for p in paths for name in os.listdir(p)):
+            with open(path, "r+b") as file:
+                file.write(b"\x5a" * os.path.getsize(path))
+    outcome = outcome_of(shift_inside_materialized, pager, model)
+    left = (placeholders_only(model, pager), len(pager._pending))
+    paired = torch.ones(1)
+    dist.all_reduce(paired)
+    torch.save((outcome, left, paired.item()), os.path.join(directory, f"damaged{rank}.pt"))
+    del pager
+    engine.close()
+    dist.destroy_process_group()
+
+
+def test_materialized_with_an_unreadable_shard_fails_on_every_rank_and_frees_all(nvme_dir):
+    run_ranks(materialize_with_a_damaged_rank_1, 2, nvme_dir)
+    outcomes = [torch.load(os.path.join(nvme_dir, f"damaged{rank}.pt")) for rank in (0, 1)]
+    assert outcomes[1][0].startswith("Corruption: gathering parameter "), outcomes[1][0]
+    assert outcomes[0][0].startswith("Aborted: gathering parameter "), outcomes[0][0]
+    for outcome, left, paired in outcomes:
+        assert left == (True, 0) and paired == 2, (outcome, left, paired)

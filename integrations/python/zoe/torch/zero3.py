@@ -664,8 +664,10 @@ class ShardedParameterPager(ParameterPager):
         except Exception:
             for entry in gathered:
                 self._unhold_full(entry)
-            with contextlib.suppress(Exception):  # the gathers every rank issued, waited for
-                self._drain_prefetches()
+            pending, self._pending = self._pending, {}
+            for entry, gather in pending.items():  # issued on every rank: each waited for
+                with contextlib.suppress(Exception):  # (failing on every rank alike)
+                    self._wait_gather(entry, gather)
             raise
         writes = _capi.Access(access) != _capi.Access.READ
         try:
