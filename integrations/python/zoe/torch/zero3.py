@@ -430,10 +430,17 @@ class ShardedParameterPager(ParameterPager):
                 self._pending[ahead] = self._issue_gather(ahead)
 
     def _drain_prefetches(self):
-        """Waits for gathers issued ahead that the iteration did not use, and drops them."""
+        """Waits for gathers issued ahead that the iteration did not use, and drops them: every
+        one, then raises the first that failed (every rank fails alike: each gather is agreed)."""
         pending, self._pending = self._pending, {}
+        failure = None
         for entry, gather in pending.items():
-            self._wait_gather(entry, gather)
+            try:
+                self._wait_gather(entry, gather)
+            except Exception as error:  # raised once every gather is waited for
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
     # --- backward --------------------------------------------------------------------------
 
@@ -664,10 +671,8 @@ class ShardedParameterPager(ParameterPager):
         except Exception:
             for entry in gathered:
                 self._unhold_full(entry)
-            pending, self._pending = self._pending, {}
-            for entry, gather in pending.items():  # issued on every rank: each waited for
-                with contextlib.suppress(Exception):  # (failing on every rank alike)
-                    self._wait_gather(entry, gather)
+            with contextlib.suppress(Exception):  # the gathers every rank issued with it
+                self._drain_prefetches()
             raise
         writes = _capi.Access(access) != _capi.Access.READ
         try:
