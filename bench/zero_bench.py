@@ -19,6 +19,12 @@ rows of each global batch (the loss is the MSE against a random target). Impleme
                              torch 1.13 under Python 3.11 on a CPU-only build cannot run it: the
                              line says exactly what failed (see fsdp_attempt and fsdp_probe)
 
+  ds_s1_dram ... ds_s3_nvme   the zoe implementation of the same stage and offload built by
+                             zoe.torch.initialize from the DeepSpeed configuration (the same zoe
+                             section; zero_optimization.offload_param at stage 3) and trained as
+                             a DeepSpeed script does: engine(x), engine.backward(loss),
+                             engine.step(); --initialize runs every zoe_* named as its ds_*
+
 Each round runs every implementation in turn (in the opposite order on odd rounds): it builds the
 model and optimizer, takes WARMUP untimed iterations (state creation, the trace) and STEPS timed
 ones. Per iteration it measures the forward + backward and the optimizer step (their sum is the
@@ -47,6 +53,15 @@ and every iteration included). Linux keeps these counts per CPU and reports thei
 the CPUs' pending deltas, so each reading is within nr_cpus x max(32, 2 x nr_cpus) pages of the
 exact count (percpu_counter): a start read right after the peak was started over can exceed
 the peak by that much.
+
+Breakdown per iteration (breakdown_*_s, the slowest rank per round, median over rounds): ds_*,
+forward, backward and step (engine.stats(): the step includes the optimizer's parameter
+all-gather at stages 1 and 2) and, inside them, the time blocked in reductions (stage 3's
+gradient buckets), gathers (stage 3's parameter gathers) and optimizer_collectives (stages 1 and
+2: the sharded optimizer's reductions, norm and all-gather, not split); zoe_*, stage 3 the
+pager's gathers and reductions, stages 1 and 2 the optimizer's collectives;
+torch ZeRO its DDP all-reduces (issue to completion, overlapping backward) as reductions and
+its parameter broadcasts as gathers.
 
 Output: JSON lines on stdout: one "fsdp" line, one "result" line per (ranks, implementation) with
 medians over ROUNDS (of the slowest rank's per-round median: a step is as slow as its slowest
@@ -77,8 +92,12 @@ ZOE_IMPLS = ["zoe_s1_dram", "zoe_s1_nvme", "zoe_s2_dram", "zoe_s2_nvme", "zoe_s3
              "zoe_s3_nvme"]
 TORCH_IMPLS = ["torch_zero_adamw", "fsdp_cpu_offload"]
 ALL_IMPLS = ZOE_IMPLS + TORCH_IMPLS
+# zoe's implementations built through zoe.torch.initialize (--initialize makes zoe_* these).
+INITIALIZE_IMPLS = ["ds" + impl[3:] for impl in ZOE_IMPLS]
 HYPER = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 STATE_BYTES_PER_ELEMENT = 12  # zoe: fp32 master, exp_avg and exp_avg_sq
+# Seconds per iteration by part (see breakdown() of each runner); a runner reports those it has.
+BREAKDOWN = ("forward", "backward", "step", "reductions", "gathers", "optimizer_collectives")
 
 LARGE = dict(width=2048, layers=24, batch=24, steps=3, warmup=1, rounds=3, chunk_size="16M",
              host_budget="6G", tensor_host_budget="2G", nvme_tensor_host_budget="64M",
@@ -191,6 +210,9 @@ class ZoeStage12:
     def collective_seconds(self):
         return self.optimizer.collective_seconds
 
+    def breakdown(self):
+        return {"optimizer_collectives": self.optimizer.collective_seconds}
+
     def counters(self):
         return engine_figures(self.optimizer.engine.stats())
 
@@ -226,6 +248,9 @@ class ZoeStage3:
     def collective_seconds(self):
         return self.pager.collective_seconds
 
+    def breakdown(self):
+        return {"gathers": self.pager.gather_seconds, "reductions": self.pager.reduction_seconds}
+
     def counters(self):
         figures = engine_figures(self.engine.stats())
         figures["param_shard_bytes"] = self.pager.shard_bytes
@@ -235,6 +260,58 @@ class ZoeStage3:
     def close(self):
         self.pager.remove()
         self.optimizer.close()
+        self.engine.close()
+
+
+class ZoeInitialize:
+    """zoe.torch.initialize with the DeepSpeed configuration of the implementation's stage and
+    offload (the same zoe section as ZoeStage12 / ZoeStage3); the loop is DeepSpeed's:
+    engine(x), engine.backward(loss), engine.step()."""
+
+    def __init__(self, model, stage, device, directory, rank, world, opts):
+        import zoe.torch
+
+        path = os.path.join(directory, "nvme-{rank}")
+        if stage == 3:
+            budget = opts["tensor_host_budget"] if device == "cpu" else opts[
+                "nvme_tensor_host_budget"]
+            config = zoe_config(opts, 3, device, path, params_device=device,
+                                tensor_host_budget=budget)
+        else:
+            config = zoe_config(opts, stage, device, path)
+        config.update(train_batch_size=opts["batch"], train_micro_batch_size_per_gpu=opts[
+            "batch"] // world, optimizer={"type": "AdamW", "params": dict(
+                HYPER, betas=list(HYPER["betas"]))})
+        self.engine, self.optimizer, _, _ = zoe.torch.initialize(
+            model=model, config=config, process_group=dist.group.WORLD)
+
+    def zero_grad(self):
+        pass  # engine.step() zeroes the gradients
+
+    def forward_backward(self, x, y):
+        self.engine.backward(torch.nn.functional.mse_loss(self.engine(x), y))
+
+    def step(self):
+        self.engine.step()
+
+    def collective_seconds(self):
+        stats = self.engine.stats()
+        return stats["reductions"] + stats["gathers"] + stats["optimizer_collectives"]
+
+    def breakdown(self):
+        """The engine's stats(): seconds per part of the loop and in collectives."""
+        stats = self.engine.stats()
+        return {key: stats[key] for key in BREAKDOWN}
+
+    def counters(self):
+        figures = engine_figures(self.optimizer.engine.stats())
+        pager = self.engine.stats().get("pager")
+        if pager is not None:
+            figures["param_shard_bytes"] = pager["shard_bytes"]
+            figures["peak_gathered_bytes"] = pager["peak_gathered_bytes"]
+        return figures
+
+    def close(self):
         self.engine.close()
 
 
@@ -286,6 +363,11 @@ class TorchZero:
 
     def collective_seconds(self):
         return self.reduce_seconds + self.broadcast_seconds
+
+    def breakdown(self):
+        """DDP's all-reduces (issue to completion, overlapping backward) as reductions, the
+        ZeroRedundancyOptimizer's parameter broadcasts as gathers."""
+        return {"reductions": self.reduce_seconds, "gathers": self.broadcast_seconds}
 
     def counters(self):
         state = self.optimizer.optim.state
@@ -357,8 +439,11 @@ def fsdp_probe(directory):
 
 
 def build(impl, model, world, rank, directory, opts):
-    if impl.startswith("zoe_s"):
-        stage, device = int(impl[5]), "cpu" if impl.endswith("dram") else "nvme"
+    if impl.startswith(("zoe_s", "ds_s")):
+        stage = int(impl.split("_")[1][1])
+        device = "cpu" if impl.endswith("dram") else "nvme"
+        if impl.startswith("ds_"):
+            return ZoeInitialize(model, stage, device, directory, rank, world, opts)
         if stage == 3:
             return ZoeStage3(model, device, directory, rank, opts)
         return ZoeStage12(model, stage, device, directory, rank, opts)
@@ -372,8 +457,11 @@ def iterate(runner, model, iteration, rank, world, opts):
     x, y = rank_batch(iteration, rank, world, opts["width"], opts["batch"])
     start = time.perf_counter()
     runner.zero_grad()
-    forward = runner.model if isinstance(runner, TorchZero) else model
-    torch.nn.functional.mse_loss(forward(x), y).backward()
+    if isinstance(runner, ZoeInitialize):
+        runner.forward_backward(x, y)
+    else:
+        forward = runner.model if isinstance(runner, TorchZero) else model
+        torch.nn.functional.mse_loss(forward(x), y).backward()
     middle = time.perf_counter()
     runner.step()
     return middle - start, time.perf_counter() - middle
@@ -392,6 +480,7 @@ def run_impl(impl, world, rank, directory, opts):
             iterate(runner, model, iteration, rank, world, opts)
         dist.barrier()
         before_counters, before_collectives = runner.counters(), runner.collective_seconds()
+        before_breakdown = runner.breakdown()
         forward_backward, steps = [], []
         for iteration in range(opts["warmup"], opts["warmup"] + opts["steps"]):
             fb, step = iterate(runner, model, iteration, rank, world, opts)
@@ -406,6 +495,8 @@ def run_impl(impl, world, rank, directory, opts):
                   "rss_bytes": status_bytes("VmRSS"), "rss_start_bytes": rss_start,
                   "peak_rss_bytes": status_bytes("VmHWM") if peak_reset else None}
         sample.update(per_step_figures(before_counters, after, opts["steps"]))
+        for key, value in runner.breakdown().items():
+            sample["breakdown_" + key] = (value - before_breakdown[key]) / opts["steps"]
         return sample
     finally:
         runner.close()
@@ -467,6 +558,8 @@ def summarize(world, impl, samples, opts):
               "steps_per_round": opts["steps"], "parameters": opts["parameters"]}
     for key in ("iteration_s", "forward_backward_s", "step_s", "collective_s_per_iteration"):
         result[key] = median_of_slowest(samples, key)
+    for key in sorted(k for k in last[0] if k.startswith("breakdown_")):
+        result[key + "_s"] = median_of_slowest(samples, key)
     result["state_bytes_per_rank"] = [s["state_bytes"] for s in last]
     for key in sorted(last[0]):
         if key.endswith("_per_step") or key in ("state_pinned_bytes", "state_nvme_bytes",
@@ -475,7 +568,7 @@ def summarize(world, impl, samples, opts):
                                                  "peak_rss_bytes"):
             result[key + ("" if key.endswith("_per_step") else "_per_rank")] = [
                 s.get(key) for s in last]
-    if impl.startswith("zoe_"):
+    if impl.startswith(("zoe_", "ds_")):
         total = opts["parameters"] * STATE_BYTES_PER_ELEMENT
         chunk = opts["chunk_bytes"] // 4 * STATE_BYTES_PER_ELEMENT  # one sub-group's state
         result["state_bytes_total"] = total
@@ -531,7 +624,7 @@ def run_world(world, impls, opts, emit, samples_too):
 
 
 def targets(world, results):
-    zoe_results = [r for r in results.values() if r["impl"].startswith("zoe_")]
+    zoe_results = [r for r in results.values() if r["impl"].startswith(("zoe_", "ds_"))]
     line = {"kind": "targets", "world": world,
             "state_bytes_within_one_chunk_of_1_over_n": {
                 r["impl"]: r["state_target_met"] for r in zoe_results}}
@@ -549,7 +642,8 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2,3", help="comma list of rank counts")
     parser.add_argument("--impls", default=",".join(ALL_IMPLS), help="comma list of: " +
-                        ", ".join(ALL_IMPLS))
+                        ", ".join(ALL_IMPLS + INITIALIZE_IMPLS) + " (ds_*: zoe's through "
+                        "zoe.torch.initialize)")
     parser.add_argument("--small", action="store_true", help="a 263 K-parameter model, one "
                         "round (for tests)")
     for key in ("width", "layers", "batch", "steps", "warmup", "rounds"):
@@ -559,6 +653,10 @@ def parse_args():
     parser.add_argument("--dir", default="/var/tmp", help="where the temporary directories "
                         "(rendezvous, NVMe state) go")
     parser.add_argument("--samples", action="store_true", help="also print every sample")
+    parser.add_argument("--initialize", action="store_true", help="run zoe's implementations "
+                        "zoe_* as ds_*: built through zoe.torch.initialize (the DeepSpeed "
+                        "configuration of their stage and offload) and trained with engine(x), "
+                        "engine.backward(loss), engine.step()")
     args = parser.parse_args()
     opts = dict(SMALL if args.small else LARGE)
     for key in ("width", "layers", "batch", "steps", "warmup", "rounds"):
@@ -566,9 +664,11 @@ def parse_args():
             opts[key] = getattr(args, key)
     worlds = [int(n) for n in args.ranks.split(",")]
     impls = args.impls.split(",")
-    unknown = sorted(set(impls) - set(ALL_IMPLS))
+    unknown = sorted(set(impls) - set(ALL_IMPLS) - set(INITIALIZE_IMPLS))
     if unknown:
-        parser.error(f"unknown implementations {unknown}; allowed: {ALL_IMPLS}")
+        parser.error(f"unknown implementations {unknown}; allowed: {ALL_IMPLS + INITIALIZE_IMPLS}")
+    if args.initialize:
+        impls = ["ds" + impl[3:] if impl in ZOE_IMPLS else impl for impl in impls]
     if any(n < 1 for n in worlds) or any(opts["batch"] % n for n in worlds):
         parser.error(f"--ranks must be positive and divide the batch of {opts['batch']}")
     if opts["steps"] < 1 or opts["rounds"] < 1:

@@ -4,7 +4,8 @@ stages 0-2 with the optimizer state in DRAM or on NVMe, and 3 with the parameter
 with the parameters of the plain torch loop; the latest checkpoint is the default, a save that
 fails or is killed half-way keeps the previous one; bf16, "auto" values, a user's torch or zoe
 optimizer and scheduler, the data loader; batch settings are derived and checked as DeepSpeed
-does; unsupported optimizers, schedulers and settings given twice are refused naming the fix."""
+does; unsupported optimizers, schedulers, settings given twice and model_parameters stage 3
+would not honour are refused naming the fix."""
 
 import json
 import os
@@ -219,3 +220,38 @@ def test_a_save_that_fails_half_way_keeps_the_previous_one(nvme_dir, monkeypatch
     engine.save_checkpoint(ckpt)  # a later save of the same tag starts afresh
     assert sorted(os.listdir(ckpt)) == ["global_step1", "latest"]
     engine.close()
+
+
+def test_stage_3_refuses_model_parameters_it_would_not_honour():
+    config = ds_config(3, "cpu", offload_param="cpu")
+    model = make_model()
+    groups = [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[2].parameters()}]
+    with pytest.raises(zoe.InvalidArgument, match="cannot hold param groups"):
+        zoe.torch.initialize(model=model, model_parameters=groups, config=config)
+    with pytest.raises(zoe.InvalidArgument, match="freeze a parameter with requires_grad=False"):
+        zoe.torch.initialize(model=model, model_parameters=model[0].parameters(), config=config)
+    model[0].bias.requires_grad_(False)  # frozen: may be left out, or given
+    for given in ([p for p in model.parameters() if p.requires_grad], model.parameters()):
+        engine, _, _, _ = zoe.torch.initialize(model=model, model_parameters=given,
+                                               config=config)
+        engine.close()
+
+
+@pytest.mark.parametrize("stage,offload_param", [(0, None), (3, "cpu")])
+def test_stats_say_where_the_time_went(stage, offload_param):
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(),
+                                           config=ds_config(stage, "cpu" if stage else "none",
+                                                            offload_param=offload_param))
+    before = engine.stats()
+    assert before["forward"] == before["backward"] == before["step"] == 0.0
+    train_engine(engine, 0, 2, 0, 1)
+    stats = engine.stats()
+    engine.close()
+    assert (stats["micro_steps"], stats["global_steps"]) == (2 * ACCUMULATION, 2)
+    for key in ("forward", "backward", "step"):
+        assert stats[key] > 0.0, key
+    # one process: no collectives; stage 3 adds the pager's statistics
+    assert stats["reductions"] == stats["gathers"] == stats["optimizer_collectives"] == 0.0
+    assert ("pager" in stats) == (stage == 3)
+    if stage == 3:
+        assert stats["pager"]["iterations"] == 2 * ACCUMULATION

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+import zoe
 import zoe.torch
 from zoe.torch.loss_scaler import DynamicLossScaler, StaticLossScaler
 
@@ -147,3 +148,51 @@ def test_deepspeed_defaults(config_scale, expected):
         assert (engine.loss_scaler.scale_window, engine.loss_scaler.delayed_shift,
                 engine.loss_scaler.min_scale) == (1000, 2, 1.0)
     engine.close()
+
+
+def fp16_run(stage, steps=len(EXPECTED_SCALES)):
+    """(scales, parameters before and after each step, the engine's skipped steps) of the fp16
+    script at ZeRO ``stage`` in one process (stage 3: paged parameters)."""
+    config = fp16_config()
+    config["zero_optimization"]["stage"] = stage
+    engine, _, _, _ = zoe.torch.initialize(model=HalfNet(), config=config)
+    try:
+        if stage == 3:
+            with engine._stage3.pager.materialized(zoe.Access.READ):
+                assert engine.module.w.dtype == torch.float16
+        scales, before, after = run_fp16_steps_read(engine, steps, OVERFLOW_STEPS)
+        return scales, before, after, engine.skipped_steps
+    finally:
+        engine.close()
+
+
+def module_values(engine):
+    """The module's parameters (gathered or acquired when paged)."""
+    state = engine.module_state_dict()
+    return [state[name].clone() for name, _ in engine.module.named_parameters()]
+
+
+def run_fp16_steps_read(engine, steps, overflows):
+    """run_fp16_steps reading the parameters through the engine (paged ones included)."""
+    scales, before, after = [], [], []
+    for step in range(steps):
+        before.append(module_values(engine))
+        for micro in range(engine.gradient_accumulation_steps()):
+            out = engine(inputs(step, micro, step in overflows))
+            engine.backward((out.float() ** 2).mean())
+            engine.step()
+        scales.append(engine.loss_scaler.loss_scale)
+        after.append(module_values(engine))
+    return scales, before, after
+
+
+def test_stage_3_skips_overflows_and_trains_as_stage_0():
+    scales, before, after, skipped = fp16_run(3)
+    assert scales == EXPECTED_SCALES and skipped == len(OVERFLOW_STEPS)
+    for step in range(len(EXPECTED_SCALES)):
+        same = all(torch.equal(a, b) for a, b in zip(before[step], after[step]))
+        assert same == (step in OVERFLOW_STEPS), step
+    _, _, expected, _ = fp16_run(0)
+    for found, wanted in zip(after[-1], expected[-1]):
+        assert found.dtype == torch.float16
+        torch.testing.assert_close(found, wanted, rtol=0, atol=0)

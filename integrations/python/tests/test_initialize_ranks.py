@@ -1,10 +1,10 @@
-"""zoe.torch.initialize on 2 ranks (torch.multiprocessing, gloo): the DeepSpeed-style script at
-ZeRO stage 0 (the engine all-reduces the gradients), 1 and 2 (zoe's sharded optimizer; stage 2
-with gradient accumulation) and 3 (parameters sharded and paged from NVMe) with the optimizer
-state in DRAM or on NVMe, checkpoint and fresh
-engine half-way, ends on every rank with the parameters of one process running the plain torch
-loop over the whole batch; an fp16 overflow on one rank only skips the step on both (stages 0
-and 2)."""
+"""zoe.torch.initialize on 2 and 3 ranks (torch.multiprocessing, gloo): the DeepSpeed-style
+script at ZeRO stage 0 (the engine all-reduces the gradients, 2 ranks), 1 and 2 (zoe's sharded
+optimizer; stage 2 with gradient accumulation) and 3 (parameters sharded and paged from NVMe)
+with the optimizer state in DRAM or on NVMe, checkpoint and fresh engine half-way, ends on every
+rank with the parameters of one process running the plain torch loop over the whole batch; on 2
+ranks an fp16 overflow on one rank only skips the step on both (stages 0, 2 and 3), the loss
+scale follows DeepSpeed's rule on both and stage 3 trains as stage 0."""
 
 import datetime
 import os
@@ -16,32 +16,34 @@ import torch.distributed as dist
 
 import zoe.torch
 from conftest import spawn_ranks
-from initialize_script import assert_same_state, ds_config, reference, run_script
+from initialize_script import assert_same_state, ds_config, make_model, reference, run_script, \
+    train_engine
 from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_config, \
-    run_fp16_steps
+    run_fp16_steps_read
 
-WORLD = 2
 JOIN_SECONDS = 50
-FP16_STAGES = (0, 2)
-RUNS = [(0, "none", None), (1, "cpu", None), (2, "nvme", None), (3, "nvme", "nvme")]
+FP16_WORLD = 2
+FP16_STAGES = (0, 2, 3)
+RUNS = {2: [(0, "none", None), (1, "cpu", None), (2, "nvme", None), (3, "nvme", "nvme")],
+        3: [(1, "cpu", None), (2, "nvme", None), (3, "cpu", "cpu")]}
 
 
-def run_scripts(rank, out_dir):
-    for stage, offload, offload_param in RUNS:
-        config = ds_config(stage, offload, os.path.join(out_dir, f"swap{stage}"), WORLD,
+def run_scripts(rank, out_dir, world):
+    for stage, offload, offload_param in RUNS[world]:
+        config = ds_config(stage, offload, os.path.join(out_dir, f"swap{stage}"), world,
                            offload_param)
-        state = run_script(config, os.path.join(out_dir, f"ckpt{stage}"), rank, WORLD)
+        state = run_script(config, os.path.join(out_dir, f"ckpt{stage}"), rank, world)
         torch.save(state, os.path.join(out_dir, f"stage{stage}-rank{rank}.pt"))
 
 
 def run_fp16(rank, out_dir, stage):
     """Rank 1 alone overflows on OVERFLOW_STEPS."""
     config = fp16_config()
-    config["train_batch_size"] = 4 * 2 * WORLD
+    config["train_batch_size"] = 4 * 2 * FP16_WORLD
     config["zero_optimization"]["stage"] = stage
     engine, _, _, _ = zoe.torch.initialize(model=HalfNet(), config=config)
     overflows = OVERFLOW_STEPS if rank == 1 else ()
-    scales, before, after = run_fp16_steps(engine, len(EXPECTED_SCALES), overflows)
+    scales, before, after = run_fp16_steps_read(engine, len(EXPECTED_SCALES), overflows)
     unchanged = [all(torch.equal(a, b) for a, b in zip(before[step], after[step]))
                  for step in range(len(EXPECTED_SCALES))]
     torch.save({"scales": scales, "skipped": engine.skipped_steps, "params": after[-1],
@@ -50,13 +52,25 @@ def run_fp16(rank, out_dir, stage):
     engine.close()
 
 
-def worker(rank, out_dir):
+def record_stats(rank, out_dir, world):
+    """engine.stats() after two optimizer steps at stages 2 and 3 (DRAM)."""
+    for stage, offload_param in ((2, None), (3, "cpu")):
+        config = ds_config(stage, "cpu", None, world, offload_param)
+        engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+        train_engine(engine, 0, 2, rank, world)
+        torch.save(engine.stats(), os.path.join(out_dir, f"stats{stage}-rank{rank}.pt"))
+        engine.close()
+
+
+def worker(rank, out_dir, world):
     try:
         dist.init_process_group("gloo", init_method=f"file://{out_dir}/init", rank=rank,
-                                world_size=WORLD, timeout=datetime.timedelta(seconds=30))
-        run_scripts(rank, out_dir)
-        for stage in FP16_STAGES:
-            run_fp16(rank, out_dir, stage)
+                                world_size=world, timeout=datetime.timedelta(seconds=30))
+        run_scripts(rank, out_dir, world)
+        if world == FP16_WORLD:
+            record_stats(rank, out_dir, world)
+            for stage in FP16_STAGES:
+                run_fp16(rank, out_dir, stage)
     except BaseException:
         with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
             file.write(traceback.format_exc())
@@ -66,20 +80,29 @@ def worker(rank, out_dir):
             dist.destroy_process_group()
 
 
-def spawn(out_dir):
-    spawn_ranks(worker, (out_dir,), WORLD, out_dir, JOIN_SECONDS)
-
-
-def test_two_ranks_equal_one_process(nvme_dir):
-    spawn(nvme_dir)
-    expected = reference(WORLD)
-    for stage, _, _ in RUNS:
-        for rank in range(WORLD):
+@pytest.mark.parametrize("world", sorted(RUNS))
+def test_ranks_equal_one_process(nvme_dir, world):
+    spawn_ranks(worker, (nvme_dir, world), world, nvme_dir, JOIN_SECONDS)
+    expected = reference(world)
+    for stage, _, _ in RUNS[world]:
+        for rank in range(world):
             found = torch.load(os.path.join(nvme_dir, f"stage{stage}-rank{rank}.pt"))
             assert_same_state(found, expected)
+    if world != FP16_WORLD:
+        return
+    for rank in range(world):
+        stage2, stage3 = (torch.load(os.path.join(nvme_dir, f"stats{stage}-rank{rank}.pt"))
+                          for stage in (2, 3))
+        assert stage2["optimizer_collectives"] > 0 and stage2["gathers"] == 0.0
+        assert stage3["gathers"] > 0 and stage3["reductions"] > 0
+        assert stage3["optimizer_collectives"] == 0.0
+        assert stage3["pager"]["reductions"]["issued"] > 0
+        for stats in (stage2, stage3):
+            assert stats["forward"] > 0 and stats["backward"] > 0 and stats["step"] > 0
+    by_stage = {}
     for stage in FP16_STAGES:
         results = [torch.load(os.path.join(nvme_dir, f"fp16-stage{stage}-rank{rank}.pt"))
-                   for rank in range(WORLD)]
+                   for rank in range(world)]
         for result in results:
             assert result["scales"] == EXPECTED_SCALES
             assert result["skipped"] == len(OVERFLOW_STEPS)
@@ -87,3 +110,7 @@ def test_two_ranks_equal_one_process(nvme_dir):
                                            for step in range(len(EXPECTED_SCALES))]
         for first, second in zip(results[0]["params"], results[1]["params"]):
             assert torch.equal(first, second)
+        by_stage[stage] = results[0]["params"]
+    for found, wanted in zip(by_stage[3], by_stage[0]):
+        assert found.dtype == torch.float16
+        torch.testing.assert_close(found, wanted, rtol=0, atol=0)

@@ -3,7 +3,10 @@ this machine: 20 steps equal one unsharded process (uneven shards, clipping agre
 a skipped non-finite step, a module unused on odd steps), bucketed gradient reductions give the
 parameters of one reduction per parameter with fewer collectives, the bytes each rank holds fall
 with N, the trace prefetches gathers, and a rank whose swap file is corrupted makes every rank
-raise, naming it, well within the process group's timeout, with the ranks still paired."""
+raise, naming it, well within the process group's timeout, with the ranks still paired;
+materialized() gathers the full values and writes each rank's slice back, agreed across the
+ranks, and the misuses of a sharded model (state_dict of placeholders, a stage 1/2 optimizer
+over it) are refused naming the fix."""
 
 import datetime
 import math
@@ -23,6 +26,7 @@ import torch.multiprocessing as mp
 import zoe
 import zoe.torch
 from conftest import small_config
+from zoe.torch.distributed import shard_counts
 
 STEPS = 20
 BATCH = 6  # rows per step, split evenly over 1, 2 or 3 ranks
@@ -584,3 +588,276 @@ def test_a_failed_collective_raises_aborted(world_of_one, nvme_dir, monkeypatch,
             else:
                 pager.clip_grad_norm_(1.0)
         assert "Connection closed by peer" in str(raised.value)
+
+
+def placeholders_only(model, pager):
+    """Whether no parameter is gathered and every parameter and shard is its placeholder."""
+    tensors = list(model.parameters()) + pager.shard_parameters()
+    return (pager.gathered_bytes == pager.in_flight_bytes == 0
+            and all(t.data.stride() == (0,) * t.dim() for t in tensors if t.numel() > 1))
+
+
+def materialize_on_two_ranks(rank, world_size, directory):
+    """Rank's outcomes of pager.materialized(): reads, writes through the full parameters and
+    through the shards, writes under READ, a block raising on rank 1 only, a shard written both
+    ways; after each, whether only placeholders are left and the full values then."""
+    init(rank, world_size, directory)
+    engine, _ = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    loss_of(model, 0, slice(rank, rank + 1)).backward()  # a trained pager, gradients in shards
+    record = {"before": pager.state_dict()}
+    with pager.materialized(zoe.Access.READ):
+        record["read"] = {name: p.detach().clone() for name, p in model.named_parameters()}
+        for p in model.parameters():
+            p.data.add_(1.0)  # dropped: READ
+    record["after_read"] = (placeholders_only(model, pager), pager.state_dict())
+    shifted = {key: value + 0.5 for key, value in record["before"].items()}
+    with pager.materialized():
+        model.load_state_dict(shifted)  # the same values on every rank
+    record["after_load"] = (placeholders_only(model, pager), pager.state_dict())
+    with pager.materialized():
+        with torch.no_grad():
+            for shard in pager.shard_parameters():
+                shard.mul_(2.0)
+    record["after_shards"] = (placeholders_only(model, pager), pager.state_dict())
+    record["raised"] = outcome_of(raise_on_rank_1, pager, model, rank)
+    record["after_raise"] = (placeholders_only(model, pager), pager.state_dict())
+    record["both_ways"] = outcome_of(write_both_ways, pager, model, rank)
+    record["after_both"] = (placeholders_only(model, pager), pager.state_dict())
+    torch.save(record, os.path.join(directory, f"materialized{rank}.pt"))
+    del pager
+    engine.close()
+    dist.destroy_process_group()
+
+
+def outcome_of(function, *args):
+    try:
+        function(*args)
+        return "no error"
+    except Exception as error:  # the outcome under test
+        return f"{type(error).__name__}: {error}"
+
+
+def raise_on_rank_1(pager, model, rank):
+    with pager.materialized():
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(3.0)  # dropped: the block raises on a rank
+            pager.shard_parameters()[0].add_(1.0)  # dropped as well
+        if rank == 1:
+            raise ValueError("the block failed on purpose")
+
+
+def write_both_ways(pager, model, rank):
+    """Rank 1 writes 'scale' both ways; rank 0 through the full parameter only."""
+    with pager.materialized():
+        with torch.no_grad():
+            model.scale.add_(1.0)
+            if rank == 1:
+                pager.named_shard_parameters()[1][1].add_(1.0)  # 'scale': index 1
+                pager.shard_parameters()[0].add_(1.0)  # dropped too: the block is refused
+
+
+def test_materialized_gathers_full_values_and_writes_back_each_ranks_shard(nvme_dir):
+    run_ranks(materialize_on_two_ranks, 2, nvme_dir)
+    records = [torch.load(os.path.join(nvme_dir, f"materialized{rank}.pt")) for rank in (0, 1)]
+    for rank, record in enumerate(records):
+        before = record["before"]
+        for name, values in record["read"].items():
+            assert torch.equal(values, before[name]), (rank, name)
+        expected = {
+            "after_read": before,
+            "after_load": {key: value + 0.5 for key, value in before.items()},
+            "after_shards": {key: (value + 0.5) * 2.0 for key, value in before.items()},
+        }
+        expected["after_raise"] = expected["after_both"] = expected["after_shards"]
+        for stage, values in expected.items():
+            only_placeholders, state = record[stage]
+            assert only_placeholders, (rank, stage)
+            assert state.keys() == values.keys()
+            for key in values:
+                assert torch.equal(state[key], values[key]), (rank, stage, key)
+    assert records[1]["raised"] == "ValueError: the block failed on purpose"
+    assert records[0]["raised"].startswith(
+        "Aborted: the block inside pager.materialized() failed on rank 1 (rank 1: "), records[0]
+    assert records[1]["both_ways"].startswith(
+        "FailedPrecondition: checking the writes inside pager.materialized() failed on rank 1: "
+        "parameter 'scale' was written inside pager.materialized() both"), records[1]
+    assert records[0]["both_ways"].startswith(
+        "Aborted: checking the writes inside pager.materialized() failed on rank 1 "), records[0]
+
+
+def test_a_torch_optimizer_steps_the_shards_inside_shards_materialized(world_of_one, nvme_dir):
+    reference, model = reference_and_model()
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        optimizers = [torch.optim.SGD(reference.parameters(), lr=0.1),
+                      torch.optim.SGD(pager.shard_parameters(), lr=0.1)]
+        for step in range(2):
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            loss_of(reference, step, slice(None)).backward()
+            loss_of(model, step, slice(None)).backward()
+            optimizers[0].step()
+            with pager.shards_materialized() as shards:  # no gather: the shards only
+                assert pager.gathered_bytes == 0 and shards == pager.shard_parameters()
+                optimizers[1].step()
+        state = pager.state_dict()
+        for name, expected in reference.state_dict().items():
+            assert torch.equal(state[name], expected), name
+        assert placeholders_only(model, pager)
+
+
+def test_a_zero_stage_1_or_2_optimizer_over_stage_3_parameters_is_refused(world_of_one,
+                                                                           nvme_dir):
+    from zoe.torch.stage3_checks import check_optimizer_parameter
+
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        model = Model()
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        for param, kind in ((model.scale, "a parameter of a model sharded"),
+                            (pager.shard_parameters()[0], "a shard of")):
+            for stage in (1, 2):
+                with pytest.raises(zoe.InvalidArgument, match=kind) as caught:
+                    check_optimizer_parameter(param, "parameter 0 of param group 0", stage)
+                assert f"zero_stage={stage} would partition it again" in str(caught.value)
+                assert "zoe.torch.AdamW(pager.shard_parameters(), engine=engine)" in \
+                    str(caught.value)
+            check_optimizer_parameter(param, "parameter 0", None)  # unsharded: stage 3's own
+        check_optimizer_parameter(torch.nn.Parameter(torch.ones(2)), "parameter 0", 2)
+
+
+def test_state_dict_of_placeholders_is_refused_outside_materialized(world_of_one, nvme_dir):
+    engine, _ = engine_for(nvme_dir, 0)
+    with engine:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        expected = {key: value.clone() for key, value in model.state_dict().items()}
+        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        for call in (model.state_dict, model[0].state_dict):
+            with pytest.raises(zoe.InvalidArgument, match="call pager.state_dict"):
+                call()
+        with pytest.raises(zoe.InvalidArgument, match="load_state_dict.. of '0.weight'"):
+            model.load_state_dict(expected)
+        buffers = {key: value + 1 for key, value in expected.items() if "running" in key}
+        model.load_state_dict(buffers, strict=False)  # buffers only: no placeholder written
+        state = pager.state_dict()
+        with pager.materialized(zoe.Access.READ):
+            inside = model.state_dict()
+            for key, value in state.items():
+                assert torch.equal(inside[key], value), key
+        for key, value in expected.items():
+            assert torch.equal(state[key], buffers.get(key, value)), key
+        pager.remove()
+        model.state_dict()  # ordinary parameters again
+
+
+def test_the_finite_check_agrees_with_isfinite_on_every_kind_of_tensor():
+    from zoe.torch.zero3 import _all_finite
+
+    inf, nan = float("inf"), float("nan")
+    cases = [torch.randn(1000), torch.zeros(0), torch.tensor([1.0, inf]),
+             torch.tensor([nan, 1.0]), torch.tensor([inf, -inf]),
+             torch.full((10,), 3e38),  # finite values whose sum overflows
+             torch.full((10,), 60000.0, dtype=torch.float16),
+             torch.tensor([1.0, -inf], dtype=torch.bfloat16)]
+    for tensor in cases:
+        assert _all_finite(tensor) == bool(torch.isfinite(tensor).all()), tensor
+
+
+def materialize_failing_on_rank_1(rank, world_size, directory):
+    """Rank 1 fails to acquire its shards for materialized(), then to write them back; each rank
+    records its outcomes, whether only placeholders were left and the values afterwards."""
+    init(rank, world_size, directory)
+    engine, _ = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    before = pager.state_dict()
+    failing = {}
+    if rank == 1:
+        def fail(name):
+            def raising(*_):
+                raise zoe.IoError(zoe._capi.Status.IO, f"{name} failed on purpose")
+            return raising
+        failing = {"_acquire_shards": fail("acquire"), "_write_back": fail("write-back")}
+    record = {}
+    for method in ("_acquire_shards", "_write_back"):
+        if method in failing:
+            setattr(pager, method, failing[method])
+        record[method] = outcome_of(shift_inside_materialized, pager, model)
+        if method in failing:
+            delattr(pager, method)
+        record[method + " after"] = (placeholders_only(model, pager), pager.state_dict())
+    record["before"] = before
+    torch.save(record, os.path.join(directory, f"failing{rank}.pt"))
+    del pager
+    engine.close()
+    dist.destroy_process_group()
+
+
+def shift_inside_materialized(pager, model):
+    with pager.materialized():
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+
+
+def test_materialized_fails_on_every_rank_when_one_cannot_acquire_or_write_back(nvme_dir):
+    run_ranks(materialize_failing_on_rank_1, 2, nvme_dir)
+    records = [torch.load(os.path.join(nvme_dir, f"failing{rank}.pt")) for rank in (0, 1)]
+    for step, what in (("_acquire_shards", "acquiring this rank's shards"),
+                       ("_write_back", "writing back the parameters")):
+        assert records[1][step].startswith(
+            f"IoError: {what}"), records[1][step]
+        assert " failed on rank 1: " in records[1][step], records[1][step]
+        assert records[0][step].startswith(f"Aborted: {what}"), records[0][step]
+        assert "failed on rank 1 (rank 1: zoe.IoError: " in records[0][step], records[0][step]
+    for rank, record in enumerate(records):
+        before = record["before"]
+        for step in ("_acquire_shards", "_write_back"):
+            only_placeholders, state = record[step + " after"]
+            assert only_placeholders, (rank, step)
+            for key, value in state.items():
+                # after the failed acquire nothing is kept; after the failed write-back rank 0
+                # has written its slice of each parameter and rank 1 nothing
+                expected = before[key].clone()
+                if step == "_write_back":
+                    expected.view(-1)[: shard_counts(expected.numel(), 2)[0]] += 1.0
+                assert torch.equal(value, expected), (rank, step, key)
+
+
+def materialize_with_a_damaged_rank_1(rank, world_size, directory):
+    """Rank 1's parameter swap files are overwritten before materialized(): its first gather
+    cannot read the shard. Each rank records its outcome, what is left gathered or in flight,
+    and the sum of a collective made afterwards (the ranks still paired: 2)."""
+    init(rank, world_size, directory, timeout_s=FAILURE_TIMEOUT_S)
+    engine, paths = engine_for(directory, rank)
+    torch.manual_seed(0)
+    model = Model()
+    pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
+    if rank == 1:
+        for path in (os.path.join(p, name) for p in paths for name in os.listdir(p)):
+            with open(path, "r+b") as file:
+                file.write(b"\x5a" * os.path.getsize(path))
+    outcome = outcome_of(shift_inside_materialized, pager, model)
+    left = (placeholders_only(model, pager), len(pager._pending))
+    paired = torch.ones(1)
+    dist.all_reduce(paired)
+    torch.save((outcome, left, paired.item()), os.path.join(directory, f"damaged{rank}.pt"))
+    del pager
+    engine.close()
+    dist.destroy_process_group()
+
+
+def test_materialized_with_an_unreadable_shard_fails_on_every_rank_and_frees_all(nvme_dir):
+    run_ranks(materialize_with_a_damaged_rank_1, 2, nvme_dir)
+    outcomes = [torch.load(os.path.join(nvme_dir, f"damaged{rank}.pt")) for rank in (0, 1)]
+    assert outcomes[1][0].startswith("Corruption: gathering parameter "), outcomes[1][0]
+    assert outcomes[0][0].startswith("Aborted: gathering parameter "), outcomes[0][0]
+    for outcome, left, paired in outcomes:
+        assert left == (True, 0) and paired == 2, (outcome, left, paired)

@@ -9,9 +9,10 @@ Contract, as DeepSpeed's engine:
   so ``.grad`` always holds unscaled gradients) and runs backward.
 - ``step()`` is called after every micro-batch and steps only at the accumulation boundary
   (``is_gradient_accumulation_boundary()``): it averages the gradients over the ranks (stage 0;
-  zoe's ZeRO optimizer reduces its own at stages 1 and 2), agrees an fp16 overflow over the
-  ranks, steps the optimizer (which clips to gradient_clipping; zoe's skips a non-finite step on
-  every rank by itself), steps the schedule unless the step overflowed, updates the loss scale
+  zoe's ZeRO optimizer reduces its own at stages 1 and 2, the pager at stage 3), steps the
+  optimizer (zoe's clip to gradient_clipping and skip a non-finite step on every rank by
+  themselves, which is the fp16 overflow; for a torch optimizer the engine agrees the overflow
+  over the ranks and clips), steps the schedule unless the step overflowed, updates the loss scale
   and zeroes the gradients. ``global_steps`` counts boundaries (skipped ones too, as
   DeepSpeed's), ``micro_steps`` micro-batches, ``skipped_steps`` overflows.
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
@@ -24,11 +25,13 @@ an accumulation, so the one that does reduces the accumulated gradients."""
 
 import contextlib
 import os
+import types
 
 import torch
 import torch.distributed as dist
 
 from . import ds_checkpoint
+from .common import _timed
 from .optimizer import _ZoeAdamBase
 
 MODEL_STATES = "model_states.pt"
@@ -64,6 +67,8 @@ class DeepSpeedEngine:
         self.micro_steps = 0
         self.skipped_steps = 0
         self._step_applied = False
+        self._seconds = types.SimpleNamespace(forward=0.0, backward=0.0, step=0.0,
+                                              reductions=0.0)  # see stats()
         self._unscale_hooks = self._hook_unscaling() if loss_scaler is not None else []
 
     # --- sizes and ranks -------------------------------------------------------------------
@@ -101,7 +106,8 @@ class DeepSpeedEngine:
 
     def forward(self, *inputs, **kwargs):
         """The module's forward."""
-        return self.module(*inputs, **kwargs)
+        with _timed(self._seconds, "forward"):
+            return self.module(*inputs, **kwargs)
 
     def train(self, mode=True):
         self.module.train(mode)
@@ -122,20 +128,23 @@ class DeepSpeedEngine:
             scaled = scaled / self.gradient_accumulation_steps()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
-        with self._reductions_held(not self.is_gradient_accumulation_boundary()):
+        with self._reductions_held(not self.is_gradient_accumulation_boundary()), \
+                _timed(self._seconds, "backward"):
             scaled.backward(retain_graph=retain_graph)
         return loss
 
     def step(self, lr_kwargs=None):
         """Called after every micro-batch's backward; steps at the accumulation boundary."""
         if self.is_gradient_accumulation_boundary():
-            self._take_model_step(lr_kwargs or {})
+            with _timed(self._seconds, "step"):
+                self._take_model_step(lr_kwargs or {})
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
         """The boundary's step (see the module docstring)."""
         if self._group is not None and not self._sharded():
-            self._average_gradients()
+            with _timed(self._seconds, "reductions"):
+                self._average_gradients()
         if isinstance(self.optimizer, _ZoeAdamBase):
             # zoe's optimizers clip, and skip a non-finite step on every rank, themselves
             self.optimizer.step()
@@ -177,6 +186,28 @@ class DeepSpeedEngine:
         norms = [result.grad_norm for result in results if result is not None]
         return norms[0] if norms else None
 
+    def stats(self):
+        """Where this rank's time went since the engine was built, in wall-clock seconds:
+        ``forward`` (engine(x)), ``backward`` (engine.backward, with what runs in it: stage 2's
+        and stage 3's gradient reductions, stage 3's gathers for backward) and ``step`` (the
+        boundaries' step(): stage 0's gradient all-reduce, the fp16 overflow check, clipping,
+        the optimizer's step and its parameter all-gather at stages 1 and 2), and inside them
+        the time blocked in collectives: ``reductions`` (stage 0: the engine's all-reduce;
+        stage 3: the gradient buckets), ``gathers`` (stage 3: parameter gathers, issuing and
+        waiting) and ``optimizer_collectives`` (stages 1 and 2: the sharded optimizer's
+        reductions, norm and parameter all-gather, which it does not split). Also
+        ``micro_steps`` and ``global_steps``; at stage 3 ``pager``, the pager's stats()."""
+        stats = dict(vars(self._seconds), gathers=0.0, optimizer_collectives=0.0,
+                     micro_steps=self.micro_steps, global_steps=self.global_steps)
+        if self._stage3 is not None:
+            pager = self._stage3.pager
+            stats["gathers"] = getattr(pager, "gather_seconds", 0.0)
+            stats["reductions"] += getattr(pager, "reduction_seconds", 0.0)
+            stats["pager"] = pager.stats()
+        elif self._sharded():
+            stats["optimizer_collectives"] = self.optimizer.collective_seconds
+        return stats
+
     # --- gradients -------------------------------------------------------------------------
 
     def _params(self):
@@ -209,7 +240,8 @@ class DeepSpeedEngine:
                 param.grad = part.to(param.dtype).clone()
 
     def _agreed_overflow(self):
-        """Whether some rank has an inf or NaN gradient."""
+        """Whether some rank has an inf or NaN gradient (a torch optimizer's step; zoe's say
+        it themselves: _zoe_step_skipped)."""
         local = any(param.grad is not None and not bool(torch.isfinite(param.grad).all())
                     for param in self.module.parameters())
         flag = torch.tensor([float(local)])

@@ -114,6 +114,24 @@ def _build_optimizer(optimizer, params, training, document, group):
     return _zoe_optimizer(training.optimizer, params, training, document, group), True
 
 
+def _check_stage3_parameters(model_parameters, module):
+    """InvalidArgument for a model_parameters= that stage 3 would not honour: param groups, or
+    other parameters than the module's trainable ones (the optimizer steps every shard)."""
+    if model_parameters is None:
+        return
+    given = list(model_parameters)
+    if any(isinstance(item, dict) for item in given):
+        raise _invalid("at zero_optimization.stage 3 model_parameters= cannot hold param "
+                       "groups (dicts): initialize builds one param group over the shards with "
+                       "the config's optimizer settings; pass model.parameters() or leave it out")
+    trainable = {id(param) for param in module.parameters() if param.requires_grad}
+    if {id(param) for param in given if param.requires_grad} != trainable:
+        raise _invalid("at zero_optimization.stage 3 model_parameters= must be the module's "
+                       "parameters: the optimizer steps the shard of every parameter with "
+                       "requires_grad; freeze a parameter with requires_grad=False instead, and "
+                       "pass model.parameters() or leave it out")
+
+
 def _stage3_optimizer(optimizer, module, training, document, group):
     """(Stage3, its optimizer): the module paged (and sharded over ``group``), the config's
     optimizer over what this rank steps (ds_stage3.py)."""
@@ -193,6 +211,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     document = engine_document(training, rank, world)
     stage3 = None
     if training.zero_stage == 3:
+        _check_stage3_parameters(model_parameters, module)
         stage3, optimizer = _stage3_optimizer(optimizer, module, training, document, group)
         owns = True
     else:

@@ -4,7 +4,8 @@ over a process group, partitioned across its ranks (a ShardedParameterPager, doc
 the optimizer (zoe.torch AdamW / Adam on the same engine) steps this rank's shards, or the paged
 parameters in one process. The gradients stream out of backward into the optimizer
 (grad_stream.py), which clips them to gradient_clipping by the global norm over every rank's
-shards and skips a non-finite step on every rank.
+shards and skips a non-finite step on every rank; under fp16 the engine takes that skip as the
+overflow (every rank alike) and lowers the loss scale.
 
 Stage3 holds the pager and the zoe engine, and does for the DeepSpeedEngine what paging changes:
 the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks) and
@@ -15,7 +16,6 @@ from typing import Any
 
 from ..engine import Engine
 from .._capi import Tier
-from .common import _invalid
 from .offload import offload_parameters
 from .optimizer import Adam, AdamW
 
@@ -59,9 +59,6 @@ def _home(training):
 
 def stage3_setup(module, spec, document, training, group):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
-    if training.fp16 is not None:
-        raise _invalid("fp16 with zero_optimization.stage 3 is not supported by initialize "
-                       "yet; use bf16, or stage 2")
     settings = spec["params"]
     adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
     engine = Engine(document)

@@ -9,7 +9,13 @@ leaves some shards empty. Sharding each parameter on its own (rather than a flat
 lets a module gather exactly its own parameters. Rank r's shard of a parameter is a leaf tensor
 (``pager.shard_parameters()``) paged through rank r's engine like a ParameterPager's parameter;
 ``zoe.torch.AdamW(pager.shard_parameters(), engine=...)`` is the stage 3 optimizer (a torch
-optimizer steps the shards inside ``with pager.materialized():``).
+optimizer steps the shards inside ``with pager.shards_materialized():``, which acquires this
+rank's shards, or inside ``with pager.materialized():``).
+- ``pager.materialized()``: every parameter gathered in full for the block (a collective: every
+  rank enters it; the whole model is held at once), this rank's shards acquired too. With
+  READ_WRITE each rank writes its own slice of each full parameter written inside back to its
+  shard at exit (so ``model.load_state_dict(...)`` inside, on every rank, loads the model);
+  leaving is agreed: a block that raised on any rank keeps nothing on any rank.
 
 - Forward: a module's pre-hook gathers its own parameters (each rank's shard broadcast as bytes
   into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points
@@ -21,10 +27,11 @@ optimizer steps the shards inside ``with pager.materialized():``).
   with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
   runs the same hooks in the same order, so every rank issues the same collectives. An order
   that differs from the trace re-records it.
-- Gradients, in buckets: when a parameter's full gradient is accumulated, a flat fp32 copy joins
-  the pending bucket (the full gradient leaves ``param.grad``). Once the bucket holds
-  ``bucket_elements`` elements or more (default DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2
-  optimizer's; 0 or 1: one parameter per bucket), its sum over the ranks starts as one
+- Gradients, in buckets: when a parameter's full gradient is accumulated, it joins the pending
+  bucket flat and in fp32 (an fp32 gradient itself, any other a copy) and leaves
+  ``param.grad``. Once the bucket holds ``bucket_elements`` elements or more (default
+  DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2 optimizer's; 0 or 1: one parameter per
+  bucket), its sum over the ranks starts as one
   _collective_ops.reduce_parts (``async_op=True``): part r, which rank r owns, is every bucketed
   parameter's shard r side by side in hook order (rank-major, so each part is contiguous however
   the parameters are cut). At most REDUCTIONS_IN_FLIGHT buckets are in flight, the oldest
@@ -61,6 +68,7 @@ optimizer steps the shards inside ``with pager.materialized():``).
   checkpoint.
 """
 
+import contextlib
 import math
 import numbers
 
@@ -77,6 +85,7 @@ from .device import check_paging_tier
 from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_counts
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
+from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
 
 DEFAULT_PREFETCH_DEPTH = 2
 REDUCTIONS_IN_FLIGHT = 2  # gradient buckets being reduced while backward goes on
@@ -184,7 +193,10 @@ class ShardedParameterPager(ParameterPager):
         self.in_flight_bytes = 0  # bytes of all-gathers issued and not yet waited for
         self.peak_gathered_bytes = 0  # the peak of the two together
         self.collective_seconds = 0.0  # wall time blocked in collectives: issuing and waiting
+        self.gather_seconds = 0.0  # the part of it spent on gathers
+        self.reduction_seconds = 0.0  # the part of it spent on gradient reductions
         self._root_records = []  # the base class's root holds: shards are held by gathers
+        self._full_values = 0  # > 0 while state_dict() or materialized() hold full values
 
     @property
     def group(self):
@@ -262,6 +274,7 @@ class ShardedParameterPager(ParameterPager):
             if entries and module is not self.model:
                 self._handles.append(module.register_forward_pre_hook(self._pre_hook(entries)))
                 self._handles.append(module.register_forward_hook(self._post_hook(entries)))
+        self._install_state_dict_checks()
         for entry in self._params:
             if entry.param.requires_grad:
                 handle, node = on_gradient_accumulated(
@@ -269,6 +282,27 @@ class ShardedParameterPager(ParameterPager):
                 )
                 self._handles.append(handle)
                 self._accumulator_nodes.append(node)
+
+    def _install_state_dict_checks(self):
+        """On each module that owns a sharded parameter: its state_dict() and the loading of
+        those parameters by load_state_dict() are refused while they are placeholders
+        (stage3_checks); where this torch lacks the hooks, nothing is installed."""
+        for module in self.model.modules():
+            names = [name for name, param in module._parameters.items()
+                     if param is not None and id(param) in self._by_param]
+            if not names:
+                continue
+            if hasattr(module, "_register_state_dict_hook"):
+                self._handles.append(module._register_state_dict_hook(
+                    refuse_placeholder_state_dict(self)))
+            if hasattr(module, "_register_load_state_dict_pre_hook"):
+                self._handles.append(module._register_load_state_dict_pre_hook(
+                    refuse_placeholder_load(self, names)))
+
+    def placeholders_in_state_dict(self):
+        """Whether the model's state_dict() would now hold placeholders: outside
+        materialized() and this pager's state_dict()."""
+        return self._full_values == 0
 
     def _direct_entries(self, module):
         return [
@@ -294,7 +328,7 @@ class ShardedParameterPager(ParameterPager):
             except Exception as caught:  # agreed with the gather: every rank raises
                 error = caught
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "gather_seconds"):
                 handle = gather_parts(parts, self.group, async_op=True)
                 agreement = Agreement(error is not None, self.group, async_op=True)
         except RuntimeError as failure:
@@ -319,7 +353,7 @@ class ShardedParameterPager(ParameterPager):
         its shard (_collective_ops.agreement_error: that rank its own error, the others
         zoe.Aborted, naming it and the parameter)."""
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "gather_seconds"):
                 pending.handle.wait()
                 failed = pending.agreement.failed_ranks()
         except RuntimeError as error:
@@ -398,10 +432,17 @@ class ShardedParameterPager(ParameterPager):
                 self._pending[ahead] = self._issue_gather(ahead)
 
     def _drain_prefetches(self):
-        """Waits for gathers issued ahead that the iteration did not use, and drops them."""
+        """Waits for gathers issued ahead that the iteration did not use, and drops them: every
+        one, then raises the first that failed (every rank fails alike: each gather is agreed)."""
         pending, self._pending = self._pending, {}
+        failure = None
         for entry, gather in pending.items():
-            self._wait_gather(entry, gather)
+            try:
+                self._wait_gather(entry, gather)
+            except Exception as error:  # raised once every gather is waited for
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
     # --- backward --------------------------------------------------------------------------
 
@@ -429,13 +470,16 @@ class ShardedParameterPager(ParameterPager):
         return hook
 
     def _reduce_grad(self, entry):
-        """Moves the full gradient out of param.grad into the pending bucket (a flat fp32 copy)
+        """Moves the full gradient out of param.grad into the pending bucket (flat and fp32:
+        a contiguous fp32 gradient itself, which autograd gave param.grad alone, else a copy)
         and reduces the bucket once it holds ``bucket_elements`` elements or more."""
         grad, entry.param.grad = entry.param.grad, None
         if grad is None:
             return
-        total = grad.detach().reshape(-1).to(torch.float32, copy=True)
-        del grad  # the full gradient is not held while buckets are reduced
+        total = grad.detach().reshape(-1)
+        if total.dtype != torch.float32 or grad.requires_grad:  # create_graph: autograd's
+            total = total.to(torch.float32, copy=True)
+        del grad  # the full gradient is not held twice while buckets are reduced
         if self._bucket and self._bucket[0][1].device != total.device:
             self._reduce_bucket()  # a bucket's buffer lives on one device
         self._bucket.append((entry, total))
@@ -453,7 +497,7 @@ class ShardedParameterPager(ParameterPager):
         bucket = _GradientBucket(gradients, self.world_size)
         del gradients  # a bucket of several holds only its rank-major copy from here
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
                 bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
         except RuntimeError as error:
             raise bucket.error(error) from None
@@ -474,7 +518,7 @@ class ShardedParameterPager(ParameterPager):
         """Waits for a bucket's sum and hands each parameter's slice of this rank's part, / N, to
         its shard's gradient sink, or adds it to the shard's .grad."""
         try:
-            with _timed(self, "collective_seconds"):
+            with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
                 bucket.handle.wait()
         except RuntimeError as error:
             raise bucket.error(error) from None
@@ -596,8 +640,8 @@ class ShardedParameterPager(ParameterPager):
         the same answer on every rank, so that a stage 3 optimizer skips a step on every rank
         together. Every rank calls it."""
         self._finish_reductions()
-        local = any(not bool(torch.isfinite(s.grad).all())
-                    for s in self.shard_parameters() if s.grad is not None)
+        local = any(not _all_finite(s.grad) for s in self.shard_parameters()
+                    if s.grad is not None)
         flag = torch.tensor([1.0 if local else 0.0], dtype=torch.float64)
         try:
             with _timed(self, "collective_seconds"):
@@ -606,13 +650,152 @@ class ShardedParameterPager(ParameterPager):
             raise _collective_error("all_reduce of the inf/NaN check", "*", error) from None
         return flag.item() > 0
 
+    # --- materialized ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def materialized(self, access=_capi.Access.READ_WRITE):
+        """Every parameter gathered in full for the block, ``param.data`` its full values, and
+        this rank's shards acquired (``access``) as the one-process pager's: a collective, every
+        rank enters and leaves it together (a rank that does not waits at the first gather until
+        the process group's timeout, then raises zoe.Aborted). The whole model is held at once.
+
+        READ: values read inside are the full ones; writes are dropped at exit. READ_WRITE (the
+        default) or WRITE: at exit each rank keeps the writes that landed in its own shard:
+        written through the full parameter (``param.copy_``, ``model.load_state_dict``, a torch
+        optimizer over ``model.parameters()``), this rank's slice of it is written to its shard,
+        and a write to another rank's slice is that rank's to keep (write the same values on
+        every rank); written through the shard (a torch optimizer over ``shard_parameters()``),
+        it stays. With writes, leaving is agreed (all-reduces): when the block raised on any
+        rank, or wrote a shard both ways on any rank (FailedPrecondition there), no rank keeps
+        anything the block wrote (its shards are restored) and every rank raises (a rank whose
+        block raised its own exception, the others zoe.Aborted naming it); a write-back failing
+        on a rank raises on every rank too. Whatever happens, every gathered parameter is freed
+        and the shards released. ``model.state_dict()`` inside the block holds the full
+        values."""
+        writes = _capi.Access(access) != _capi.Access.READ
+        held, counted = [], False
+        try:
+            self._materialize(held, access)
+            self._full_values, counted = self._full_values + 1, True
+            try:
+                yield self.model
+            except Exception as error:
+                if writes:
+                    self._agree_on_block(held, error)
+                raise
+            if writes:
+                self._agree_on_block(held, None)
+                agreed("writing back the parameters written inside pager.materialized()",
+                       lambda: self._write_back(held), self.group)
+        finally:
+            self._full_values -= int(counted)
+            for entry, _ in reversed(held):
+                if entry.shard is not None:
+                    self._unhold(self._records[id(entry.shard)])
+                self._unhold_full(entry)
+
+    def _materialize(self, held, access):
+        """Gathers every parameter (all issued first, then waited for in order), then acquires
+        this rank's shards (agreed: a rank that cannot makes every rank raise); appends (entry,
+        the original values of this rank's slice, or None when nothing is written back) to
+        ``held`` as it goes."""
+        for entry in self._params:
+            if entry.full is None and entry not in self._pending:
+                self._pending[entry] = self._issue_gather(entry)
+        gathered = []
+        try:
+            for entry in self._params:
+                self._hold_full(entry)
+                gathered.append(entry)
+        except Exception:
+            for entry in gathered:
+                self._unhold_full(entry)
+            with contextlib.suppress(Exception):  # the gathers every rank issued with it
+                self._drain_prefetches()
+            raise
+        writes = _capi.Access(access) != _capi.Access.READ
+        try:
+            agreed("acquiring this rank's shards for pager.materialized()",
+                   lambda: self._acquire_shards(gathered, held, access, writes), self.group)
+        except BaseException:
+            for entry in gathered[len(held):]:
+                self._unhold_full(entry)
+            raise
+
+    def _acquire_shards(self, gathered, held, access, writes):
+        """Acquires the shard of each gathered entry, appending it to ``held`` with its slice's
+        original values when ``writes``; an acquire that raises leaves the rest unheld."""
+        for entry in gathered:
+            original = None
+            if entry.shard is not None:
+                record = self._records[id(entry.shard)]
+                self._hold(record, access)
+                try:
+                    original = self._own_slice(entry).clone() if writes else None
+                except BaseException:
+                    self._unhold(record)
+                    raise
+            held.append((entry, original))
+
+    def _own_slice(self, entry):
+        """This rank's slice of ``entry``'s gathered full values (a view)."""
+        return entry.full.reshape(-1)[entry.begin : entry.begin + entry.count]
+
+    def _agree_on_block(self, held, error):
+        """Whether the block raised, or wrote a shard both ways, on some rank (one all-reduce,
+        and one more for the check): when it did, every rank drops what the block wrote into
+        its shards and raises, a rank whose block raised ``error`` itself."""
+        failed = Agreement(error is not None, self.group).failed_ranks()
+        try:
+            if failed:
+                agreed_error = agreement_error("the block inside pager.materialized()", error,
+                                               failed, self.group)
+                raise error if error is not None else agreed_error
+            agreed("checking the writes inside pager.materialized()",
+                   lambda: self._check_writes(held), self.group)
+        except Exception:
+            for entry, original in held:
+                if original is not None:
+                    self._records[id(entry.shard)].view.copy_(original)
+            raise
+
+    def _check_writes(self, held):
+        """FailedPrecondition for a shard written both through its full parameter and through
+        the shard itself inside the block."""
+        for entry, original in held:
+            if original is None or _same_bits(self._own_slice(entry), original):
+                continue
+            if not _same_bits(self._records[id(entry.shard)].view, original):
+                raise FailedPrecondition(
+                    _capi.Status.FAILED_PRECONDITION,
+                    f"parameter {entry.name!r} was written inside pager.materialized() both "
+                    "through the full parameter and through this rank's shard "
+                    "(pager.shard_parameters()); write it one way only")
+
+    def _write_back(self, held):
+        """Writes this rank's slice of each full parameter written inside the block to its
+        shard (a shard written through itself holds its new values already)."""
+        for entry, original in held:
+            if original is not None and not _same_bits(self._own_slice(entry), original):
+                self._records[id(entry.shard)].view.copy_(self._own_slice(entry))
+
+    @contextlib.contextmanager
+    def shards_materialized(self, access=_capi.Access.READ_WRITE):
+        """This rank's shards acquired for the block, as the one-process pager's materialized()
+        acquires its parameters; yields ``shard_parameters()``. No collective and 1/N of the
+        model: for a torch optimizer stepping the shards, or reading them."""
+        with ParameterPager.materialized(self, access):
+            yield self.shard_parameters()
+
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
         re-recorded), the gradient reductions (``issued``: buckets reduced, one reduce_parts
         each; ``parameters``: the gradients they held), this rank's shard bytes, the peak bytes
         of gathered parameters and ``collective_seconds``: the wall time this rank was blocked
         issuing or waiting for its gathers and reductions (collectives running in the background
-        while it computes are not counted)."""
+        while it computes are not counted), of which ``gather_seconds`` on gathers and
+        ``reduction_seconds`` on gradient reductions (the rest: clipping's and the inf/NaN
+        check's all-reduces)."""
         stats = super().stats()
         stats.update(
             gathers=dict(self.gathers),
@@ -621,13 +804,19 @@ class ShardedParameterPager(ParameterPager):
             peak_gathered_bytes=self.peak_gathered_bytes,
             peak_held_bytes=self.shard_bytes + self.peak_gathered_bytes,
             collective_seconds=self.collective_seconds,
+            gather_seconds=self.gather_seconds,
+            reduction_seconds=self.reduction_seconds,
         )
         return stats
 
     def state_dict(self):
         """model.state_dict() with every parameter's full values, gathered one at a time
         (a collective: every rank calls it)."""
-        state = self.model.state_dict()
+        self._full_values += 1
+        try:
+            state = self.model.state_dict()
+        finally:
+            self._full_values -= 1
         for module_name, module in self.model.named_modules():
             for name, param in module._parameters.items():
                 key = f"{module_name}.{name}" if module_name else name
@@ -724,6 +913,18 @@ class ShardedParameterPager(ParameterPager):
         self._params.clear()
         self._by_param.clear()
         self._records.clear()
+
+
+def _all_finite(tensor):
+    """Whether every element of ``tensor`` is finite. A sum that is finite proves it (an inf or
+    NaN element makes any sum inf or NaN) at a tenth of isfinite's cost; a sum that is not (an
+    inf or NaN, or finite values overflowing) is settled element by element."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
+
+
+def _same_bits(first, second):
+    """Whether two contiguous tensors of one dtype hold the same bytes (NaNs included)."""
+    return torch.equal(first.reshape(-1).view(torch.uint8), second.reshape(-1).view(torch.uint8))
 
 
 def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
