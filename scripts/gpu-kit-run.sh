@@ -54,7 +54,8 @@ run cuda-device-conformance "$here/bin/zoe_core_tests" \
   --gtest_filter='Backends/DeviceConformance.*/cuda:CreateDeviceBackend.*'
 run cuda-adamw-kernel "$here/bin/zoe_optim_tests" --gtest_filter='CudaAdamW.*'
 run zoe-torch-cuda "$python" -m pytest -q -rs -p no:cacheprovider \
-  "$here/tests/test_torch_cuda.py" "$here/tests/test_nccl_cuda.py"
+  "$here/tests/test_torch_cuda.py" "$here/tests/test_nccl_cuda.py" \
+  "$here/tests/test_activations_cuda.py"
 run hf-trainer-and-initialize "$python" -m pytest -q -rs -s -p no:cacheprovider \
   "$here/tests/test_hf_cuda.py"
 

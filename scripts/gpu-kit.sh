@@ -70,7 +70,9 @@ find "$bundle/lib" "$bundle/bin" -type f -exec strip --strip-unneeded {} +
 cp -r integrations/python/zoe "$bundle/python/"
 find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
 cp integrations/python/tests/conftest.py integrations/python/tests/test_torch_cuda.py \
-  integrations/python/tests/test_nccl_cuda.py integrations/python/tests/test_hf_cuda.py "$bundle/tests/"
+  integrations/python/tests/test_nccl_cuda.py integrations/python/tests/test_hf_cuda.py \
+  integrations/python/tests/test_activations.py integrations/python/tests/test_activations_cuda.py \
+  "$bundle/tests/"
 cp bench/gpu_step.py "$bundle/bench/"
 cp scripts/gpu-kit-run.sh "$bundle/run.sh"
 chmod +x "$bundle/run.sh"

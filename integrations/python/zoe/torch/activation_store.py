@@ -70,6 +70,7 @@ class SlotPool:
         self._free = {}  # chunks -> [Slot]
         self.registered = 0  # slots registered so far
         self.in_use = 0
+        self.returning = 0  # slots the writer thread is to give back (give_later)
         self._writer = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="zoe-activations")
 
@@ -78,13 +79,19 @@ class SlotPool:
         free slot registered first is taken, so iterations of the same shapes use the same slots
         in the same order (what a trace recorded by the engine expects)."""
         chunks = max(1, -(-int(nbytes) // self.chunk_bytes))
-        with self.lock:
-            free = self._free.get(chunks)
-            if free:
-                self.in_use += 1
-                return free.pop(min(range(len(free)), key=lambda i: free[i].serial))
-            serial = self.registered
-            self.registered += 1
+        while True:
+            with self.lock:
+                free = self._free.get(chunks)
+                if free:
+                    self.in_use += 1
+                    return free.pop(min(range(len(free)), key=lambda i: free[i].serial))
+                if not self.returning:
+                    serial = self.registered
+                    self.registered += 1
+                    break
+            # A slot on its way back (its eviction queued on the writer thread) is waited for
+            # rather than another registered: the pool does not grow with the writer's pace.
+            self.drain()
         name = f"zoe.activations.{serial}"
         tensor = self.engine.register_tensor(name, chunks * self.chunk_bytes, _capi.DType.UINT8,
                                              _capi.Tier.NVME, group=name)
@@ -97,6 +104,22 @@ class SlotPool:
         with self.lock:
             self._free.setdefault(slot.chunks, []).append(slot)
             self.in_use -= 1
+
+    def give_later(self, slot, before=None):
+        """Gives ``slot`` back on the writer thread (after everything submitted before it), once
+        ``before()`` (its eviction, say) ran, whether that raised or not."""
+        with self.lock:
+            self.returning += 1
+
+        def give():
+            try:
+                if before is not None:
+                    before()
+            finally:
+                with self.lock:
+                    self.returning -= 1
+                self.give(slot)
+        return self.background(give)
 
     def background(self, function):
         """Runs ``function`` on the writer thread (in submission order); returns its Future."""

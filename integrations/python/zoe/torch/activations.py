@@ -476,9 +476,9 @@ class ActivationOffload:
             tensor.release()
         clean = bucket.written or bucket.write_future is not None
         if self.device == "nvme" and clean:
-            pool.background(lambda: _evict_and_give(pool, bucket.slot))
+            pool.give_later(bucket.slot, before=bucket.slot.tensor.evict)
         elif bucket.write_future is not None:
-            pool.background(lambda: pool.give(bucket.slot))
+            pool.give_later(bucket.slot)
         else:
             pool.give(bucket.slot)
 
@@ -628,13 +628,6 @@ def _untraced(error):
 
 def _pending(future):
     return future is not None and not future.done()
-
-
-def _evict_and_give(pool, slot):
-    try:
-        slot.tensor.evict()
-    finally:
-        pool.give(slot)
 
 
 def offload_activations(engine, device="auto", min_bytes=_MiB, device_backend=None,

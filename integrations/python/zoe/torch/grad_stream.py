@@ -76,8 +76,8 @@ class GradStream:
         self.last_windows = 0  # windows the latest step took
         for index, param in enumerate(params):
             pager = _pager_of(param)
-            if pager is None:
-                continue
+            if pager is None or not param.requires_grad:
+                continue  # a frozen parameter gets no gradient (one unfrozen later: in .grad)
             self._check_one_pager(pager)
             tensor = pager.engine.register_tensor(f"{prefix}.grad.{index}", param.numel() * 4,
                                                   _capi.DType.FLOAT32, pager.home)

@@ -39,6 +39,7 @@ from .common import _DTYPES, _current_values, _invalid, _pager_of, _view, _writa
 from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
 from .grad_stream import GradStream, combined_result, is_finite
 from .param_group import GroupState
+from .stage3_checks import check_optimizer_parameter
 from .state_layout import (SLOTS, check_group_counts, checked_param_state, loaded_steps,
                            packed_state_dict, param_entries, read_slot, write_slots)
 from .zero import ShardSlice, ZeroPartition
@@ -339,13 +340,14 @@ class _ZoeAdamBase(torch.optim.Optimizer):
 
     def _check_param(self, param, where):
         """InvalidArgument for a parameter this optimizer cannot step (checked before its param
-        group is added): a dtype zoe does not take; under ZeRO stages 1 and 2 also what
-        ZeroPartition.check_param refuses."""
+        group is added): a dtype zoe does not take, a stage 3 parameter or shard under ZeRO
+        stage 1 or 2 (stage3_checks), and what ZeroPartition.check_param refuses."""
         if param.dtype not in _DTYPES:
             raise _invalid(
                 f"{where} has dtype {param.dtype}; zoe optimizers take torch.float32, "
                 "torch.bfloat16 or torch.float16"
             )
+        check_optimizer_parameter(param, where, getattr(self._zero, "stage", None))
         if self._zero is not None:
             self._zero.check_param(param, where)
 
