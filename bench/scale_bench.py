@@ -82,7 +82,7 @@ def zoe_setup(torch, args):
             "offload_optimizer": {"device": "nvme", "nvme_path": args.dir},
             "offload_param": {"device": "nvme", "nvme_path": args.dir},
         },
-        "zoe": {"log_level": "warn"},
+        "zoe": {"log_level": "warn", **({"slots": 1} if args.slots == 1 else {})},
     })
     zero_init = getattr(zoe.torch, "zero_init", None)
     if zero_init is not None:
@@ -159,7 +159,8 @@ def run_child(impl, args, rates):
     cgroup = MemoryCgroup(args.limit, f"zoe-scale-{impl}-{os.getpid()}") if args.limit else None
     command = [sys.executable, os.path.abspath(__file__), "--child", impl, "--dir", args.dir,
                "--layers", str(args.layers), "--width", str(args.width), "--batch",
-               str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+               str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--slots", str(args.slots)]
     if cgroup:
         command += ["--cgroup", cgroup.folder]
     started = time.perf_counter()
@@ -211,6 +212,9 @@ def main():
     parser.add_argument("--impls", default="zoe,torch")
     parser.add_argument("--dir", default=None, help="NVMe directory (default: under /var/tmp)")
     parser.add_argument("--io-size", type=parse_size, default=parse_size("2G"))
+    parser.add_argument("--slots", type=int, choices=(1, 2), default=2,
+                        help="zoe.slots: 1 halves the optimizer state's NVMe space (DeepSpeed's "
+                             "layout; a failed step then needs a checkpoint load)")
     parser.add_argument("--child", choices=("zoe", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--cgroup", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -546,7 +546,7 @@ static Result<StepArgs> GroupStepArgs(const std::string& context, const optim::H
         CheckViews(args.grads, count, "grads", /*absent_allowed=*/true).WithContext(context));
   if (!args.params.empty())
     ZOE_RETURN_IF_ERROR(
-        CheckViews(args.params, count, "params", /*absent_allowed=*/false).WithContext(context));
+        CheckViews(args.params, count, "params", /*absent_allowed=*/true).WithContext(context));
   StepArgs step;
   step.hyper = hyper;
   step.grads = args.grads;

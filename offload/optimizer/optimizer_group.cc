@@ -186,7 +186,8 @@ Status ForEachPiece(const ChunkRegions& regions, const StepInputs& in, size_t be
     const size_t segment = SegmentAt(in.segment_ends, pos);
     const size_t piece_end = std::min({last, grad->end(), with_params ? param->end() : last,
                                        external ? master->end() : last, in.segment_ends[segment]});
-    ZOE_RETURN_IF_ERROR(fn(Piece{pos, piece_end, &*grad, with_params ? &*param : nullptr,
+    const bool written = with_params && param->present();  // an absent view is not written
+    ZOE_RETURN_IF_ERROR(fn(Piece{pos, piece_end, &*grad, written ? &*param : nullptr,
                                  external ? &*master : nullptr, in.segment_step[segment]}));
     pos = piece_end;
     if (pos == grad->end()) ++grad;
@@ -252,6 +253,7 @@ Status UpdateStagedBlock(const ChunkRegions& regions, std::byte* base, const Ste
   if (!with_params) return Status::Ok();
   for (auto view = FindView(*in.params, from); view != in.params->end() && view->offset < to;
        ++view) {
+    if (!view->present()) continue;  // not written
     const size_t a = std::max(from, view->offset), b = std::min(to, view->end());
     if (view->dtype == DType::kFloat32) {
       std::memcpy(ElementAt(*view, a), &param_buffer[a - from], (b - a) * sizeof(float));
@@ -624,7 +626,7 @@ Result<StepReport> OptimizerGroup::Step(const StepArgs& args) {
   PlacedViews params;
   if (!args.params.empty()) {
     ZOE_ASSIGN_OR_RETURN(params, PlaceViews(options_.name, "parameter", args.params, count(),
-                                            /*absent_allowed=*/false));
+                                            /*absent_allowed=*/true));
   }
   if (impl.speculation) ZOE_RETURN_IF_ERROR(impl.UseSpeculatedParams(&params));
   const std::vector<bool> present_segments = impl.PresentSegments(grads);

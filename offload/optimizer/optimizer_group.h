@@ -40,7 +40,9 @@
 // Updated parameters are written in each view's dtype (fp32 copies the master; bf16/fp16 are
 // written by the fused kernel) as each chunk is updated: after a failed step the views of the
 // chunks updated before the failure already hold their new values while the state does not; the
-// next successful step writes every view again.
+// next successful step writes every view again. A step's parameter view with null data is not
+// written (the master and moments of its elements are still updated): a caller that holds only
+// some parameters in memory passes those.
 //
 // Master in the caller's parameters (options.master_in_params). The fp32 parameters given to
 // Create ARE the master weights (as DeepSpeed's CPU Adam keeps them): the group borrows them for

@@ -36,9 +36,10 @@ Status WriteParamsFromMaster(const ChunkRegions& regions, const std::byte* state
   for (size_t pos = regions.first; pos < end;) {
     const size_t piece_end = std::min({end, grad->end(), param->end()});
     const float* src = master + (pos - regions.first);
-    if (grad->present() && param->dtype == optim::DType::kFloat32) {
+    const bool written = grad->present() && param->present();
+    if (written && param->dtype == optim::DType::kFloat32) {
       std::memcpy(ElementAt(*param, pos), src, (piece_end - pos) * sizeof(float));
-    } else if (grad->present()) {
+    } else if (written) {
       ZOE_RETURN_IF_ERROR(
           optim::CastFromF32(src, param->dtype, ElementAt(*param, pos), piece_end - pos, run));
     }

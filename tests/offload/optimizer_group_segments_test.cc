@@ -322,6 +322,47 @@ TEST(OptimizerGroupSegmentsTest, AbsentInitialValuesStartAtZeroAndWriteStateGive
   EXPECT_EQ(harness.Snapshot(), reference.Snapshot());
 }
 
+TEST(OptimizerGroupSegmentsTest, AbsentParameterViewsAreNotWrittenAndTheStateIsTheSame) {
+  // One step with every parameter view, one with segments 1 and 3's views absent: the same state,
+  // the same parameters where written, and the initial values where not (fp32 and int8 moments,
+  // whose cut blocks go through staging).
+  for (const DType moments : {DType::kFloat32, DType::kInt8}) {
+    HarnessOptions options = SegmentOptions(Tier::kNvme);
+    options.group.state_dtype = moments;
+    GroupHarness full(options);
+    GroupHarness partial(options);
+    ASSERT_TRUE(full.ok() && partial.ok());
+    full.NewGradients(0);
+    partial.NewGradients(0);
+    const std::vector<GradView> grads = full.grad_views();
+    ASSERT_TRUE(StepWithViews(full, full.Hyper(0), grads).ok());
+    auto* base = static_cast<float*>(partial.param_views().front().data);
+    std::vector<ParamView> views;
+    for (size_t s = 0; s < kSegments.size(); ++s) {
+      const bool written = s != 1 && s != 3;
+      views.push_back({written ? base + SegmentBegin(s) : nullptr, DType::kFloat32, kSegments[s]});
+    }
+    StepArgs args;
+    args.hyper = partial.Hyper(0);
+    const std::vector<GradView> partial_grads = partial.grad_views();
+    args.grads = partial_grads;
+    args.params = views;
+    Result<StepReport> report = partial.group().Step(args);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(partial.Snapshot(), full.Snapshot()) << DTypeName(moments);
+    const std::vector<std::byte> full_params = full.params_bytes();
+    const auto* stepped = reinterpret_cast<const float*>(full_params.data());
+    const auto* initial = reinterpret_cast<const float*>(partial.initial_params().data());
+    for (size_t s = 0; s < kSegments.size(); ++s) {
+      const bool written = s != 1 && s != 3;
+      const size_t begin = SegmentBegin(s);
+      for (size_t i = begin; i < begin + kSegments[s]; ++i) {
+        ASSERT_EQ(base[i], written ? stepped[i] : initial[i]) << DTypeName(moments) << " " << i;
+      }
+    }
+  }
+}
+
 // ---- invalid arguments ------------------------------------------------------------------------
 
 TEST(OptimizerGroupSegmentsTest, AbsentInitialValuesAreRefusedWhenTheMasterIsTheParameters) {

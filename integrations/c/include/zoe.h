@@ -317,7 +317,8 @@ ZOE_API zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_
  * segments keep their master, moments, step count and params_out elements untouched and count as
  * zero in the gradient norm; the step count of every other segment advances.
  * params_out: n_params views covering the group that receive the updated parameters in their
- * dtype, or n_params 0. loss_scale > 0 (1 for none). A step with a non-finite gradient changes
+ * dtype (a view with NULL data is not written; its elements' state is still updated), or n_params
+ * 0. loss_scale > 0 (1 for none). A step with a non-finite gradient changes
  * nothing and reports skipped. On any error the state is as it was before the call. out may be
  * NULL. Not to be called concurrently for the same group. */
 ZOE_API zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group,

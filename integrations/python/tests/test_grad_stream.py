@@ -5,8 +5,8 @@ clipping, a module unused on odd steps, a weight tied to another and one non-fin
 torch's AdamW on 1 process, on the CPU twin of a GPU model (parameters paged into the device
 tier) and on 2 gloo ranks (a ShardedParameterPager); the stores spill to
 NVMe and the step takes several windows; zero_grad drops what is held; a fault while writing a
-gradient, reading a paged parameter, or reading a stored gradient back (a corrupted swap file)
-is a clear error that changes nothing, or a partly stepped group that refuses to step until a
+gradient, reading a paged parameter, zoe's step, or reading a stored gradient back (a corrupted
+swap file) is a clear error that changes nothing, or a partly stepped group that refuses to step until a
 checkpoint is loaded, and the run resumed afterwards equals one never interrupted."""
 
 import glob
@@ -263,6 +263,23 @@ def test_a_failed_parameter_read_changes_nothing_and_the_run_resumes(nvme_dir):
                      zoe.IoError(zoe.IoError.status, "injected: reading the parameter failed"))
 
     resumed_equals_uninterrupted(nvme_dir, 6, fail, "injected: reading the parameter failed")
+
+
+def test_a_failed_optimizer_step_gives_the_parameters_back_and_the_run_resumes(nvme_dir):
+    """zoe's step of the first window fails after the window's parameters were acquired for it
+    to write: they are written back from the (unchanged) master, so nothing changed."""
+    def fail(model, pager, optimizer):
+        zoe_group = optimizer._groups[0].zoe_group
+        step = zoe_group.step
+
+        def failing_step(*args, **kwargs):
+            del zoe_group.step
+            raise zoe.IoError(zoe.IoError.status, "injected: reading the optimizer state failed")
+
+        zoe_group.step = failing_step
+        del step
+
+    resumed_equals_uninterrupted(nvme_dir, 6, fail, "injected: reading the optimizer state")
 
 
 def test_a_corrupted_gradient_store_is_an_error_never_a_wrong_step(nvme_dir):

@@ -4,8 +4,10 @@ skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs it
 - Hugging Face's `transformers.Trainer` training a tiny GPT-2 built from a `GPT2Config`
   (nothing downloaded) with `optimizers=(zoe.torch.AdamW(..., offload="nvme"), scheduler)`,
   beside the same Trainer with torch's AdamW: the losses agree and fall;
-- `zoe.torch.initialize` on a CUDA model from a DeepSpeed configuration (ZeRO stage 2, optimizer
-  state on NVMe, WarmupLR, gradient accumulation 2, clipping 1.0) beside the plain torch loop.
+- `zoe.torch.initialize` on a CUDA model from a DeepSpeed configuration (ZeRO stage 2 with the
+  optimizer state on NVMe, and stage 3 with the parameters paged through the GPU's device tier
+  and their gradients streamed to the host; WarmupLR, gradient accumulation 2, clipping 1.0)
+  beside the plain torch loop.
 """
 
 import pytest
@@ -78,7 +80,12 @@ def test_hugging_face_trainer_trains_with_zoe_adamw_on_nvme(tmp_path):
         assert a == pytest.approx(b, rel=2e-3, abs=2e-3), (step, zoe_losses, torch_losses)
 
 
-def ds_config(nvme_path):
+def ds_config(nvme_path, stage=2):
+    """Stage 2: the optimizer state on NVMe; stage 3: the parameters too (paged through the
+    GPU's device tier, their gradients streamed to the host)."""
+    zero = {"stage": stage, "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}}
+    if stage == 3:
+        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_path}
     return {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 2,
@@ -87,8 +94,7 @@ def ds_config(nvme_path):
         "scheduler": {"type": "WarmupLR",
                       "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
                                  "warmup_num_steps": 4}},
-        "zero_optimization": {"stage": 2,
-                              "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}},
+        "zero_optimization": zero,
     }
 
 
@@ -104,11 +110,12 @@ def micro_batches(count):
              torch.randn(4, 8, generator=generator).cuda()) for _ in range(count)]
 
 
-def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path, stage):
     batches = micro_batches(16)
     model = mlp()
     engine, _, _, scheduler = zoe.torch.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config(str(tmp_path)))
+        model=model, model_parameters=model.parameters(), config=ds_config(str(tmp_path), stage))
     for x, y in batches:
         engine.backward(torch.nn.functional.mse_loss(engine(x), y))
         engine.step()

@@ -21,7 +21,8 @@ square root of the all-reduced sum of the shards' squared norms).
 The step (``GradStream.step_windows``) hands zoe's group the gradients window by window: the
 longest runs of consecutive parameters whose stores fit a quarter of the tensors' HOST budget
 are acquired together and stepped, every other parameter's gradient absent (its state, step count
-and values untouched), while the next window's stores are prefetched. Clipping is the factor
+and values untouched), while the next window's stores are prefetched; zoe writes the window's
+updated parameters straight into them (paged ones acquired for writing for the window). Clipping is the factor
 clip_grad_norm_ applies (``max_norm / (norm + 1e-6)``, at most 1), given to zoe as the step's
 loss scale (its reciprocal), so every window is scaled alike. A non-finite norm skips the step
 (every rank of a sharded pager together). Gradients are consumed by the step that uses them (as
@@ -219,21 +220,9 @@ class GradStream:
             if store is not None and store.present:
                 store.tensor.prefetch(_capi.Tier.HOST)
 
-    @contextlib.contextmanager
-    def window_views(self, params, window):
-        """BufferViews of every parameter's gradient for one window's step: the window's present
-        gradients (stores acquired for reading for the block), every other one absent."""
-        first, end = window
-        views = []
-        with contextlib.ExitStack() as held:
-            for index, param in enumerate(params):
-                views.append(self._view_for(param, first <= index < end, held))
-            yield views
-
     def _view_for(self, param, inside, held):
-        absent = BufferView(0, _DTYPES[param.dtype], param.numel())
         if not inside or not self._present(param):
-            return absent
+            return _absent(param)
         store = self._stores.get(id(param))
         if store is None:
             return _view(param.grad.detach().contiguous())
@@ -244,27 +233,28 @@ class GradStream:
 
     def step(self, params, zoe_group, hyper, norm, max_norm, write_back):
         """Steps ``zoe_group`` on the present gradients window by window (the next window's
-        stores prefetched meanwhile), each window's parameters then written back by
-        ``write_back(present)`` (per parameter: whether to write it); returns the StepResult of
-        each window. The gradients are consumed. A failure after a window was stepped leaves
-        the group partly stepped: ``broken`` then says so and the optimizer refuses to step
-        until a checkpoint is loaded; a failure before leaves everything as it was."""
+        stores prefetched meanwhile); returns the StepResult of each window. zoe writes each
+        window's updated parameters into them directly (paged ones acquired for writing for the
+        window); those it cannot reach (a CUDA tensor) are written by ``write_back(present)``
+        afterwards (per parameter: whether to write it). The gradients are consumed. A failure
+        once a window was stepped (or whose window's parameters could not be given their values
+        back) leaves the group partly stepped: ``broken`` then says so and the optimizer refuses
+        to step until a checkpoint is loaded; a failure in the first window leaves everything
+        as it was."""
         self.check_usable()
         scale = 1.0 / clip_coefficient(norm, max_norm)
         windows = self.windows(params)
         self.last_windows = len(windows)
-        results = []
+        results, dirty = [], [False]
         try:
             for position, window in enumerate(windows):
                 following = windows[position + 1] if position + 1 < len(windows) else None
                 self.prefetch(params, following)
-                with self.window_views(params, window) as views:
-                    results.append(
-                        zoe_group.step(hyper, grads=views, params_out=[], loss_scale=scale))
-                write_back([window[0] <= index < window[1] and self._present(param)
-                            for index, param in enumerate(params)])
+                step = lambda grads, outs: zoe_group.step(  # noqa: E731
+                    hyper, grads=grads, params_out=outs, loss_scale=scale)
+                results.append(self._step_window(params, window, step, write_back, dirty))
         except BaseException as error:
-            if results:
+            if results or dirty[0]:
                 self.broken = (f"its step failed after {len(results)} of {len(windows)} "
                                f"windows of streamed gradients were applied ({error})")
             raise
@@ -274,6 +264,46 @@ class GradStream:
         self.clear()
         return results
 
+    def _step_window(self, params, window, step, write_back, dirty):
+        """One window's step(grads, params_out): its stores acquired for reading, then (every
+        store read) its parameters for writing, for the call. When the call fails, zoe's state
+        is as it was, so the window's parameters are written back from its master, which holds
+        their values; ``dirty[0]`` stays set when even that fails."""
+        first, end = window
+        inside = [first <= index < end and self._present(param)
+                  for index, param in enumerate(params)]
+        try:
+            with contextlib.ExitStack() as held:
+                grads = [self._view_for(param, within, held)
+                         for param, within in zip(params, inside)]
+                dirty[0] = True
+                outs = [self._output_for(param, held) if within else _absent(param)
+                        for param, within in zip(params, inside)]
+                result = step(grads, outs)
+        except BaseException:
+            if dirty[0]:
+                write_back(inside)
+                dirty[0] = False
+            raise
+        dirty[0] = False
+        later = [within and out.data == 0 for within, out in zip(inside, outs)]
+        if any(later):
+            write_back(later)
+        return result
+
+    @staticmethod
+    def _output_for(param, held):
+        """The BufferView zoe writes a parameter's update into: its memory when on the CPU (a
+        paged one acquired for writing), else one without data (written back afterwards)."""
+        pager = _pager_of(param)
+        if pager is None:
+            target = param.detach()
+        else:
+            target = held.enter_context(pager.held(param, _capi.Access.WRITE))
+        if target.device.type != "cpu" or not target.is_contiguous():
+            return _absent(param)
+        return _view(target)
+
     def check_usable(self):
         """FailedPrecondition when an earlier step failed part-way (see step)."""
         if self.broken is not None:
@@ -282,6 +312,11 @@ class GradStream:
                 f"the param group's optimizer state is partly stepped: {self.broken}; load a "
                 "checkpoint (optimizer.load_checkpoint, or the engine's load_checkpoint) to "
                 "resume")
+
+
+def _absent(param):
+    """A BufferView without data covering a parameter's elements."""
+    return BufferView(0, _DTYPES[param.dtype], param.numel())
 
 
 def clip_coefficient(norm, max_norm):
