@@ -129,16 +129,23 @@ class TorchCollectives:
             self._scratch[key] = buffer
         return buffer
 
-    def reduce_to_owners(self, tensor, bounds):
+    def reduce_to_owners(self, tensor, bounds, async_op=False):
         """Sums ``tensor`` over the ranks, each rank's part onto that rank: rank r's part is
         elements [bounds[r], bounds[r + 1]) of ``tensor``. Afterwards this rank's part holds the
-        sum; the other parts hold unspecified values."""
+        sum; the other parts hold unspecified values. With ``async_op`` (a CPU backend) returns
+        a Pending to wait() on before reading the sum (None: done already)."""
         parts = [tensor[bounds[r] : bounds[r + 1]] for r in range(self.world_size)]
         if self._device.type == "cpu":
             with _timed(self, "seconds", calls="calls"):
-                reduce_parts(parts, self.group)
-            return
+                return reduce_parts(parts, self.group, async_op=async_op)
         self.all_reduce(tensor)
+        return None
+
+    def wait(self, pending):
+        """Waits for a Pending of reduce_to_owners(async_op=True), timed as a collective."""
+        if pending is not None:
+            with _timed(self, "seconds"):
+                pending.wait()
 
     def _reduce_scatter_sum(self, send, recv, counts):
         counts = [counts[r] for r in range(self.world_size)]

@@ -13,9 +13,11 @@ The model is not wrapped in DistributedDataParallel: the optimizer reduces the g
   reduce-scatter, _collective_ops) and averaged, and each rank hands its shard's slice to zoe.
 - Stage 2: during backward, a hook on each parameter's gradient accumulator counts the
   parameters of its bucket (consecutive parameters of a param group, ``bucket_elements`` at
-  least); when a bucket's last gradient is final the bucket is reduced and the shard's slice goes
-  straight to the zoe group (zoe_optim_accumulate_grad: its state reads start during backward).
-  Buckets whose gradients never all arrived are reduced at step(). Like DistributedDataParallel
+  least); when a bucket's last gradient is final the bucket's reduction starts in the background
+  (at most REDUCTIONS_IN_FLIGHT at once, the oldest finished first, the rest at step(), as
+  DistributedDataParallel overlaps its all-reduces with backward) and, once summed, the shard's
+  slice goes straight to the zoe group (zoe_optim_accumulate_grad: its state reads start during
+  backward). Buckets whose gradients never all arrived are reduced at step(). Like DistributedDataParallel
   without find_unused_parameters, stage 2 needs every rank to produce gradients for the same
   parameters in an iteration, and one backward per step.
 
@@ -70,6 +72,8 @@ from .distributed import (DEFAULT_BUCKET_ELEMENTS, ShardedGroup, TorchCollective
                           shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
 from .state_layout import SLOTS, param_entries
+
+REDUCTIONS_IN_FLIGHT = 2  # stage 2's gradient buckets being summed while backward goes on
 
 def _with_rank(path, rank):
     """``path`` with ``{rank}`` replaced, its directory created."""
@@ -173,6 +177,9 @@ class GroupShard:
     sharded: Optional[ShardedGroup] = None  # created with the zoe group, by every rank together
     grads: List[torch.Tensor] = dataclasses.field(default_factory=list)  # slices zoe borrows
     buffer: Optional[torch.Tensor] = None  # the flat fp32 gradient buffer (grad_buffer)
+    # reductions in flight, oldest first: (Pending, bucket, flat slice, its first element,
+    # present) for ZeroPartition.finish_reductions
+    pending: List[Any] = dataclasses.field(default_factory=list)
     hooks: List[Any] = dataclasses.field(default_factory=list)  # (handle, node) of stage 2
 
 
@@ -306,18 +313,34 @@ class ZeroPartition:
         """Sums a bucket's gradients (zeros where a parameter has none on this rank) onto the
         ranks that own them, averages this rank's part and hands its slice of each parameter to
         zoe -- without data for parameters that ``present`` (None: all) marks absent on every
-        rank."""
-        local = optimizer._zoe_group(state)
-        sharded = state.shard.sharded
+        rank. The sum runs in the background (the group's pending reductions, at most
+        REDUCTIONS_IN_FLIGHT while backward goes on); finish_reductions hands it to zoe."""
+        optimizer._zoe_group(state)
         offsets = state.offsets()
         first, last = bucket.indices[0], bucket.indices[-1]
         begin, end = offsets[first], offsets[last] + state.params[last].numel()
         flat = self._flat_bucket(state, bucket, offsets, begin, end)
-        total = state.element_count()
         owners = [min(max(boundary, begin), end) - begin
-                  for boundary in shard_boundaries(total, self.world_size)]
-        self.comm.reduce_to_owners(flat, owners)
+                  for boundary in shard_boundaries(state.element_count(), self.world_size)]
+        pending = self.comm.reduce_to_owners(flat, owners, async_op=True)
         bucket.reduced = True
+        state.shard.pending.append((pending, bucket, flat, begin, present))
+        while len(state.shard.pending) > REDUCTIONS_IN_FLIGHT:
+            self._finish_reduction(state, *state.shard.pending.pop(0))
+
+    def finish_reductions(self, state):
+        """Waits for the group's pending reductions, oldest first, and hands their slices to
+        zoe."""
+        while state.shard.pending:
+            self._finish_reduction(state, *state.shard.pending.pop(0))
+
+    def _finish_reduction(self, state, pending, bucket, flat, begin, present):
+        """A bucket's reduction once summed: this rank's part averaged and each parameter's
+        slice handed to zoe (see reduce_bucket)."""
+        self.comm.wait(pending)
+        local, sharded = state.zoe_group, state.shard.sharded
+        offsets = state.offsets()
+        end = begin + flat.numel()
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
         if hi <= lo:
             return
@@ -369,7 +392,14 @@ class ZeroPartition:
         return [bool(flag > 0) for flag in flags]
 
     def reduce_for_step(self, optimizer, state):
-        """Reduces what backward did not; False when no rank has a gradient in the group."""
+        """Reduces what backward did not and finishes every reduction; False when no rank has a
+        gradient in the group."""
+        try:
+            return self._reduce_rest(optimizer, state)
+        finally:
+            self.finish_reductions(state)
+
+    def _reduce_rest(self, optimizer, state):
         buckets = state.shard.buckets
         if self.stage == 1:
             present = self._agreed_presence(state)
@@ -411,7 +441,12 @@ class ZeroPartition:
                 bucket.reset()
 
     def end_iteration(self, state):
-        """Drops the reduced slices and the buckets' counts after a step (taken or failed)."""
+        """Drops the reduced slices and the buckets' counts after a step (taken or failed);
+        reductions still pending (a step that failed first) are waited for, so that every rank
+        stays paired for its next collective, and dropped."""
+        pending, state.shard.pending = state.shard.pending, []
+        for work, *_ in pending:
+            self.comm.wait(work)
         state.shard.grads = []
         for bucket in state.shard.buckets:
             bucket.reset()
