@@ -29,11 +29,16 @@ Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 The package, by concern: optimizer.py (AdamW, Adam; one GroupState per param group,
 param_group.py), config.py (engine_config and the optimizer's configuration), state_layout.py
 (torch's state dict layout), device.py (the device path: DeviceBackend, CudaBackend, HostTwin,
-its waits), grad_hooks.py (gradient hooks, ZeRO buckets), zero.py (ZeRO stages 1 and 2: the
-optimizer's ZeroPartition), distributed.py (collectives, the shard formula, sharded groups),
+its waits), grad_hooks.py (gradient hooks, ZeRO buckets), grad_stream.py (gradients of paged
+parameters streamed out of backward into stores, stepped window by window), zero.py (ZeRO stages
+1 and 2: the optimizer's ZeroPartition), distributed.py (collectives, the shard formula, sharded
+groups),
 checkpoint.py (sharded checkpoints), paging.py (ParameterPager), zero3.py (ZeRO stage 3:
 ShardedParameterPager), offload.py (offload_parameters), paged_init.py and adoption.py (zero_init;
-parameters it paged adopted by the pagers), consolidate.py, common.py.
+parameters it paged adopted by the pagers), stage3_checks.py (stage 3 misuses refused),
+activations.py and activation_store.py (offload_activations), activation_checkpoint.py
+(checkpoint, the activation_checkpointing section), ds_*.py (initialize and its engine),
+consolidate.py, common.py.
 """
 
 from . import checkpoint as _sharded_checkpoints
