@@ -9,7 +9,8 @@ moved per tier.
 As root (or with write access to the memory cgroup hierarchy) the training runs in a child
 process inside a memory cgroup of --limit bytes that it joins before importing torch, so
 everything it allocates counts and going over the limit kills it. Elsewhere it runs without a
-limit and says so; the figures are then its peak resident size.
+limit and says so, with zoe's host budget set to what such a cgroup would have given it (3/8 of
+the limit); the figures are then its peak resident size.
 
 Usage: train_beyond_memory.py [--limit 512M] [--width 1024] [--layers 11] [--steps 3]
                               [--nvme-dir DIR]
@@ -59,7 +60,9 @@ def train(args):
             "offload_optimizer": {"device": "nvme", "nvme_path": args.nvme_dir},
             "offload_param": {"device": "nvme", "nvme_path": args.nvme_dir},
         },
-        "zoe": {"log_level": "warn"},
+        # no size key; without a cgroup, the host budget a cgroup of --limit would have given
+        "zoe": {"log_level": "warn", **({"host_budget": args.host_budget}
+                                        if args.host_budget else {})},
     })
     torch.manual_seed(0)
     with zoe.torch.zero_init(engine):  # each module's parameters paged as it is built
@@ -114,7 +117,9 @@ def report(lines, limit, peak, limited):
     allowed = limit if limited else peak
     print(f"{summary['parameters']:,} parameters: {gib(state)} of training state; "
           + (f"memory limit {gib(limit)} (a memory cgroup)" if limited
-             else "no memory limit here (not root): figures are the peak resident size")
+             else "no memory cgroup could be made here (that needs root and a writable cgroup "
+                  "hierarchy), so zoe's host budget was set as under one; figures are the peak "
+                  "resident size")
           + f", peak {gib(peak)}: the state is {state / allowed:.1f}x the memory "
           + ("allowed" if limited else "used"))
     print(f"zoe's pinned host budget {gib(summary['host_budget'])}; moved "
@@ -145,6 +150,7 @@ def main():
     parser.add_argument("--nvme-dir", help="where the swap files go (default: a temporary dir)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cgroup", help=argparse.SUPPRESS)
+    parser.add_argument("--host-budget", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         train(args)
@@ -154,7 +160,8 @@ def main():
     cgroup = MemoryCgroup(args.limit, f"zoe-beyond-{os.getpid()}") if limited else None
     command = [sys.executable, os.path.abspath(__file__), "--child", "--nvme-dir", nvme_dir,
                "--width", str(args.width), "--layers", str(args.layers),
-               "--steps", str(args.steps)] + (["--cgroup", cgroup.folder] if cgroup else [])
+               "--steps", str(args.steps)] + (["--cgroup", cgroup.folder] if cgroup else
+                                              ["--host-budget", str(args.limit * 3 // 8)])
     print(f"training a GPT of {gpt_parameters(100, args.width, args.layers) / 1e6:.0f} M "
           f"parameters with zoe" + (f" inside {gib(args.limit)} of memory" if limited else ""),
           flush=True)
