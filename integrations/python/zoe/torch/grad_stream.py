@@ -30,6 +30,7 @@ DeepSpeed's engine.step zeroes them) and dropped by ``optimizer.zero_grad()``.""
 
 import contextlib
 import dataclasses
+import functools
 import math
 from typing import Any, Optional
 
@@ -250,8 +251,7 @@ class GradStream:
             for position, window in enumerate(windows):
                 following = windows[position + 1] if position + 1 < len(windows) else None
                 self.prefetch(params, following)
-                step = lambda grads, outs: zoe_group.step(  # noqa: E731
-                    hyper, grads=grads, params_out=outs, loss_scale=scale)
+                step = functools.partial(zoe_group.step, hyper, loss_scale=scale)
                 results.append(self._step_window(params, window, step, write_back, dirty))
         except BaseException as error:
             if results or dirty[0]:
@@ -265,7 +265,7 @@ class GradStream:
         return results
 
     def _step_window(self, params, window, step, write_back, dirty):
-        """One window's step(grads, params_out): its stores acquired for reading, then (every
+        """One window's step(grads=, params_out=): its stores acquired for reading, then (every
         store read) its parameters for writing, for the call. When the call fails, zoe's state
         is as it was, so the window's parameters are written back from its master, which holds
         their values; ``dirty[0]`` stays set when even that fails."""
@@ -279,7 +279,7 @@ class GradStream:
                 dirty[0] = True
                 outs = [self._output_for(param, held) if within else _absent(param)
                         for param, within in zip(params, inside)]
-                result = step(grads, outs)
+                result = step(grads=grads, params_out=outs)
         except BaseException:
             if dirty[0]:
                 write_back(inside)
