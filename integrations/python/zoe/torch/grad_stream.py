@@ -156,11 +156,6 @@ class GradStream:
         for store in self._stores.values():
             store.present, store.norm = False, None
 
-    def has_grad(self, param):
-        """Whether a paged parameter holds a gradient; None for a parameter not paged."""
-        store = self._stores.get(id(param))
-        return None if store is None else store.present
-
     # --- the step ----------------------------------------------------------------------------
 
     def any_present(self, params):
