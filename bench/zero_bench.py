@@ -51,8 +51,8 @@ ones before it left), at the end of its timed iterations (rss_bytes), and its pe
 (peak_rss_bytes: the kernel's peak, started over for each implementation; the model it builds
 and every iteration included). Linux keeps these counts per CPU and reports their sum without
 the CPUs' pending deltas, so each reading is within nr_cpus x max(32, 2 x nr_cpus) pages of the
-exact count (percpu_counter): a start read right after the peak was started over can exceed
-the peak by that much.
+exact count either way (percpu_counter): a start read right after the peak was started over can
+exceed the peak by twice that.
 
 Breakdown per iteration (breakdown_*_s, the slowest rank per round, median over rounds): ds_*,
 forward, backward and step (engine.stats(): the step includes the optimizer's parameter
