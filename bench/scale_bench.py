@@ -19,8 +19,10 @@ timed ones (forward, backward, step, zero_grad).
 
 I/O bound: the NVMe bytes an iteration moves (the engine's tensor links nvme<->host and its
 optimizer groups' bytes read and written) over the read and write rates `zoe bench io` measures
-on --dir in the same run (1 MiB blocks, queue depth 32). Where the time goes: per iteration, the
-pager's stall time (acquires waiting for reads) and the optimizer groups' I/O wait and compute.
+on --dir in the same run (1 MiB blocks, queue depth 32; the median of 3 alternating rounds each).
+Where the time goes: per iteration and per phase (forward, backward, step), seconds, NVMe bytes
+and the pager's stall time (acquires waiting for reads); per iteration the optimizer groups' I/O
+wait and compute.
 
 Output: JSON lines on stdout: one "io" line, then one "result" line per implementation, with
 "killed" set when the limit killed it (its exit signal and the last iteration it finished).
@@ -48,16 +50,25 @@ from zoe.memory_limit import MemoryCgroup, parse_size  # noqa: E402  (no torch: 
 # ---- the disk's rates -----------------------------------------------------------------------
 
 
+# Rounds of `zoe bench io` per direction, alternating: the disk (a shared one) is noisy, so the
+# bound uses each direction's median.
+DISK_ROUNDS = 3
+
+
 def disk_rates(directory, size):
-    """{"read": bytes/s, "write": bytes/s} of `zoe bench io` on ``directory``."""
+    """{"read": bytes/s, "write": bytes/s}: the medians of DISK_ROUNDS alternating runs of
+    `zoe bench io` on ``directory``, with every round's figure under "samples"."""
     zoe_cli = os.path.join(ROOT, "build", "release", "bench", "zoe")
-    rates = {}
-    for rw in ("write", "read"):
-        completed = subprocess.run(
-            [zoe_cli, "bench", "io", "--rw", rw, "--bs", "1M", "--iodepth", "32", "--size",
-             str(size), "--path", directory, "--output-format=json"],
-            capture_output=True, text=True, check=True)
-        rates[rw] = json.loads(completed.stdout)["jobs"][0]["bw_bytes"]
+    samples = {"write": [], "read": []}
+    for _ in range(DISK_ROUNDS):
+        for rw in ("write", "read"):
+            completed = subprocess.run(
+                [zoe_cli, "bench", "io", "--rw", rw, "--bs", "1M", "--iodepth", "32", "--size",
+                 str(size), "--path", directory, "--output-format=json"],
+                capture_output=True, text=True, check=True)
+            samples[rw].append(json.loads(completed.stdout)["jobs"][0]["bw_bytes"])
+    rates = {rw: statistics.median(values) for rw, values in samples.items()}
+    rates["samples"] = samples
     return rates
 
 
@@ -103,6 +114,8 @@ def zoe_counters(stats):
     return {
         "nvme_read_bytes": links["nvme_to_host"]["bytes"] + sum(g["bytes_read"] for g in groups),
         "nvme_write_bytes": links["host_to_nvme"]["bytes"] + sum(g["bytes_written"] for g in groups),
+        "tensor_read_bytes": links["nvme_to_host"]["bytes"],
+        "tensor_write_bytes": links["host_to_nvme"]["bytes"],
         "stall_s": stats["stall"]["nanoseconds"] / 1e9,
         "optimizer_io_wait_s": sum(g["io_wait_seconds"] for g in groups),
         "optimizer_compute_s": sum(g["compute_seconds"] for g in groups),
@@ -134,13 +147,24 @@ def child(args):
         before = counters()
         start = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x), target)
+        forward_end, after_forward = time.perf_counter(), counters()
         loss.backward()
+        backward_end, after_backward = time.perf_counter(), counters()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
         after = counters()
         moved = {key: after[key] - before[key] for key in after}
-        iterations.append({"seconds": seconds, "loss": float(loss), **moved})
+        phases = {"forward": (before, after_forward), "backward": (after_forward, after_backward),
+                  "step": (after_backward, after)}
+        for phase, (first, last) in phases.items():
+            for key in ("nvme_read_bytes", "nvme_write_bytes", "tensor_read_bytes",
+                        "tensor_write_bytes", "stall_s"):
+                if key in last:
+                    moved[f"{phase}_{key}"] = last[key] - first[key]
+        iterations.append({"seconds": end - start, "forward_s": forward_end - start,
+                           "backward_s": backward_end - forward_end, "step_s": end - backward_end,
+                           "loss": float(loss), **moved})
         print(json.dumps({"kind": "iteration", "index": index, **iterations[-1]}), flush=True)
     line = {"kind": "child", "iterations": iterations[args.warmup:],
             "all_losses": [it["loss"] for it in iterations],
@@ -195,7 +219,10 @@ def summarize(impl, args, rates, lines, completed, peak, wall):
         bound = read / rates["read"] + written / rates["write"]
         result.update(nvme_read_bytes=read, nvme_write_bytes=written, io_bound_s=bound,
                       over_io_bound=result["seconds_per_iteration"] / bound)
-        for key in ("stall_s", "optimizer_io_wait_s", "optimizer_compute_s"):
+        phased = [f"{phase}_{key}" for phase in ("forward", "backward", "step")
+                  for key in ("s", "nvme_read_bytes", "nvme_write_bytes", "tensor_read_bytes",
+                              "tensor_write_bytes", "stall_s")]
+        for key in phased + ["stall_s", "optimizer_io_wait_s", "optimizer_compute_s"]:
             result[key] = statistics.median(it[key] for it in timed)
     return result
 
@@ -225,7 +252,8 @@ def main():
         args.dir = work
         rates = disk_rates(work, args.io_size)
         print(json.dumps({"kind": "io", "read_bytes_per_s": rates["read"],
-                          "write_bytes_per_s": rates["write"]}), flush=True)
+                          "write_bytes_per_s": rates["write"], "samples": rates["samples"]}),
+              flush=True)
         for impl in args.impls.split(","):
             print(json.dumps(run_child(impl, args, rates)), flush=True)
 

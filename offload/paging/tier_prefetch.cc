@@ -164,8 +164,12 @@ uint64_t TierManager::NextUseOfRun(size_t run_index) const {
   return nearest;
 }
 
+// Only acquires inside TraceBegin/TraceEnd are the iteration's: one between iterations (an
+// optimizer step, a checkpoint) is not in the trace, and matching it would move the cursor to
+// where its chunk last appeared and prefetch from there. The cursor stays at the iteration's end,
+// so eviction meanwhile still ranks runs by their use in the next iteration.
 void TierManager::AdvanceTrace(TensorId tensor, Access access, Tier tier, size_t acquiring_run) {
-  if (!traces_.recording() && !cursor_) return;
+  if (!open_iteration_ || (!traces_.recording() && !cursor_)) return;
   Result<std::vector<TraceEvent>> events = EventsForAcquire(layout_, tensor, access, tier);
   if (!events.ok()) return;
   if (traces_.recording()) {

@@ -161,10 +161,10 @@ std::vector<ChunkId> TraceCursor::NextPrefetches(const PrefetchLimits& limits,
     if (seen_stamp_[e.chunk.value] == stamp_) continue;
     seen_stamp_[e.chunk.value] = stamp_;
     if (limits.only_tier && e.tier != *limits.only_tier) continue;
-    if (!Reads(e.access)) continue;  // its acquire overwrites it: nothing to bring in
     const uint64_t cost = limits.chunk_bytes ? limits.chunk_bytes(e.chunk) : e.bytes;
     if (cost > limits.byte_budget - window) break;
-    window += cost;
+    window += cost;  // a chunk acquired to be overwritten takes its room all the same
+    if (!Reads(e.access)) continue;  // its acquire overwrites it: nothing to bring in
     if (skip && skip(e.chunk)) continue;
     chunks.push_back(e.chunk);
     if (chunks.size() >= limits.max_chunks) break;

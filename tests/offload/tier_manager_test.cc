@@ -1077,6 +1077,28 @@ TEST_F(TierManagerTraceTest, RepeatedMismatchesReRecordTheNextIteration) {
   EXPECT_EQ(Delta(manager->stats().Snapshot(), before).trace_matched, 8u);
 }
 
+// Acquires between TraceEnd and TraceBegin (an optimizer step, a checkpoint) are not the
+// iteration's: they neither move the replay nor prefetch, and the next iteration replays from its
+// start as if they had not happened.
+TEST_F(TierManagerTraceTest, AcquiresBetweenIterationsLeaveTheReplayAlone) {
+  auto manager = Make();
+  ASSERT_NE(manager, nullptr);
+  Iterate(*manager, kForward);  // records
+  Iterate(*manager, kForward);  // replays
+  const StatsSnapshot before = manager->stats().Snapshot();
+  for (int i : {4, 5}) ExpectContents(*manager, ids_[i], Pattern(kChunk, i + 1));
+  const StatsSnapshot between = Delta(manager->stats().Snapshot(), before);
+  EXPECT_EQ(between.trace_matched + between.trace_resynced + between.trace_unmatched, 0u);
+  EXPECT_EQ(between.prefetches_issued, 0u)
+      << "matching layer 5 would have moved the replay there and prefetched layers 6 and 7";
+  const StatsSnapshot start = manager->stats().Snapshot();
+  Iterate(*manager, kForward);
+  const StatsSnapshot next = Delta(manager->stats().Snapshot(), start);
+  EXPECT_EQ(next.trace_matched, 8u);
+  EXPECT_EQ(next.trace_resynced + next.trace_unmatched, 0u);
+  EXPECT_LE(next.prefetch_misses, 1u);
+}
+
 TEST_F(TierManagerTraceTest, MisuseIsReported) {
   auto manager = Make();
   ASSERT_NE(manager, nullptr);
