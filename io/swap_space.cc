@@ -10,6 +10,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/log.h"
+#include "io/stale_swap.h"
 
 namespace zoe::io {
 namespace {
@@ -96,6 +97,7 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const std::vector<std::stri
   OpenOptions open = options.files.open;
   open.create = open.exclusive = true;
   for (size_t i = 0; i < directories.size(); ++i) {
+    RemoveStaleSwapFiles(directories[i]);
     const std::string path =
         fmt::format("{}/{}-{}-{}.{}.swap", directories[i], options.name_prefix, ::getpid(), id, i);
     Result<std::unique_ptr<File>> file = File::Open(path, open);
@@ -103,6 +105,9 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const std::vector<std::stri
       for (auto& created : files) (void)created->Remove();
       return std::move(file).status();
     }
+    // Without the lock (a filesystem without flock), only the process id tells it is in use.
+    if (Status locked = HoldSwapLock(**file); !locked.ok())
+      ZOE_LOG_DEBUG("io: {}", locked.ToString());
     files.push_back(std::move(file).value());
     paths.push_back(path);
   }

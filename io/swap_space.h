@@ -7,7 +7,8 @@
 //    it for reuse, merging it with free neighbours.
 //  - Grow() adds space at the end, checked and reserved the same way before any of it is handed
 //    out, for callers that size the space from what they register.
-//  - Close() (and the destructor) removes the files.
+//  - Close() (and the destructor) removes the files. Those of a process that died first are
+//    removed by the next swap space made in their directory (io/stale_swap.h).
 // Allocate and Free are thread-safe. I/O on extents goes through an IoQueue with files().
 #pragma once
 
