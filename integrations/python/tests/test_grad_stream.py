@@ -34,6 +34,20 @@ def micro_rows(rows, micro):
     return slice(indices[0] + micro * half, indices[0] + (micro + 1) * half)
 
 
+def backward_micro_batches(model, step, parts, after_each=lambda: None):
+    """The backwards of one step over ``parts`` (the rows this process takes), MICRO
+    micro-batches each, of loss / (MICRO * len(parts)) -- per rank, as DistributedDataParallel:
+    the ranks' mean makes the whole batch's; inf at NONFINITE_STEP's last micro-batch of
+    ROWS[0]. ``after_each()`` after every backward."""
+    for part in parts:
+        for micro in range(MICRO):
+            loss = loss_of(model, step, micro_rows(part, micro)) / (MICRO * len(parts))
+            if step == NONFINITE_STEP and part is ROWS[0] and micro == MICRO - 1:
+                loss = loss * float("inf")
+            loss.backward()
+            after_each()
+
+
 def reference_parameters(steps=STEPS):
     """One process: torch's AdamW, accumulation over MICRO micro-batches of loss / MICRO,
     clip_grad_norm_, the non-finite step skipped."""
@@ -42,12 +56,7 @@ def reference_parameters(steps=STEPS):
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        for part in ROWS:
-            for micro in range(MICRO):
-                loss = loss_of(model, step, micro_rows(part, micro)) / (MICRO * len(ROWS))
-                if step == NONFINITE_STEP and part is ROWS[0] and micro == MICRO - 1:
-                    loss = loss * float("inf")
-                loss.backward()
+        backward_micro_batches(model, step, ROWS)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         if math.isfinite(norm):
             optimizer.step()
@@ -57,17 +66,13 @@ def reference_parameters(steps=STEPS):
 def train_steps(model, optimizer, steps, parts, first=0):
     """Steps [first, first + steps) of the streamed run over ``parts`` (this rank's rows);
     returns the skipped steps and the windows each step took."""
+    def no_gradient_held():
+        assert all(p.grad is None for p in model.parameters())
+
     skipped, windows = [], []
     for step in range(first, first + steps):
         optimizer.zero_grad(set_to_none=True)
-        for part in parts:
-            for micro in range(MICRO):
-                # per rank, as DistributedDataParallel: the ranks' mean makes the whole batch's
-                loss = loss_of(model, step, micro_rows(part, micro)) / (MICRO * len(parts))
-                if step == NONFINITE_STEP and part is ROWS[0] and micro == MICRO - 1:
-                    loss = loss * float("inf")
-                loss.backward()
-                assert all(p.grad is None for p in model.parameters())
+        backward_micro_batches(model, step, parts, no_gradient_held)
         optimizer.step()
         if optimizer.last_step[0].skipped:
             skipped.append(step)
@@ -127,6 +132,33 @@ def test_a_model_paged_into_the_device_tier_equals_torch(nvme_dir, reference):
         assert skipped == [NONFINITE_STEP] and min(windows) > 1
         assert_matches(pager.state_dict(), reference)
         assert engine.stats()["links"]["host_to_device"]["bytes"] > 0
+        optimizer.close()
+        pager.remove()
+
+
+def test_a_parameter_too_large_to_sit_beside_its_gradient_store_is_written_after(nvme_dir):
+    """A Linear(64, 64) whose weight and gradient store (16 KiB each, fp32) do not fit a 24 KiB
+    HOST budget for tensors together, while each does alone: the step writes the weight from the
+    master once its store is released instead of waiting for room that never comes, and 3 steps
+    equal torch's AdamW."""
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(64, 64)
+    expected = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=0.01)
+    engine, _ = engine_for(nvme_dir, 0, zoe={**engine_for_zoe(), "tensor_host_budget": "24K"})
+    with engine:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 64)
+        pager = zoe.torch.offload_parameters(model, engine)
+        optimizer = zoe.torch.AdamW(model.parameters(), lr=LR, weight_decay=0.01, engine=engine)
+        for step in range(3):
+            x = torch.randn(4, 64, generator=torch.Generator().manual_seed(step))
+            for net, opt in ((reference, expected), (model, optimizer)):
+                opt.zero_grad(set_to_none=True)
+                net(x).square().mean().backward()
+                opt.step()
+        state = pager.state_dict()
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6, msg=name)
         optimizer.close()
         pager.remove()
 

@@ -18,11 +18,13 @@ and whether any gradient is inf/NaN, without reading the gradients again: the no
 parameters' norms, as clip_grad_norm_ computes it (over the ranks of a sharded pager, the
 square root of the all-reduced sum of the shards' squared norms).
 
-The step (``GradStream.step_windows``) hands zoe's group the gradients window by window: the
-longest runs of consecutive parameters whose stores fit a quarter of the tensors' HOST budget
-are acquired together and stepped, every other parameter's gradient absent (its state, step count
+The step (``GradStream.step``) hands zoe's group the gradients window by window: the longest
+runs of consecutive parameters whose stores fit a quarter of the tensors' HOST budget are
+acquired together and stepped, every other parameter's gradient absent (its state, step count
 and values untouched), while the next window's stores are prefetched; zoe writes the window's
-updated parameters straight into them (paged ones acquired for writing for the window). Clipping is the factor
+updated parameters straight into them (paged ones acquired for writing for the window), or, for
+a window of one parameter too large to sit beside its store, they are written from the master
+once the store is released. Clipping is the factor
 clip_grad_norm_ applies (``max_norm / (norm + 1e-6)``, at most 1), given to zoe as the step's
 loss scale (its reciprocal), so every window is scaled alike. A non-finite norm skips the step
 (every rank of a sharded pager together). Gradients are consumed by the step that uses them (as
@@ -190,7 +192,7 @@ class GradStream:
         window (at least one parameter each), covering every parameter with a gradient."""
         budget, footprint = _host_footprint(self.pager.engine)
         budget = max(1, budget // WINDOW_SHARE)
-        windows, first, held = [], None, 0
+        windows, first, last, held = [], None, None, 0
         for index, param in enumerate(params):
             if not self._present(param):
                 continue
@@ -267,12 +269,13 @@ class GradStream:
         first, end = window
         inside = [first <= index < end and self._present(param)
                   for index, param in enumerate(params)]
+        written = self._params_fit_beside_stores(params, inside)
         try:
             with contextlib.ExitStack() as held:
                 grads = [self._view_for(param, within, held)
                          for param, within in zip(params, inside)]
                 dirty[0] = True
-                outs = [self._output_for(param, held) if within else _absent(param)
+                outs = [self._output_for(param, held) if within and written else _absent(param)
                         for param, within in zip(params, inside)]
                 result = step(grads=grads, params_out=outs)
         except BaseException:
@@ -285,6 +288,20 @@ class GradStream:
         if any(later):
             write_back(later)
         return result
+
+    def _params_fit_beside_stores(self, params, inside):
+        """Whether zoe may write the window's parameters during its step, acquired beside its
+        stores: when both fit half the tensors' HOST budget (the rest is for the next window's
+        prefetch). A window of one parameter too large for that has them written from the master
+        afterwards, one at a time once the stores are released, so no window needs more HOST
+        than the budget."""
+        budget, footprint = _host_footprint(self.pager.engine)
+        held = 0
+        for param, within in zip(params, inside):
+            store = self._stores.get(id(param)) if within else None
+            if store is not None:
+                held += footprint(store.numel * 4) + footprint(param.numel() * param.element_size())
+        return held <= budget // 2
 
     @staticmethod
     def _output_for(param, held):
