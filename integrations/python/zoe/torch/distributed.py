@@ -16,6 +16,37 @@ from ..errors import check
 from .common import _live_group, _timed, _weak_group
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 22
+REDUCTIONS_IN_FLIGHT = 2  # gradient buckets being summed while backward goes on
+
+
+class ReductionsInFlight:
+    """Gradient reductions started in the background, oldest first, at most ``limit`` at once:
+    starting one more finishes the oldest (backward goes on while the others run). Every rank
+    starts and finishes the same ones in the same order, so their collectives stay paired."""
+
+    def __init__(self, limit=REDUCTIONS_IN_FLIGHT):
+        self.limit = limit
+        self._items = []
+
+    def __len__(self):
+        return len(self._items)
+
+    def add(self, item, finish):
+        """Keeps ``item`` (a started reduction); ``finish(oldest)`` for those past the limit."""
+        self._items.append(item)
+        while len(self._items) > self.limit:
+            finish(self._items.pop(0))
+
+    def finish_all(self, finish):
+        """``finish(item)`` for every one, oldest first (each removed before it is finished, so
+        one that raises is not finished twice)."""
+        while self._items:
+            finish(self._items.pop(0))
+
+    def take_all(self):
+        """Forgets every one and returns them, oldest first (to wait on without finishing)."""
+        items, self._items = self._items, []
+        return items
 
 
 def shard_bounds(numel, rank, world_size):

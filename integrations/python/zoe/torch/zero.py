@@ -54,6 +54,7 @@ buffer) is the GroupShard in its GroupState. The shard formula is distributed.sh
 
 import contextlib
 import dataclasses
+import functools
 import json
 import operator
 import os
@@ -68,12 +69,11 @@ from .. import errors as zoe_errors
 from ..engine import BufferView, _config_text
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _invalid, _pager_of, _view
-from .distributed import (DEFAULT_BUCKET_ELEMENTS, ShardedGroup, TorchCollectives,
-                          shard_boundaries, shard_bounds, shard_counts)
+from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, ShardedGroup,
+                          TorchCollectives, shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
 from .state_layout import SLOTS, param_entries
 
-REDUCTIONS_IN_FLIGHT = 2  # stage 2's gradient buckets being summed while backward goes on
 
 def _with_rank(path, rank):
     """``path`` with ``{rank}`` replaced, its directory created."""
@@ -177,9 +177,9 @@ class GroupShard:
     sharded: Optional[ShardedGroup] = None  # created with the zoe group, by every rank together
     grads: List[torch.Tensor] = dataclasses.field(default_factory=list)  # slices zoe borrows
     buffer: Optional[torch.Tensor] = None  # the flat fp32 gradient buffer (grad_buffer)
-    # reductions in flight, oldest first: (Pending, bucket, flat slice, its first element,
-    # present) for ZeroPartition.finish_reductions
-    pending: List[Any] = dataclasses.field(default_factory=list)
+    # reductions in flight: (Pending, bucket, flat slice, its first element, present) for
+    # ZeroPartition.finish_reductions
+    pending: ReductionsInFlight = dataclasses.field(default_factory=ReductionsInFlight)
     hooks: List[Any] = dataclasses.field(default_factory=list)  # (handle, node) of stage 2
 
 
@@ -314,7 +314,7 @@ class ZeroPartition:
         ranks that own them, averages this rank's part and hands its slice of each parameter to
         zoe -- without data for parameters that ``present`` (None: all) marks absent on every
         rank. The sum runs in the background (the group's pending reductions, at most
-        REDUCTIONS_IN_FLIGHT while backward goes on); finish_reductions hands it to zoe."""
+        ReductionsInFlight's limit while backward goes on); finish_reductions hands it to zoe."""
         optimizer._zoe_group(state)
         offsets = state.offsets()
         first, last = bucket.indices[0], bucket.indices[-1]
@@ -324,19 +324,18 @@ class ZeroPartition:
                   for boundary in shard_boundaries(state.element_count(), self.world_size)]
         pending = self.comm.reduce_to_owners(flat, owners, async_op=True)
         bucket.reduced = True
-        state.shard.pending.append((pending, bucket, flat, begin, present))
-        while len(state.shard.pending) > REDUCTIONS_IN_FLIGHT:
-            self._finish_reduction(state, *state.shard.pending.pop(0))
+        state.shard.pending.add((pending, bucket, flat, begin, present),
+                                functools.partial(self._finish_reduction, state))
 
     def finish_reductions(self, state):
         """Waits for the group's pending reductions, oldest first, and hands their slices to
         zoe."""
-        while state.shard.pending:
-            self._finish_reduction(state, *state.shard.pending.pop(0))
+        state.shard.pending.finish_all(functools.partial(self._finish_reduction, state))
 
-    def _finish_reduction(self, state, pending, bucket, flat, begin, present):
+    def _finish_reduction(self, state, reduction):
         """A bucket's reduction once summed: this rank's part averaged and each parameter's
         slice handed to zoe (see reduce_bucket)."""
+        pending, bucket, flat, begin, present = reduction
         self.comm.wait(pending)
         local, sharded = state.zoe_group, state.shard.sharded
         offsets = state.offsets()
@@ -444,8 +443,7 @@ class ZeroPartition:
         """Drops the reduced slices and the buckets' counts after a step (taken or failed);
         reductions still pending (a step that failed first) are waited for, so that every rank
         stays paired for its next collective, and dropped."""
-        pending, state.shard.pending = state.shard.pending, []
-        for work, *_ in pending:
+        for work, *_ in state.shard.pending.take_all():
             self.comm.wait(work)
         state.shard.grads = []
         for bucket in state.shard.buckets:

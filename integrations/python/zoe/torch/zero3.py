@@ -82,13 +82,13 @@ from .adoption import adopt, check_adoptable, init_record, placeholder_for, writ
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
 from .device import check_paging_tier
-from .distributed import DEFAULT_BUCKET_ELEMENTS, TorchCollectives, shard_counts
+from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, TorchCollectives,
+                          shard_counts)
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
 from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
 
 DEFAULT_PREFETCH_DEPTH = 2
-REDUCTIONS_IN_FLIGHT = 2  # gradient buckets being reduced while backward goes on
 NAMES_IN_ERRORS = 8  # a failed bucket's error names this many of its parameters, then counts
 
 
@@ -184,7 +184,7 @@ class ShardedParameterPager(ParameterPager):
         self._accumulator_nodes = []
         self._bucket = []  # (entry, flat fp32 gradient) waiting for the bucket to fill
         self._bucket_size = 0  # elements in self._bucket
-        self._reductions = []  # _GradientBucket in flight, oldest first
+        self._reductions = ReductionsInFlight()  # of _GradientBucket
         self._gradient_sinks = {}  # id(shard) -> sink(shard, grad) taking its reduced gradient
         self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0}
         self.reductions = {"issued": 0, "parameters": 0}  # buckets reduced, gradients in them
@@ -503,16 +503,12 @@ class ShardedParameterPager(ParameterPager):
             raise bucket.error(error) from None
         self.reductions["issued"] += 1
         self.reductions["parameters"] += len(bucket.entries)
-        self._reductions.append(bucket)
-        while len(self._reductions) > REDUCTIONS_IN_FLIGHT:
-            self._finish_reduction(self._reductions.pop(0))
+        self._reductions.add(bucket, self._finish_reduction)
 
     def _finish_reductions(self):
         """Reduces the partly filled bucket and finishes every bucket in flight."""
         self._reduce_bucket()
-        reductions, self._reductions = self._reductions, []
-        for bucket in reductions:
-            self._finish_reduction(bucket)
+        self._reductions.finish_all(self._finish_reduction)
 
     def _finish_reduction(self, bucket):
         """Waits for a bucket's sum and hands each parameter's slice of this rank's part, / N, to
