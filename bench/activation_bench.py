@@ -15,7 +15,9 @@ counts what the warm-up allocated for zoe (its pinned buffers): VmHWM minus VmRS
 engine existed. Rounds alternate the modes (the order reversed on odd rounds); a figure is the
 median over the rounds of each child's median; the time ratio is the median over the rounds of
 the ratio to the keep child of the same round, and "best" the fastest iteration of all rounds.
-Gradients are compared by SHA-256 across modes.
+Gradients are compared by SHA-256 across modes. With --interleaved N, instead one process per
+sequence length alternates keeping and each offloading mode iteration by iteration, N timed
+iterations each: times only, none of the children's differences.
 Prints a JSON line per child and a table:
 
     /usr/bin/python3 bench/activation_bench.py --seq 512,1024,2048,4096 --rounds 3
@@ -35,6 +37,7 @@ import time
 
 TOKENS = 4096
 MiB = 1 << 20
+BUCKET = 8 * MiB  # offload_activations(bucket_bytes=)
 
 
 def _status(field):
@@ -50,21 +53,18 @@ def _reset_peak():
         clear_refs.write("5")
 
 
-def _offload(zoe, engine, mode, seq):
-    """The ActivationOffload of ``mode`` (None keeps the activations). With "nvme", 8 MiB
-    buckets and room for two attention-weight tensors (batch x 4 heads x seq x seq fp32, the
-    largest saved tensor) pinned and as many prefetched, at least 64 MiB."""
+def _offload(zoe, engine, mode):
+    """The ActivationOffload of ``mode`` (None keeps the activations): 8 MiB buckets and
+    offload_activations' own pinned and prefetch budgets (they follow the largest bucket,
+    here the attention weights: batch x 4 heads x seq x seq fp32)."""
     if mode == "keep":
         return None
     if mode == "nvme":
-        attention = (TOKENS // seq) * 4 * seq * seq * 4
-        budget = max(64 * MiB, 2 * attention)
         return zoe.torch.offload_activations(engine, device="nvme", min_bytes=MiB,
-                                             bucket_bytes=8 * MiB, pinned_bytes=budget,
-                                             prefetch_bytes=budget)
+                                             bucket_bytes=BUCKET)
     twin = zoe.torch.HostTwin(adversarial=False)
     return zoe.torch.offload_activations(engine, device="cpu", min_bytes=MiB,
-                                         device_backend=twin, bucket_bytes=8 * MiB)
+                                         device_backend=twin, bucket_bytes=BUCKET)
 
 
 def _iteration(torch, model, x, offload):
@@ -77,21 +77,53 @@ def _iteration(torch, model, x, offload):
     loss.backward()
 
 
-def child(spec):
-    """One (mode, seq) measurement in this process; returns its figures."""
+def _model_and_input(torch, seq):
+    torch.manual_seed(0)
+    layers = [torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0, batch_first=True)
+              for _ in range(8)]
+    return torch.nn.Sequential(*layers), torch.randn(TOKENS // seq, seq, 128)
+
+
+def interleaved_child(spec):
+    """Keeping and each offloading mode of ``spec["modes"]`` in this one process, iteration by
+    iteration in turn (``spec["iterations"]`` each after a warm-up of each): the median seconds
+    per mode, and each mode's ratio to keeping. One process, so what differs between children
+    (where the allocator and the page cache start) does not enter the comparison."""
     import torch
     import zoe
     import zoe.torch
 
-    torch.manual_seed(0)
-    layers = [torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0, batch_first=True)
-              for _ in range(8)]
-    model = torch.nn.Sequential(*layers)
-    x = torch.randn(TOKENS // spec["seq"], spec["seq"], 128)
+    model, x = _model_and_input(torch, spec["seq"])
+    engine = zoe.Engine({"zoe": {"device": "host", "chunk_size": "8M", "log_level": "warn",
+                                 "nvme_paths": [spec["nvme_dir"]]}})
+    offloads = {mode: _offload(zoe, engine, mode) for mode in ["keep"] + spec["modes"]}
+    seconds = {mode: [] for mode in offloads}
+    for turn in range(spec["iterations"] + 1):
+        for mode, offload in offloads.items():
+            started = time.perf_counter()
+            _iteration(torch, model, x, offload)
+            if turn > 0:  # the first turn warms up
+                seconds[mode].append(time.perf_counter() - started)
+    engine.close()
+    medians = {mode: statistics.median(values) for mode, values in seconds.items()}
+    return {"measure": "interleaved", "seq": spec["seq"], "iterations": spec["iterations"],
+            "seconds": medians,
+            "ratio": {mode: medians[mode] / medians["keep"] for mode in spec["modes"]}}
+
+
+def child(spec):
+    """One (mode, seq) measurement in this process; returns its figures."""
+    if spec["measure"] == "interleaved":
+        return interleaved_child(spec)
+    import torch
+    import zoe
+    import zoe.torch
+
+    model, x = _model_and_input(torch, spec["seq"])
     rss_before_engine = _status("VmRSS")
     engine = zoe.Engine({"zoe": {"device": "host", "chunk_size": "8M", "log_level": "warn",
                                  "nvme_paths": [spec["nvme_dir"]]}})
-    offload = _offload(zoe, engine, spec["mode"], spec["seq"])
+    offload = _offload(zoe, engine, spec["mode"])
     _iteration(torch, model, x, offload)  # warm-up
     seconds, growth, with_pool = [], [], []
     for _ in range(spec["iterations"] if spec["measure"] == "time" else 1):
@@ -199,6 +231,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--nvme-dir", default=None)
+    parser.add_argument("--interleaved", type=int, default=0, metavar="N",
+                        help="instead: per sequence length one process alternating keep and "
+                             "each offloading mode, N timed iterations each")
     parser.add_argument("--from-json", default=None,
                         help="only print the table of the JSON lines a run printed to this file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -215,6 +250,12 @@ def main():
         return
     nvme_dir = args.nvme_dir or tempfile.mkdtemp(prefix="zoe-activation-bench-", dir="/var/tmp")
     os.makedirs(nvme_dir, exist_ok=True)
+    if args.interleaved:
+        for seq in seqs:
+            spec = {"measure": "interleaved", "seq": seq, "iterations": args.interleaved,
+                    "modes": [mode for mode in modes if mode != "keep"], "nvme_dir": nvme_dir}
+            print(json.dumps(_spawn(spec)), flush=True)
+        return
     results = run(seqs, modes, args.rounds, args.iterations, nvme_dir)
     print(table(results, seqs, modes))
 

@@ -6,6 +6,7 @@ zoe.Corruption / zoe.IoError; a forward that raised (in the model, or out of swa
 slot, no pinned memory and no new file; 100 iterations grow nothing; the DeepSpeed
 activation_checkpointing section is honoured or refused key by key."""
 
+import contextlib
 import copy
 import gc
 import math
@@ -131,6 +132,41 @@ def swap_files(nvme_dir):
 
 
 # --- gradients ---------------------------------------------------------------------------------
+
+def test_default_budgets_make_room_for_the_largest_bucket(engine):
+    """Saved tensors of 1 MiB, 16 buckets of 64 KiB: each goes alone in a bucket its size, and
+    by default the pinned budget grows to it and two buckets more and backward reads it and one
+    bucket ahead, so every bucket backward reads from NVMe after the first was prefetched (with
+    the fixed defaults of four buckets pinned and two ahead none could be)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh())
+                                  for _ in range(4)))
+    x = torch.randn(1024, 256)
+
+    def grads(offload=None):
+        model.zero_grad(set_to_none=True)
+        with offload if offload is not None else contextlib.nullcontext():
+            loss = model(x).square().mean()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    expected = grads()
+    offload = zoe.torch.offload_activations(engine, device="nvme", min_bytes=4096,
+                                            bucket_bytes=64 << 10)
+    for _ in range(2):
+        assert_identical(grads(offload), expected)
+    stats = offload.stats()
+    last = stats["per_iteration"][-1]
+    # All five buckets (the input and four Tanh outputs) went to NVMe; the one backward needs
+    # first is read on demand, every other one was read ahead.
+    assert last["buckets"] == 5 and last["bytes_from_nvme"] == 5 << 20, last
+    assert (last["prefetch_hits"], last["prefetch_misses"]) == (4, 1), last
+    largest = 1 << 20
+    assert stats["pinned_bytes"] == largest + 2 * (64 << 10)
+    assert stats["prefetch_bytes"] == largest + (64 << 10)
+    assert last["peak_pinned_bytes"] <= stats["pinned_bytes"]
+    assert_nothing_held(offload)
+
 
 def test_cpu_model_to_nvme_is_bit_identical_and_reuses_its_slots(engine):
     torch.manual_seed(0)

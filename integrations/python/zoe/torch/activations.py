@@ -133,6 +133,10 @@ class ActivationOffload:
         self.pinned_bytes = None if pinned_bytes is None else int(pinned_bytes)
         self.prefetch_bytes = int(self.bucket_bytes * 2 if prefetch_bytes is None
                                   else prefetch_bytes)
+        # Defaults follow the largest bucket seen (see _pinned_budget); given sizes are kept.
+        self._sizes_given = {"pinned": pinned_bytes is not None,
+                             "prefetch": prefetch_bytes is not None}
+        self._largest_bucket = 0
         if device != "auto":
             self._set_pinned_bytes()
         # per forward, the latest _HISTORY: its statistics (see stats())
@@ -346,11 +350,28 @@ class ActivationOffload:
         forward.open = self._new_bucket(forward, self.bucket_bytes)
         return forward.open, forward.open.place(nbytes)
 
+    def _pinned_budget(self):
+        """The pinned DRAM forward's buckets may hold: pinned_bytes, and by default with
+        "nvme" at least the largest bucket seen and two more (a tensor larger than a bucket goes
+        alone in a bucket its size; with less room forward would wait for each one's write)."""
+        if self._sizes_given["pinned"] or self.device != "nvme":
+            return self.pinned_bytes
+        return max(self.pinned_bytes, self._largest_bucket + 2 * self.bucket_bytes)
+
+    def _prefetch_budget(self):
+        """How far backward reads ahead: prefetch_bytes, and by default at least the largest
+        bucket seen and one more, so a large one is read while the one before is used."""
+        if self._sizes_given["prefetch"]:
+            return self.prefetch_bytes
+        return max(self.prefetch_bytes, self._largest_bucket + self.bucket_bytes)
+
     def _new_bucket(self, forward, nbytes):
-        """A bucket of ``nbytes`` (rounded up to chunks) for ``forward``, within pinned_bytes."""
+        """A bucket of ``nbytes`` (rounded up to chunks) for ``forward``, within the pinned
+        budget."""
         needed = aligned(nbytes, self.pool.chunk_bytes)
-        # With "nvme" a tensor larger than pinned_bytes still goes, alone.
-        while self._pinned(forward) + needed > self.pinned_bytes and (
+        self._largest_bucket = max(self._largest_bucket, needed)
+        # With "nvme" a tensor larger than the budget still goes, alone.
+        while self._pinned(forward) + needed > self._pinned_budget() and (
                 self.device != "nvme" or self._pinned(forward) > 0):
             if not self._make_room(forward):
                 raise OutOfMemory(
@@ -562,7 +583,7 @@ class ActivationOffload:
                 later.read_address = None
                 later.slot.tensor.release()
         for earlier in reversed(forward.buckets[:bucket.index]):
-            if forward.prefetch_budget_used + earlier.slot.nbytes > self.prefetch_bytes:
+            if forward.prefetch_budget_used + earlier.slot.nbytes > self._prefetch_budget():
                 return
             if earlier.freed or earlier.held or earlier.in_prefetch:
                 continue
@@ -580,12 +601,14 @@ class ActivationOffload:
         whole buckets written and read), saved tensors kept (below min_bytes), buckets, prefetch
         hits and misses (a bucket read from NVMe that a prefetch had started, or not), resident
         hits (a bucket backward found still in DRAM), stall_seconds (backward waiting for reads
-        and copies) and peak_pinned_bytes; and the engine's activation slots."""
+        and copies) and peak_pinned_bytes; the pinned and prefetch budgets in effect; and the
+        engine's activation slots."""
         return {
             "per_iteration": [dict(stats) for stats in self.iterations],
             "device": self.device,
             "bucket_bytes": self.bucket_bytes,
-            "pinned_bytes": self.pinned_bytes,
+            "pinned_bytes": self._pinned_budget(),
+            "prefetch_bytes": self._prefetch_budget(),
             "slots_registered": self.pool.registered,
             "slots_in_use": self.pool.in_use,
             "pinned_held_bytes": sum(self._pinned(forward) for forward in self._live_forwards()),
@@ -641,8 +664,10 @@ def offload_activations(engine, device="auto", min_bytes=_MiB, device_backend=No
     DeviceBackend of a model whose tensors are CPU tensors standing in for device ones
     (``HostTwin``); CUDA tensors use CudaBackend. ``bucket_bytes``: the unit saved tensors are
     packed into and written in (whole chunks; default the engine's chunk size, at least 4 MiB).
-    ``pinned_bytes``: pinned DRAM held at once (nvme: default four buckets; cpu: the engine's
-    tensor HOST budget). ``prefetch_bytes``: how far backward reads ahead (default two
-    buckets)."""
+    ``pinned_bytes``: pinned DRAM held at once (nvme: default four buckets, or the largest
+    bucket seen and two more where that is more; cpu: the engine's tensor HOST budget).
+    ``prefetch_bytes``: how far backward reads ahead (default two buckets, or the largest
+    bucket seen and one more where that is more). A tensor larger than a bucket goes alone in a
+    bucket its size."""
     return ActivationOffload(engine, device, min_bytes, device_backend, bucket_bytes,
                              pinned_bytes, prefetch_bytes)
