@@ -21,6 +21,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,15 +103,16 @@ def gib(count):
     return f"{count / (1 << 30):.2f} GiB"
 
 
-def report(lines, limit, peak, limited):
+def report(lines, limit, peak, limited, returncode):
     """Prints the steps and the summary; returns the exit status."""
     steps = [line for line in lines if "step" in line]
     summary = next((line for line in lines if line.get("summary")), None)
     for line in steps:
         print(f"  step {line['step'] + 1}  loss {line['loss']:.4f}  ({line['seconds']:.1f} s)")
     if summary is None:
+        killed = limited and returncode == -signal.SIGKILL
         print(f"the training did not finish ({len(steps)} steps); "
-              + ("the memory limit killed it" if limited else "see its error above"))
+              + ("the memory limit killed it" if killed else "see its error above"))
         return 1
     state = 16 * summary["parameters"]
     peak = peak or summary["max_rss"]
@@ -148,6 +150,9 @@ def main():
     parser.add_argument("--layers", type=int, default=11)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--nvme-dir", help="where the swap files go (default: a temporary dir)")
+    parser.add_argument("--no-cgroup", action="store_true",
+                        help="no memory cgroup even where one can be made: zoe's host budget is "
+                             "set as under the limit, and the peak is the resident size")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cgroup", help=argparse.SUPPRESS)
     parser.add_argument("--host-budget", type=int, default=0, help=argparse.SUPPRESS)
@@ -156,7 +161,7 @@ def main():
         train(args)
         return 0
     nvme_dir = args.nvme_dir or tempfile.mkdtemp(prefix="zoe-beyond-", dir="/var/tmp")
-    limited = MemoryCgroup.possible()
+    limited = MemoryCgroup.possible() and not args.no_cgroup
     cgroup = MemoryCgroup(args.limit, f"zoe-beyond-{os.getpid()}") if limited else None
     command = [sys.executable, os.path.abspath(__file__), "--child", "--nvme-dir", nvme_dir,
                "--width", str(args.width), "--layers", str(args.layers),
@@ -174,7 +179,7 @@ def main():
         if not args.nvme_dir:
             shutil.rmtree(nvme_dir, ignore_errors=True)
     lines = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
-    return report(lines, args.limit, peak, limited)
+    return report(lines, args.limit, peak, limited, completed.returncode)
 
 
 if __name__ == "__main__":

@@ -26,14 +26,21 @@ def test_the_demo_runs_a_few_steps(tmp_path):
 
 BEYOND = os.path.join(HERE, "..", "..", "..", "examples", "train_beyond_memory.py")
 
+# Under the ASan+UBSan library (preloaded) a process holds 430 MiB once torch and zoe are
+# imported, against 120 MiB without, and ASan's quarantine keeps freed memory: the sanitizers'
+# own memory does not fit a 512 MiB limit. There the demo runs without its cgroup (zoe sized as
+# under it), and the 4x claim is the release build's to show.
+INSTRUMENTED = "libasan" in os.environ.get("LD_PRELOAD", "")
+
 
 def test_the_beyond_memory_demo_trains_a_state_four_times_its_limit(tmp_path):
     """The demo's second part as the README runs it: with no size key in zoe's configuration, a
     GPT of 2.07 GiB of training state trains inside a 512 MiB memory cgroup where one can be
     made (as root; the state is then over 4x the memory allowed), else without a limit; the
     loss falls over its 3 steps."""
+    limit = ["--no-cgroup"] if INSTRUMENTED else []
     completed = subprocess.run(
-        [sys.executable, BEYOND, "--nvme-dir", str(tmp_path)],
+        [sys.executable, BEYOND, "--nvme-dir", str(tmp_path)] + limit,
         capture_output=True, text=True, timeout=600, env=dict(os.environ),
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
