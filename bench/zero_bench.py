@@ -158,6 +158,8 @@ def zoe_config(opts, stage, device, nvme_path, params_device=None, tensor_host_b
     section = {"device": device}
     if device == "nvme":
         section["nvme_path"] = nvme_path
+        if opts.get("buffer_count"):
+            section["buffer_count"] = opts["buffer_count"]
     zero = {"stage": stage, "offload_optimizer": section}
     if params_device is not None:
         zero["offload_param"] = {"device": params_device}
@@ -653,6 +655,10 @@ def parse_args():
     parser.add_argument("--dir", default="/var/tmp", help="where the temporary directories "
                         "(rendezvous, NVMe state) go")
     parser.add_argument("--samples", action="store_true", help="also print every sample")
+    parser.add_argument("--buffer-count", type=int, default=None,
+                        help="offload_optimizer.buffer_count of the NVMe implementations "
+                             "(DeepSpeed's key: pipeline buffers, which also bound the chunks "
+                             "read ahead while gradients arrive; default 4)")
     parser.add_argument("--initialize", action="store_true", help="run zoe's implementations "
                         "zoe_* as ds_*: built through zoe.torch.initialize (the DeepSpeed "
                         "configuration of their stage and offload) and trained with engine(x), "
@@ -673,7 +679,7 @@ def parse_args():
         parser.error(f"--ranks must be positive and divide the batch of {opts['batch']}")
     if opts["steps"] < 1 or opts["rounds"] < 1:
         parser.error("--steps and --rounds must be at least 1")
-    opts.update(threads=args.threads, dir=args.dir,
+    opts.update(threads=args.threads, dir=args.dir, buffer_count=args.buffer_count,
                 parameters=parameter_count(opts["width"], opts["layers"]),
                 chunk_bytes=_size(opts["chunk_size"]))
     return args, worlds, impls, opts
@@ -693,7 +699,8 @@ def main():
     emit({"kind": "config", "parameters": opts["parameters"], "width": opts["width"],
           "layers": opts["layers"], "batch": opts["batch"], "steps": opts["steps"],
           "warmup": opts["warmup"], "rounds": opts["rounds"], "threads": opts["threads"],
-          "chunk_size": opts["chunk_size"], "ranks": worlds, "impls": impls,
+          "chunk_size": opts["chunk_size"], "buffer_count": opts["buffer_count"],
+          "ranks": worlds, "impls": impls,
           "torch": torch.__version__, "python": sys.version.split()[0],
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
     if "fsdp_cpu_offload" in impls:
