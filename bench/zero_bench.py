@@ -184,6 +184,8 @@ def engine_figures(stats):
         "state_pinned_bytes": sum(group["pinned_bytes"] for group in groups),
         "state_nvme_bytes": sum(group["nvme_bytes"] for group in groups),
         "optimizer_nvme_read": sum(group["bytes_read"] for group in groups),
+        # state the step found in its pipeline's buffers (cached) instead of reading it again
+        "optimizer_nvme_reused": sum(group["bytes_reused"] for group in groups),
         "optimizer_nvme_written": sum(group["bytes_written"] for group in groups),
     }
     for link, counters in stats.get("links", {}).items():

@@ -147,7 +147,7 @@ Status ReadOffloadOptimizer(ObjectReader& reader, OffloadOptimizerConfig* out,
   ReadEnum(reader, "device", &out->device, kOffloadDevices);
   reader.String("nvme_path", &out->nvme_path)
       .Bool("pin_memory", &out->pin_memory)
-      .UInt("buffer_count", &out->buffer_count, 1, 1024)
+      .UInt("buffer_count", &out->buffer_count, 0, 1024)
       .Bool("fast_init", &out->fast_init)
       .Double("ratio", &out->ratio, 0.0, 1.0);
   IgnoreAll(reader, kIgnoredOffloadOptimizerKeys, ignored);

@@ -43,7 +43,7 @@ struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kCpu;
   std::string nvme_path;  // empty: none given (zoe.nvme_paths may supply the directories)
   bool pin_memory = false;
-  uint64_t buffer_count = 4;  // 1..1024
+  uint64_t buffer_count = 0;  // 0: automatic (offload/engine_setup.h FitAutoBufferCount); 1..1024
   bool fast_init = false;
   double ratio =
       1.0;  // fraction of the optimizer state offloaded, 0..1 (DeepSpeed's partial offload)

@@ -258,6 +258,7 @@ Json Engine::GroupStatsJson(const Group& group) const {
           {"chunks", optimizer.chunk_count()},
           {"sub_group_size", optimizer.options().chunk_elements},
           {"nvme_chunks", optimizer.nvme_chunk_count()},
+          {"pipeline_buffers", optimizer.options().buffer_count},
           {"pinned_bytes", optimizer.pinned_bytes()},
           {"nvme_bytes", optimizer.nvme_bytes()},
           {"nvme_bytes_per_parameter",
@@ -508,6 +509,7 @@ Result<GroupId> Engine::CreateGroup(std::string_view optim_json,
       optimizer_pool_->budget_bytes() -
       std::min(optimizer_pool_->budget_bytes(), optimizer_pool_->used_bytes());
   FitAutoSubGroup(config_, pinned_free, optimizer_pool_->alignment(), &spec.options);
+  FitAutoBufferCount(config_, pinned_free, optimizer_pool_->alignment(), &spec.options);
   if (spec.options.placement == Tier::kNvme) {
     ZOE_RETURN_IF_ERROR(EnsureOptimizerIo().WithContext(context));
     Result<std::unique_ptr<io::SwapSpace>> swap = CreateGroupSwap(spec.options);

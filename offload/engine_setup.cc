@@ -154,7 +154,8 @@ void ApplyPlacement(const config::EngineConfig& config, size_t count, GroupSpec*
   const bool on_nvme = offload.device == config::OffloadDevice::kNvme && offload.ratio > 0.0;
   options.placement = on_nvme ? Tier::kNvme : Tier::kHost;
   options.nvme_ratio = on_nvme ? offload.ratio : 1.0;
-  options.buffer_count = static_cast<uint32_t>(std::max<uint64_t>(2, offload.buffer_count));
+  options.buffer_count = static_cast<uint32_t>(
+      offload.buffer_count == 0 ? kMinAutoBufferCount : std::max<uint64_t>(2, offload.buffer_count));
   const uint64_t sub_group =
       config.zero.sub_group_size != 0 ? config.zero.sub_group_size : ChunkSizeOf(config.zoe) / 4;
   options.chunk_elements = static_cast<size_t>(std::clamp<uint64_t>(sub_group, 1, count));
@@ -356,6 +357,29 @@ bool FitAutoSubGroup(const config::EngineConfig& config, uint64_t pinned_free, u
       "optimizer group '{}': sub-groups of {} elements (zero_optimization.sub_group_size is "
       "automatic) so that its {} pinned bytes fit the {} free in the optimizer pool",
       options->name, options->chunk_elements, GroupPinnedBytes(*options, page), pinned_free);
+  return true;
+}
+
+bool FitAutoBufferCount(const config::EngineConfig& config, uint64_t pinned_free, uint64_t page,
+                        OptimizerGroupOptions* options) {
+  if (config.zero.offload_optimizer.buffer_count != 0 || options->placement != Tier::kNvme)
+    return false;
+  const size_t chosen = options->buffer_count;
+  const size_t nvme_chunks = NvmeChunksBound(
+      *options, LayoutOf(*options, kDirectIoUnit).chunk_count(), /*up=*/true);
+  OptimizerGroupOptions more = *options;
+  while (more.buffer_count < std::min<size_t>(nvme_chunks, kMaxAutoBufferCount)) {
+    ++more.buffer_count;
+    if (GroupPinnedBytes(more, page) > pinned_free / kAutoBufferShare) break;
+    options->buffer_count = more.buffer_count;
+  }
+  if (options->buffer_count == chosen) return false;
+  ZOE_LOG_INFO(
+      "optimizer group '{}': {} pipeline buffers (zero_optimization.offload_optimizer."
+      "buffer_count is automatic), so that its {} NVMe chunks are read while their gradients "
+      "arrive; {} pinned bytes of the {} free in the optimizer pool",
+      options->name, options->buffer_count, nvme_chunks, GroupPinnedBytes(*options, page),
+      pinned_free);
   return true;
 }
 

@@ -11,7 +11,7 @@
 //   device "cpu", "none", or ratio 0 -> Tier::kHost (groups always step on the CPU, so "none"
 //   keeps the state in DRAM too).
 // buffer_count -> OptimizerGroupOptions::buffer_count (at least 2: one chunk is updated while the
-// next is read); sub_group_size -> chunk_elements (0: zoe.chunk_size / 4), never more than the
+// next is read; 0: automatic, FitAutoBufferCount); sub_group_size -> chunk_elements (0: zoe.chunk_size / 4), never more than the
 // group's parameters.
 #pragma once
 
@@ -75,6 +75,18 @@ size_t LargestChunkWithin(OptimizerGroupOptions options, uint64_t limit, uint64_
 inline constexpr size_t kMinAutoChunkElements = size_t{1} << 18;
 bool FitAutoSubGroup(const config::EngineConfig& config, uint64_t pinned_free, uint64_t page,
                      OptimizerGroupOptions* options);
+
+// With an automatic buffer count (zero_optimization.offload_optimizer.buffer_count 0, the
+// default) on NVMe: kMinAutoBufferCount pipeline buffers, raised towards one per NVMe chunk (at
+// most kMaxAutoBufferCount) while the group's pinned bytes stay within 1/kAutoBufferShare of
+// `pinned_free`. A chunk's state is read as soon as its gradients are complete and holds its
+// buffer until the step, so with a buffer per chunk the whole state is read while backward
+// runs. A buffer count the user set is kept (at least 2). Returns whether the count changed.
+inline constexpr size_t kMinAutoBufferCount = 4;  // DeepSpeed's default
+inline constexpr size_t kMaxAutoBufferCount = 64;
+inline constexpr uint64_t kAutoBufferShare = 4;
+bool FitAutoBufferCount(const config::EngineConfig& config, uint64_t pinned_free, uint64_t page,
+                        OptimizerGroupOptions* options);
 
 // The checksum block of swap files when zoe.checksum is on: aio.block_size where it divides the
 // chunk size, else 4096; 0 when checksums are off.

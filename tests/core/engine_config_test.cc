@@ -159,7 +159,7 @@ TEST(EngineConfig, DeepSpeedZeroInfinityConfigParsesWithItsValues) {
   EXPECT_EQ(opt.device, OffloadDevice::kNvme);
   EXPECT_EQ(opt.nvme_path, "/local_nvme");
   EXPECT_TRUE(opt.pin_memory);
-  EXPECT_EQ(opt.buffer_count, 4u);
+  EXPECT_EQ(opt.buffer_count, 4u);  // as given
   EXPECT_FALSE(opt.fast_init);
   EXPECT_EQ(opt.ratio, 1.0);
   const OffloadParamConfig& param = config.zero.offload_param;
@@ -465,8 +465,9 @@ TEST(EngineConfig, OutOfRangeValuesNameKeyValueAndRange) {
        "zero_optimization.offload_optimizer.ratio = -0.25 is out of range; allowed: 0..1"},
       {R"({"zero_optimization": {"stage": 4}})",
        "zero_optimization.stage = 4 is out of range; allowed: 0..3"},
-      {R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 0}}})",
-       "zero_optimization.offload_optimizer.buffer_count = 0 is out of range; allowed: 1..1024"},
+      {R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 1025}}})",
+       "zero_optimization.offload_optimizer.buffer_count = 1025 is out of range; allowed: "
+       "0..1024"},
       {R"({"zero_optimization": {"offload_param": {"buffer_size": 0}}})",
        "zero_optimization.offload_param.buffer_size = 0 is out of range"},
       {R"({"optimizer": {"params": {"lr": -0.1}}})",

@@ -1022,6 +1022,34 @@ TEST(EngineSizing, AnAutomaticSubGroupShrinksToFitTheHostBudget) {
   EXPECT_GT(step->bytes_written, 0u);
 }
 
+// The automatic buffer count: one buffer per NVMe chunk where a quarter of the optimizer pool
+// holds them (so every chunk's state is read while its gradients arrive), four where it does
+// not, and a count the user gives is kept.
+TEST(EngineSizing, AnAutomaticBufferCountGivesEveryNvmeChunkABufferWithinAQuarterOfThePool) {
+  const auto buffers_of = [](const std::string& host_budget, std::optional<uint64_t> given) {
+    TempDir dir;
+    Json document = SizingConfig(dir, size_t{1} << 18);  // 16 chunks of 3 MiB of state
+    document["zoe"]["host_budget"] = host_budget;
+    if (given) document["zero_optimization"]["offload_optimizer"]["buffer_count"] = *given;
+    std::unique_ptr<Engine> engine = MakeEngine(document);
+    EXPECT_NE(engine, nullptr);
+    if (engine == nullptr) return Json();
+    std::vector<float> params = Ramp(kSizingCount, 0.5f, 1e-7f);
+    const GroupId id = CreateGroup(*engine, R"({"name": "g", "lr": 0.01})", params);
+    const std::vector<float> grads = Gradients(kSizingCount, 1);
+    Result<StepReport> step = StepWith(*engine, id, grads);
+    EXPECT_TRUE(step.ok()) << step.status().ToString();
+    return engine->StatsJson()["groups"][0];
+  };
+  const Json roomy = buffers_of("512M", std::nullopt);  // 480 MiB pool: 16 x 3 MiB fit 1/4
+  EXPECT_EQ(roomy["nvme_chunks"], 16u);
+  EXPECT_EQ(roomy["pipeline_buffers"], 16u);
+  const Json tight = buffers_of("64M", std::nullopt);  // 32 MiB pool: its quarter holds 2
+  EXPECT_EQ(tight["pipeline_buffers"], kMinAutoBufferCount);
+  EXPECT_EQ(buffers_of("512M", 3)["pipeline_buffers"], 3u);  // given: kept
+  EXPECT_EQ(buffers_of("64M", 6)["pipeline_buffers"], 6u);
+}
+
 TEST(EngineSizing, AnAutomaticChunkSizeIsAThirtySecondOfTheTensorsBudgetWithinLimits) {
   EXPECT_EQ(AutoChunkSize(uint64_t{256} << 20), uint64_t{8} << 20);
   EXPECT_EQ(AutoChunkSize(uint64_t{250} << 20), uint64_t{4} << 20);  // a power of two below

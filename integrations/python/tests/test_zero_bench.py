@@ -69,7 +69,10 @@ def test_bytes_moved_per_tier(lines):
     for impl in ("zoe_s1_nvme", "zoe_s2_nvme", "zoe_s3_nvme"):
         line = found[impl]
         assert all(value > 0 for value in line["state_nvme_bytes_per_rank"]), impl
-        assert all(value > 0 for value in line["optimizer_nvme_read_per_step"]), impl
+        # each step's state was read from NVMe or found still in a pipeline buffer (with a
+        # buffer per chunk, the automatic count where the pool has room, all of it is)
+        assert all(read + reused > 0 for read, reused in zip(
+            line["optimizer_nvme_read_per_step"], line["optimizer_nvme_reused_per_step"])), impl
         assert all(value > 0 for value in line["optimizer_nvme_written_per_step"]), impl
     for impl in ("zoe_s1_dram", "zoe_s2_dram", "zoe_s3_dram"):
         assert found[impl]["state_nvme_bytes_per_rank"] == [0] * WORLD, impl
