@@ -79,7 +79,8 @@ std::optional<int> SwapFileOwner(std::string_view name) {
   const std::string_view pid_text = name.substr(before + 1, last - before - 1);
   int pid = 0;
   if (!AllDigits(pid_text)) return std::nullopt;
-  const auto [end, error] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+  const auto [end, error] =
+      std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
   if (error != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0)
     return std::nullopt;
   return pid;

@@ -154,8 +154,9 @@ void ApplyPlacement(const config::EngineConfig& config, size_t count, GroupSpec*
   const bool on_nvme = offload.device == config::OffloadDevice::kNvme && offload.ratio > 0.0;
   options.placement = on_nvme ? Tier::kNvme : Tier::kHost;
   options.nvme_ratio = on_nvme ? offload.ratio : 1.0;
-  options.buffer_count = static_cast<uint32_t>(
-      offload.buffer_count == 0 ? kMinAutoBufferCount : std::max<uint64_t>(2, offload.buffer_count));
+  options.buffer_count = static_cast<uint32_t>(offload.buffer_count == 0
+                                                   ? kMinAutoBufferCount
+                                                   : std::max<uint64_t>(2, offload.buffer_count));
   const uint64_t sub_group =
       config.zero.sub_group_size != 0 ? config.zero.sub_group_size : ChunkSizeOf(config.zoe) / 4;
   options.chunk_elements = static_cast<size_t>(std::clamp<uint64_t>(sub_group, 1, count));
@@ -365,8 +366,8 @@ bool FitAutoBufferCount(const config::EngineConfig& config, uint64_t pinned_free
   if (config.zero.offload_optimizer.buffer_count != 0 || options->placement != Tier::kNvme)
     return false;
   const size_t chosen = options->buffer_count;
-  const size_t nvme_chunks = NvmeChunksBound(
-      *options, LayoutOf(*options, kDirectIoUnit).chunk_count(), /*up=*/true);
+  const size_t nvme_chunks =
+      NvmeChunksBound(*options, LayoutOf(*options, kDirectIoUnit).chunk_count(), /*up=*/true);
   OptimizerGroupOptions more = *options;
   while (more.buffer_count < std::min<size_t>(nvme_chunks, kMaxAutoBufferCount)) {
     ++more.buffer_count;

@@ -11,8 +11,8 @@
 //   device "cpu", "none", or ratio 0 -> Tier::kHost (groups always step on the CPU, so "none"
 //   keeps the state in DRAM too).
 // buffer_count -> OptimizerGroupOptions::buffer_count (at least 2: one chunk is updated while the
-// next is read; 0: automatic, FitAutoBufferCount); sub_group_size -> chunk_elements (0: zoe.chunk_size / 4), never more than the
-// group's parameters.
+// next is read; 0: automatic, FitAutoBufferCount); sub_group_size -> chunk_elements (0:
+// zoe.chunk_size / 4), never more than the group's parameters.
 #pragma once
 
 #include <cstdint>

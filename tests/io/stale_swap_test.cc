@@ -95,7 +95,8 @@ TEST(StaleSwap, FilesOfLiveProcessesAreKept) {
 
 TEST(StaleSwap, AHeldFileIsKeptWhateverItsName) {
   testing::TempDir dir;
-  const std::string path = dir.path() + "/zoe-optimizer-" + std::to_string(EndedPid()) + "-1.0.swap";
+  const std::string path =
+      dir.path() + "/zoe-optimizer-" + std::to_string(EndedPid()) + "-1.0.swap";
   WriteFile(path, 10);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
@@ -108,10 +109,12 @@ TEST(StaleSwap, AHeldFileIsKeptWhateverItsName) {
 TEST(StaleSwap, OnlyNamesSwapSpaceMakesAreConsidered) {
   testing::TempDir dir;
   const std::string dead = std::to_string(EndedPid());
-  const std::vector<std::string> others = {
-      "notes.swap",      "zoe-swap-" + dead + "-1.0.txt", "zoe-swap-" + dead + "-x.0.swap",
-      "zoe-" + dead + "-1.0.swap" /* no prefix */,      "swap-" + dead + "-1.0.swap",
-      "zoe-swap--1.0.swap"};
+  const std::vector<std::string> others = {"notes.swap",
+                                           "zoe-swap-" + dead + "-1.0.txt",
+                                           "zoe-swap-" + dead + "-x.0.swap",
+                                           "zoe-" + dead + "-1.0.swap" /* no prefix */,
+                                           "swap-" + dead + "-1.0.swap",
+                                           "zoe-swap--1.0.swap"};
   for (const std::string& name : others) WriteFile(dir.path() + "/" + name, 10);
   std::filesystem::create_directory(dir.path() + "/zoe-swap-" + dead + "-2.0.swap");
   EXPECT_EQ(RemoveStaleSwapFiles(dir.path()).files, 0u);
