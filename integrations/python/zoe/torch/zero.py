@@ -14,12 +14,12 @@ The model is not wrapped in DistributedDataParallel: the optimizer reduces the g
 - Stage 2: during backward, a hook on each parameter's gradient accumulator counts the
   parameters of its bucket (consecutive parameters of a param group, ``bucket_elements`` at
   least); when a bucket's last gradient is final the bucket's reduction starts in the background
-  (at most REDUCTIONS_IN_FLIGHT at once, the oldest finished first, the rest at step(), as
-  DistributedDataParallel overlaps its all-reduces with backward) and, once summed, the shard's
-  slice goes straight to the zoe group (zoe_optim_accumulate_grad: its state reads start during
-  backward). Buckets whose gradients never all arrived are reduced at step(). Like DistributedDataParallel
-  without find_unused_parameters, stage 2 needs every rank to produce gradients for the same
-  parameters in an iteration, and one backward per step.
+  (at most distributed.REDUCTIONS_IN_FLIGHT at once, the oldest finished first, the rest at
+  step(), as DistributedDataParallel overlaps its all-reduces with backward) and, once summed,
+  the shard's slice goes straight to the zoe group (zoe_optim_accumulate_grad: its state reads
+  start during backward). Buckets whose gradients never all arrived are reduced at step(). Like
+  DistributedDataParallel without find_unused_parameters, stage 2 needs every rank to produce
+  gradients for the same parameters in an iteration, and one backward per step.
 
 Steady-state steps allocate no whole-group buffer in Python: each param group's flat fp32
 gradient buffer (which the buckets' reductions write in place and whose shard slices zoe borrows)

@@ -34,8 +34,8 @@ rank's shards, or inside ``with pager.materialized():``).
   bucket), its sum over the ranks starts as one
   _collective_ops.reduce_parts (``async_op=True``): part r, which rank r owns, is every bucketed
   parameter's shard r side by side in hook order (rank-major, so each part is contiguous however
-  the parameters are cut). At most REDUCTIONS_IN_FLIGHT buckets are in flight, the oldest
-  finished first; the end of backward reduces the partly filled bucket and finishes the rest.
+  the parameters are cut). At most distributed.REDUCTIONS_IN_FLIGHT buckets are in flight, the
+  oldest finished first; the end of backward reduces the partly filled bucket and finishes the rest.
   Each parameter's slice of this rank's part, divided by N (the mean, as
   DistributedDataParallel), is added to its shard's ``.grad``: the same sum and division per
   element as one reduction per parameter (at N = 2 bit for bit; from N = 3 gloo's ring adds an
@@ -489,8 +489,8 @@ class ShardedParameterPager(ParameterPager):
 
     def _reduce_bucket(self):
         """Starts summing the pending bucket over the ranks, each rank's part onto that rank
-        (one _collective_ops.reduce_parts); at most REDUCTIONS_IN_FLIGHT buckets run while
-        backward goes on, the oldest finished first."""
+        (one _collective_ops.reduce_parts); at most distributed.REDUCTIONS_IN_FLIGHT buckets run
+        while backward goes on, the oldest finished first."""
         gradients, self._bucket, self._bucket_size = self._bucket, [], 0
         if not gradients:
             return
