@@ -23,8 +23,8 @@ runs of consecutive parameters whose stores fit a quarter of the tensors' HOST b
 acquired together and stepped, every other parameter's gradient absent (its state, step count
 and values untouched), while the next window's stores are prefetched; zoe writes the window's
 updated parameters straight into them (paged ones acquired for writing for the window), or, for
-a window of one parameter too large to sit beside its store, they are written from the master
-once the store is released. Clipping is the factor
+a window of one parameter too large to sit beside its store within the budget, they are written
+from the master once the store is released. Clipping is the factor
 clip_grad_norm_ applies (``max_norm / (norm + 1e-6)``, at most 1), given to zoe as the step's
 loss scale (its reciprocal), so every window is scaled alike. A non-finite norm skips the step
 (every rank of a sharded pager together). Gradients are consumed by the step that uses them (as
@@ -291,17 +291,17 @@ class GradStream:
 
     def _params_fit_beside_stores(self, params, inside):
         """Whether zoe may write the window's parameters during its step, acquired beside its
-        stores: when both fit half the tensors' HOST budget (the rest is for the next window's
-        prefetch). A window of one parameter too large for that has them written from the master
-        afterwards, one at a time once the stores are released, so no window needs more HOST
-        than the budget."""
+        stores: when both fit the tensors' HOST budget together (a window's stores take at most
+        a quarter of it, so only a window of one large parameter may not). Otherwise they are
+        written from the master afterwards, one at a time once the stores are released, so no
+        window needs more HOST than the budget."""
         budget, footprint = _host_footprint(self.pager.engine)
         held = 0
         for param, within in zip(params, inside):
             store = self._stores.get(id(param)) if within else None
             if store is not None:
                 held += footprint(store.numel * 4) + footprint(param.numel() * param.element_size())
-        return held <= budget // 2
+        return held <= budget
 
     @staticmethod
     def _output_for(param, held):
