@@ -29,9 +29,9 @@ bool AllDigits(std::string_view text) {
 
 bool ProcessExists(int pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 
-// Whether nobody holds the swap lock on the open file `fd` (taking it shows that; it is dropped
-// when `fd` is closed).
-bool Unlocked(int fd) { return ::flock(fd, LOCK_EX | LOCK_NB) == 0; }
+// Takes the swap lock on the open file `fd`; false when another open file holds it. The lock is
+// dropped when `fd` is closed.
+bool TakeSwapLock(int fd) { return ::flock(fd, LOCK_EX | LOCK_NB) == 0; }
 
 struct Descriptor {
   explicit Descriptor(int value) : fd(value) {}
@@ -51,14 +51,14 @@ std::optional<uint64_t> RemoveIfLeftBehind(int dir_fd, const char* name) {
   struct stat st {};
   if (::fstat(file.fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
     return std::nullopt;
-  if (!Unlocked(file.fd) || ::unlinkat(dir_fd, name, 0) != 0) return std::nullopt;
+  if (!TakeSwapLock(file.fd) || ::unlinkat(dir_fd, name, 0) != 0) return std::nullopt;
   return static_cast<uint64_t>(st.st_size);
 }
 
 }  // namespace
 
 Status HoldSwapLock(const File& file) {
-  if (::flock(file.fd(), LOCK_EX | LOCK_NB) == 0) return Status::Ok();
+  if (TakeSwapLock(file.fd())) return Status::Ok();
   return Status::FromErrno(errno, "lock swap file " + file.path());
 }
 

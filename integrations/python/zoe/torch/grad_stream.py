@@ -187,10 +187,11 @@ class GradStream:
         self.pager.all_reduce_sum(squares, "the streamed gradients' norm")
         return squares.sqrt().float().reshape(())
 
-    def windows(self, params):
+    def windows(self, params, sizing):
         """[first, end) index ranges of consecutive parameters whose present stores fit a
-        window (at least one parameter each), covering every parameter with a gradient."""
-        budget, footprint = _host_footprint(self.pager.engine)
+        window (at least one parameter each), covering every parameter with a gradient.
+        ``sizing``: _host_footprint of the pager's engine."""
+        budget, footprint = sizing
         budget = max(1, budget // WINDOW_SHARE)
         windows, first, last, held = [], None, None, 0
         for index, param in enumerate(params):
@@ -241,7 +242,8 @@ class GradStream:
         as it was."""
         self.check_usable()
         scale = 1.0 / clip_coefficient(norm, max_norm)
-        windows = self.windows(params)
+        sizing = _host_footprint(self.pager.engine)
+        windows = self.windows(params, sizing)
         self.last_windows = len(windows)
         results, dirty = [], [False]
         try:
@@ -249,7 +251,9 @@ class GradStream:
                 following = windows[position + 1] if position + 1 < len(windows) else None
                 self.prefetch(params, following)
                 step = functools.partial(zoe_group.step, hyper, loss_scale=scale)
-                results.append(self._step_window(params, window, step, write_back, dirty))
+                written = self._params_fit_beside_stores(params, window, sizing)
+                results.append(self._step_window(params, window, written, step, write_back,
+                                                 dirty))
         except BaseException as error:
             if results or dirty[0]:
                 self.broken = (f"its step failed after {len(results)} of {len(windows)} "
@@ -261,15 +265,15 @@ class GradStream:
         self.clear()
         return results
 
-    def _step_window(self, params, window, step, write_back, dirty):
+    def _step_window(self, params, window, written, step, write_back, dirty):
         """One window's step(grads=, params_out=): its stores acquired for reading, then (every
-        store read) its parameters for writing, for the call. When the call fails, zoe's state
-        is as it was, so the window's parameters are written back from its master, which holds
-        their values; ``dirty[0]`` stays set when even that fails."""
+        store read, and when ``written``) its parameters for writing, for the call; without
+        ``written`` they are written back from the master afterwards. When the call fails, zoe's
+        state is as it was, so the window's parameters are written back from its master, which
+        holds their values; ``dirty[0]`` stays set when even that fails."""
         first, end = window
         inside = [first <= index < end and self._present(param)
                   for index, param in enumerate(params)]
-        written = self._params_fit_beside_stores(params, inside)
         try:
             with contextlib.ExitStack() as held:
                 grads = [self._view_for(param, within, held)
@@ -289,16 +293,16 @@ class GradStream:
             write_back(later)
         return result
 
-    def _params_fit_beside_stores(self, params, inside):
+    def _params_fit_beside_stores(self, params, window, sizing):
         """Whether zoe may write the window's parameters during its step, acquired beside its
         stores: when both fit the tensors' HOST budget together (a window's stores take at most
         a quarter of it, so only a window of one large parameter may not). Otherwise they are
         written from the master afterwards, one at a time once the stores are released, so no
         window needs more HOST than the budget."""
-        budget, footprint = _host_footprint(self.pager.engine)
+        budget, footprint = sizing
         held = 0
-        for param, within in zip(params, inside):
-            store = self._stores.get(id(param)) if within else None
+        for param in params[window[0]:window[1]]:
+            store = self._stores.get(id(param)) if self._present(param) else None
             if store is not None:
                 held += footprint(store.numel * 4) + footprint(param.numel() * param.element_size())
         return held <= budget
