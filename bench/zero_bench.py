@@ -175,6 +175,16 @@ def zoe_config(opts, stage, device, nvme_path, params_device=None, tensor_host_b
     return {"zero_optimization": zero, "zoe": zoe_section}
 
 
+def pager_figures(pager):
+    """A stage 3 pager's stats(): its shard bytes, peak gathered bytes and gathers (cumulative:
+    those issued, and the uses that found a parameter kept for backward instead)."""
+    gathers = pager["gathers"]
+    return {"param_shard_bytes": pager["shard_bytes"],
+            "peak_gathered_bytes": pager["peak_gathered_bytes"],
+            "gathers_issued": gathers["prefetched"] + gathers["on_demand"],
+            "gathers_kept": gathers["kept"]}
+
+
 def engine_figures(stats):
     """Optimizer state bytes by where they live, the optimizer's NVMe traffic, and the tiers'
     link bytes (cumulative counters of zoe.Engine.stats())."""
@@ -257,8 +267,7 @@ class ZoeStage3:
 
     def counters(self):
         figures = engine_figures(self.engine.stats())
-        figures["param_shard_bytes"] = self.pager.shard_bytes
-        figures["peak_gathered_bytes"] = self.pager.peak_gathered_bytes
+        figures.update(pager_figures(self.pager.stats()))
         return figures
 
     def close(self):
@@ -311,8 +320,7 @@ class ZoeInitialize:
         figures = engine_figures(self.optimizer.engine.stats())
         pager = self.engine.stats().get("pager")
         if pager is not None:
-            figures["param_shard_bytes"] = pager["shard_bytes"]
-            figures["peak_gathered_bytes"] = pager["peak_gathered_bytes"]
+            figures.update(pager_figures(pager))
         return figures
 
     def close(self):
@@ -509,10 +517,10 @@ def run_impl(impl, world, rank, directory, opts):
 
 
 def per_step_figures(before, after, steps):
-    """Static figures as they are; the cumulative byte counters per step."""
+    """Static figures as they are; the cumulative byte and gather counters per step."""
     out = {}
     for key, value in after.items():
-        if key.startswith(("optimizer_nvme_", "link_")):
+        if key.startswith(("optimizer_nvme_", "link_", "gathers_")):
             out[key + "_per_step"] = (value - before.get(key, 0)) / steps
         elif not key.endswith("_seconds"):
             out[key] = value
@@ -660,7 +668,7 @@ def parse_args():
     parser.add_argument("--buffer-count", type=int, default=None,
                         help="offload_optimizer.buffer_count of the NVMe implementations "
                              "(DeepSpeed's key: pipeline buffers, which also bound the chunks "
-                             "read ahead while gradients arrive; default 4)")
+                             "read ahead while gradients arrive; default: automatic)")
     parser.add_argument("--initialize", action="store_true", help="run zoe's implementations "
                         "zoe_* as ds_*: built through zoe.torch.initialize (the DeepSpeed "
                         "configuration of their stage and offload) and trained with engine(x), "

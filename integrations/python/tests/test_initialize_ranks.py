@@ -52,13 +52,20 @@ def run_fp16(rank, out_dir, stage):
     engine.close()
 
 
+# engine.stats() recorded at stages 2 and 3 (DRAM); at stage 3 also with DeepSpeed's
+# stage3_max_live_parameters at 0 (nothing kept gathered from forward to backward)
+STATS_RUNS = {"2": (2, None, {}), "3": (3, "cpu", {}),
+              "3-keep-none": (3, "cpu", {"stage3_max_live_parameters": 0})}
+
+
 def record_stats(rank, out_dir, world):
-    """engine.stats() after two optimizer steps at stages 2 and 3 (DRAM)."""
-    for stage, offload_param in ((2, None), (3, "cpu")):
+    """engine.stats() after two optimizer steps of each of STATS_RUNS."""
+    for name, (stage, offload_param, zero) in STATS_RUNS.items():
         config = ds_config(stage, "cpu", None, world, offload_param)
+        config["zero_optimization"].update(zero)
         engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
         train_engine(engine, 0, 2, rank, world)
-        torch.save(engine.stats(), os.path.join(out_dir, f"stats{stage}-rank{rank}.pt"))
+        torch.save(engine.stats(), os.path.join(out_dir, f"stats{name}-rank{rank}.pt"))
         engine.close()
 
 
@@ -91,12 +98,20 @@ def test_ranks_equal_one_process(nvme_dir, world):
     if world != FP16_WORLD:
         return
     for rank in range(world):
-        stage2, stage3 = (torch.load(os.path.join(nvme_dir, f"stats{stage}-rank{rank}.pt"))
-                          for stage in (2, 3))
+        stage2, stage3, keep_none = (
+            torch.load(os.path.join(nvme_dir, f"stats{name}-rank{rank}.pt"))
+            for name in STATS_RUNS)
         assert stage2["optimizer_collectives"] > 0 and stage2["gathers"] == 0.0
         assert stage3["gathers"] > 0 and stage3["reductions"] > 0
         assert stage3["optimizer_collectives"] == 0.0
         assert stage3["pager"]["reductions"]["issued"] > 0
+        # DeepSpeed's default keeps the weights forward gathered for backward; 0 keeps none
+        gathers, gathers_keeping_none = (
+            sum(stats["pager"]["gathers"][key] for key in ("prefetched", "on_demand"))
+            for stats in (stage3, keep_none))
+        kept = stage3["pager"]["gathers"]["kept"]
+        assert kept > 0 and keep_none["pager"]["gathers"]["kept"] == 0
+        assert gathers_keeping_none - gathers == kept
         for stats in (stage2, stage3):
             assert stats["forward"] > 0 and stats["backward"] > 0 and stats["step"] > 0
     by_stage = {}

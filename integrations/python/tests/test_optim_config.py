@@ -282,7 +282,9 @@ def test_speculation_without_a_device_group_is_refused():
     twin.close()
 
 
-@pytest.mark.parametrize("extra", [{"prefetch_depth": 3}, {"bucket_elements": 1024}])
+@pytest.mark.parametrize("extra", [{"prefetch_depth": 3}, {"bucket_elements": 1024},
+                                   {"max_live_parameters": 10**6},
+                                   {"max_reuse_distance": 10**6}])
 def test_stage_3_options_without_a_process_group_are_refused(extra):
     with zoe.Engine(small_config()) as engine:
         with pytest.raises(zoe.InvalidArgument, match=f"{next(iter(extra))} = .* applies to ZeRO "

@@ -103,16 +103,15 @@ def init(rank, world_size, directory, timeout_s=20):
     )
 
 
-def train(rank, world_size, directory, bucket_elements=None):
-    """One rank of the sharded run (gradient buckets of ``bucket_elements``, None: the default);
-    rank 0 saves the full parameters and every rank its statistics."""
+def train(rank, world_size, directory, options):
+    """One rank of the sharded run (``options``: offload_parameters' stage 3 arguments, such
+    as bucket_elements); rank 0 saves the full parameters and every rank its statistics."""
     init(rank, world_size, directory)
     engine, _ = engine_for(directory, rank)
     torch.manual_seed(0)
     model = Model()
-    buckets = {} if bucket_elements is None else {"bucket_elements": bucket_elements}
     pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD,
-                                         **buckets)
+                                         **options)
     optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=LR, weight_decay=0.01,
                                 engine=engine, max_grad_norm=MAX_NORM)
     rows = slice(BATCH * rank // world_size, BATCH * (rank + 1) // world_size)
@@ -156,18 +155,19 @@ def reference():
 
 @pytest.fixture(scope="module")
 def training_runs():
-    """training_runs(N, bucket_elements=None): the full parameters and each rank's statistics of
-    train() on N ranks, run once per (N, bucket_elements) for the tests of this file."""
+    """training_runs(N, **options): the full parameters and each rank's statistics of train()
+    on N ranks with offload_parameters' ``options``, run once per (N, options) for the tests of
+    this file."""
     runs = {}
     parent = tempfile.mkdtemp(prefix="zoe-zero3-", dir="/var/tmp" if os.path.isdir("/var/tmp")
                               else None)
 
-    def run(world_size, bucket_elements=None):
-        key = (world_size, bucket_elements)
+    def run(world_size, **options):
+        key = (world_size, tuple(sorted(options.items())))
         if key not in runs:
-            directory = os.path.join(parent, f"{world_size}-{bucket_elements}")
+            directory = os.path.join(parent, str(len(runs)))
             os.makedirs(directory)
-            run_ranks(train, world_size, directory, bucket_elements)
+            run_ranks(train, world_size, directory, options)
             runs[key] = (
                 torch.load(os.path.join(directory, "state.pt")),
                 [torch.load(os.path.join(directory, f"stats{r}.pt")) for r in range(world_size)],
@@ -195,11 +195,12 @@ def test_sharded_training_equals_one_process(world_size, training_runs, referenc
 #   gate.bias 1, gate.weight 10, [even steps: even_only.bias 10, even_only.weight 100],
 #   layers.3.bias 10, layers.3.weight 100, ... layers.0.bias 10, layers.0.weight 100,
 #   scale 10, tokens.weight 110 (tied to head.weight)
-# 14 gradients on even steps and 12 on odd ones. Buckets of at least 100 elements:
-#   even: [1, 10, 10, 100], then [10, 100] for each of the 4 layers, then [10, 110]: 6
-#   odd:  [1, 10, 10, 100] (gate and layers.3), 3 more layers, [10, 110]: 5
+# 14 gradients on even steps and 12 on odd ones. With buckets of 100 elements, a gradient of 100
+# or more is reduced alone, and the smaller ones are bucketed until the end of backward:
+#   even: the five 100s and the 110 alone, then [1, 10, 10, 10, 10, 10, 10, 10]: 7
+#   odd:  the four 100s and the 110 alone, then [1, 10, 10, 10, 10, 10, 10]: 6
 # The default (4 Mi elements) is one bucket per iteration, reduced at the end of backward.
-BUCKET_COUNTS = {0: 10 * 14 + 10 * 12, 100: 10 * 6 + 10 * 5, None: STEPS}
+BUCKET_COUNTS = {0: 10 * 14 + 10 * 12, 100: 10 * 7 + 10 * 6, None: STEPS}
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -213,9 +214,10 @@ def test_bucketed_reductions_equal_one_per_parameter_with_fewer_collectives(worl
     # the reduced buffer, so a bucket may round a sum differently in its last bit: after 20
     # steps a few elements differ by ~3e-8, where a gradient in the wrong place moves
     # parameters by ~LR.
-    expected_state = training_runs(world_size, 0)[0]
+    expected_state = training_runs(world_size, bucket_elements=0)[0]
     for bucket_elements, count in BUCKET_COUNTS.items():
-        state, stats = training_runs(world_size, bucket_elements)
+        options = {} if bucket_elements is None else {"bucket_elements": bucket_elements}
+        state, stats = training_runs(world_size, **options)
         for name, expected in expected_state.items():
             if world_size == 2:
                 assert torch.equal(state[name], expected), (bucket_elements, name)
@@ -226,6 +228,34 @@ def test_bucketed_reductions_equal_one_per_parameter_with_fewer_collectives(worl
         assert all(s["reductions"] == {"issued": count, "parameters": parameters}
                    for s in stats), (bucket_elements, [s["reductions"] for s in stats])
         assert all(s["skipped"] == 1 for s in stats)
+
+
+def gathers_of(stats):
+    return stats["gathers"]["prefetched"] + stats["gathers"]["on_demand"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_parameters_kept_for_backward_are_not_gathered_again(world_size, training_runs):
+    # Autograd saves the Linear weights, the tied head/tokens weight and the root's scale. By
+    # default each is freed after its module's forward and gathered again for backward; kept
+    # (DeepSpeed's stage3_max_live_parameters), backward uses the values forward gathered, so
+    # every later use of a kept parameter is one gather fewer (the tied weight's use by head,
+    # in forward, too: the embedding saves it), and the values trained are the same bits. 150 elements keep only what forward finished last (gate.weight 10,
+    # head.weight 110, scale 10): fewer than keeping all, and less memory.
+    plain_state, plain = training_runs(world_size)
+    runs = {limit: training_runs(world_size, max_live_parameters=limit)
+            for limit in (150, 10**9)}
+    for state, stats in runs.values():
+        for name, expected in plain_state.items():
+            assert torch.equal(state[name], expected), name
+        for before, after in zip(plain, stats):
+            kept = after["gathers"]["kept"]
+            assert kept > 0 and before["gathers"]["kept"] == 0
+            assert gathers_of(before) - gathers_of(after) == kept
+    limited, everything = (runs[limit][1][0] for limit in (150, 10**9))
+    assert (0 < limited["gathers"]["kept"]
+            < everything["gathers"]["kept"])
+    assert plain[0]["peak_gathered_bytes"] < everything["peak_gathered_bytes"]
 
 
 def test_bytes_held_per_rank_fall_with_the_number_of_ranks(training_runs):
@@ -438,9 +468,10 @@ def test_gathered_only_while_used_and_given_back_by_remove(world_of_one, nvme_di
 
 
 def test_a_parameter_without_a_gradient_is_left_out_of_its_bucket(world_of_one, nvme_dir):
-    """An odd step leaves even_only without gradients: the buckets of 100 elements close around
-    the gradients that arrive, and even_only's shards keep .grad None (the optimizer skips
-    them) while every other shard gets its gradient, bit for bit."""
+    """An odd step leaves even_only without gradients: with buckets of 100 elements, the
+    gradients that arrive are reduced (those of 100 elements or more alone, the rest together:
+    BUCKET_COUNTS), and even_only's shards keep .grad None (the optimizer skips them) while every
+    other shard gets its gradient, bit for bit."""
     reference, model = reference_and_model()
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
@@ -448,7 +479,7 @@ def test_a_parameter_without_a_gradient_is_left_out_of_its_bucket(world_of_one, 
                                              bucket_elements=100)
         loss_of(reference, 1, slice(None)).backward()
         loss_of(model, 1, slice(None)).backward()
-        assert pager.stats()["reductions"] == {"issued": 5, "parameters": 12}
+        assert pager.stats()["reductions"] == {"issued": 6, "parameters": 12}
         for (name, p_ref), (shard_name, shard) in zip(reference.named_parameters(),
                                                        pager.named_shard_parameters()):
             assert name == shard_name
@@ -545,7 +576,7 @@ class Broken:
         raise RuntimeError(f"{self.function} failed: Connection closed by peer")
 
 
-FIRST_BUCKET_OF_100 = ("reduction of the gradients of the bucket of 4 parameters 'gate.bias', "
+FIRST_BUCKET_OF_101 = ("reduction of the gradients of the bucket of 4 parameters 'gate.bias', "
                        "'gate.weight', 'even_only.bias', 'even_only.weight' failed")
 EVERY_GRADIENT = ("reduction of the gradients of the bucket of 14 parameters 'gate.bias', "
                   "'gate.weight', .*, 'layers.2.weight' and 6 more failed")
@@ -559,8 +590,9 @@ EVERY_GRADIENT = ("reduction of the gradients of the bucket of 14 parameters 'ga
         ("reduce", False, "backward", 0, "reduction of the gradient of parameter 'gate.bias'"),
         ("reduce", True, "backward", 1, "reduction of the gradient of parameter 'gate.bias'"),
         # The first bucket fails as it is issued, or when the third makes room by waiting for it.
-        ("reduce", False, "backward", 100, FIRST_BUCKET_OF_100),
-        ("reduce", True, "backward", 100, FIRST_BUCKET_OF_100),
+        # At 101 elements, the weights of 100 are bucketed with the smaller gradients before them.
+        ("reduce", False, "backward", 101, FIRST_BUCKET_OF_101),
+        ("reduce", True, "backward", 101, FIRST_BUCKET_OF_101),
         # The default: one bucket, reduced at the end of backward.
         ("reduce", True, "backward", None, EVERY_GRADIENT),
         ("all_reduce", False, "clip", None, "all_reduce of the gradient norm"),

@@ -16,8 +16,11 @@ from typing import Any
 
 from ..engine import Engine
 from .._capi import Tier
+from .ds_config import AUTO
 from .offload import offload_parameters
 from .optimizer import Adam, AdamW
+from .stage3_keep import (DEEPSPEED_MAX_LIVE_PARAMETERS, DEEPSPEED_MAX_REUSE_DISTANCE,
+                          elements_setting)
 
 
 @dataclasses.dataclass
@@ -57,13 +60,30 @@ def _home(training):
     return Tier.NVME if training.offload_param == "nvme" else Tier.HOST
 
 
+def keep_settings(document):
+    """offload_parameters' max_live_parameters and max_reuse_distance from
+    zero_optimization.stage3_max_live_parameters / stage3_max_reuse_distance, DeepSpeed's
+    defaults (1e9 each) when absent or "auto" (stage3_keep.py)."""
+    zero = document.get("zero_optimization", {})
+    settings = {}
+    for name, default in (("max_live_parameters", DEEPSPEED_MAX_LIVE_PARAMETERS),
+                          ("max_reuse_distance", DEEPSPEED_MAX_REUSE_DISTANCE)):
+        key = "stage3_" + name
+        value = zero.get(key)
+        settings[name] = elements_setting(f"zero_optimization.{key}",
+                                          default if value in (None, AUTO) else value)
+    return settings
+
+
 def stage3_setup(module, spec, document, training, group):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
     settings = spec["params"]
     adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
     engine = Engine(document)
     try:
-        pager = offload_parameters(module, engine, home=_home(training), process_group=group)
+        keep = keep_settings(document) if group is not None else {}
+        pager = offload_parameters(module, engine, home=_home(training), process_group=group,
+                                   **keep)
         params = pager.shard_parameters() if group is not None else list(module.parameters())
         optimizer = (AdamW if adamw else Adam)(
             params, lr=settings.get("lr", 1e-3),

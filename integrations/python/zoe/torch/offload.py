@@ -7,6 +7,8 @@ import torch
 from .. import _capi
 from .common import _invalid
 from .paging import ParameterPager
+from .stage3_keep import (DEEPSPEED_MAX_LIVE_PARAMETERS, DEEPSPEED_MAX_REUSE_DISTANCE,
+                          KeptForBackward)
 from .zero3 import DEFAULT_PREFETCH_DEPTH, offload_sharded
 
 
@@ -16,9 +18,27 @@ def _home_from_config(engine):
     return _capi.Tier.HOST if device == "cpu" else _capi.Tier.NVME
 
 
+def _kept_for_backward(max_live_parameters, max_reuse_distance):
+    """The stage 3 keep policy of offload_parameters' arguments (see its docstring)."""
+    if max_live_parameters is None and max_reuse_distance is None:
+        return KeptForBackward()
+    return KeptForBackward(
+        DEEPSPEED_MAX_LIVE_PARAMETERS if max_live_parameters is None else max_live_parameters,
+        DEEPSPEED_MAX_REUSE_DISTANCE if max_reuse_distance is None else max_reuse_distance)
+
+
+def _refuse_stage3_options(**options):
+    """InvalidArgument naming the first of ``options`` given (not None) without a
+    process_group: they apply to ZeRO stage 3 only."""
+    for name, value in options.items():
+        if value is not None:
+            raise _invalid(f"{name} = {value!r} applies to ZeRO stage 3 (with a process_group); "
+                           "a pager without one gathers nothing and reduces nothing")
+
+
 def offload_parameters(model, engine, home=None, trace_name="iteration", prefix="param.",
                        tier=None, process_group=None, prefetch_depth=None,
-                       bucket_elements=None):
+                       bucket_elements=None, max_live_parameters=None, max_reuse_distance=None):
     """Pages the parameters of ``model`` through ``engine``, ZeRO-3 style.
 
     Every parameter becomes a zoe tensor homed in ``home`` (NVME or HOST) holding its values;
@@ -51,8 +71,10 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
       next ``prefetch_depth`` gathers issued ahead by the trace; None: 2) and gradients reduced
       to the owning shard in buckets of ``bucket_elements`` elements or more (None: 4 Mi, as
       the stage 1 and 2 optimizer's; 0 or 1: one parameter per bucket); returns a
-      ShardedParameterPager (see zoe/torch/zero3.py, docs/zero3.md). Without a process_group,
-      prefetch_depth and bucket_elements are refused (nothing is gathered or reduced).
+      ShardedParameterPager (zoe/torch/zero3.py, docs/zero3.md). ``max_live_parameters`` and
+      ``max_reuse_distance`` (DeepSpeed's stage3_ keys, elements) keep full parameters from
+      forward to backward (stage3_keep.py): None for both keeps none, one given leaves the
+      other at 1e9. Without a process_group these four are refused.
 
     Returns a :class:`ParameterPager` (statistics, ``materialized()``, ``remove()``).
     """
@@ -63,12 +85,12 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
         tier = _capi.Tier.DEVICE if on_gpu else _capi.Tier.HOST
     if process_group is not None:
         depth = DEFAULT_PREFETCH_DEPTH if prefetch_depth is None else prefetch_depth
+        keep = _kept_for_backward(max_live_parameters, max_reuse_distance)
         return offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
-                               depth, bucket_elements)
-    for name, value in (("prefetch_depth", prefetch_depth), ("bucket_elements", bucket_elements)):
-        if value is not None:
-            raise _invalid(f"{name} = {value!r} applies to ZeRO stage 3 (with a process_group); "
-                           "a pager without one gathers nothing and reduces nothing")
+                               depth, bucket_elements, keep)
+    _refuse_stage3_options(prefetch_depth=prefetch_depth, bucket_elements=bucket_elements,
+                           max_live_parameters=max_live_parameters,
+                           max_reuse_distance=max_reuse_distance)
     pager = ParameterPager(model, engine, trace_name, home, tier)
     with torch.no_grad():
         pager._register(prefix)

@@ -19,19 +19,23 @@ rank's shards, or inside ``with pager.materialized():``).
 
 - Forward: a module's pre-hook gathers its own parameters (each rank's shard broadcast as bytes
   into its place in the full parameter, so any dtype travels over gloo: _collective_ops) and points
-  ``param.data`` at the full values; its post-hook frees them. Backward: tensors autograd saved
-  from a gathered parameter are packed as a reference and gathered again when backward unpacks
-  them; the parameter's gradient accumulator hook frees them.
+  ``param.data`` at the full values; its post-hook frees them, or keeps them gathered for
+  backward when autograd saved them and the keep policy allows (stage3_keep.py: DeepSpeed's
+  stage3_max_live_parameters and stage3_max_reuse_distance; by default nothing is kept).
+  Backward: tensors autograd saved from a gathered parameter are packed as a reference and,
+  unless still kept, gathered again when backward unpacks them; the parameter's gradient
+  accumulator hook frees them.
 - Trace: the first iteration records the order in which parameters are gathered (forward and
   backward); later iterations issue the next ``prefetch_depth`` gathers of that order ahead
   with ``async_op=True`` and wait on a handle only when its parameter is needed. Every rank
   runs the same hooks in the same order, so every rank issues the same collectives. An order
   that differs from the trace re-records it.
-- Gradients, in buckets: when a parameter's full gradient is accumulated, it joins the pending
-  bucket flat and in fp32 (an fp32 gradient itself, any other a copy) and leaves
-  ``param.grad``. Once the bucket holds ``bucket_elements`` elements or more (default
-  DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2 optimizer's; 0 or 1: one parameter per
-  bucket), its sum over the ranks starts as one
+- Gradients, in buckets: when a parameter's full gradient is accumulated, it leaves
+  ``param.grad``, flat and in fp32 (an fp32 gradient itself, any other a copy). One of
+  ``bucket_elements`` elements or more (default DEFAULT_BUCKET_ELEMENTS, as the stage 1 and 2
+  optimizer's; 0 or 1: one parameter per bucket) is a bucket alone, reduced from its own memory;
+  a smaller one joins the pending bucket, which is reduced once it holds ``bucket_elements``
+  elements or more. A bucket's sum over the ranks starts as one
   _collective_ops.reduce_parts (``async_op=True``): part r, which rank r owns, is every bucketed
   parameter's shard r side by side in hook order (rank-major, so each part is contiguous however
   the parameters are cut). At most distributed.REDUCTIONS_IN_FLIGHT buckets are in flight, the
@@ -87,6 +91,7 @@ from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, TorchColl
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
 from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
+from .stage3_keep import KeptForBackward
 
 DEFAULT_PREFETCH_DEPTH = 2
 NAMES_IN_ERRORS = 8  # a failed bucket's error names this many of its parameters, then counts
@@ -158,8 +163,9 @@ class _ShardedParam:
         self.placeholder = None
         self.full = None  # the gathered values, while gathered
         self.bytes = sum(counts) * self.element_size
-        self.holds = 0
+        self.holds = 0  # forward's, and one while kept for backward (stage3_keep)
         self.backward_holds = 0
+        self.saved = False  # autograd saved its gathered values in this iteration's forward
 
 
 class ShardedParameterPager(ParameterPager):
@@ -167,13 +173,14 @@ class ShardedParameterPager(ParameterPager):
     optimize, gathering statistics, clipping across ranks and removal."""
 
     def __init__(self, model, engine, trace_name, home, tier, process_group, prefetch_depth,
-                 bucket_elements=DEFAULT_BUCKET_ELEMENTS):
+                 bucket_elements=DEFAULT_BUCKET_ELEMENTS, keep=None):
         super().__init__(model, engine, trace_name, home, tier)
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self._group = _weak_group(process_group)  # see group
         self.prefetch_depth = int(prefetch_depth)
         self.bucket_elements = int(bucket_elements)
+        self._keep = keep or KeptForBackward()  # full parameters kept from forward to backward
         self._params = []  # _ShardedParam in registration order
         self._by_param = {}  # id(param) -> _ShardedParam
         self._full_by_address = {}  # storage address of gathered values -> _ShardedParam
@@ -186,7 +193,9 @@ class ShardedParameterPager(ParameterPager):
         self._bucket_size = 0  # elements in self._bucket
         self._reductions = ReductionsInFlight()  # of _GradientBucket
         self._gradient_sinks = {}  # id(shard) -> sink(shard, grad) taking its reduced gradient
-        self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0}
+        # kept: uses that found the parameter still gathered only because it was kept
+        # (stage3_keep), each a gather saved
+        self.gathers = {"prefetched": 0, "on_demand": 0, "rerecorded": 0, "kept": 0}
         self.reductions = {"issued": 0, "parameters": 0}  # buckets reduced, gradients in them
         self.shard_bytes = 0  # bytes of this rank's shards (paged through its engine)
         self.gathered_bytes = 0  # bytes of full parameters gathered now
@@ -384,6 +393,8 @@ class ShardedParameterPager(ParameterPager):
     def _hold_full(self, entry, backward=False):
         if entry.full is None:
             self._gather(entry)
+        elif entry.holds + entry.backward_holds == 1 and entry in self._keep:
+            self.gathers["kept"] += 1  # held by the keep alone: freed without it
         if backward:
             entry.backward_holds += 1
         else:
@@ -407,8 +418,28 @@ class ShardedParameterPager(ParameterPager):
     def _post_hook(self, entries):
         def hook(module, inputs, output):
             for entry in entries:
-                self._unhold_full(entry)
+                self._release_after_forward(entry)
         return hook
+
+    def _release_after_forward(self, entry):
+        """A module's forward is done with ``entry``: kept gathered for backward (its hold
+        passes to the keep, stage3_keep) when autograd saved its values and the policy allows,
+        else unheld; the parameters the keep lets go are unheld."""
+        if not (self._in_iteration and entry.saved and self._keep.enabled
+                and torch.is_grad_enabled()):
+            self._unhold_full(entry)
+            return
+        kept_already = entry in self._keep
+        released = self._keep.keep(entry, sum(entry.counts))
+        if kept_already:  # the keep holds it once
+            self._unhold_full(entry)
+        for old in released:
+            self._unhold_full(old)
+
+    def _release_kept(self, entry):
+        """Backward is done with ``entry``: its keep's hold, if kept, is released."""
+        if self._keep.release(entry):
+            self._unhold_full(entry)
 
     # --- the trace -------------------------------------------------------------------------
 
@@ -450,6 +481,7 @@ class ShardedParameterPager(ParameterPager):
         entry = self._full_by_address.get(_storage_pointer(tensor)) if tensor.numel() else None
         if entry is None:
             return tensor
+        entry.saved = True
         return (entry, tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
 
     def _unpack(self, packed):
@@ -467,12 +499,15 @@ class ShardedParameterPager(ParameterPager):
             self._reduce_grad(entry)
             while entry.backward_holds:
                 self._unhold_full(entry, backward=True)
+            self._release_kept(entry)
         return hook
 
     def _reduce_grad(self, entry):
-        """Moves the full gradient out of param.grad into the pending bucket (flat and fp32:
-        a contiguous fp32 gradient itself, which autograd gave param.grad alone, else a copy)
-        and reduces the bucket once it holds ``bucket_elements`` elements or more."""
+        """Moves the full gradient out of param.grad (flat and fp32: a contiguous fp32
+        gradient itself, which autograd gave param.grad alone, else a copy). A gradient of
+        ``bucket_elements`` elements or more is reduced alone at once, from its own memory;
+        a smaller one joins the pending bucket, reduced once it holds ``bucket_elements``
+        elements or more (its gradients copied side by side: worth it only for small ones)."""
         grad, entry.param.grad = entry.param.grad, None
         if grad is None:
             return
@@ -480,6 +515,9 @@ class ShardedParameterPager(ParameterPager):
         if total.dtype != torch.float32 or grad.requires_grad:  # create_graph: autograd's
             total = total.to(torch.float32, copy=True)
         del grad  # the full gradient is not held twice while buckets are reduced
+        if total.numel() >= self.bucket_elements:
+            self._start_reduction([(entry, total)])
+            return
         if self._bucket and self._bucket[0][1].device != total.device:
             self._reduce_bucket()  # a bucket's buffer lives on one device
         self._bucket.append((entry, total))
@@ -488,14 +526,17 @@ class ShardedParameterPager(ParameterPager):
             self._reduce_bucket()
 
     def _reduce_bucket(self):
-        """Starts summing the pending bucket over the ranks, each rank's part onto that rank
-        (one _collective_ops.reduce_parts); at most distributed.REDUCTIONS_IN_FLIGHT buckets run
-        while backward goes on, the oldest finished first."""
+        """Starts reducing the pending bucket (_start_reduction), which is then empty."""
         gradients, self._bucket, self._bucket_size = self._bucket, [], 0
-        if not gradients:
-            return
+        if gradients:
+            self._start_reduction(gradients)
+
+    def _start_reduction(self, gradients):
+        """Starts summing ``gradients`` ((entry, flat fp32 gradient) pairs) over the ranks as
+        one bucket, each rank's part onto that rank (one _collective_ops.reduce_parts); at most
+        distributed.REDUCTIONS_IN_FLIGHT buckets run while backward goes on, the oldest finished
+        first."""
         bucket = _GradientBucket(gradients, self.world_size)
-        del gradients  # a bucket of several holds only its rank-major copy from here
         try:
             with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
                 bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
@@ -542,13 +583,16 @@ class ShardedParameterPager(ParameterPager):
 
     def _root_post_hook(self, module, inputs, output):
         for entry in self._root_entries:
-            self._unhold_full(entry)
+            self._release_after_forward(entry)
         super()._root_post_hook(module, inputs, output)
 
     def _end_iteration(self):
         if not self._in_iteration:
             return
+        for entry in self._keep.release_all():
+            self._unhold_full(entry)
         for entry in self._params:
+            entry.saved = False
             while entry.backward_holds:
                 self._unhold_full(entry, backward=True)
         self._drain_prefetches()
@@ -925,9 +969,10 @@ def _same_bits(first, second):
 
 def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group,
                     prefetch_depth=DEFAULT_PREFETCH_DEPTH,
-                    bucket_elements=None):
+                    bucket_elements=None, keep=None):
     """offload_parameters with a process group (see the module docstring); bucket_elements
-    None is DEFAULT_BUCKET_ELEMENTS."""
+    None is DEFAULT_BUCKET_ELEMENTS; ``keep`` (a stage3_keep.KeptForBackward; None keeps
+    nothing) chooses the full parameters kept from forward to backward."""
     if bucket_elements is None:
         bucket_elements = DEFAULT_BUCKET_ELEMENTS
     if not dist.is_initialized():
@@ -941,7 +986,7 @@ def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group
         raise _invalid(f"bucket_elements = {bucket_elements!r} is not allowed; allowed: an "
                        "integer >= 0 (0 or 1: one parameter per bucket)")
     pager = ShardedParameterPager(model, engine, trace_name, home, tier, process_group,
-                                  prefetch_depth, bucket_elements)
+                                  prefetch_depth, bucket_elements, keep)
     with torch.no_grad():  # writing the shards can fail on one rank (its swap space): agreed
         agreed("sharding the model's parameters", lambda: pager._register(prefix),
                process_group)
