@@ -240,8 +240,9 @@ def test_parameters_kept_for_backward_are_not_gathered_again(world_size, trainin
     # default each is freed after its module's forward and gathered again for backward; kept
     # (DeepSpeed's stage3_max_live_parameters), backward uses the values forward gathered, so
     # every later use of a kept parameter is one gather fewer (the tied weight's use by head,
-    # in forward, too: the embedding saves it), and the values trained are the same bits. 150 elements keep only what forward finished last (gate.weight 10,
-    # head.weight 110, scale 10): fewer than keeping all, and less memory.
+    # in forward, too: the embedding saves it), and the values trained are the same bits. 150
+    # elements keep only what forward finished last (gate.weight 10, head.weight 110, scale
+    # 10): fewer than keeping all, and less memory.
     plain_state, plain = training_runs(world_size)
     runs = {limit: training_runs(world_size, max_live_parameters=limit)
             for limit in (150, 10**9)}
