@@ -48,12 +48,14 @@ extern "C" {
 zoe_status zoe_nccl_collectives_create(void* nccl_comm, void* cuda_stream, zoe_collectives* out) {
   return Guard([&]() -> Status {
     ZOE_RETURN_IF_ERROR(ResetSized(out, "out"));
-    // Collectives missing a member could be neither called nor released.
-    if (StructSize(out) < sizeof(zoe_collectives)) {
+    // Collectives missing a member it fills could be neither called nor released; the optional
+    // broadcast (after barrier) it leaves NULL, so a caller built before it was added is served.
+    constexpr size_t kFilledEnd = offsetof(zoe_collectives, barrier) + sizeof(void*);
+    if (StructSize(out) < kFilledEnd) {
       return Status::InvalidArgument(
           fmt::format("out: zoe_collectives.struct_size = {} leaves out members that "
                       "zoe_nccl_collectives_create fills; allowed: at least {}",
-                      StructSize(out), sizeof(zoe_collectives)));
+                      StructSize(out), kFilledEnd));
     }
     ZOE_ASSIGN_OR_RETURN(std::unique_ptr<offload::Collectives> collectives,
                          offload::MakeNcclCollectives(nccl_comm, cuda_stream));

@@ -32,6 +32,19 @@ class CallbackCollectives final : public offload::Collectives {
     return Check("all_gather", c_.all_gather(c_.context, send.data(), recv.data(), counts.data()));
   }
   Status Barrier() override { return Check("barrier", c_.barrier(c_.context)); }
+  bool OffersBroadcast() const override { return c_.broadcast != nullptr; }
+  Status Broadcast(std::span<const offload::BroadcastSegment> segments) override {
+    std::vector<int32_t> roots;
+    std::vector<void*> data;
+    std::vector<uint64_t> bytes;
+    for (const offload::BroadcastSegment& segment : segments) {
+      roots.push_back(segment.root);
+      data.push_back(segment.data);
+      bytes.push_back(segment.bytes);
+    }
+    return Check("broadcast",
+                 c_.broadcast(c_.context, roots.data(), data.data(), bytes.data(), roots.size()));
+  }
 
  private:
   Status Check(const char* callback, int result) const {

@@ -87,7 +87,8 @@ struct SizedTraits<zoe_collectives> {
                                           ZOE_CAPI_MEMBER(zoe_collectives, all_reduce_sum),
                                           ZOE_CAPI_MEMBER(zoe_collectives, reduce_scatter_sum),
                                           ZOE_CAPI_MEMBER(zoe_collectives, all_gather),
-                                          ZOE_CAPI_MEMBER(zoe_collectives, barrier)};
+                                          ZOE_CAPI_MEMBER(zoe_collectives, barrier),
+                                          ZOE_CAPI_MEMBER(zoe_collectives, broadcast)};
 };
 
 #undef ZOE_CAPI_MEMBER

@@ -9,12 +9,20 @@
 // step, so the peers learn of the failure instead of waiting for it).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include "core/result.h"
 
 namespace zoe::offload {
+
+// One piece of a Broadcast (below): `bytes` bytes at `data`, sent by rank `root`.
+struct BroadcastSegment {
+  int root = 0;
+  void* data = nullptr;
+  size_t bytes = 0;
+};
 
 class Collectives {
  public:
@@ -32,6 +40,18 @@ class Collectives {
   virtual Status AllGather(std::span<const float> send, std::span<float> recv,
                            std::span<const uint64_t> counts) = 0;
   virtual Status Barrier() = 0;
+
+  // Optional: whether Broadcast is offered. A transport without it (a C caller built against an
+  // older zoe.h, NCCL) moves parameters with AllGather through the sharded group's own buffer.
+  virtual bool OffersBroadcast() const { return false; }
+  // Each segment's `bytes` at `data` on rank `root` are copied to `data` on every other rank
+  // (each rank's own pointer): every rank passes the same roots and sizes, in the same order.
+  // Lets a sharded group move each rank's updated parameters straight into the peers'
+  // parameters, whatever their layout and dtype, with no staging buffer.
+  virtual Status Broadcast(std::span<const BroadcastSegment> segments) {
+    (void)segments;
+    return Status::NotSupported("collectives: Broadcast is not offered (OffersBroadcast())");
+  }
 };
 
 }  // namespace zoe::offload

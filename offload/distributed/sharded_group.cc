@@ -357,6 +357,28 @@ size_t ShardedGroup::Rounds::Counts(size_t first, std::vector<uint64_t>& counts)
 }
 
 Status ShardedGroup::GatherParams(std::span<const ParamView> params) {
+  if (collectives_.OffersBroadcast()) return BroadcastParams(params);
+  return GatherParamsThroughBuffer(params);
+}
+
+Status ShardedGroup::BroadcastParams(std::span<const ParamView> params) {
+  ZOE_RETURN_IF_ERROR(NarrowIntoViews(shard_params_.data(), shard_.begin, shard_.size(), params));
+  std::vector<BroadcastSegment> segments;
+  const int world = collectives_.world_size();
+  for (int r = 0; r < world; ++r) {
+    const ShardRange shard = ShardOf(count_, r, world);
+    ZOE_RETURN_IF_ERROR(ForEachViewPart(
+        params, shard.begin, shard.size(),
+        [&segments, r](const ParamView& view, size_t at, size_t /*offset*/, size_t n) {
+          const size_t size = DTypeSize(view.dtype);
+          segments.push_back({r, static_cast<std::byte*>(view.data) + at * size, n * size});
+          return Status::Ok();
+        }));
+  }
+  return collectives_.Broadcast(segments);
+}
+
+Status ShardedGroup::GatherParamsThroughBuffer(std::span<const ParamView> params) {
   const Rounds rounds = PlanRounds();
   round_buffer_.resize(rounds.buffer_elements());
   std::vector<uint64_t> counts;

@@ -22,8 +22,11 @@
 //     of the sum of squares and of a failure flag per rank): every rank skips a non-finite step,
 //     and clips by the global norm, together.
 //  3. one all-reduce of the outcome (a failure flag per rank); then, when every rank succeeded and
-//     the step was not skipped, the updated shards are all-gathered into the caller's parameter
-//     views (fp32, converted to each view's dtype), in rounds.
+//     the step was not skipped, the updated shards go into the caller's parameter views, each in
+//     its dtype: where the collectives offer Broadcast, each rank writes its shard into its own
+//     part of the views and every rank's part is broadcast straight into the peers' views (no
+//     buffer, no fp32 round trip for the peers' parts); otherwise they are all-gathered (fp32) in
+//     rounds and converted into the views.
 // A rank that fails anywhere still makes every collective call of steps 2 and 3 with its flag set,
 // so every rank returns an error within the collectives' own time bounds: the failing rank its
 // own error, the others Aborted naming the failed ranks. The failing rank's state is as before the
@@ -31,7 +34,8 @@
 // step the ranks are out of step, and training resumes from a checkpoint.
 //
 // Memory: besides the shard's buffers (its fp32 gradient and parameters), the group keeps
-// world_size x min(round_elements, largest shard) fp32 elements for the collectives' rounds.
+// world_size x min(round_elements, largest shard) fp32 elements for the collectives' rounds (the
+// parameters' all-gather uses them only without Broadcast).
 //
 // Thread safety: one thread at a time (the collectives are called on the stepping thread).
 #pragma once
@@ -102,7 +106,15 @@ class ShardedGroup {
   // Which global segments have a gradient on some rank; `local` is this rank's failure so far,
   // sent as its flag (the segments' flags are then left out).
   Result<std::vector<bool>> AgreePresence(std::span<const GradView> grads, const Status& local);
+  // Every rank's updated shard into `params`: BroadcastParams where the collectives offer
+  // Broadcast, else GatherParamsThroughBuffer.
   Status GatherParams(std::span<const ParamView> params);
+  // This rank's shard narrowed into its own part of `params`, then one Broadcast of every rank's
+  // part of each view straight into the peers' views (each in the view's dtype): no buffer.
+  Status BroadcastParams(std::span<const ParamView> params);
+  // All-gathers the shards in rounds through round_buffer_ (fp32) and narrows each round into
+  // `params`.
+  Status GatherParamsThroughBuffer(std::span<const ParamView> params);
   // Round k of the collectives covers elements [k * piece, (k + 1) * piece) of every rank's
   // shard; every rank computes the same rounds from ShardOf.
   struct Rounds {

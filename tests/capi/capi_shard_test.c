@@ -2,7 +2,8 @@
  * threads, whose collectives exchange buffers in memory, step a group cut into uneven shards, and
  * every rank's parameters and shard state equal those of one unsharded group stepped with the
  * averaged gradients -- with clipping active, a skipped (NaN) step, a segment without a gradient
- * on every rank and one without a gradient on one rank only; a rank whose arguments are refused
+ * on every rank and one without a gradient on one rank only, the updated parameters moved by the
+ * all-gather or by the optional broadcast callback; a rank whose arguments are refused
  * stopping its peer too; and the errors of bad collectives. */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
@@ -54,8 +55,10 @@ static zoe_status create_engine(const char* name, zoe_engine** out) {
 
 typedef struct communicator {
   int world;
+  int offers_broadcast; /* whether the ranks' collectives give zoe the broadcast callback */
   pthread_barrier_t barrier;
   const void* published[kMaxRanks];
+  int all_gathers, broadcasts; /* calls made, counted by rank 0 */
 } communicator;
 
 typedef struct rank_context {
@@ -109,11 +112,26 @@ static int reduce_scatter_sum(void* context, const float* send, float* recv,
 static int all_gather(void* context, const float* send, float* recv, const uint64_t* counts) {
   rank_context* c = context;
   int r;
+  if (c->rank == 0) ++c->comm->all_gathers;
   publish(c, send);
   for (r = 0; r < c->comm->world; ++r) {
     memcpy(recv + offset_of(counts, r), c->comm->published[r], counts[r] * sizeof(float));
   }
   pthread_barrier_wait(&c->comm->barrier);
+  return 0;
+}
+
+/* Each segment's bytes on its root copied to every other rank's own pointer. */
+static int broadcast(void* context, const int32_t* roots, void* const* data, const uint64_t* bytes,
+                     size_t count) {
+  rank_context* c = context;
+  size_t i;
+  if (c->rank == 0) ++c->comm->broadcasts;
+  for (i = 0; i < count; ++i) {
+    publish(c, data[i]);
+    if (roots[i] != c->rank) memcpy(data[i], c->comm->published[roots[i]], bytes[i]);
+    pthread_barrier_wait(&c->comm->barrier);
+  }
   return 0;
 }
 
@@ -202,7 +220,9 @@ static void* run_rank(void* arg) {
   collectives.reduce_scatter_sum = reduce_scatter_sum;
   collectives.all_gather = all_gather;
   collectives.barrier = barrier;
-  snprintf(name, sizeof name, "w%d-rank%d", run->context.comm->world, rank);
+  if (run->context.comm->offers_broadcast) collectives.broadcast = broadcast;
+  snprintf(name, sizeof name, "w%d-rank%d-b%d", run->context.comm->world, rank,
+           run->context.comm->offers_broadcast);
   note(run, 0, create_engine(name, &engine));
   if (run->status[0] == ZOE_OK) {
     note(run, 0, zoe_sharded_group_create(engine, kOptim, &param_view, 1, &collectives, &group));
@@ -246,8 +266,9 @@ static void run_reference(int world, reference_run* out) {
   char name[32];
   size_t i;
   int step, r, s;
+  static int runs = 0; /* each run its own directory */
   for (i = 0; i < kCount; ++i) params[i] = initial_param(i);
-  snprintf(name, sizeof name, "reference%d", world);
+  snprintf(name, sizeof name, "reference%d-%d", world, runs++);
   CHECK(create_engine(name, &engine) == ZOE_OK);
   CHECK(zoe_optim_group_create(engine, kOptim, &param_view, 1, &group) == ZOE_OK);
   for (step = 0; step < kSteps; ++step) {
@@ -287,7 +308,9 @@ static int all_close(const float* a, const float* b, size_t n) {
   return 1;
 }
 
-static void test_sharded_equals_unsharded(int world) {
+/* offers_broadcast: the parameters move by the broadcast callback (each rank's part straight into
+ * the peers' parameters) instead of the all-gather; the results are the same either way. */
+static void test_sharded_equals_unsharded(int world, int offers_broadcast) {
   static rank_run runs[kMaxRanks];
   static reference_run reference;
   communicator comm;
@@ -296,6 +319,7 @@ static void test_sharded_equals_unsharded(int world) {
   int r, s, step;
   memset(&comm, 0, sizeof comm);
   comm.world = world;
+  comm.offers_broadcast = offers_broadcast;
   pthread_barrier_init(&comm.barrier, NULL, (unsigned)world);
   for (r = 0; r < world; ++r) {
     memset(&runs[r], 0, sizeof runs[r]);
@@ -305,6 +329,9 @@ static void test_sharded_equals_unsharded(int world) {
   }
   for (r = 0; r < world; ++r) pthread_join(threads[r], NULL);
   pthread_barrier_destroy(&comm.barrier);
+  /* The parameters of every step but the skipped one moved the way offered, and only so. */
+  CHECK(comm.broadcasts == (offers_broadcast ? kSteps - 1 : 0));
+  CHECK(offers_broadcast ? comm.all_gathers == 0 : comm.all_gathers >= kSteps - 1);
   run_reference(world, &reference);
   for (r = 0; r < world; ++r) {
     const rank_run* run = &runs[r];
@@ -479,8 +506,10 @@ int main(void) {
     perror("mkdtemp");
     return 1;
   }
-  test_sharded_equals_unsharded(2);
-  test_sharded_equals_unsharded(3);
+  test_sharded_equals_unsharded(2, 0);
+  test_sharded_equals_unsharded(3, 0);
+  test_sharded_equals_unsharded(2, 1);
+  test_sharded_equals_unsharded(3, 1);
   test_bad_view_on_one_rank();
   test_bad_collectives();
   test_nccl_helper_without_communicator();

@@ -60,7 +60,8 @@ static_assert(offsetof(zoe_step_result, skipped) == 8 &&
 static_assert(offsetof(zoe_speculation_stats, steps) == 8 && sizeof(zoe_speculation_stats) == 48);
 static_assert(offsetof(zoe_collectives, context) == 8 && offsetof(zoe_collectives, rank) == 16 &&
               offsetof(zoe_collectives, all_reduce_sum) == 24 &&
-              offsetof(zoe_collectives, barrier) == 48 && sizeof(zoe_collectives) == 56);
+              offsetof(zoe_collectives, barrier) == 48 &&
+              offsetof(zoe_collectives, broadcast) == 56 && sizeof(zoe_collectives) == 64);
 
 // The INIT macros are C++20 designated initializers here, and constant expressions.
 constexpr zoe_tensor_desc kDesc = ZOE_TENSOR_DESC_INIT;
@@ -76,6 +77,6 @@ constexpr zoe_speculation_stats kStats = ZOE_SPECULATION_STATS_INIT;
 static_assert(kStats.struct_size == sizeof(zoe_speculation_stats) && kStats.steps == 0);
 constexpr zoe_collectives kCollectives = ZOE_COLLECTIVES_INIT;
 static_assert(kCollectives.struct_size == sizeof(zoe_collectives) && kCollectives.world_size == 1 &&
-              kCollectives.barrier == nullptr);
+              kCollectives.barrier == nullptr && kCollectives.broadcast == nullptr);
 
 int main() { return zoe_version() != nullptr ? 0 : 1; }

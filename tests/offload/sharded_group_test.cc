@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -68,7 +69,9 @@ class Communicator {
 
 class InMemoryCollectives final : public Collectives {
  public:
-  InMemoryCollectives(Communicator& comm, int rank) : comm_(comm), rank_(rank) {}
+  // `offers_broadcast`: whether the sharded group may move parameters with Broadcast.
+  InMemoryCollectives(Communicator& comm, int rank, bool offers_broadcast)
+      : comm_(comm), rank_(rank), offers_broadcast_(offers_broadcast) {}
   int rank() const override { return rank_; }
   int world_size() const override { return comm_.world(); }
   // Collective calls made so far; FailCall(n): call n (1-based) returns Aborted without
@@ -116,6 +119,17 @@ class InMemoryCollectives final : public Collectives {
     ZOE_RETURN_IF_ERROR(Count("barrier"));
     return comm_.Rendezvous();
   }
+  bool OffersBroadcast() const override { return offers_broadcast_; }
+  Status Broadcast(std::span<const BroadcastSegment> segments) override {
+    ZOE_RETURN_IF_ERROR(Count("broadcast"));
+    for (const BroadcastSegment& segment : segments) {
+      ZOE_RETURN_IF_ERROR(Exchange(segment.data, [&] {
+        if (segment.root == rank_) return;
+        std::memcpy(segment.data, comm_.Published(segment.root), segment.bytes);
+      }));
+    }
+    return Status::Ok();
+  }
 
  private:
   Status Count(const char* what) {
@@ -137,6 +151,7 @@ class InMemoryCollectives final : public Collectives {
 
   Communicator& comm_;
   const int rank_;
+  const bool offers_broadcast_;
   uint64_t calls_ = 0;
   uint64_t fail_call_ = 0;
 };
@@ -180,6 +195,10 @@ struct Rank {
   Status stepped;
 };
 
+// How the ranks' collectives move the updated parameters: all-gathered through the group's
+// buffer, or broadcast straight into the peers' parameters.
+enum class Transport { kAllGather, kBroadcast };
+
 // `world` ranks, each with its own engine and directory; every rank's group is created in its
 // own thread (creation is a collective). `optim_json(rank)` is each rank's group document.
 class Ranks {
@@ -187,7 +206,8 @@ class Ranks {
   Ranks(
       const TempDir& dir, int world,
       const std::function<std::string(int)>& optim_json = [](int) { return R"({"name": "w"})"; },
-      const ShardedGroupOptions& options = {}, size_t view_split = kCount)
+      const ShardedGroupOptions& options = {}, size_t view_split = kCount,
+      Transport transport = Transport::kAllGather)
       : comm_(world), ranks_(static_cast<size_t>(world)), view_split_(view_split) {
     for (int r = 0; r < world; ++r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
@@ -200,7 +220,8 @@ class Ranks {
       Result<std::unique_ptr<Engine>> engine = Engine::Create(*config, std::move(hooks));
       EXPECT_TRUE(engine.ok()) << engine.status().ToString();
       rank.engine = std::move(engine).value();
-      rank.collectives = std::make_unique<InMemoryCollectives>(comm_, r);
+      rank.collectives =
+          std::make_unique<InMemoryCollectives>(comm_, r, transport == Transport::kBroadcast);
       rank.params.resize(kCount);
       for (size_t i = 0; i < kCount; ++i) rank.params[i] = 0.001f * static_cast<float>(i % 101);
     }
@@ -323,6 +344,42 @@ TEST(ShardedGroupRounds, RoundsGiveTheParametersOfOneRound) {
   EXPECT_NE(masters, std::vector<float>(whole[0].params.size(), 0.0f));
 }
 
+// Collectives that offer Broadcast: each rank writes its shard into its own part of the views
+// and every part is broadcast straight into the peers' views (split mid-shard here). The
+// parameters are bit for bit those the all-gather gives, the group's buffer never takes them,
+// and the step makes one collective call fewer per round it saves.
+TEST(ShardedGroupTransports, BroadcastGivesTheParametersOfTheAllGather) {
+  auto name = [](int) { return std::string(R"({"name": "w"})"); };
+  const ShardedGroupOptions rounds{.round_elements = 256};
+  TempDir one;
+  Ranks gathered(one, 3, name, rounds, /*view_split=*/1500, Transport::kAllGather);
+  TempDir other;
+  Ranks broadcast(other, 3, name, rounds, /*view_split=*/1500, Transport::kBroadcast);
+  auto grads = [](int rank) {
+    std::vector<float> g(kCount);
+    for (size_t i = 0; i < kCount; ++i) g[i] = 0.001f * static_cast<float>((i * 5 + rank) % 11);
+    return g;
+  };
+  for (int step = 0; step < 3; ++step) {
+    const uint64_t gathered_calls = gathered[0].collectives->calls();
+    const uint64_t broadcast_calls = broadcast[0].collectives->calls();
+    gathered.Step(grads);
+    broadcast.Step(grads);
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(gathered[r].stepped.ok()) << gathered[r].stepped.ToString();
+      ASSERT_TRUE(broadcast[r].stepped.ok()) << broadcast[r].stepped.ToString();
+    }
+    // Shards of 1000 and 1001 elements: 4 all-gather rounds against one broadcast.
+    EXPECT_EQ((gathered[0].collectives->calls() - gathered_calls) -
+                  (broadcast[0].collectives->calls() - broadcast_calls),
+              3u);
+  }
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(broadcast[r].params, gathered[r].params) << "rank " << r;
+    EXPECT_EQ(broadcast[r].params, broadcast[0].params) << "rank " << r;
+  }
+}
+
 TEST(ShardedGroupRounds, ZeroElementsPerRoundIsRefused) {
   TempDir dir;
   Ranks ranks(
@@ -421,12 +478,16 @@ TEST_P(ShardedGroupIoFaults, OneRankFailingFailsEveryRankAndACheckpointResumesEx
 // no rank's state changed and the retried step leaves every rank where a run that never failed
 // is. After it (the outcome's agreement, the parameters' gather) every rank's error says its
 // shard was updated and to resume from a checkpoint, and every rank took the step.
-TEST(ShardedGroupFailures, ACollectiveFailingAtAnyPointOfTheStepIsReportedAsWhatItLeft) {
+class ShardedGroupCollectiveFailures : public ::testing::TestWithParam<Transport> {};
+
+TEST_P(ShardedGroupCollectiveFailures,
+       ACollectiveFailingAtAnyPointOfTheStepIsReportedAsWhatItLeft) {
   constexpr int kWorld = 2;
+  auto name = [](int) { return std::string(R"({"name": "w"})"); };
   uint64_t per_step = 0;
   {
     TempDir dir;
-    Ranks ranks(dir, kWorld);
+    Ranks ranks(dir, kWorld, name, {}, kCount, GetParam());
     const uint64_t at_start = ranks[0].collectives->calls();
     ranks.Step(Ones);
     per_step = ranks[0].collectives->calls() - at_start;
@@ -438,7 +499,7 @@ TEST(ShardedGroupFailures, ACollectiveFailingAtAnyPointOfTheStepIsReportedAsWhat
   for (uint64_t k = 1; k <= per_step; ++k) {
     SCOPED_TRACE("collective " + std::to_string(k) + " of " + std::to_string(per_step));
     TempDir dir;
-    Ranks ranks(dir, kWorld);
+    Ranks ranks(dir, kWorld, name, {}, kCount, GetParam());
     ranks.Step(Ones);
     const std::vector<std::vector<float>> before = Masters(ranks, kWorld);
     for (int r = 0; r < kWorld; ++r) {
@@ -469,6 +530,13 @@ TEST(ShardedGroupFailures, ACollectiveFailingAtAnyPointOfTheStepIsReportedAsWhat
   EXPECT_GT(before_update, 0);
   EXPECT_GT(after_update, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShardedGroupCollectiveFailures,
+                         ::testing::Values(Transport::kAllGather, Transport::kBroadcast),
+                         [](const auto& info) {
+                           return std::string(info.param == Transport::kBroadcast ? "broadcast"
+                                                                                  : "all_gather");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Faults, ShardedGroupIoFaults,
                          ::testing::Values(ShardFault{"eio_write", io::FaultKind::kEio,
@@ -574,7 +642,8 @@ TEST(ShardedGroupFailures, MoreRanksThanElementsIsRefusedOnEveryRank) {
   std::vector<Status> created(3);
   std::vector<std::thread> threads;
   std::vector<std::unique_ptr<InMemoryCollectives>> collectives;
-  for (int r = 0; r < 3; ++r) collectives.push_back(std::make_unique<InMemoryCollectives>(comm, r));
+  for (int r = 0; r < 3; ++r)
+    collectives.push_back(std::make_unique<InMemoryCollectives>(comm, r, false));
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
       float params[2] = {1.0f, 2.0f};

@@ -429,7 +429,8 @@ ZOE_API zoe_status zoe_shard_range(uint64_t count, int32_t rank, int32_t world_s
  * call. context: borrowed, passed to every callback; the struct is copied at creation.
  * Sized (convention 8): an input of zoe_sharded_group_create and an output of
  * zoe_nccl_collectives_create. Defaults (ZOE_COLLECTIVES_INIT, and members a smaller struct_size
- * leaves out): context NULL, rank 0, world_size 1, every callback NULL (so each must be given). */
+ * leaves out): context NULL, rank 0, world_size 1, every callback NULL (so each must be given,
+ * except broadcast, which is optional). */
 typedef struct zoe_collectives {
   size_t struct_size; /* sizeof(zoe_collectives) */
   void* context;
@@ -443,12 +444,20 @@ typedef struct zoe_collectives {
   /* send (counts[rank] fp32 elements) of every rank, concatenated in rank order into recv. */
   int (*all_gather)(void* context, const float* send, float* recv, const uint64_t* counts);
   int (*barrier)(void* context);
+  /* Optional (NULL: the updated parameters are all-gathered through a buffer of zoe's instead).
+   * For each i < count: the bytes[i] bytes at data[i] on rank roots[i] are copied to data[i] on
+   * every other rank (each rank's own pointer). Every rank passes the same roots and bytes in the
+   * same order; roots, data and bytes are borrowed for the call. zoe uses it to move each rank's
+   * updated parameters straight into the peers' parameters, in their own dtype. */
+  int (*broadcast)(void* context, const int32_t* roots, void* const* data, const uint64_t* bytes,
+                   size_t count);
 } zoe_collectives;
 
-#define ZOE_COLLECTIVES_INIT                                                                \
-  ZOE_LITERAL_(zoe_collectives) {                                                           \
-    .struct_size = sizeof(zoe_collectives), .context = NULL, .rank = 0, .world_size = 1,    \
-    .all_reduce_sum = NULL, .reduce_scatter_sum = NULL, .all_gather = NULL, .barrier = NULL \
+#define ZOE_COLLECTIVES_INIT                                                                 \
+  ZOE_LITERAL_(zoe_collectives) {                                                            \
+    .struct_size = sizeof(zoe_collectives), .context = NULL, .rank = 0, .world_size = 1,     \
+    .all_reduce_sum = NULL, .reduce_scatter_sum = NULL, .all_gather = NULL, .barrier = NULL, \
+    .broadcast = NULL                                                                        \
   }
 
 /* Opaque: one rank's part of a sharded group. Lives until zoe_sharded_group_destroy; the engine

@@ -452,6 +452,10 @@ reduce_scatter_sum_fn = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, PO
 all_gather_fn = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, POINTER(c_uint64))
 # int (*barrier)(void* context);
 barrier_fn = ctypes.CFUNCTYPE(c_int, c_void_p)
+# int (*broadcast)(void* context, const int32_t* roots, void* const* data, const uint64_t* bytes,
+#                  size_t count);  (optional: NULL, an empty broadcast_fn())
+broadcast_fn = ctypes.CFUNCTYPE(c_int, c_void_p, POINTER(c_int32), POINTER(c_void_p),
+                                POINTER(c_uint64), c_size_t)
 
 
 class zoe_collectives(SizedStructure):
@@ -466,6 +470,7 @@ class zoe_collectives(SizedStructure):
         ("reduce_scatter_sum", reduce_scatter_sum_fn),
         ("all_gather", all_gather_fn),
         ("barrier", barrier_fn),
+        ("broadcast", broadcast_fn),
     ]
 
 

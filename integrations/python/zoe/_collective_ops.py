@@ -9,7 +9,8 @@ all_reduce of the whole buffer moves twice what the owners need (``bench/collect
 measures all three on the machine it runs on). So:
 
 * ``gather_parts``: one ``broadcast`` per non-empty part, from its owner, straight into the
-  part: no padding for uneven parts and no copy out of a staging buffer.
+  part: no padding for uneven parts and no copy out of a staging buffer (``broadcast_pieces``:
+  the same for pieces of any roots).
 * ``reduce_parts``: one ``reduce`` per non-empty part, onto its owner.
 
 Every rank must pass parts of the same sizes in the same order (the layout is agreed); parts of
@@ -52,10 +53,17 @@ class Pending:
 def gather_parts(parts, group, async_op=False):
     """Every rank's part into ``parts`` (``parts[r]`` receives rank r's values; this rank's own
     part must already hold its values and is only read)."""
+    return broadcast_pieces(enumerate(parts), group, async_op)
+
+
+def broadcast_pieces(pieces, group, async_op=False):
+    """For each ``(root, tensor)`` of ``pieces``: the root's values into every other rank's
+    tensor (one ``broadcast`` each; every rank passes the same roots and sizes in the same
+    order)."""
     works = [
-        dist.broadcast(part, src=_global_rank(group, owner), group=group, async_op=True)
-        for owner, part in enumerate(parts)
-        if part.numel() > 0
+        dist.broadcast(tensor, src=_global_rank(group, root), group=group, async_op=True)
+        for root, tensor in pieces
+        if tensor.numel() > 0
     ]
     return _finish(works, async_op)
 

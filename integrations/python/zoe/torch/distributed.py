@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _capi
-from .._collective_ops import agreed, gather_parts, reduce_parts
+from .._collective_ops import agreed, broadcast_pieces, gather_parts, reduce_parts
 from ..engine import OptimizerGroup, StepResult, _c_hyper_params, _views, shard_range
 from ..errors import check
 from .common import _live_group, _timed, _weak_group
@@ -103,6 +103,9 @@ class TorchCollectives:
             _capi.reduce_scatter_sum_fn(self._guarded(TorchCollectives._reduce_scatter_sum)),
             _capi.all_gather_fn(self._guarded(TorchCollectives._all_gather)),
             _capi.barrier_fn(self._guarded(TorchCollectives._barrier)),
+            # CPU memory travels by broadcast only over a CPU backend (NCCL: the all-gather)
+            _capi.broadcast_fn(self._guarded(TorchCollectives._broadcast))
+            if self._device.type == "cpu" else _capi.broadcast_fn(),
         )
         self.struct = _capi.zoe_collectives(None, self.rank, self.world_size, *self._callbacks)
 
@@ -219,6 +222,14 @@ class TorchCollectives:
     def _all_gather(self, send, recv, counts):
         counts = [counts[r] for r in range(self.world_size)]
         self.gather(_floats(send, counts[self.rank]), counts, out=_floats(recv, sum(counts)))
+
+    def _broadcast(self, roots, data, sizes, count):
+        """zoe_collectives.broadcast: each segment's bytes from its root into every other rank's
+        own pointer, all issued at once (async) and then waited for."""
+        pieces = [(roots[i], _floats(data[i], sizes[i], ctypes.c_uint8, torch.uint8))
+                  for i in range(count)]
+        with _timed(self, "seconds", calls="calls"):
+            broadcast_pieces(pieces, self.group)
 
     def _barrier(self):
         with _timed(self, "seconds", calls="calls"):
