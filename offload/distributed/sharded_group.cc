@@ -68,6 +68,35 @@ Status CheckCovers(size_t total, size_t count, std::string_view what) {
                   what, total, count));
 }
 
+// InvalidArgument for a parameter view of elements without memory (the step would write there).
+Status CheckParamData(std::span<const ParamView> views) {
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].data != nullptr || views[i].count == 0) continue;
+    return Status::InvalidArgument(fmt::format(
+        "sharded group: parameter view {} of {} elements has no data; allowed: a view of the "
+        "caller's parameters",
+        i, views[i].count));
+  }
+  return Status::Ok();
+}
+
+// The layout of parameter views (each one's element count and dtype, in order) as a number a
+// double holds exactly (an FNV-1a hash cut to 52 bits): ranks passing the same views agree on it.
+double LayoutFingerprint(std::span<const ParamView> views) {
+  uint64_t hash = 14695981039346656037ull;
+  const auto mix = [&hash](uint64_t value) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (value >> (8 * byte)) & 0xffu;
+      hash *= 1099511628211ull;
+    }
+  };
+  for (const ParamView& view : views) {
+    mix(view.count);
+    mix(static_cast<uint64_t>(view.dtype));
+  }
+  return static_cast<double>(hash >> 12);
+}
+
 template <class View>
 size_t TotalCount(std::span<const View> views) {
   size_t total = 0;
@@ -223,17 +252,29 @@ Result<std::unique_ptr<ShardedGroup>> ShardedGroup::Create(Engine& engine,
       new ShardedGroup(engine, collectives, *created, count, std::move(segments), options));
 }
 
-Result<optim::GradScan> ShardedGroup::AgreeScan(const optim::GradScan& local, bool failed) {
+Result<optim::GradScan> ShardedGroup::AgreeScan(const optim::GradScan& local, bool failed,
+                                                double layout) {
   const size_t world = static_cast<size_t>(collectives_.world_size());
-  std::vector<double> values(1 + world, 0.0);
+  const size_t rank = static_cast<size_t>(collectives_.rank());
+  std::vector<double> values(1 + 2 * world, 0.0);
   values[0] = failed ? 0.0 : local.sum_squares;
-  values[1 + static_cast<size_t>(collectives_.rank())] = failed ? 1.0 : 0.0;
+  values[1 + rank] = failed ? 1.0 : 0.0;
+  values[1 + world + rank] = layout;
   ZOE_RETURN_IF_ERROR(collectives_.AllReduceSum(values));
   const std::span<const double> flags(values.data() + 1, world);
   if (std::any_of(flags.begin(), flags.end(), [](double f) { return f != 0.0; })) {
     return Status::Aborted(
         fmt::format("sharded group: rank(s) {} failed before the update; no rank changed its state",
                     FlaggedRanks(flags)));
+  }
+  std::vector<double> differs(world, 0.0);  // 1 for a rank whose layout is not rank 0's
+  for (size_t r = 0; r < world; ++r) differs[r] = values[1 + world + r] != values[1 + world];
+  if (std::any_of(differs.begin(), differs.end(), [](double d) { return d != 0.0; })) {
+    return Status::InvalidArgument(fmt::format(
+        "sharded group: rank(s) {} passed parameter views laid out unlike rank 0's (element "
+        "counts or dtypes); every rank must pass the same views, since each rank's part is "
+        "broadcast into the same place of the peers' views; no rank changed its state",
+        FlaggedRanks(differs)));
   }
   return optim::GradScan{values[0]};
 }
@@ -419,6 +460,7 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   std::vector<ParamView> shard_params;
   if (!args.params.empty()) {
     prepared = CheckCovers(TotalCount(args.params), count_, "parameter");
+    if (prepared.ok()) prepared = CheckParamData(args.params);
     if (prepared.ok()) {
       prepared = WidenRange(args.params, shard_.begin, shard_.size(), shard_params_.data());
     }
@@ -431,9 +473,11 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   step.grads = shard_grads;
   step.params = shard_params;
   step.loss_scale = args.loss_scale;
+  // Broadcast moves each view's parts between the same places on every rank: agreed with the scan.
+  const double layout = collectives_.OffersBroadcast() ? LayoutFingerprint(args.params) : 0.0;
   step.agree_scan = [&](const optim::GradScan& local) {
     agreed = true;
-    Result<optim::GradScan> scan = AgreeScan(local, /*failed=*/false);
+    Result<optim::GradScan> scan = AgreeScan(local, /*failed=*/false, layout);
     stopped = !scan.ok();
     return scan;
   };
@@ -451,7 +495,8 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
     if (!gathered.ok()) {
       return std::move(gathered).WithContext(
           "sharded group: gathering the updated parameters after every rank updated its shard; "
-          "the parameters are those before the step: resume from a checkpoint");
+          "the parameters may hold updated values in some places and earlier ones in others: "
+          "resume from a checkpoint");
     }
   }
   return report;

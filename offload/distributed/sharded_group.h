@@ -19,7 +19,8 @@
 //     (fewer, or none, where a shard ends) through one buffer the group keeps.
 //     No gradients: the shard's gradients given to the local group with Engine::AccumulateGrad.
 //  2. the local group steps with its scan replaced by the sum of every rank's scan (one all-reduce
-//     of the sum of squares and of a failure flag per rank): every rank skips a non-finite step,
+//     of the sum of squares, of a failure flag per rank and, where parameters are broadcast, of
+//     each rank's parameter layout, which must be rank 0's): every rank skips a non-finite step,
 //     and clips by the global norm, together.
 //  3. one all-reduce of the outcome (a failure flag per rank); then, when every rank succeeded and
 //     the step was not skipped, the updated shards go into the caller's parameter views, each in
@@ -127,7 +128,9 @@ class ShardedGroup {
   };
   Rounds PlanRounds() const;
   // The all-reduce of step 2 / 3: `failed` is this rank's flag; the message names failed peers.
-  Result<optim::GradScan> AgreeScan(const optim::GradScan& local, bool failed);
+  // `layout`: LayoutFingerprint of the parameter views where they are broadcast (else 0); ranks
+  // whose layout differs from rank 0's fail every rank's step, naming them.
+  Result<optim::GradScan> AgreeScan(const optim::GradScan& local, bool failed, double layout = 0.0);
   Status AgreeOutcome(const Status& local);
 
   Engine& engine_;

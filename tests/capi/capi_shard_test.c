@@ -9,6 +9,7 @@
 #include <ftw.h>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,9 +54,13 @@ static zoe_status create_engine(const char* name, zoe_engine** out) {
 /* ---- an in-memory communicator: every rank publishes its buffer, then reads its peers' ---------
  */
 
+/* How the ranks' collectives are given: without broadcast, with it, or with it set beyond the
+ * struct_size of a caller built before it existed (zoe must not see it). */
+enum { kNoBroadcast, kBroadcast, kBroadcastBeyondSize };
+
 typedef struct communicator {
   int world;
-  int offers_broadcast; /* whether the ranks' collectives give zoe the broadcast callback */
+  int collectives_kind; /* kNoBroadcast, kBroadcast or kBroadcastBeyondSize */
   pthread_barrier_t barrier;
   const void* published[kMaxRanks];
   int all_gathers, broadcasts; /* calls made, counted by rank 0 */
@@ -220,9 +225,12 @@ static void* run_rank(void* arg) {
   collectives.reduce_scatter_sum = reduce_scatter_sum;
   collectives.all_gather = all_gather;
   collectives.barrier = barrier;
-  if (run->context.comm->offers_broadcast) collectives.broadcast = broadcast;
-  snprintf(name, sizeof name, "w%d-rank%d-b%d", run->context.comm->world, rank,
-           run->context.comm->offers_broadcast);
+  if (run->context.comm->collectives_kind != kNoBroadcast) collectives.broadcast = broadcast;
+  if (run->context.comm->collectives_kind == kBroadcastBeyondSize) {
+    collectives.struct_size = offsetof(zoe_collectives, broadcast);
+  }
+  snprintf(name, sizeof name, "w%d-rank%d-k%d", run->context.comm->world, rank,
+           run->context.comm->collectives_kind);
   note(run, 0, create_engine(name, &engine));
   if (run->status[0] == ZOE_OK) {
     note(run, 0, zoe_sharded_group_create(engine, kOptim, &param_view, 1, &collectives, &group));
@@ -308,9 +316,10 @@ static int all_close(const float* a, const float* b, size_t n) {
   return 1;
 }
 
-/* offers_broadcast: the parameters move by the broadcast callback (each rank's part straight into
+/* With kBroadcast the parameters move by the broadcast callback (each rank's part straight into
  * the peers' parameters) instead of the all-gather; the results are the same either way. */
-static void test_sharded_equals_unsharded(int world, int offers_broadcast) {
+static void test_sharded_equals_unsharded(int world, int collectives_kind) {
+  const int broadcasts = collectives_kind == kBroadcast;
   static rank_run runs[kMaxRanks];
   static reference_run reference;
   communicator comm;
@@ -319,7 +328,7 @@ static void test_sharded_equals_unsharded(int world, int offers_broadcast) {
   int r, s, step;
   memset(&comm, 0, sizeof comm);
   comm.world = world;
-  comm.offers_broadcast = offers_broadcast;
+  comm.collectives_kind = collectives_kind;
   pthread_barrier_init(&comm.barrier, NULL, (unsigned)world);
   for (r = 0; r < world; ++r) {
     memset(&runs[r], 0, sizeof runs[r]);
@@ -330,8 +339,8 @@ static void test_sharded_equals_unsharded(int world, int offers_broadcast) {
   for (r = 0; r < world; ++r) pthread_join(threads[r], NULL);
   pthread_barrier_destroy(&comm.barrier);
   /* The parameters of every step but the skipped one moved the way offered, and only so. */
-  CHECK(comm.broadcasts == (offers_broadcast ? kSteps - 1 : 0));
-  CHECK(offers_broadcast ? comm.all_gathers == 0 : comm.all_gathers >= kSteps - 1);
+  CHECK(comm.broadcasts == (broadcasts ? kSteps - 1 : 0));
+  CHECK(broadcasts ? comm.all_gathers == 0 : comm.all_gathers >= kSteps - 1);
   run_reference(world, &reference);
   for (r = 0; r < world; ++r) {
     const rank_run* run = &runs[r];
@@ -506,10 +515,11 @@ int main(void) {
     perror("mkdtemp");
     return 1;
   }
-  test_sharded_equals_unsharded(2, 0);
-  test_sharded_equals_unsharded(3, 0);
-  test_sharded_equals_unsharded(2, 1);
-  test_sharded_equals_unsharded(3, 1);
+  test_sharded_equals_unsharded(2, kNoBroadcast);
+  test_sharded_equals_unsharded(3, kNoBroadcast);
+  test_sharded_equals_unsharded(2, kBroadcast);
+  test_sharded_equals_unsharded(3, kBroadcast);
+  test_sharded_equals_unsharded(2, kBroadcastBeyondSize);
   test_bad_view_on_one_rank();
   test_bad_collectives();
   test_nccl_helper_without_communicator();

@@ -478,6 +478,57 @@ TEST_P(ShardedGroupIoFaults, OneRankFailingFailsEveryRankAndACheckpointResumesEx
 // no rank's state changed and the retried step leaves every rank where a run that never failed
 // is. After it (the outcome's agreement, the parameters' gather) every rank's error says its
 // shard was updated and to resume from a checkpoint, and every rank took the step.
+// One step on every rank, rank r passing the parameter views `views(rank, r)`.
+void StepWithViews(Ranks& ranks, const std::function<std::vector<ParamView>(Rank&, int)>& views) {
+  ranks.OnEveryRank([&](Rank& rank, int r) {
+    const std::vector<float> g = Ones(r);
+    const GradView grad{g.data(), optim::DType::kFloat32, g.size()};
+    const std::vector<ParamView> params = views(rank, r);
+    ShardedStepArgs args;
+    args.grads = std::span<const GradView>(&grad, 1);
+    args.params = params;
+    rank.stepped = rank.group->Step(args).status();
+  });
+}
+
+// Broadcast moves each rank's part of each view into the same place of the peers' views, so the
+// ranks' views must be laid out alike: a rank splitting the same elements into other views
+// stops every rank before the update, naming it, and so does a view without memory. Nothing
+// changed: the next step with proper views takes every rank where one clean step does.
+TEST(ShardedGroupTransports, BroadcastRefusesViewsLaidOutUnlikeRankZerosBeforeTheUpdate) {
+  TempDir dir;
+  Ranks ranks(
+      dir, 2, [](int) { return std::string(R"({"name": "w"})"); }, {}, kCount,
+      Transport::kBroadcast);
+  const std::vector<std::vector<float>> before = Masters(ranks, 2);
+  auto whole = [](Rank& rank, int) {
+    return std::vector<ParamView>{{rank.params.data(), optim::DType::kFloat32, kCount}};
+  };
+  StepWithViews(ranks, [&](Rank& rank, int r) {
+    if (r == 0) return whole(rank, r);
+    return std::vector<ParamView>{
+        {rank.params.data(), optim::DType::kFloat32, 1000},
+        {rank.params.data() + 1000, optim::DType::kFloat32, kCount - 1000}};
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].stepped.code(), StatusCode::kInvalidArgument) << ranks[r].stepped.ToString();
+    EXPECT_THAT(ranks[r].stepped.ToString(),
+                HasSubstr("rank(s) 1 passed parameter views laid out unlike rank 0's"));
+  }
+  StepWithViews(ranks, [&](Rank& rank, int r) {
+    if (r == 0) return whole(rank, r);
+    return std::vector<ParamView>{{nullptr, optim::DType::kFloat32, kCount}};
+  });
+  EXPECT_EQ(ranks[1].stepped.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(ranks[1].stepped.ToString(), HasSubstr("has no data"));
+  EXPECT_EQ(ranks[0].stepped.code(), StatusCode::kAborted);
+  EXPECT_THAT(ranks[0].stepped.ToString(), HasSubstr("rank(s) 1 failed before the update"));
+  EXPECT_EQ(Masters(ranks, 2), before);
+  StepWithViews(ranks, whole);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(ranks[r].stepped.ok()) << ranks[r].stepped.ToString();
+  EXPECT_EQ(Masters(ranks, 2), MastersAfterCleanSteps(2, 1));
+}
+
 class ShardedGroupCollectiveFailures : public ::testing::TestWithParam<Transport> {};
 
 TEST_P(ShardedGroupCollectiveFailures,

@@ -25,6 +25,14 @@ def test_a_parameter_is_released_once_forward_finished_more_than_the_distance_af
     assert "b" in keep
 
 
+def test_parameters_not_kept_count_in_the_distance():
+    keep = KeptForBackward(max_live_parameters=10**9, max_reuse_distance=150)
+    keep.keep("a", 100)
+    assert keep.finished(100) == []  # a bias forward finished, not kept: 100 after a
+    assert keep.finished(60) == ["a"]  # 160 after a
+    assert keep.finished(10**6) == []
+
+
 def test_kept_again_moves_to_the_newest_and_counts_once():
     keep = KeptForBackward(max_live_parameters=200, max_reuse_distance=10**9)
     keep.keep("tied", 100)

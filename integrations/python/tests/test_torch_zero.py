@@ -1,7 +1,7 @@
 """zoe.torch.AdamW / Adam sharded across ranks (ZeRO stages 1 and 2, process_group=...): 2 and 3
 ranks spawned with torch.multiprocessing over gloo train 20 steps and end with the parameters of
-one unsharded process within fp32 tolerance -- with uneven shards (parameters split across
-ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
+one unsharded process within fp32 tolerance (bf16 parameters within two bf16 steps) -- with
+uneven shards (parameters split across ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
 each rank's optimizer state on disk is 1/N of the total (within one chunk); the stage comes from
 the engine config too; state_dict() consolidates every shard into torch's layout and a
 one-process state dict loads onto 2 and 3 ranks and continues alike; a sharded checkpoint (one per rank and a manifest) loads bit-identically
@@ -62,12 +62,13 @@ def batch(step):
 
 
 def train(optimizer, model, rank, world, steps=STEPS, first=0):
+    dtype = next(model.parameters()).dtype
     for step in range(first, first + steps):
-        x, y = batch(step)
+        x, y = (values.to(dtype) for values in batch(step))
         per_rank = BATCH // world
         x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(model(x, step), y)
+        loss = torch.nn.functional.mse_loss(model(x, step).float(), y.float())  # fp32 loss
         loss.backward()
         optimizer.step()
 
@@ -109,7 +110,7 @@ def make_optimizer(kind, params, nvme_path, config_stage=3, buffer_count=4, **op
     config = small_config(nvme_path, offload="nvme")
     config["zero_optimization"].update(stage=config_stage, sub_group_size=SUB_GROUP)
     config["zero_optimization"]["offload_optimizer"]["buffer_count"] = buffer_count
-    cls = zoe.torch.AdamW if kind == "AdamW" else zoe.torch.Adam
+    cls = zoe.torch.AdamW if kind.startswith("AdamW") else zoe.torch.Adam
     return cls(params, lr=0.02, weight_decay=0.01, max_grad_norm=MAX_GRAD_NORM, config=config,
                **options)
 
@@ -121,9 +122,15 @@ def state_bytes(directory):
                                                        recursive=True))
 
 
+def model_of(kind):
+    """Net in the dtype ``kind`` names after a colon ("AdamW:bfloat16"), else fp32."""
+    _, _, dtype = kind.partition(":")
+    return Net().to(getattr(torch, dtype)) if dtype else Net()
+
+
 def run_training(rank, world, out_dir, name, kind, stage):
     """One sharded run; its results go to <out_dir>/<name>-rank<rank>.pt."""
-    model = Net()
+    model = model_of(kind)
     options = {"process_group": dist.group.WORLD, "bucket_elements": 100}
     if stage == "config":
         options["config_stage"] = 1
@@ -327,7 +334,7 @@ def spawn(world, out_dir, runs):
 def reference(kind, directory):
     """The unsharded run in this process, its state in ``directory``."""
     os.makedirs(directory, exist_ok=True)
-    model = Net()
+    model = model_of(kind)
     optimizer = make_optimizer(kind, model.parameters(), directory)
     train(optimizer, model, 0, 1)
     params = [p.detach().clone() for p in model.parameters()]
@@ -340,7 +347,7 @@ def reference(kind, directory):
 # config (1; its zero_stage left out).
 RUNS = {
     2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config"),
-        ("ckpt", "AdamW", 2), ("sd", "AdamW", 1)],
+        ("ckpt", "AdamW", 2), ("sd", "AdamW", 1), ("bf16", "AdamW:bfloat16", 2)],
     3: [("s1", "AdamW", 1), ("s2", "Adam", 2), ("sd", "AdamW", 1)],
 }
 
@@ -388,6 +395,15 @@ def check_checkpoint(out_dir, world):
         assert got["files"] == ["rank-0", "rank-1", "zoe_sharded_manifest.json"], got["files"]
 
 
+def tolerance(dtype):
+    """fp32: within fp32 rounding. bf16 parameters (each rank's part broadcast in bf16 into the
+    peers'): the ranks average fp32 copies of bf16 gradients of part of the batch where one
+    process takes the bf16 gradient of the whole batch, so the values may differ by two bf16
+    steps at these magnitudes (under 0.5); a part put in the wrong place would be off by the
+    parameters' own size."""
+    return dict(rtol=0, atol=2 ** -8) if dtype == torch.bfloat16 else dict(rtol=2e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_equals_one_process(world, nvme_dir):
     want_state, want_params = prepare_state_dict(nvme_dir)
@@ -405,7 +421,7 @@ def test_sharded_equals_one_process(world, nvme_dir):
             got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
             assert got["stage"] == (1 if stage == "config" else stage)
             for index, (a, b) in enumerate(zip(got["params"], want)):
-                torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6,
+                torch.testing.assert_close(a, b, **tolerance(a.dtype),
                                            msg=f"{name}: rank {rank} parameter {index}")
             assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
 

@@ -125,10 +125,12 @@ def train(rank, world_size, directory, options):
         assert all(shard.grad is None for shard in pager.shard_parameters())  # streamed
         optimizer.step()  # clips by the global norm, skips a non-finite step on every rank
         skipped += optimizer.last_step[0].skipped
+    gathered_at_end = pager.gathered_bytes  # nothing left gathered between iterations
     state = pager.state_dict()
     stats = pager.stats()
     stats.pop("engine")
     stats["skipped"] = skipped
+    stats["gathered_bytes_at_end"] = gathered_at_end
     if rank == 0:
         torch.save(state, os.path.join(directory, "state.pt"))
     torch.save(stats, os.path.join(directory, f"stats{rank}.pt"))
@@ -253,6 +255,7 @@ def test_parameters_kept_for_backward_are_not_gathered_again(world_size, trainin
             kept = after["gathers"]["kept"]
             assert kept > 0 and before["gathers"]["kept"] == 0
             assert gathers_of(before) - gathers_of(after) == kept
+            assert after["gathered_bytes_at_end"] == before["gathered_bytes_at_end"] == 0
     limited, everything = (runs[limit][1][0] for limit in (150, 10**9))
     assert (0 < limited["gathers"]["kept"]
             < everything["gathers"]["kept"])

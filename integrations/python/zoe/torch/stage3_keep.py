@@ -9,7 +9,8 @@ last are the ones backward reaches first, so the policy keeps the most recent on
 * ``max_live_parameters``: the elements kept at once; keeping one more releases the oldest kept
   first.
 * ``max_reuse_distance``: a kept parameter is released once forward has finished more than this
-  many elements of parameters after it (backward reaches it only after at least as many).
+  many elements of parameters after it, kept or not (backward reaches it only after at least as
+  many).
 
 Either at 0 keeps nothing (every parameter gathered again in backward: the least memory). The
 decisions depend only on the order and sizes of the parameters forward finishes, which every
@@ -65,6 +66,16 @@ class KeptForBackward:
         else:
             self._kept[entry] = (self._finished, elements)
             self._elements += elements
+        return self._release_over_limits()
+
+    def finished(self, elements):
+        """Forward has finished with a parameter it does not keep (``elements`` elements): it
+        counts in the kept ones' distances; the entries now released are returned, oldest
+        first."""
+        self._finished += elements
+        return self._release_over_limits()
+
+    def _release_over_limits(self):
         released = []
         while self._kept and self._over_a_limit():
             oldest, (_, count) = self._kept.popitem(last=False)

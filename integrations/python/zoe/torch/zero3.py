@@ -425,12 +425,15 @@ class ShardedParameterPager(ParameterPager):
         """A module's forward is done with ``entry``: kept gathered for backward (its hold
         passes to the keep, stage3_keep) when autograd saved its values and the policy allows,
         else unheld; the parameters the keep lets go are unheld."""
+        elements = sum(entry.counts)
         if not (self._in_iteration and entry.saved and self._keep.enabled
                 and torch.is_grad_enabled()):
+            for old in self._keep.finished(elements):  # it counts in the distances all the same
+                self._unhold_full(old)
             self._unhold_full(entry)
             return
         kept_already = entry in self._keep
-        released = self._keep.keep(entry, sum(entry.counts))
+        released = self._keep.keep(entry, elements)
         if kept_already:  # the keep holds it once
             self._unhold_full(entry)
         for old in released:
@@ -537,6 +540,7 @@ class ShardedParameterPager(ParameterPager):
         distributed.REDUCTIONS_IN_FLIGHT buckets run while backward goes on, the oldest finished
         first."""
         bucket = _GradientBucket(gradients, self.world_size)
+        gradients.clear()  # a bucket of several holds only its rank-major copy from here
         try:
             with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
                 bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
@@ -829,9 +833,10 @@ class ShardedParameterPager(ParameterPager):
 
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
-        re-recorded), the gradient reductions (``issued``: buckets reduced, one reduce_parts
-        each; ``parameters``: the gradients they held), this rank's shard bytes, the peak bytes
-        of gathered parameters and ``collective_seconds``: the wall time this rank was blocked
+        re-recorded, and ``kept``: uses that found a parameter kept for backward, each a gather
+        saved), the gradient reductions (``issued``: buckets reduced, one reduce_parts each;
+        ``parameters``: the gradients they held), this rank's shard bytes, the peak bytes of
+        gathered parameters and ``collective_seconds``: the wall time this rank was blocked
         issuing or waiting for its gathers and reductions (collectives running in the background
         while it computes are not counted), of which ``gather_seconds`` on gathers and
         ``reduction_seconds`` on gradient reductions (the rest: clipping's and the inf/NaN
