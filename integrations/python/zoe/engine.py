@@ -36,6 +36,12 @@ def shard_range(count, rank, world_size):
     return begin.value, end.value
 
 
+def whole_chunks(nbytes, chunk_bytes):
+    """The bytes a registered tensor of ``nbytes`` occupies in a tier: whole chunks of
+    ``chunk_bytes`` (zoe.chunk_size; the tiers hold and move tensors by chunks)."""
+    return -(-int(nbytes) // chunk_bytes) * chunk_bytes
+
+
 def _config_text(config):
     """The configuration as a JSON string: from a dict, a JSON string, or a path to a file."""
     if config is None:
@@ -205,6 +211,12 @@ class Engine:
     def config(self):
         """The configuration in effect, every key with its value."""
         return self._json_call(_capi.zoe_engine_config_json, "config")
+
+    @property
+    def chunk_bytes(self):
+        """zoe.chunk_size in effect: a registered tensor occupies whole chunks of it
+        (whole_chunks)."""
+        return int(self.config["zoe"]["chunk_size"])
 
     def flush(self):
         """Writes every dirty tensor down to NVMe and waits."""

@@ -29,6 +29,7 @@ import weakref
 import torch
 
 from .. import _capi
+from ..engine import whole_chunks
 from ..errors import FailedPrecondition
 
 _ALIGN = 256  # bytes between the starts of two tensors in a bucket
@@ -65,7 +66,7 @@ class SlotPool:
 
     def __init__(self, engine):
         self.engine = engine
-        self.chunk_bytes = int(engine.config["zoe"]["chunk_size"])
+        self.chunk_bytes = engine.chunk_bytes
         self.lock = threading.RLock()
         self._free = {}  # chunks -> [Slot]
         self.registered = 0  # slots registered so far
@@ -78,7 +79,7 @@ class SlotPool:
         """A free slot of at least ``nbytes`` (whole chunks), registered when none is free. The
         free slot registered first is taken, so iterations of the same shapes use the same slots
         in the same order (what a trace recorded by the engine expects)."""
-        chunks = max(1, -(-int(nbytes) // self.chunk_bytes))
+        chunks = max(1, whole_chunks(nbytes, self.chunk_bytes) // self.chunk_bytes)
         while True:
             with self.lock:
                 free = self._free.get(chunks)

@@ -28,7 +28,7 @@ import time
 import torch
 
 from .. import _capi
-from ..engine import BufferView
+from ..engine import BufferView, whole_chunks
 from ..errors import Error, FailedPrecondition, Internal, IoError, NoSpace, as_zoe_error
 from .common import _DTYPES, _invalid, _pager_of
 from .grad_hooks import on_gradient_accumulated
@@ -308,7 +308,7 @@ def swap_bytes_for(param_groups):
     total = 0
     for params in param_groups:
         nbytes = staging_bytes(params)
-        total += -(-nbytes // _CHUNK_BYTES) * _CHUNK_BYTES
+        total += whole_chunks(nbytes, _CHUNK_BYTES)
     return total
 
 

@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 
 from .. import _capi
-from ..engine import BufferView, StepResult
+from ..engine import BufferView, StepResult, whole_chunks
 from ..errors import FailedPrecondition
 from .common import _DTYPES, _invalid, _pager_of, _view
 from .device import wrap_tier_memory
@@ -62,10 +62,10 @@ class _Store:
 
 def _host_footprint(engine):
     """(bytes of HOST the engine gives registered tensors, a function giving the HOST bytes a
-    tensor of n bytes takes there: whole chunks)."""
+    tensor of n bytes takes there: engine.whole_chunks)."""
     options = engine.config["zoe"]
-    chunk = max(1, int(options["chunk_size"]))
-    return int(options["tensor_host_budget"]), lambda nbytes: -(-nbytes // chunk) * chunk
+    return (int(options["tensor_host_budget"]),
+            functools.partial(whole_chunks, chunk_bytes=int(options["chunk_size"])))
 
 
 class GradStream:
