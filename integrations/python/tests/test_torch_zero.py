@@ -1,6 +1,7 @@
 """zoe.torch.AdamW / Adam sharded across ranks (ZeRO stages 1 and 2, process_group=...): 2 and 3
 ranks spawned with torch.multiprocessing over gloo train 20 steps and end with the parameters of
-one unsharded process within fp32 tolerance (bf16 parameters within two bf16 steps) -- with
+one unsharded process within fp32 tolerance (bf16 parameters within two bf16 steps; the updated
+parameters moved by broadcast, or by all-gather as over NCCL) -- with
 uneven shards (parameters split across ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
 each rank's optimizer state on disk is 1/N of the total (within one chunk); the stage comes from
 the engine config too; state_dict() consolidates every shard into torch's layout and a
@@ -128,8 +129,28 @@ def model_of(kind):
     return Net().to(getattr(torch, dtype)) if dtype else Net()
 
 
+@contextlib.contextmanager
+def all_gather_transport():
+    """The sharded groups made inside move the updated parameters by all-gather, as over NCCL
+    (TorchCollectives offers zoe no broadcast)."""
+    from zoe.torch.distributed import TorchCollectives
+    offers = TorchCollectives._offers_broadcast
+    TorchCollectives._offers_broadcast = lambda self: False
+    try:
+        yield
+    finally:
+        TorchCollectives._offers_broadcast = offers
+
+
 def run_training(rank, world, out_dir, name, kind, stage):
-    """One sharded run; its results go to <out_dir>/<name>-rank<rank>.pt."""
+    """One sharded run (``name`` ending in "-allgather": by all_gather_transport); its results
+    go to <out_dir>/<name>-rank<rank>.pt."""
+    transport = all_gather_transport() if name.endswith("-allgather") else contextlib.nullcontext()
+    with transport:
+        train_sharded(rank, world, out_dir, name, kind, stage)
+
+
+def train_sharded(rank, world, out_dir, name, kind, stage):
     model = model_of(kind)
     options = {"process_group": dist.group.WORLD, "bucket_elements": 100}
     if stage == "config":
@@ -142,7 +163,8 @@ def run_training(rank, world, out_dir, name, kind, stage):
     torch.save(
         {"params": [p.detach().clone() for p in model.parameters()],
          "state_bytes": state_bytes(nvme.replace("{rank}", str(rank))),
-         "stage": optimizer.zero_stage},
+         "stage": optimizer.zero_stage,
+         "broadcast": bool(optimizer._zero.comm.struct.broadcast)},
         os.path.join(out_dir, f"{name}-rank{rank}.pt"),
     )
     optimizer.close()
@@ -347,7 +369,8 @@ def reference(kind, directory):
 # config (1; its zero_stage left out).
 RUNS = {
     2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config"),
-        ("ckpt", "AdamW", 2), ("sd", "AdamW", 1), ("bf16", "AdamW:bfloat16", 2)],
+        ("ckpt", "AdamW", 2), ("sd", "AdamW", 1), ("bf16", "AdamW:bfloat16", 2),
+        ("s2-allgather", "AdamW", 2)],
     3: [("s1", "AdamW", 1), ("s2", "Adam", 2), ("sd", "AdamW", 1)],
 }
 
@@ -420,6 +443,7 @@ def test_sharded_equals_one_process(world, nvme_dir):
         for rank in range(world):
             got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
             assert got["stage"] == (1 if stage == "config" else stage)
+            assert got["broadcast"] == (not name.endswith("-allgather"))
             for index, (a, b) in enumerate(zip(got["params"], want)):
                 torch.testing.assert_close(a, b, **tolerance(a.dtype),
                                            msg=f"{name}: rank {rank} parameter {index}")

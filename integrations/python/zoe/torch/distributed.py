@@ -103,11 +103,16 @@ class TorchCollectives:
             _capi.reduce_scatter_sum_fn(self._guarded(TorchCollectives._reduce_scatter_sum)),
             _capi.all_gather_fn(self._guarded(TorchCollectives._all_gather)),
             _capi.barrier_fn(self._guarded(TorchCollectives._barrier)),
-            # CPU memory travels by broadcast only over a CPU backend (NCCL: the all-gather)
             _capi.broadcast_fn(self._guarded(TorchCollectives._broadcast))
-            if self._device.type == "cpu" else _capi.broadcast_fn(),
+            if self._offers_broadcast() else _capi.broadcast_fn(),  # NULL: the all-gather
         )
         self.struct = _capi.zoe_collectives(None, self.rank, self.world_size, *self._callbacks)
+
+    def _offers_broadcast(self):
+        """Whether zoe may move the updated parameters by broadcast (zoe_collectives.broadcast):
+        over a CPU backend, whose broadcasts take the parameters' own memory; over NCCL they
+        are all-gathered, staged through the GPU."""
+        return self._device.type == "cpu"
 
     @property
     def group(self):
