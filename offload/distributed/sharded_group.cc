@@ -1,5 +1,5 @@
 // ShardedGroup: the shard's range and segments, the agreed presence, scan and outcome, the
-// reduce-scatter of the gradients and the all-gather of the parameters.
+// reduce-scatter of the gradients and the parameters' broadcast or all-gather.
 #include "offload/distributed/sharded_group.h"
 
 #include <fmt/format.h>
