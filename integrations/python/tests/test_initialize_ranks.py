@@ -111,6 +111,7 @@ def test_ranks_equal_one_process(nvme_dir, world):
             for stats in (stage3, keep_none))
         kept = stage3["pager"]["gathers"]["kept"]
         assert kept > 0 and keep_none["pager"]["gathers"]["kept"] == 0
+        assert keep_none["pager"]["keep"]["max_live_parameters"] == 0
         assert gathers_keeping_none - gathers == kept
         for stats in (stage2, stage3):
             assert stats["forward"] > 0 and stats["backward"] > 0 and stats["step"] > 0

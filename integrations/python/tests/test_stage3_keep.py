@@ -57,11 +57,18 @@ def test_either_limit_at_zero_keeps_nothing(limits):
     assert KeptForBackward(10**9, 10**9).enabled
 
 
-def test_deepspeed_keys_and_their_defaults():
-    assert keep_settings({}) == {"max_live_parameters": 10**9, "max_reuse_distance": 10**9}
+def test_deepspeed_keys_and_their_defaults_within_a_quarter_of_the_budget():
+    ample = 64 << 30  # bytes of the memory the full parameters are gathered in
+    assert keep_settings({}, ample, 4) == {"max_live_parameters": 10**9,
+                                           "max_reuse_distance": 10**9}
+    # A budget of 1 GiB: at most 256 MiB kept, 64 Mi fp32 elements or 128 Mi bf16 ones
+    assert keep_settings({}, 1 << 30, 4)["max_live_parameters"] == 64 << 20
+    assert keep_settings({}, 1 << 30, 2)["max_live_parameters"] == 128 << 20
     zero = {"stage3_max_live_parameters": 3e7, "stage3_max_reuse_distance": "auto"}
-    assert keep_settings({"zero_optimization": zero}) == {"max_live_parameters": 30_000_000,
-                                                          "max_reuse_distance": 10**9}
+    assert keep_settings({"zero_optimization": zero}, ample, 4) == {
+        "max_live_parameters": 30_000_000, "max_reuse_distance": 10**9}
+    # a value given is kept as given, beyond the budget's share too
+    assert keep_settings({"zero_optimization": zero}, 1 << 20, 4)["max_live_parameters"] == 3e7
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "many", True])
@@ -69,6 +76,6 @@ def test_a_bad_value_is_refused_naming_the_key(value):
     document = {"zero_optimization": {"stage3_max_reuse_distance": value}}
     with pytest.raises(zoe.InvalidArgument,
                        match=r"zero_optimization.stage3_max_reuse_distance = .* integer >= 0"):
-        keep_settings(document)
+        keep_settings(document, 1 << 30, 4)
     with pytest.raises(zoe.InvalidArgument, match=r"max_live_parameters = .* integer >= 0"):
         KeptForBackward(max_live_parameters=value, max_reuse_distance=1)

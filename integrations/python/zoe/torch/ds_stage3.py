@@ -60,19 +60,35 @@ def _home(training):
     return Tier.NVME if training.offload_param == "nvme" else Tier.HOST
 
 
-def keep_settings(document):
+# By default, full parameters kept for backward take at most this share of the budget of the
+# memory they are gathered in (_gathered_in_bytes).
+KEEP_SHARE = 4
+
+
+def keep_settings(document, gathered_in_bytes, element_size):
     """offload_parameters' max_live_parameters and max_reuse_distance from
-    zero_optimization.stage3_max_live_parameters / stage3_max_reuse_distance, DeepSpeed's
-    defaults (1e9 each) when absent or "auto" (stage3_keep.py)."""
+    zero_optimization.stage3_max_live_parameters / stage3_max_reuse_distance (stage3_keep.py).
+    Absent or "auto": DeepSpeed's defaults (1e9 each), the live parameters at most the
+    ``element_size``-byte elements that fill 1/KEEP_SHARE of ``gathered_in_bytes``, so that
+    keeping never takes much more memory than zoe is given there. A value given is kept."""
     zero = document.get("zero_optimization", {})
+    within_budget = gathered_in_bytes // KEEP_SHARE // max(1, element_size)
     settings = {}
-    for name, default in (("max_live_parameters", DEEPSPEED_MAX_LIVE_PARAMETERS),
-                          ("max_reuse_distance", DEEPSPEED_MAX_REUSE_DISTANCE)):
+    for name, default in (
+            ("max_live_parameters", min(DEEPSPEED_MAX_LIVE_PARAMETERS, within_budget)),
+            ("max_reuse_distance", DEEPSPEED_MAX_REUSE_DISTANCE)):
         key = "stage3_" + name
         value = zero.get(key)
         settings[name] = elements_setting(f"zero_optimization.{key}",
                                           default if value in (None, AUTO) else value)
     return settings
+
+
+def _gathered_in_bytes(module, engine):
+    """The budget of the memory a module's full parameters are gathered in: the engine's
+    device budget for a model on a GPU, else its tensors' HOST budget."""
+    on_gpu = any(param.device.type == "cuda" for param in module.parameters())
+    return int(engine.config["zoe"]["device_budget" if on_gpu else "tensor_host_budget"])
 
 
 def stage3_setup(module, spec, document, training, group):
@@ -81,7 +97,9 @@ def stage3_setup(module, spec, document, training, group):
     adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
     engine = Engine(document)
     try:
-        keep = keep_settings(document) if group is not None else {}
+        keep = {} if group is None else keep_settings(
+            document, _gathered_in_bytes(module, engine),
+            max((param.element_size() for param in module.parameters()), default=4))
         pager = offload_parameters(module, engine, home=_home(training), process_group=group,
                                    **keep)
         params = pager.shard_parameters() if group is not None else list(module.parameters())

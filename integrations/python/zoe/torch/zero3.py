@@ -834,7 +834,7 @@ class ShardedParameterPager(ParameterPager):
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
         re-recorded, and ``kept``: uses that found a parameter kept for backward, each a gather
-        saved), the gradient reductions (``issued``: buckets reduced, one reduce_parts each;
+        saved), the limits of that keeping (``keep``), the gradient reductions (``issued``: buckets reduced, one reduce_parts each;
         ``parameters``: the gradients they held), this rank's shard bytes, the peak bytes of
         gathered parameters and ``collective_seconds``: the wall time this rank was blocked
         issuing or waiting for its gathers and reductions (collectives running in the background
@@ -844,6 +844,8 @@ class ShardedParameterPager(ParameterPager):
         stats = super().stats()
         stats.update(
             gathers=dict(self.gathers),
+            keep={"max_live_parameters": self._keep.max_live_parameters,
+                  "max_reuse_distance": self._keep.max_reuse_distance},
             reductions=dict(self.reductions),
             shard_bytes=self.shard_bytes,
             peak_gathered_bytes=self.peak_gathered_bytes,
