@@ -2,6 +2,7 @@
 parameter's values, paged or not; process groups held weakly; timing)."""
 
 import contextlib
+import operator
 import os
 import time
 import weakref
@@ -40,6 +41,22 @@ def fsync_path(path):
 
 def _invalid(message):
     return InvalidArgument(_capi.Status.INVALID_ARGUMENT, message)
+
+
+def whole_count(value, name, meaning):
+    """``value`` as an int >= 0: an integer of any kind (numpy's included) or a float with no
+    fraction (DeepSpeed's configurations write sizes as 5e8); InvalidArgument naming ``name``
+    otherwise, ``meaning`` saying what the count is."""
+    if not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        try:
+            count = operator.index(value)
+        except TypeError:
+            count = -1
+        if count >= 0:
+            return count
+    raise _invalid(f"{name} = {value!r} is not allowed; allowed: an integer >= 0 ({meaning})")
 
 
 def _view(tensor):

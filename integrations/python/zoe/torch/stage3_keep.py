@@ -17,9 +17,8 @@ decisions depend only on the order and sizes of the parameters forward finishes,
 rank sees alike, so every rank keeps the same parameters and issues the same gathers."""
 
 import collections
-import numbers
 
-from .common import _invalid
+from .common import whole_count
 
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py), which zoe.torch.initialize follows.
 DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
@@ -27,14 +26,9 @@ DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
 def elements_setting(name, value):
-    """A count of elements given as a setting (an integer, or a float such as DeepSpeed's
-    ``1e9`` with no fraction) as an int; InvalidArgument naming ``name`` otherwise."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise _invalid(f"{name} = {value!r} is not allowed; allowed: an integer >= 0 "
-                       "(elements of parameters; 0 keeps none)")
-    return int(value)
+    """A keep limit in elements (common.whole_count: ``1e9`` too) as an int; InvalidArgument
+    naming ``name`` otherwise."""
+    return whole_count(value, name, "elements of parameters; 0 keeps none")
 
 
 class KeptForBackward:

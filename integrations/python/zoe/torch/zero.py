@@ -56,7 +56,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import operator
 import os
 import weakref
 from typing import Any, List, Optional
@@ -68,7 +67,7 @@ from .. import _capi
 from .. import errors as zoe_errors
 from ..engine import BufferView, _config_text
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
-from .common import _invalid, _pager_of, _view
+from .common import _invalid, _pager_of, _view, whole_count
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, ShardedGroup,
                           TorchCollectives, shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
@@ -121,22 +120,6 @@ def _stage_of(zero_stage, config, engine):
             "optimizer)"
         )
     return min(int(zero_stage), 2)
-
-
-def _whole_count(value, name):
-    """``value`` as an int >= 0: an integer of any kind (numpy's included) or a float with no
-    fraction (DeepSpeed's configurations write sizes as 5e8); InvalidArgument otherwise."""
-    if not isinstance(value, bool):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        try:
-            count = operator.index(value)
-        except TypeError:
-            count = -1
-        if count >= 0:
-            return count
-    raise _invalid(f"{name} = {value!r} is not allowed; allowed: an integer >= 0 (0 or 1: one "
-                   "parameter per bucket)")
 
 
 # Options of the unsharded optimizer that a sharded one does not take, with the value that
@@ -231,7 +214,8 @@ class ZeroPartition:
         _check_sharded_options(unsharded_options)
         if bucket_elements is None:
             bucket_elements = DEFAULT_BUCKET_ELEMENTS
-        bucket_elements = _whole_count(bucket_elements, "bucket_elements")
+        bucket_elements = whole_count(bucket_elements, "bucket_elements",
+                                      "0 or 1: one parameter per bucket")
         return cls(process_group, zero_stage, bucket_elements, config, engine)
 
     @property
