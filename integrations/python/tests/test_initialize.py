@@ -15,8 +15,10 @@ import torch
 
 import zoe
 import zoe.torch
-from initialize_script import (ACCUMULATION, LR, MICRO, ds_config, make_model, reference,
-                               run_script, assert_same_state, train_engine)
+from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, WEIGHT_DECAY, ds_config,
+                               make_model, reference, run_script, assert_same_state,
+                               train_engine)
+from zoe.torch.device import HostTwin
 from zoe.torch.ds_config import batch_sizes
 
 
@@ -154,6 +156,32 @@ def test_user_zoe_optimizer_must_clip_as_the_config_says(nvme_dir):
     train_engine(engine, 0, 1, 0, 1)
     engine.close()
     clipped.close()  # the caller's: the engine does not close it
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["overlap", "speculate"])
+def test_boundary_backward_hands_device_gradients_over_as_they_become_final(speculative):
+    """A model on the (adversarial) CPU twin with a user's zoe AdamW: engine.backward arms the
+    optimizer's overlap on the boundary micro-batch only, so the boundary's gradients reach zoe
+    during backward (and a speculative optimizer updates then), and the script still ends with
+    the plain torch loop's parameters."""
+    config = ds_config()
+    del config["optimizer"]
+    model = make_model()
+    optimizer = zoe.torch.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                                max_grad_norm=CLIP, device_backend=HostTwin(adversarial=True),
+                                speculative=speculative)
+    engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=optimizer, config=config)
+    train_engine(engine, 0, STEPS, 0, 1)
+    assert_same_state(engine.module_state_dict(), reference())
+    handed = optimizer._groups[0].device.stats
+    params = len(list(model.parameters()))
+    # the first micro-batch's gradients are not final: only the boundary's go early
+    assert handed["handed_in_backward"] + handed["handed_at_step"] == STEPS * params
+    assert handed["handed_in_backward"] > 0
+    speculated = optimizer._groups[0].zoe_group.speculation_stats()["chunks_speculative"]
+    assert (speculated > 0) == speculative
+    engine.close()
+    optimizer.close()
 
 
 def test_training_data_gives_micro_batches():

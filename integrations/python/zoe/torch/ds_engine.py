@@ -122,13 +122,16 @@ class DeepSpeedEngine:
 
     def backward(self, loss, retain_graph=False):
         """Backward of ``loss`` / gradient_accumulation_steps (times the loss scale under
-        fp16); returns ``loss`` as given."""
+        fp16); returns ``loss`` as given. On the boundary micro-batch a zoe optimizer's device
+        param groups take each gradient as it becomes final (and a speculative one starts its
+        update then: optimizer.overlap()); before it, stage 2 holds its reductions."""
         scaled = loss
         if self.gradient_accumulation_steps() > 1:
             scaled = scaled / self.gradient_accumulation_steps()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
-        with self._reductions_held(not self.is_gradient_accumulation_boundary()), \
+        boundary = self.is_gradient_accumulation_boundary()
+        with self._reductions_held(not boundary), self._overlapped(boundary), \
                 _timed(self._seconds, "backward"):
             scaled.backward(retain_graph=retain_graph)
         return loss
@@ -264,6 +267,12 @@ class DeepSpeedEngine:
         scaler = self.loss_scaler
         return [param.register_hook(lambda grad: grad * (1.0 / scaler.loss_scale))
                 for param in self.module.parameters() if param.requires_grad]
+
+    def _overlapped(self, boundary):
+        """On the boundary micro-batch: a zoe optimizer's overlap() (its device groups' hooks
+        armed; nothing for CPU groups or a torch optimizer)."""
+        overlap = getattr(self.optimizer, "overlap", None)
+        return overlap() if boundary and overlap is not None else contextlib.nullcontext()
 
     def _reductions_held(self, hold):
         """While ``hold`` (a micro-batch before the boundary): zoe's stage 2 reduces nothing."""
