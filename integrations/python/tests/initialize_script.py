@@ -1,13 +1,14 @@
 """Shared by the test_initialize*.py files: a DeepSpeed-style training script run through
-zoe.torch.initialize (gradient accumulation 2, clipping 1.0, AdamW and WarmupLR from the config,
-a save_checkpoint and a load_checkpoint into a fresh engine half-way) and the equivalent plain
-torch loop in one process."""
+zoe.torch.initialize (gradient accumulation 2, clipping 1.0, AdamW -- or Adagrad or Lion -- and
+WarmupLR from the config, a save_checkpoint and a load_checkpoint into a fresh engine half-way)
+and the equivalent plain torch loop in one process."""
 
 import copy
 
 import torch
 
 import zoe.torch
+from lion_reference import ReferenceLion
 from zoe.torch.lr_schedules import WarmupLR
 
 STEPS = 6            # optimizer steps
@@ -17,6 +18,13 @@ LR = 0.01
 WEIGHT_DECAY = 0.01
 CLIP = 1.0
 WARMUP = dict(warmup_min_lr=0.0, warmup_max_lr=LR, warmup_num_steps=4)
+# Per optimizer type: the config's params, and the reference optimizer over those params
+OPTIMIZERS = {
+    "AdamW": (dict(lr=LR, betas=[0.9, 0.999], eps=1e-8, weight_decay=WEIGHT_DECAY),
+              torch.optim.AdamW),
+    "Adagrad": (dict(lr=LR, eps=1e-10, weight_decay=WEIGHT_DECAY), torch.optim.Adagrad),
+    "Lion": (dict(lr=LR / 10, betas=[0.9, 0.99], weight_decay=WEIGHT_DECAY), ReferenceLion),
+}
 
 
 def make_model(seed=0):
@@ -24,8 +32,10 @@ def make_model(seed=0):
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
 
-def ds_config(stage=0, offload="none", nvme_path=None, world=1, offload_param=None):
-    """The DeepSpeed configuration the scripts train with (``offload_param``: stage 3's)."""
+def ds_config(stage=0, offload="none", nvme_path=None, world=1, offload_param=None,
+              optimizer="AdamW"):
+    """The DeepSpeed configuration the scripts train with (``offload_param``: stage 3's;
+    ``optimizer``: a type of OPTIMIZERS)."""
     offload_section = {"device": offload}
     if offload == "nvme":
         offload_section["nvme_path"] = nvme_path
@@ -38,9 +48,9 @@ def ds_config(stage=0, offload="none", nvme_path=None, world=1, offload_param=No
         "train_batch_size": MICRO * ACCUMULATION * world,
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_clipping": CLIP,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                  "weight_decay": WEIGHT_DECAY}},
-        "scheduler": {"type": "WarmupLR", "params": dict(WARMUP)},
+        "optimizer": {"type": optimizer, "params": dict(OPTIMIZERS[optimizer][0])},
+        "scheduler": {"type": "WarmupLR",
+                      "params": dict(WARMUP, warmup_max_lr=OPTIMIZERS[optimizer][0]["lr"])},
         "zero_optimization": zero,
         "zoe": {"device": "host", "chunk_size": "64K", "host_budget": "64M",
                 "tensor_swap_bytes": "1M", "log_level": "error"},
@@ -91,13 +101,17 @@ def run_script(config, checkpoint_dir, rank=0, world=1):
     return state
 
 
-def reference(world=1):
-    """The plain torch loop the script must equal: loss / accumulation, clip_grad_norm_,
-    AdamW, the schedule stepped after each step."""
+def reference(world=1, optimizer="AdamW", steps=STEPS):
+    """The plain torch loop the script must equal after ``steps`` steps: loss / accumulation,
+    clip_grad_norm_, the optimizer (a type of OPTIMIZERS), the schedule stepped after each
+    step."""
     model = make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    schedule = WarmupLR(optimizer, **WARMUP)
-    for step in range(STEPS):
+    params, reference_class = OPTIMIZERS[optimizer]
+    params = dict(params, betas=tuple(params["betas"])) if "betas" in params else params
+    schedule_params = dict(WARMUP, warmup_max_lr=params["lr"])
+    optimizer = reference_class(model.parameters(), **params)
+    schedule = WarmupLR(optimizer, **schedule_params)
+    for step in range(steps):
         for micro in range(ACCUMULATION):
             x, y = micro_batch(step, micro, world)
             (torch.nn.functional.mse_loss(model(x), y) / ACCUMULATION).backward()

@@ -1,11 +1,12 @@
-"""zoe.torch.initialize in one process: a DeepSpeed-style script (accumulation 2, clipping,
-AdamW and WarmupLR from the config, a checkpoint loaded into a fresh engine half-way) at ZeRO
-stages 0-2 with the optimizer state in DRAM or on NVMe, and 3 with the parameters paged too, ends
-with the parameters of the plain torch loop; the latest checkpoint is the default, a save that
-fails or is killed half-way keeps the previous one; bf16, "auto" values, a user's torch or zoe
-optimizer and scheduler, the data loader; batch settings are derived and checked as DeepSpeed
-does; unsupported optimizers, schedulers, settings given twice and model_parameters stage 3
-would not honour are refused naming the fix."""
+"""zoe.torch.initialize in one process: a DeepSpeed-style script (accumulation 2, clipping, AdamW
+-- or Adagrad or Lion -- and WarmupLR from the config, a checkpoint loaded into a fresh engine
+half-way) at ZeRO stages 0-2 with the optimizer state in DRAM or on NVMe, and 3 with the parameters
+paged too, ends with the parameters of the plain torch loop; engine.backward hands a device model's
+gradients over as they become final; the latest checkpoint is the default, a save that fails or is
+killed half-way keeps the previous one; bf16, "auto" values, a user's torch or zoe optimizer and
+scheduler, the data loader; batch settings are derived and checked as DeepSpeed does; unsupported
+optimizers, schedulers, settings given twice and model_parameters stage 3 would not honour are
+refused naming the fix."""
 
 import json
 import os
@@ -30,6 +31,17 @@ def test_script_equals_plain_torch_loop(stage, offload, offload_param, nvme_dir)
                        offload_param=offload_param)
     found = run_script(config, os.path.join(nvme_dir, "ckpt"))
     assert_same_state(found, reference())
+
+
+@pytest.mark.parametrize("optimizer", ["Adagrad", "Lion"])
+@pytest.mark.parametrize("stage,offload,offload_param", [
+    (0, "cpu", None), (1, "nvme", None), (3, "nvme", "nvme")])
+def test_script_with_adagrad_or_lion_equals_plain_torch_loop(optimizer, stage, offload,
+                                                             offload_param, nvme_dir):
+    config = ds_config(stage, offload, os.path.join(nvme_dir, "swap"),
+                       offload_param=offload_param, optimizer=optimizer)
+    found = run_script(config, os.path.join(nvme_dir, "ckpt"))
+    assert_same_state(found, reference(optimizer=optimizer))
 
 
 def test_engine_counters_boundaries_and_learning_rate(nvme_dir):
@@ -92,14 +104,18 @@ def test_inconsistent_batch_settings_are_refused_naming_the_fix():
         batch_sizes({}, 1)
 
 
-@pytest.mark.parametrize("kind,fix", [
-    ("Lion", "zoe.torch offers only Adam and AdamW"),
-    ("Adagrad", "optimizer=torch.optim.Adagrad"),
-    ("OneBitAdam", "zoe.torch steps Adam, AdamW"),
+@pytest.mark.parametrize("kind,params,fix", [
+    ("OneBitAdam", {}, "zoe.torch steps Adam, AdamW, Adagrad, Lion"),
+    ("Lamb", {}, "pass a torch optimizer to initialize"),
+    ("Lion", {"lr": 1e-3, "eps": 1e-8}, "optimizer.params.eps is not a setting of Lion; "
+                                         "allowed: lr, betas, weight_decay"),
+    ("AdamW", {"bias_correction": False}, "bias_correction is not a setting of AdamW"),
+    ("Adagrad", {"initial_accumulator_value": 0.1}, "leave it 0"),
+    ("Adam", {"amsgrad": True}, "support none of amsgrad"),
 ])
-def test_unsupported_optimizer_is_refused_with_the_reason(kind, fix):
+def test_unsupported_optimizer_or_setting_is_refused_with_the_reason(kind, params, fix):
     config = ds_config()
-    config["optimizer"]["type"] = kind
+    config["optimizer"] = {"type": kind, "params": params}
     with pytest.raises(zoe.InvalidArgument, match=fix):
         zoe.torch.initialize(model=make_model(), config=config)
 

@@ -1,10 +1,10 @@
-"""zoe.torch.initialize on 2 and 3 ranks (torch.multiprocessing, gloo): the DeepSpeed-style
-script at ZeRO stage 0 (the engine all-reduces the gradients, 2 ranks), 1 and 2 (zoe's sharded
-optimizer; stage 2 with gradient accumulation) and 3 (parameters sharded and paged from NVMe)
-with the optimizer state in DRAM or on NVMe, checkpoint and fresh engine half-way, ends on every
-rank with the parameters of one process running the plain torch loop over the whole batch; on 2
-ranks an fp16 overflow on one rank only skips the step on both (stages 0, 2 and 3), the loss
-scale follows DeepSpeed's rule on both and stage 3 trains as stage 0."""
+"""zoe.torch.initialize on 2 and 3 ranks (torch.multiprocessing, gloo): the DeepSpeed-style script
+at ZeRO stage 0 (the engine all-reduces the gradients, 2 ranks), 1 and 2 (zoe's sharded optimizer;
+stage 2 with gradient accumulation) and 3 (parameters sharded and paged from NVMe) with the
+optimizer state in DRAM or on NVMe, AdamW (Adagrad and Lion at some stages), checkpoint and fresh
+engine half-way, ends on every rank with the parameters of one process running the plain torch loop
+over the whole batch; on 2 ranks an fp16 overflow on one rank only skips the step on both (stages
+0, 2 and 3), the loss scale follows DeepSpeed's rule on both and stage 3 trains as stage 0."""
 
 import datetime
 import os
@@ -16,24 +16,28 @@ import torch.distributed as dist
 
 import zoe.torch
 from conftest import spawn_ranks
-from initialize_script import assert_same_state, ds_config, make_model, reference, run_script, \
-    train_engine
+from initialize_script import STEPS, assert_same_state, ds_config, make_model, reference, \
+    run_script, train_engine
 from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_config, \
     run_fp16_steps_read
 
 JOIN_SECONDS = 50
 FP16_WORLD = 2
 FP16_STAGES = (0, 2, 3)
-RUNS = {2: [(0, "none", None), (1, "cpu", None), (2, "nvme", None), (3, "nvme", "nvme")],
-        3: [(1, "cpu", None), (2, "nvme", None), (3, "cpu", "cpu")]}
+# (stage, offload_optimizer, offload_param, the config's optimizer type)
+RUNS = {2: [(0, "none", None, "AdamW"), (1, "cpu", None, "AdamW"), (2, "nvme", None, "AdamW"),
+            (3, "nvme", "nvme", "AdamW"), (2, "cpu", None, "Lion"), (3, "cpu", "cpu", "Adagrad")],
+        3: [(1, "cpu", None, "AdamW"), (2, "nvme", None, "AdamW"), (3, "cpu", "cpu", "AdamW"),
+            (1, "nvme", None, "Adagrad"), (3, "cpu", "cpu", "Lion")]}
 
 
 def run_scripts(rank, out_dir, world):
-    for stage, offload, offload_param in RUNS[world]:
-        config = ds_config(stage, offload, os.path.join(out_dir, f"swap{stage}"), world,
-                           offload_param)
-        state = run_script(config, os.path.join(out_dir, f"ckpt{stage}"), rank, world)
-        torch.save(state, os.path.join(out_dir, f"stage{stage}-rank{rank}.pt"))
+    for stage, offload, offload_param, optimizer in RUNS[world]:
+        name = f"{stage}{optimizer}"
+        config = ds_config(stage, offload, os.path.join(out_dir, f"swap{name}"), world,
+                           offload_param, optimizer)
+        state = run_script(config, os.path.join(out_dir, f"ckpt{name}"), rank, world)
+        torch.save(state, os.path.join(out_dir, f"stage{name}-rank{rank}.pt"))
 
 
 def run_fp16(rank, out_dir, stage):
@@ -87,14 +91,28 @@ def worker(rank, out_dir, world):
             dist.destroy_process_group()
 
 
+def check_consolidated(nvme_dir, world, optimizer):
+    """The stage 3 save half-way, consolidated without the ranks: the parameters of the plain
+    loop after those steps, and the optimizer's state under its kind's names."""
+    saved = os.path.join(nvme_dir, f"ckpt3{optimizer}", f"global_step{STEPS // 2}", "optimizer")
+    consolidated = zoe.torch.consolidated_state_dict(saved)
+    assert_same_state(consolidated["model"], reference(world, optimizer, steps=STEPS // 2))
+    moments = {"AdamW": ["exp_avg", "exp_avg_sq"], "Adagrad": ["sum"], "Lion": ["exp_avg"]}
+    for entry in consolidated["optimizer"]["state"].values():
+        assert sorted(entry) == sorted(["step"] + moments[optimizer])
+        assert float(entry["step"]) == STEPS // 2
+
+
 @pytest.mark.parametrize("world", sorted(RUNS))
 def test_ranks_equal_one_process(nvme_dir, world):
     spawn_ranks(worker, (nvme_dir, world), world, nvme_dir, JOIN_SECONDS)
-    expected = reference(world)
-    for stage, _, _ in RUNS[world]:
+    for stage, _, _, optimizer in RUNS[world]:
+        expected = reference(world, optimizer)
         for rank in range(world):
-            found = torch.load(os.path.join(nvme_dir, f"stage{stage}-rank{rank}.pt"))
+            found = torch.load(os.path.join(nvme_dir, f"stage{stage}{optimizer}-rank{rank}.pt"))
             assert_same_state(found, expected)
+        if stage == 3:
+            check_consolidated(nvme_dir, world, optimizer)
     if world != FP16_WORLD:
         return
     for rank in range(world):

@@ -1,13 +1,14 @@
-"""zoe.torch.AdamW / Adam sharded across ranks (ZeRO stages 1 and 2, process_group=...): 2 and 3
-ranks spawned with torch.multiprocessing over gloo train 20 steps and end with the parameters of
-one unsharded process within fp32 tolerance (bf16 parameters within two bf16 steps; the updated
-parameters moved by broadcast, or by all-gather as over NCCL) -- with
-uneven shards (parameters split across ranks), clipping active, a skipped (NaN) step and a parameter without a gradient on some steps;
-each rank's optimizer state on disk is 1/N of the total (within one chunk); the stage comes from
-the engine config too; state_dict() consolidates every shard into torch's layout and a
-one-process state dict loads onto 2 and 3 ranks and continues alike; a sharded checkpoint (one per rank and a manifest) loads bit-identically
-and training resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step raise
-within the transport's timeout, never a hang; an optimizer (closed or not, referenced or not)
+"""zoe.torch.AdamW / Adam / Adagrad / Lion sharded across ranks (ZeRO stages 1 and 2,
+process_group=...): 2 and 3 ranks spawned with torch.multiprocessing over gloo train 20 steps and
+end with the parameters of one unsharded process within fp32 tolerance (bf16 parameters within two
+bf16 steps; the updated parameters moved by broadcast, or by all-gather as over NCCL) -- with
+uneven shards (parameters split across ranks), clipping active, a skipped (NaN) step and a
+parameter without a gradient on some steps; each rank's optimizer state on disk is 1/N of the total
+(within one chunk); the stage comes from the engine config too; state_dict() consolidates every
+shard into torch's layout and a one-process state dict loads onto 2 and 3 ranks and continues
+alike; a sharded checkpoint (one per rank and a manifest) loads bit-identically and training
+resumes as if uninterrupted; a rank whose state fails its checksum on read makes every rank's step
+raise within the transport's timeout, never a hang; an optimizer (closed or not, referenced or not)
 never keeps its process group alive past destroy_process_group()."""
 
 import contextlib
@@ -111,7 +112,7 @@ def make_optimizer(kind, params, nvme_path, config_stage=3, buffer_count=4, **op
     config = small_config(nvme_path, offload="nvme")
     config["zero_optimization"].update(stage=config_stage, sub_group_size=SUB_GROUP)
     config["zero_optimization"]["offload_optimizer"]["buffer_count"] = buffer_count
-    cls = zoe.torch.AdamW if kind.startswith("AdamW") else zoe.torch.Adam
+    cls = getattr(zoe.torch, kind.partition(":")[0])
     return cls(params, lr=0.02, weight_decay=0.01, max_grad_norm=MAX_GRAD_NORM, config=config,
                **options)
 
@@ -162,6 +163,7 @@ def train_sharded(rank, world, out_dir, name, kind, stage):
     train(optimizer, model, rank, world)
     torch.save(
         {"params": [p.detach().clone() for p in model.parameters()],
+         "state": optimizer.state_dict()["state"],
          "state_bytes": state_bytes(nvme.replace("{rank}", str(rank))),
          "stage": optimizer.zero_stage,
          "broadcast": bool(optimizer._zero.comm.struct.broadcast)},
@@ -361,17 +363,19 @@ def reference(kind, directory):
     train(optimizer, model, 0, 1)
     params = [p.detach().clone() for p in model.parameters()]
     total = state_bytes(directory)
+    state = optimizer.state_dict()["state"]
     optimizer.close()
-    return params, total
+    return params, total, state
 
 
-# Per world size, the runs one spawn makes: stage 1 and 2, AdamW and Adam, the stage from the
-# config (1; its zero_stage left out).
+# Per world size, the runs one spawn makes: stage 1 and 2, AdamW, Adam, Adagrad and Lion, the
+# stage from the config (1; its zero_stage left out).
 RUNS = {
     2: [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("config", "AdamW", "config"),
         ("ckpt", "AdamW", 2), ("sd", "AdamW", 1), ("bf16", "AdamW:bfloat16", 2),
-        ("s2-allgather", "AdamW", 2)],
-    3: [("s1", "AdamW", 1), ("s2", "Adam", 2), ("sd", "AdamW", 1)],
+        ("s2-allgather", "AdamW", 2), ("lion-s2", "Lion", 2), ("adagrad-s1", "Adagrad", 1)],
+    3: [("s1", "AdamW", 1), ("s2", "Adam", 2), ("sd", "AdamW", 1), ("lion-s1", "Lion", 1),
+        ("adagrad-s2", "Adagrad", 2)],
 }
 
 
@@ -439,7 +443,7 @@ def test_sharded_equals_one_process(world, nvme_dir):
         if name == "sd":
             check_state_dict(nvme_dir, world, want_state, want_params)
             continue
-        want, total = reference(kind, os.path.join(nvme_dir, f"{name}-single"))
+        want, total, single_state = reference(kind, os.path.join(nvme_dir, f"{name}-single"))
         for rank in range(world):
             got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
             assert got["stage"] == (1 if stage == "config" else stage)
@@ -447,6 +451,14 @@ def test_sharded_equals_one_process(world, nvme_dir):
             for index, (a, b) in enumerate(zip(got["params"], want)):
                 torch.testing.assert_close(a, b, **tolerance(a.dtype),
                                            msg=f"{name}: rank {rank} parameter {index}")
+            # the gathered state dict holds the kind's moments, in torch's names
+            assert sorted(got["state"]) == sorted(single_state)
+            for index, entry in single_state.items():
+                assert sorted(got["state"][index]) == sorted(entry), (name, index)
+                for key, values in entry.items():
+                    torch.testing.assert_close(got["state"][index][key], values,
+                                               **tolerance(got["params"][0].dtype),
+                                               msg=f"{name}: rank {rank} {key} of {index}")
             assert abs(got["state_bytes"] - total / world) <= chunk, (got["state_bytes"], total)
 
 

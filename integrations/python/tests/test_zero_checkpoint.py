@@ -429,11 +429,11 @@ def run_cli(*args):
                           text=True, env=dict(os.environ), timeout=JOIN_SECONDS)
 
 
-def assert_same_state(got, want):
+def assert_same_state(got, want, moments=("exp_avg", "exp_avg_sq")):
     assert got["param_groups"] == want["param_groups"]
     assert sorted(got["state"]) == sorted(want["state"])
     for index, entry in want["state"].items():
-        assert sorted(got["state"][index]) == sorted(entry) == ["exp_avg", "exp_avg_sq", "step"]
+        assert sorted(got["state"][index]) == sorted(entry) == sorted(("step",) + moments)
         for key, value in entry.items():
             assert torch.equal(got["state"][index][key], value), f"parameter {index} {key}"
 
@@ -470,31 +470,36 @@ def test_consolidated_checkpoint_equals_live_state_and_moves_to_three_ranks(nvme
 
 
 @guarded
-def low_precision_run(rank, world, out_dir, moment_dtype):
-    """4 steps with moments in ``moment_dtype``; a sharded checkpoint; rank 0 saves the live
-    state_dict() (moments exported as fp32, as torch keeps them)."""
+def consolidation_run(rank, world, out_dir, kind, moment_dtype):
+    """4 steps of a zoe.torch ``kind`` with moments in ``moment_dtype``; a sharded checkpoint;
+    rank 0 saves the live state_dict() (moments exported as fp32, as torch keeps them)."""
+    name = kind + "-" + moment_dtype
     model = Net()
-    optimizer = make_optimizer("AdamW", model.parameters(),
-                               os.path.join(out_dir, moment_dtype + "-nvme-{rank}"),
+    optimizer = make_optimizer(kind, model.parameters(),
+                               os.path.join(out_dir, name + "-nvme-{rank}"),
                                process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100,
                                moment_dtype=moment_dtype)
     train(optimizer, model, rank, world, steps=4)
-    optimizer.save_checkpoint(os.path.join(out_dir, moment_dtype))
+    optimizer.save_checkpoint(os.path.join(out_dir, name))
     live = optimizer.state_dict()
     if rank == 0:
-        torch.save(live, os.path.join(out_dir, moment_dtype + "-live.pt"))
+        torch.save(live, os.path.join(out_dir, name + "-live.pt"))
     optimizer.close()
 
 
-@pytest.mark.parametrize("moment_dtype", ["bf16", "int8"])
-def test_consolidated_low_precision_moments_equal_the_live_state(moment_dtype, nvme_dir):
-    """Moments held in bf16 or block-quantized int8 consolidate to the fp32 values the live
-    ranks export, bit for bit."""
-    join(start(low_precision_run, 2, nvme_dir, moment_dtype), nvme_dir)
-    live = torch.load(os.path.join(nvme_dir, moment_dtype + "-live.pt"))
-    got = zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, moment_dtype))
-    assert_same_state(got, live)
-    assert any(entry["exp_avg"].abs().sum() > 0 for entry in got["state"].values())
+@pytest.mark.parametrize("kind,moment_dtype,moments", [
+    ("AdamW", "bf16", ("exp_avg", "exp_avg_sq")), ("AdamW", "int8", ("exp_avg", "exp_avg_sq")),
+    ("Lion", "fp32", ("exp_avg",)), ("Adagrad", "int8", ("sum",))])
+def test_consolidated_moments_of_every_kind_and_dtype_equal_the_live_state(kind, moment_dtype,
+                                                                          moments, nvme_dir):
+    """Moments held in fp32, bf16 or block-quantized int8, AdamW's two or Lion's and Adagrad's
+    one, consolidate to the fp32 values the live ranks export, bit for bit, in torch's names."""
+    join(start(consolidation_run, 2, nvme_dir, kind, moment_dtype), nvme_dir)
+    name = kind + "-" + moment_dtype
+    live = torch.load(os.path.join(nvme_dir, name + "-live.pt"))
+    got = zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, name))
+    assert_same_state(got, live, moments)
+    assert any(entry[moments[0]].abs().sum() > 0 for entry in got["state"].values())
 
 
 # --- stage 3 -------------------------------------------------------------------------------

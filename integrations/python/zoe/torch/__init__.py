@@ -1,10 +1,10 @@
-"""PyTorch integration: offloaded Adam/AdamW optimizers and ZeRO-3-style parameter paging.
+"""PyTorch integration: offloaded optimizers and ZeRO-3-style parameter paging.
 
-``zoe.torch.AdamW`` and ``zoe.torch.Adam`` are ``torch.optim.Optimizer`` subclasses whose state
-(fp32 master weights, exp_avg, exp_avg_sq) lives in a zoe engine, in pinned DRAM or on NVMe as
-the engine's configuration says. Each param group is one zoe optimizer group: the group's
-parameters, concatenated in order, are its elements, and a step hands zoe one buffer view per
-parameter (gradients in, updated parameters out, in the parameters' own dtype).
+``zoe.torch.AdamW``, ``Adam``, ``Adagrad`` and ``Lion`` are ``torch.optim.Optimizer`` subclasses
+whose state (fp32 master weights and the optimizer's moments) lives in a zoe engine, in pinned DRAM
+or on NVMe as the engine's configuration says. Each param group is one zoe optimizer group: the
+group's parameters, concatenated in order, are its elements, and a step hands zoe one buffer view
+per parameter (gradients in, updated parameters out, in the parameters' own dtype).
 
 Parameters may live on a CUDA device (one per param group): gradients are copied to the host as
 they become final in backward (``with optimizer.overlap():`` around the backward that ends an
@@ -26,19 +26,18 @@ inputs offloaded (activation_checkpoint.py, docs/activation-offload.md).
 
 Only ``zoe.torch`` needs torch; ``import zoe`` does not import it.
 
-The package, by concern: optimizer.py (AdamW, Adam; one GroupState per param group,
-param_group.py), config.py (engine_config and the optimizer's configuration), state_layout.py
-(torch's state dict layout), device.py (the device path: DeviceBackend, CudaBackend, HostTwin,
-its waits), grad_hooks.py (gradient hooks, ZeRO buckets), grad_stream.py (gradients of paged
-parameters streamed out of backward into stores, stepped window by window), zero.py (ZeRO stages
-1 and 2: the optimizer's ZeroPartition), distributed.py (collectives, the shard formula, sharded
-groups),
-checkpoint.py (sharded checkpoints), paging.py (ParameterPager), zero3.py (ZeRO stage 3:
-ShardedParameterPager), offload.py (offload_parameters), paged_init.py and adoption.py (zero_init;
-parameters it paged adopted by the pagers), stage3_checks.py (stage 3 misuses refused),
-activations.py and activation_store.py (offload_activations), activation_checkpoint.py
-(checkpoint, the activation_checkpointing section), ds_*.py (initialize and its engine),
-consolidate.py, common.py.
+The package, by concern: optimizer.py (AdamW, Adam, Adagrad, Lion, each an OptimizerKind of
+optim_kinds.py; one GroupState per param group, param_group.py), config.py (engine_config and the
+optimizer's configuration), state_layout.py (torch's state dict layout), device.py (the device
+path: DeviceBackend, CudaBackend, HostTwin, its waits), grad_hooks.py (gradient hooks, ZeRO
+buckets), grad_stream.py (gradients of paged parameters streamed out of backward into stores,
+stepped window by window), zero.py (ZeRO stages 1 and 2: the optimizer's ZeroPartition),
+distributed.py (collectives, the shard formula, sharded groups), checkpoint.py (sharded
+checkpoints), paging.py (ParameterPager), zero3.py (ZeRO stage 3: ShardedParameterPager),
+offload.py (offload_parameters), paged_init.py and adoption.py (zero_init; parameters it paged
+adopted by the pagers), stage3_checks.py (stage 3 misuses refused), activations.py and
+activation_store.py (offload_activations), activation_checkpoint.py (checkpoint, the
+activation_checkpointing section), ds_*.py (initialize and its engine), consolidate.py, common.py.
 """
 
 from . import checkpoint as _sharded_checkpoints
@@ -50,7 +49,7 @@ from .consolidate import consolidate_checkpoint, consolidated_state_dict
 from .device import CudaBackend, DeviceBackend, HostTwin
 from .ds_initialize import initialize
 from .offload import offload_parameters
-from .optimizer import Adam, AdamW
+from .optimizer import Adagrad, Adam, AdamW, Lion
 from .paging import ParameterPager
 from .zero3 import ShardedParameterPager
 from .paged_init import ZeroInit, zero_init
@@ -70,11 +69,13 @@ checkpoint = _sharded_checkpoints
 
 __all__ = [
     "ActivationOffload",
+    "Adagrad",
     "Adam",
     "AdamW",
     "CudaBackend",
     "DeviceBackend",
     "HostTwin",
+    "Lion",
     "ParameterPager",
     "ShardedParameterPager",
     "ZeroInit",

@@ -104,18 +104,23 @@ _UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable")
 _OPTIMIZER_WIDE = ("moment_dtype", "max_grad_norm")
 
 
-def _check_group_options(group, where, zoe_type):
+def _check_group_options(group, where, kind):
     """InvalidArgument for a param group (added, loaded from a state dict, or changed before a
-    step) that asks for something zoe's ``zoe_type`` step would not do."""
+    step) that asks for something the step of ``kind`` (optim_kinds.OptimizerKind) would not
+    do."""
     for key in _UNSUPPORTED_FLAGS:
         if group.get(key):
             raise _invalid(f"{where} sets {key} = {group[key]!r}; zoe optimizers support none of "
                            f"{', '.join(_UNSUPPORTED_FLAGS)}")
+    if group.get("initial_accumulator_value"):
+        raise _invalid(f"{where} sets initial_accumulator_value = "
+                       f"{group['initial_accumulator_value']!r}; zoe's Adagrad starts its sums "
+                       "at 0 (as DeepSpeed's CPU Adagrad does): leave it 0")
     decoupled = group.get("decoupled_weight_decay")  # torch >= 2.7: Adam's switch to AdamW
-    if decoupled is not None and bool(decoupled) != (zoe_type == "AdamW"):
+    if decoupled is not None and kind.decoupled is not None and bool(decoupled) != kind.decoupled:
         named = "AdamW" if decoupled else "Adam"
         raise _invalid(f"{where} sets decoupled_weight_decay = {decoupled!r}, which is "
-                       f"{named}; this optimizer is zoe.torch.{zoe_type}")
+                       f"{named}; this optimizer is zoe.torch.{kind.name}")
     for key in _OPTIMIZER_WIDE:
         if key in group:
             raise _invalid(f"{where} sets {key!r}; it is the optimizer's, given to its "

@@ -1,6 +1,6 @@
-"""Consolidation of a sharded zoe checkpoint without the ranks: the shards that
-``save_checkpoint`` of a sharded zoe.torch.AdamW / Adam wrote (one engine checkpoint per rank and
-the manifest naming them) become one state dict in torch's AdamW layout, the dict a sharded
+"""Consolidation of a sharded zoe checkpoint without the ranks: the shards that ``save_checkpoint``
+of a sharded zoe.torch optimizer wrote (one engine checkpoint per rank and the manifest naming
+them) become one state dict in torch's layout of the optimizer's kind, the dict a sharded
 optimizer's ``state_dict()`` returns on the live ranks. A sharded (or unsharded) optimizer of any
 world size loads it with ``load_state_dict``: the way to move training to another world size.
 
@@ -32,10 +32,13 @@ from .. import errors as zoe_errors
 from ..engine import BufferView, Engine
 from .checkpoint import _latest_of, read_manifest, shard_directory
 from .config import engine_config
+from .optim_kinds import kind_named
 
-_KINDS = {"adamw": "AdamW", "adam": "Adam"}
-_SLOTS = (("exp_avg", _capi.StateSlot.EXP_AVG), ("exp_avg_sq", _capi.StateSlot.EXP_AVG_SQ),
-          ("master_param", _capi.StateSlot.MASTER))
+
+def _kind_of(manifest):
+    """The optimizer kind a manifest names (one written before Adagrad and Lion: AdamW's
+    layout, which Adam shares)."""
+    return kind_named(manifest.get("optimizer", "AdamW"))
 
 
 def _corrupt(message):
@@ -45,7 +48,7 @@ def _corrupt(message):
 class _GroupOutput:
     """One param group's consolidated state being filled: flat slots and per-parameter steps."""
 
-    def __init__(self, layout, params):
+    def __init__(self, layout, params, kind):
         self.count = layout["count"]
         self.shards = layout["shards"]
         self.shapes = [tuple(param["shape"]) for param in params]
@@ -55,10 +58,9 @@ class _GroupOutput:
         if sum(self.numels) != self.count:
             raise _corrupt(f"group {layout['name']!r}: its parameters hold {sum(self.numels)} "
                            f"elements, the manifest's count is {self.count}")
-        keys = ["exp_avg", "exp_avg_sq"]
-        if any(dtype != torch.float32 for dtype in self.dtypes):
-            keys.append("master_param")
-        self.slots = {key: torch.empty(self.count, dtype=torch.float32) for key in keys}
+        self.wanted = kind.slots(any(dtype != torch.float32 for dtype in self.dtypes))
+        self.slots = {key: torch.empty(self.count, dtype=torch.float32)
+                      for key, _ in self.wanted}
         self.steps = [0] * len(params)
 
     def take_steps(self, rank, segment_steps):
@@ -129,7 +131,7 @@ class _LoadedShard:
         seed = torch.zeros(identity["count"], dtype=torch.float32)
         return self.engine.optimizer_group(
             identity["name"], [BufferView(seed.data_ptr(), _capi.DType.FLOAT32, seed.numel())],
-            type=_KINDS.get(identity["kind"], identity["kind"]),
+            type=kind_named(identity["kind"]).name,
             moment_dtype=identity["state_dtype"],
             segments=meta["segments"],
         )
@@ -155,8 +157,8 @@ def _read_shard(directory, manifest, rank, outputs, scratch_dir):
             if identity["count"] != end - begin:
                 raise _corrupt(f"rank {rank}'s shard of {identity['name']!r} holds "
                                f"{identity['count']} elements; the manifest gives {end - begin}")
-            for key, slot in _SLOTS:
-                if key in output.slots and end > begin:
+            for key, slot in output.wanted:
+                if end > begin:
                     group.read_state(slot, 0, end - begin, output.slots[key][begin:].data_ptr())
             output.take_steps(rank, meta["segment_steps"])
 
@@ -187,7 +189,7 @@ def _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir):
             )
         for index, (group, offset, length, step) in zip(held, pieces):
             begin = sum(params[index]["counts"][:rank])
-            for key, slot in _SLOTS:
+            for key, slot in _kind_of(manifest).slots(with_master=True):
                 group.read_state(slot, offset, length, full[key][index][begin:].data_ptr())
             if step > 0:
                 steps[index] = int(step)
@@ -203,7 +205,8 @@ def _starts(lengths):
 
 def _stage3_state_dict(directory, manifest, scratch_dir):
     """A stage 3 checkpoint as {"model": {name: full parameter} (every name of a tied
-    parameter), "optimizer": torch's AdamW layout over the parameters in the model's order}."""
+    parameter), "optimizer": torch's layout of the optimizer's kind over the parameters in the
+    model's order}."""
     params = manifest["parameters"]
     if "param_groups" not in manifest or len(manifest["param_groups"]) != 1:
         raise zoe_errors.FailedPrecondition(
@@ -212,8 +215,9 @@ def _stage3_state_dict(directory, manifest, scratch_dir):
             f"{len(manifest.get('param_groups', []))} param groups; allowed: one (written by "
             "pager.save_checkpoint of an optimizer with one param group)",
         )
+    kind = _kind_of(manifest)
     full = {key: [torch.zeros(_numel(param["shape"]), dtype=torch.float32) for param in params]
-            for key, _ in _SLOTS}
+            for key, _ in kind.slots(with_master=True)}
     steps = [0] * len(params)
     for rank in range(manifest["world_size"]):
         _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir)
@@ -223,28 +227,27 @@ def _stage3_state_dict(directory, manifest, scratch_dir):
         model[param["name"]] = full["master_param"][index].view(shape).to(dtype)
         if steps[index] == 0:
             continue
-        entry = {"step": torch.tensor(float(steps[index])),
-                 "exp_avg": full["exp_avg"][index].view(shape),
-                 "exp_avg_sq": full["exp_avg_sq"][index].view(shape)}
+        entry = {"step": torch.tensor(float(steps[index]))}
+        entry.update({key: full[key][index].view(shape) for key, _ in kind.moments})
         if dtype != torch.float32:
             entry["master_param"] = full["master_param"][index].view(shape)
         state[index] = entry
     for alias, name in manifest.get("tied", {}).items():
         model[alias] = model[name]
-    group = dict(manifest["param_groups"][0])
-    group["betas"] = tuple(group["betas"])
+    group = kind.normalized(dict(manifest["param_groups"][0]))
     group["params"] = list(range(len(params)))
     return {"model": model, "optimizer": {"state": state, "param_groups": [group]}}
 
 
 def consolidated_state_dict(directory, scratch_dir=None):
-    """The sharded checkpoint in ``directory`` as one state dict in torch's AdamW layout
-    (per parameter 'step', 'exp_avg', 'exp_avg_sq', and 'master_param' for parameters that are
-    not float32; the param groups' hyper-parameters), without the ranks. ``scratch_dir``: a
-    directory for the swap files of the engine that loads each shard (see the module docstring);
-    None keeps a shard in DRAM. A stage 3 checkpoint (pager.save_checkpoint) gives
-    {"model": the full parameters by name, "optimizer": that state dict over the parameters in
-    the model's order}: the model's state_dict() and the optimizer's of one process."""
+    """The sharded checkpoint in ``directory`` as one state dict in torch's layout of the
+    optimizer's kind (per parameter 'step' and its moments, for AdamW 'exp_avg' and 'exp_avg_sq',
+    and 'master_param' for parameters that are not float32; the param groups' hyper-parameters),
+    without the ranks. ``scratch_dir``: a directory for the swap files of the engine that loads
+    each shard (see the module docstring); None keeps a shard in DRAM. A stage 3 checkpoint
+    (pager.save_checkpoint) gives {"model": the full parameters by name, "optimizer": that state
+    dict over the parameters in the model's order}: the model's state_dict() and the optimizer's of
+    one process."""
     manifest = read_manifest(directory)
     if manifest.get("zero_stage") == 3:
         return _stage3_state_dict(directory, manifest, scratch_dir)
@@ -254,14 +257,13 @@ def consolidated_state_dict(directory, scratch_dir=None):
             f"the manifest of {directory!r} does not name the parameters' shapes (written by an "
             "older zoe); load it on its ranks and call the optimizer's state_dict() instead",
         )
-    outputs = [_GroupOutput(layout, params)
+    outputs = [_GroupOutput(layout, params, _kind_of(manifest))
                for layout, params in zip(manifest["groups"], manifest["params"])]
     for rank in range(manifest["world_size"]):
         _read_shard(directory, manifest, rank, outputs, scratch_dir)
     packed_groups, state, next_index = [], {}, 0
     for output, saved in zip(outputs, manifest["param_groups"]):
-        packed = dict(saved)
-        packed["betas"] = tuple(packed["betas"])
+        packed = _kind_of(manifest).normalized(dict(saved))
         packed["params"] = list(range(next_index, next_index + len(output.numels)))
         packed_groups.append(packed)
         for offset, entry in enumerate(output.entries()):

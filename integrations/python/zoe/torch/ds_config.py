@@ -16,10 +16,27 @@ from .common import _invalid
 
 AUTO = "auto"
 
-# DeepSpeed's optimizer types zoe.torch steps, and what each becomes.
-SUPPORTED_OPTIMIZERS = ("Adam", "AdamW")
-# Types zoe's engine steps through its C API but zoe.torch has no torch.optim class for.
-ENGINE_ONLY_OPTIMIZERS = ("Adagrad", "Lion")
+# DeepSpeed's optimizer types zoe.torch steps (its zoe.torch class of the same name; "Adam" is
+# AdamW unless adam_w_mode is false), each with DeepSpeed's defaults for its params, in the
+# class's argument names: deepspeed/ops/adam (Adam, AdamW), ops/adagrad, ops/lion. Adagrad also
+# takes torch's lr_decay and initial_accumulator_value, which DeepSpeed passes to
+# torch.optim.Adagrad without offload.
+OPTIMIZER_DEFAULTS = {
+    "Adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+    "AdamW": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+    "Adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0),
+    "Lion": dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0),
+}
+# Params a type takes beyond its defaults' keys: ones its class checks (amsgrad, which zoe
+# refuses when true; Adagrad's torch extras), and DeepSpeed's choices of an implementation of
+# the same step (zoe has one; adam_w_mode chooses the type).
+_OPTIMIZER_EXTRAS = {
+    "Adam": ("amsgrad", "adam_w_mode", "torch_adam", "fused"),
+    "AdamW": ("amsgrad", "adam_w_mode", "torch_adam", "fused"),
+    "Adagrad": ("lr_decay", "initial_accumulator_value"),
+    "Lion": (),
+}
+_IMPLEMENTATION_CHOICES = ("adam_w_mode", "torch_adam", "fused")
 
 # DeepSpeed's fp16 defaults (deepspeed/runtime/fp16/loss_scaler.py, runtime/constants.py).
 FP16_DEFAULTS = dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=1000,
@@ -110,27 +127,35 @@ def _number(value, default):
 
 
 def _optimizer_spec(document):
-    """The optimizer section with its type checked and "auto" params removed (the optimizer's
-    defaults then apply); None when the configuration names none."""
+    """The optimizer section as {"type": the zoe.torch class's name, "params": its arguments}:
+    the type checked (any case, as DeepSpeed reads it), "auto" params and implementation choices
+    removed, DeepSpeed's defaults for the rest; None when the configuration names none."""
     section = document.get("optimizer")
     if section is None:
         return None
-    kind = section.get("type")
-    params = {key: value for key, value in section.get("params", {}).items() if value != AUTO}
-    lowered = str(kind).lower()
-    if lowered in ("adam", "adamw"):
-        return {"type": "Adam" if lowered == "adam" else "AdamW", "params": params}
-    if str(kind).capitalize() in ENGINE_ONLY_OPTIMIZERS:
+    given = section.get("type")
+    kind = next((name for name in OPTIMIZER_DEFAULTS if name.lower() == str(given).lower()),
+                None)
+    if kind is None:
         raise _invalid(
-            f"optimizer.type = {kind!r}: zoe's engine steps it, but zoe.torch offers only "
-            f"{' and '.join(SUPPORTED_OPTIMIZERS)}; use \"AdamW\", or leave the config's "
-            "optimizer out and pass optimizer=torch.optim." + str(kind).capitalize() +
-            "(...) to initialize (zero_optimization.stage 0)")
-    raise _invalid(
-        f"optimizer.type = {kind!r} is not supported; zoe.torch steps "
-        f"{', '.join(SUPPORTED_OPTIMIZERS)} (\"Adam\" is AdamW unless adam_w_mode is false); "
-        "use one of them, or leave the config's optimizer out and pass a torch optimizer to "
-        "initialize (zero_optimization.stage 0)")
+            f"optimizer.type = {given!r} is not supported; zoe.torch steps "
+            f"{', '.join(OPTIMIZER_DEFAULTS)} (\"Adam\" is AdamW unless adam_w_mode is "
+            "false); use one of them, or leave the config's optimizer out and pass a torch "
+            "optimizer to initialize (zero_optimization.stage 0)")
+    params = {key: value for key, value in section.get("params", {}).items() if value != AUTO}
+    allowed = tuple(OPTIMIZER_DEFAULTS[kind]) + _OPTIMIZER_EXTRAS[kind]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise _invalid(f"optimizer.params.{unknown[0]} is not a setting of {kind}; allowed: "
+                       f"{', '.join(allowed)}")
+    if kind == "Adam" and params.get("adam_w_mode", True) is not False:
+        kind = "AdamW"
+    arguments = dict(OPTIMIZER_DEFAULTS[kind])
+    arguments.update((key, value) for key, value in params.items()
+                     if key not in _IMPLEMENTATION_CHOICES)
+    if "betas" in arguments:
+        arguments["betas"] = tuple(arguments["betas"])
+    return {"type": kind, "params": arguments}
 
 
 def _scheduler_spec(document):

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from . import ds_checkpoint
 from .common import _timed
-from .optimizer import _ZoeAdamBase
+from .optimizer import ZoeOptimizer
 
 MODEL_STATES = "model_states.pt"
 OPTIMIZER_DIR = "optimizer"
@@ -148,7 +148,7 @@ class DeepSpeedEngine:
         if self._group is not None and not self._sharded():
             with _timed(self._seconds, "reductions"):
                 self._average_gradients()
-        if isinstance(self.optimizer, _ZoeAdamBase):
+        if isinstance(self.optimizer, ZoeOptimizer):
             # zoe's optimizers clip, and skip a non-finite step on every rank, themselves
             self.optimizer.step()
             overflow = self.loss_scaler is not None and self._zoe_step_skipped()
@@ -319,7 +319,7 @@ class DeepSpeedEngine:
             self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
         elif self.global_rank != 0:
             return
-        elif isinstance(self.optimizer, _ZoeAdamBase):
+        elif isinstance(self.optimizer, ZoeOptimizer):
             self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
         else:
             torch.save(self.optimizer.state_dict(), os.path.join(directory, TORCH_OPTIMIZER))
@@ -360,7 +360,7 @@ class DeepSpeedEngine:
     def _load_optimizer(self, path):
         if self._stage3 is not None:
             self._stage3.load(os.path.join(path, OPTIMIZER_DIR), self.optimizer)
-        elif isinstance(self.optimizer, _ZoeAdamBase):
+        elif isinstance(self.optimizer, ZoeOptimizer):
             self.optimizer.load_checkpoint(os.path.join(path, OPTIMIZER_DIR))
         else:
             self.optimizer.load_state_dict(_load_saved(os.path.join(path, TORCH_OPTIMIZER)))

@@ -1,13 +1,14 @@
 """zoe.torch.initialize: DeepSpeed's ``deepspeed.initialize`` over zoe. It reads the DeepSpeed
 configuration (ds_config.py), casts the module for fp16/bf16, builds the optimizer (zoe.torch
-AdamW/Adam from the config's ``optimizer``, sharded over the process group at ZeRO stages 1 and
-2), the schedule (lr_schedules.py) and the loss scaler (loss_scaler.py), and returns
-``(engine, optimizer, training_dataloader, lr_scheduler)`` with engine a ds_engine.DeepSpeedEngine.
+AdamW, Adam, Adagrad or Lion from the config's ``optimizer``, sharded over the process group at
+ZeRO stages 1 and 2), the schedule (lr_schedules.py) and the loss scaler (loss_scaler.py), and
+returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` with engine a
+ds_engine.DeepSpeedEngine.
 
 At ZeRO stage 3 the module's parameters are paged through a zoe engine and sharded over the
 process group, and the optimizer steps the shards (ds_stage3.py).
 
-A user's ``optimizer`` is honoured when it is a zoe.torch AdamW/Adam (its own stage and clipping
+A user's ``optimizer`` is honoured when it is a zoe.torch optimizer (its own stage and clipping
 must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
 or, at stage 0 without offload, any torch optimizer (the engine clips and averages); a user's
 ``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
@@ -25,7 +26,7 @@ from .ds_engine import DeepSpeedEngine
 from .ds_stage3 import stage3_setup
 from .loss_scaler import loss_scaler_for
 from .lr_schedules import schedule_from_config
-from .optimizer import Adam, AdamW, _ZoeAdamBase
+from .optimizer import OPTIMIZERS, ZoeOptimizer
 
 
 def _process_group(process_group):
@@ -59,15 +60,12 @@ def _cast_module(module, training):
 
 
 def _zoe_optimizer(spec, params, training, document, group):
-    """zoe.torch AdamW/Adam from the config's optimizer section ("Adam" is AdamW unless
-    adam_w_mode is false), sharded over ``group`` at stages 1 and 2."""
-    settings = spec["params"]
-    adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
-    options = dict(lr=settings.get("lr", 1e-3), betas=tuple(settings.get("betas", (0.9, 0.999))),
-                   eps=settings.get("eps", 1e-8), weight_decay=settings.get("weight_decay", 0.0))
+    """The zoe.torch optimizer the config's optimizer section names (ds_config's spec),
+    sharded over ``group`` at stages 1 and 2."""
+    options = dict(spec["params"])
     if group is not None and training.zero_stage in (1, 2):
         options.update(process_group=group, zero_stage=training.zero_stage)
-    return (AdamW if adamw else Adam)(params, config=document, **options)
+    return OPTIMIZERS[spec["type"]](params, config=document, **options)
 
 
 def _check_user_optimizer(optimizer, training):
@@ -75,7 +73,7 @@ def _check_user_optimizer(optimizer, training):
     if training.optimizer is not None:
         raise _invalid("an optimizer is given both to initialize and in the config's "
                        "'optimizer' section; remove one of them")
-    if isinstance(optimizer, _ZoeAdamBase):
+    if isinstance(optimizer, ZoeOptimizer):
         stage = getattr(optimizer._zero, "stage", None)
         if stage is not None and stage != training.zero_stage:
             raise _invalid(f"the optimizer given is sharded at ZeRO stage {stage} but the "
@@ -86,9 +84,9 @@ def _check_user_optimizer(optimizer, training):
     if training.zero_stage != 0 or training.offload_optimizer not in ("none",):
         raise _invalid(
             f"optimizer {type(optimizer).__name__} is a torch optimizer: zoe partitions and "
-            "offloads only zoe.torch.AdamW / Adam; give zero_optimization.stage 0 without "
-            "offload_optimizer, or pass zoe.torch.AdamW(...), or name the optimizer in the "
-            "config")
+            "offloads only zoe.torch's optimizers (AdamW, Adam, Adagrad, Lion); give "
+            "zero_optimization.stage 0 without offload_optimizer, or pass zoe.torch.AdamW(...), "
+            "or name the optimizer in the config")
 
 
 def _check_user_clipping(optimizer, training):
@@ -109,8 +107,8 @@ def _build_optimizer(optimizer, params, training, document, group):
         _check_user_optimizer(optimizer, training)
         return optimizer, False
     if training.optimizer is None:
-        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW or "
-                       "Adam) or pass optimizer= to initialize")
+        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "
+                       "Adam, Adagrad or Lion) or pass optimizer= to initialize")
     return _zoe_optimizer(training.optimizer, params, training, document, group), True
 
 
@@ -140,8 +138,8 @@ def _stage3_optimizer(optimizer, module, training, document, group):
                        "parameter shards: name it in the config's 'optimizer' section instead "
                        "of passing optimizer=")
     if training.optimizer is None:
-        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW or "
-                       "Adam)")
+        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "
+                       "Adam, Adagrad or Lion)")
     return stage3_setup(module, training.optimizer, document, training, group)
 
 

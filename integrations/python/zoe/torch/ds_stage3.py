@@ -1,11 +1,11 @@
 """ZeRO stage 3 under zoe.torch.initialize: the module's parameters paged through a zoe engine
-(offload_parameters; homed in DRAM for offload_param "none"/"cpu", on NVMe for "nvme") and,
-over a process group, partitioned across its ranks (a ShardedParameterPager, docs/zero3.md);
-the optimizer (zoe.torch AdamW / Adam on the same engine) steps this rank's shards, or the paged
+(offload_parameters; homed in DRAM for offload_param "none"/"cpu", on NVMe for "nvme") and, over a
+process group, partitioned across its ranks (a ShardedParameterPager, docs/zero3.md); the optimizer
+(the config's zoe.torch optimizer on the same engine) steps this rank's shards, or the paged
 parameters in one process. The gradients stream out of backward into the optimizer
-(grad_stream.py), which clips them to gradient_clipping by the global norm over every rank's
-shards and skips a non-finite step on every rank; under fp16 the engine takes that skip as the
-overflow (every rank alike) and lowers the loss scale.
+(grad_stream.py), which clips them to gradient_clipping by the global norm over every rank's shards
+and skips a non-finite step on every rank; under fp16 the engine takes that skip as the overflow
+(every rank alike) and lowers the loss scale.
 
 Stage3 holds the pager and the zoe engine, and does for the DeepSpeedEngine what paging changes:
 the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks) and
@@ -18,7 +18,7 @@ from ..engine import Engine
 from .._capi import Tier
 from .ds_config import AUTO
 from .offload import offload_parameters
-from .optimizer import Adam, AdamW
+from .optimizer import OPTIMIZERS
 from .stage3_keep import (DEEPSPEED_MAX_LIVE_PARAMETERS, DEEPSPEED_MAX_REUSE_DISTANCE,
                           elements_setting)
 
@@ -93,8 +93,6 @@ def _gathered_in_bytes(module, engine):
 
 def stage3_setup(module, spec, document, training, group):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
-    settings = spec["params"]
-    adamw = spec["type"] == "AdamW" or settings.get("adam_w_mode", True) is not False
     engine = Engine(document)
     try:
         keep = {} if group is None else keep_settings(
@@ -103,11 +101,8 @@ def stage3_setup(module, spec, document, training, group):
         pager = offload_parameters(module, engine, home=_home(training), process_group=group,
                                    **keep)
         params = pager.shard_parameters() if group is not None else list(module.parameters())
-        optimizer = (AdamW if adamw else Adam)(
-            params, lr=settings.get("lr", 1e-3),
-            betas=tuple(settings.get("betas", (0.9, 0.999))), eps=settings.get("eps", 1e-8),
-            weight_decay=settings.get("weight_decay", 0.0), engine=engine,
-            max_grad_norm=training.gradient_clipping)
+        optimizer = OPTIMIZERS[spec["type"]](params, **spec["params"], engine=engine,
+                                             max_grad_norm=training.gradient_clipping)
     except BaseException:
         engine.close()
         raise

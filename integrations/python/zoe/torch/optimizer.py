@@ -1,11 +1,12 @@
-"""zoe.torch.AdamW and zoe.torch.Adam: torch.optim.Optimizer subclasses whose state (fp32 master
-weights, exp_avg, exp_avg_sq) lives in a zoe engine, in pinned DRAM or on NVMe as the engine's
-configuration says. Each param group is one zoe optimizer group: the group's parameters,
-concatenated in order, are its elements, each parameter one segment of the group with its own step
-count (torch's state[p]['step']), and a step hands zoe one buffer view per parameter (gradients
-in, updated parameters out, in the parameters' own dtype). A parameter whose .grad is None is
-skipped as torch skips it: a gradient view without data, which leaves its state, its step count
-and the parameter untouched and keeps it out of the gradient norm.
+"""zoe.torch.AdamW, Adam, Adagrad and Lion: torch.optim.Optimizer subclasses whose state (fp32
+master weights and the kind's moments: optim_kinds.py) lives in a zoe engine, in pinned DRAM or on
+NVMe as the engine's configuration says. One class steps every kind; each subclass only names its
+kind and takes its torch counterpart's arguments. Each param group is one zoe optimizer group: the
+group's parameters, concatenated in order, are its elements, each parameter one segment of the
+group with its own step count (torch's state[p]['step']), and a step hands zoe one buffer view per
+parameter (gradients in, updated parameters out, in the parameters' own dtype). A parameter whose
+.grad is None is skipped as torch skips it: a gradient view without data, which leaves its state,
+its step count and the parameter untouched and keeps it out of the gradient norm.
 
 Zero copy. A param group of fp32, contiguous CPU parameters whose state is in DRAM
 (offload="cpu") keeps no separate master by default: the parameters' own storage is the master
@@ -24,14 +25,13 @@ sharded state (zero.py). Everything else is this class's, for both.
 Per param group the optimizer keeps one GroupState (param_group.py), in ``self._groups``."""
 
 import contextlib
-import math
 import re
 
 import torch
 
 from .. import _capi
 from .._collective_ops import agreed
-from ..engine import BufferView, Engine, HyperParams, StepResult
+from ..engine import BufferView, Engine
 from ..errors import FailedPrecondition
 from . import device
 from .checkpoint import load_param_groups, save_param_groups
@@ -40,7 +40,8 @@ from .config import _check_group_options, _check_type_agrees, _optimizer_engine_
 from .grad_stream import GradStream, combined_result, is_finite
 from .param_group import GroupState
 from .stage3_checks import check_optimizer_parameter
-from .state_layout import (SLOTS, check_group_counts, checked_param_state, loaded_steps,
+from .optim_kinds import ADAGRAD, ADAM, ADAMW, LION
+from .state_layout import (check_group_counts, checked_param_state, loaded_steps,
                            packed_state_dict, param_entries, read_slot, write_slots)
 from .zero import ShardSlice, ZeroPartition
 
@@ -117,21 +118,6 @@ def _checked_stage3_group(process_group, zero_stage, pager_group):
     return None
 
 
-def _check_hyper_parameters(lr, betas, eps, weight_decay, max_grad_norm):
-    """torch's ValueErrors for hyper-parameters out of range."""
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if not 0.0 <= eps:
-        raise ValueError(f"Invalid epsilon value: {eps}")
-    for index, beta in enumerate(betas):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-    if max_grad_norm is not None and not 0.0 <= max_grad_norm:
-        raise ValueError(f"Invalid max_grad_norm value: {max_grad_norm}")
-
-
 def _check_zoe_arguments(zero_copy, name):
     """InvalidArgument for a zero_copy or optimizer name zoe does not take."""
     if zero_copy not in (None, True, False):
@@ -164,15 +150,17 @@ def _host_grads(group_index, params):
     return grads
 
 
-class _ZoeAdamBase(torch.optim.Optimizer):
-    """The shared implementation of AdamW (decoupled weight decay) and Adam (L2)."""
+class ZoeOptimizer(torch.optim.Optimizer):
+    """The implementation of every zoe.torch optimizer; a subclass names its kind (_KIND, an
+    optim_kinds.OptimizerKind) and maps its torch counterpart's arguments onto ``hyper`` (the
+    kind's hyper_keys) and ``flags`` (torch's switches zoe's step does not do, refused when
+    set)."""
 
-    _ZOE_TYPE = None  # "AdamW" or "Adam"
+    _KIND = None
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, *, engine=None, config=None, offload=None, nvme_path=None,
-                 moment_dtype=None, max_grad_norm=None, name="zoe", maximize=False, foreach=None,
-                 capturable=False, device_backend=None, speculative=False, zero_copy=None,
+    def __init__(self, params, hyper, flags, *, engine=None, config=None, offload=None,
+                 nvme_path=None, moment_dtype=None, max_grad_norm=None, name="zoe",
+                 foreach=None, device_backend=None, speculative=False, zero_copy=None,
                  process_group=None, zero_stage=None, bucket_elements=None):
         """Arguments as documented on AdamW; ``process_group``, ``zero_stage`` and
         ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition). The parameters
@@ -187,9 +175,10 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         if self._zero is not None:
             config = self._zero.config_with_rank(config)
             nvme_path = self._zero.path_with_rank(nvme_path)
-        _check_hyper_parameters(lr, betas, eps, weight_decay, max_grad_norm)
-        _check_group_options(dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
-                             "the optimizer", self._ZOE_TYPE)
+        self._KIND.check(hyper)
+        if max_grad_norm is not None and not 0.0 <= max_grad_norm:
+            raise ValueError(f"Invalid max_grad_norm value: {max_grad_norm}")
+        _check_group_options(flags, "the optimizer", self._KIND)
         _check_zoe_arguments(zero_copy, name)
         self._name = name
         self._moment_dtype = moment_dtype
@@ -206,12 +195,10 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             )
         params, staging_swap = device.listed_params(params, device_backend)
         if engine is None:
-            hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
             engine = self._created_engine(config, offload, nvme_path, hyper, staging_swap)
         self._engine = engine
         self._groups = []  # per param group: its GroupState
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        amsgrad=False, foreach=foreach, maximize=False, capturable=False)
+        defaults = dict(self._KIND.normalized(dict(hyper)), foreach=foreach, **flags)
         try:
             super().__init__(params, defaults)
             self._check_speculative()
@@ -225,15 +212,14 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         arguments = {
             "zoe.moment_dtype": (self._moment_dtype, "moment_dtype"),
             "gradient_clipping": (self._max_grad_norm, "max_grad_norm"),
-            "optimizer.params.lr": (hyper["lr"], "lr"),
-            "optimizer.params.betas": (list(hyper["betas"]), "betas"),
-            "optimizer.params.eps": (hyper["eps"], "eps"),
-            "optimizer.params.weight_decay": (hyper["weight_decay"], "weight_decay"),
         }
+        for key, value in hyper.items():
+            given = list(value) if isinstance(value, tuple) else value
+            arguments[f"optimizer.params.{key}"] = (given, key)
         document = _optimizer_engine_config(config, offload, nvme_path, arguments, staging_swap)
         engine = Engine(document)
         try:
-            _check_type_agrees(document, engine, self._ZOE_TYPE)
+            _check_type_agrees(document, engine, self._KIND.name)
         except BaseException:
             engine.close()
             raise
@@ -254,6 +240,11 @@ class _ZoeAdamBase(torch.optim.Optimizer):
     def engine(self):
         """The zoe engine holding the state."""
         return self._engine
+
+    @property
+    def kind(self):
+        """The optimizer this is (optim_kinds.OptimizerKind)."""
+        return self._KIND
 
     @property
     def last_step(self):
@@ -324,7 +315,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         param_group["params"] = params  # a generator is read once, here
-        _check_group_options(param_group, f"param group {group_index}", self._ZOE_TYPE)
+        _check_group_options(param_group, f"param group {group_index}", self._KIND)
         for index, param in enumerate(params):
             self._check_param(param, f"parameter {index} of param group {group_index}")
         backend = device.backend_for(group_index, params, self._device_backend)
@@ -359,9 +350,8 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         group = state.group
         # a streamed group is clipped by the factor its step gives zoe (grad_stream.py)
         clipping = 0.0 if state.stream is not None else self._max_grad_norm
-        return dict(type=self._ZOE_TYPE, lr=float(group["lr"]), betas=list(group["betas"]),
-                    eps=group["eps"], weight_decay=group["weight_decay"],
-                    max_grad_norm=clipping, moment_dtype=self._moment_dtype,
+        return dict(self._KIND.group_options(group), max_grad_norm=clipping,
+                    moment_dtype=self._moment_dtype,
                     segments=[param.numel() for param in state.params])
 
     def _zoe_group(self, state):
@@ -375,6 +365,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         else:
             self._create_local_group(state, name, options)
         state.record_versions()
+        state.creation_values = self._KIND.creation_values(state.group)
         pending, state.pending = state.pending, None
         if pending is not None:
             self._apply_state(state, pending)
@@ -633,11 +624,19 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         state.record_versions()
 
     def _step_hyper(self, state):
-        """The hyper-parameters the next step of a param group takes (as set now)."""
+        """The hyper-parameters the next step of a param group takes (as set now);
+        InvalidArgument when a value zoe fixed at the group's creation changed since."""
         group = state.group
-        _check_group_options(group, f"param group {state.index}", self._ZOE_TYPE)
-        beta1, beta2 = group["betas"]
-        return HyperParams(float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
+        _check_group_options(group, f"param group {state.index}", self._KIND)
+        now = self._KIND.creation_values(group)
+        if state.creation_values is not None and now != state.creation_values:
+            changed = ", ".join(f"{key} from {before!r} to {after!r}" for key, before, after
+                                in zip(self._KIND.creation_keys, state.creation_values, now)
+                                if before != after)
+            raise _invalid(f"param group {state.index} changed {changed} after zoe created its "
+                           "state, which fixes it: create a new optimizer (and load this one's "
+                           "state_dict into it) to change it")
+        return self._KIND.hyper(group)
 
     def overlap(self):
         """A context manager around the backward that ends a gradient accumulation: while it
@@ -685,14 +684,15 @@ class _ZoeAdamBase(torch.optim.Optimizer):
     # --- state dicts -----------------------------------------------------------------------
 
     def state_dict(self):
-        """torch's layout (state_layout.py): per parameter 'step', 'exp_avg' and 'exp_avg_sq',
-        plus 'master_param' for bfloat16 and float16 parameters (the fp32 master weights;
-        torch's optimizers keep it untouched). Under ZeRO every rank's shard is gathered, so
-        every rank returns the same dict (every rank calls it; memory: the whole state of one
-        param group at a time)."""
+        """torch's layout (state_layout.py): per parameter 'step' and the kind's moments ('exp_avg'
+        and 'exp_avg_sq' for Adam/AdamW), plus 'master_param' for bfloat16 and float16 parameters
+        (the fp32 master weights; torch's optimizers keep it untouched). Under ZeRO every rank's
+        shard is gathered, so every rank returns the same dict (every rank calls it; memory: the
+        whole state of one param group at a time)."""
         if self._zero is not None:
             self._create_groups()
-            entries = (self._zero.gathered_state(state) for state in self._groups)
+            entries = (self._zero.gathered_state(state, self._KIND.slots(with_master=True))
+                       for state in self._groups)
         else:
             entries = (self._group_state(state) for state in self._groups)
         return packed_state_dict(self.param_groups, entries)
@@ -710,14 +710,13 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         if zoe_group is None or zoe_group.steps == 0:
             return [None] * len(state.params)
         count = state.element_count()
-        wanted = [(key, slot) for key, slot in SLOTS if key != "master_param"]
-        if any(param.dtype != torch.float32 for param in state.params):
-            wanted = SLOTS
+        wanted = self._KIND.slots(
+            with_master=any(param.dtype != torch.float32 for param in state.params))
         slots = {key: read_slot(zoe_group, slot, count) for key, slot in wanted}
         return param_entries(state.params, slots, zoe_group.segment_steps)
 
     def load_state_dict(self, state_dict):
-        """Loads a state dict of this optimizer or of torch's Adam/AdamW (same groups and
+        """Loads a state dict of this optimizer or of its torch counterpart (same groups and
         parameter counts). The state is applied when the group's zoe state exists (at once, or
         at the group's first step, so parameters loaded afterwards still seed the master).
         Under ZeRO (every rank calls it) the dict may come from any world size, or from an
@@ -728,12 +727,12 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         check_group_counts(self.param_groups, saved_groups)
         for group_index, saved in enumerate(saved_groups):
             _check_group_options(saved, f"param group {group_index} of the loaded state dict",
-                                 self._ZOE_TYPE)
+                                 self._KIND)
         saved_state = state_dict["state"]
         # Every parameter's state is checked before anything changes: a refused state dict
         # leaves the optimizer as it was.
         loaded = [
-            [checked_param_state(state.index, index, param, saved_state.get(key))
+            [checked_param_state(self._KIND, state.index, index, param, saved_state.get(key))
              for index, (param, key) in enumerate(zip(state.params, saved["params"]))]
             for state, saved in zip(self._groups, saved_groups)
         ]
@@ -741,7 +740,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
             for key, value in saved.items():
                 if key != "params":
                     state.group[key] = value
-            state.group["betas"] = tuple(state.group["betas"])
+            self._KIND.normalized(state.group)
             if state.zoe_group is None:
                 state.pending = per_param
             else:
@@ -752,7 +751,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         """Writes a loaded per-parameter state into the group's zoe state (under ZeRO, the
         rank's shard of it)."""
         target = state.zoe_group if self._zero is None else ShardSlice(state.shard.sharded)
-        write_slots(target, state.params, per_param)
+        write_slots(self._KIND, target, state.params, per_param)
         state.zoe_group.segment_steps = loaded_steps(per_param)
 
     # --- streaming checkpoints -------------------------------------------------------------
@@ -782,7 +781,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
         """Sets the param groups' hyper-parameters to a checkpoint's (_hyper_parameters)."""
         for group, saved in zip(self.param_groups, saved_groups):
             group.update(saved)
-            group["betas"] = tuple(group["betas"])
+            self._KIND.normalized(group)
 
     @torch.no_grad()
     def load_checkpoint(self, directory):
@@ -815,7 +814,7 @@ class _ZoeAdamBase(torch.optim.Optimizer):
                 state.stream.clear()
 
 
-class AdamW(_ZoeAdamBase):
+class AdamW(ZoeOptimizer):
     """torch.optim.AdamW with its state offloaded through zoe (decoupled weight decay).
 
     Arguments as torch's, plus keyword-only ``engine`` (a zoe.Engine; else one is created from
@@ -833,19 +832,60 @@ class AdamW(_ZoeAdamBase):
     its gradients arrive and the step commits, recomputes or discards those updates, with the
     same bits as without; HOST-placed state then needs a second pinned copy)."""
 
-    _ZOE_TYPE = "AdamW"
+    _KIND = ADAMW
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, **options):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **options)
+                 amsgrad=False, *, maximize=False, capturable=False, **options):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+                         dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
+                         **options)
 
 
-class Adam(_ZoeAdamBase):
+class Adam(ZoeOptimizer):
     """torch.optim.Adam (L2 weight decay added to the gradient) with its state offloaded
     through zoe; arguments as AdamW's."""
 
-    _ZOE_TYPE = "Adam"
+    _KIND = ADAM
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, **options):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **options)
+                 amsgrad=False, *, maximize=False, capturable=False, **options):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+                         dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
+                         **options)
+
+
+class Adagrad(ZoeOptimizer):
+    """torch.optim.Adagrad (L2 weight decay added to the gradient, the rate lr / (1 + (step - 1)
+    lr_decay)) with its state, the sum of squared gradients ('sum'), offloaded through zoe;
+    arguments as torch's, and the keyword-only ones of AdamW. The sums start at 0:
+    ``initial_accumulator_value`` other than 0 is refused (as DeepSpeed's CPU Adagrad has
+    none), and ``lr_decay`` is fixed once the first step created the state."""
+
+    _KIND = ADAGRAD
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
+                 initial_accumulator_value=0.0, eps=1e-10, foreach=None, *, maximize=False,
+                 differentiable=False, **options):
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps,
+                                      weight_decay=weight_decay),
+                         dict(initial_accumulator_value=initial_accumulator_value,
+                              maximize=maximize, differentiable=differentiable),
+                         foreach=foreach, **options)
+
+
+class Lion(ZoeOptimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms") with its state,
+    the momentum ('exp_avg'), offloaded through zoe: the update is the sign of beta1 m +
+    (1 - beta1) g, weight decay decoupled (p <- p (1 - lr wd) - lr sign(...)), then m <- beta2 m
+    + (1 - beta2) g. Defaults as the lion-pytorch package's (lr 1e-4, betas (0.9, 0.99));
+    keyword-only arguments as AdamW's."""
+
+    _KIND = LION
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **options):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay), {},
+                         **options)
+
+
+# The zoe.torch optimizer classes by their kind's name.
+OPTIMIZERS = {cls._KIND.name: cls for cls in (AdamW, Adam, Adagrad, Lion)}

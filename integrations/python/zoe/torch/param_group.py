@@ -39,6 +39,8 @@ class GroupState:
     # the global norm of a streamed group's gradients, taken before its step (every rank of a
     # sharded pager together), else None
     stream_norm: Any = None
+    # the values of the kind's creation_keys when zoe created zoe_group (optim_kinds.py)
+    creation_values: Optional[tuple] = None
 
     @property
     def params(self):

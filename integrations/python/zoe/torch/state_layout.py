@@ -1,6 +1,7 @@
-"""zoe optimizer state in torch's Adam/AdamW layout (what state_dict() returns and
-load_state_dict() takes): per parameter 'step' (a float32 scalar tensor), 'exp_avg' and
-'exp_avg_sq' (float32, the parameter's shape), plus 'master_param' for bfloat16 and float16
+"""zoe optimizer state in torch's layout (what state_dict() returns and load_state_dict()
+takes): per parameter 'step' (a float32 scalar tensor) and the optimizer kind's moments under
+torch's names (optim_kinds.py: 'exp_avg' and 'exp_avg_sq' for Adam/AdamW, 'sum' for Adagrad,
+'exp_avg' for Lion; float32, the parameter's shape), plus 'master_param' for bfloat16 and float16
 parameters (the fp32 master weights). The unsharded optimizer and the ZeRO one (zero.py) both
 build and read it here; a zoe group holds a param group's parameters concatenated, so a slot of
 the group is one flat fp32 tensor that these functions cut per parameter."""
@@ -9,10 +10,11 @@ import torch
 
 from .. import _capi
 from .common import _current_values, _invalid
+from .optim_kinds import KINDS
 
-# The zoe state slots in torch's names ('master_param' only for parameters that are not fp32).
-SLOTS = (("exp_avg", _capi.StateSlot.EXP_AVG), ("exp_avg_sq", _capi.StateSlot.EXP_AVG_SQ),
-         ("master_param", _capi.StateSlot.MASTER))
+# Every moment name of every kind: a state holding one its optimizer does not keep is another
+# optimizer's.
+ALL_MOMENTS = frozenset(key for kind in KINDS.values() for key, _ in kind.moments)
 
 
 def read_slot(zoe_group, slot, count):
@@ -72,19 +74,25 @@ def check_group_counts(param_groups, saved_groups):
             )
 
 
-def checked_param_state(group_index, index, param, param_state):
-    """A copy of one parameter's saved state, checked to be one zoe can load into ``param``
-    (ValueError or InvalidArgument otherwise); None for no state."""
+def checked_param_state(kind, group_index, index, param, param_state):
+    """A copy of one parameter's saved state for an optimizer of ``kind``, checked to be one zoe
+    can load into ``param`` (ValueError or InvalidArgument otherwise); None for no state."""
     if not param_state:
         return None
     where = f"state of parameter {index} of param group {group_index}"
-    for key in ("step", "exp_avg", "exp_avg_sq"):
+    moments = [key for key, _ in kind.moments]
+    for key in ["step"] + moments:
         if key not in param_state:
-            raise ValueError(f"{where} lacks {key!r}")
+            raise ValueError(f"{where} lacks {key!r}; a zoe.torch.{kind.name} state holds "
+                             f"{', '.join(['step'] + moments)}")
     if "max_exp_avg_sq" in param_state:
         raise _invalid(f"{where} holds max_exp_avg_sq (amsgrad), which zoe optimizers do "
                        "not keep")
-    for key in ("exp_avg", "exp_avg_sq", "master_param"):
+    foreign = sorted(set(param_state) & (ALL_MOMENTS - set(moments)))
+    if foreign:
+        raise _invalid(f"{where} holds {foreign[0]!r}, which zoe.torch.{kind.name} does not "
+                       "keep: the state dict is another optimizer's")
+    for key in moments + ["master_param"]:
         if key in param_state and param_state[key].shape != param.shape:
             raise ValueError(
                 f"{where}: {key} has shape {tuple(param_state[key].shape)}, the parameter "
@@ -109,26 +117,26 @@ def saved_master(param, entry):
     return master if torch.equal(master.to(param.dtype), _current_values(param)) else None
 
 
-def write_slots(target, params, per_param):
+def write_slots(kind, target, params, per_param):
     """Writes a param group's loaded state (per parameter: a checked state dict or None for
     zero moments) into ``target``'s slots (a zoe group, or zero.ShardSlice: the rank's part of
-    it). The master is the saved one where saved_master() takes it, else the parameter's
-    values; a zero-copy group (master_in_params) keeps its parameters as the master."""
+    it), the moments of optimizer ``kind``. The master is the saved one where saved_master()
+    takes it, else the parameter's values; a zero-copy group (master_in_params) keeps its
+    parameters as the master."""
     count = sum(param.numel() for param in params)
-    exp_avg = torch.zeros(count, dtype=torch.float32)
-    exp_avg_sq = torch.zeros(count, dtype=torch.float32)
+    moments = {key: torch.zeros(count, dtype=torch.float32) for key, _ in kind.moments}
     master = torch.empty(count, dtype=torch.float32)
     offset = 0
     for param, entry in zip(params, per_param):
         n = param.numel()
         if entry is not None:
-            exp_avg[offset : offset + n] = entry["exp_avg"].reshape(-1).to(torch.float32)
-            exp_avg_sq[offset : offset + n] = entry["exp_avg_sq"].reshape(-1).float()
+            for key, values in moments.items():
+                values[offset : offset + n] = entry[key].reshape(-1).to(torch.float32)
         saved = saved_master(param, entry) if entry is not None else None
         source = saved if saved is not None else _current_values(param)
         master[offset : offset + n] = source.reshape(-1).to(torch.float32)
         offset += n
-    slots = [(_capi.StateSlot.EXP_AVG, exp_avg), (_capi.StateSlot.EXP_AVG_SQ, exp_avg_sq)]
+    slots = [(slot, moments[key]) for key, slot in kind.moments]
     if not getattr(target, "master_in_params", False):
         slots.append((_capi.StateSlot.MASTER, master))
     for slot, values in slots:

@@ -71,7 +71,7 @@ from .common import _invalid, _pager_of, _view, whole_count
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, ShardedGroup,
                           TorchCollectives, shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
-from .state_layout import SLOTS, param_entries
+from .state_layout import param_entries
 
 
 def _with_rank(path, rank):
@@ -470,6 +470,7 @@ class ZeroPartition:
             "groups": self._layout(optimizer),
             "params": self._param_layout(optimizer),
             "param_groups": optimizer._hyper_parameters(),
+            "optimizer": optimizer.kind.name,
         }
         save_sharded(directory, self.comm, optimizer.engine.save_checkpoint, manifest)
 
@@ -523,12 +524,12 @@ class ZeroPartition:
 
     # --- state dicts: torch's layout, consolidated ------------------------------------------
 
-    def gathered_state(self, state):
+    def gathered_state(self, state, slots):
         """[per-parameter state or None] of a group, gathered from every rank's shard (every
-        rank calls it); a parameter's step count comes from the rank holding its first
-        element."""
+        rank calls it): its ``slots`` ((torch's key, zoe slot), optim_kinds.py); a parameter's
+        step count comes from the rank holding its first element."""
         sharded = state.shard.sharded
-        slots = {key: self._gathered_slot(state, slot) for key, slot in SLOTS}
+        slots = {key: self._gathered_slot(state, slot) for key, slot in slots}
         steps = torch.zeros(len(state.params), dtype=torch.float64)
         local_steps = sharded.local.segment_steps
         for index, (param, offset) in enumerate(zip(state.params, state.offsets())):

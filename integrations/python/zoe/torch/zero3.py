@@ -894,8 +894,8 @@ class ShardedParameterPager(ParameterPager):
                 for entry in self._params]
 
     def save_checkpoint(self, directory, optimizer):
-        """Saves this rank's parameter shards with their optimizer state: ``optimizer`` (the
-        zoe.torch.AdamW / Adam over ``shard_parameters()``) saves its master weights, moments
+        """Saves this rank's parameter shards with their optimizer state: ``optimizer`` (a
+        zoe.torch optimizer over ``shard_parameters()``) saves its master weights, moments
         and step counts (the engine's streamed, crash-safe checkpoint) to
         ``directory``/rank-<r>/save-<n>, and rank 0 a manifest naming every rank's save and the
         parameters' layout; a save killed on any rank leaves the previous checkpoint the one
@@ -908,6 +908,7 @@ class ShardedParameterPager(ParameterPager):
             "tied": self._tied_names(),
             "param_groups": [{key: value for key, value in group.items() if key != "params"}
                              for group in optimizer.param_groups],
+            "optimizer": optimizer.kind.name,
         }
         save_sharded(directory, TorchCollectives(self.group), optimizer.save_checkpoint, manifest)
 
