@@ -109,8 +109,9 @@ def test_inconsistent_batch_settings_are_refused_naming_the_fix():
     ("Lamb", {}, "pass a torch optimizer to initialize"),
     ("Lion", {"lr": 1e-3, "eps": 1e-8}, "optimizer.params.eps is not a setting of Lion; "
                                          "allowed: lr, betas, weight_decay"),
-    ("AdamW", {"bias_correction": False}, "bias_correction is not a setting of AdamW"),
-    ("Adagrad", {"initial_accumulator_value": 0.1}, "leave it 0"),
+    ("AdamW", {"bias_correction": False}, "bias_correction = false is not supported"),
+    ("Adagrad", {"initial_accumulator_value": 0.0}, "initial_accumulator_value is not a "
+                                                    "setting of Adagrad; allowed: lr, eps"),
     ("Adam", {"amsgrad": True}, "support none of amsgrad"),
 ])
 def test_unsupported_optimizer_or_setting_is_refused_with_the_reason(kind, params, fix):

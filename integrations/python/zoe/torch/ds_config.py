@@ -18,25 +18,25 @@ AUTO = "auto"
 
 # DeepSpeed's optimizer types zoe.torch steps (its zoe.torch class of the same name; "Adam" is
 # AdamW unless adam_w_mode is false), each with DeepSpeed's defaults for its params, in the
-# class's argument names: deepspeed/ops/adam (Adam, AdamW), ops/adagrad, ops/lion. Adagrad also
-# takes torch's lr_decay and initial_accumulator_value, which DeepSpeed passes to
-# torch.optim.Adagrad without offload.
+# class's argument names: deepspeed/ops/adam (Adam, AdamW), ops/adagrad, ops/lion.
 OPTIMIZER_DEFAULTS = {
     "Adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
     "AdamW": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
     "Adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0),
     "Lion": dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0),
 }
-# Params a type takes beyond its defaults' keys: ones its class checks (amsgrad, which zoe
-# refuses when true; Adagrad's torch extras), and DeepSpeed's choices of an implementation of
-# the same step (zoe has one; adam_w_mode chooses the type).
+# Params a type takes beyond its defaults' keys: amsgrad (its class refuses it when true),
+# torch's lr_decay for Adagrad, and the ones the engine reads itself (_ENGINE_ONLY_PARAMS).
 _OPTIMIZER_EXTRAS = {
-    "Adam": ("amsgrad", "adam_w_mode", "torch_adam", "fused"),
-    "AdamW": ("amsgrad", "adam_w_mode", "torch_adam", "fused"),
-    "Adagrad": ("lr_decay", "initial_accumulator_value"),
+    "Adam": ("amsgrad", "adam_w_mode", "torch_adam", "bias_correction"),
+    "AdamW": ("amsgrad", "adam_w_mode", "torch_adam", "bias_correction"),
+    "Adagrad": ("lr_decay",),
     "Lion": (),
 }
-_IMPLEMENTATION_CHOICES = ("adam_w_mode", "torch_adam", "fused")
+# Params that are no argument of the class: adam_w_mode chooses the type, torch_adam an
+# implementation of the same step (zoe has one), and the engine checks bias_correction (true
+# only: zoe always corrects the bias).
+_ENGINE_ONLY_PARAMS = ("adam_w_mode", "torch_adam", "bias_correction")
 
 # DeepSpeed's fp16 defaults (deepspeed/runtime/fp16/loss_scaler.py, runtime/constants.py).
 FP16_DEFAULTS = dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=1000,
@@ -128,8 +128,9 @@ def _number(value, default):
 
 def _optimizer_spec(document):
     """The optimizer section as {"type": the zoe.torch class's name, "params": its arguments}:
-    the type checked (any case, as DeepSpeed reads it), "auto" params and implementation choices
-    removed, DeepSpeed's defaults for the rest; None when the configuration names none."""
+    the type checked (any case, as DeepSpeed reads it), the params checked against the type's,
+    "auto" ones and those the engine reads itself (_ENGINE_ONLY_PARAMS) removed, DeepSpeed's
+    defaults for the rest; None when the configuration names none."""
     section = document.get("optimizer")
     if section is None:
         return None
@@ -152,7 +153,7 @@ def _optimizer_spec(document):
         kind = "AdamW"
     arguments = dict(OPTIMIZER_DEFAULTS[kind])
     arguments.update((key, value) for key, value in params.items()
-                     if key not in _IMPLEMENTATION_CHOICES)
+                     if key not in _ENGINE_ONLY_PARAMS)
     if "betas" in arguments:
         arguments["betas"] = tuple(arguments["betas"])
     return {"type": kind, "params": arguments}
