@@ -4,7 +4,8 @@ stage 2 with gradient accumulation) and 3 (parameters sharded and paged from NVM
 optimizer state in DRAM or on NVMe, AdamW (Adagrad and Lion at some stages), checkpoint and fresh
 engine half-way, ends on every rank with the parameters of one process running the plain torch loop
 over the whole batch; on 2 ranks an fp16 overflow on one rank only skips the step on both (stages
-0, 2 and 3), the loss scale follows DeepSpeed's rule on both and stage 3 trains as stage 0."""
+0, 2 and 3), the loss scale follows DeepSpeed's rule on both and stage 3 trains as stage 0; at
+stage 0 a model on the CPU twin steps the averaged gradients (none handed to zoe in backward)."""
 
 import datetime
 import os
@@ -16,8 +17,9 @@ import torch.distributed as dist
 
 import zoe.torch
 from conftest import spawn_ranks
-from initialize_script import STEPS, assert_same_state, ds_config, make_model, reference, \
-    run_script, train_engine
+from zoe.torch.device import HostTwin
+from initialize_script import CLIP, LR, STEPS, WEIGHT_DECAY, assert_same_state, ds_config, \
+    make_model, reference, run_script, train_engine
 from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_config, \
     run_fp16_steps_read
 
@@ -38,6 +40,23 @@ def run_scripts(rank, out_dir, world):
                            offload_param, optimizer)
         state = run_script(config, os.path.join(out_dir, f"ckpt{name}"), rank, world)
         torch.save(state, os.path.join(out_dir, f"stage{name}-rank{rank}.pt"))
+
+
+def run_twin(rank, out_dir, world):
+    """Stage 0 with a user's zoe AdamW over a model on the (adversarial) CPU twin: the engine
+    averages the gradients after backward, so zoe must not take them during it."""
+    config = ds_config(world=world)
+    del config["optimizer"]
+    model = make_model()
+    optimizer = zoe.torch.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                                max_grad_norm=CLIP, device_backend=HostTwin(adversarial=True))
+    engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=optimizer, config=config)
+    train_engine(engine, 0, STEPS, rank, world)
+    torch.save({"state": engine.module_state_dict(),
+                "handed": dict(optimizer._groups[0].device.stats)},
+               os.path.join(out_dir, f"twin-rank{rank}.pt"))
+    engine.close()
+    optimizer.close()
 
 
 def run_fp16(rank, out_dir, stage):
@@ -79,6 +98,7 @@ def worker(rank, out_dir, world):
                                 world_size=world, timeout=datetime.timedelta(seconds=30))
         run_scripts(rank, out_dir, world)
         if world == FP16_WORLD:
+            run_twin(rank, out_dir, world)
             record_stats(rank, out_dir, world)
             for stage in FP16_STAGES:
                 run_fp16(rank, out_dir, stage)
@@ -115,6 +135,10 @@ def test_ranks_equal_one_process(nvme_dir, world):
             check_consolidated(nvme_dir, world, optimizer)
     if world != FP16_WORLD:
         return
+    for rank in range(world):
+        twin = torch.load(os.path.join(nvme_dir, f"twin-rank{rank}.pt"))
+        assert_same_state(twin["state"], reference(world))
+        assert twin["handed"]["handed_in_backward"] == 0 < twin["handed"]["handed_at_step"]
     for rank in range(world):
         stage2, stage3, keep_none = (
             torch.load(os.path.join(nvme_dir, f"stats{name}-rank{rank}.pt"))

@@ -216,6 +216,12 @@ class DeepSpeedEngine:
     def _params(self):
         return [param for group in self.optimizer.param_groups for param in group["params"]]
 
+    def _collective_device(self):
+        """Where the engine's own collectives hold their tensors: the parameters' device (a
+        GPU's under NCCL, which takes no CPU tensors)."""
+        params = self._params()
+        return params[0].device if params else torch.device("cpu")
+
     def _sharded(self):
         """Whether the gradients are reduced without the engine (zoe's ZeRO stages 1 and 2 in
         the optimizer, stage 3 in the pager)."""
@@ -229,9 +235,10 @@ class DeepSpeedEngine:
         all-reduce of a flat buffer (a parameter without a gradient counts zeros; one without
         a gradient on every rank stays without)."""
         params = self._params()
-        present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64)
+        present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64,
+                               device=self._collective_device())
         dist.all_reduce(present, group=self._group)
-        flat = torch.cat([torch.zeros(p.numel()) if p.grad is None
+        flat = torch.cat([torch.zeros(p.numel(), device=p.device) if p.grad is None
                           else p.grad.detach().reshape(-1).float() for p in params])
         dist.all_reduce(flat, group=self._group)
         flat /= self.world_size
@@ -247,7 +254,7 @@ class DeepSpeedEngine:
         it themselves: _zoe_step_skipped)."""
         local = any(param.grad is not None and not bool(torch.isfinite(param.grad).all())
                     for param in self.module.parameters())
-        flag = torch.tensor([float(local)])
+        flag = torch.tensor([float(local)], device=self._collective_device())
         if self._group is not None:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item() > 0)
@@ -270,9 +277,14 @@ class DeepSpeedEngine:
 
     def _overlapped(self, boundary):
         """On the boundary micro-batch: a zoe optimizer's overlap() (its device groups' hooks
-        armed; nothing for CPU groups or a torch optimizer)."""
+        armed; nothing for CPU groups or a torch optimizer) -- unless the engine averages the
+        gradients after backward (stage 0 over several ranks): zoe must take the averages, not
+        the gradients as backward leaves them."""
         overlap = getattr(self.optimizer, "overlap", None)
-        return overlap() if boundary and overlap is not None else contextlib.nullcontext()
+        averaged_later = self._group is not None and not self._sharded()
+        if not boundary or overlap is None or averaged_later:
+            return contextlib.nullcontext()
+        return overlap()
 
     def _reductions_held(self, hold):
         """While ``hold`` (a micro-batch before the boundary): zoe's stage 2 reduces nothing."""
