@@ -19,6 +19,7 @@ import zoe.torch
 from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, WEIGHT_DECAY, ds_config,
                                make_model, reference, run_script, assert_same_state,
                                train_engine)
+from test_zero3 import world_of_one  # noqa: F401 (a fixture)
 from zoe.torch.device import HostTwin
 from zoe.torch.ds_config import batch_sizes
 
@@ -199,6 +200,18 @@ def test_boundary_backward_hands_device_gradients_over_as_they_become_final(spec
     assert (speculated > 0) == speculative
     engine.close()
     optimizer.close()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_model_off_the_cpu_at_stage_1_or_2_over_ranks_is_refused_naming_the_fix(
+        stage, world_of_one):
+    model = torch.nn.Linear(8, 4, device="meta")  # stands for a model on a GPU
+    groups = [{"params": (p for p in model.parameters())}]  # a generator, as users pass them
+    with pytest.raises(zoe.InvalidArgument, match=f"stage {stage} over a process group shards "
+                                                  "the optimizer of a model on the CPU.*meta.*"
+                                                  "give stage 3"):
+        zoe.torch.initialize(model=model, model_parameters=groups,
+                             config=ds_config(stage, "cpu"))
 
 
 def test_training_data_gives_micro_batches():
