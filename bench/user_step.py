@@ -2,15 +2,20 @@
 """Seconds per optimizer step as a CPU-offload user sees them.
 
 The model is LAYERS x Linear(2048, 2048) (16 layers: 67 M parameters) in fp32 or bf16, with
-gradients set; every optimizer steps the same model from the same seed on THREADS threads:
+gradients set; every optimizer steps the same model from the same seed on THREADS threads.
+OPTIMIZER (adamw, the default; adagrad; lion) picks the algorithm every implementation steps:
 
-  torch_foreach       torch.optim.AdamW(foreach=True); a bf16 model keeps fp32 master copies (the
-                      mixed-precision recipe): gradients widened, step, parameters narrowed back
-  deepspeed_cpu_adam  DeepSpeed's CPU Adam driven per parameter as DeepSpeedCPUAdam.step() does
-                      (fp32 masters for a bf16 model, as above), when its extension is built
+  torch_foreach       torch.optim.AdamW(foreach=True) (adagrad: torch.optim.Adagrad(foreach=True));
+                      a bf16 model keeps fp32 master copies (the mixed-precision recipe):
+                      gradients widened, step, parameters narrowed back
+  lion_pytorch        lion: the update loop of the lion-pytorch package (torch has no Lion), per
+                      parameter, with the same fp32 master copies for a bf16 model
+  deepspeed_cpu_adam  adamw: DeepSpeed's CPU Adam driven per parameter as DeepSpeedCPUAdam.step()
+                      does (fp32 masters for a bf16 model, as above), when its extension is built
                       (../shared/peers/setup; ZOE_PEERS_KIT names the kit's folder)
-  zoe_cpu             zoe.torch.AdamW(offload="cpu"), exact arithmetic (the defaults; for an fp32
-                      model that is the zero-copy form: the parameters are the master weights)
+  zoe_cpu             zoe.torch.AdamW (Adagrad, Lion)(offload="cpu"), exact arithmetic (the
+                      defaults; for an fp32 model that is the zero-copy form: the parameters are
+                      the master weights)
   zoe_cpu_copy        the same with zero_copy=False: a separate fp32 master, the updated
                       parameters written back by the kernel's pass (what a bf16 model always does)
   zoe_cpu_fast        zoe_cpu with zoe.arithmetic = "fast"
@@ -24,8 +29,8 @@ steps, the reported figure the median over ROUNDS rounds. With MODE=interleaved 
 is built once (each on its own copy of the model) and their steps alternate one by one, ROUNDS x
 STEPS timed steps each, the figure being the median of those: on a shared machine whose load
 drifts, neighbouring steps see the same load. One JSON line per optimizer and model dtype, then
-one with the ratios. Environment: THREADS (2), LAYERS (16), STEPS (5), ROUNDS (3),
-DTYPES ("fp32,bf16"), IMPLS (a comma list of the names above; default all).
+one with the ratios. Environment: OPTIMIZER (adamw), THREADS (2), LAYERS (16), STEPS (5),
+ROUNDS (3), DTYPES ("fp32,bf16"), IMPLS (a comma list of the names above; default all).
 
   ZOE_LIBRARY=build/release/integrations/libzoe.so PYTHONPATH=integrations/python \\
     /usr/bin/python3 bench/user_step.py
@@ -50,7 +55,14 @@ LAYERS = int(os.environ.get("LAYERS", "16"))
 STEPS = int(os.environ.get("STEPS", "5"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+OPTIMIZER = os.environ.get("OPTIMIZER", "adamw")
+HYPERS = {
+    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
+    "adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.01),
+    "lion": dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.01),
+}
+HYPER = HYPERS[OPTIMIZER]
+ZOE_CLASSES = {"adamw": zt.AdamW, "adagrad": zt.Adagrad, "lion": zt.Lion}
 
 
 def make_model(dtype):
@@ -95,12 +107,40 @@ class MasterCopies:
                 p.copy_(m)
 
 
-class TorchAdamW:
+class LionPytorch(torch.optim.Optimizer):
+    """lion-pytorch's Lion.step(): per parameter, in place (decoupled weight decay, the sign of
+    the interpolation, then the momentum)."""
+
+    def __init__(self, params, lr, betas, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, (beta1, beta2), decay = group["lr"], group["betas"], group["weight_decay"]
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                exp_avg = state["exp_avg"]
+                p.mul_(1 - lr * decay)
+                update = exp_avg.clone().mul_(beta1).add(p.grad, alpha=1 - beta1).sign_()
+                p.add_(update, alpha=-lr)
+                exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+
+
+class TorchOptimizer:
+    """The torch peer of OPTIMIZER: torch's foreach AdamW or Adagrad, or lion-pytorch's loop."""
+
     def __init__(self, model):
         params = list(model.parameters())
         self.copies = MasterCopies(params) if params[0].dtype != torch.float32 else None
         stepped = self.copies.masters if self.copies else params
-        self.optimizer = torch.optim.AdamW(stepped, foreach=True, **HYPER)
+        if OPTIMIZER == "lion":
+            self.optimizer = LionPytorch(stepped, **HYPER)
+        else:
+            cls = torch.optim.AdamW if OPTIMIZER == "adamw" else torch.optim.Adagrad
+            self.optimizer = cls(stepped, foreach=True, **HYPER)
 
     def step(self):
         if self.copies:
@@ -138,21 +178,22 @@ class DeepSpeedCpuAdam:
         self.ds.destroy_adam(self.oid)
 
 
-def zoe_adamw(model, arithmetic, zero_copy=None, moment_dtype=None):
+def zoe_optimizer(model, arithmetic, zero_copy=None, moment_dtype=None):
     config = zt.engine_config("cpu", moment_dtype=moment_dtype, arithmetic=arithmetic)
-    return zt.AdamW(model.parameters(), config=json.dumps(config), zero_copy=zero_copy, **HYPER)
+    return ZOE_CLASSES[OPTIMIZER](model.parameters(), config=json.dumps(config),
+                                  zero_copy=zero_copy, **HYPER)
 
 
 def makers(ds):
     out = {
-        "torch_foreach": TorchAdamW,
-        "zoe_cpu": lambda model: zoe_adamw(model, "exact"),
-        "zoe_cpu_copy": lambda model: zoe_adamw(model, "exact", zero_copy=False),
-        "zoe_cpu_fast": lambda model: zoe_adamw(model, "fast"),
-        "zoe_cpu_bf16_moments": lambda model: zoe_adamw(model, "exact", moment_dtype="bf16"),
-        "zoe_cpu_int8_moments": lambda model: zoe_adamw(model, "exact", moment_dtype="int8"),
+        "lion_pytorch" if OPTIMIZER == "lion" else "torch_foreach": TorchOptimizer,
+        "zoe_cpu": lambda model: zoe_optimizer(model, "exact"),
+        "zoe_cpu_copy": lambda model: zoe_optimizer(model, "exact", zero_copy=False),
+        "zoe_cpu_fast": lambda model: zoe_optimizer(model, "fast"),
+        "zoe_cpu_bf16_moments": lambda model: zoe_optimizer(model, "exact", moment_dtype="bf16"),
+        "zoe_cpu_int8_moments": lambda model: zoe_optimizer(model, "exact", moment_dtype="int8"),
     }
-    if ds is not None:
+    if ds is not None and OPTIMIZER == "adamw":
         ids = iter(range(1, 1 << 30))
         out["deepspeed_cpu_adam"] = lambda model: DeepSpeedCpuAdam(ds, model, next(ids))
     wanted = os.environ.get("IMPLS")
@@ -215,7 +256,7 @@ def main():
         medians = {name: statistics.median(samples) for name, samples in times.items()}
         for name, seconds in medians.items():
             print(json.dumps({
-                "impl": name, "model_dtype": dtype_name, "params": count, "threads": THREADS,
+                "impl": name, "optimizer": OPTIMIZER, "model_dtype": dtype_name, "params": count, "threads": THREADS,
                 "steps": STEPS, "rounds": ROUNDS, "mode": "interleaved" if interleaved else "rounds",
                 "seconds_per_step": round(seconds, 5),
                 "gparams_per_s": round(count / seconds / 1e9, 3),
@@ -224,7 +265,7 @@ def main():
             }))
         ratios = {"model_dtype": dtype_name}
         for zoe_name in (name for name in medians if name.startswith("zoe_")):
-            for peer in ("deepspeed_cpu_adam", "torch_foreach"):
+            for peer in ("deepspeed_cpu_adam", "torch_foreach", "lion_pytorch"):
                 if zoe_name in medians and peer in medians:
                     ratios[f"{zoe_name}_speedup_vs_{peer}"] = round(
                         medians[peer] / medians[zoe_name], 2)

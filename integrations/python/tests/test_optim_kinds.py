@@ -12,7 +12,8 @@ import zoe
 import zoe.torch
 from conftest import small_config
 from lion_reference import ReferenceLion
-from test_optim import assert_params_close, make_model, schedule, train_step
+from test_optim import assert_params_close, batch, make_model, schedule, train_step
+from zoe.torch.device import HostTwin
 
 STEPS = 30
 
@@ -105,21 +106,123 @@ def test_checkpoint_resume_equals_uninterrupted(kind, nvme_dir):
         assert_params_close(resumed, model, rtol=0, atol=0)
 
 
-def test_a_state_dict_of_another_kind_is_refused_naming_what_it_holds():
-    """An AdamW state dict holds Lion's 'exp_avg' too: it is refused for its 'exp_avg_sq', not
-    taken as Lion's momentum; one without a moment the kind keeps is refused for the lack."""
+def stepped_state_dict(kind, params, groups_of=None):
+    """The state dict of one step of zoe.torch ``kind`` over copies of ``params``, its param
+    groups replaced by those of ``groups_of`` (another optimizer's state dict) when given."""
     model = make_model()
-    adamw = torch.optim.AdamW(model.parameters())
-    train_step(model, adamw, 0)
+    optimizer = getattr(zoe.torch, kind)(model.parameters())
+    train_step(model, optimizer, 0)
+    state = optimizer.state_dict()
+    optimizer.close()
+    if groups_of is not None:
+        state["param_groups"] = groups_of["param_groups"]
+    return state
+
+
+def test_a_state_dict_of_another_kind_is_refused_naming_what_it_holds():
+    """Another kind's param groups are refused for a setting this kind does not take, its
+    per-parameter state for a moment it does not keep or lacks: never read as this kind's."""
+    model = make_model()
     lion, adagrad = zoe.torch.Lion(model.parameters()), zoe.torch.Adagrad(model.parameters())
-    with pytest.raises(zoe.InvalidArgument, match="holds 'exp_avg_sq', which zoe.torch.Lion "
-                                                  "does not keep"):
-        lion.load_state_dict(adamw.state_dict())
-    with pytest.raises(ValueError, match="lacks 'sum'; a zoe.torch.Adagrad state holds step, "
-                                         "sum"):
-        adagrad.load_state_dict(adamw.state_dict())
+    adamw = torch.optim.AdamW(model.parameters())  # unstepped: param groups only
+    before = [p.detach().clone() for p in model.parameters()]
+    cases = [
+        (lion, adamw.state_dict(), "param group 0 of the loaded state dict sets 'eps', which "
+                                   "zoe.torch.Lion does not take"),
+        (adagrad, lion.state_dict(), "sets 'betas', which zoe.torch.Adagrad does not take"),
+        (lion, stepped_state_dict("AdamW", model, lion.state_dict()),
+         "holds 'exp_avg_sq', which zoe.torch.Lion does not keep"),
+        (adagrad, stepped_state_dict("Lion", model, adagrad.state_dict()),
+         "lacks 'sum'; a zoe.torch.Adagrad state holds step, sum"),
+    ]
+    for optimizer, state_dict, message in cases:
+        with pytest.raises((zoe.InvalidArgument, ValueError), match=message):
+            optimizer.load_state_dict(state_dict)
+    for optimizer in (lion, adagrad):  # nothing changed: both step from their own state
+        train_step(model, optimizer, 1)
+        assert optimizer.last_step[0].steps_taken == 1
+    assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     lion.close()
     adagrad.close()
+
+
+def test_adagrad_state_dict_steps_torch_adagrad_alike_stepped_or_not(engine):
+    """torch's Adagrad keeps state for every parameter from construction: zoe's state dict gives
+    a never-stepped parameter (and an optimizer never stepped) step 0 and a zero sum, so torch's
+    Adagrad loads it and steps on as zoe does."""
+    _, _, hyper = KINDS["Adagrad"]
+    for steps in (0, 3):
+        model = make_model()
+        optimizer = zoe.torch.Adagrad(model.parameters(), engine=engine, name=f"a{steps}",
+                                      **hyper)
+        for step in range(steps):
+            train_step(model, optimizer, step)
+        reference = make_model()
+        reference.load_state_dict(model.state_dict())
+        torch_opt = torch.optim.Adagrad(reference.parameters(), **hyper)
+        torch_opt.load_state_dict(optimizer.state_dict())
+        assert len(optimizer.state_dict()["state"]) == len(list(model.parameters()))
+        for step in range(steps, steps + 3):
+            train_step(model, optimizer, step)
+            train_step(reference, torch_opt, step)
+        assert_params_close(model, reference, rtol=1e-5, atol=1e-6)
+        optimizer.close()
+
+
+def test_a_checkpoint_loads_only_into_its_kind_with_its_fixed_values(nvme_dir):
+    """A checkpoint of another kind, or of an Adagrad whose lr_decay differs from the one zoe
+    fixed in this optimizer's state, is refused naming the fix, and the optimizer steps on."""
+    model = make_model()
+    directory = nvme_dir + "/ckpt"
+    lion = zoe.torch.Lion(model.parameters(), offload="nvme", nvme_path=nvme_dir)
+    train_step(model, lion, 0)
+    lion.save_checkpoint(directory)
+    lion.close()
+    adamw = zoe.torch.AdamW(model.parameters())
+    with pytest.raises(zoe.InvalidArgument, match="is of zoe.torch.Lion; this optimizer is "
+                                                  "zoe.torch.AdamW"):
+        adamw.load_checkpoint(directory)
+    adamw.close()
+    decayed = zoe.torch.Adagrad(model.parameters(), lr_decay=0.01)
+    train_step(model, decayed, 0)
+    decayed.save_checkpoint(directory)
+    decayed.close()
+    plain = zoe.torch.Adagrad(model.parameters())
+    with pytest.raises(zoe.InvalidArgument, match="has lr_decay = 0.01.*construct the optimizer "
+                                                  "with lr_decay=0.01"):
+        plain.load_checkpoint(directory)
+    train_step(model, plain, 1)  # unchanged: steps as constructed
+    assert plain.last_step[0].steps_taken == 1
+    with pytest.raises(zoe.InvalidArgument, match="has lr_decay = 0.5.*this optimizer's is 0.0"):
+        plain.load_state_dict(dict(plain.state_dict(), param_groups=[
+            dict(plain.state_dict()["param_groups"][0], lr_decay=0.5)]))
+    plain.close()
+    matching = zoe.torch.Adagrad(model.parameters(), lr_decay=0.01)
+    matching.load_checkpoint(directory)
+    train_step(model, matching, 1)
+    assert matching.last_step[0].steps_taken == 2
+    matching.close()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_on_the_device_twin_matches_the_reference(kind, engine):
+    """The device path (gradients copied as backward makes them final, parameters copied back)
+    on the adversarial CPU twin steps these kinds as the CPU path does."""
+    zoe_class, reference_class, hyper = KINDS[kind]
+    reference, model = make_model(), make_model()
+    torch_opt = reference_class(reference.parameters(), **hyper)
+    zoe_opt = zoe_class(model.parameters(), engine=engine, **hyper,
+                        device_backend=HostTwin(adversarial=True))
+    for step in range(10):
+        train_step(reference, torch_opt, step)
+        zoe_opt.zero_grad(set_to_none=True)
+        x, y = batch(step)
+        with zoe_opt.overlap():
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        zoe_opt.step()
+    assert_params_close(model, reference, rtol=1e-5, atol=1e-6)
+    assert zoe_opt._groups[0].device.stats["handed_in_backward"] > 0
+    zoe_opt.close()
 
 
 def test_what_zoe_does_not_do_is_refused_naming_it():
@@ -132,6 +235,16 @@ def test_what_zoe_does_not_do_is_refused_naming_it():
         zoe.torch.Lion(model.parameters(), betas=(0.9, 1.0))
     with pytest.raises(TypeError):
         zoe.torch.Lion(model.parameters(), eps=1e-8)  # Lion has no epsilon
+    with pytest.raises(zoe.InvalidArgument, match="differentiable = True; zoe optimizers "
+                                                  "support none of"):
+        zoe.torch.Adagrad(model.parameters(), differentiable=True)
+    # torch 2.x's implementation switches are taken and ignored
+    zoe.torch.AdamW(model.parameters(), fused=True, foreach=False, differentiable=False).close()
+    loaded = zoe.torch.Adagrad(model.parameters())
+    with pytest.raises(zoe.InvalidArgument, match="initial_accumulator_value = 0.5"):
+        loaded.load_state_dict(torch.optim.Adagrad(model.parameters(),
+                                                   initial_accumulator_value=0.5).state_dict())
+    loaded.close()
     optimizer = zoe.torch.Adagrad(model.parameters(), lr_decay=0.01)
     train_step(model, optimizer, 0)
     optimizer.param_groups[0]["lr_decay"] = 0.5

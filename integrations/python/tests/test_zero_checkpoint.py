@@ -6,7 +6,9 @@ error naming that rank on every rank, well within the process group's timeout, l
 previous checkpoint and every rank's optimizer as they were, and the ranks save, load and train
 on; a checkpoint consolidated without the ranks (the function and
 ``python3 -m zoe.consolidate``) equals the live ranks' state_dict() and, loaded by 3 ranks,
-continues as one process does; stage 3 saves and restores its parameter shards."""
+continues as one process does, for AdamW, Lion and Adagrad, moments in fp32, bf16 and int8 (a
+sharded optimizer of another kind refuses the checkpoint, naming both); stage 3 saves and
+restores its parameter shards."""
 
 import datetime
 import errno
@@ -485,6 +487,17 @@ def consolidation_run(rank, world, out_dir, kind, moment_dtype):
     if rank == 0:
         torch.save(live, os.path.join(out_dir, name + "-live.pt"))
     optimizer.close()
+    other_kind = "Adam" if kind != "Adam" else "AdamW"
+    other = make_optimizer(other_kind, model.parameters(),
+                           os.path.join(out_dir, name + "-other-{rank}"),
+                           process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100)
+    try:
+        other.load_checkpoint(os.path.join(out_dir, name))
+        refused = "no error"
+    except zoe.Error as error:
+        refused = str(error)
+    other.close()
+    torch.save(refused, os.path.join(out_dir, f"{name}-refused-rank{rank}.pt"))
 
 
 @pytest.mark.parametrize("kind,moment_dtype,moments", [
@@ -500,20 +513,32 @@ def test_consolidated_moments_of_every_kind_and_dtype_equal_the_live_state(kind,
     got = zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, name))
     assert_same_state(got, live, moments)
     assert any(entry[moments[0]].abs().sum() > 0 for entry in got["state"].values())
+    for rank in range(2):  # a sharded optimizer of another kind refuses the checkpoint
+        refused = torch.load(os.path.join(nvme_dir, f"{name}-refused-rank{rank}.pt"))
+        assert f"is of zoe.torch.{kind}; this optimizer is zoe.torch.Adam" in refused, refused
+    manifest_path = os.path.join(nvme_dir, name, checkpoint.MANIFEST)
+    with open(manifest_path) as file:
+        manifest = json.load(file)
+    with open(manifest_path, "w") as file:
+        json.dump(dict(manifest, optimizer="Sgd"), file)
+    with pytest.raises(zoe.Corruption, match="the manifest's optimizer is 'Sgd', which is no "
+                                             "optimizer zoe steps"):
+        zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, name))
 
 
 # --- stage 3 -------------------------------------------------------------------------------
 
 
-def stage3_run(rank, world, out_dir, name, steps, first=0, load=None, save=None):
-    """``steps`` stage 3 steps from ``first`` (after loading ``load``; then saving to ``save``);
-    the gathered parameters."""
+def stage3_run(rank, world, out_dir, name, steps, first=0, load=None, save=None, kind="AdamW"):
+    """``steps`` stage 3 steps of zoe.torch ``kind`` from ``first`` (after loading ``load``; then
+    saving to ``save``); the gathered parameters."""
     engine, _ = test_zero3.engine_for(os.path.join(out_dir, name), rank)
     torch.manual_seed(0)
     model = test_zero3.Model()
     pager = zoe.torch.offload_parameters(model, engine, process_group=dist.group.WORLD)
-    optimizer = zoe.torch.AdamW(pager.shard_parameters(), lr=test_zero3.LR, weight_decay=0.01,
-                                engine=engine, max_grad_norm=test_zero3.MAX_NORM)
+    optimizer = getattr(zoe.torch, kind)(pager.shard_parameters(), lr=test_zero3.LR,
+                                         weight_decay=0.01, engine=engine,
+                                         max_grad_norm=test_zero3.MAX_NORM)
     if load is not None:
         pager.load_checkpoint(load, optimizer)
     rows = slice(test_zero3.BATCH * rank // world, test_zero3.BATCH * (rank + 1) // world)
@@ -548,8 +573,14 @@ def stage3_checkpoint_run(rank, world, out_dir):
         refused = "no error"
     except zoe.FailedPrecondition as error:
         refused = str(error)
+    try:
+        stage3_run(rank, world, out_dir, "other-kind", 0, load=directory, kind="Lion")
+        other_kind = "no error"
+    except zoe.InvalidArgument as error:
+        other_kind = str(error)
     torch.save({"straight": straight, "saved": saved, "loaded": loaded, "resumed": resumed,
-                "refused": refused, "files": sorted(os.listdir(directory))},
+                "refused": refused, "other_kind": other_kind,
+                "files": sorted(os.listdir(directory))},
                os.path.join(out_dir, f"stage3-rank{rank}.pt"))
 
 
@@ -565,6 +596,8 @@ def test_stage3_checkpoint_restores_parameter_shards_and_resumes(nvme_dir):
         for key, value in got["straight"].items():
             assert torch.equal(got["resumed"][key], value), f"rank {rank} {key}: resumed"
         assert "is of stage 2 on 2 ranks" in got["refused"], got["refused"]
+        assert "is of zoe.torch.AdamW; this optimizer is zoe.torch.Lion" in got["other_kind"], \
+            got["other_kind"]
 
     # Consolidated without the ranks: the parameters the ranks gathered after the save, bit for
     # bit, and an optimizer state that one process with torch's AdamW continues from (steps 3..5

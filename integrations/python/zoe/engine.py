@@ -288,11 +288,12 @@ class Engine:
         """Creates an optimizer group whose master weights start as ``params``.
 
         ``params``: BufferViews that, concatenated, are the group's parameters (borrowed for the
-        call). ``options``: lr, betas, eps, weight_decay, max_grad_norm, moment_dtype ("fp32",
-        "bf16" or "int8"), segments (lengths of the segments, each with its own step count),
-        speculative (allows speculate()), master ("params": the fp32 ``params`` ARE the master
-        weights, updated in place and borrowed for the group's life: keep them alive and in
-        place; "zoe", the default: a copy), as zoe_optim_group_create describes.
+        call). ``type``: "AdamW", "Adam", "Adagrad" or "Lion". ``options``: lr, betas, eps,
+        weight_decay, lr_decay (Adagrad), max_grad_norm, moment_dtype ("fp32", "bf16" or "int8"),
+        segments (lengths of the segments, each with its own step count), speculative (allows
+        speculate()), master ("params": the fp32 ``params`` ARE the master weights, updated in
+        place and borrowed for the group's life: keep them alive and in place; "zoe", the default:
+        a copy), as zoe_optim_group_create describes.
         """
         spec = {"name": name, "type": type}
         spec.update({key: value for key, value in options.items() if value is not None})

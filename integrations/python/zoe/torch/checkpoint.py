@@ -233,24 +233,27 @@ def _save_scratch(parent, save):
     return folder
 
 
-def save_param_groups(directory, name, param_groups):
-    """Writes an unsharded optimizer's name and its param groups' hyper-parameters (JSON) beside
-    its engine checkpoint in ``directory``, atomically (a temporary file, fsynced, renamed)."""
+def save_param_groups(directory, name, param_groups, kind_name):
+    """Writes an unsharded optimizer's name, its kind's name ("AdamW", "Lion", ...) and its param
+    groups' hyper-parameters (JSON) beside its engine checkpoint in ``directory``, atomically (a
+    temporary file, fsynced, renamed)."""
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-        json.dump({"name": name, "param_groups": param_groups}, file)
+        json.dump({"name": name, "optimizer": kind_name, "param_groups": param_groups}, file)
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, os.path.join(directory, PARAM_GROUPS))
 
 
 def load_param_groups(directory):
-    """The param groups' hyper-parameters save_param_groups wrote in ``directory``; NotFound
-    when it holds no zoe optimizer checkpoint."""
+    """(the param groups' hyper-parameters, the optimizer kind's name or None for a file written
+    before it was kept) as save_param_groups wrote them in ``directory``; NotFound when it holds
+    no zoe optimizer checkpoint."""
     path = os.path.join(directory, PARAM_GROUPS)
     if not os.path.exists(path):
         raise zoe_errors.NotFound(
             _capi.Status.NOT_FOUND, f"{directory!r} holds no zoe optimizer checkpoint"
         )
     with open(path, encoding="utf-8") as file:
-        return json.load(file)["param_groups"]
+        saved = json.load(file)
+    return saved["param_groups"], saved.get("optimizer")

@@ -11,6 +11,7 @@ import torch
 
 from ..engine import _config_text
 from .common import _invalid
+from .optim_kinds import ALL_HYPER_KEYS
 
 
 def engine_config(offload="cpu", nvme_path=None, moment_dtype=None, **zoe_options):
@@ -98,7 +99,7 @@ def _check_type_agrees(document, engine, zoe_type):
         )
 
 
-# Param group keys torch's AdamW would act on, which zoe's step does not do when true.
+# Param group keys torch's optimizers would act on, which zoe's step does not do when true.
 _UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable")
 # Keys of the optimizer's own, which a param group cannot set.
 _OPTIMIZER_WIDE = ("moment_dtype", "max_grad_norm")
@@ -112,6 +113,10 @@ def _check_group_options(group, where, kind):
         if group.get(key):
             raise _invalid(f"{where} sets {key} = {group[key]!r}; zoe optimizers support none of "
                            f"{', '.join(_UNSUPPORTED_FLAGS)}")
+    foreign = sorted((ALL_HYPER_KEYS - set(kind.hyper_keys)) & set(group))
+    if foreign:
+        raise _invalid(f"{where} sets {foreign[0]!r}, which zoe.torch.{kind.name} does not take "
+                       "(another optimizer's setting)")
     if group.get("initial_accumulator_value"):
         raise _invalid(f"{where} sets initial_accumulator_value = "
                        f"{group['initial_accumulator_value']!r}; zoe's Adagrad starts its sums "

@@ -33,12 +33,21 @@ from ..engine import BufferView, Engine
 from .checkpoint import _latest_of, read_manifest, shard_directory
 from .config import engine_config
 from .optim_kinds import kind_named
+from .state_layout import unstepped_entry
 
 
 def _kind_of(manifest):
     """The optimizer kind a manifest names (one written before Adagrad and Lion: AdamW's
     layout, which Adam shares)."""
-    return kind_named(manifest.get("optimizer", "AdamW"))
+    return _known_kind(manifest.get("optimizer", "AdamW"), "the manifest's optimizer")
+
+
+def _known_kind(name, where):
+    """The kind named ``name``; Corruption naming ``where`` for a name no kind has."""
+    kind = kind_named(name)
+    if kind is None:
+        raise _corrupt(f"{where} is {name!r}, which is no optimizer zoe steps")
+    return kind
 
 
 def _corrupt(message):
@@ -58,6 +67,7 @@ class _GroupOutput:
         if sum(self.numels) != self.count:
             raise _corrupt(f"group {layout['name']!r}: its parameters hold {sum(self.numels)} "
                            f"elements, the manifest's count is {self.count}")
+        self.kind = kind
         self.wanted = kind.slots(any(dtype != torch.float32 for dtype in self.dtypes))
         self.slots = {key: torch.empty(self.count, dtype=torch.float32)
                       for key, _ in self.wanted}
@@ -74,12 +84,12 @@ class _GroupOutput:
                 self.steps[index] = int(segment_steps[index])
 
     def entries(self):
-        """[per-parameter state or None (never stepped)], views of the flat slots."""
+        """[per-parameter state], views of the flat slots (never stepped: unstepped_entry)."""
         result = []
         for index, (offset, numel, shape) in enumerate(zip(self.offsets, self.numels,
                                                             self.shapes)):
             if self.steps[index] == 0:
-                result.append(None)
+                result.append(unstepped_entry(self.kind, shape))
                 continue
             entry = {"step": torch.tensor(float(self.steps[index]))}
             for key, values in self.slots.items():
@@ -131,7 +141,7 @@ class _LoadedShard:
         seed = torch.zeros(identity["count"], dtype=torch.float32)
         return self.engine.optimizer_group(
             identity["name"], [BufferView(seed.data_ptr(), _capi.DType.FLOAT32, seed.numel())],
-            type=kind_named(identity["kind"]).name,
+            type=_known_kind(identity["kind"], f"group {identity['name']!r}'s kind").name,
             moment_dtype=identity["state_dtype"],
             segments=meta["segments"],
         )
@@ -226,6 +236,9 @@ def _stage3_state_dict(directory, manifest, scratch_dir):
         shape, dtype = tuple(param["shape"]), getattr(torch, param["dtype"])
         model[param["name"]] = full["master_param"][index].view(shape).to(dtype)
         if steps[index] == 0:
+            unstepped = unstepped_entry(kind, shape)
+            if unstepped is not None:
+                state[index] = unstepped
             continue
         entry = {"step": torch.tensor(float(steps[index]))}
         entry.update({key: full[key][index].view(shape) for key, _ in kind.moments})
@@ -287,7 +300,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python3 -m zoe.consolidate",
         description="Consolidates a sharded zoe checkpoint into one torch state dict "
-        "(torch.optim.AdamW's layout), without launching the ranks.",
+        "(torch's layout of the optimizer's kind), without launching the ranks.",
     )
     parser.add_argument("checkpoint", help="the directory save_checkpoint wrote")
     parser.add_argument("out", help="the file to write (torch.save)")

@@ -1,5 +1,5 @@
 """The engine zoe.torch.initialize returns: DeepSpeed's training-loop API over a module, a torch
-optimizer (zoe.torch.AdamW / Adam, or a plain torch optimizer at stage 0), a learning-rate
+optimizer (a zoe.torch optimizer, or a plain torch optimizer at stage 0), a learning-rate
 schedule and, under fp16, a loss scaler.
 
 Contract, as DeepSpeed's engine:

@@ -53,7 +53,7 @@ def offload_parameters(model, engine, home=None, trace_name="iteration", prefix=
       the parameter (``torch.autograd.graph.saved_tensors_hooks``) and re-acquired when backward
       unpacks them, so nothing stays acquired between a module's forward and its backward. What
       backward acquired is released by the parameter's gradient hook, or at the end of backward.
-    * Gradients land in ordinary ``param.grad`` tensors. ``zoe.torch.AdamW`` / ``Adam`` step
+    * Gradients land in ordinary ``param.grad`` tensors. zoe.torch's optimizers step
       paged parameters directly (each is acquired for writing while its new values are copied
       from the master weights); a torch optimizer steps them inside ``with pager.materialized():``
       (which needs every parameter in DRAM at once).

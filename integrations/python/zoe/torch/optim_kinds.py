@@ -30,6 +30,9 @@ class OptimizerKind:
     # AdamW True, Adam False: what torch >= 2.7's decoupled_weight_decay must say; None: no such
     # key
     decoupled: Optional[bool] = None
+    # whether torch keeps state for every parameter from construction (step 0, zero moments;
+    # Adagrad's step needs it), rather than from the parameter's first step
+    state_from_start: bool = False
 
     def slots(self, with_master):
         """(torch's key, zoe slot) of the moments, and of the fp32 master when asked."""
@@ -83,15 +86,20 @@ ADAMW = OptimizerKind("AdamW", _ADAM_MOMENTS, ("lr", "betas", "eps", "weight_dec
 ADAM = OptimizerKind("Adam", _ADAM_MOMENTS, ("lr", "betas", "eps", "weight_decay"),
                      decoupled=False)
 ADAGRAD = OptimizerKind("Adagrad", (("sum", StateSlot.EXP_AVG_SQ),),
-                        ("lr", "lr_decay", "eps", "weight_decay"), creation_keys=("lr_decay",))
+                        ("lr", "lr_decay", "eps", "weight_decay"), creation_keys=("lr_decay",),
+                        state_from_start=True)
 LION = OptimizerKind("Lion", (("exp_avg", StateSlot.EXP_AVG),), ("lr", "betas", "weight_decay"))
 
 KINDS = {kind.name: kind for kind in (ADAMW, ADAM, ADAGRAD, LION)}
+# Every kind's hyper-parameter keys: a param group holding one its optimizer's kind does not read
+# is another optimizer's.
+ALL_HYPER_KEYS = frozenset(key for kind in KINDS.values() for key in kind.hyper_keys)
 
 
 def kind_named(name):
-    """The kind zoe calls ``name`` in any case ("adamw" as an engine's checkpoint writes it)."""
+    """The kind zoe calls ``name`` in any case ("adamw" as an engine's checkpoint writes it);
+    None for a name no kind has."""
     for kind in KINDS.values():
         if kind.name.lower() == str(name).lower():
             return kind
-    raise KeyError(name)
+    return None

@@ -42,7 +42,8 @@ from .param_group import GroupState
 from .stage3_checks import check_optimizer_parameter
 from .optim_kinds import ADAGRAD, ADAM, ADAMW, LION
 from .state_layout import (check_group_counts, checked_param_state, loaded_steps,
-                           packed_state_dict, param_entries, read_slot, write_slots)
+                           packed_state_dict, param_entries, read_slot, unstepped_entry,
+                           write_slots)
 from .zero import ShardSlice, ZeroPartition
 
 
@@ -160,8 +161,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, hyper, flags, *, engine=None, config=None, offload=None,
                  nvme_path=None, moment_dtype=None, max_grad_norm=None, name="zoe",
-                 foreach=None, device_backend=None, speculative=False, zero_copy=None,
-                 process_group=None, zero_stage=None, bucket_elements=None):
+                 foreach=None, fused=None, device_backend=None, speculative=False,
+                 zero_copy=None, process_group=None, zero_stage=None, bucket_elements=None):
         """Arguments as documented on AdamW; ``process_group``, ``zero_stage`` and
         ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition). The parameters
         of a model a ShardedParameterPager shards stand for this rank's shards of them (ZeRO
@@ -199,6 +200,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
         self._engine = engine
         self._groups = []  # per param group: its GroupState
         defaults = dict(self._KIND.normalized(dict(hyper)), foreach=foreach, **flags)
+        if fused is not None:  # torch 2.x: its fused kernels; zoe steps with its own
+            defaults["fused"] = fused
         try:
             super().__init__(params, defaults)
             self._check_speculative()
@@ -691,8 +694,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
         whole state of one param group at a time)."""
         if self._zero is not None:
             self._create_groups()
-            entries = (self._zero.gathered_state(state, self._KIND.slots(with_master=True))
-                       for state in self._groups)
+            entries = (self._zero.gathered_state(state, self._KIND) for state in self._groups)
         else:
             entries = (self._group_state(state) for state in self._groups)
         return packed_state_dict(self.param_groups, entries)
@@ -708,12 +710,12 @@ class ZoeOptimizer(torch.optim.Optimizer):
             return state.pending
         zoe_group = state.zoe_group
         if zoe_group is None or zoe_group.steps == 0:
-            return [None] * len(state.params)
+            return [unstepped_entry(self._KIND, param.shape) for param in state.params]
         count = state.element_count()
         wanted = self._KIND.slots(
             with_master=any(param.dtype != torch.float32 for param in state.params))
         slots = {key: read_slot(zoe_group, slot, count) for key, slot in wanted}
-        return param_entries(state.params, slots, zoe_group.segment_steps)
+        return param_entries(self._KIND, state.params, slots, zoe_group.segment_steps)
 
     def load_state_dict(self, state_dict):
         """Loads a state dict of this optimizer or of its torch counterpart (same groups and
@@ -725,9 +727,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
             self._create_groups()
         saved_groups = state_dict["param_groups"]
         check_group_counts(self.param_groups, saved_groups)
-        for group_index, saved in enumerate(saved_groups):
-            _check_group_options(saved, f"param group {group_index} of the loaded state dict",
-                                 self._KIND)
+        self.check_loadable(saved_groups, "the loaded state dict")
         saved_state = state_dict["state"]
         # Every parameter's state is checked before anything changes: a refused state dict
         # leaves the optimizer as it was.
@@ -770,12 +770,35 @@ class ZoeOptimizer(torch.optim.Optimizer):
             self._zoe_group(state)
             self._check_masters(state)
         self._engine.save_checkpoint(directory)
-        save_param_groups(directory, self._name, self._hyper_parameters())
+        save_param_groups(directory, self._name, self._hyper_parameters(), self._KIND.name)
 
     def _hyper_parameters(self):
         """Per param group, everything but its parameters (what a checkpoint keeps of it)."""
         return [{key: value for key, value in group.items() if key != "params"}
                 for group in self.param_groups]
+
+    def check_loadable(self, saved_groups, where, kind_name=None, created_now=False):
+        """InvalidArgument, before anything changes, for saved param groups (a state dict's or a
+        checkpoint's, ``where``) this optimizer cannot take: another kind's (``kind_name``, the
+        kind a checkpoint names; None: not named), a group that asks for what zoe's step does
+        not do or holds another kind's hyper-parameter, or a value zoe fixes when it creates a
+        group's state (Adagrad's lr_decay) other than the one the group is created with
+        (``created_now``: a checkpoint load, which creates the groups not created yet from the
+        param groups as they are)."""
+        if kind_name is not None and kind_name != self._KIND.name:
+            raise _invalid(f"{where} is of zoe.torch.{kind_name}; this optimizer is "
+                           f"zoe.torch.{self._KIND.name}: load it into a zoe.torch.{kind_name}")
+        for state, saved in zip(self._groups, saved_groups):
+            label = f"param group {state.index} of {where}"
+            _check_group_options(saved, label, self._KIND)
+            fixed = state.creation_values
+            if fixed is None and created_now:
+                fixed = self._KIND.creation_values(state.group)
+            for key, value in zip(self._KIND.creation_keys, fixed or ()):
+                if key in saved and saved[key] != value:
+                    raise _invalid(f"{label} has {key} = {saved[key]!r}, and zoe fixes it when it "
+                                   f"creates the state: this optimizer's is {value!r}; construct "
+                                   f"the optimizer with {key}={saved[key]!r} to load it")
 
     def _take_hyper_parameters(self, saved_groups):
         """Sets the param groups' hyper-parameters to a checkpoint's (_hyper_parameters)."""
@@ -792,9 +815,11 @@ class ZoeOptimizer(torch.optim.Optimizer):
             self._create_groups()
             self._zero.load_checkpoint(self, directory)
             return
-        saved_groups = load_param_groups(directory)
+        saved_groups, kind_name = load_param_groups(directory)
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("the checkpoint has a different number of parameter groups")
+        self.check_loadable(saved_groups, f"the checkpoint in {directory!r}", kind_name,
+                            created_now=True)
         for state in self._groups:
             self._zoe_group(state)
             self._check_masters(state)
@@ -830,15 +855,18 @@ class AdamW(ZoeOptimizer):
     path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``) and
     ``speculative`` (device param groups: inside ``overlap()`` zoe updates each chunk as soon as
     its gradients arrive and the step commits, recomputes or discards those updates, with the
-    same bits as without; HOST-placed state then needs a second pinned copy)."""
+    same bits as without; HOST-placed state then needs a second pinned copy). torch's
+    ``foreach`` and ``fused`` (its implementations of the step) are taken and ignored; its
+    ``amsgrad``, ``maximize``, ``capturable`` and ``differentiable`` are refused when true."""
 
     _KIND = ADAMW
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False, capturable=False, **options):
+                 amsgrad=False, *, maximize=False, capturable=False, differentiable=False,
+                 **options):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
-                         dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
-                         **options)
+                         dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable,
+                              differentiable=differentiable), **options)
 
 
 class Adam(ZoeOptimizer):
@@ -848,10 +876,11 @@ class Adam(ZoeOptimizer):
     _KIND = ADAM
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, *, maximize=False, capturable=False, **options):
+                 amsgrad=False, *, maximize=False, capturable=False, differentiable=False,
+                 **options):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
-                         dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable),
-                         **options)
+                         dict(amsgrad=amsgrad, maximize=maximize, capturable=capturable,
+                              differentiable=differentiable), **options)
 
 
 class Adagrad(ZoeOptimizer):

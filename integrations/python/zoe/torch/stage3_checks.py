@@ -4,7 +4,7 @@ values:
 
 - a zoe optimizer sharded at ZeRO stage 1 or 2 (``zero_stage=1/2``) over the model's parameters
   or over the pager's shards: stage 3 partitions them already (check_optimizer_parameter, for
-  zoe.torch.AdamW / Adam to call on each parameter it is given);
+  zoe.torch's optimizers to call on each parameter they are given);
 - ``model.state_dict()`` of the sharded model, which would hold the one-element placeholders
   the parameters point at between gathers, and ``model.load_state_dict(...)`` of its
   parameters, which would write into them (refuse_placeholder_state_dict and

@@ -24,16 +24,27 @@ def read_slot(zoe_group, slot, count):
     return values
 
 
-def param_entries(params, slots, steps):
-    """[per-parameter state dict or None] of a param group from its flat ``slots`` (torch's
-    name -> the group's values) and per-parameter step counts: None for a parameter never
-    stepped (torch keeps no state for it either); 'master_param' only for a parameter that is
+def unstepped_entry(kind, shape):
+    """The state of a parameter of ``shape`` never stepped: None, as torch keeps none, or for a
+    kind whose torch optimizer keeps state from construction (Adagrad) step 0 and zero
+    moments."""
+    if not kind.state_from_start:
+        return None
+    entry = {"step": torch.tensor(0.0)}
+    entry.update((key, torch.zeros(shape, dtype=torch.float32)) for key, _ in kind.moments)
+    return entry
+
+
+def param_entries(kind, params, slots, steps):
+    """[per-parameter state dict or None] of a param group of an optimizer of ``kind`` from its
+    flat ``slots`` (torch's name -> the group's values) and per-parameter step counts: a
+    parameter never stepped has unstepped_entry(); 'master_param' only for a parameter that is
     not fp32."""
     result, offset = [], 0
     for param, step in zip(params, steps):
         n = param.numel()
         if step == 0:
-            result.append(None)
+            result.append(unstepped_entry(kind, param.shape))
             offset += n
             continue
         entry = {"step": torch.tensor(float(step))}

@@ -1,4 +1,4 @@
-"""ZeRO stages 1 and 2 for zoe.torch.AdamW / Adam across the ranks of a torch.distributed process
+"""ZeRO stages 1 and 2 for zoe.torch's optimizers across the ranks of a torch.distributed process
 group (``process_group=``): each param group's elements, concatenated, are cut into N contiguous
 shards, shard r = [floor(r * n / N), floor((r + 1) * n / N)), and rank r's zoe group holds shard
 r only (master weights, moments and per-parameter step counts), in its own engine: a ``{rank}``
@@ -41,8 +41,8 @@ previous checkpoint (checkpoint.save_sharded). load_checkpoint(dir) restores the
 names on the same world size and layout. Every step of both that one rank can fail is agreed
 (TorchCollectives.agreed): every rank raises zoe's error naming the failing rank, the ranks stay
 paired, a failed save keeps the previous checkpoint and a failed load changes no rank's state
-(checkpoint.load_shard). state_dict() gathers every shard into torch's AdamW layout (the same dict
-on every rank); consolidate.py does the same from the checkpoint without the ranks;
+(checkpoint.load_shard). state_dict() gathers every shard into torch's layout of the kind (the same
+dict on every rank); consolidate.py does the same from the checkpoint without the ranks;
 load_state_dict() takes such a dict, from any world size, each rank its slice: the way to move
 training to another world size.
 
@@ -495,7 +495,8 @@ class ZeroPartition:
 
     def _manifest_to_load(self, optimizer, directory):
         """The manifest in ``directory`` and this rank's shard it names; FailedPrecondition
-        when it is of another world size or layout."""
+        when it is of another world size or layout, InvalidArgument when ``optimizer`` cannot
+        take its param groups (ZoeOptimizer.check_loadable)."""
         manifest = read_manifest(directory)
         layout = self._layout(optimizer)
         if manifest["world_size"] != self.world_size or manifest["groups"] != layout:
@@ -507,6 +508,9 @@ class ZeroPartition:
                 f"{[(g['name'], g['count']) for g in layout]}: allowed: the same world "
                 "size and parameters",
             )
+        optimizer.check_loadable(manifest.get("param_groups", []),
+                                 f"the checkpoint in {directory!r}", manifest.get("optimizer"),
+                                 created_now=True)
         return manifest, shard_directory(directory, manifest, self.rank)
 
     def _gathered_slot(self, state, slot):
@@ -524,16 +528,17 @@ class ZeroPartition:
 
     # --- state dicts: torch's layout, consolidated ------------------------------------------
 
-    def gathered_state(self, state, slots):
-        """[per-parameter state or None] of a group, gathered from every rank's shard (every
-        rank calls it): its ``slots`` ((torch's key, zoe slot), optim_kinds.py); a parameter's
-        step count comes from the rank holding its first element."""
+    def gathered_state(self, state, kind):
+        """[per-parameter state or None] of a group of an optimizer of ``kind`` (optim_kinds.py),
+        gathered from every rank's shard (every rank calls it); a parameter's step count comes
+        from the rank holding its first element."""
         sharded = state.shard.sharded
-        slots = {key: self._gathered_slot(state, slot) for key, slot in slots}
+        slots = {key: self._gathered_slot(state, slot)
+                 for key, slot in kind.slots(with_master=True)}
         steps = torch.zeros(len(state.params), dtype=torch.float64)
         local_steps = sharded.local.segment_steps
         for index, (param, offset) in enumerate(zip(state.params, state.offsets())):
             if param.numel() > 0 and sharded.begin <= offset < sharded.end:
                 steps[index] = local_steps[index]
         self.comm.all_reduce(steps)
-        return param_entries(state.params, slots, steps.tolist())
+        return param_entries(kind, state.params, slots, steps.tolist())

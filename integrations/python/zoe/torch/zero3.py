@@ -922,13 +922,14 @@ class ShardedParameterPager(ParameterPager):
         comm = TorchCollectives(self.group)
         where = f"the stage 3 checkpoint in {directory!r}"
         shard_dir = comm.agreed(f"reading the manifest of {where}",
-                                lambda: self._shard_to_load(directory))
+                                lambda: self._shard_to_load(directory, optimizer))
         load_shard(comm, f"loading the shards of {where}", shard_dir, optimizer.save_checkpoint,
                    optimizer.load_checkpoint)
 
-    def _shard_to_load(self, directory):
+    def _shard_to_load(self, directory, optimizer):
         """This rank's shard that the manifest in ``directory`` names; FailedPrecondition when
-        it is not a stage 3 checkpoint of this world size and these parameters."""
+        it is not a stage 3 checkpoint of this world size and these parameters, InvalidArgument
+        when ``optimizer`` cannot take its param groups (ZoeOptimizer.check_loadable)."""
         manifest = read_manifest(directory)
         layout = self._checkpoint_layout()
         if (manifest.get("zero_stage") != 3 or manifest["world_size"] != self.world_size
@@ -941,6 +942,9 @@ class ShardedParameterPager(ParameterPager):
                 f"{len(layout)}: allowed: a stage 3 checkpoint of the same world size and "
                 "parameters (names, shapes, dtypes)"
             )
+        optimizer.check_loadable(manifest.get("param_groups", []),
+                                 f"the checkpoint in {directory!r}", manifest.get("optimizer"),
+                                 created_now=True)
         return shard_directory(directory, manifest, self.rank)
 
     def remove(self):
