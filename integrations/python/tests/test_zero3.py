@@ -552,7 +552,10 @@ def test_bad_arguments_are_named(world_of_one, nvme_dir):
                                r"allowed; allowed: an integer >= 0 \(0 or 1: one parameter"):
                 zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one,
                                              bucket_elements=bad)
-        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one)
+        # a size written as DeepSpeed's configurations write it is taken
+        pager = zoe.torch.offload_parameters(Model(), engine, process_group=world_of_one,
+                                             bucket_elements=4e6)
+        assert pager.bucket_elements == 4_000_000
         with pytest.raises(zoe.InvalidArgument, match="norm_type = 1 .* allowed: 2.0"):
             pager.clip_grad_norm_(1.0, norm_type=1)
 

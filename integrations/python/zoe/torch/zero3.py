@@ -74,7 +74,6 @@ rank's shards, or inside ``with pager.materialized():``).
 
 import contextlib
 import math
-import numbers
 
 import torch
 import torch.distributed as dist
@@ -84,7 +83,7 @@ from .._collective_ops import Agreement, agreed, agreement_error, gather_parts, 
 from ..errors import Aborted, FailedPrecondition
 from .adoption import adopt, check_adoptable, init_record, placeholder_for, write_new_tensor
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
-from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group
+from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group, whole_count
 from .device import check_paging_tier
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, TorchCollectives,
                           shard_counts)
@@ -993,10 +992,8 @@ def offload_sharded(model, engine, home, trace_name, prefix, tier, process_group
         )
     if prefetch_depth < 0:
         raise _invalid(f"prefetch_depth = {prefetch_depth!r} is not allowed; allowed: >= 0")
-    if (isinstance(bucket_elements, bool) or not isinstance(bucket_elements, numbers.Integral)
-            or bucket_elements < 0):
-        raise _invalid(f"bucket_elements = {bucket_elements!r} is not allowed; allowed: an "
-                       "integer >= 0 (0 or 1: one parameter per bucket)")
+    bucket_elements = whole_count(bucket_elements, "bucket_elements",
+                                  "0 or 1: one parameter per bucket")
     pager = ShardedParameterPager(model, engine, trace_name, home, tier, process_group,
                                   prefetch_depth, bucket_elements, keep)
     with torch.no_grad():  # writing the shards can fail on one rank (its swap space): agreed
