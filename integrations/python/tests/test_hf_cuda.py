@@ -5,9 +5,9 @@ skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs it
   (nothing downloaded) with `optimizers=(zoe.torch.AdamW(..., offload="nvme"), scheduler)`,
   beside the same Trainer with torch's AdamW: the losses agree and fall;
 - `zoe.torch.initialize` on a CUDA model from a DeepSpeed configuration (ZeRO stage 2 with the
-  optimizer state on NVMe, and stage 3 with the parameters paged through the GPU's device tier
-  and their gradients streamed to the host; WarmupLR, gradient accumulation 2, clipping 1.0)
-  beside the plain torch loop.
+  optimizer state on NVMe, AdamW and Adagrad, and stage 3 with the parameters paged through the
+  GPU's device tier and their gradients streamed to the host; WarmupLR, gradient accumulation 2,
+  clipping 1.0) beside the plain torch loop.
 """
 
 import pytest
@@ -80,9 +80,16 @@ def test_hugging_face_trainer_trains_with_zoe_adamw_on_nvme(tmp_path):
         assert a == pytest.approx(b, rel=2e-3, abs=2e-3), (step, zoe_losses, torch_losses)
 
 
-def ds_config(nvme_path, stage=2):
+# Per optimizer type of the config: its params and the torch optimizer the loop compares with
+OPTIMIZERS = {"AdamW": (dict(lr=1e-3, weight_decay=0.0), torch.optim.AdamW),
+              "Adagrad": (dict(lr=1e-2, weight_decay=0.0), torch.optim.Adagrad)}
+
+
+def ds_config(nvme_path, stage=2, optimizer="AdamW"):
     """Stage 2: the optimizer state on NVMe; stage 3: the parameters too (paged through the
-    GPU's device tier, their gradients streamed to the host)."""
+    GPU's device tier, their gradients streamed to the host); ``optimizer``: a type of
+    OPTIMIZERS."""
+    params = OPTIMIZERS[optimizer][0]
     zero = {"stage": stage, "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path}}
     if stage == 3:
         zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_path}
@@ -90,9 +97,9 @@ def ds_config(nvme_path, stage=2):
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 2,
         "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
+        "optimizer": {"type": optimizer, "params": dict(params)},
         "scheduler": {"type": "WarmupLR",
-                      "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
+                      "params": {"warmup_min_lr": 0, "warmup_max_lr": params["lr"],
                                  "warmup_num_steps": 4}},
         "zero_optimization": zero,
     }
@@ -110,12 +117,13 @@ def micro_batches(count):
              torch.randn(4, 8, generator=generator).cuda()) for _ in range(count)]
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path, stage):
+@pytest.mark.parametrize("stage,optimizer", [(2, "AdamW"), (3, "AdamW"), (2, "Adagrad")])
+def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path, stage, optimizer):
     batches = micro_batches(16)
     model = mlp()
     engine, _, _, scheduler = zoe.torch.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config(str(tmp_path), stage))
+        model=model, model_parameters=model.parameters(),
+        config=ds_config(str(tmp_path), stage, optimizer))
     for x, y in batches:
         engine.backward(torch.nn.functional.mse_loss(engine(x), y))
         engine.step()
@@ -123,8 +131,10 @@ def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path, stage):
     engine.close()
 
     reference = mlp()
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
-    schedule = WarmupLR(optimizer, warmup_min_lr=0, warmup_max_lr=1e-3, warmup_num_steps=4)
+    params, reference_class = OPTIMIZERS[optimizer]
+    optimizer = reference_class(reference.parameters(), **params)
+    schedule = WarmupLR(optimizer, warmup_min_lr=0, warmup_max_lr=params["lr"],
+                        warmup_num_steps=4)
     for step in range(len(batches) // 2):
         for x, y in batches[2 * step : 2 * step + 2]:
             (torch.nn.functional.mse_loss(reference(x), y) / 2).backward()
