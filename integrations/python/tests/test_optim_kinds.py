@@ -169,24 +169,26 @@ def test_adagrad_state_dict_steps_torch_adagrad_alike_stepped_or_not(engine):
         optimizer.close()
 
 
+def save_one_step(model, optimizer, directory):
+    """One step of ``optimizer``, its checkpoint saved to ``directory``; closes it."""
+    train_step(model, optimizer, 0)
+    optimizer.save_checkpoint(directory)
+    optimizer.close()
+
+
 def test_a_checkpoint_loads_only_into_its_kind_with_its_fixed_values(nvme_dir):
     """A checkpoint of another kind, or of an Adagrad whose lr_decay differs from the one zoe
     fixed in this optimizer's state, is refused naming the fix, and the optimizer steps on."""
     model = make_model()
     directory = nvme_dir + "/ckpt"
-    lion = zoe.torch.Lion(model.parameters(), offload="nvme", nvme_path=nvme_dir)
-    train_step(model, lion, 0)
-    lion.save_checkpoint(directory)
-    lion.close()
+    save_one_step(model, zoe.torch.Lion(model.parameters(), offload="nvme", nvme_path=nvme_dir),
+                  directory)
     adamw = zoe.torch.AdamW(model.parameters())
     with pytest.raises(zoe.InvalidArgument, match="is of zoe.torch.Lion; this optimizer is "
                                                   "zoe.torch.AdamW"):
         adamw.load_checkpoint(directory)
     adamw.close()
-    decayed = zoe.torch.Adagrad(model.parameters(), lr_decay=0.01)
-    train_step(model, decayed, 0)
-    decayed.save_checkpoint(directory)
-    decayed.close()
+    save_one_step(model, zoe.torch.Adagrad(model.parameters(), lr_decay=0.01), directory)
     plain = zoe.torch.Adagrad(model.parameters())
     with pytest.raises(zoe.InvalidArgument, match="has lr_decay = 0.01.*construct the optimizer "
                                                   "with lr_decay=0.01"):
