@@ -60,6 +60,13 @@ class OptimizerKind:
         """The values of ``group``'s creation keys, to compare with the group's later."""
         return tuple(group[key] for key in self.creation_keys)
 
+    def changed_creation_values(self, fixed, group):
+        """[(key, the value in ``fixed``, ``group``'s)] for each creation key ``group`` (a param
+        group, or one a state dict or checkpoint holds) sets otherwise than ``fixed``
+        (creation_values of the group as zoe created it)."""
+        return [(key, value, group[key]) for key, value in zip(self.creation_keys, fixed)
+                if key in group and group[key] != value]
+
     def normalized(self, group):
         """``group`` (hyper-parameters read back from JSON) with betas a tuple again."""
         if "betas" in group:

@@ -631,12 +631,11 @@ class ZoeOptimizer(torch.optim.Optimizer):
         InvalidArgument when a value zoe fixed at the group's creation changed since."""
         group = state.group
         _check_group_options(group, f"param group {state.index}", self._KIND)
-        now = self._KIND.creation_values(group)
-        if state.creation_values is not None and now != state.creation_values:
-            changed = ", ".join(f"{key} from {before!r} to {after!r}" for key, before, after
-                                in zip(self._KIND.creation_keys, state.creation_values, now)
-                                if before != after)
-            raise _invalid(f"param group {state.index} changed {changed} after zoe created its "
+        changed = self._KIND.changed_creation_values(state.creation_values or (), group)
+        if changed:
+            listed = ", ".join(f"{key} from {before!r} to {after!r}"
+                               for key, before, after in changed)
+            raise _invalid(f"param group {state.index} changed {listed} after zoe created its "
                            "state, which fixes it: create a new optimizer (and load this one's "
                            "state_dict into it) to change it")
         return self._KIND.hyper(group)
@@ -794,11 +793,12 @@ class ZoeOptimizer(torch.optim.Optimizer):
             fixed = state.creation_values
             if fixed is None and created_now:
                 fixed = self._KIND.creation_values(state.group)
-            for key, value in zip(self._KIND.creation_keys, fixed or ()):
-                if key in saved and saved[key] != value:
-                    raise _invalid(f"{label} has {key} = {saved[key]!r}, and zoe fixes it when it "
-                                   f"creates the state: this optimizer's is {value!r}; construct "
-                                   f"the optimizer with {key}={saved[key]!r} to load it")
+            changed = self._KIND.changed_creation_values(fixed or (), saved)
+            if changed:
+                key, value, saved_value = changed[0]
+                raise _invalid(f"{label} has {key} = {saved_value!r}, and zoe fixes it when it "
+                               f"creates the state: this optimizer's is {value!r}; construct the "
+                               f"optimizer with {key}={saved_value!r} to load it")
 
     def _take_hyper_parameters(self, saved_groups):
         """Sets the param groups' hyper-parameters to a checkpoint's (_hyper_parameters)."""
