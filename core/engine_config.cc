@@ -368,6 +368,7 @@ Status ReadZoe(ObjectReader& reader, ZoeConfig* out) {
       .Size("stripe_unit", &out->stripe_unit, kDirectIoUnit, uint64_t{1} << 30)
       .Size("chunk_size", &out->chunk_size, 0, kMaxChunkSize)
       .Bool("checksum", &out->checksum)
+      .Bool("speculative", &out->speculative)
       .UInt("slots", &out->slots, 1, 2)
       .Enum("log_level", &out->log_level, kLogLevels)
       .Object("trace", [&](ObjectReader& r) { return ReadTrace(r, &out->trace); });
@@ -531,7 +532,8 @@ Json ZoeToJson(const ZoeConfig& zoe) {
                 {"max_inflight", zoe.trace.max_inflight},
                 {"mismatch_limit", zoe.trace.mismatch_limit}}},
               {"eviction", EvictionKindName(zoe.eviction)},
-              {"moment_dtype", DTypeName(zoe.moment_dtype)}};
+              {"moment_dtype", DTypeName(zoe.moment_dtype)},
+              {"speculative", zoe.speculative}};
   if (!zoe.log_level.empty()) out["log_level"] = zoe.log_level;
   return out;
 }

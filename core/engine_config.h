@@ -135,6 +135,10 @@ struct ZoeConfig {
   EvictionKind eviction = EvictionKind::kOpt;
   // Element type of the optimizer's moments in every tier: one of kMomentDTypes.
   DType moment_dtype = DType::kFloat32;
+  // Whether zoe.torch's optimizers built from this configuration speculate in their device param
+  // groups. The engine does not act on it: a C API group speculates when its own "speculative"
+  // says so (zoe_optim_group_create).
+  bool speculative = false;
 
   bool operator==(const ZoeConfig&) const = default;
 };

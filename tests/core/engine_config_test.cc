@@ -248,7 +248,8 @@ TEST(EngineConfig, ZoeSectionParsesEveryOption) {
       "log_level": "debug",
       "trace": {"lookahead_bytes": "512MB", "max_inflight": 16, "mismatch_limit": 4},
       "eviction": "lru",
-      "moment_dtype": "bf16"
+      "moment_dtype": "bf16",
+      "speculative": true
     }
   })");
   const ZoeConfig& zoe = config.zoe;
@@ -268,6 +269,8 @@ TEST(EngineConfig, ZoeSectionParsesEveryOption) {
   EXPECT_EQ(zoe.trace.mismatch_limit, 4u);
   EXPECT_EQ(zoe.eviction, EvictionKind::kLru);
   EXPECT_EQ(zoe.moment_dtype, DType::kBFloat16);
+  EXPECT_TRUE(zoe.speculative);
+  EXPECT_FALSE(ParseOk("{}").zoe.speculative);
   EXPECT_TRUE(config.ignored_keys.empty());
 }
 
@@ -544,6 +547,7 @@ TEST(EngineConfig, WrongTypesAreErrors) {
       {R"({"optimizer": {"type": 1}})", "optimizer.type: expected a string, got 1"},
       {R"({"fp16": {"enabled": "yes"}})", "fp16.enabled: expected true or false"},
       {R"({"zoe": {"checksum": 1}})", "zoe.checksum: expected true or false"},
+      {R"({"zoe": {"speculative": "on"}})", "zoe.speculative: expected true or false"},
       {R"({"zero_optimization": {"stage": "3"}})", "zero_optimization.stage: expected an integer"},
   });
 }

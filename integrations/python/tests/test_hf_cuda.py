@@ -5,9 +5,9 @@ skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs it
   (nothing downloaded) with `optimizers=(zoe.torch.AdamW(..., offload="nvme"), scheduler)`,
   beside the same Trainer with torch's AdamW: the losses agree and fall;
 - `zoe.torch.initialize` on a CUDA model from a DeepSpeed configuration (ZeRO stage 2 with the
-  optimizer state on NVMe, AdamW and Adagrad, and stage 3 with the parameters paged through the
-  GPU's device tier and their gradients streamed to the host; WarmupLR, gradient accumulation 2,
-  clipping 1.0) beside the plain torch loop.
+  optimizer state on NVMe, AdamW and Adagrad, speculative or not, and stage 3 with the
+  parameters paged through the GPU's device tier and their gradients streamed to the host;
+  WarmupLR, gradient accumulation 2, clipping 1.0) beside the plain torch loop.
 """
 
 import pytest
@@ -117,17 +117,28 @@ def micro_batches(count):
              torch.randn(4, 8, generator=generator).cuda()) for _ in range(count)]
 
 
-@pytest.mark.parametrize("stage,optimizer", [(2, "AdamW"), (3, "AdamW"), (2, "Adagrad")])
-def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path, stage, optimizer):
+@pytest.mark.parametrize("stage,optimizer,speculative", [
+    (2, "AdamW", False), (3, "AdamW", False), (2, "Adagrad", False), (2, "AdamW", True)])
+def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path, stage, optimizer,
+                                                            speculative):
+    """At stage 2 the engine's backward hands each gradient to zoe as it becomes final on the
+    boundary micro-batch, and with zoe.speculative the step starts there too."""
     batches = micro_batches(16)
     model = mlp()
-    engine, _, _, scheduler = zoe.torch.initialize(
-        model=model, model_parameters=model.parameters(),
-        config=ds_config(str(tmp_path), stage, optimizer))
+    config = ds_config(str(tmp_path), stage, optimizer)
+    if speculative:
+        config["zoe"] = {"speculative": True}
+    engine, zoe_optimizer, _, scheduler = zoe.torch.initialize(
+        model=model, model_parameters=model.parameters(), config=config)
     for x, y in batches:
         engine.backward(torch.nn.functional.mse_loss(engine(x), y))
         engine.step()
     got = [p.detach().cpu() for p in engine.module_state_dict().values()]
+    if stage == 2:  # the device path (stage 3 pages the parameters instead)
+        group = zoe_optimizer._groups[0]
+        assert group.device.stats["handed_in_backward"] > 0
+        speculated = group.zoe_group.speculation_stats()["chunks_speculative"]
+        assert (speculated > 0) == speculative
     engine.close()
 
     reference = mlp()

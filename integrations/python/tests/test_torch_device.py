@@ -419,6 +419,35 @@ def test_post_accumulate_grad_hook_is_used_where_torch_has_it(engine, monkeypatc
     zoe_opt.close()
 
 
+def test_the_configuration_asks_device_groups_to_speculate(nvme_dir):
+    """zoe.speculative: true in the engine's configuration makes device param groups speculate,
+    as speculative=True does, with the same bits as plain steps; a CPU param group under it
+    steps as before (no error, no speculation)."""
+    models = [make_model(), make_model()]
+    with zoe.Engine(small_config(nvme_dir, offload="cpu")) as plain_engine, \
+            zoe.Engine(small_config(nvme_dir, offload="cpu", speculative=True)) as engine:
+        optimizers = [twin_optimizer(models[0], plain_engine), twin_optimizer(models[1], engine)]
+        for step in range(4):
+            x, y = batch(step)
+            for model, optimizer in zip(models, optimizers):
+                optimizer.zero_grad(set_to_none=True)
+                backward(torch.nn.functional.mse_loss(model(x), y), optimizer, True)
+                optimizer.step()
+        for a, b in zip(*(model.parameters() for model in models)):
+            assert torch.equal(a, b)
+        speculated = [optimizer._groups[0].zoe_group.speculation_stats()["chunks_speculative"]
+                      for optimizer in optimizers]
+        assert speculated[0] == 0 < speculated[1]
+        on_cpu = make_model()
+        cpu_optimizer = zoe.torch.AdamW(on_cpu.parameters(), lr=3e-3, engine=engine, name="cpu")
+        x, y = batch(0)
+        torch.nn.functional.mse_loss(on_cpu(x), y).backward()
+        cpu_optimizer.step()
+        assert cpu_optimizer.last_step[0].steps_taken == 1
+        for optimizer in optimizers + [cpu_optimizer]:
+            optimizer.close()
+
+
 @pytest.mark.parametrize("case", ["commit", "clipped", "non-finite"])
 def test_speculative_steps_equal_plain_steps_bit_for_bit(engine, case):
     """Speculation (zoe updates chunks as their gradients arrive in backward) gives the bits of

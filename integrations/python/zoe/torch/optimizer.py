@@ -448,9 +448,11 @@ class ZoeOptimizer(torch.optim.Optimizer):
                 )
 
     def _speculative_group(self, state):
-        """Whether a param group's steps speculate: asked for, and the group takes the device
-        path (only there do gradients reach zoe during backward)."""
-        return self._speculative and state.device is not None
+        """Whether a param group's steps speculate: asked for (speculative=True, or the engine
+        configuration's zoe.speculative), and the group takes the device path (only there do
+        gradients reach zoe during backward)."""
+        configured = bool(self._engine.config["zoe"].get("speculative", False))
+        return (self._speculative or configured) and state.device is not None
 
     def _sync_external_writes(self, state):
         """Copies parameters written outside the optimizer (their version counter moved, e.g.
@@ -855,7 +857,8 @@ class AdamW(ZoeOptimizer):
     path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``) and
     ``speculative`` (device param groups: inside ``overlap()`` zoe updates each chunk as soon as
     its gradients arrive and the step commits, recomputes or discards those updates, with the
-    same bits as without; HOST-placed state then needs a second pinned copy). torch's
+    same bits as without; HOST-placed state then needs a second pinned copy; the engine
+    configuration's ``zoe.speculative: true`` asks the same for the device groups there are). torch's
     ``foreach`` and ``fused`` (its implementations of the step) are taken and ignored; its
     ``amsgrad``, ``maximize``, ``capturable`` and ``differentiable`` are refused when true."""
 
