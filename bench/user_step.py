@@ -193,7 +193,7 @@ def makers(ds):
         "zoe_cpu_bf16_moments": lambda model: zoe_optimizer(model, "exact", moment_dtype="bf16"),
         "zoe_cpu_int8_moments": lambda model: zoe_optimizer(model, "exact", moment_dtype="int8"),
     }
-    if ds is not None and OPTIMIZER == "adamw":
+    if ds is not None:
         ids = iter(range(1, 1 << 30))
         out["deepspeed_cpu_adam"] = lambda model: DeepSpeedCpuAdam(ds, model, next(ids))
     wanted = os.environ.get("IMPLS")
@@ -237,8 +237,8 @@ def time_interleaved(impls, dtype):
 
 
 def main():
-    ds, why_not = load_deepspeed()
-    if ds is None:
+    ds, why_not = load_deepspeed() if OPTIMIZER == "adamw" else (None, None)
+    if why_not is not None:
         print(json.dumps({"impl": "deepspeed_cpu_adam", "skipped": why_not}))
     impls = makers(ds)
     for dtype_name in os.environ.get("DTYPES", "fp32,bf16").split(","):
@@ -256,8 +256,9 @@ def main():
         medians = {name: statistics.median(samples) for name, samples in times.items()}
         for name, seconds in medians.items():
             print(json.dumps({
-                "impl": name, "optimizer": OPTIMIZER, "model_dtype": dtype_name, "params": count, "threads": THREADS,
-                "steps": STEPS, "rounds": ROUNDS, "mode": "interleaved" if interleaved else "rounds",
+                "impl": name, "optimizer": OPTIMIZER, "model_dtype": dtype_name, "params": count,
+                "threads": THREADS, "steps": STEPS, "rounds": ROUNDS,
+                "mode": "interleaved" if interleaved else "rounds",
                 "seconds_per_step": round(seconds, 5),
                 "gparams_per_s": round(count / seconds / 1e9, 3),
                 "samples_seconds" if interleaved else "round_seconds": [

@@ -620,7 +620,7 @@ TEST(EngineConfigToJson, RoundTripsThroughParse) {
       "zoe": {"device": "cuda", "device_budget": "40GiB", "host_budget": "96G",
               "stripe_unit": "64K", "chunk_size": "16M", "log_level": "warn",
               "trace": {"lookahead_bytes": 0, "max_inflight": 1, "mismatch_limit": 100},
-              "eviction": "lru", "moment_dtype": "bf16"}})"));
+              "eviction": "lru", "moment_dtype": "bf16", "speculative": true}})"));
 }
 
 TEST(EngineConfigToJson, ParsesFromAnInMemoryDocument) {

@@ -45,6 +45,30 @@ def test_script_with_adagrad_or_lion_equals_plain_torch_loop(optimizer, stage, o
     assert_same_state(found, reference(optimizer=optimizer))
 
 
+@pytest.mark.parametrize("stage,offload_param", [(0, None), (3, "cpu")])
+def test_a_checkpoint_of_another_optimizer_is_refused_before_the_module_changes(
+        stage, offload_param, nvme_dir):
+    ckpt = os.path.join(nvme_dir, "ckpt")
+    offload = "cpu" if stage else "none"
+    engine, _, _, _ = zoe.torch.initialize(
+        model=make_model(), config=ds_config(stage, offload, offload_param=offload_param,
+                                             optimizer="Lion"))
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt)
+    engine.close()
+    engine, _, _, _ = zoe.torch.initialize(
+        model=make_model(seed=1), config=ds_config(stage, offload, offload_param=offload_param))
+    before = {key: value.clone() for key, value in engine.module_state_dict().items()}
+    with pytest.raises(zoe.InvalidArgument, match="is of zoe.torch.Lion; this optimizer is "
+                                                  "zoe.torch.AdamW"):
+        engine.load_checkpoint(ckpt)
+    assert_same_state(engine.module_state_dict(), before, atol=0)
+    assert engine.global_steps == 0
+    path, _ = engine.load_checkpoint(ckpt, load_module_only=True)  # the module alone loads
+    assert path.endswith("global_step1")
+    engine.close()
+
+
 def test_engine_counters_boundaries_and_learning_rate(nvme_dir):
     model = make_model()
     engine, optimizer, _, scheduler = zoe.torch.initialize(model=model, config=ds_config())
@@ -212,6 +236,25 @@ def test_a_model_off_the_cpu_at_stage_1_or_2_over_ranks_is_refused_naming_the_fi
                                                   "give stage 3"):
         zoe.torch.initialize(model=model, model_parameters=groups,
                              config=ds_config(stage, "cpu"))
+
+
+def test_a_user_optimizer_must_speculate_as_the_config_says():
+    config = ds_config()
+    del config["optimizer"]
+    config["zoe"]["speculative"] = True
+    model = make_model()
+    plain = zoe.torch.AdamW(model.parameters(), lr=LR, max_grad_norm=CLIP,
+                            device_backend=HostTwin())
+    with pytest.raises(zoe.InvalidArgument, match="does not speculate but the config's "
+                                                  "zoe.speculative is true; construct it with "
+                                                  "speculative=True"):
+        zoe.torch.initialize(model=model, optimizer=plain, config=config)
+    plain.close()
+    speculating = zoe.torch.AdamW(model.parameters(), lr=LR, max_grad_norm=CLIP,
+                                  device_backend=HostTwin(), speculative=True)
+    engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=speculating, config=config)
+    engine.close()
+    speculating.close()
 
 
 def test_training_data_gives_micro_batches():

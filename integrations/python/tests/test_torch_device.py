@@ -444,6 +444,7 @@ def test_the_configuration_asks_device_groups_to_speculate(nvme_dir):
         torch.nn.functional.mse_loss(on_cpu(x), y).backward()
         cpu_optimizer.step()
         assert cpu_optimizer.last_step[0].steps_taken == 1
+        assert cpu_optimizer._groups[0].zoe_group.speculation_stats()["chunks_speculative"] == 0
         for optimizer in optimizers + [cpu_optimizer]:
             optimizer.close()
 

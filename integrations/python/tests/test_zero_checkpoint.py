@@ -487,8 +487,7 @@ def consolidation_run(rank, world, out_dir, kind, moment_dtype):
     if rank == 0:
         torch.save(live, os.path.join(out_dir, name + "-live.pt"))
     optimizer.close()
-    other_kind = "Adam" if kind != "Adam" else "AdamW"
-    other = make_optimizer(other_kind, model.parameters(),
+    other = make_optimizer("Adam", model.parameters(),  # a kind no parametrized case is
                            os.path.join(out_dir, name + "-other-{rank}"),
                            process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100)
     try:

@@ -245,6 +245,16 @@ def save_param_groups(directory, name, param_groups, kind_name):
     os.replace(temporary, os.path.join(directory, PARAM_GROUPS))
 
 
+def saved_param_groups(directory, sharded):
+    """(the param groups' hyper-parameters, the optimizer kind's name or None) of the zoe
+    optimizer checkpoint in ``directory``: a sharded one's manifest (``sharded``: ZeRO stages 1
+    and 2, and stage 3's pager over ranks), else an unsharded optimizer's (load_param_groups)."""
+    if not sharded:
+        return load_param_groups(directory)
+    manifest = read_manifest(directory)
+    return manifest.get("param_groups", []), manifest.get("optimizer")
+
+
 def load_param_groups(directory):
     """(the param groups' hyper-parameters, the optimizer kind's name or None for a file written
     before it was kept) as save_param_groups wrote them in ``directory``; NotFound when it holds

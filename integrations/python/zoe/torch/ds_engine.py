@@ -30,7 +30,9 @@ import types
 import torch
 import torch.distributed as dist
 
+from .._collective_ops import agreed
 from . import ds_checkpoint
+from .checkpoint import saved_param_groups
 from .common import _timed
 from .optimizer import ZoeOptimizer
 
@@ -346,6 +348,8 @@ class DeepSpeedEngine:
             return None, None
         path = os.path.join(load_dir, tag)
         state = _load_saved(os.path.join(path, MODEL_STATES))
+        if load_optimizer_states and not load_module_only:
+            self._check_optimizer_loadable(path)
         self._load_module(state["module"], load_module_strict)
         if load_module_only:
             return path, state["client_state"]
@@ -358,6 +362,24 @@ class DeepSpeedEngine:
         for key in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
             setattr(self, key, state[key])
         return path, state["client_state"]
+
+    def _check_optimizer_loadable(self, path):
+        """Refuses, before anything is loaded (the module included), a saved zoe optimizer this
+        one cannot take (ZoeOptimizer.check_loadable: another kind's, a value fixed otherwise);
+        over ranks every rank raises together."""
+        if not isinstance(self.optimizer, ZoeOptimizer):
+            return
+        directory = os.path.join(path, OPTIMIZER_DIR)
+
+        def check():
+            groups, kind = saved_param_groups(directory, self._sharded())
+            self.optimizer.check_loadable(groups, f"the checkpoint in {directory!r}", kind,
+                                          created_now=True)
+
+        if self._group is None:
+            check()
+        else:
+            agreed(f"checking the optimizer checkpoint in {directory!r}", check, self._group)
 
     def _load_module(self, state, strict):
         """The module's saved state; at stage 3 its buffers only (the paged parameters take

@@ -107,6 +107,7 @@ def _check_user_optimizer(optimizer, training):
                            f"config's zero_optimization.stage is {training.zero_stage}; make "
                            "them agree")
         _check_user_clipping(optimizer, training)
+        _check_user_speculation(optimizer, training)
         return
     if training.zero_stage != 0 or training.offload_optimizer not in ("none",):
         raise _invalid(
@@ -126,6 +127,18 @@ def _check_user_clipping(optimizer, training):
         raise _invalid(f"the optimizer given clips to {clipping or 0.0} but the config's "
                        f"gradient_clipping is {training.gradient_clipping}; construct it with "
                        f"max_grad_norm={training.gradient_clipping} (0.0: none)")
+
+
+def _check_user_speculation(optimizer, training):
+    """A zoe optimizer given with a config that sets zoe.speculative must speculate as it says
+    (the optimizer's own speculative, else its engine's zoe.speculative)."""
+    zoe_section = training.document.get("zoe")
+    configured = zoe_section.get("speculative") if isinstance(zoe_section, dict) else None
+    if configured is not None and bool(configured) != optimizer._speculative:
+        raise _invalid(f"the optimizer given {'does not speculate' if configured else 'speculates'}"
+                       f" but the config's zoe.speculative is {str(bool(configured)).lower()}; "
+                       f"construct it with speculative={bool(configured)}, or leave "
+                       "zoe.speculative out of the config")
 
 
 def _build_optimizer(optimizer, params, training, document, group):

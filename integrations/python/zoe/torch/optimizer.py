@@ -161,7 +161,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, hyper, flags, *, engine=None, config=None, offload=None,
                  nvme_path=None, moment_dtype=None, max_grad_norm=None, name="zoe",
-                 foreach=None, fused=None, device_backend=None, speculative=False,
+                 foreach=None, fused=None, device_backend=None, speculative=None,
                  zero_copy=None, process_group=None, zero_stage=None, bucket_elements=None):
         """Arguments as documented on AdamW; ``process_group``, ``zero_stage`` and
         ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition). The parameters
@@ -185,7 +185,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
         self._moment_dtype = moment_dtype
         # None: the engine configuration's gradient_clipping; 0.0: no clipping
         self._max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
-        self._speculative = bool(speculative)
+        self._speculative_asked = speculative  # None: the engine configuration decides
         self._zero_copy = zero_copy
         self._owns_engine = engine is None
         self._device_backend = device_backend
@@ -198,6 +198,9 @@ class ZoeOptimizer(torch.optim.Optimizer):
         if engine is None:
             engine = self._created_engine(config, offload, nvme_path, hyper, staging_swap)
         self._engine = engine
+        # whether device param groups speculate: the argument, else the configuration's
+        self._speculative = bool(engine.config["zoe"].get("speculative", False)
+                                 if speculative is None else speculative)
         self._groups = []  # per param group: its GroupState
         defaults = dict(self._KIND.normalized(dict(hyper)), foreach=foreach, **flags)
         if fused is not None:  # torch 2.x: its fused kernels; zoe steps with its own
@@ -230,7 +233,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
 
     def _check_speculative(self):
         """InvalidArgument for speculative=True when no param group takes the device path."""
-        if self._speculative and all(state.device is None for state in self._groups):
+        if self._speculative_asked and all(state.device is None for state in self._groups):
             raise _invalid(
                 "speculative=True applies to param groups stepped on a device (CUDA "
                 "parameters, or device_backend=zoe.torch.HostTwin()); every group here is "
@@ -448,11 +451,10 @@ class ZoeOptimizer(torch.optim.Optimizer):
                 )
 
     def _speculative_group(self, state):
-        """Whether a param group's steps speculate: asked for (speculative=True, or the engine
-        configuration's zoe.speculative), and the group takes the device path (only there do
-        gradients reach zoe during backward)."""
-        configured = bool(self._engine.config["zoe"].get("speculative", False))
-        return (self._speculative or configured) and state.device is not None
+        """Whether a param group's steps speculate: asked for (speculative=True, or left None
+        under the engine configuration's zoe.speculative: true), and the group takes the device
+        path (only there do gradients reach zoe during backward)."""
+        return self._speculative and state.device is not None
 
     def _sync_external_writes(self, state):
         """Copies parameters written outside the optimizer (their version counter moved, e.g.
@@ -857,8 +859,8 @@ class AdamW(ZoeOptimizer):
     path on the CPU twin; parameters on CUDA take it without one, see ``overlap()``) and
     ``speculative`` (device param groups: inside ``overlap()`` zoe updates each chunk as soon as
     its gradients arrive and the step commits, recomputes or discards those updates, with the
-    same bits as without; HOST-placed state then needs a second pinned copy; the engine
-    configuration's ``zoe.speculative: true`` asks the same for the device groups there are). torch's
+    same bits as without; HOST-placed state then needs a second pinned copy; None, the default,
+    takes the engine configuration's ``zoe.speculative``, false unless set there). torch's
     ``foreach`` and ``fused`` (its implementations of the step) are taken and ignored; its
     ``amsgrad``, ``maximize``, ``capturable`` and ``differentiable`` are refused when true."""
 

@@ -124,7 +124,7 @@ def _stage_of(zero_stage, config, engine):
 
 # Options of the unsharded optimizer that a sharded one does not take, with the value that
 # means "not asked for".
-_UNSHARDED_OPTIONS = {"zero_copy": (None, False), "speculative": (False,),
+_UNSHARDED_OPTIONS = {"zero_copy": (None, False), "speculative": (None, False),
                       "device_backend": (None,)}
 
 
