@@ -25,8 +25,8 @@ from zoe.torch.ds_config import batch_sizes
 
 
 @pytest.mark.parametrize("stage,offload,offload_param", [
-    (0, "none", None), (1, "cpu", None), (2, "nvme", None), (0, "nvme", None),
-    (3, "cpu", "cpu"), (3, "nvme", "nvme")])
+    (stage, offload, offload if stage == 3 else None)
+    for stage in range(4) for offload in ("none", "cpu", "nvme")])
 def test_script_equals_plain_torch_loop(stage, offload, offload_param, nvme_dir):
     config = ds_config(stage, offload, os.path.join(nvme_dir, "swap"),
                        offload_param=offload_param)

@@ -26,16 +26,23 @@ from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_
 JOIN_SECONDS = 50
 FP16_WORLD = 2
 FP16_STAGES = (0, 2, 3)
-# (stage, offload_optimizer, offload_param, the config's optimizer type)
-RUNS = {2: [(0, "none", None, "AdamW"), (1, "cpu", None, "AdamW"), (2, "nvme", None, "AdamW"),
-            (3, "nvme", "nvme", "AdamW"), (2, "cpu", None, "Lion"), (3, "cpu", "cpu", "Adagrad")],
+# (stage, offload_optimizer, offload_param, the config's optimizer type): on 2 ranks every stage
+# with every offload (stage 3's parameters offloaded as its optimizer state), AdamW, and Lion and
+# Adagrad at one stage each; on 3 ranks stages 1 to 3.
+RUNS = {2: [(stage, offload, offload if stage == 3 else None, "AdamW")
+            for stage in range(4) for offload in ("none", "cpu", "nvme")]
+        + [(2, "cpu", None, "Lion"), (3, "cpu", "cpu", "Adagrad")],
         3: [(1, "cpu", None, "AdamW"), (2, "nvme", None, "AdamW"), (3, "cpu", "cpu", "AdamW"),
             (1, "nvme", None, "Adagrad"), (3, "cpu", "cpu", "Lion")]}
 
 
+def run_name(stage, offload, optimizer):
+    return f"{stage}-{offload}-{optimizer}"
+
+
 def run_scripts(rank, out_dir, world):
     for stage, offload, offload_param, optimizer in RUNS[world]:
-        name = f"{stage}{optimizer}"
+        name = run_name(stage, offload, optimizer)
         config = ds_config(stage, offload, os.path.join(out_dir, f"swap{name}"), world,
                            offload_param, optimizer)
         state = run_script(config, os.path.join(out_dir, f"ckpt{name}"), rank, world)
@@ -111,10 +118,10 @@ def worker(rank, out_dir, world):
             dist.destroy_process_group()
 
 
-def check_consolidated(nvme_dir, world, optimizer):
-    """The stage 3 save half-way, consolidated without the ranks: the parameters of the plain
-    loop after those steps, and the optimizer's state under its kind's names."""
-    saved = os.path.join(nvme_dir, f"ckpt3{optimizer}", f"global_step{STEPS // 2}", "optimizer")
+def check_consolidated(nvme_dir, world, name, optimizer):
+    """The stage 3 save half-way of run ``name``, consolidated without the ranks: the parameters
+    of the plain loop after those steps, and the optimizer's state under its kind's names."""
+    saved = os.path.join(nvme_dir, f"ckpt{name}", f"global_step{STEPS // 2}", "optimizer")
     consolidated = zoe.torch.consolidated_state_dict(saved)
     assert_same_state(consolidated["model"], reference(world, optimizer, steps=STEPS // 2))
     moments = {"AdamW": ["exp_avg", "exp_avg_sq"], "Adagrad": ["sum"], "Lion": ["exp_avg"]}
@@ -126,13 +133,14 @@ def check_consolidated(nvme_dir, world, optimizer):
 @pytest.mark.parametrize("world", sorted(RUNS))
 def test_ranks_equal_one_process(nvme_dir, world):
     spawn_ranks(worker, (nvme_dir, world), world, nvme_dir, JOIN_SECONDS)
-    for stage, _, _, optimizer in RUNS[world]:
+    for stage, offload, _, optimizer in RUNS[world]:
         expected = reference(world, optimizer)
+        name = run_name(stage, offload, optimizer)
         for rank in range(world):
-            found = torch.load(os.path.join(nvme_dir, f"stage{stage}{optimizer}-rank{rank}.pt"))
+            found = torch.load(os.path.join(nvme_dir, f"stage{name}-rank{rank}.pt"))
             assert_same_state(found, expected)
         if stage == 3:
-            check_consolidated(nvme_dir, world, optimizer)
+            check_consolidated(nvme_dir, world, name, optimizer)
     if world != FP16_WORLD:
         return
     for rank in range(world):
