@@ -255,6 +255,10 @@ def test_a_user_optimizer_must_speculate_as_the_config_says():
     engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=speculating, config=config)
     engine.close()
     speculating.close()
+    on_cpu = zoe.torch.AdamW(model.parameters(), lr=LR, max_grad_norm=CLIP)  # never speculates
+    engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=on_cpu, config=config)
+    engine.close()
+    on_cpu.close()
 
 
 def test_training_data_gives_micro_batches():

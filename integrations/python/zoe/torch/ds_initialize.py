@@ -130,11 +130,13 @@ def _check_user_clipping(optimizer, training):
 
 
 def _check_user_speculation(optimizer, training):
-    """A zoe optimizer given with a config that sets zoe.speculative must speculate as it says
-    (the optimizer's own speculative, else its engine's zoe.speculative)."""
+    """A zoe optimizer with device param groups, given with a config that sets zoe.speculative,
+    must speculate as it says (the optimizer's own speculative, else its engine's
+    zoe.speculative); CPU param groups never speculate, so there it does not matter."""
     zoe_section = training.document.get("zoe")
     configured = zoe_section.get("speculative") if isinstance(zoe_section, dict) else None
-    if configured is not None and bool(configured) != optimizer._speculative:
+    on_device = any(state.device is not None for state in optimizer._groups)
+    if configured is not None and on_device and bool(configured) != optimizer._speculative:
         raise _invalid(f"the optimizer given {'does not speculate' if configured else 'speculates'}"
                        f" but the config's zoe.speculative is {str(bool(configured)).lower()}; "
                        f"construct it with speculative={bool(configured)}, or leave "
