@@ -68,7 +68,8 @@ def train(optimizer, model, rank, world, steps=STEPS, first=0):
     for step in range(first, first + steps):
         x, y = (values.to(dtype) for values in batch(step))
         per_rank = BATCH // world
-        x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+        rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        x, y = x[rows], y[rows]
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(model(x, step).float(), y.float())  # fp32 loss
         loss.backward()
@@ -84,7 +85,8 @@ def train_accumulating(optimizer, model, rank, world, hold=True):
     for step in range(ACCUMULATION_STEPS):
         x, y = batch(step)
         per_rank = BATCH // world
-        x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+        rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        x, y = x[rows], y[rows]
         half = per_rank // 2
         optimizer.zero_grad(set_to_none=True)
         first = optimizer.no_sync() if hold else contextlib.nullcontext()

@@ -1,7 +1,8 @@
-"""GroupState: everything a zoe optimizer keeps for one torch param group, in one object (the
-zoe group, the device path, zero copy's masters, the parameters' version counters, a loaded
-state waiting for the zoe group, the latest step's result, under ZeRO stages 1 and 2 the rank's
-shard, and for paged parameters their streamed gradients). The optimizer holds one per entry of ``param_groups``, in the same order."""
+"""GroupState: everything a zoe optimizer keeps for one torch param group, in one object (the zoe
+group, the device path, zero copy's masters, the parameters' version counters, a loaded state
+waiting for the zoe group, the latest step's result, under ZeRO stages 1 and 2 the rank's shard,
+and for paged parameters their streamed gradients). The optimizer holds one per entry of
+``param_groups``, in the same order."""
 
 import dataclasses
 from typing import Any, List, Optional

@@ -833,12 +833,12 @@ class ShardedParameterPager(ParameterPager):
     def stats(self):
         """ParameterPager.stats() plus the gathers (prefetched by the trace, on demand, traces
         re-recorded, and ``kept``: uses that found a parameter kept for backward, each a gather
-        saved), the limits of that keeping (``keep``), the gradient reductions (``issued``: buckets reduced, one reduce_parts each;
-        ``parameters``: the gradients they held), this rank's shard bytes, the peak bytes of
-        gathered parameters and ``collective_seconds``: the wall time this rank was blocked
-        issuing or waiting for its gathers and reductions (collectives running in the background
-        while it computes are not counted), of which ``gather_seconds`` on gathers and
-        ``reduction_seconds`` on gradient reductions (the rest: clipping's and the inf/NaN
+        saved), the limits of that keeping (``keep``), the gradient reductions (``issued``: buckets
+        reduced, one reduce_parts each; ``parameters``: the gradients they held), this rank's shard
+        bytes, the peak bytes of gathered parameters and ``collective_seconds``: the wall time this
+        rank was blocked issuing or waiting for its gathers and reductions (collectives running in
+        the background while it computes are not counted), of which ``gather_seconds`` on gathers
+        and ``reduction_seconds`` on gradient reductions (the rest: clipping's and the inf/NaN
         check's all-reduces)."""
         stats = super().stats()
         stats.update(
