@@ -261,6 +261,41 @@ def test_a_user_optimizer_must_speculate_as_the_config_says():
     on_cpu.close()
 
 
+@pytest.mark.parametrize("stage,offload_param,bf16", [(0, None, True), (3, "cpu", False)])
+def test_save_16bit_model_writes_the_full_module_atomically(stage, offload_param, bf16,
+                                                            nvme_dir, monkeypatch):
+    config = ds_config(stage, "cpu" if stage else "none", offload_param=offload_param)
+    if bf16:
+        config["bf16"] = {"enabled": True}
+    model = make_model()
+    model[2].bias.requires_grad_(False)
+    engine, _, _, _ = zoe.torch.initialize(model=model, config=config)
+    for _ in range(ACCUMULATION):
+        x = torch.randn(MICRO, 8).to(next(engine.module.parameters()).dtype)
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+    want = {key: value.clone() for key, value in engine.module_state_dict().items()}
+    assert engine.save_16bit_model(nvme_dir) is True
+    saved = torch.load(os.path.join(nvme_dir, "pytorch_model.bin"))
+    assert_same_state(saved, want, atol=0)
+    assert all(value.dtype == (torch.bfloat16 if bf16 else torch.float32)
+               for value in saved.values())
+    engine.save_16bit_model(nvme_dir, "trainable.bin", exclude_frozen_parameters=True)
+    assert sorted(torch.load(os.path.join(nvme_dir, "trainable.bin"))) == sorted(
+        key for key in want if key != "2.bias")
+
+    def failing_save(obj, file):
+        file.write(b"half a model")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        engine.save_16bit_model(nvme_dir)
+    monkeypatch.undo()
+    assert_same_state(torch.load(os.path.join(nvme_dir, "pytorch_model.bin")), want, atol=0)
+    assert sorted(os.listdir(nvme_dir)) == ["pytorch_model.bin", "trainable.bin"]
+    engine.close()
+
+
 def test_training_data_gives_micro_batches():
     data = torch.utils.data.TensorDataset(torch.randn(20, 8), torch.randn(20, 4))
     engine, _, loader, _ = zoe.torch.initialize(model=make_model(), config=ds_config(),

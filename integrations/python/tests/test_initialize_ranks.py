@@ -5,7 +5,8 @@ optimizer state in DRAM or on NVMe, AdamW (Adagrad and Lion at some stages), che
 engine half-way, ends on every rank with the parameters of one process running the plain torch loop
 over the whole batch; on 2 ranks an fp16 overflow on one rank only skips the step on both (stages
 0, 2 and 3), the loss scale follows DeepSpeed's rule on both and stage 3 trains as stage 0; at
-stage 0 a model on the CPU twin steps the averaged gradients (none handed to zoe in backward)."""
+stage 0 a model on the CPU twin steps the averaged gradients (none handed to zoe in backward);
+save_16bit_model at stage 3 writes the parameters every rank gathers."""
 
 import datetime
 import os
@@ -66,6 +67,17 @@ def run_twin(rank, out_dir, world):
     optimizer.close()
 
 
+def run_save_16bit(rank, out_dir, world):
+    """Stage 3 over the ranks: save_16bit_model gathers the full parameters and rank 0 writes
+    them; every rank keeps its gathered state to compare."""
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(),
+                                           config=ds_config(3, "cpu", None, world, "cpu"))
+    train_engine(engine, 0, 1, rank, world)
+    engine.save_16bit_model(os.path.join(out_dir, "model16"))
+    torch.save(engine.module_state_dict(), os.path.join(out_dir, f"model16-rank{rank}.pt"))
+    engine.close()
+
+
 def run_fp16(rank, out_dir, stage):
     """Rank 1 alone overflows on OVERFLOW_STEPS."""
     config = fp16_config()
@@ -106,6 +118,7 @@ def worker(rank, out_dir, world):
         run_scripts(rank, out_dir, world)
         if world == FP16_WORLD:
             run_twin(rank, out_dir, world)
+            run_save_16bit(rank, out_dir, world)
             record_stats(rank, out_dir, world)
             for stage in FP16_STAGES:
                 run_fp16(rank, out_dir, stage)
@@ -143,6 +156,10 @@ def test_ranks_equal_one_process(nvme_dir, world):
             check_consolidated(nvme_dir, world, name, optimizer)
     if world != FP16_WORLD:
         return
+    saved = torch.load(os.path.join(nvme_dir, "model16", "pytorch_model.bin"))
+    for rank in range(world):
+        assert_same_state(torch.load(os.path.join(nvme_dir, f"model16-rank{rank}.pt")), saved,
+                          atol=0)
     for rank in range(world):
         twin = torch.load(os.path.join(nvme_dir, f"twin-rank{rank}.pt"))
         assert_same_state(twin["state"], reference(world))

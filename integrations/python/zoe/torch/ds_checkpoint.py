@@ -23,15 +23,27 @@ def fsync_tree(root):
         fsync_path(directory)
 
 
-def write_atomically(path, text):
-    """Replaces ``path`` by a file holding ``text``: a reader sees the old or the new whole."""
+def replace_atomically(path, write):
+    """Replaces ``path`` by the file ``write(file)`` writes into a binary file object: a reader
+    sees the old or the new whole, and a write that fails leaves the old file and no temporary
+    one."""
     temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
     fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def write_atomically(path, text):
+    """Replaces ``path`` by a file holding ``text`` (replace_atomically)."""
+    replace_atomically(path, lambda file: file.write(text.encode("utf-8")))
 
 
 def partial_directory(save_dir, tag):

@@ -295,6 +295,13 @@ class DeepSpeedEngine:
 
     # --- checkpoints -----------------------------------------------------------------------
 
+    def _agreed(self, what, step):
+        """``step()`` on this rank; over ranks every rank's, and when one fails every rank
+        raises together (_collective_ops.agreed), none left waiting."""
+        if self._group is None:
+            return step()
+        return agreed(what, step, self._group)
+
     def _barrier(self):
         if self._group is not None:
             dist.barrier(group=self._group)
@@ -376,10 +383,7 @@ class DeepSpeedEngine:
             self.optimizer.check_loadable(groups, f"the checkpoint in {directory!r}", kind,
                                           created_now=True)
 
-        if self._group is None:
-            check()
-        else:
-            agreed(f"checking the optimizer checkpoint in {directory!r}", check, self._group)
+        self._agreed(f"checking the optimizer checkpoint in {directory!r}", check)
 
     def _load_module(self, state, strict):
         """The module's saved state; at stage 3 its buffers only (the paged parameters take
@@ -405,6 +409,28 @@ class DeepSpeedEngine:
         if self._stage3 is not None:
             return self._stage3.module_state()
         return self.module.state_dict()
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters=False):
+        """DeepSpeed's: the module's state dict (module_state_dict(): the full parameters at
+        every stage, in the module's dtype, 16-bit under fp16 or bf16), without the parameters
+        that do not require gradients when ``exclude_frozen_parameters``, written by rank 0 to
+        ``<save_dir>/<save_filename>`` with torch.save, atomically (a save that fails keeps the
+        previous file). Every rank calls it (stage 3 gathers). Returns True."""
+        state = self.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {name for name, param in self.module.named_parameters()
+                      if not param.requires_grad}
+            state = {key: value for key, value in state.items() if key not in frozen}
+        path = os.path.join(save_dir, save_filename)
+
+        def save():
+            if self.global_rank == 0:
+                os.makedirs(save_dir, exist_ok=True)
+                ds_checkpoint.replace_atomically(path, lambda file: torch.save(state, file))
+
+        self._agreed(f"saving the model to {path!r}", save)
+        return True
 
     def close(self):
         """Removes the engine's hooks and closes the optimizer it created (its zoe engine and
