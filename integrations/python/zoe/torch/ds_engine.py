@@ -6,7 +6,8 @@ Contract, as DeepSpeed's engine:
 - ``engine(*inputs)`` runs the module.
 - ``backward(loss)`` divides the loss by gradient_accumulation_steps (and multiplies it by the
   loss scale under fp16; a hook on each parameter divides its incoming gradient by the scale,
-  so ``.grad`` always holds unscaled gradients) and runs backward.
+  so ``.grad`` always holds unscaled gradients) and runs backward; on the boundary micro-batch
+  inside the optimizer's overlap() (_overlapped).
 - ``step()`` is called after every micro-batch and steps only at the accumulation boundary
   (``is_gradient_accumulation_boundary()``): it averages the gradients over the ranks (stage 0;
   zoe's ZeRO optimizer reduces its own at stages 1 and 2, the pager at stage 3), steps the
@@ -17,7 +18,9 @@ Contract, as DeepSpeed's engine:
   DeepSpeed's), ``micro_steps`` micro-batches, ``skipped_steps`` overflows.
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
-  schedule, the loss scaler, the counters and the client state.
+  schedule, the loss scaler, the counters and the client state; a load refuses another
+  optimizer's checkpoint before anything changes. ``save_16bit_model``: the module's full state
+  dict, written atomically by rank 0.
 
 ZeRO stage 2 with accumulation: zoe's stage 2 reduces a bucket as soon as its gradients are
 final in a backward; the engine holds those reductions back during the backwards that do not end
