@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from .. import _capi
 from .. import errors as zoe_errors
-from .common import fsync_path
+from .common import fsync_path, replace_atomically
 
 PARAM_GROUPS = "zoe_torch_param_groups.json"  # an unsharded optimizer's hyper-parameters
 MANIFEST = "zoe_sharded_manifest.json"
@@ -235,14 +235,11 @@ def _save_scratch(parent, save):
 
 def save_param_groups(directory, name, param_groups, kind_name):
     """Writes an unsharded optimizer's name, its kind's name ("AdamW", "Lion", ...) and its param
-    groups' hyper-parameters (JSON) beside its engine checkpoint in ``directory``, atomically (a
-    temporary file, fsynced, renamed)."""
-    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-        json.dump({"name": name, "optimizer": kind_name, "param_groups": param_groups}, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, os.path.join(directory, PARAM_GROUPS))
+    groups' hyper-parameters (JSON) beside its engine checkpoint in ``directory``, atomically
+    (common.replace_atomically)."""
+    text = json.dumps({"name": name, "optimizer": kind_name, "param_groups": param_groups})
+    replace_atomically(os.path.join(directory, PARAM_GROUPS),
+                       lambda file: file.write(text.encode("utf-8")))
 
 
 def saved_param_groups(directory, sharded):

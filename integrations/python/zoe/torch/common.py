@@ -39,6 +39,24 @@ def fsync_path(path):
         os.close(descriptor)
 
 
+def replace_atomically(path, write):
+    """Replaces ``path`` by the file ``write(file)`` writes into a binary file object: a reader
+    sees the old or the new whole, and a write that fails leaves the old file and no temporary
+    one."""
+    temporary = f"{path}.tmp"
+    try:
+        with open(temporary, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
 def _invalid(message):
     return InvalidArgument(_capi.Status.INVALID_ARGUMENT, message)
 

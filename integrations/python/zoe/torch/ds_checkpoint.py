@@ -10,7 +10,7 @@ The ranks are kept in step by ``barrier`` (a function; one process passes a no-o
 import os
 import shutil
 
-from .common import fsync_path
+from .common import fsync_path, replace_atomically
 
 LATEST = "latest"
 
@@ -21,24 +21,6 @@ def fsync_tree(root):
         for name in files:
             fsync_path(os.path.join(directory, name))
         fsync_path(directory)
-
-
-def replace_atomically(path, write):
-    """Replaces ``path`` by the file ``write(file)`` writes into a binary file object: a reader
-    sees the old or the new whole, and a write that fails leaves the old file and no temporary
-    one."""
-    temporary = f"{path}.tmp"
-    try:
-        with open(temporary, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
-    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def write_atomically(path, text):

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from .._collective_ops import agreed
 from . import ds_checkpoint
 from .checkpoint import saved_param_groups
-from .common import _timed
+from .common import _timed, replace_atomically
 from .optimizer import ZoeOptimizer
 
 MODEL_STATES = "model_states.pt"
@@ -430,7 +430,7 @@ class DeepSpeedEngine:
         def save():
             if self.global_rank == 0:
                 os.makedirs(save_dir, exist_ok=True)
-                ds_checkpoint.replace_atomically(path, lambda file: torch.save(state, file))
+                replace_atomically(path, lambda file: torch.save(state, file))
 
         self._agreed(f"saving the model to {path!r}", save)
         return True
