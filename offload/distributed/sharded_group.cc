@@ -68,6 +68,10 @@ Status CheckCovers(size_t total, size_t count, std::string_view what) {
                   what, total, count));
 }
 
+// The layout of parameter views that stand for this rank's shard only, for AgreeScan: no
+// fingerprint of whole-group views (a multiple of 2^-1 below 2^52 or 0) equals it.
+constexpr double kShardOnlyLayout = -1.0;
+
 // InvalidArgument for a parameter view of elements without memory (the step would write there).
 Status CheckParamData(std::span<const ParamView> views) {
   for (size_t i = 0; i < views.size(); ++i) {
@@ -272,7 +276,8 @@ Result<optim::GradScan> ShardedGroup::AgreeScan(const optim::GradScan& local, bo
   if (std::any_of(differs.begin(), differs.end(), [](double d) { return d != 0.0; })) {
     return Status::InvalidArgument(fmt::format(
         "sharded group: rank(s) {} passed parameter views laid out unlike rank 0's (element "
-        "counts or dtypes); every rank must pass the same views, since each rank's part is "
+        "counts or dtypes, or the shard only against the whole group); every rank must pass "
+        "the same kind of views, and with broadcast the same views, since each rank's part is "
         "broadcast into the same place of the peers' views; no rank changed its state",
         FlaggedRanks(differs)));
   }
@@ -438,6 +443,10 @@ Status ShardedGroup::GatherParamsThroughBuffer(std::span<const ParamView> params
   return Status::Ok();
 }
 
+bool ShardedGroup::CoversShardOnly(std::span<const ParamView> params) const {
+  return !params.empty() && shard_.size() != count_ && TotalCount(params) == shard_.size();
+}
+
 Status ShardedGroup::Abort(Status error, bool with_grads) {
   if (with_grads) {
     (void)AgreePresence({}, error);
@@ -455,10 +464,14 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
     if (!reduced.ok()) return reduced.status();  // every rank knows (AgreePresence)
     shard_grads = std::move(reduced).value();
   }
-  // The shard's parameter views start as the caller's values, so segments without a gradient
-  // (which the step leaves untouched) gather what every rank already holds.
+  const bool shard_only = CoversShardOnly(args.params);
   std::vector<ParamView> shard_params;
-  if (!args.params.empty()) {
+  if (shard_only) {
+    prepared = CheckParamData(args.params);
+    shard_params.assign(args.params.begin(), args.params.end());
+  } else if (!args.params.empty()) {
+    // The shard's parameter views start as the caller's values, so segments without a gradient
+    // (which the step leaves untouched) gather what every rank already holds.
     prepared = CheckCovers(TotalCount(args.params), count_, "parameter");
     if (prepared.ok()) prepared = CheckParamData(args.params);
     if (prepared.ok()) {
@@ -473,8 +486,10 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   step.grads = shard_grads;
   step.params = shard_params;
   step.loss_scale = args.loss_scale;
-  // Broadcast moves each view's parts between the same places on every rank: agreed with the scan.
-  const double layout = collectives_.OffersBroadcast() ? LayoutFingerprint(args.params) : 0.0;
+  // Broadcast moves each view's parts between the same places on every rank, and a rank passing
+  // its shard only gathers nothing: both agreed with the scan.
+  double layout = collectives_.OffersBroadcast() ? LayoutFingerprint(args.params) : 0.0;
+  if (shard_only) layout = kShardOnlyLayout;
   step.agree_scan = [&](const optim::GradScan& local) {
     agreed = true;
     Result<optim::GradScan> scan = AgreeScan(local, /*failed=*/false, layout);
@@ -490,7 +505,7 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   }
   if (stopped) return report.status();
   ZOE_RETURN_IF_ERROR(AgreeOutcome(report.status()));
-  if (!report->skipped && !args.params.empty()) {
+  if (!report->skipped && !args.params.empty() && !shard_only) {
     Status gathered = GatherParams(args.params);
     if (!gathered.ok()) {
       return std::move(gathered).WithContext(

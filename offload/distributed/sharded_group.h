@@ -27,7 +27,9 @@
 //     its dtype: where the collectives offer Broadcast, each rank writes its shard into its own
 //     part of the views and every rank's part is broadcast straight into the peers' views (no
 //     buffer, no fp32 round trip for the peers' parts); otherwise they are all-gathered (fp32) in
-//     rounds and converted into the views.
+//     rounds and converted into the views. Views of the rank's shard only take its own updated
+//     values (written by the step, in their dtype) and nothing is gathered: the caller gathers,
+//     e.g. on the device holding the model.
 // A rank that fails anywhere still makes every collective call of steps 2 and 3 with its flag set,
 // so every rank returns an error within the collectives' own time bounds: the failing rank its
 // own error, the others Aborted naming the failed ranks. The failing rank's state is as before the
@@ -70,8 +72,13 @@ struct ShardedGroupOptions {
 struct ShardedStepArgs {
   std::optional<optim::HyperParams> hyper;  // as EngineStepArgs::hyper
   std::span<const GradView> grads;          // the whole group's local gradients; empty: accumulated
-  std::span<const ParamView> params;        // the whole group's parameters; empty: none written
-  double loss_scale = 1.0;                  // > 0
+  // The whole group's parameters, which receive every rank's updated shard; or this rank's shard
+  // only (views covering [shard.begin, shard.end) with a world size > 1), which receive its
+  // updated values and nothing gathered (the caller gathers them, e.g. on a device; segments
+  // without a gradient are left as they were); empty: none written. Every rank passes the same
+  // kind.
+  std::span<const ParamView> params;
+  double loss_scale = 1.0;  // > 0
 };
 
 class ShardedGroup {
@@ -110,6 +117,8 @@ class ShardedGroup {
   // Every rank's updated shard into `params`: BroadcastParams where the collectives offer
   // Broadcast, else GatherParamsThroughBuffer.
   Status GatherParams(std::span<const ParamView> params);
+  // Whether `params` stand for this rank's shard only (ShardedStepArgs::params).
+  bool CoversShardOnly(std::span<const ParamView> params) const;
   // This rank's shard narrowed into its own part of `params`, then one Broadcast of every rank's
   // part of each view straight into the peers' views (each in the view's dtype): no buffer.
   Status BroadcastParams(std::span<const ParamView> params);

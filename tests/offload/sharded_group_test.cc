@@ -529,6 +529,63 @@ TEST(ShardedGroupTransports, BroadcastRefusesViewsLaidOutUnlikeRankZerosBeforeTh
   EXPECT_EQ(Masters(ranks, 2), MastersAfterCleanSteps(2, 1));
 }
 
+// Views of the rank's shard only (a caller that gathers on its device): each rank's views take
+// its own updated values, bit for bit its part of what the whole-group views gather, and the
+// step makes no gather call. A rank passing its shard while rank 0 passes the whole group stops
+// every rank before the update, naming it.
+TEST(ShardedGroupShardOnly, ShardViewsTakeTheRanksUpdatedValuesAndGatherNothing) {
+  auto name = [](int) { return std::string(R"({"name": "w"})"); };
+  const ShardedGroupOptions rounds{.round_elements = 256};
+  TempDir one;
+  Ranks gathered(one, 3, name, rounds);
+  TempDir other;
+  Ranks shards(other, 3, name, rounds);
+  std::vector<std::vector<float>> own(3);
+  auto shard_views = [&own](Rank& rank, int r) {
+    const ShardRange shard = rank.group->shard();
+    own[static_cast<size_t>(r)].assign(rank.params.begin() + static_cast<ptrdiff_t>(shard.begin),
+                                       rank.params.begin() + static_cast<ptrdiff_t>(shard.end));
+    const size_t split = shard.size() / 2;  // two views, split mid-shard
+    float* data = own[static_cast<size_t>(r)].data();
+    return std::vector<ParamView>{{data, optim::DType::kFloat32, split},
+                                  {data + split, optim::DType::kFloat32, shard.size() - split}};
+  };
+  for (int step = 0; step < 2; ++step) {
+    const uint64_t gathered_calls = gathered[0].collectives->calls();
+    const uint64_t shard_calls = shards[0].collectives->calls();
+    gathered.Step(Ones);
+    StepWithViews(shards, shard_views);
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(gathered[r].stepped.ok()) << gathered[r].stepped.ToString();
+      ASSERT_TRUE(shards[r].stepped.ok()) << shards[r].stepped.ToString();
+    }
+    // The gathered step's reduce-scatter and all-gather each take 4 rounds; the other has no
+    // all-gather, and its gradients come as one whole-group view like the first's.
+    EXPECT_EQ((gathered[0].collectives->calls() - gathered_calls) -
+                  (shards[0].collectives->calls() - shard_calls),
+              4u);
+  }
+  for (int r = 0; r < 3; ++r) {
+    const ShardRange shard = gathered[r].group->shard();
+    const std::vector<float> part(gathered[0].params.begin() + static_cast<ptrdiff_t>(shard.begin),
+                                  gathered[0].params.begin() + static_cast<ptrdiff_t>(shard.end));
+    EXPECT_EQ(own[static_cast<size_t>(r)], part) << "rank " << r;
+    EXPECT_EQ(own[static_cast<size_t>(r)], Master(shards[r])) << "rank " << r;
+  }
+  const std::vector<std::vector<float>> before = Masters(shards, 3);
+  StepWithViews(shards, [&](Rank& rank, int r) {
+    if (r != 1) return std::vector<ParamView>{{rank.params.data(), optim::DType::kFloat32, kCount}};
+    return shard_views(rank, r);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(shards[r].stepped.code(), StatusCode::kInvalidArgument)
+        << shards[r].stepped.ToString();
+    EXPECT_THAT(shards[r].stepped.ToString(),
+                HasSubstr("rank(s) 1 passed parameter views laid out unlike rank 0's"));
+  }
+  EXPECT_EQ(Masters(shards, 3), before);
+}
+
 class ShardedGroupCollectiveFailures : public ::testing::TestWithParam<Transport> {};
 
 TEST_P(ShardedGroupCollectiveFailures,

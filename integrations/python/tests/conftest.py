@@ -1,5 +1,6 @@
 """Shared fixtures of the zoe Python tests: a temporary NVMe directory and small engines."""
 
+import contextlib
 import os
 import shutil
 import sys
@@ -67,6 +68,30 @@ def engine(nvme_dir):
     """An engine with its optimizer state on NVMe (in nvme_dir)."""
     with zoe.Engine(small_config(nvme_dir, offload="nvme")) as e:
         yield e
+
+
+@contextlib.contextmanager
+def gloo_rank(rank, world, init_file, out_dir, timeout_seconds=30):
+    """The body of a rank spawn_ranks started: the rank joined to a gloo group of ``world``
+    ranks (rendezvous in ``init_file``), its traceback left in ``out_dir``/crash<rank>.txt for
+    spawn_ranks to report, the group destroyed at the end."""
+    import datetime
+    import traceback
+
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_seconds))
+        yield
+    except BaseException:
+        with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
+            file.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def spawn_ranks(worker, args, nprocs, out_dir, join_seconds):

@@ -7,9 +7,11 @@ wait cannot be added without a case here."""
 import ast
 import contextlib
 import inspect
+import tempfile
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import zoe
 import zoe.torch
@@ -17,6 +19,7 @@ from conftest import small_config
 from test_optim import assert_params_close, batch, make_model
 from test_torch_device import FailingTwin
 from zoe.torch import device as torch_device
+from zoe.torch import zero_places
 from zoe.torch.device import HostTwin
 
 STEPS = 3
@@ -106,6 +109,34 @@ def close_then_reuse_the_staging(engine, adversarial):
     assert_same(model, reference)
 
 
+@contextlib.contextmanager
+def one_rank_group():
+    """A gloo process group of this process alone, for the twin's sharded path (DevicePlace)."""
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group("gloo", init_method=f"file://{directory}/init", rank=0,
+                                world_size=1)
+        try:
+            yield dist.group.WORLD
+        finally:
+            dist.destroy_process_group()
+
+
+def sharded_training(engine, adversarial):
+    """STEPS steps of ZeRO stage 2 over one rank on the twin, each compared with torch's."""
+    backend = HostTwin(adversarial=adversarial)
+    with one_rank_group() as group:
+        model, zoe_opt, reference, torch_opt = optimizers(engine, backend, process_group=group,
+                                                          zero_stage=2, bucket_elements=64)
+        for step in range(STEPS):
+            train_step(reference, torch_opt, step, False)
+            train_step(model, zoe_opt, step, False)
+            assert_same(model, reference)
+        zoe_opt.close()
+    assert backend.in_flight() == 0
+    backend.synchronize()
+    assert_same(model, reference)
+
+
 # Per wait of zoe.torch.device.WAITS: a scenario that needs it.
 SCENARIOS = {
     "grad_poll": training(overlapped=True),
@@ -115,6 +146,8 @@ SCENARIOS = {
     "step": training(overlapped=False),
     "write_back": training(overlapped=False),
     "close": close_then_reuse_the_staging,
+    "shard_grad": sharded_training,
+    "shard_params": sharded_training,
 }
 
 
@@ -122,11 +155,12 @@ _WAIT_METHODS = {"ready", "wait", "wait_current"}  # DeviceBackend's
 
 
 def test_every_wait_of_the_device_path_is_named_and_has_a_scenario():
-    # Every call of a DeviceBackend wait in zoe.torch.device outside _wait() is a wait without a
-    # name; every name of WAITS is used at one place, and has a scenario here.
-    tree = ast.parse(inspect.getsource(torch_device))
+    # Every call of a DeviceBackend wait in zoe.torch.device or zero_places outside _wait() is a
+    # wait without a name; every name of WAITS is used at one place, and has a scenario here.
     named, direct = [], []
-    for function in ast.walk(tree):
+    functions = [function for module in (torch_device, zero_places)
+                 for function in ast.walk(ast.parse(inspect.getsource(module)))]
+    for function in functions:
         if not isinstance(function, ast.FunctionDef) or function.name == "_wait":
             continue
         for call in ast.walk(function):

@@ -8,16 +8,14 @@ over the whole batch; on 2 ranks an fp16 overflow on one rank only skips the ste
 stage 0 a model on the CPU twin steps the averaged gradients (none handed to zoe in backward);
 save_16bit_model at stage 3 writes the parameters every rank gathers."""
 
-import datetime
 import os
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import zoe.torch
-from conftest import spawn_ranks
+from conftest import gloo_rank, spawn_ranks
 from zoe.torch.device import HostTwin
 from initialize_script import CLIP, LR, STEPS, WEIGHT_DECAY, assert_same_state, ds_config, \
     make_model, reference, run_script, train_engine
@@ -50,21 +48,30 @@ def run_scripts(rank, out_dir, world):
         torch.save(state, os.path.join(out_dir, f"stage{name}-rank{rank}.pt"))
 
 
+TWIN_STAGES = (0, 1, 2)
+
+
 def run_twin(rank, out_dir, world):
-    """Stage 0 with a user's zoe AdamW over a model on the (adversarial) CPU twin: the engine
-    averages the gradients after backward, so zoe must not take them during it."""
-    config = ds_config(world=world)
-    del config["optimizer"]
-    model = make_model()
-    optimizer = zoe.torch.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
-                                max_grad_norm=CLIP, device_backend=HostTwin(adversarial=True))
-    engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=optimizer, config=config)
-    train_engine(engine, 0, STEPS, rank, world)
-    torch.save({"state": engine.module_state_dict(),
-                "handed": dict(optimizer._groups[0].device.stats)},
-               os.path.join(out_dir, f"twin-rank{rank}.pt"))
-    engine.close()
-    optimizer.close()
+    """Stages 0 to 2 with a user's zoe AdamW over a model on the (adversarial) CPU twin. At stage
+    0 the engine averages the gradients after backward, so zoe must not take them during it; at
+    stages 1 and 2 the optimizer reduces them on the device and steps its shard
+    (zero_places.DevicePlace)."""
+    for stage in TWIN_STAGES:
+        config = ds_config(stage, world=world)
+        del config["optimizer"]
+        model = make_model()
+        sharding = {} if stage == 0 else {"process_group": dist.group.WORLD, "zero_stage": stage}
+        optimizer = zoe.torch.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                                    max_grad_norm=CLIP, device_backend=HostTwin(adversarial=True),
+                                    **sharding)
+        engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=optimizer, config=config)
+        train_engine(engine, 0, STEPS, rank, world)
+        device = optimizer._groups[0].device
+        torch.save({"state": engine.module_state_dict(),
+                    "handed": None if device is None else dict(device.stats)},
+                   os.path.join(out_dir, f"twin{stage}-rank{rank}.pt"))
+        engine.close()
+        optimizer.close()
 
 
 def run_save_16bit(rank, out_dir, world):
@@ -112,9 +119,7 @@ def record_stats(rank, out_dir, world):
 
 
 def worker(rank, out_dir, world):
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{out_dir}/init", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=30))
+    with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
         run_scripts(rank, out_dir, world)
         if world == FP16_WORLD:
             run_twin(rank, out_dir, world)
@@ -122,13 +127,6 @@ def worker(rank, out_dir, world):
             record_stats(rank, out_dir, world)
             for stage in FP16_STAGES:
                 run_fp16(rank, out_dir, stage)
-    except BaseException:
-        with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
-            file.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def check_consolidated(nvme_dir, world, name, optimizer):
@@ -161,8 +159,10 @@ def test_ranks_equal_one_process(nvme_dir, world):
         assert_same_state(torch.load(os.path.join(nvme_dir, f"model16-rank{rank}.pt")), saved,
                           atol=0)
     for rank in range(world):
-        twin = torch.load(os.path.join(nvme_dir, f"twin-rank{rank}.pt"))
-        assert_same_state(twin["state"], reference(world))
+        for stage in TWIN_STAGES:
+            twin = torch.load(os.path.join(nvme_dir, f"twin{stage}-rank{rank}.pt"))
+            assert_same_state(twin["state"], reference(world))
+        twin = torch.load(os.path.join(nvme_dir, f"twin0-rank{rank}.pt"))
         assert twin["handed"]["handed_in_backward"] == 0 < twin["handed"]["handed_at_step"]
     for rank in range(world):
         stage2, stage3, keep_none = (

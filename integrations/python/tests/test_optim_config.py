@@ -266,7 +266,6 @@ def test_numbers_agree_with_the_config_to_rounding():
 
 
 @pytest.mark.parametrize("extra", [{"zero_copy": True}, {"speculative": True},
-                                   {"device_backend": zoe.torch.HostTwin()},
                                    {"bucket_elements": -5}])
 def test_the_sharded_optimizer_refuses_options_it_would_ignore(extra):
     with pytest.raises(zoe.InvalidArgument, match=next(iter(extra))):

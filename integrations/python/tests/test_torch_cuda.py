@@ -93,6 +93,45 @@ def test_cuda_model_matches_torch_adamw_fed_the_same_gradients(engine, dtype, ov
     zoe_opt.close()
 
 
+@pytest.fixture
+def nccl_group(nvme_dir):
+    """A NCCL process group of this process alone (NCCL takes one rank per GPU)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method=f"file://{nvme_dir}/nccl-init", rank=0,
+                            world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_cuda_model_sharded_over_nccl_matches_torch_adamw(engine, nccl_group, dtype, stage):
+    """ZeRO stages 1 and 2 with the model on the GPU (zero_places.DevicePlace): gradients
+    reduced over NCCL on the device and copied to the host shard, the updated shard copied back
+    and all-gathered on the device, against torch's AdamW fed the same gradients."""
+    model = make_model(dtype).cuda()
+    master = make_model(dtype).float()
+    torch_opt = torch.optim.AdamW(master.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
+    zoe_opt = zoe.torch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, engine=engine,
+                              process_group=nccl_group, zero_stage=stage, bucket_elements=4096)
+    for step in range(10):
+        zoe_opt.zero_grad(set_to_none=True)
+        x, y = batch(step, dtype, "cuda")
+        torch.nn.functional.mse_loss(model(x).float(), y.float()).backward()
+        for reference, param in zip(master.parameters(), model.parameters()):
+            reference.grad = param.grad.float().cpu()
+        zoe_opt.step()
+        torch_opt.step()
+        for (name, reference), param in zip(master.named_parameters(), model.parameters()):
+            tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(
+                rtol=2**-7, atol=1e-5)
+            torch.testing.assert_close(param.detach().cpu(), reference.detach().to(dtype),
+                                       msg=f"step {step} {name}", **tolerance)
+    assert zoe_opt._groups[0].device is None  # the sharded device path, not DeviceGroup
+    zoe_opt.close()
+
+
 def test_cuda_model_close_to_torch_adamw_on_the_gpu(engine):
     reference, model = make_model().cuda(), make_model().cuda()
     torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.1)

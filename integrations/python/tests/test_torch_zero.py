@@ -13,11 +13,9 @@ never keeps its process group alive past destroy_process_group()."""
 
 import contextlib
 import ctypes
-import datetime
 import gc
 import glob
 import os
-import traceback
 import weakref
 
 import pytest
@@ -26,7 +24,7 @@ import torch.distributed as dist
 
 import zoe
 import zoe.torch
-from conftest import small_config, spawn_ranks
+from conftest import gloo_rank, small_config, spawn_ranks
 
 STEPS = 20
 NAN_STEP = 7
@@ -258,7 +256,7 @@ def run_fault(rank, world, out_dir):
 def reused_buffers(optimizer):
     """The optimizer's reused buffers: per param group its flat gradient buffer, and the
     collectives' scratch buffers by purpose and size."""
-    return {"grads": [state.shard.buffer for state in optimizer._groups],
+    return {"grads": [state.shard.place.buffer for state in optimizer._groups],
             **optimizer._zero.comm._scratch}
 
 
@@ -323,9 +321,7 @@ def run_gather(rank, world, out_dir):
 
 def worker(rank, world, init_file, out_dir, runs):
     """``runs``: (name, kind, stage) of the training runs to make, or "fault"."""
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=20))
+    with gloo_rank(rank, world, init_file, out_dir, timeout_seconds=20):
         if runs == "fault":
             run_fault(rank, world, out_dir)
             return
@@ -342,13 +338,6 @@ def worker(rank, world, init_file, out_dir, runs):
                 run_accumulation(rank, world, out_dir, name, hold=name == "accum")
             else:
                 run_training(rank, world, out_dir, name, kind, stage)
-    except BaseException:
-        with open(os.path.join(out_dir, f"crash{rank}.txt"), "w") as file:
-            file.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def spawn(world, out_dir, runs):

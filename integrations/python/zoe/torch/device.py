@@ -39,9 +39,9 @@ _CHUNK_BYTES = 64 << 20
 _ALIGN = 64  # bytes between the starts of two parameters' staging
 
 # Every wait of the device path, by name: the DeviceBackend call it makes and what it orders.
-# DeviceGroup waits only through _wait(). tests/test_device_waits.py leaves out each in turn and
-# shows that a test fails on the adversarial twin without it; it also checks that this table
-# names every wait there is, so a wait cannot be added without such a case.
+# DeviceGroup and zero_places.DevicePlace wait only through _wait(). tests/test_device_waits.py
+# leaves out each in turn and shows that a test fails on the adversarial twin without it; it also
+# checks that this table names every wait there is, so a wait cannot be added without such a case.
 WAITS = {
     "grad_poll": "ready",  # _hand_over_ready: a gradient reaches zoe once its copy has ended
     "grad_copy": "wait",  # _drain: the same at step()
@@ -50,6 +50,9 @@ WAITS = {
     "step": "wait",  # step: the same for zoe's step
     "write_back": "wait_current",  # _copy_params_to_device: the next use of the parameters
     "close": "wait",  # close: no copy uses the staging once it is released
+    # ZeRO stages 1 and 2 over ranks (zero_places.DevicePlace)
+    "shard_grad": "wait",  # to_host: zoe reads a reduced gradient once its copy has ended
+    "shard_params": "wait",  # gather: the all-gather sends the shard once its copy has ended
 }
 _SKIPPED_WAITS_FOR_TESTING = frozenset()  # names of WAITS to leave out; only the mutation tests
 
@@ -302,18 +305,36 @@ def staging_bytes(params):
     return total
 
 
-def swap_bytes_for(param_groups):
+def swap_bytes_for(param_groups, group_staging_bytes=staging_bytes):
     """Tensor swap space an engine needs to hold the staging of these groups (each group's
-    staging is one zoe tensor, a whole number of chunks)."""
+    staging, ``group_staging_bytes(params)``, is one zoe tensor, a whole number of chunks)."""
     total = 0
     for params in param_groups:
-        nbytes = staging_bytes(params)
+        nbytes = group_staging_bytes(params)
         total += whole_chunks(nbytes, _CHUNK_BYTES)
     return total
 
 
 def _aligned(nbytes):
     return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def host_staging(engine, name, nbytes, group_index):
+    """A param group's staging: a zoe tensor of ``nbytes`` homed in HOST (pinned DRAM, counted
+    against the HOST budget), acquired for the optimizer's life, and a uint8 CPU tensor over it.
+    NoSpace names the settings that make room for it."""
+    try:
+        tensor = engine.register_tensor(name, nbytes, _capi.DType.UINT8, _capi.Tier.HOST)
+    except NoSpace as error:
+        raise NoSpace(
+            error.status,
+            f"{error}; the staging of param group {group_index} ({nbytes} bytes of pinned DRAM "
+            "for device parameters) is a zoe tensor homed in HOST: give the engine "
+            "zoe.tensor_swap_bytes and zoe.tensor_host_budget for it",
+        ) from error
+    address = tensor.acquire(_capi.Tier.HOST, _capi.Access.READ_WRITE)
+    buffer = (ctypes.c_char * nbytes).from_address(address)
+    return tensor, torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 class DeviceGroup:
@@ -351,22 +372,9 @@ class DeviceGroup:
     def _ensure_staging(self):
         if self._staging is not None:
             return
-        engine = self.optimizer.engine
-        nbytes = staging_bytes(self.params)
         name = f"{self.optimizer._group_name(self.group_index)}.staging"
-        try:
-            tensor = engine.register_tensor(name, nbytes, _capi.DType.UINT8, _capi.Tier.HOST)
-        except NoSpace as error:
-            raise NoSpace(
-                error.status,
-                f"{error}; the staging of param group {self.group_index} ({nbytes} bytes of "
-                "pinned DRAM for device parameters) is a zoe tensor homed in HOST: give the "
-                "engine zoe.tensor_swap_bytes and zoe.tensor_host_budget for it",
-            ) from error
-        address = tensor.acquire(_capi.Tier.HOST, _capi.Access.READ_WRITE)
-        self._staging = tensor
-        buffer = (ctypes.c_char * nbytes).from_address(address)
-        raw = torch.frombuffer(buffer, dtype=torch.uint8)
+        self._staging, raw = host_staging(self.optimizer.engine, name,
+                                          staging_bytes(self.params), self.group_index)
         cursor = 0
         for region in (self._grad_host, self._param_host):
             for param in self.params:
@@ -603,10 +611,11 @@ def overlap(device_groups):
             group.armed = False
 
 
-def listed_params(params, device_backend):
+def listed_params(params, device_backend, group_staging_bytes=staging_bytes):
     """``params`` (an iterable of tensors or of param-group dicts) read once into lists, and the
     tensor swap bytes the staging of its device groups needs (0 when every group is stepped on
-    the CPU in place). A tensor is returned as it is, for torch to refuse."""
+    the CPU in place), ``group_staging_bytes(params)`` for each. A tensor is returned as it is,
+    for torch to refuse."""
     if isinstance(params, torch.Tensor):
         return params, 0
     params = list(params)
@@ -621,7 +630,7 @@ def listed_params(params, device_backend):
         group for group in groups
         if device_backend is not None or any(param.device.type != "cpu" for param in group)
     ]
-    return params, swap_bytes_for(on_device)
+    return params, swap_bytes_for(on_device, group_staging_bytes)
 
 
 class _CudaMemory:

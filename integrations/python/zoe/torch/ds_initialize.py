@@ -64,35 +64,8 @@ def _zoe_optimizer(spec, params, training, document, group):
     sharded over ``group`` at stages 1 and 2."""
     options = dict(spec["params"])
     if group is not None and training.zero_stage in (1, 2):
-        _check_sharded_model_on_cpu(params, training.zero_stage)
         options.update(process_group=group, zero_stage=training.zero_stage)
     return OPTIMIZERS[spec["type"]](params, config=document, **options)
-
-
-def _tensors_of(params):
-    """The tensors of ``params`` (tensors, or param-group dicts whose "params" this reads into a
-    list, as torch's add_param_group does)."""
-    for item in params:
-        if not isinstance(item, dict):
-            yield item
-            continue
-        inner = item["params"]
-        item["params"] = [inner] if isinstance(inner, torch.Tensor) else list(inner)
-        yield from item["params"]
-
-
-def _check_sharded_model_on_cpu(params, stage):
-    """InvalidArgument naming the fix for a model off the CPU at stage 1 or 2 over a process
-    group: zoe's sharded optimizer steps CPU parameters only."""
-    for param in _tensors_of(params):
-        device = param.device
-        if device.type != "cpu":
-            raise _invalid(
-                f"zero_optimization.stage {stage} over a process group shards the optimizer of a "
-                f"model on the CPU, and this model's parameters are on {device}: give stage 3 "
-                "(the parameters sharded too, paged through the GPU, their gradients streamed "
-                "to the host) or stage 0 (each rank steps the whole model, with the gradients "
-                "averaged by the engine)")
 
 
 def _check_user_optimizer(optimizer, training):

@@ -194,7 +194,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
                 "engine= comes with its own configuration; config, offload and nvme_path apply "
                 "only to the engine an optimizer creates, so give either engine or those"
             )
-        params, staging_swap = device.listed_params(params, device_backend)
+        staging = device.staging_bytes if self._zero is None else self._zero.staging_bytes
+        params, staging_swap = device.listed_params(params, device_backend, staging)
         if engine is None:
             engine = self._created_engine(config, offload, nvme_path, hyper, staging_swap)
         self._engine = engine
@@ -327,11 +328,11 @@ class ZoeOptimizer(torch.optim.Optimizer):
         backend = device.backend_for(group_index, params, self._device_backend)
         super().add_param_group(param_group)
         state = GroupState(group_index, self.param_groups[group_index])
-        if backend is not None:
+        if backend is not None and self._zero is None:
             state.device = device.DeviceGroup(self, group_index, backend)
         self._groups.append(state)
         if self._zero is not None:
-            self._zero.add_group(self, state)
+            self._zero.add_group(self, state, backend)
         elif GradStream.wanted(params):
             state.stream = GradStream(params, self._group_name(group_index))
 

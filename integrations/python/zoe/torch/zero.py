@@ -21,10 +21,10 @@ The model is not wrapped in DistributedDataParallel: the optimizer reduces the g
   DistributedDataParallel without find_unused_parameters, stage 2 needs every rank to produce
   gradients for the same parameters in an iteration, and one backward per step.
 
-Steady-state steps allocate no whole-group buffer in Python: each param group's flat fp32
+Steady-state steps allocate no whole-group buffer in Python: a CPU param group's flat fp32
 gradient buffer (which the buckets' reductions write in place and whose shard slices zoe borrows)
 is made once and again only when the group's element count changes, and the shards are gathered
-straight into the buffer zoe passes.
+straight into the buffer zoe passes; a device group reuses its bucket and gather buffers.
 
 Collectives: gloo in torch 1.13 has no reduce-scatter and a slow all-gather, so both are built
 from one reduce or broadcast per rank (_collective_ops); other backends all-reduce and all-gather
@@ -46,10 +46,15 @@ dict on every rank); consolidate.py does the same from the checkpoint without th
 load_state_dict() takes such a dict, from any world size, each rank its slice: the way to move
 training to another world size.
 
+Parameters on the CPU or on a device (CUDA, or the CPU twin given as device_backend): a param
+group's place (zero_places.py) says where its buckets are reduced and its parameters gathered --
+for CPU parameters in DRAM, zoe reading the reduced gradients and writing the parameters in
+place; for device parameters on the device, zoe's shard going through pinned staging.
+
 Structure: the optimizer (optimizer.py) holds a ZeroPartition when sharded and calls it where
 sharding changes what it does (creating a group, reducing gradients, the step, external writes,
-state dicts and checkpoints); a param group's shard (its ShardedGroup, buckets and gradient
-buffer) is the GroupShard in its GroupState. The shard formula is distributed.shard_bounds.
+state dicts and checkpoints); a param group's shard (its ShardedGroup, buckets and place) is the
+GroupShard in its GroupState. The shard formula is distributed.shard_bounds.
 """
 
 import contextlib
@@ -58,7 +63,7 @@ import functools
 import json
 import os
 import weakref
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -67,11 +72,12 @@ from .. import _capi
 from .. import errors as zoe_errors
 from ..engine import BufferView, _config_text
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
-from .common import _invalid, _pager_of, _view, whole_count
+from .common import _DTYPES, _invalid, _pager_of, _view, whole_count
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, ShardedGroup,
                           TorchCollectives, shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
 from .state_layout import param_entries
+from .zero_places import DevicePlace, HostPlace
 
 
 def _with_rank(path, rank):
@@ -124,8 +130,7 @@ def _stage_of(zero_stage, config, engine):
 
 # Options of the unsharded optimizer that a sharded one does not take, with the value that
 # means "not asked for".
-_UNSHARDED_OPTIONS = {"zero_copy": (None, False), "speculative": (None, False),
-                      "device_backend": (None,)}
+_UNSHARDED_OPTIONS = {"zero_copy": (None, False), "speculative": (None, False)}
 
 
 def _check_sharded_options(options):
@@ -134,8 +139,7 @@ def _check_sharded_options(options):
         if key in options and options[key] not in unset:
             raise _invalid(
                 f"{key} = {options[key]!r} is not supported with a process_group: a sharded "
-                "optimizer steps CPU parameters, keeps its own master of its shard and does "
-                "not speculate"
+                "optimizer keeps its own master of its shard and does not speculate"
             )
 
 
@@ -157,9 +161,9 @@ class GroupShard:
     """A param group's ZeRO state on this rank (GroupState.shard)."""
 
     buckets: List[Any]  # grad_hooks.Bucket: the group's parameters in reduction order
+    place: Any  # zero_places.HostPlace or DevicePlace: where gradients and parameters move
     sharded: Optional[ShardedGroup] = None  # created with the zoe group, by every rank together
-    grads: List[torch.Tensor] = dataclasses.field(default_factory=list)  # slices zoe borrows
-    buffer: Optional[torch.Tensor] = None  # the flat fp32 gradient buffer (grad_buffer)
+    absent: Set[int] = dataclasses.field(default_factory=set)  # no gradient on any rank
     # reductions in flight: (Pending, bucket, flat slice, its first element, present) for
     # ZeroPartition.finish_reductions
     pending: ReductionsInFlight = dataclasses.field(default_factory=ReductionsInFlight)
@@ -235,19 +239,29 @@ class ZeroPartition:
         """``path`` with ``{rank}`` replaced by this rank, its directory created."""
         return _with_rank(path, self.rank)
 
-    def check_param(self, param, where):
-        """InvalidArgument for a parameter a sharded optimizer does not step: one not on the CPU,
-        or a paged one."""
-        if param.device.type != "cpu":
-            raise _invalid(f"{where} is on {param.device}; sharded zoe optimizers take CPU "
-                           "parameters")
+    @staticmethod
+    def check_param(param, where):
+        """InvalidArgument for a parameter a sharded optimizer does not step: a paged one."""
         if _pager_of(param) is not None:
-            raise _invalid(f"{where} is paged; sharded zoe optimizers take ordinary CPU "
-                           "parameters")
+            raise _invalid(f"{where} is paged; sharded zoe optimizers take ordinary CPU or "
+                           "CUDA parameters")
 
-    def add_group(self, optimizer, state):
-        """Cuts a new param group into buckets and, in stage 2, hooks its parameters."""
-        state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements))
+    def staging_bytes(self, params):
+        """Bytes of HOST staging a param group of device parameters needs on this rank (its
+        largest shard's, zero_places.DevicePlace)."""
+        count = sum(param.numel() for param in params)
+        return DevicePlace.staging_bytes(-(-count // self.world_size))
+
+    def add_group(self, optimizer, state, backend):
+        """Cuts a new param group into buckets and, in stage 2, hooks its parameters; its place
+        is the host's, or its device's when ``backend`` (device.backend_for) is not None."""
+        place = HostPlace()
+        if backend is not None:
+            rounds = self.bucket_elements if self.bucket_elements > 1 else DEFAULT_BUCKET_ELEMENTS
+            place = DevicePlace(backend, optimizer.engine, optimizer._group_name(state.index),
+                                state.index, rounds)
+        state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements),
+                                 place)
         if self.stage != 2:
             return
         for bucket in state.shard.buckets:
@@ -265,9 +279,26 @@ class ZeroPartition:
                     f"parameter {index} of param group {state.index} is not contiguous; zoe "
                     "optimizers step contiguous parameters"
                 )
-        state.shard.sharded = ShardedGroup(engine, name, [_view(param) for param in params],
-                                           self.comm, **options)
+        views, _copies = self._creation_views(state, params)
+        state.shard.sharded = ShardedGroup(engine, name, views, self.comm, **options)
         return state.shard.sharded.local
+
+    def _creation_views(self, state, params):
+        """Views of the group's parameters for the creation of its sharded group, which reads
+        this rank's shard of them: the CPU parameters themselves; of device parameters, host
+        copies of those reaching into the shard (returned too, to be kept alive) and views
+        without data for the others."""
+        if all(param.device.type == "cpu" for param in params):
+            return [_view(param) for param in params], []
+        begin, end = shard_bounds(state.element_count(), self.rank, self.world_size)
+        views, copies = [], []
+        for param, offset in zip(params, state.offsets()):
+            if offset < end and begin < offset + param.numel():
+                copies.append(param.to("cpu"))
+                views.append(_view(copies[-1]))
+            else:
+                views.append(BufferView(0, _DTYPES[param.dtype], param.numel()))
+        return views, copies
 
     def sync_external_writes(self, state):
         """Parameters written outside the optimizer: their slice in the shard goes to the
@@ -280,16 +311,18 @@ class ZeroPartition:
             lo, hi = max(offset, sharded.begin), min(offset + param.numel(), sharded.end)
             if hi <= lo:
                 continue
-            values = param.detach().to(torch.float32).contiguous().view(-1)
-            values = values[lo - offset : hi - offset]
+            values = param.detach().reshape(-1)[lo - offset : hi - offset]
+            values = values.to("cpu", torch.float32).contiguous()
             sharded.local.write_state(_capi.StateSlot.MASTER, lo - sharded.begin, hi - lo,
                                       values.data_ptr())
 
     def close(self, states):
         """Destroys the sharded groups of ``states`` (the optimizer's GroupStates)."""
         for state in states:
-            if state.shard is not None and state.shard.sharded is not None:
-                state.shard.sharded.close()
+            if state.shard is not None:
+                state.shard.place.close()
+                if state.shard.sharded is not None:
+                    state.shard.sharded.close()
 
     # --- gradients -------------------------------------------------------------------------
 
@@ -321,30 +354,35 @@ class ZeroPartition:
         slice handed to zoe (see reduce_bucket)."""
         pending, bucket, flat, begin, present = reduction
         self.comm.wait(pending)
-        local, sharded = state.zoe_group, state.shard.sharded
+        local, sharded, place = state.zoe_group, state.shard.sharded, state.shard.place
+        if present is not None:
+            state.shard.absent.update(i for i in bucket.indices if not present[i])
         offsets = state.offsets()
         end = begin + flat.numel()
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
         if hi <= lo:
+            place.release(flat)
             return
-        shard = flat[lo - begin : hi - begin]  # no copy: not written again before the step
+        shard = flat[lo - begin : hi - begin]
         shard /= self.world_size
-        state.shard.grads.append(shard)  # borrowed by zoe until the step
+        host = place.to_host(shard, lo - sharded.begin, sharded)  # zoe reads it until the step
+        place.release(flat)
         for index in bucket.indices:
             p_lo = max(offsets[index], lo)
             p_hi = min(offsets[index] + state.params[index].numel(), hi)
             if p_hi <= p_lo:
                 continue
             if present is None or present[index]:
-                view = BufferView(shard[p_lo - lo :].data_ptr(), _capi.DType.FLOAT32, p_hi - p_lo)
+                view = BufferView(host[p_lo - lo :].data_ptr(), _capi.DType.FLOAT32, p_hi - p_lo)
             else:
                 view = BufferView(0, _capi.DType.FLOAT32, p_hi - p_lo)
             local.accumulate_grad(p_lo - sharded.begin, view)
 
-    def _flat_bucket(self, state, bucket, offsets, begin, end):
-        """The bucket's slice [begin, end) of the group's gradient buffer, holding this rank's
-        gradients (zeros for a parameter without one)."""
-        flat = self._grad_buffer(state)[begin:end]
+    @staticmethod
+    def _flat_bucket(state, bucket, offsets, begin, end):
+        """The bucket's fp32 buffer (its place's, for elements [begin, end) of the group),
+        holding this rank's gradients (zeros for a parameter without one)."""
+        flat = state.shard.place.bucket_buffer(state, begin, end)
         for index in bucket.indices:
             param = state.params[index]
             start = offsets[index] - begin
@@ -354,18 +392,6 @@ class ZeroPartition:
             else:
                 target.copy_(param.grad.detach().reshape(-1))
         return flat
-
-    @staticmethod
-    def _grad_buffer(state):
-        """The param group's flat fp32 gradient buffer, which every bucket's reduction writes in
-        place (its slice, laid out as the group's parameters) and zoe borrows slices of until
-        the step: allocated once, again only when the group's element count changes."""
-        count = state.element_count()
-        buffer = state.shard.buffer
-        if buffer is None or buffer.numel() != count:
-            buffer = torch.empty(count, dtype=torch.float32)
-            state.shard.buffer = buffer
-        return buffer
 
     def _agreed_presence(self, state):
         """Per parameter, whether some rank has its gradient (one all-reduce)."""
@@ -429,17 +455,17 @@ class ZeroPartition:
         stays paired for its next collective, and dropped."""
         for work, *_ in state.shard.pending.take_all():
             self.comm.wait(work)
-        state.shard.grads = []
+        state.shard.place.end_iteration()
+        state.shard.absent = set()
         for bucket in state.shard.buckets:
             bucket.reset()
 
     # --- the step --------------------------------------------------------------------------
 
-    @staticmethod
-    def step(state, hyper, params):
+    def step(self, state, hyper, params):
         """The sharded step on the gradients accumulated in the rank's group: this rank's
-        shard, then every rank's ``params`` (the group's, detached) gathered."""
-        return state.shard.sharded.step(hyper, [_view(param) for param in params])
+        shard, then every rank's ``params`` (the group's, detached) gathered by its place."""
+        return state.shard.place.step(state, hyper, params, self.comm)
 
     # --- sharded checkpoints ---------------------------------------------------------------
 

@@ -1,0 +1,213 @@
+"""ZeRO stages 1 and 2 over ranks with the model on a device (zoe.torch.zero_places.DevicePlace),
+on the adversarial CPU twin: 2 ranks spawned over gloo train the model of test_torch_zero (uneven
+parameters cut by the shards, one without a gradient on odd steps, a non-finite step) and must end
+with the bits of the same run with the model on the CPU, whose sharded path is checked against one
+process there. A gradient copy or a parameter copy failing on one rank makes every rank raise,
+naming it, with every rank's parameters and state as before the step; training then goes on as a
+run that never took that batch. The adversarial twin delays every copy and fills its destination
+with NaN until it ends, so a missing wait would show here as NaN or wrong values."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import zoe
+from conftest import gloo_rank, spawn_ranks
+from test_torch_device import FailingTwin
+from test_torch_zero import Net, batch, make_optimizer, model_of
+from zoe.torch.device import HostTwin
+
+WORLD = 2
+STEPS = 10  # test_torch_zero's NAN_STEP (7) among them
+FAILED_STEP = 4  # the step whose copy fails in the fault runs
+JOIN_SECONDS = 120
+
+
+def train(optimizer, model, rank, steps):
+    """test_torch_zero.train over the given steps (the rank's rows of each batch)."""
+    dtype = next(model.parameters()).dtype
+    for step in steps:
+        x, y = (values.to(dtype) for values in batch(step))
+        rows = slice(rank * len(x) // WORLD, (rank + 1) * len(x) // WORLD)
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x[rows], step).float(), y[rows].float())
+        loss.backward()
+        optimizer.step()
+
+
+def sharded(kind, out_dir, name, stage, backend=None):
+    """A model of ``kind`` and its zoe optimizer sharded over the world, stepping through
+    ``backend`` (a twin: the model stands for one on a device) or on the CPU."""
+    model = model_of(kind)
+    optimizer = make_optimizer(kind, model.parameters(), os.path.join(out_dir, name + "-{rank}"),
+                               process_group=dist.group.WORLD, zero_stage=stage,
+                               bucket_elements=100, device_backend=backend)
+    return model, optimizer
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def run_training(rank, out_dir, name, kind, stage):
+    """The run on the adversarial twin and on the CPU; both results saved."""
+    results = {}
+    for place, backend in (("twin", HostTwin(adversarial=True)), ("cpu", None)):
+        model, optimizer = sharded(kind, out_dir, f"{name}-{place}", stage, backend)
+        train(optimizer, model, rank, range(STEPS))
+        results[place] = {"params": params_of(model), "state": optimizer.state_dict()["state"],
+                          "skipped": optimizer.last_step[0].skipped}
+        if backend is not None:
+            results[place]["in_flight"] = backend.in_flight()
+            results[place]["device_groups"] = [s.device for s in optimizer._groups]
+        optimizer.close()
+    torch.save(results, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
+
+
+def run_checkpoint(rank, out_dir):
+    """5 steps on the twin, a sharded checkpoint, a fresh model and optimizer on the twin that
+    load it, 5 more steps: the bits of 10 steps straight."""
+    model, optimizer = sharded("AdamW", out_dir, "straight", 2, HostTwin(adversarial=True))
+    train(optimizer, model, rank, range(STEPS))
+    straight = params_of(model)
+    optimizer.close()
+    model, optimizer = sharded("AdamW", out_dir, "first", 2, HostTwin(adversarial=True))
+    train(optimizer, model, rank, range(5))
+    optimizer.save_checkpoint(os.path.join(out_dir, "ckpt"))
+    snapshot = {key: value.clone() for key, value in model.state_dict().items()}
+    optimizer.close()
+    model = Net()
+    model.load_state_dict(snapshot)
+    model, optimizer = model, make_optimizer(
+        "AdamW", model.parameters(), os.path.join(out_dir, "second-{rank}"),
+        process_group=dist.group.WORLD, zero_stage=2, bucket_elements=100,
+        device_backend=HostTwin(adversarial=True))
+    optimizer.load_checkpoint(os.path.join(out_dir, "ckpt"))
+    train(optimizer, model, rank, range(5, STEPS))
+    equal = [torch.equal(a, b) for a, b in zip(params_of(model), straight)]
+    optimizer.close()
+    torch.save(equal, os.path.join(out_dir, f"ckpt-rank{rank}.pt"))
+
+
+class FailingToDevice(HostTwin):
+    """An adversarial twin whose host -> device copies raise while ``failing``."""
+
+    def __init__(self):
+        super().__init__(adversarial=True)
+        self.failing = False
+
+    def copy_to_device(self, src, dst):
+        if self.failing:
+            raise RuntimeError("injected copy failure")
+        return super().copy_to_device(src, dst)
+
+
+def run_fault(rank, out_dir, which):
+    """Rank 1's ``which`` copy fails at FAILED_STEP: every rank raises, nothing changed; then
+    the run goes on, and ends as one that skipped that batch."""
+    backend = HostTwin(adversarial=True)
+    if rank == 1:
+        backend = FailingTwin(fail_from=10 ** 9) if which == "grad" else FailingToDevice()
+    model, optimizer = sharded("AdamW", out_dir, f"fault-{which}", 2, backend)
+    train(optimizer, model, rank, range(FAILED_STEP))
+    before = params_of(model)
+    state_before = optimizer.state_dict()["state"]
+    if rank == 1 and which == "grad":
+        backend.fail_from = backend.to_host + 2  # a copy in the middle of backward
+    if rank == 1 and which == "params":
+        backend.failing = True
+    try:
+        train(optimizer, model, rank, [FAILED_STEP])
+        error = None
+    except zoe.Error as caught:
+        error = (type(caught).__name__, str(caught))
+    backend.failing = False
+    unchanged = [torch.equal(a, b) for a, b in zip(params_of(model), before)]
+    state_unchanged = _same_state(optimizer.state_dict()["state"], state_before)
+    if which == "grad":
+        train(optimizer, model, rank, range(FAILED_STEP + 1, STEPS))
+    after = params_of(model)
+    optimizer.close()
+    torch.save({"error": error, "unchanged": unchanged, "state_unchanged": state_unchanged,
+                "after": after}, os.path.join(out_dir, f"fault-{which}-rank{rank}.pt"))
+
+
+def _same_state(a, b):
+    return sorted(a) == sorted(b) and all(
+        torch.equal(torch.as_tensor(a[i][key]), torch.as_tensor(b[i][key]))
+        for i in a for key in a[i])
+
+
+def run_skipping(rank, out_dir):
+    """The CPU run that never took FAILED_STEP's batch."""
+    model, optimizer = sharded("AdamW", out_dir, "skipping", 2)
+    train(optimizer, model, rank, [s for s in range(STEPS) if s != FAILED_STEP])
+    torch.save(params_of(model), os.path.join(out_dir, f"skipping-rank{rank}.pt"))
+    optimizer.close()
+
+
+def worker(rank, init_file, out_dir, runs):
+    with gloo_rank(rank, WORLD, init_file, out_dir):
+        for run in runs:
+            if run[0] == "ckpt":
+                run_checkpoint(rank, out_dir)
+            elif run[0] == "fault":
+                run_fault(rank, out_dir, run[1])
+            elif run[0] == "skipping":
+                run_skipping(rank, out_dir)
+            else:
+                run_training(rank, out_dir, *run)
+
+
+def spawn(out_dir, runs):
+    spawn_ranks(worker, (os.path.join(out_dir, "init"), out_dir, runs), WORLD, out_dir,
+                JOIN_SECONDS)
+
+
+TRAINING = [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("bf16", "AdamW:bfloat16", 2),
+            ("lion-s2", "Lion", 2)]
+
+
+def test_device_model_trains_as_the_cpu_model(nvme_dir):
+    spawn(nvme_dir, TRAINING + [("ckpt",)])
+    for name, _, _ in TRAINING:
+        for rank in range(WORLD):
+            got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
+            twin, cpu = got["twin"], got["cpu"]
+            assert twin["in_flight"] == 0  # every copy was ended by ready() or wait()
+            assert twin["device_groups"] == [None]  # the sharded place, not DeviceGroup
+            assert not twin["skipped"]
+            for index, (a, b) in enumerate(zip(twin["params"], cpu["params"])):
+                assert bool(torch.isfinite(a).all()), f"{name}: rank {rank} param {index}"
+                assert torch.equal(a, b), f"{name}: rank {rank} param {index}"
+            for index, entry in cpu["state"].items():
+                for key, values in entry.items():
+                    assert torch.equal(torch.as_tensor(twin["state"][index][key]),
+                                       torch.as_tensor(values)), (name, rank, index, key)
+    for rank in range(WORLD):
+        assert all(torch.load(os.path.join(nvme_dir, f"ckpt-rank{rank}.pt")))
+
+
+@pytest.mark.parametrize("which", ["grad", "params"])
+def test_a_copy_failing_on_one_rank_fails_every_rank_and_changes_nothing(nvme_dir, which):
+    spawn(nvme_dir, [("fault", which), ("skipping",)])
+    messages = {
+        "grad": "the device -> host copy of a reduced gradient failed",
+        "params": "the host -> device copy of the updated shard failed",
+    }
+    for rank in range(WORLD):
+        got = torch.load(os.path.join(nvme_dir, f"fault-{which}-rank{rank}.pt"))
+        assert got["error"] is not None, f"rank {rank} did not raise"
+        kind, message = got["error"]
+        assert kind == ("IoError" if rank == 1 else "Aborted"), got["error"]
+        assert "failed on rank 1" in message and messages[which] in message, message
+        if which == "grad":
+            assert all(got["unchanged"]) and got["state_unchanged"], rank
+            skipping = torch.load(os.path.join(nvme_dir, f"skipping-rank{rank}.pt"))
+            for index, (a, b) in enumerate(zip(got["after"], skipping)):
+                assert torch.equal(a, b), f"rank {rank} param {index} after the failed step"
+        else:
+            # zoe took the step (the state moved) and no rank's parameters did
+            assert all(got["unchanged"]) and not got["state_unchanged"], rank
