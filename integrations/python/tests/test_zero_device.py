@@ -18,11 +18,17 @@ from conftest import gloo_rank, spawn_ranks
 from test_torch_device import FailingTwin
 from test_torch_zero import Net, batch, make_optimizer, model_of
 from zoe.torch.device import HostTwin
+from zoe.torch.distributed import REDUCTIONS_IN_FLIGHT
 
 WORLD = 2
 STEPS = 10  # test_torch_zero's NAN_STEP (7) among them
-FAILED_STEP = 4  # the step whose copy fails in the fault runs
 JOIN_SECONDS = 120
+# Per fault run: the step whose copy fails, the buckets' size, the rank where it fails, and which
+# of that rank's copies in that step fails (None: the host -> device copy of the updated shard).
+# "grad-absent": with a bucket per parameter, rank 0's second gradient copy of step 5 is that of
+# ``extra`` (the first parameter: in rank 0's shard, beside the start of l1.weight), which has no
+# gradient on odd steps: its part is handed to zoe as NaN anyway, so the step is skipped.
+FAULTS = {"grad": (4, 100, 1, 2), "grad-absent": (5, 1, 0, 2), "params": (4, 100, 1, None)}
 
 
 def train(optimizer, model, rank, steps):
@@ -37,13 +43,18 @@ def train(optimizer, model, rank, steps):
         optimizer.step()
 
 
-def sharded(kind, out_dir, name, stage, backend=None):
+def sharded(kind, out_dir, name, stage, backend=None, bucket_elements=100, groups=False):
     """A model of ``kind`` and its zoe optimizer sharded over the world, stepping through
-    ``backend`` (a twin: the model stands for one on a device) or on the CPU."""
+    ``backend`` (a twin: the model stands for one on a device) or on the CPU; ``groups``: the
+    weights and the rest in two param groups."""
     model = model_of(kind)
-    optimizer = make_optimizer(kind, model.parameters(), os.path.join(out_dir, name + "-{rank}"),
+    params = list(model.parameters())
+    if groups:
+        params = [{"params": [p for p in params if p.dim() > 1]},
+                  {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
+    optimizer = make_optimizer(kind, params, os.path.join(out_dir, name + "-{rank}"),
                                process_group=dist.group.WORLD, zero_stage=stage,
-                               bucket_elements=100, device_backend=backend)
+                               bucket_elements=bucket_elements, device_backend=backend)
     return model, optimizer
 
 
@@ -51,17 +62,18 @@ def params_of(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def run_training(rank, out_dir, name, kind, stage):
+def run_training(rank, out_dir, name, kind, stage, options):
     """The run on the adversarial twin and on the CPU; both results saved."""
     results = {}
     for place, backend in (("twin", HostTwin(adversarial=True)), ("cpu", None)):
-        model, optimizer = sharded(kind, out_dir, f"{name}-{place}", stage, backend)
+        model, optimizer = sharded(kind, out_dir, f"{name}-{place}", stage, backend, **options)
         train(optimizer, model, rank, range(STEPS))
         results[place] = {"params": params_of(model), "state": optimizer.state_dict()["state"],
-                          "skipped": optimizer.last_step[0].skipped}
+                          "skipped": [step.skipped for step in optimizer.last_step]}
         if backend is not None:
             results[place]["in_flight"] = backend.in_flight()
             results[place]["device_groups"] = [s.device for s in optimizer._groups]
+            results[place]["bucket_buffers"] = len(optimizer._zero.device_buffers._free)
         optimizer.close()
     torch.save(results, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
 
@@ -105,29 +117,32 @@ class FailingToDevice(HostTwin):
 
 
 def run_fault(rank, out_dir, which):
-    """Rank 1's ``which`` copy fails at FAILED_STEP: every rank raises, nothing changed; then
-    the run goes on, and ends as one that skipped that batch."""
+    """The copy of FAULTS[which] fails: every rank raises, nothing changed (a gradient's)
+    or only the state (the updated shard's); after a gradient's, the run goes on and ends as one
+    that skipped that batch."""
+    failed_step, bucket_elements, failing, copy = FAULTS[which]
     backend = HostTwin(adversarial=True)
-    if rank == 1:
-        backend = FailingTwin(fail_from=10 ** 9) if which == "grad" else FailingToDevice()
-    model, optimizer = sharded("AdamW", out_dir, f"fault-{which}", 2, backend)
-    train(optimizer, model, rank, range(FAILED_STEP))
+    if rank == failing:
+        backend = FailingToDevice() if copy is None else FailingTwin(fail_from=10 ** 9)
+    model, optimizer = sharded("AdamW", out_dir, f"fault-{which}", 2, backend,
+                               bucket_elements=bucket_elements)
+    train(optimizer, model, rank, range(failed_step))
     before = params_of(model)
     state_before = optimizer.state_dict()["state"]
-    if rank == 1 and which == "grad":
-        backend.fail_from = backend.to_host + 2  # a copy in the middle of backward
-    if rank == 1 and which == "params":
+    if rank == failing and copy is not None:
+        backend.fail_from = backend.to_host + copy
+    if rank == failing and copy is None:
         backend.failing = True
     try:
-        train(optimizer, model, rank, [FAILED_STEP])
+        train(optimizer, model, rank, [failed_step])
         error = None
     except zoe.Error as caught:
         error = (type(caught).__name__, str(caught))
     backend.failing = False
     unchanged = [torch.equal(a, b) for a, b in zip(params_of(model), before)]
     state_unchanged = _same_state(optimizer.state_dict()["state"], state_before)
-    if which == "grad":
-        train(optimizer, model, rank, range(FAILED_STEP + 1, STEPS))
+    if copy is not None:
+        train(optimizer, model, rank, range(failed_step + 1, STEPS))
     after = params_of(model)
     optimizer.close()
     torch.save({"error": error, "unchanged": unchanged, "state_unchanged": state_unchanged,
@@ -140,11 +155,12 @@ def _same_state(a, b):
         for i in a for key in a[i])
 
 
-def run_skipping(rank, out_dir):
-    """The CPU run that never took FAILED_STEP's batch."""
-    model, optimizer = sharded("AdamW", out_dir, "skipping", 2)
-    train(optimizer, model, rank, [s for s in range(STEPS) if s != FAILED_STEP])
-    torch.save(params_of(model), os.path.join(out_dir, f"skipping-rank{rank}.pt"))
+def run_skipping(rank, out_dir, which):
+    """The CPU run that never took the batch whose copy fails in FAULTS[which]."""
+    failed_step = FAULTS[which][0]
+    model, optimizer = sharded("AdamW", out_dir, f"skipping-{which}", 2)
+    train(optimizer, model, rank, [s for s in range(STEPS) if s != failed_step])
+    torch.save(params_of(model), os.path.join(out_dir, f"skipping-{which}-rank{rank}.pt"))
     optimizer.close()
 
 
@@ -156,7 +172,7 @@ def worker(rank, init_file, out_dir, runs):
             elif run[0] == "fault":
                 run_fault(rank, out_dir, run[1])
             elif run[0] == "skipping":
-                run_skipping(rank, out_dir)
+                run_skipping(rank, out_dir, run[1])
             else:
                 run_training(rank, out_dir, *run)
 
@@ -166,19 +182,26 @@ def spawn(out_dir, runs):
                 JOIN_SECONDS)
 
 
-TRAINING = [("s1", "AdamW", 1), ("s2", "AdamW", 2), ("bf16", "AdamW:bfloat16", 2),
-            ("lion-s2", "Lion", 2)]
+# (name, kind, stage, sharded()'s options): buckets of 100 elements or more, and buckets of
+# every parameter's own size (30: 943, 41, 287 and 14 elements) over two param groups.
+TRAINING = [("s1", "AdamW", 1, {}), ("s2", "AdamW", 2, {}), ("bf16", "AdamW:bfloat16", 2, {}),
+            ("lion-s2", "Lion", 2, {}),
+            ("groups-s1", "AdamW", 1, {"bucket_elements": 30, "groups": True}),
+            ("groups-s2", "AdamW", 2, {"bucket_elements": 30, "groups": True})]
 
 
 def test_device_model_trains_as_the_cpu_model(nvme_dir):
     spawn(nvme_dir, TRAINING + [("ckpt",)])
-    for name, _, _ in TRAINING:
+    for name, _, _, options in TRAINING:
         for rank in range(WORLD):
             got = torch.load(os.path.join(nvme_dir, f"{name}-rank{rank}.pt"))
             twin, cpu = got["twin"], got["cpu"]
+            groups = 2 if options.get("groups") else 1
             assert twin["in_flight"] == 0  # every copy was ended by ready() or wait()
-            assert twin["device_groups"] == [None]  # the sharded place, not DeviceGroup
-            assert not twin["skipped"]
+            assert twin["device_groups"] == [None] * groups  # the sharded place, not DeviceGroup
+            assert not any(twin["skipped"])
+            # the groups share the bucket buffers reserved for the reductions in flight
+            assert twin["bucket_buffers"] == REDUCTIONS_IN_FLIGHT + 1
             for index, (a, b) in enumerate(zip(twin["params"], cpu["params"])):
                 assert bool(torch.isfinite(a).all()), f"{name}: rank {rank} param {index}"
                 assert torch.equal(a, b), f"{name}: rank {rank} param {index}"
@@ -190,22 +213,22 @@ def test_device_model_trains_as_the_cpu_model(nvme_dir):
         assert all(torch.load(os.path.join(nvme_dir, f"ckpt-rank{rank}.pt")))
 
 
-@pytest.mark.parametrize("which", ["grad", "params"])
+@pytest.mark.parametrize("which", sorted(FAULTS))
 def test_a_copy_failing_on_one_rank_fails_every_rank_and_changes_nothing(nvme_dir, which):
-    spawn(nvme_dir, [("fault", which), ("skipping",)])
-    messages = {
-        "grad": "the device -> host copy of a reduced gradient failed",
-        "params": "the host -> device copy of the updated shard failed",
-    }
+    spawn(nvme_dir, [("fault", which), ("skipping", which)])
+    grad = "the device -> host copy of a reduced gradient failed"
+    messages = {"grad": grad, "grad-absent": grad,
+                "params": "the host -> device copy of the updated shard failed"}
     for rank in range(WORLD):
         got = torch.load(os.path.join(nvme_dir, f"fault-{which}-rank{rank}.pt"))
         assert got["error"] is not None, f"rank {rank} did not raise"
         kind, message = got["error"]
-        assert kind == ("IoError" if rank == 1 else "Aborted"), got["error"]
-        assert "failed on rank 1" in message and messages[which] in message, message
-        if which == "grad":
+        failing = FAULTS[which][2]
+        assert kind == ("IoError" if rank == failing else "Aborted"), got["error"]
+        assert f"failed on rank {failing}" in message and messages[which] in message, message
+        if which != "params":
             assert all(got["unchanged"]) and got["state_unchanged"], rank
-            skipping = torch.load(os.path.join(nvme_dir, f"skipping-rank{rank}.pt"))
+            skipping = torch.load(os.path.join(nvme_dir, f"skipping-{which}-rank{rank}.pt"))
             for index, (a, b) in enumerate(zip(got["after"], skipping)):
                 assert torch.equal(a, b), f"rank {rank} param {index} after the failed step"
         else:

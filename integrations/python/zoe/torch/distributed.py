@@ -43,10 +43,12 @@ class ReductionsInFlight:
         while self._items:
             finish(self._items.pop(0))
 
-    def take_all(self):
-        """Forgets every one and returns them, oldest first (to wait on without finishing)."""
-        items, self._items = self._items, []
-        return items
+    def take(self, wanted=lambda item: True):
+        """Forgets those ``wanted(item)`` and returns them, oldest first (to wait on without
+        finishing)."""
+        taken = [item for item in self._items if wanted(item)]
+        self._items = [item for item in self._items if not wanted(item)]
+        return taken
 
 
 def shard_bounds(numel, rank, world_size):
@@ -158,15 +160,29 @@ class TorchCollectives:
         self.all_reduce(_floats(ctypes.addressof(values.contents), count, ctypes.c_double,
                                 torch.float64))
 
+    @property
+    def device(self):
+        """Where the transport's collectives take their tensors: the current CUDA device over
+        NCCL, else the CPU."""
+        return self._device
+
     def _buffer(self, purpose, count, device=None):
-        """A float32 buffer of ``count`` elements kept for ``purpose`` (allocated zeroed at the
-        first call with that count, then the same memory: its contents are the last user's)."""
-        key = (purpose, count)
+        """``count`` float32 elements of the buffer kept for ``purpose`` on ``device`` (allocated
+        zeroed, again only when a call wants more elements: its contents are the last user's)."""
+        device = device or self._device
+        key = (purpose, device.type)
         buffer = self._scratch.get(key)
-        if buffer is None:
-            buffer = torch.zeros(count, dtype=torch.float32, device=device or self._device)
+        if buffer is None or buffer.numel() < count:
+            buffer = torch.zeros(count, dtype=torch.float32, device=device)
             self._scratch[key] = buffer
-        return buffer
+        return buffer[:count]
+
+    def reserve_gather(self, largest):
+        """Allocates what gather() uses for shards of at most ``largest`` elements, so that it
+        allocates nothing then (over NCCL; a CPU backend gathers in place)."""
+        if self._device.type != "cpu" and largest > 0:
+            self._buffer("gather_send", largest)
+            self._buffer("gather_received", largest * self.world_size)
 
     def reduce_to_owners(self, tensor, bounds, async_op=False):
         """Sums ``tensor`` over the ranks, each rank's part onto that rank: rank r's part is

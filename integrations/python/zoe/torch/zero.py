@@ -59,7 +59,6 @@ GroupShard in its GroupState. The shard formula is distributed.shard_bounds.
 
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import weakref
@@ -77,7 +76,7 @@ from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, ShardedGr
                           TorchCollectives, shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
 from .state_layout import param_entries
-from .zero_places import DevicePlace, HostPlace
+from .zero_places import DeviceBuffers, DevicePlace, HostPlace, check_transport
 
 
 def _with_rank(path, rank):
@@ -164,9 +163,6 @@ class GroupShard:
     place: Any  # zero_places.HostPlace or DevicePlace: where gradients and parameters move
     sharded: Optional[ShardedGroup] = None  # created with the zoe group, by every rank together
     absent: Set[int] = dataclasses.field(default_factory=set)  # no gradient on any rank
-    # reductions in flight: (Pending, bucket, flat slice, its first element, present) for
-    # ZeroPartition.finish_reductions
-    pending: ReductionsInFlight = dataclasses.field(default_factory=ReductionsInFlight)
     hooks: List[Any] = dataclasses.field(default_factory=list)  # (handle, node) of stage 2
 
 
@@ -203,6 +199,10 @@ class ZeroPartition:
         self.comm = TorchCollectives(process_group)
         self.stage = _stage_of(zero_stage, config, engine)
         self.bucket_elements = bucket_elements
+        # the reductions in flight of every param group, oldest first: (GroupState, Pending,
+        # bucket, flat buffer, its first element, present) for _finish_reduction
+        self.in_flight = ReductionsInFlight()
+        self.device_buffers = DeviceBuffers()  # shared by the device param groups
 
     @classmethod
     def for_arguments(cls, process_group, zero_stage, bucket_elements, config, engine,
@@ -257,9 +257,10 @@ class ZeroPartition:
         is the host's, or its device's when ``backend`` (device.backend_for) is not None."""
         place = HostPlace()
         if backend is not None:
+            check_transport(self.comm, state.params[0].device, state.index)
             rounds = self.bucket_elements if self.bucket_elements > 1 else DEFAULT_BUCKET_ELEMENTS
             place = DevicePlace(backend, optimizer.engine, optimizer._group_name(state.index),
-                                state.index, rounds)
+                                state.index, rounds, self.device_buffers)
         state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements),
                                  place)
         if self.stage != 2:
@@ -281,6 +282,11 @@ class ZeroPartition:
                 )
         views, _copies = self._creation_views(state, params)
         state.shard.sharded = ShardedGroup(engine, name, views, self.comm, **options)
+        largest_bucket = max(sum(state.params[index].numel() for index in bucket.indices)
+                             for bucket in state.shard.buckets)
+        self.comm.agreed(f"preparing param group {state.index}'s buffers",
+                         lambda: state.shard.place.prepare(state, self.comm, largest_bucket,
+                                                           self.in_flight.limit + 1))
         return state.shard.sharded.local
 
     def _creation_views(self, state, params):
@@ -330,8 +336,8 @@ class ZeroPartition:
         """Sums a bucket's gradients (zeros where a parameter has none on this rank) onto the
         ranks that own them, averages this rank's part and hands its slice of each parameter to
         zoe -- without data for parameters that ``present`` (None: all) marks absent on every
-        rank. The sum runs in the background (the group's pending reductions, at most
-        ReductionsInFlight's limit while backward goes on); finish_reductions hands it to zoe."""
+        rank. The sum runs in the background (in_flight: at most its limit, of every group, while
+        backward goes on); finish_reductions hands it to zoe."""
         optimizer._zoe_group(state)
         offsets = state.offsets()
         first, last = bucket.indices[0], bucket.indices[-1]
@@ -341,18 +347,17 @@ class ZeroPartition:
                   for boundary in shard_boundaries(state.element_count(), self.world_size)]
         pending = self.comm.reduce_to_owners(flat, owners, async_op=True)
         bucket.reduced = True
-        state.shard.pending.add((pending, bucket, flat, begin, present),
-                                functools.partial(self._finish_reduction, state))
+        self.in_flight.add((state, pending, bucket, flat, begin, present),
+                           self._finish_reduction)
 
-    def finish_reductions(self, state):
-        """Waits for the group's pending reductions, oldest first, and hands their slices to
-        zoe."""
-        state.shard.pending.finish_all(functools.partial(self._finish_reduction, state))
+    def finish_reductions(self):
+        """Waits for every pending reduction, oldest first, and hands its slices to zoe."""
+        self.in_flight.finish_all(self._finish_reduction)
 
-    def _finish_reduction(self, state, reduction):
+    def _finish_reduction(self, reduction):
         """A bucket's reduction once summed: this rank's part averaged and each parameter's
         slice handed to zoe (see reduce_bucket)."""
-        pending, bucket, flat, begin, present = reduction
+        state, pending, bucket, flat, begin, present = reduction
         self.comm.wait(pending)
         local, sharded, place = state.zoe_group, state.shard.sharded, state.shard.place
         if present is not None:
@@ -365,14 +370,15 @@ class ZeroPartition:
             return
         shard = flat[lo - begin : hi - begin]
         shard /= self.world_size
-        host = place.to_host(shard, lo - sharded.begin, sharded)  # zoe reads it until the step
+        # zoe reads host until the step; where its copy failed, every element (as NaN)
+        host, copied = place.to_host(shard, lo - sharded.begin, sharded)
         place.release(flat)
         for index in bucket.indices:
             p_lo = max(offsets[index], lo)
             p_hi = min(offsets[index] + state.params[index].numel(), hi)
             if p_hi <= p_lo:
                 continue
-            if present is None or present[index]:
+            if present is None or present[index] or not copied:
                 view = BufferView(host[p_lo - lo :].data_ptr(), _capi.DType.FLOAT32, p_hi - p_lo)
             else:
                 view = BufferView(0, _capi.DType.FLOAT32, p_hi - p_lo)
@@ -406,7 +412,7 @@ class ZeroPartition:
         try:
             return self._reduce_rest(optimizer, state)
         finally:
-            self.finish_reductions(state)
+            self.finish_reductions()
 
     def _reduce_rest(self, optimizer, state):
         buckets = state.shard.buckets
@@ -453,8 +459,9 @@ class ZeroPartition:
         """Drops the reduced slices and the buckets' counts after a step (taken or failed);
         reductions still pending (a step that failed first) are waited for, so that every rank
         stays paired for its next collective, and dropped."""
-        for work, *_ in state.shard.pending.take_all():
+        for _, work, _, flat, *_ in self.in_flight.take(lambda item: item[0] is state):
             self.comm.wait(work)
+            state.shard.place.release(flat)
         state.shard.place.end_iteration()
         state.shard.absent = set()
         for bucket in state.shard.buckets:

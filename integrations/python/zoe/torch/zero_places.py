@@ -38,11 +38,13 @@ buffer per reduction in flight (reused), and at the step the shard and one round
 Each wait on a copy goes through device._wait by a name of device.WAITS ("shard_grad",
 "shard_params"), so that the adversarial twin's tests cover it."""
 
+import bisect
+
 import torch
 
 from .. import _capi
 from ..engine import BufferView
-from .common import _view
+from .common import _invalid, _view
 from .device import _aligned, _device_call, _wait, host_staging
 from .distributed import shard_boundaries, shard_counts
 
@@ -56,6 +58,9 @@ class HostPlace:
         self.buffer = None  # the flat fp32 gradient buffer of the group
         self.grads = []  # slices of it zoe borrows until the step
 
+    def prepare(self, state, comm, largest_bucket, buckets_in_flight):
+        del state, comm, largest_bucket, buckets_in_flight  # the buffer is made at first use
+
     def bucket_buffer(self, state, begin, end):
         """Elements [begin, end) of the group's gradient buffer: allocated once, again only when
         the group's element count changes."""
@@ -67,7 +72,7 @@ class HostPlace:
     def to_host(self, part, at, sharded):
         del at, sharded  # zoe reads the part where it is: not written again before the step
         self.grads.append(part)
-        return part
+        return part, True
 
     def release(self, flat):
         del flat  # the slice stays the group's
@@ -84,21 +89,89 @@ class HostPlace:
         self.grads = []
 
 
+def check_transport(comm, device, group_index):
+    """InvalidArgument unless ``comm`` (TorchCollectives) can reduce and gather tensors on
+    ``device``, a param group's: CUDA parameters need a NCCL process group on the current CUDA
+    device; CPU ones (the twin's), a CPU backend such as gloo."""
+    if device.type == comm.device.type == "cuda":
+        current = torch.device("cuda", torch.cuda.current_device())
+        if device != current:
+            raise _invalid(
+                f"param group {group_index} is on {device} and NCCL works on the current CUDA "
+                f"device, {current}: call torch.cuda.set_device({device}) (each rank's own GPU) "
+                "before creating the optimizer")
+    elif device.type != comm.device.type:
+        wanted = "NCCL" if device.type == "cuda" else "a CPU backend (gloo)"
+        raise _invalid(
+            f"param group {group_index} is on {device}; its gradients are reduced and its "
+            f"parameters gathered there, which needs a process group over {wanted}")
+
+
+class DeviceBuffers:
+    """The device buffers every device param group of one optimizer shares: bucket buffers
+    (at most ReductionsInFlight's limit + 1 reductions are in flight, over every group) and one
+    buffer per purpose of the step. Grow-only, reserved when a group is created (by every rank
+    together, agreed), so that backward and the step allocate nothing a rank could fail to
+    get while its peers wait in a collective."""
+
+    def __init__(self):
+        self._free = []  # bucket buffers not in use
+        self._in_use = {}  # data_ptr -> bucket buffer handed out by take()
+        self._reserved = {}  # device -> elements of its bucket buffers (smaller ones are dropped)
+        self._step = {}  # (purpose, device) -> buffer of the step
+
+    def reserve(self, device, buckets, bucket_elements, step_elements):
+        """At least ``buckets`` bucket buffers of ``bucket_elements`` on ``device`` (smaller
+        ones are dropped, once free), and for each purpose of ``step_elements`` a buffer of that
+        many elements."""
+        size = self._reserved[device] = max(self._reserved.get(device, 0), bucket_elements)
+        self._free = [b for b in self._free if b.device != device or b.numel() >= size]
+        held = self._free + list(self._in_use.values())
+        fitting = [b for b in held if b.device == device and b.numel() >= size]
+        for _ in range(buckets - len(fitting)):
+            self._free.append(torch.empty(size, dtype=torch.float32, device=device))
+        for purpose, count in step_elements.items():
+            self.step_buffer(purpose, count, device)
+
+    def take(self, count, device):
+        """A bucket buffer of ``count`` elements, in use until release(); the smallest that
+        fits (allocated only beyond what was reserved)."""
+        fitting = [i for i, b in enumerate(self._free) if b.device == device and b.numel() >= count]
+        if fitting:
+            buffer = self._free.pop(min(fitting, key=lambda i: self._free[i].numel()))
+        else:
+            buffer = torch.empty(count, dtype=torch.float32, device=device)
+        self._in_use[buffer.data_ptr()] = buffer
+        return buffer[:count]
+
+    def release(self, flat):
+        buffer = self._in_use.pop(flat.data_ptr(), None)
+        if buffer is not None and buffer.numel() >= self._reserved.get(buffer.device, 0):
+            self._free.append(buffer)
+
+    def step_buffer(self, purpose, count, device):
+        """``count`` elements of the step's buffer for ``purpose`` on ``device``."""
+        key = (purpose, device)
+        buffer = self._step.get(key)
+        if buffer is None or buffer.numel() < count:
+            buffer = torch.empty(count, dtype=torch.float32, device=device)
+            self._step[key] = buffer
+        return buffer[:count]
+
+
 class DevicePlace:
     """Parameters on a device: see the module docstring."""
 
-    def __init__(self, backend, engine, name, group_index, round_elements):
+    def __init__(self, backend, engine, name, group_index, round_elements, buffers):
         self.backend = backend
         self.engine = engine
         self.name = name
         self.group_index = group_index
         self.round_elements = round_elements
+        self.buffers = buffers  # DeviceBuffers, the optimizer's
         self._staging = None  # the zoe tensor over the shard's gradients and parameters
         self._grads = None  # fp32 CPU tensor over the shard's gradient staging
         self._params = None  # fp32 CPU tensor over the shard's parameter staging
-        self._free = []  # bucket buffers not in use
-        self._in_use = {}  # data_ptr -> bucket buffer handed out by bucket_buffer
-        self._buffers = {}  # purpose -> a reused fp32 device buffer of the step
         self._failure = None  # the first gradient copy that failed in this iteration
 
     @staticmethod
@@ -106,51 +179,42 @@ class DevicePlace:
         """Bytes of HOST staging a shard of ``shard_elements`` needs: gradients and parameters."""
         return 2 * _aligned(4 * shard_elements)
 
-    # --- staging and device buffers ---------------------------------------------------------
-
-    def _ensure_staging(self, sharded):
-        if self._staging is not None:
-            return
+    def prepare(self, state, comm, largest_bucket, buckets_in_flight):
+        """Once the group's sharded group exists (every rank, agreed): its staging, and the
+        device buffers its reductions and steps use."""
+        sharded = state.shard.sharded
         count = sharded.end - sharded.begin
         self._staging, raw = host_staging(self.engine, f"{self.name}.staging",
                                           self.staging_bytes(count), self.group_index)
         values = raw.view(torch.float32)
         self._grads = values[:count]
         self._params = values[_aligned(4 * count) // 4:][:count]
+        largest_shard = max(shard_counts(state.element_count(), comm.world_size))
+        piece = self._piece(largest_shard)
+        self.buffers.reserve(state.params[0].device, buckets_in_flight, largest_bucket,
+                             {"shard": largest_shard, "gather": piece * comm.world_size})
+        comm.reserve_gather(piece)
 
-    def bucket_buffer(self, state, begin, end):
-        """A device buffer of end - begin fp32 elements, the bucket's until release()."""
-        count = end - begin
-        fitting = [buffer for buffer in self._free if buffer.numel() >= count]
-        if fitting:
-            buffer = min(fitting, key=torch.Tensor.numel)
-            self._free.remove(buffer)
-        else:
-            device = state.params[0].device
-            buffer = torch.empty(count, dtype=torch.float32, device=device)
-        self._in_use[buffer.data_ptr()] = buffer
-        return buffer[:count]
-
-    def release(self, flat):
-        buffer = self._in_use.pop(flat.data_ptr(), None)
-        if buffer is not None:
-            self._free.append(buffer)
-
-    def _buffer(self, purpose, count, device):
-        """A reused fp32 device buffer of at least ``count`` elements for ``purpose``."""
-        buffer = self._buffers.get(purpose)
-        if buffer is None or buffer.numel() < count:
-            buffer = torch.empty(count, dtype=torch.float32, device=device)
-            self._buffers[purpose] = buffer
-        return buffer[:count]
+    def _piece(self, largest_shard):
+        """Elements each rank contributes to a round of the parameters' gather."""
+        return max(1, min(self.round_elements, largest_shard))
 
     # --- gradients --------------------------------------------------------------------------
 
+    def bucket_buffer(self, state, begin, end):
+        """A device buffer of end - begin fp32 elements, the bucket's until release()."""
+        return self.buffers.take(end - begin, state.params[0].device)
+
+    def release(self, flat):
+        self.buffers.release(flat)
+
     def to_host(self, part, at, sharded):
-        """Copies a reduced part device -> host into the shard's gradient staging at ``at`` and
-        returns it once the copy has ended. A copy that fails leaves NaN there instead (the
-        step is skipped on every rank) and is reported by step()."""
-        self._ensure_staging(sharded)
+        """Copies a reduced part device -> host into the shard's gradient staging at ``at``;
+        returns it once the copy has ended, and True. A copy that fails leaves NaN there
+        instead, to be handed to zoe for every element of the part, present or not (False): the
+        step is then skipped on every rank (zoe's agreed non-finite skip), and step() reports
+        the failure. This rank goes on with the collectives of backward, as its peers do."""
+        del sharded  # the staging was made for it (prepare)
         host = self._grads[at : at + part.numel()]
         try:
             with _device_call(f"param group {self.group_index}: the device -> host copy of a "
@@ -160,32 +224,32 @@ class DevicePlace:
         except Exception as error:  # agreed at step(): the peers go on with their collectives
             host.fill_(float("nan"))
             self._failure = self._failure or error
-        return host
+            return host, False
+        return host, True
 
     # --- the step ---------------------------------------------------------------------------
 
     def step(self, state, hyper, params, comm):
-        """zoe's step of the shard into its staging; then, agreed over the ranks, the failures
-        of this iteration's copies raised, or every rank's updated parameters gathered."""
+        """zoe's step of the shard into its staging, then, agreed over the ranks (one
+        collective), this iteration's copies: a gradient's that failed (the step was skipped on
+        every rank: to_host) or the updated shard's to the device, which every rank's failing
+        makes every rank raise; else every rank's updated shard gathered into ``params``."""
         sharded = state.shard.sharded
-        self._ensure_staging(sharded)
         result = sharded.step(hyper, [BufferView(self._params.data_ptr(), _FLOAT32,
                                                  self._params.numel())])
-        device = params[0].device if params else torch.device("cpu")
-        shard = None
         failure, self._failure = self._failure, None
+        device = params[0].device
 
-        def copy_shard():
-            nonlocal shard
+        def copies():
             if failure is not None:
                 raise failure
             if not result.skipped:
-                shard = self._copy_shard_to_device(device)
+                self._copy_shard_to_device(device)
 
-        what = f"param group {self.group_index}: the shard's copies between host and device"
-        comm.agreed(what, copy_shard)
+        comm.agreed(f"param group {self.group_index}: the copies between host and device",
+                    copies)
         if not result.skipped:
-            self._gather(state, params, shard, comm)
+            self._gather(state, params, comm)
         return result
 
     def _copy_shard_to_device(self, device):
@@ -193,20 +257,20 @@ class DevicePlace:
                 "failed")
         consequence = ("zoe took the step on every rank and no rank's device parameters were "
                        "updated: load the latest checkpoint")
-        shard = self._buffer("shard", self._params.numel(), device)
+        shard = self.buffers.step_buffer("shard", self._params.numel(), device)
         with _device_call(what, consequence):
             event = self.backend.copy_to_device(self._params, shard)
             _wait(self.backend, event, "shard_params")
-        return shard
 
-    def _gather(self, state, params, shard, comm):
+    def _gather(self, state, params, comm):
         """Every rank's updated shard all-gathered on the device, in rounds, into ``params``
         (those handed to zoe with a gradient: not state.shard.absent)."""
-        total, world = state.element_count(), comm.world_size
+        total, world, device = state.element_count(), comm.world_size, params[0].device
         counts, begins = shard_counts(total, world), shard_boundaries(total, world)
         largest = max(counts)
-        piece = max(1, min(self.round_elements, largest))
-        round_buffer = self._buffer("gather", piece * world, shard.device)
+        piece = self._piece(largest)
+        shard = self.buffers.step_buffer("shard", counts[comm.rank], device)
+        round_buffer = self.buffers.step_buffer("gather", piece * world, device)
         offsets = state.offsets()
         for first in range(0, largest, piece):
             round_counts = [max(0, min(piece, count - first)) for count in counts]
@@ -215,36 +279,35 @@ class DevicePlace:
                                    out=round_buffer[: sum(round_counts)])
             at = 0
             for rank, count in enumerate(round_counts):
-                self._write_params(state, params, offsets, gathered[at : at + count],
-                                   begins[rank] + first)
+                _write_params(state, params, offsets, gathered[at : at + count],
+                              begins[rank] + first)
                 at += count
 
-    @staticmethod
-    def _write_params(state, params, offsets, values, first):
-        """``values``, elements [first, first + len) of the group, into the parameters they
-        cover (each in its dtype), except those without a gradient on any rank."""
-        end = first + values.numel()
-        for index, (param, offset) in enumerate(zip(params, offsets)):
-            lo, hi = max(first, offset), min(end, offset + param.numel())
-            if hi <= lo or index in state.shard.absent:
-                continue
-            # .data: the optimizer's own write does not count as a write from outside.
-            param.data.view(-1)[lo - offset : hi - offset].copy_(values[lo - first : hi - first])
-
     def end_iteration(self):
-        """After a step, taken or failed: every bucket buffer is free again, and a copy's failure
-        not reported by a step that failed first is dropped with its step."""
-        self._free.extend(self._in_use.values())
-        self._in_use = {}
+        """After a step, taken or failed: a copy's failure not reported by a step that failed
+        first is dropped with its step."""
         self._failure = None
 
     def close(self):
         """Releases the staging (every copy into or out of it was waited for)."""
-        self._buffers = {}
-        self._free, self._in_use = [], {}
         if self._staging is not None:
             try:
                 self._staging.release()
             except Exception:  # the engine may be closed already
                 pass
             self._staging = None
+
+
+def _write_params(state, params, offsets, values, first):
+    """``values``, elements [first, first + len) of the group, into the parameters they cover
+    (each in its dtype), except those without a gradient on any rank; ``offsets``: the
+    parameters' first elements, ascending."""
+    end = first + values.numel()
+    index = max(0, bisect.bisect_right(offsets, first) - 1)
+    while index < len(params) and offsets[index] < end:
+        param, offset = params[index], offsets[index]
+        lo, hi = max(first, offset), min(end, offset + param.numel())
+        if hi > lo and index not in state.shard.absent:
+            # .data: the optimizer's own write does not count as a write from outside.
+            param.data.view(-1)[lo - offset : hi - offset].copy_(values[lo - first : hi - first])
+        index += 1
