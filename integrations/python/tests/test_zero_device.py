@@ -242,3 +242,17 @@ def test_a_copy_failing_on_one_rank_fails_every_rank_and_changes_nothing(nvme_di
         else:
             # zoe took the step (the state moved) and no rank's parameters did
             assert all(got["unchanged"]) and not got["state_unchanged"], rank
+
+
+def test_a_transport_that_cannot_reach_the_parameters_is_refused():
+    from types import SimpleNamespace
+
+    from zoe.torch.zero_places import check_transport
+
+    over_nccl = SimpleNamespace(device=torch.device("cuda"))
+    with pytest.raises(zoe.InvalidArgument, match="param group 3 is on cpu; its gradients are "
+                                                  "reduced and its parameters gathered there, "
+                                                  r"which needs a process group over a CPU "
+                                                  r"backend \(gloo\)"):
+        check_transport(over_nccl, torch.device("cpu"), 3)
+    check_transport(SimpleNamespace(device=torch.device("cpu")), torch.device("cpu"), 0)
