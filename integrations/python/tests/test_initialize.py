@@ -393,3 +393,14 @@ def test_stats_say_where_the_time_went(stage, offload_param):
     assert ("pager" in stats) == (stage == 3)
     if stage == 3:
         assert stats["pager"]["iterations"] == 2 * ACCUMULATION
+
+
+def test_a_cpu_model_over_nccl_is_refused_naming_the_fix():
+    from zoe.torch.ds_initialize import check_model_device
+
+    with pytest.raises(zoe.InvalidArgument, match="the model has parameters on cpu and the "
+                                                  "process group is NCCL's, which reduces GPU "
+                                                  "tensors: move the model to this rank's GPU, "
+                                                  "or use a gloo process group"):
+        check_model_device(make_model(), "nccl")
+    check_model_device(make_model(), "gloo")

@@ -39,6 +39,25 @@ def _process_group(process_group):
     return None
 
 
+def check_model_device(module, backend):
+    """InvalidArgument for a module a NCCL process group (``backend`` "nccl") cannot reduce and
+    gather for: parameters on the CPU, or on a GPU other than the current one (NCCL works on the
+    current device; DeepSpeed sets it from LOCAL_RANK, zoe leaves it to the script)."""
+    if backend != "nccl":
+        return
+    for device in sorted({param.device for param in module.parameters()}, key=str):
+        if device.type != "cuda":
+            raise _invalid(f"the model has parameters on {device} and the process group is "
+                           "NCCL's, which reduces GPU tensors: move the model to this rank's "
+                           "GPU, or use a gloo process group")
+        current = torch.device("cuda", torch.cuda.current_device())
+        if device != current:
+            raise _invalid(
+                f"the model is on {device} and NCCL works on the current CUDA device, "
+                f"{current}: call torch.cuda.set_device({device.index}) (each rank's own GPU, "
+                "e.g. int(os.environ['LOCAL_RANK'])) before moving the model there")
+
+
 def _config_of(args, config, config_params):
     """The configuration from config=, config_params= (DeepSpeed's older name) or
     args.deepspeed_config; giving two is refused."""
@@ -217,6 +236,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if mpu is not None:
         raise _invalid("mpu= (model parallelism) is not supported: zoe is data parallel only")
     group = _process_group(process_group)
+    if group is not None:
+        check_model_device(model, dist.get_backend(group))
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
     training = training_config(_config_of(args, config, config_params), world)
