@@ -236,11 +236,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if mpu is not None:
         raise _invalid("mpu= (model parallelism) is not supported: zoe is data parallel only")
     group = _process_group(process_group)
-    if group is not None:
-        check_model_device(model, dist.get_backend(group))
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
     training = training_config(_config_of(args, config, config_params), world)
+    if group is not None and training.zero_stage != 3:  # stage 3 pages them where it says
+        check_model_device(model, dist.get_backend(group))
     module = _cast_module(model, training)
     document = engine_document(training, rank, world)
     stage3 = None
