@@ -444,7 +444,8 @@ Status ShardedGroup::GatherParamsThroughBuffer(std::span<const ParamView> params
 }
 
 bool ShardedGroup::CoversShardOnly(std::span<const ParamView> params) const {
-  return !params.empty() && shard_.size() != count_ && TotalCount(params) == shard_.size();
+  // With one rank the shard is the whole group, and its own values are all a gather would give.
+  return !params.empty() && TotalCount(params) == shard_.size();
 }
 
 Status ShardedGroup::Abort(Status error, bool with_grads) {

@@ -73,8 +73,8 @@ struct ShardedStepArgs {
   std::optional<optim::HyperParams> hyper;  // as EngineStepArgs::hyper
   std::span<const GradView> grads;          // the whole group's local gradients; empty: accumulated
   // The whole group's parameters, which receive every rank's updated shard; or this rank's shard
-  // only (views covering [shard.begin, shard.end) with a world size > 1), which receive its
-  // updated values and nothing gathered (the caller gathers them, e.g. on a device; segments
+  // only (views covering [shard.begin, shard.end); with one rank, the whole group), which receive
+  // its updated values and nothing gathered (the caller gathers them, e.g. on a device; segments
   // without a gradient are left as they were); empty: none written. Every rank passes the same
   // kind.
   std::span<const ParamView> params;

@@ -495,8 +495,8 @@ ZOE_API zoe_status zoe_sharded_group_local(zoe_sharded_group* group, zoe_group_i
  * reduced by the caller). The inf/NaN skip and the gradient norm for max_grad_norm are those of the
  * whole, reduced gradient, agreed by an all-reduce: every rank skips or clips together, and
  * out->grad_norm is the global norm. params_out: n_params views covering the whole group that
- * receive every rank's updated parameters (all-gathered; untouched when the step is skipped); or,
- * with a world size > 1, views covering only this rank's shard [begin, end) of
+ * receive every rank's updated parameters (all-gathered; untouched when the step is skipped); or
+ * views covering only this rank's shard [begin, end) of
  * zoe_sharded_group_local, which receive its own updated values and nothing gathered (the caller
  * gathers them, e.g. on the device holding the model; segments without a gradient are left as
  * they were); or n_params 0. Every rank passes the same kind. On failure every rank fails: the rank
