@@ -16,7 +16,7 @@ import torch.distributed as dist
 import zoe
 from conftest import gloo_rank, spawn_ranks
 from test_torch_device import FailingTwin
-from test_torch_zero import Net, batch, make_optimizer, model_of
+from test_torch_zero import Net, batch, make_optimizer, model_of, small_config
 from zoe.torch.device import HostTwin
 from zoe.torch.distributed import REDUCTIONS_IN_FLIGHT
 
@@ -256,3 +256,48 @@ def test_a_transport_that_cannot_reach_the_parameters_is_refused():
                                                   r"backend \(gloo\)"):
         check_transport(over_nccl, torch.device("cpu"), 3)
     check_transport(SimpleNamespace(device=torch.device("cpu")), torch.device("cpu"), 0)
+
+
+def test_a_param_group_on_another_gpu_than_nccls_is_refused_naming_set_device(monkeypatch):
+    from types import SimpleNamespace
+
+    from zoe.torch.zero_places import check_transport
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(zoe.InvalidArgument, match=r"param group 1 is on cuda:1 and NCCL works on "
+                                                  r"the current CUDA device, cuda:0: call "
+                                                  r"torch.cuda.set_device\(cuda:1\)"):
+        check_transport(SimpleNamespace(device=torch.device("cuda")), torch.device("cuda", 1), 1)
+    check_transport(SimpleNamespace(device=torch.device("cuda")), torch.device("cuda", 0), 1)
+
+
+def test_staging_without_swap_space_is_a_clear_error_and_changes_nothing(nvme_dir):
+    """A sharded device group's staging (a zoe tensor in HOST) that the engine has no room for:
+    NoSpace naming the settings at the first step, before the group's state is created, so that
+    the step tried again fails alike (not on a name taken by the first try)."""
+    from test_device_waits import one_rank_group
+
+    config = small_config(nvme_dir, tensor_swap_bytes="4K", chunk_size="4K")
+    with zoe.Engine(config) as engine, one_rank_group() as group:
+        model = Net()
+        optimizer = zoe.torch.AdamW(model.parameters(), engine=engine, process_group=group,
+                                    zero_stage=2, device_backend=HostTwin(adversarial=True))
+        before = params_of(model)
+        for _ in range(2):
+            with pytest.raises(zoe.NoSpace, match="staging of param group 0 .*tensor_swap_bytes"):
+                train(optimizer, model, 0, [0])
+            assert all(torch.equal(a, b) for a, b in zip(params_of(model), before))
+            assert optimizer._groups[0].shard.sharded is None
+        optimizer.close()
+
+
+def test_a_sharded_optimizer_sizes_its_own_engine_for_the_staging():
+    from test_device_waits import one_rank_group
+
+    with one_rank_group() as group:
+        model = Net()
+        optimizer = zoe.torch.AdamW(model.parameters(), process_group=group, zero_stage=1,
+                                    device_backend=HostTwin(adversarial=True))
+        train(optimizer, model, 0, range(2))
+        assert optimizer.last_step[0].steps_taken == 2
+        optimizer.close()

@@ -280,13 +280,13 @@ class ZeroPartition:
                     f"parameter {index} of param group {state.index} is not contiguous; zoe "
                     "optimizers step contiguous parameters"
                 )
-        views, _copies = self._creation_views(state, params)
-        state.shard.sharded = ShardedGroup(engine, name, views, self.comm, **options)
         largest_bucket = max(sum(state.params[index].numel() for index in bucket.indices)
                              for bucket in state.shard.buckets)
         self.comm.agreed(f"preparing param group {state.index}'s buffers",
                          lambda: state.shard.place.prepare(state, self.comm, largest_bucket,
                                                            self.in_flight.limit + 1))
+        views, _copies = self._creation_views(state, params)
+        state.shard.sharded = ShardedGroup(engine, name, views, self.comm, **options)
         return state.shard.sharded.local
 
     def _creation_views(self, state, params):

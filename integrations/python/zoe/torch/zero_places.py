@@ -180,15 +180,16 @@ class DevicePlace:
         return 2 * _aligned(4 * shard_elements)
 
     def prepare(self, state, comm, largest_bucket, buckets_in_flight):
-        """Once the group's sharded group exists (every rank, agreed): its staging, and the
-        device buffers its reductions and steps use."""
-        sharded = state.shard.sharded
-        count = sharded.end - sharded.begin
-        self._staging, raw = host_staging(self.engine, f"{self.name}.staging",
-                                          self.staging_bytes(count), self.group_index)
-        values = raw.view(torch.float32)
-        self._grads = values[:count]
-        self._params = values[_aligned(4 * count) // 4:][:count]
+        """Before the group's sharded group is created (every rank, agreed): its staging, and
+        the device buffers its reductions and steps use. Called again after a failure, it makes
+        what is still missing."""
+        if self._staging is None:
+            count = shard_counts(state.element_count(), comm.world_size)[comm.rank]
+            self._staging, raw = host_staging(self.engine, f"{self.name}.staging",
+                                              self.staging_bytes(count), self.group_index)
+            values = raw.view(torch.float32)
+            self._grads = values[:count]
+            self._params = values[_aligned(4 * count) // 4:][:count]
         largest_shard = max(shard_counts(state.element_count(), comm.world_size))
         piece = self._piece(largest_shard)
         self.buffers.reserve(state.params[0].device, buckets_in_flight, largest_bucket,
