@@ -404,3 +404,44 @@ def test_a_cpu_model_over_nccl_is_refused_naming_the_fix():
                                                   "or use a gloo process group"):
         check_model_device(make_model(), "nccl")
     check_model_device(make_model(), "gloo")
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_reduce_bucket_size_sizes_the_gradient_buckets(stage, world_of_one):
+    """zero_optimization.reduce_bucket_size, in elements (DeepSpeed's 5e8 spelling too), sizes
+    the buckets the gradients are reduced in over a process group; absent or "auto", zoe's
+    default (4 Mi); anything else is refused naming the key."""
+    from zoe.torch.distributed import DEFAULT_BUCKET_ELEMENTS
+
+    def buckets(engine, optimizer):
+        if stage == 3:
+            return engine._stage3.pager.bucket_elements
+        return optimizer._zero.bucket_elements
+
+    for given, expected in ((5e2, 500), (0, 0), ("auto", DEFAULT_BUCKET_ELEMENTS),
+                            (None, DEFAULT_BUCKET_ELEMENTS)):
+        config = ds_config(stage, "cpu", offload_param="cpu" if stage == 3 else None)
+        if given is not None:
+            config["zero_optimization"]["reduce_bucket_size"] = given
+        engine, optimizer, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+        assert buckets(engine, optimizer) == expected, given
+        engine.close()
+    config = ds_config(stage, "cpu", offload_param="cpu" if stage == 3 else None)
+    config["zero_optimization"]["reduce_bucket_size"] = -3
+    with pytest.raises(zoe.InvalidArgument, match="zero_optimization.reduce_bucket_size"):
+        zoe.torch.initialize(model=make_model(), config=config)
+
+
+def test_a_user_optimizer_must_reduce_in_the_configs_buckets(world_of_one):
+    config = ds_config(2, "cpu")
+    del config["optimizer"]
+    config["zero_optimization"]["reduce_bucket_size"] = 1000
+    model = make_model()
+    optimizer = zoe.torch.AdamW(model.parameters(), lr=LR, max_grad_norm=CLIP,
+                                process_group=world_of_one, zero_stage=2, bucket_elements=64)
+    with pytest.raises(zoe.InvalidArgument, match="reduces buckets of 64 elements but the "
+                                                  "config's zero_optimization.reduce_bucket_size "
+                                                  "is 1000; construct it with "
+                                                  "bucket_elements=1000"):
+        zoe.torch.initialize(model=model, optimizer=optimizer, config=config)
+    optimizer.close()

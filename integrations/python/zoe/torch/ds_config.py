@@ -1,9 +1,10 @@
 """The training settings zoe.torch.initialize reads from a DeepSpeed configuration: batch sizes
 (checked against the world size as DeepSpeed checks them), gradient clipping, the optimizer, the
-scheduler, the ZeRO stage and its offload, fp16 loss scaling and bf16. ``"auto"`` (as Hugging
-Face's configurations write it) counts as "not given": batch sizes are then derived, the others
-take DeepSpeed's defaults. What the engine itself honours (offload placement, NVMe paths, the
-``zoe`` section) stays in ``document`` and reaches zoe.Engine as it is."""
+scheduler, the ZeRO stage, its offload and its gradient buckets (reduce_bucket_size), fp16
+loss scaling and bf16. ``"auto"`` (as Hugging Face's configurations write it) counts as "not
+given": batch sizes are then derived, the buckets take zoe's default, the others DeepSpeed's.
+What the engine itself honours (offload placement, NVMe paths, the ``zoe`` section) stays in
+``document`` and reaches zoe.Engine as it is."""
 
 import dataclasses
 import json
@@ -12,7 +13,7 @@ from typing import Any, Dict, Optional
 
 from ..engine import _config_text
 from .activation_checkpoint import checkpointing_config
-from .common import _invalid
+from .common import _invalid, whole_count
 
 AUTO = "auto"
 
@@ -67,6 +68,8 @@ class TrainingConfig:
     dataloader_drop_last: bool
     # activation_checkpointing, checked (activation_checkpoint.py); None when absent
     activation_checkpointing: Optional[Any] = None
+    # zero_optimization.reduce_bucket_size in elements; None (absent or "auto"): zoe's default
+    reduce_bucket_size: Optional[int] = None
 
 
 def load_document(config):
@@ -212,7 +215,19 @@ def training_config(config, world_size):
         activation_checkpointing=(
             checkpointing_config(document["activation_checkpointing"])
             if "activation_checkpointing" in document else None),
+        reduce_bucket_size=_reduce_bucket_size(zero),
     )
+
+
+def _reduce_bucket_size(zero):
+    """zero_optimization.reduce_bucket_size: the elements of gradients reduced together (stages 1
+    to 3 over ranks); None when absent or "auto" (zoe's default, 4 Mi); InvalidArgument naming
+    the key for anything but a whole number >= 0."""
+    value = zero.get("reduce_bucket_size")
+    if value is None or value == AUTO:
+        return None
+    return whole_count(value, "zero_optimization.reduce_bucket_size",
+                       "elements of gradients reduced together; 0 or 1: one parameter per bucket")
 
 
 def engine_document(training, rank, world_size):

@@ -84,6 +84,8 @@ def _zoe_optimizer(spec, params, training, document, group):
     options = dict(spec["params"])
     if group is not None and training.zero_stage in (1, 2):
         options.update(process_group=group, zero_stage=training.zero_stage)
+        if training.reduce_bucket_size is not None:
+            options["bucket_elements"] = training.reduce_bucket_size
     return OPTIMIZERS[spec["type"]](params, config=document, **options)
 
 
@@ -100,6 +102,7 @@ def _check_user_optimizer(optimizer, training):
                            "them agree")
         _check_user_clipping(optimizer, training)
         _check_user_speculation(optimizer, training)
+        _check_user_buckets(optimizer, training)
         return
     if training.zero_stage != 0 or training.offload_optimizer not in ("none",):
         raise _invalid(
@@ -107,6 +110,17 @@ def _check_user_optimizer(optimizer, training):
             "offloads only zoe.torch's optimizers (AdamW, Adam, Adagrad, Lion); give "
             "zero_optimization.stage 0 without offload_optimizer, or pass zoe.torch.AdamW(...), "
             "or name the optimizer in the config")
+
+
+def _check_user_buckets(optimizer, training):
+    """A sharded zoe optimizer reduces in its own buckets: they must be the config's
+    reduce_bucket_size when it gives one."""
+    wanted = training.reduce_bucket_size
+    given = getattr(optimizer._zero, "bucket_elements", None)
+    if wanted is not None and given is not None and given != wanted:
+        raise _invalid(f"the optimizer given reduces buckets of {given} elements but the "
+                       f"config's zero_optimization.reduce_bucket_size is {wanted}; construct "
+                       f"it with bucket_elements={wanted}, or leave the key out")
 
 
 def _check_user_clipping(optimizer, training):

@@ -95,11 +95,13 @@ def stage3_setup(module, spec, document, training, group):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
     engine = Engine(document)
     try:
-        keep = {} if group is None else keep_settings(
+        sharding = {} if group is None else keep_settings(
             document, _gathered_in_bytes(module, engine),
             max((param.element_size() for param in module.parameters()), default=4))
+        if group is not None and training.reduce_bucket_size is not None:
+            sharding["bucket_elements"] = training.reduce_bucket_size
         pager = offload_parameters(module, engine, home=_home(training), process_group=group,
-                                   **keep)
+                                   **sharding)
         params = pager.shard_parameters() if group is not None else list(module.parameters())
         optimizer = OPTIMIZERS[spec["type"]](params, **spec["params"], engine=engine,
                                              max_grad_norm=training.gradient_clipping)
