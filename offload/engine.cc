@@ -594,6 +594,13 @@ Status Engine::AccumulateGrad(GroupId id, uint64_t offset, const GradView& grad)
   return group->optimizer->AccumulateGrad(static_cast<size_t>(offset), grad).WithContext(context);
 }
 
+Status Engine::DiscardGradients(GroupId id) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  group->optimizer->DiscardGradients();
+  return Status::Ok();
+}
+
 Status Engine::Speculate(GroupId id, const EngineStepArgs& args) {
   ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
   std::lock_guard lock(group->mutex);

@@ -145,6 +145,7 @@ class Engine {
   // exactly, a null view, or hyper-parameters out of range (the group's are then unchanged).
   Result<StepReport> Step(GroupId group, const EngineStepArgs& args);
   Status AccumulateGrad(GroupId group, uint64_t offset, const GradView& grad);
+  Status DiscardGradients(GroupId group);  // OptimizerGroup::DiscardGradients
   // Arms speculation for the group's next step (OptimizerGroup::Speculate) with these
   // hyper-parameters (empty: the group's current ones), parameter views and loss scale;
   // args.grads must be empty. The group must have been created with "speculative": true.

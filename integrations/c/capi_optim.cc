@@ -58,6 +58,13 @@ zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group, uin
   });
 }
 
+zoe_status zoe_optim_discard_grads(zoe_engine* engine, zoe_group_id group) {
+  return Guard([&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    return e->DiscardGradients(ToGroupId(group));
+  });
+}
+
 zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
                                const zoe_hyper_params* hyper, const zoe_buffer_view* params_out,
                                size_t n_params, double loss_scale) {

@@ -443,6 +443,15 @@ Status ShardedGroup::GatherParamsThroughBuffer(std::span<const ParamView> params
   return Status::Ok();
 }
 
+// The step updates shard_params_, which start as the caller's values (segments without a
+// gradient, which the step leaves untouched, then give what every rank already holds); the
+// caller's views take them only once every rank updated its shard.
+Status ShardedGroup::WidenCallerParams(std::span<const ParamView> params, bool shard_only) {
+  if (!shard_only) ZOE_RETURN_IF_ERROR(CheckCovers(TotalCount(params), count_, "parameter"));
+  ZOE_RETURN_IF_ERROR(CheckParamData(params));
+  return WidenRange(params, shard_only ? 0 : shard_.begin, shard_.size(), shard_params_.data());
+}
+
 bool ShardedGroup::CoversShardOnly(std::span<const ParamView> params) const {
   // With one rank the shard is the whole group, and its own values are all a gather would give.
   return !params.empty() && TotalCount(params) == shard_.size();
@@ -467,17 +476,8 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   }
   const bool shard_only = CoversShardOnly(args.params);
   std::vector<ParamView> shard_params;
-  if (shard_only) {
-    prepared = CheckParamData(args.params);
-    shard_params.assign(args.params.begin(), args.params.end());
-  } else if (!args.params.empty()) {
-    // The shard's parameter views start as the caller's values, so segments without a gradient
-    // (which the step leaves untouched) gather what every rank already holds.
-    prepared = CheckCovers(TotalCount(args.params), count_, "parameter");
-    if (prepared.ok()) prepared = CheckParamData(args.params);
-    if (prepared.ok()) {
-      prepared = WidenRange(args.params, shard_.begin, shard_.size(), shard_params_.data());
-    }
+  if (!args.params.empty()) {
+    prepared = WidenCallerParams(args.params, shard_only);
     shard_params.push_back({shard_params_.data(), optim::DType::kFloat32, shard_params_.size()});
   }
   bool agreed = false;
@@ -506,7 +506,9 @@ Result<StepReport> ShardedGroup::Step(const ShardedStepArgs& args) {
   }
   if (stopped) return report.status();
   ZOE_RETURN_IF_ERROR(AgreeOutcome(report.status()));
-  if (!report->skipped && !args.params.empty() && !shard_only) {
+  if (!report->skipped && shard_only) {
+    ZOE_RETURN_IF_ERROR(NarrowIntoViews(shard_params_.data(), 0, shard_.size(), args.params));
+  } else if (!report->skipped && !args.params.empty()) {
     Status gathered = GatherParams(args.params);
     if (!gathered.ok()) {
       return std::move(gathered).WithContext(

@@ -119,6 +119,9 @@ class ShardedGroup {
   Status GatherParams(std::span<const ParamView> params);
   // Whether `params` stand for this rank's shard only (ShardedStepArgs::params).
   bool CoversShardOnly(std::span<const ParamView> params) const;
+  // Checks the caller's parameter views (the whole group's, or the shard's) and widens the
+  // shard's part of them into shard_params_, which the step updates.
+  Status WidenCallerParams(std::span<const ParamView> params, bool shard_only);
   // This rank's shard narrowed into its own part of `params`, then one Broadcast of every rank's
   // part of each view straight into the peers' views (each in the view's dtype): no buffer.
   Status BroadcastParams(std::span<const ParamView> params);

@@ -766,6 +766,8 @@ Status OptimizerGroup::CheckStepArgs(const StepArgs& args) const {
   return Status::Ok();
 }
 
+void OptimizerGroup::DiscardGradients() { impl_->ResetAccumulation(); }
+
 Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
   Impl& impl = *impl_;
   ZOE_RETURN_IF_ERROR(impl.CheckUsable("accumulate gradients"));

@@ -237,6 +237,10 @@ class OptimizerGroup {
   // retried (after a skipped or successful step they are consumed). With speculation armed
   // (Speculate), every chunk completed is also updated at once; see "Speculation".
   Status AccumulateGrad(size_t offset, const GradView& grad);
+  // Drops the gradients given to AccumulateGrad since the last Step (and speculation armed for
+  // it): the reads they started are released, the state is unchanged, and the next Step needs
+  // gradients again. For a caller abandoning an iteration after a failure.
+  void DiscardGradients();
 
   // Arms speculation for the next step (see "Speculation"): args.hyper, args.loss_scale and
   // args.params (borrowed until that Step returns) are used to update each chunk as AccumulateGrad

@@ -728,6 +728,36 @@ TEST_F(EngineCheckpointTest, SecondGroupThatCannotLoadLeavesTheFirstUnchanged) {
   EXPECT_EQ(engine_->StatsJson()["groups"][0]["hyper"]["lr"], 0.5);
 }
 
+// Gradients handed over and then discarded (an iteration abandoned after a failure) change
+// nothing: the state and step count stay, a checkpoint loads (nothing is accumulated any more), the
+// same range can be handed over again, and the step then takes only what was handed after.
+TEST_F(EngineCheckpointTest, DiscardedGradientsLeaveTheStateAndFreeTheirRange) {
+  StepAway();
+  const std::vector<float> master = ReadSlot(*engine_, b_, StateSlot::kMaster, 500);
+  const std::vector<float> stale = Gradients(500, 7);
+  const GradView stale_view{stale.data(), optim::DType::kFloat32, 100};
+  ASSERT_TRUE(engine_->AccumulateGrad(b_, 0, stale_view).ok());
+  ASSERT_TRUE(engine_->DiscardGradients(b_).ok());
+  EXPECT_EQ(ReadSlot(*engine_, b_, StateSlot::kMaster, 500), master);
+  EXPECT_EQ(*engine_->GroupSteps(b_), 2);
+  ASSERT_TRUE(engine_->LoadCheckpoint(ckpt_).ok());
+  EXPECT_EQ(ReadSlot(*engine_, b_, StateSlot::kExpAvg, 500), saved_b_);
+  // Handed over again (no overlap with the discarded range), stepped: the bits of a step given
+  // the same gradients directly, on the state the checkpoint holds.
+  const std::vector<float> grads = Gradients(500, 4);
+  const GradView whole{grads.data(), optim::DType::kFloat32, grads.size()};
+  ASSERT_TRUE(engine_->AccumulateGrad(b_, 0, stale_view).ok());
+  ASSERT_TRUE(engine_->DiscardGradients(b_).ok());
+  ASSERT_TRUE(engine_->AccumulateGrad(b_, 0, whole).ok());
+  EngineStepArgs accumulated;
+  ASSERT_TRUE(engine_->Step(b_, accumulated).ok());
+  const std::vector<float> stepped = ReadSlot(*engine_, b_, StateSlot::kMaster, 500);
+  ASSERT_TRUE(engine_->LoadCheckpoint(ckpt_).ok());
+  ASSERT_TRUE(StepWith(*engine_, b_, grads).ok());
+  EXPECT_EQ(ReadSlot(*engine_, b_, StateSlot::kMaster, 500), stepped);
+  EXPECT_EQ(engine_->DiscardGradients(GroupId{99}).code(), StatusCode::kNotFound);
+}
+
 // Values in the manifest outside their range are Corruption, found before any group changes.
 TEST_F(EngineCheckpointTest, OutOfRangeManifestValuesAreCorruptionAndChangeNothing) {
   StepAway();

@@ -332,6 +332,12 @@ ZOE_API zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group,
 ZOE_API zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group,
                                              uint64_t offset, const zoe_buffer_view* grad);
 
+/* Drops the gradients given with zoe_optim_accumulate_grad since the last zoe_optim_step (and
+ * speculation armed for it): the state reads they started are released and the group's state is
+ * unchanged; the next step needs gradients again. For a framework abandoning an iteration after a
+ * failure (a step that fails on accumulated gradients otherwise keeps them, to be retried). */
+ZOE_API zoe_status zoe_optim_discard_grads(zoe_engine* engine, zoe_group_id group);
+
 /* Speculation: arms the group's next step to update each chunk as soon as
  * zoe_optim_accumulate_grad completes its gradients, before the global inf/NaN check and gradient
  * norm are known, into the chunk's other slot (the previous version stays untouched). The

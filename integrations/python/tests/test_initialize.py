@@ -402,8 +402,8 @@ def test_a_cpu_model_over_nccl_is_refused_naming_the_fix():
                                                   "process group is NCCL's, which reduces GPU "
                                                   "tensors: move the model to this rank's GPU, "
                                                   "or use a gloo process group"):
-        check_model_device(make_model(), "nccl")
-    check_model_device(make_model(), "gloo")
+        check_model_device(make_model().parameters(), "nccl")
+    check_model_device([{"params": list(make_model().parameters())}], "gloo")
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -606,3 +606,27 @@ def test_stage_out_of_range_is_refused(nvme_dir):
             zoe.torch.AdamW(Net().parameters(), process_group=dist.group.WORLD, zero_stage=0)
         finally:
             dist.destroy_process_group()
+
+
+def test_a_failed_step_on_one_rank_leaves_its_parameters_alone(nvme_dir):
+    """One rank (its whole group is its shard): a step that finds its state corrupted on disk
+    raises, and the parameters are as before it -- zoe writes them only once the step succeeded,
+    as it does with several ranks."""
+    from test_device_waits import one_rank_group
+
+    with one_rank_group() as group:
+        model = Net()
+        nvme = os.path.join(nvme_dir, "state")
+        optimizer = make_optimizer("AdamW", model.parameters(), nvme, buffer_count=2,
+                                   process_group=group, zero_stage=2)
+        train(optimizer, model, 0, 1, steps=2)
+        before = [p.detach().clone() for p in model.parameters()]
+        for path in glob.glob(os.path.join(nvme, "zoe-optimizer-*")):
+            size = os.path.getsize(path)
+            with open(path, "r+b") as file:
+                file.seek(size // 2)
+                file.write(b"\xa5" * (size - size // 2))
+        with pytest.raises(zoe.Corruption):
+            train(optimizer, model, 0, 1, steps=1, first=2)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        optimizer.close()

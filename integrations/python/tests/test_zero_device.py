@@ -23,12 +23,14 @@ from zoe.torch.distributed import REDUCTIONS_IN_FLIGHT
 WORLD = 2
 STEPS = 10  # test_torch_zero's NAN_STEP (7) among them
 JOIN_SECONDS = 120
-# Per fault run: the step whose copy fails, the buckets' size, the rank where it fails, and which
-# of that rank's copies in that step fails (None: the host -> device copy of the updated shard).
-# "grad-absent": with a bucket per parameter, rank 0's second gradient copy of step 5 is that of
-# ``extra`` (the first parameter: in rank 0's shard, beside the start of l1.weight), which has no
-# gradient on odd steps: its part is handed to zoe as NaN anyway, so the step is skipped.
-FAULTS = {"grad": (4, 100, 1, 2), "grad-absent": (5, 1, 0, 2), "params": (4, 100, 1, None)}
+# Per fault run: the step whose copy fails, the buckets' size, the rank where it fails, which of
+# that rank's copies in that step fails (None: the host -> device copy of the updated shard), and
+# whether the weights and the rest are two param groups. "grad-absent": with a bucket per
+# parameter, rank 0's second gradient copy of step 5 is that of ``extra`` (the first parameter:
+# in rank 0's shard, beside the start of l1.weight), which has no gradient on odd steps.
+# "grad-groups": the first copy fails, of one group, while the other's reductions are in flight.
+FAULTS = {"grad": (4, 100, 1, 2, False), "grad-absent": (5, 1, 0, 2, False),
+          "grad-groups": (4, 30, 1, 1, True), "params": (4, 100, 1, None, False)}
 
 
 def train(optimizer, model, rank, steps):
@@ -74,7 +76,8 @@ def run_training(rank, out_dir, name, kind, stage, options):
         if backend is not None:
             results[place]["in_flight"] = backend.in_flight()
             results[place]["device_groups"] = [s.device for s in optimizer._groups]
-            results[place]["bucket_buffers"] = len(optimizer._zero.device_buffers._free)
+            buffers = optimizer._zero.device_buffers
+            results[place]["bucket_buffers"] = (len(buffers._free), buffers.unreserved)
         optimizer.close()
     torch.save(results, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
 
@@ -121,12 +124,12 @@ def run_fault(rank, out_dir, which):
     """The copy of FAULTS[which] fails: every rank raises, nothing changed (a gradient's)
     or only the state (the updated shard's); after a gradient's, the run goes on and ends as one
     that skipped that batch."""
-    failed_step, bucket_elements, failing, copy = FAULTS[which]
+    failed_step, bucket_elements, failing, copy, groups = FAULTS[which]
     backend = HostTwin(adversarial=True)
     if rank == failing:
         backend = FailingToDevice() if copy is None else FailingTwin(fail_from=10 ** 9)
     model, optimizer = sharded("AdamW", out_dir, f"fault-{which}", 2, backend,
-                               bucket_elements=bucket_elements)
+                               bucket_elements=bucket_elements, groups=groups)
     train(optimizer, model, rank, range(failed_step))
     before = params_of(model)
     state_before = optimizer.state_dict()["state"]
@@ -158,8 +161,8 @@ def _same_state(a, b):
 
 def run_skipping(rank, out_dir, which):
     """The CPU run that never took the batch whose copy fails in FAULTS[which]."""
-    failed_step = FAULTS[which][0]
-    model, optimizer = sharded("AdamW", out_dir, f"skipping-{which}", 2)
+    failed_step, groups = FAULTS[which][0], FAULTS[which][4]
+    model, optimizer = sharded("AdamW", out_dir, f"skipping-{which}", 2, groups=groups)
     train(optimizer, model, rank, [s for s in range(STEPS) if s != failed_step])
     torch.save(params_of(model), os.path.join(out_dir, f"skipping-{which}-rank{rank}.pt"))
     optimizer.close()
@@ -207,8 +210,10 @@ def test_device_model_trains_as_the_cpu_model(nvme_dir, world):
             assert twin["in_flight"] == 0  # every copy was ended by ready() or wait()
             assert twin["device_groups"] == [None] * groups  # the sharded place, not DeviceGroup
             assert not any(twin["skipped"])
-            # the groups share the bucket buffers reserved for the reductions in flight
-            assert twin["bucket_buffers"] == REDUCTIONS_IN_FLIGHT + 1
+            # the groups share the bucket buffers reserved for the reductions in flight, and
+            # backward needed no other
+            free, unreserved = twin["bucket_buffers"]
+            assert 0 < free <= REDUCTIONS_IN_FLIGHT + 1 and unreserved == 0, (name, free)
             for index, (a, b) in enumerate(zip(twin["params"], cpu["params"])):
                 assert bool(torch.isfinite(a).all()), f"{name}: rank {rank} param {index}"
                 assert torch.equal(a, b), f"{name}: rank {rank} param {index}"
@@ -225,7 +230,7 @@ def test_device_model_trains_as_the_cpu_model(nvme_dir, world):
 def test_a_copy_failing_on_one_rank_fails_every_rank_and_changes_nothing(nvme_dir, which):
     spawn(nvme_dir, [("fault", which), ("skipping", which)])
     grad = "the device -> host copy of a reduced gradient failed"
-    messages = {"grad": grad, "grad-absent": grad,
+    messages = {"grad": grad, "grad-absent": grad, "grad-groups": grad,
                 "params": "the host -> device copy of the updated shard failed"}
     for rank in range(WORLD):
         got = torch.load(os.path.join(nvme_dir, f"fault-{which}-rank{rank}.pt"))

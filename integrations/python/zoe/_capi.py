@@ -366,6 +366,14 @@ zoe_optim_accumulate_grad = _declare(
     POINTER(zoe_buffer_view),
 )
 
+# zoe_status zoe_optim_discard_grads(zoe_engine* engine, zoe_group_id group);
+zoe_optim_discard_grads = _declare(
+    "zoe_optim_discard_grads",
+    zoe_status,
+    zoe_engine_p,
+    zoe_group_id,
+)
+
 # zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group,
 #                                 zoe_state_slot slot, uint64_t offset, uint64_t count,
 #                                 float* out);

@@ -448,6 +448,12 @@ class OptimizerGroup:
             f"accumulate gradient of group {self.name!r}",
         )
 
+    def discard_grads(self):
+        """Drops the gradients handed over with accumulate_grad since the last step (the state
+        is unchanged; the next step needs gradients again)."""
+        check(_capi.zoe_optim_discard_grads(self.engine._h(), self.id),
+              f"discard the gradients of group {self.name!r}")
+
     def read_state(self, slot, offset, count, out_address):
         """Copies ``count`` fp32 elements of a state array from ``offset`` to ``out_address``."""
         check(

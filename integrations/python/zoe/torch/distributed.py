@@ -37,6 +37,13 @@ class ReductionsInFlight:
         while len(self._items) > self.limit:
             finish(self._items.pop(0))
 
+    def finish_oldest(self, finish):
+        """``finish(oldest)`` (removed first); False when there is none."""
+        if not self._items:
+            return False
+        finish(self._items.pop(0))
+        return True
+
     def finish_all(self, finish):
         """``finish(item)`` for every one, oldest first (each removed before it is finished, so
         one that raises is not finished twice)."""

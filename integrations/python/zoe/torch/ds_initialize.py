@@ -39,13 +39,22 @@ def _process_group(process_group):
     return None
 
 
-def check_model_device(module, backend):
-    """InvalidArgument for a module a NCCL process group (``backend`` "nccl") cannot reduce and
-    gather for: parameters on the CPU, or on a GPU other than the current one (NCCL works on the
-    current device; DeepSpeed sets it from LOCAL_RANK, zoe leaves it to the script)."""
+def check_model_device(params, backend):
+    """InvalidArgument for trained parameters (tensors, or param-group dicts) a NCCL process
+    group (``backend`` "nccl") cannot reduce and gather: on the CPU, or on a GPU other than the
+    current one (NCCL works on the current device; DeepSpeed sets it from LOCAL_RANK, zoe leaves
+    it to the script)."""
     if backend != "nccl":
         return
-    for device in sorted({param.device for param in module.parameters()}, key=str):
+    tensors = []
+    for item in params:
+        if not isinstance(item, dict):
+            tensors.append(item)
+            continue
+        inner = item["params"]  # read into a list, as torch's add_param_group reads it
+        item["params"] = [inner] if isinstance(inner, torch.Tensor) else list(inner)
+        tensors.extend(item["params"])
+    for device in sorted({tensor.device for tensor in tensors}, key=str):
         if device.type != "cuda":
             raise _invalid(f"the model has parameters on {device} and the process group is "
                            "NCCL's, which reduces GPU tensors: move the model to this rank's "
@@ -253,8 +262,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
     training = training_config(_config_of(args, config, config_params), world)
-    if group is not None and training.zero_stage != 3:  # stage 3 pages them where it says
-        check_model_device(model, dist.get_backend(group))
     module = _cast_module(model, training)
     document = engine_document(training, rank, world)
     stage3 = None
@@ -265,6 +272,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     else:
         params = model_parameters if model_parameters is not None else module.parameters()
         params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
+        if group is not None:  # stage 3 pages the parameters where the config says
+            check_model_device(params, dist.get_backend(group))
         optimizer, owns = _build_optimizer(optimizer, params, training, document, group)
     try:
         scheduler = _build_scheduler(lr_scheduler, optimizer, training)

@@ -505,8 +505,18 @@ class ZoeOptimizer(torch.optim.Optimizer):
         return loss
 
     def _step_groups(self):
-        for state in self._groups:
-            self._step_group(state)
+        """Every group's step; when one fails, a sharded optimizer drops the iteration of every
+        group (ZeroPartition.abandon_iteration) before raising: none keeps gradients that the
+        next iteration would add to."""
+        try:
+            if self._zero is not None:
+                self._zero.reduce_for_step(self, self._groups)
+            for state in self._groups:
+                self._step_group(state)
+        except BaseException:
+            if self._zero is not None:
+                self._zero.abandon_iteration(self._groups)
+            raise
 
     def _take_stream_norms(self):
         """Each streamed group's global gradient norm, before any group steps: over a sharded
@@ -554,9 +564,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
         a gradient (last_step None), else the group's state created, parameters written
         outside the optimizer taken into the master, the zoe step and its StepResult in
         last_step. Under ZeRO the gradients are the ranks' reduced ones, already with zoe."""
-        if self._zero is not None:
-            has_grads = self._zero.reduce_for_step(self, state)
-            grads = [] if has_grads else None
+        if self._zero is not None:  # reduced for every group before any steps (_step_groups)
+            grads = [] if state.shard.has_grads else None
         else:
             grads = _host_grads(state.index, state.params)
         if grads is None:

@@ -46,6 +46,10 @@ dict on every rank); consolidate.py does the same from the checkpoint without th
 load_state_dict() takes such a dict, from any world size, each rank its slice: the way to move
 training to another world size.
 
+A step that fails on every rank (agreed), or a backward stopped in a bucket's reduction, drops the
+iteration of every param group (ZeroPartition.abandon_iteration): reductions in flight waited for,
+buckets reset, the gradients zoe was handed discarded, so none reaches the next iteration.
+
 Parameters on the CPU or on a device (CUDA, or the CPU twin given as device_backend): a param
 group's place (zero_places.py) says where its buckets are reduced and its parameters gathered --
 for CPU parameters in DRAM, zoe reading the reduced gradients and writing the parameters in
@@ -163,7 +167,13 @@ class GroupShard:
     place: Any  # zero_places.HostPlace or DevicePlace: where gradients and parameters move
     sharded: Optional[ShardedGroup] = None  # created with the zoe group, by every rank together
     absent: Set[int] = dataclasses.field(default_factory=set)  # no gradient on any rank
+    has_grads: bool = False  # some rank has a gradient in the group (reduce_for_step)
     hooks: List[Any] = dataclasses.field(default_factory=list)  # (handle, node) of stage 2
+
+
+def _raise_if(error):
+    if error is not None:
+        raise error
 
 
 def _bucket_hook(optimizer, bucket):
@@ -179,9 +189,13 @@ def _bucket_hook(optimizer, bucket):
             return
         bucket.ready += 1
         if bucket.ready == len(bucket.indices) and not bucket.reduced:
-            with torch.no_grad():
-                state = optimizer._groups[bucket.group_index]
-                optimizer._zero.reduce_bucket(optimizer, state, bucket)
+            try:
+                with torch.no_grad():
+                    state = optimizer._groups[bucket.group_index]
+                    optimizer._zero.reduce_bucket(optimizer, state, bucket)
+            except BaseException:  # backward stops here: the next one starts afresh
+                optimizer._zero.abandon_iteration(optimizer._groups)
+                raise
 
     return ready
 
@@ -258,7 +272,9 @@ class ZeroPartition:
         place = HostPlace()
         if backend is not None:
             check_transport(self.comm, state.params[0].device, state.index)
-            rounds = self.bucket_elements if self.bucket_elements > 1 else DEFAULT_BUCKET_ELEMENTS
+            # gather rounds of the buckets' size, at most the default's (reduce_bucket_size from a
+            # DeepSpeed config may be 5e8: a round that large would double the model on the GPU)
+            rounds = min(max(self.bucket_elements, 2), DEFAULT_BUCKET_ELEMENTS)
             place = DevicePlace(backend, optimizer.engine, optimizer._group_name(state.index),
                                 state.index, rounds, self.device_buffers)
         state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements),
@@ -280,11 +296,12 @@ class ZeroPartition:
                     f"parameter {index} of param group {state.index} is not contiguous; zoe "
                     "optimizers step contiguous parameters"
                 )
-        largest_bucket = max(sum(state.params[index].numel() for index in bucket.indices)
-                             for bucket in state.shard.buckets)
+        sizes = sorted((sum(state.params[index].numel() for index in bucket.indices)
+                        for bucket in state.shard.buckets), reverse=True)
+        slots = self.in_flight.limit + 1  # the most reductions in flight at once
         self.comm.agreed(f"preparing param group {state.index}'s buffers",
-                         lambda: state.shard.place.prepare(state, self.comm, largest_bucket,
-                                                           self.in_flight.limit + 1))
+                         lambda: state.shard.place.prepare(state, self.comm, sizes[:slots],
+                                                           slots))
         views, _copies = self._creation_views(state, params)
         state.shard.sharded = ShardedGroup(engine, name, views, self.comm, **options)
         return state.shard.sharded.local
@@ -345,7 +362,11 @@ class ZeroPartition:
         flat = self._flat_bucket(state, bucket, offsets, begin, end)
         owners = [min(max(boundary, begin), end) - begin
                   for boundary in shard_boundaries(state.element_count(), self.world_size)]
-        pending = self.comm.reduce_to_owners(flat, owners, async_op=True)
+        try:
+            pending = self.comm.reduce_to_owners(flat, owners, async_op=True)
+        except BaseException:
+            state.shard.place.release(flat)
+            raise
         bucket.reduced = True
         self.in_flight.add((state, pending, bucket, flat, begin, present),
                            self._finish_reduction)
@@ -358,6 +379,12 @@ class ZeroPartition:
         """A bucket's reduction once summed: this rank's part averaged and each parameter's
         slice handed to zoe (see reduce_bucket)."""
         state, pending, bucket, flat, begin, present = reduction
+        try:
+            self._hand_over_reduced(state, pending, bucket, flat, begin, present)
+        finally:
+            state.shard.place.release(flat)
+
+    def _hand_over_reduced(self, state, pending, bucket, flat, begin, present):
         self.comm.wait(pending)
         local, sharded, place = state.zoe_group, state.shard.sharded, state.shard.place
         if present is not None:
@@ -366,29 +393,26 @@ class ZeroPartition:
         end = begin + flat.numel()
         lo, hi = max(begin, sharded.begin), min(end, sharded.end)
         if hi <= lo:
-            place.release(flat)
             return
         shard = flat[lo - begin : hi - begin]
         shard /= self.world_size
-        # zoe reads host until the step; where its copy failed, every element (as NaN)
-        host, copied = place.to_host(shard, lo - sharded.begin, sharded)
-        place.release(flat)
+        host = place.to_host(shard, lo - sharded.begin, sharded)  # zoe reads it until the step
         for index in bucket.indices:
             p_lo = max(offsets[index], lo)
             p_hi = min(offsets[index] + state.params[index].numel(), hi)
             if p_hi <= p_lo:
                 continue
-            if present is None or present[index] or not copied:
+            if present is None or present[index]:
                 view = BufferView(host[p_lo - lo :].data_ptr(), _capi.DType.FLOAT32, p_hi - p_lo)
             else:
                 view = BufferView(0, _capi.DType.FLOAT32, p_hi - p_lo)
             local.accumulate_grad(p_lo - sharded.begin, view)
 
-    @staticmethod
-    def _flat_bucket(state, bucket, offsets, begin, end):
+    def _flat_bucket(self, state, bucket, offsets, begin, end):
         """The bucket's fp32 buffer (its place's, for elements [begin, end) of the group),
         holding this rank's gradients (zeros for a parameter without one)."""
-        flat = state.shard.place.bucket_buffer(state, begin, end)
+        flat = state.shard.place.bucket_buffer(
+            state, begin, end, lambda: self.in_flight.finish_oldest(self._finish_reduction))
         for index in bucket.indices:
             param = state.params[index]
             start = offsets[index] - begin
@@ -406,13 +430,20 @@ class ZeroPartition:
         self.comm.all_reduce(flags)
         return [bool(flag > 0) for flag in flags]
 
-    def reduce_for_step(self, optimizer, state):
-        """Reduces what backward did not and finishes every reduction; False when no rank has a
-        gradient in the group."""
+    def reduce_for_step(self, optimizer, states):
+        """Before any group steps: what backward did not reduce reduced, every reduction
+        finished, each group's has_grads set (False when no rank has a gradient in it); then the
+        gradients' copies to the host agreed over the ranks (a failure on one makes every rank
+        raise, before any group changed)."""
         try:
-            return self._reduce_rest(optimizer, state)
+            for state in states:
+                state.shard.has_grads = self._reduce_rest(optimizer, state)
         finally:
             self.finish_reductions()
+        failures = [state.shard.place.take_failure() for state in states]
+        failure = next((failure for failure in failures if failure is not None), None)
+        self.comm.agreed("the copies of the reduced gradients to the host",
+                         lambda: _raise_if(failure))
 
     def _reduce_rest(self, optimizer, state):
         buckets = state.shard.buckets
@@ -459,13 +490,44 @@ class ZeroPartition:
         """Drops the reduced slices and the buckets' counts after a step (taken or failed);
         reductions still pending (a step that failed first) are waited for, so that every rank
         stays paired for its next collective, and dropped."""
-        for _, work, _, flat, *_ in self.in_flight.take(lambda item: item[0] is state):
-            self.comm.wait(work)
-            state.shard.place.release(flat)
+        self._drop_in_flight(lambda item: item[0] is state)
         state.shard.place.end_iteration()
         state.shard.absent = set()
+        state.shard.has_grads = False
         for bucket in state.shard.buckets:
             bucket.reset()
+
+    def abandon_iteration(self, states):
+        """After a step or a backward that failed (every rank alike): every reduction in flight
+        waited for and dropped, every group's bucket counts reset and the gradients zoe holds
+        discarded (zoe_optim_discard_grads), so that the next backward, or step() again on the
+        gradients still in ``.grad``, starts the iteration afresh."""
+        with contextlib.suppress(Exception):  # the failure being raised says what went wrong
+            self._drop_in_flight(lambda item: True)
+        for state in states:
+            if state.shard is None:
+                continue
+            state.shard.place.end_iteration()
+            state.shard.absent = set()
+            state.shard.has_grads = False
+            for bucket in state.shard.buckets:
+                bucket.reset()
+            if state.zoe_group is not None:
+                with contextlib.suppress(Exception):
+                    state.zoe_group.discard_grads()
+
+    def _drop_in_flight(self, wanted):
+        """Waits for the reductions in flight that ``wanted(item)`` and drops them (their
+        buckets' buffers released); a wait that fails does not stop the others."""
+        failure = None
+        for state, work, _, flat, *_ in self.in_flight.take(wanted):
+            try:
+                self.comm.wait(work)
+            except Exception as error:  # every rank's reductions stay paired: wait for the rest
+                failure = failure or error
+            state.shard.place.release(flat)
+        if failure is not None:
+            raise failure
 
     # --- the step --------------------------------------------------------------------------
 

@@ -4,9 +4,9 @@ ZeRO stages 1 and 2): ``HostPlace`` for CPU parameters, ``DevicePlace`` for para
 
 A place gives zero.ZeroPartition, per param group (GroupShard.place):
 
-- ``bucket_buffer(state, begin, end)``: the fp32 buffer, beside the parameters, that a bucket's
-  gradients (elements [begin, end) of the group) are flattened into and summed in place by the
-  bucket's reduction;
+- ``bucket_buffer(state, begin, end, make_room)``: the fp32 buffer, beside the parameters, that
+  a bucket's gradients (elements [begin, end) of the group) are flattened into and summed in
+  place by the bucket's reduction (``make_room()`` finishes the oldest reduction in flight);
 - ``to_host(part, at, sharded)``: the host fp32 memory zoe reads this rank's averaged part of a
   reduced bucket from, until the step (``at``: its first element within the shard);
   ``release(flat)`` once the bucket's buffer may be reused;
@@ -58,12 +58,13 @@ class HostPlace:
         self.buffer = None  # the flat fp32 gradient buffer of the group
         self.grads = []  # slices of it zoe borrows until the step
 
-    def prepare(self, state, comm, largest_bucket, buckets_in_flight):
-        del state, comm, largest_bucket, buckets_in_flight  # the buffer is made at first use
+    def prepare(self, state, comm, bucket_sizes, slots):
+        del state, comm, bucket_sizes, slots  # the buffer is made at first use
 
-    def bucket_buffer(self, state, begin, end):
+    def bucket_buffer(self, state, begin, end, make_room):
         """Elements [begin, end) of the group's gradient buffer: allocated once, again only when
         the group's element count changes."""
+        del make_room  # every bucket has its own place in it
         count = state.element_count()
         if self.buffer is None or self.buffer.numel() != count:
             self.buffer = torch.empty(count, dtype=torch.float32)
@@ -72,7 +73,11 @@ class HostPlace:
     def to_host(self, part, at, sharded):
         del at, sharded  # zoe reads the part where it is: not written again before the step
         self.grads.append(part)
-        return part, True
+        return part
+
+    @staticmethod
+    def take_failure():
+        return None  # nothing is copied
 
     def release(self, flat):
         del flat  # the slice stays the group's
@@ -117,37 +122,62 @@ class DeviceBuffers:
     def __init__(self):
         self._free = []  # bucket buffers not in use
         self._in_use = {}  # data_ptr -> bucket buffer handed out by take()
-        self._reserved = {}  # device -> elements of its bucket buffers (smaller ones are dropped)
         self._step = {}  # (purpose, device) -> buffer of the step
+        # device -> the sizes its bucket buffers must hold at once, largest first (the largest
+        # buckets of every group, as many as can be in flight)
+        self._required = {}
+        self.unreserved = 0  # bucket buffers take() had to allocate beyond the reservation
 
-    def reserve(self, device, buckets, bucket_elements, step_elements):
-        """At least ``buckets`` bucket buffers of ``bucket_elements`` on ``device`` (smaller
-        ones are dropped, once free), and for each purpose of ``step_elements`` a buffer of that
-        many elements."""
-        size = self._reserved[device] = max(self._reserved.get(device, 0), bucket_elements)
-        self._free = [b for b in self._free if b.device != device or b.numel() >= size]
-        held = self._free + list(self._in_use.values())
-        fitting = [b for b in held if b.device == device and b.numel() >= size]
-        for _ in range(buckets - len(fitting)):
-            self._free.append(torch.empty(size, dtype=torch.float32, device=device))
+    def reserve(self, device, bucket_sizes, slots, step_elements):
+        """Bucket buffers on ``device`` that hold buckets of ``bucket_sizes`` at once (those
+        held already count, largest for largest), at most ``slots`` of them kept (the largest:
+        at most that many reductions are in flight over every group), and for each purpose of
+        ``step_elements`` a buffer of that many elements."""
+        required = sorted(self._required.get(device, []) + list(bucket_sizes), reverse=True)
+        self._required[device] = required = required[:slots]
+        held = self._largest_first(device)
+        for index, size in enumerate(required):  # held[i] must hold the i-th largest bucket
+            if index >= len(held) or held[index].numel() < size:
+                buffer = torch.empty(size, dtype=torch.float32, device=device)
+                self._free.append(buffer)
+                held.insert(index, buffer)
+        self._trim(device)
         for purpose, count in step_elements.items():
             self.step_buffer(purpose, count, device)
 
-    def take(self, count, device):
-        """A bucket buffer of ``count`` elements, in use until release(); the smallest that
-        fits (allocated only beyond what was reserved)."""
-        fitting = [i for i, b in enumerate(self._free) if b.device == device and b.numel() >= count]
-        if fitting:
-            buffer = self._free.pop(min(fitting, key=lambda i: self._free[i].numel()))
-        else:
-            buffer = torch.empty(count, dtype=torch.float32, device=device)
+    def _largest_first(self, device):
+        held = [b for b in self._free + list(self._in_use.values()) if b.device == device]
+        return sorted(held, key=torch.Tensor.numel, reverse=True)
+
+    def _trim(self, device):
+        """Drops the free buffers on ``device`` that the largest-first match of the required
+        sizes does not use (one in use goes when it is released)."""
+        kept = {id(b) for b in self._largest_first(device)[: len(self._required.get(device, []))]}
+        self._free = [b for b in self._free if b.device != device or id(b) in kept]
+
+    def take(self, count, device, make_room):
+        """A bucket buffer of ``count`` elements, in use until release(): the smallest free one
+        that fits. When none does, ``make_room()`` (finishing the oldest reduction in flight,
+        which releases its buffer: every rank does the same) until one does or it returns False;
+        only then is one allocated beyond the reservation (counted in ``unreserved``)."""
+        while True:
+            fitting = [i for i, b in enumerate(self._free)
+                       if b.device == device and b.numel() >= count]
+            if fitting:
+                buffer = self._free.pop(min(fitting, key=lambda i: self._free[i].numel()))
+                break
+            if not make_room():
+                buffer = torch.empty(count, dtype=torch.float32, device=device)
+                self.unreserved += 1
+                break
         self._in_use[buffer.data_ptr()] = buffer
         return buffer[:count]
 
     def release(self, flat):
         buffer = self._in_use.pop(flat.data_ptr(), None)
-        if buffer is not None and buffer.numel() >= self._reserved.get(buffer.device, 0):
+        if buffer is not None:
             self._free.append(buffer)
+            self._trim(buffer.device)
 
     def step_buffer(self, purpose, count, device):
         """``count`` elements of the step's buffer for ``purpose`` on ``device``."""
@@ -179,10 +209,11 @@ class DevicePlace:
         """Bytes of HOST staging a shard of ``shard_elements`` needs: gradients and parameters."""
         return 2 * _aligned(4 * shard_elements)
 
-    def prepare(self, state, comm, largest_bucket, buckets_in_flight):
+    def prepare(self, state, comm, bucket_sizes, slots):
         """Before the group's sharded group is created (every rank, agreed): its staging, and
-        the device buffers its reductions and steps use. Called again after a failure, it makes
-        what is still missing."""
+        the device buffers its reductions (``bucket_sizes``: of the buckets that can be in
+        flight at once; ``slots``: how many can be, over every group) and steps use. Called
+        again after a failure, it makes what is still missing."""
         if self._staging is None:
             count = shard_counts(state.element_count(), comm.world_size)[comm.rank]
             self._staging, raw = host_staging(self.engine, f"{self.name}.staging",
@@ -192,7 +223,7 @@ class DevicePlace:
             self._params = values[_aligned(4 * count) // 4:][:count]
         largest_shard = max(shard_counts(state.element_count(), comm.world_size))
         piece = self._piece(largest_shard)
-        self.buffers.reserve(state.params[0].device, buckets_in_flight, largest_bucket,
+        self.buffers.reserve(state.params[0].device, bucket_sizes, slots,
                              {"shard": largest_shard, "gather": piece * comm.world_size})
         comm.reserve_gather(piece)
 
@@ -202,55 +233,51 @@ class DevicePlace:
 
     # --- gradients --------------------------------------------------------------------------
 
-    def bucket_buffer(self, state, begin, end):
-        """A device buffer of end - begin fp32 elements, the bucket's until release()."""
-        return self.buffers.take(end - begin, state.params[0].device)
+    def bucket_buffer(self, state, begin, end, make_room):
+        """A device buffer of end - begin fp32 elements, the bucket's until release()
+        (DeviceBuffers.take)."""
+        return self.buffers.take(end - begin, state.params[0].device, make_room)
 
     def release(self, flat):
         self.buffers.release(flat)
 
     def to_host(self, part, at, sharded):
-        """Copies a reduced part device -> host into the shard's gradient staging at ``at``;
-        returns it once the copy has ended, and True. A copy that fails leaves NaN there
-        instead, to be handed to zoe for every element of the part, present or not (False): the
-        step is then skipped on every rank (zoe's agreed non-finite skip), and step() reports
-        the failure. This rank goes on with the collectives of backward, as its peers do."""
+        """Copies a reduced part device -> host into the shard's gradient staging at ``at`` and
+        returns it once the copy has ended. A copy that fails is kept for take_failure(), which
+        the optimizer agrees over the ranks before any group steps; this rank goes on with the
+        collectives of backward, as its peers do."""
         del sharded  # the staging was made for it (prepare)
         host = self._grads[at : at + part.numel()]
         try:
             with _device_call(f"param group {self.group_index}: the device -> host copy of a "
-                              "reduced gradient failed", "every rank skipped the step"):
+                              "reduced gradient failed",
+                              "no rank took the step: run the iteration again"):
                 event = self.backend.copy_to_host(part, host)
                 _wait(self.backend, event, "shard_grad")
-        except Exception as error:  # agreed at step(): the peers go on with their collectives
-            host.fill_(float("nan"))
+        except Exception as error:  # agreed before the step: the peers go on with backward
             self._failure = self._failure or error
-            return host, False
-        return host, True
+        return host
+
+    def take_failure(self):
+        """The first gradient copy that failed since the last call, or None."""
+        failure, self._failure = self._failure, None
+        return failure
 
     # --- the step ---------------------------------------------------------------------------
 
     def step(self, state, hyper, params, comm):
-        """zoe's step of the shard into its staging, then, agreed over the ranks (one
-        collective), this iteration's copies: a gradient's that failed (the step was skipped on
-        every rank: to_host) or the updated shard's to the device, which every rank's failing
-        makes every rank raise; else every rank's updated shard gathered into ``params``."""
+        """zoe's step of the shard into its staging; then the updated shard's copy to the
+        device, agreed over the ranks (one rank failing it makes every rank raise before the
+        gather), and every rank's updated shard gathered into ``params``."""
         sharded = state.shard.sharded
         result = sharded.step(hyper, [BufferView(self._params.data_ptr(), _FLOAT32,
                                                  self._params.numel())])
-        failure, self._failure = self._failure, None
+        if result.skipped:
+            return result
         device = params[0].device
-
-        def copies():
-            if failure is not None:
-                raise failure
-            if not result.skipped:
-                self._copy_shard_to_device(device)
-
-        comm.agreed(f"param group {self.group_index}: the copies between host and device",
-                    copies)
-        if not result.skipped:
-            self._gather(state, params, comm)
+        comm.agreed(f"param group {self.group_index}: the updated shard's copy to the device",
+                    lambda: self._copy_shard_to_device(device))
+        self._gather(state, params, comm)
         return result
 
     def _copy_shard_to_device(self, device):
