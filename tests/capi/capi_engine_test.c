@@ -398,10 +398,19 @@ static void test_optimizer_group(void) {
   CHECK_OK(zoe_optim_group_steps(engine, group, &steps));
   CHECK(steps == 41);
 
-  /* Gradients handed over ahead of the step, in two pieces. */
+  /* Gradients handed over ahead of the step, in two pieces (a first hand-over of the second
+   * piece discarded: its range is free again, and the step counts nothing of it). */
   {
     zoe_buffer_view first = view_of(grads, 500);
     zoe_buffer_view second = view_of(grads + 500, kParams - 500);
+    CHECK_OK(zoe_optim_accumulate_grad(engine, group, 500, &second));
+    CHECK_OK(zoe_optim_discard_grads(engine, group));
+    CHECK_FAILS(zoe_optim_step(engine, group, NULL, NULL, 0, NULL, 0, 1.0, NULL),
+                ZOE_ERR_FAILED_PRECONDITION, "");
+    CHECK_OK(zoe_optim_group_steps(engine, group, &steps));
+    CHECK(steps == 41);
+    CHECK_FAILS(zoe_optim_discard_grads(NULL, group), ZOE_ERR_INVALID_ARGUMENT, "engine is NULL");
+    CHECK_FAILS(zoe_optim_discard_grads(engine, 7), ZOE_ERR_NOT_FOUND, "");
     CHECK_OK(zoe_optim_accumulate_grad(engine, group, 500, &second));
     CHECK_OK(zoe_optim_accumulate_grad(engine, group, 0, &first));
     CHECK_OK(zoe_optim_step(engine, group, NULL, NULL, 0, NULL, 0, 1.0, &result));
