@@ -82,6 +82,18 @@ def _view(tensor):
     return BufferView(tensor.data_ptr(), _DTYPES[tensor.dtype], tensor.numel())
 
 
+def check_nccl_device(device, subject, before):
+    """InvalidArgument unless the CUDA ``device`` of ``subject`` is the current one, which NCCL
+    works on (DeepSpeed sets it from LOCAL_RANK; zoe leaves it to the script); the message says
+    to call torch.cuda.set_device ``before`` ("before creating the optimizer")."""
+    current = torch.device("cuda", torch.cuda.current_device())
+    if device != current:
+        raise _invalid(
+            f"{subject} is on {device} and NCCL works on the current CUDA device, {current}: "
+            f"call torch.cuda.set_device({device.index}) (each rank's own GPU, e.g. "
+            f"int(os.environ['LOCAL_RANK'])) {before}")
+
+
 def _pager_of(param):
     """The ParameterPager paging a parameter, or None."""
     return getattr(param, "_zoe_pager", None)

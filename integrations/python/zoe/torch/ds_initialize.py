@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .activation_checkpoint import configure_checkpointing
-from .common import _invalid
+from .common import _invalid, check_nccl_device
 from .ds_config import training_config, engine_document
 from .ds_engine import DeepSpeedEngine
 from .ds_stage3 import stage3_setup
@@ -42,8 +42,7 @@ def _process_group(process_group):
 def check_model_device(params, backend):
     """InvalidArgument for trained parameters (tensors, or param-group dicts) a NCCL process
     group (``backend`` "nccl") cannot reduce and gather: on the CPU, or on a GPU other than the
-    current one (NCCL works on the current device; DeepSpeed sets it from LOCAL_RANK, zoe leaves
-    it to the script)."""
+    current one (common.check_nccl_device)."""
     if backend != "nccl":
         return
     tensors = []
@@ -59,12 +58,7 @@ def check_model_device(params, backend):
             raise _invalid(f"the model has parameters on {device} and the process group is "
                            "NCCL's, which reduces GPU tensors: move the model to this rank's "
                            "GPU, or use a gloo process group")
-        current = torch.device("cuda", torch.cuda.current_device())
-        if device != current:
-            raise _invalid(
-                f"the model is on {device} and NCCL works on the current CUDA device, "
-                f"{current}: call torch.cuda.set_device({device.index}) (each rank's own GPU, "
-                "e.g. int(os.environ['LOCAL_RANK'])) before moving the model there")
+        check_nccl_device(device, "the model", "before moving the model there")
 
 
 def _config_of(args, config, config_params):

@@ -44,7 +44,7 @@ import torch
 
 from .. import _capi
 from ..engine import BufferView
-from .common import _invalid, _view
+from .common import _invalid, _view, check_nccl_device
 from .device import _aligned, _device_call, _wait, host_staging
 from .distributed import shard_boundaries, shard_counts
 
@@ -99,12 +99,7 @@ def check_transport(comm, device, group_index):
     ``device``, a param group's: CUDA parameters need a NCCL process group on the current CUDA
     device; CPU ones (the twin's), a CPU backend such as gloo."""
     if device.type == comm.device.type == "cuda":
-        current = torch.device("cuda", torch.cuda.current_device())
-        if device != current:
-            raise _invalid(
-                f"param group {group_index} is on {device} and NCCL works on the current CUDA "
-                f"device, {current}: call torch.cuda.set_device({device}) (each rank's own GPU) "
-                "before creating the optimizer")
+        check_nccl_device(device, f"param group {group_index}", "before creating the optimizer")
     elif device.type != comm.device.type:
         wanted = "NCCL" if device.type == "cuda" else "a CPU backend (gloo)"
         raise _invalid(
