@@ -9,7 +9,10 @@ A place gives zero.ZeroPartition, per param group (GroupShard.place):
   place by the bucket's reduction (``make_room()`` finishes the oldest reduction in flight);
 - ``to_host(part, at, sharded)``: the host fp32 memory zoe reads this rank's averaged part of a
   reduced bucket from, until the step (``at``: its first element within the shard);
-  ``release(flat)`` once the bucket's buffer may be reused;
+  ``release(flat)`` once the bucket's buffer may be reused; ``take_failure()``: a copy of them
+  that failed, which ZeroPartition agrees over the ranks before any group steps;
+- ``prepare(state, comm, bucket_sizes, slots)``: what the group needs, before its state is
+  created (every rank together, agreed);
 - ``step(state, hyper, params, comm)``: zoe's sharded step, then every rank's updated
   parameters in ``params``.
 
@@ -18,8 +21,9 @@ element count changes), which zoe borrows slices of until the step (no copy); zo
 gathers the updated parameters straight into the parameters (broadcast over gloo).
 
 DevicePlace: this rank keeps in pinned DRAM (one zoe tensor homed in HOST) only its shard's fp32
-gradients and updated parameters, 8 bytes per element of the shard. On the device: a bucket
-buffer per reduction in flight (reused), and at the step the shard and one round of the gather.
+gradients and updated parameters, 8 bytes per element of the shard. On the device, shared by the
+optimizer's groups (DeviceBuffers): bucket buffers for the largest buckets that can be in flight
+at once, and at the step the shard and one round of the gather.
 
 - A bucket is summed on the device (NCCL; gloo over the twin's CPU tensors). This rank's part,
   averaged, is copied device -> host into the shard's gradient staging and handed to zoe once the
@@ -30,10 +34,10 @@ buffer per reduction in flight (reused), and at the step the shard and one round
   of ``round_elements`` per rank, into every rank's parameters that had a gradient on some rank
   (the others are left as they are, as torch leaves them).
 - Failures are agreed, so that no rank waits for a collective a peer never makes: a gradient copy
-  that fails (during backward or at step()) is handed to zoe as NaN, so every rank's step is
-  skipped (zoe's agreed non-finite skip: nothing changes anywhere), and after the step every rank
-  raises, naming the rank and the copy. A failed host -> device copy of the updated shard makes
-  every rank raise before the gather: zoe took the step, the device parameters are as before it.
+  that fails (during backward or at step()) makes every rank raise before any group steps, naming
+  the rank (the optimizer then drops the iteration: ZeroPartition.abandon_iteration). A failed
+  host -> device copy of the updated shard makes every rank raise before the gather: zoe took the
+  step, the device parameters are as before it.
 
 Each wait on a copy goes through device._wait by a name of device.WAITS ("shard_grad",
 "shard_params"), so that the adversarial twin's tests cover it."""
