@@ -306,3 +306,27 @@ def test_a_sharded_optimizer_sizes_its_own_engine_for_the_staging():
         train(optimizer, model, 0, range(2))
         assert optimizer.last_step[0].steps_taken == 2
         optimizer.close()
+
+
+@pytest.mark.parametrize("given, bucket_elements, expected", [
+    (None, 100, 100), (None, 1, 1 << 22), (None, 1 << 30, 1 << 22), ("auto", 0, 1 << 22),
+    (300, 100, 300), (5e8, 100, 500_000_000)])
+def test_gather_rounds_follow_allgather_bucket_size(nvme_dir, given, bucket_elements, expected):
+    """A device group's parameter gather moves, per rank and round, the configuration's
+    allgather_bucket_size shared by the ranks (one rank here); absent or "auto", the buckets'
+    size, capped at 4 Mi, and 4 Mi for buckets of one parameter."""
+    from test_device_waits import one_rank_group
+
+    config = small_config(nvme_dir)
+    if given is not None:
+        config["zero_optimization"]["allgather_bucket_size"] = given
+    with one_rank_group() as group:
+        optimizer = zoe.torch.AdamW(Net().parameters(), config=config, process_group=group,
+                                    zero_stage=2, bucket_elements=bucket_elements,
+                                    device_backend=HostTwin(adversarial=True))
+        assert optimizer._groups[0].shard.place.round_elements == expected
+        optimizer.close()
+    config["zero_optimization"]["allgather_bucket_size"] = -1
+    with one_rank_group() as group, pytest.raises(
+            zoe.InvalidArgument, match="zero_optimization.allgather_bucket_size"):
+        zoe.torch.AdamW(Net().parameters(), config=config, process_group=group, zero_stage=2)

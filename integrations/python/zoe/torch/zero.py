@@ -107,19 +107,26 @@ def _config_with_rank(config, rank):
     return document
 
 
-def _stage_of(zero_stage, config, engine):
-    """The ZeRO stage: ``zero_stage``, else the config's (or the engine's)
-    zero_optimization.stage; the optimizer's part of stage 3 is stage 2's. zero_stage, when
+def _zero_section(config, engine):
+    """zero_optimization of the configuration (dict, JSON text or path), else of the engine's,
+    else None."""
+    if config is not None:
+        return json.loads(_config_text(config) or "{}").get("zero_optimization", {})
+    if engine is not None:
+        return engine.config.get("zero_optimization", {})
+    return None
+
+
+def _stage_of(zero_stage, zero):
+    """The ZeRO stage: ``zero_stage``, else the configuration's zero_optimization.stage
+    (``zero``: _zero_section); the optimizer's part of stage 3 is stage 2's. zero_stage, when
     given, is the optimizer's stage whatever the configuration says (its stage also describes
     how a ShardedParameterPager partitions the parameters)."""
     what = "zero_stage"
     if zero_stage is None:
         what = "zero_optimization.stage (from the configuration)"
-        if config is not None:
-            document = json.loads(_config_text(config) or "{}")
-            zero_stage = document.get("zero_optimization", {}).get("stage", 2)
-        elif engine is not None:
-            zero_stage = engine.config.get("zero_optimization", {}).get("stage", 2)
+        if zero is not None:
+            zero_stage = zero.get("stage", 2)
         else:
             zero_stage, what = 2, "zero_stage"
     if zero_stage not in (1, 2, 3):
@@ -129,6 +136,22 @@ def _stage_of(zero_stage, config, engine):
             "optimizer)"
         )
     return min(int(zero_stage), 2)
+
+
+def _gather_round(zero, bucket_elements, world_size):
+    """Elements each rank sends per round of a device param group's parameter gather: the
+    configuration's zero_optimization.allgather_bucket_size (DeepSpeed's elements all-gathered
+    at a time) shared by the ranks; absent or "auto", the buckets' size, at most
+    DEFAULT_BUCKET_ELEMENTS (a DeepSpeed reduce_bucket_size of 5e8 would double the model on the
+    GPU), and DEFAULT_BUCKET_ELEMENTS for buckets of one parameter each (0 or 1)."""
+    given = (zero or {}).get("allgather_bucket_size")
+    if given is None or given == "auto":
+        if bucket_elements <= 1:
+            return DEFAULT_BUCKET_ELEMENTS
+        return min(bucket_elements, DEFAULT_BUCKET_ELEMENTS)
+    total = whole_count(given, "zero_optimization.allgather_bucket_size",
+                        "elements of parameters gathered at a time, over every rank")
+    return max(1, total // world_size)
 
 
 # Options of the unsharded optimizer that a sharded one does not take, with the value that
@@ -211,8 +234,10 @@ class ZeroPartition:
         if process_group is None:
             process_group = dist.group.WORLD
         self.comm = TorchCollectives(process_group)
-        self.stage = _stage_of(zero_stage, config, engine)
+        zero = _zero_section(config, engine)
+        self.stage = _stage_of(zero_stage, zero)
         self.bucket_elements = bucket_elements
+        self.gather_round = _gather_round(zero, bucket_elements, self.comm.world_size)
         # the reductions in flight of every param group, oldest first: (GroupState, Pending,
         # bucket, flat buffer, its first element, present) for _finish_reduction
         self.in_flight = ReductionsInFlight()
@@ -272,11 +297,8 @@ class ZeroPartition:
         place = HostPlace()
         if backend is not None:
             check_transport(self.comm, state.params[0].device, state.index)
-            # gather rounds of the buckets' size, at most the default's (reduce_bucket_size from a
-            # DeepSpeed config may be 5e8: a round that large would double the model on the GPU)
-            rounds = min(max(self.bucket_elements, 2), DEFAULT_BUCKET_ELEMENTS)
             place = DevicePlace(backend, optimizer.engine, optimizer._group_name(state.index),
-                                state.index, rounds, self.device_buffers)
+                                state.index, self.gather_round, self.device_buffers)
         state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements),
                                  place)
         if self.stage != 2:
