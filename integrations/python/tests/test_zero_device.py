@@ -330,3 +330,16 @@ def test_gather_rounds_follow_allgather_bucket_size(nvme_dir, given, bucket_elem
     with one_rank_group() as group, pytest.raises(
             zoe.InvalidArgument, match="zero_optimization.allgather_bucket_size"):
         zoe.torch.AdamW(Net().parameters(), config=config, process_group=group, zero_stage=2)
+
+
+def test_an_empty_param_group_beside_a_device_one_is_left_alone():
+    from test_device_waits import one_rank_group
+
+    with one_rank_group() as group:
+        model = Net()
+        optimizer = zoe.torch.AdamW([{"params": list(model.parameters())}, {"params": []}],
+                                    process_group=group, zero_stage=2,
+                                    device_backend=HostTwin(adversarial=True))
+        train(optimizer, model, 0, [0])
+        assert optimizer.last_step[0].steps_taken == 1 and optimizer.last_step[1] is None
+        optimizer.close()

@@ -296,7 +296,8 @@ class ZeroPartition:
         is the host's, or its device's when ``backend`` (device.backend_for) is not None."""
         place = HostPlace()
         if backend is not None:
-            check_transport(self.comm, state.params[0].device, state.index)
+            for param in state.params[:1]:  # one device per group (device.backend_for)
+                check_transport(self.comm, param.device, state.index)
             place = DevicePlace(backend, optimizer.engine, optimizer._group_name(state.index),
                                 state.index, self.gather_round, self.device_buffers)
         state.shard = GroupShard(buckets_of(state.index, state.params, self.bucket_elements),
