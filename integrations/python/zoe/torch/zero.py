@@ -332,18 +332,19 @@ class ZeroPartition:
     def _creation_views(self, state, params):
         """Views of the group's parameters for the creation of its sharded group, which reads
         this rank's shard of them: the CPU parameters themselves; of device parameters, host
-        copies of those reaching into the shard (returned too, to be kept alive) and views
-        without data for the others."""
+        copies of their parts in the shard only (returned too, to be kept alive) and views
+        without data for the rest."""
         if all(param.device.type == "cpu" for param in params):
             return [_view(param) for param in params], []
         begin, end = shard_bounds(state.element_count(), self.rank, self.world_size)
         views, copies = [], []
         for param, offset in zip(params, state.offsets()):
-            if offset < end and begin < offset + param.numel():
-                copies.append(param.to("cpu"))
-                views.append(_view(copies[-1]))
-            else:
-                views.append(BufferView(0, _DTYPES[param.dtype], param.numel()))
+            dtype, stop = _DTYPES[param.dtype], offset + param.numel()
+            lo, hi = min(max(begin, offset), stop), max(min(end, stop), offset)
+            part = param.detach().reshape(-1)[lo - offset : hi - offset]
+            copies.append(part.to("cpu"))
+            views += [BufferView(0, dtype, lo - offset), _view(copies[-1]),
+                      BufferView(0, dtype, stop - hi)]
         return views, copies
 
     def sync_external_writes(self, state):
