@@ -601,6 +601,13 @@ Status Engine::DiscardGradients(GroupId id) {
   return Status::Ok();
 }
 
+Result<double> Engine::AccumulatedGradSumSquares(GroupId id) {
+  ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
+  std::lock_guard lock(group->mutex);
+  ZOE_ASSIGN_OR_RETURN(const optim::GradScan scan, group->optimizer->AccumulatedScan());
+  return scan.sum_squares;
+}
+
 Status Engine::Speculate(GroupId id, const EngineStepArgs& args) {
   ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
   std::lock_guard lock(group->mutex);

@@ -146,6 +146,9 @@ class Engine {
   Result<StepReport> Step(GroupId group, const EngineStepArgs& args);
   Status AccumulateGrad(GroupId group, uint64_t offset, const GradView& grad);
   Status DiscardGradients(GroupId group);  // OptimizerGroup::DiscardGradients
+  // The sum of squares of the gradients accumulated for the group's next step
+  // (OptimizerGroup::AccumulatedScan).
+  Result<double> AccumulatedGradSumSquares(GroupId group);
   // Arms speculation for the group's next step (OptimizerGroup::Speculate) with these
   // hyper-parameters (empty: the group's current ones), parameter views and loss scale;
   // args.grads must be empty. The group must have been created with "speculative": true.

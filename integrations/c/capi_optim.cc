@@ -65,6 +65,16 @@ zoe_status zoe_optim_discard_grads(zoe_engine* engine, zoe_group_id group) {
   });
 }
 
+zoe_status zoe_optim_grad_sum_squares(zoe_engine* engine, zoe_group_id group, double* out) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    *out = 0.0;
+    ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
+    ZOE_ASSIGN_OR_RETURN(*out, e->AccumulatedGradSumSquares(ToGroupId(group)));
+    return Status::Ok();
+  });
+}
+
 zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
                                const zoe_hyper_params* hyper, const zoe_buffer_view* params_out,
                                size_t n_params, double loss_scale) {

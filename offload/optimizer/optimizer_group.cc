@@ -768,6 +768,13 @@ Status OptimizerGroup::CheckStepArgs(const StepArgs& args) const {
 
 void OptimizerGroup::DiscardGradients() { impl_->ResetAccumulation(); }
 
+Result<optim::GradScan> OptimizerGroup::AccumulatedScan() const {
+  const Impl& impl = *impl_;
+  ZOE_RETURN_IF_ERROR(impl.CheckUsable("scan the accumulated gradients"));
+  ZOE_RETURN_IF_ERROR(impl.CheckCoverage());
+  return impl.scanner.Total();
+}
+
 Status OptimizerGroup::AccumulateGrad(size_t offset, const GradView& grad) {
   Impl& impl = *impl_;
   ZOE_RETURN_IF_ERROR(impl.CheckUsable("accumulate gradients"));

@@ -241,6 +241,11 @@ class OptimizerGroup {
   // it): the reads they started are released, the state is unchanged, and the next Step needs
   // gradients again. For a caller abandoning an iteration after a failure.
   void DiscardGradients();
+  // The scan of the gradients given to AccumulateGrad since the last Step, as that Step takes it
+  // (their sum of squares, still multiplied by the loss scale; inf or NaN when one is not
+  // finite): for a caller that clips several groups by the norm of them all. FailedPrecondition
+  // until the gradients cover the group.
+  Result<optim::GradScan> AccumulatedScan() const;
 
   // Arms speculation for the next step (see "Speculation"): args.hyper, args.loss_scale and
   // args.params (borrowed until that Step returns) are used to update each chunk as AccumulateGrad

@@ -403,6 +403,8 @@ static void test_optimizer_group(void) {
   {
     zoe_buffer_view first = view_of(grads, 500);
     zoe_buffer_view second = view_of(grads + 500, kParams - 500);
+    double sum_squares = -1.0;
+    double expected;
     CHECK_OK(zoe_optim_accumulate_grad(engine, group, 500, &second));
     CHECK_OK(zoe_optim_discard_grads(engine, group));
     CHECK_FAILS(zoe_optim_step(engine, group, NULL, NULL, 0, NULL, 0, 1.0, NULL),
@@ -412,7 +414,16 @@ static void test_optimizer_group(void) {
     CHECK_FAILS(zoe_optim_discard_grads(NULL, group), ZOE_ERR_INVALID_ARGUMENT, "engine is NULL");
     CHECK_FAILS(zoe_optim_discard_grads(engine, 7), ZOE_ERR_NOT_FOUND, "");
     CHECK_OK(zoe_optim_accumulate_grad(engine, group, 500, &second));
+    /* The sum of squares is known once the gradients cover the group. */
+    CHECK_FAILS(zoe_optim_grad_sum_squares(engine, group, &sum_squares),
+                ZOE_ERR_FAILED_PRECONDITION, "");
+    CHECK(sum_squares == 0.0);
     CHECK_OK(zoe_optim_accumulate_grad(engine, group, 0, &first));
+    CHECK_OK(zoe_optim_grad_sum_squares(engine, group, &sum_squares));
+    for (expected = 0.0, i = 0; i < kParams; ++i) expected += (double)grads[i] * grads[i];
+    CHECK(fabs(sum_squares - expected) <= 1e-6 * expected);
+    CHECK_FAILS(zoe_optim_grad_sum_squares(engine, group, NULL), ZOE_ERR_INVALID_ARGUMENT, "out");
+    CHECK_FAILS(zoe_optim_grad_sum_squares(engine, 7, &sum_squares), ZOE_ERR_NOT_FOUND, "");
     CHECK_OK(zoe_optim_step(engine, group, NULL, NULL, 0, NULL, 0, 1.0, &result));
     CHECK(result.skipped == 0 && result.steps_taken == 42);
   }

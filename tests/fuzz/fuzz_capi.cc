@@ -523,6 +523,11 @@ void Session::CallAccumulate(ByteReader& in) {
   // Borrowed until the step that uses it returns: kept for the whole session.
   const zoe_buffer_view grad = accumulated_.Make(dtype, count, in.U8());
   (void)Checked(zoe_optim_accumulate_grad(engine_, id, offset, &grad), "zoe_optim_accumulate_grad");
+  double sum_squares = -1.0;
+  if (Checked(zoe_optim_grad_sum_squares(engine_, id, &sum_squares),
+              "zoe_optim_grad_sum_squares") != ZOE_OK) {
+    FUZZ_CHECK(sum_squares == 0.0, "a failed zoe_optim_grad_sum_squares did not zero *out");
+  }
   if (in.U8() % 4 == 0) {  // an iteration abandoned: what was handed over is dropped
     (void)Checked(zoe_optim_discard_grads(engine_, id), "zoe_optim_discard_grads");
   }

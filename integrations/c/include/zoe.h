@@ -338,6 +338,15 @@ ZOE_API zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id gr
  * failure (a step that fails on accumulated gradients otherwise keeps them, to be retried). */
 ZOE_API zoe_status zoe_optim_discard_grads(zoe_engine* engine, zoe_group_id group);
 
+/* The sum of squares of the gradients handed over with zoe_optim_accumulate_grad since the last
+ * zoe_optim_step, as that step scans them (still multiplied by the loss scale; +inf or NaN when
+ * one is not finite; elements without a gradient count as zeros). FAILED_PRECONDITION until they
+ * cover the group. For a framework that clips several groups by the norm of them all, as
+ * torch.nn.utils.clip_grad_norm_ over every parameter does: it adds the groups' sums (and the
+ * ranks'), and steps each group with its loss_scale divided by the clip factor. *out: 0 on
+ * error. */
+ZOE_API zoe_status zoe_optim_grad_sum_squares(zoe_engine* engine, zoe_group_id group, double* out);
+
 /* Speculation: arms the group's next step to update each chunk as soon as
  * zoe_optim_accumulate_grad completes its gradients, before the global inf/NaN check and gradient
  * norm are known, into the chunk's other slot (the previous version stays untouched). The

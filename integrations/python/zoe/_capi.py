@@ -374,6 +374,15 @@ zoe_optim_discard_grads = _declare(
     zoe_group_id,
 )
 
+# zoe_status zoe_optim_grad_sum_squares(zoe_engine* engine, zoe_group_id group, double* out);
+zoe_optim_grad_sum_squares = _declare(
+    "zoe_optim_grad_sum_squares",
+    zoe_status,
+    zoe_engine_p,
+    zoe_group_id,
+    POINTER(c_double),
+)
+
 # zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group,
 #                                 zoe_state_slot slot, uint64_t offset, uint64_t count,
 #                                 float* out);

@@ -454,6 +454,15 @@ class OptimizerGroup:
         check(_capi.zoe_optim_discard_grads(self.engine._h(), self.id),
               f"discard the gradients of group {self.name!r}")
 
+    def grad_sum_squares(self):
+        """The sum of squares of the gradients handed over with accumulate_grad since the last
+        step, as the step scans them (inf or NaN when one is not finite); FailedPrecondition
+        until they cover the group."""
+        out = ctypes.c_double(0.0)
+        check(_capi.zoe_optim_grad_sum_squares(self.engine._h(), self.id, ctypes.byref(out)),
+              f"sum the squares of the gradients of group {self.name!r}")
+        return out.value
+
     def read_state(self, slot, offset, count, out_address):
         """Copies ``count`` fp32 elements of a state array from ``offset`` to ``out_address``."""
         check(

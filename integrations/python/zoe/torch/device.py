@@ -355,6 +355,7 @@ class DeviceGroup:
         self._param_host = []  # per parameter: CPU tensor over its updated-parameter staging
         self._pending = []  # [(parameter index, event)] gradient copies not handed over yet
         self._handed = set()  # parameter indices handed over for the coming step
+        self._absent = set()  # indices handed over as "no gradient" for the coming step
         self._to_device = []  # events of the latest host -> device copies
         self.armed = False
         self._hooks = []
@@ -434,9 +435,13 @@ class DeviceGroup:
                 _wait(self.backend, event, "abandon")
         self._pending = []
         if not self._handed:
+            if self._absent:  # only "no gradient" was handed over: nothing to consume
+                self._state().zoe_group.discard_grads()
+                self._absent = set()
             return
-        missing = [index for index in range(len(self.params)) if index not in self._handed]
-        self._handed = set()
+        missing = [index for index in range(len(self.params))
+                   if index not in self._handed and index not in self._absent]
+        self._handed, self._absent = set(), set()
         if not missing:  # zoe holds every gradient: a step() would consume them
             raise FailedPrecondition(
                 _capi.Status.FAILED_PRECONDITION,
@@ -484,7 +489,7 @@ class DeviceGroup:
     def _begin_step(self):
         """Before the first hand-over of a step: the zoe group exists and holds the parameters'
         latest values (written outside the optimizer, e.g. by load_state_dict)."""
-        if self._handed or self._pending:
+        if self._handed or self._pending or self._absent:
             return
         self.optimizer._zoe_group(self._state())
         self.optimizer._sync_external_writes(self._state())
@@ -538,11 +543,12 @@ class DeviceGroup:
         self._pending = []
         zoe_group = self._state().zoe_group
         for index, param in enumerate(self.params):
-            if index not in self._handed:
+            if index not in self._handed and index not in self._absent:
                 count = param.numel()
                 zoe_group.accumulate_grad(
                     self.offsets[index], BufferView(0, _DTYPES[param.dtype], count)
                 )
+                self._absent.add(index)
 
     # --- the step --------------------------------------------------------------------------
 
@@ -551,28 +557,46 @@ class DeviceGroup:
             param.grad is not None for param in self.params
         )
 
-    def step(self, hyper):
-        """Steps the group with the gradients handed over (the rest handed now) and starts the
-        host -> device copies of the updated parameters. Returns the zoe StepResult."""
-        started = time.perf_counter()
-        present = [
-            index in self._handed or any(i == index for i, _ in self._pending)
-            or self.params[index].grad is not None
-            for index in range(len(self.params))
-        ]
+    def _hand_over_all(self):
+        """_drain(), the gathering abandoned when it fails (everything as it was)."""
         try:
             self._drain()
         except BaseException:
             self.abandon()
             raise
+
+    def grad_sum_squares(self):
+        """The sum of squares of the group's gradients as zoe scanned them (every gradient
+        handed over now; 0.0 without any): for clipping several groups by their global norm."""
+        if not self.has_grads():
+            return 0.0
+        self._hand_over_all()
+        return self._state().zoe_group.grad_sum_squares()
+
+    def discard(self):
+        """Drops the step: the gradients handed over are discarded by zoe (the state is as it
+        was; param.grad stays). For a step the optimizer skips as a whole."""
+        if not self.has_grads():
+            return
+        self._hand_over_all()
+        self._state().zoe_group.discard_grads()
+        self._handed, self._absent = set(), set()
+
+    def step(self, hyper, loss_scale=1.0):
+        """Steps the group with the gradients handed over (the rest handed now), their loss
+        scaled by ``loss_scale``, and starts the host -> device copies of the updated
+        parameters. Returns the zoe StepResult."""
+        started = time.perf_counter()
+        self._hand_over_all()
+        present = [index in self._handed for index in range(len(self.params))]
         for event in self._to_device:  # staging of the previous step's parameters is free
             _wait(self.backend, event, "step")
         self._to_device = []
         zoe_group = self._state().zoe_group
         views = [_staged_view(values) for values in self._param_host]
         # A zoe step that fails keeps the gradients handed to it: step() again retries it.
-        result = zoe_group.step(hyper, grads=[], params_out=views)
-        self._handed = set()
+        result = zoe_group.step(hyper, grads=[], params_out=views, loss_scale=loss_scale)
+        self._handed, self._absent = set(), set()
         if not result.skipped:
             self._copy_params_to_device(present)
         self.stats["step_seconds"] += time.perf_counter() - started

@@ -189,10 +189,9 @@ class DeepSpeedEngine:
         return [group["lr"] for group in self.optimizer.param_groups]
 
     def get_global_grad_norm(self):
-        """The gradient norm of the latest step (zoe's optimizers), else None."""
-        results = getattr(self.optimizer, "last_step", None) or []
-        norms = [result.grad_norm for result in results if result is not None]
-        return norms[0] if norms else None
+        """The norm of every gradient of the latest step, all param groups and ranks together
+        (zoe's optimizers), else None."""
+        return getattr(self.optimizer, "last_grad_norm", None)
 
     def stats(self):
         """Where this rank's time went since the engine was built, in wall-clock seconds:

@@ -230,9 +230,10 @@ class GradStream:
         return BufferView(address, _capi.DType.FLOAT32, store.numel)
 
 
-    def step(self, params, zoe_group, hyper, norm, max_norm, write_back):
+    def step(self, params, zoe_group, hyper, loss_scale, write_back):
         """Steps ``zoe_group`` on the present gradients window by window (the next window's
-        stores prefetched meanwhile); returns the StepResult of each window. zoe writes each
+        stores prefetched meanwhile), every window divided by ``loss_scale`` (the reciprocal of
+        clip_coefficient()'s factor); returns the StepResult of each window. zoe writes each
         window's updated parameters into them directly (paged ones acquired for writing for the
         window); those it cannot reach (a CUDA tensor) are written by ``write_back(present)``
         afterwards (per parameter: whether to write it). The gradients are consumed. A failure
@@ -241,7 +242,6 @@ class GradStream:
         to step until a checkpoint is loaded; a failure in the first window leaves everything
         as it was."""
         self.check_usable()
-        scale = 1.0 / clip_coefficient(norm, max_norm)
         sizing = _host_footprint(self.pager.engine)
         windows = self.windows(params, sizing)
         self.last_windows = len(windows)
@@ -250,7 +250,7 @@ class GradStream:
             for position, window in enumerate(windows):
                 following = windows[position + 1] if position + 1 < len(windows) else None
                 self.prefetch(params, following)
-                step = functools.partial(zoe_group.step, hyper, loss_scale=scale)
+                step = functools.partial(zoe_group.step, hyper, loss_scale=loss_scale)
                 written = self._params_fit_beside_stores(params, window, sizing)
                 results.append(self._step_window(params, window, written, step, write_back,
                                                  dirty))

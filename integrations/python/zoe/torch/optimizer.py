@@ -25,6 +25,7 @@ sharded state (zero.py). Everything else is this class's, for both.
 Per param group the optimizer keeps one GroupState (param_group.py), in ``self._groups``."""
 
 import contextlib
+import math
 import re
 
 import torch
@@ -37,7 +38,8 @@ from . import device
 from .checkpoint import load_param_groups, save_param_groups
 from .common import _DTYPES, _current_values, _invalid, _pager_of, _view, _writable
 from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
-from .grad_stream import GradStream, combined_result, is_finite
+from .global_clip import GlobalClip, grads_sum_squares
+from .grad_stream import GradStream, clip_coefficient, combined_result, is_finite
 from .param_group import GroupState
 from .stage3_checks import check_optimizer_parameter
 from .optim_kinds import ADAGRAD, ADAM, ADAMW, LION
@@ -185,6 +187,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
         self._moment_dtype = moment_dtype
         # None: the engine configuration's gradient_clipping; 0.0: no clipping
         self._max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self._last_grad_norm = None  # the latest step's, all groups together (last_grad_norm)
         self._speculative_asked = speculative  # None: the engine configuration decides
         self._zero_copy = zero_copy
         self._owns_engine = engine is None
@@ -257,6 +260,13 @@ class ZoeOptimizer(torch.optim.Optimizer):
     def last_step(self):
         """Per param group: the StepResult of its latest step (None: no gradient, or no step)."""
         return [state.last_step for state in self._groups]
+
+    @property
+    def last_grad_norm(self):
+        """The norm of every gradient the latest step took, all param groups (and ranks)
+        together, unscaled, as clip_grad_norm_ returns it; inf or NaN for a skipped step; None
+        before the first step with gradients."""
+        return self._last_grad_norm
 
     def close(self):
         """Closes the engine when the optimizer created it (idempotent)."""
@@ -511,8 +521,12 @@ class ZoeOptimizer(torch.optim.Optimizer):
         try:
             if self._zero is not None:
                 self._zero.reduce_for_step(self, self._groups)
+            clip = self._global_clip()
             for state in self._groups:
-                self._step_group(state)
+                self._step_group(state, clip)
+                if clip is not None and state.last_step is not None:
+                    state.last_step = clip.unscaled(state.last_step)
+            self._last_grad_norm = self._grad_norm_taken(clip)
         except BaseException:
             if self._zero is not None:
                 self._zero.abandon_iteration(self._groups)
@@ -541,25 +555,79 @@ class ZoeOptimizer(torch.optim.Optimizer):
                            "each pager's shards an optimizer of their own")
         return next(iter(pagers.values()), None)
 
-    def _step_group(self, state):
+    def _global_clip(self):
+        """With clipping and several param groups, the clip of them all by the norm of every
+        gradient (over the ranks too), as clip_grad_norm_ over all the parameters and
+        DeepSpeed's gradient_clipping (global_clip.py); None otherwise: a lone group clips
+        itself in zoe's step, reading its gradients once."""
+        max_norm = self._clip_norm()
+        if not max_norm or len(self._groups) < 2:
+            return None
+        return GlobalClip.of(self._groups_sum_squares(), max_norm)
+
+    def _groups_sum_squares(self):
+        """The sum of squares of every group's gradients: zoe's scan of those handed to it,
+        torch's norms of the rest; a sharded optimizer's over every rank (one all-reduce), a
+        streamed group's (stage 3) over its pager's ranks already."""
+        if self._zero is not None:
+            return self._zero.grad_sum_squares(self._groups)
+        total = 0.0
+        for state in self._groups:
+            if state.device is not None:
+                total += state.device.grad_sum_squares()
+            elif state.stream is not None:
+                total += float(state.stream_norm) ** 2
+            else:
+                total += grads_sum_squares(_host_grads(state.index, state.params) or [])
+        return total
+
+    def _grad_norm_taken(self, clip):
+        """The global norm of the step just taken: the clip's, else that of the groups' norms
+        (each over the ranks already); None when no group had a gradient."""
+        if clip is not None:
+            return clip.norm
+        norms = [state.last_step.grad_norm for state in self._groups
+                 if state.last_step is not None]
+        return math.sqrt(math.fsum(norm * norm for norm in norms)) if norms else None
+
+    def _step_group(self, state, clip=None):
         """One param group's step: on its device, sharded across the ranks (every rank
         together; the reduced gradients and the buckets' counts are dropped whatever happens),
-        or on the host."""
+        or on the host; under ``clip`` (a GlobalClip, or None), scaled by it or dropped."""
+        if clip is not None and clip.skip:
+            self._drop_group_step(state, clip.norm)
+            return
+        loss_scale = 1.0 if clip is None else clip.loss_scale
         if state.device is not None:
-            self._device_step(state)
+            self._device_step(state, loss_scale)
             return
         if state.stream is not None:
-            self._step_streamed(state)
+            self._step_streamed(state, clip)
             return
         if self._zero is None:
-            self._step_host_group(state)
+            self._step_host_group(state, loss_scale)
             return
         try:
-            self._step_host_group(state)
+            self._step_host_group(state, loss_scale)
         finally:
             self._zero.end_iteration(state)
 
-    def _step_host_group(self, state):
+    def _drop_group_step(self, state, norm):
+        """A group's part of a step skipped as a whole (the global norm is inf or NaN): the
+        gradients handed to zoe are dropped, the group's state stays as it was."""
+        if state.device is not None:
+            state.device.discard()
+        elif state.stream is not None:
+            state.stream.clear()
+        elif self._zero is not None:
+            try:
+                self._zero.discard(state)
+            finally:
+                self._zero.end_iteration(state)
+        steps = state.zoe_group.steps if state.zoe_group is not None else 0
+        state.last_step = combined_result([], norm, True, steps)
+
+    def _step_host_group(self, state, loss_scale=1.0):
         """The step of a param group zoe steps from host gradients: none when no parameter has
         a gradient (last_step None), else the group's state created, parameters written
         outside the optimizer taken into the master, the zoe step and its StepResult in
@@ -574,10 +642,10 @@ class ZoeOptimizer(torch.optim.Optimizer):
         zoe_group = self._zoe_group(state)
         self._check_masters(state)
         self._sync_external_writes(state)
-        state.last_step = self._step_zoe(state, zoe_group, grads)
+        state.last_step = self._step_zoe(state, zoe_group, grads, loss_scale)
         state.record_versions()
 
-    def _step_streamed(self, state):
+    def _step_streamed(self, state, clip=None):
         """The step of a param group whose paged parameters' gradients were streamed out of
         backward (grad_stream.py): skipped when the global norm is inf/NaN (every rank of a
         sharded pager together), else stepped window by window, clipped by the global norm."""
@@ -594,8 +662,10 @@ class ZoeOptimizer(torch.optim.Optimizer):
             stream.clear()
             state.last_step = combined_result([], norm, True, steps)
             return
-        results = stream.step(params, zoe_group, self._step_hyper(state), norm,
-                              self._clip_norm(), lambda present: self._write_back(state, present))
+        loss_scale = (1.0 / clip_coefficient(norm, self._clip_norm()) if clip is None
+                      else clip.loss_scale)
+        results = stream.step(params, zoe_group, self._step_hyper(state), loss_scale,
+                              lambda present: self._write_back(state, present))
         state.last_step = combined_result(results, norm, False,
                                           max(zoe_group.segment_steps, default=0))
         state.record_versions()
@@ -615,29 +685,31 @@ class ZoeOptimizer(torch.optim.Optimizer):
             if state.stream is not None:
                 state.stream.clear()
 
-    def _step_zoe(self, state, zoe_group, grads):
-        """zoe's step of one group on ``grads`` (None for a parameter without a gradient); under
-        ZeRO this rank's shard, then every rank's parameters gathered."""
+    def _step_zoe(self, state, zoe_group, grads, loss_scale):
+        """zoe's step of one group on ``grads`` (None for a parameter without a gradient),
+        divided by ``loss_scale``; under ZeRO this rank's shard, then every rank's parameters
+        gathered."""
         params = [param.detach() for param in state.params]
         if self._zero is not None:
-            return self._zero.step(state, self._step_hyper(state), params)
+            return self._zero.step(state, self._step_hyper(state), params, loss_scale)
         paged = any(_pager_of(param) for param in state.params)
         result = zoe_group.step(
             self._step_hyper(state),
             grads=[_grad_view(grad, param) for grad, param in zip(grads, params)],
             params_out=[] if paged or state.zero_copy else _param_views(state.index, params),
+            loss_scale=loss_scale,
         )
         if paged and not result.skipped:
             self._write_back(state, present=[grad is not None for grad in grads])
         return result
 
-    def _device_step(self, state):
+    def _device_step(self, state, loss_scale=1.0):
         """The step of a param group on a device (see device.py)."""
         if not state.device.has_grads():
             state.last_step = None
             return
         self._zoe_group(state)
-        state.last_step = state.device.step(self._step_hyper(state))
+        state.last_step = state.device.step(self._step_hyper(state), loss_scale)
         state.record_versions()
 
     def _step_hyper(self, state):

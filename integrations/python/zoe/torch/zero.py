@@ -64,6 +64,7 @@ GroupShard in its GroupState. The shard formula is distributed.shard_bounds.
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import weakref
 from typing import Any, List, Optional, Set
@@ -555,10 +556,24 @@ class ZeroPartition:
 
     # --- the step --------------------------------------------------------------------------
 
-    def step(self, state, hyper, params):
+    def step(self, state, hyper, params, loss_scale=1.0):
         """The sharded step on the gradients accumulated in the rank's group: this rank's
         shard, then every rank's ``params`` (the group's, detached) gathered by its place."""
-        return state.shard.place.step(state, hyper, params, self.comm)
+        return state.shard.place.step(state, hyper, params, self.comm, loss_scale)
+
+    def grad_sum_squares(self, states):
+        """The sum of squares of every group's reduced gradients over every rank's shard (one
+        all-reduce; inf or NaN when one is not finite), after reduce_for_step: for clipping the
+        groups by their global norm."""
+        local = [state.zoe_group.grad_sum_squares() for state in states if state.shard.has_grads]
+        total = torch.tensor([math.fsum(local)], dtype=torch.float64)
+        self.comm.all_reduce(total)
+        return float(total)
+
+    def discard(self, state):
+        """Drops a group's step: zoe discards its reduced gradients (end_iteration follows)."""
+        if state.shard.has_grads:
+            state.zoe_group.discard_grads()
 
     # --- sharded checkpoints ---------------------------------------------------------------
 

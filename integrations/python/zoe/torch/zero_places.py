@@ -86,10 +86,10 @@ class HostPlace:
     def release(self, flat):
         del flat  # the slice stays the group's
 
-    def step(self, state, hyper, params, comm):
+    def step(self, state, hyper, params, comm, loss_scale=1.0):
         """The sharded step; zoe gathers every rank's parameters into ``params``."""
         del comm
-        return state.shard.sharded.step(hyper, [_view(param) for param in params])
+        return state.shard.sharded.step(hyper, [_view(param) for param in params], loss_scale)
 
     def end_iteration(self):
         self.grads = []
@@ -264,13 +264,13 @@ class DevicePlace:
 
     # --- the step ---------------------------------------------------------------------------
 
-    def step(self, state, hyper, params, comm):
+    def step(self, state, hyper, params, comm, loss_scale=1.0):
         """zoe's step of the shard into its staging; then the updated shard's copy to the
         device, agreed over the ranks (one rank failing it makes every rank raise before the
         gather), and every rank's updated shard gathered into ``params``."""
         sharded = state.shard.sharded
         result = sharded.step(hyper, [BufferView(self._params.data_ptr(), _FLOAT32,
-                                                 self._params.numel())])
+                                                 self._params.numel())], loss_scale)
         if result.skipped:
             return result
         device = params[0].device
