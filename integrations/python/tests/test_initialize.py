@@ -75,7 +75,7 @@ def test_engine_counters_boundaries_and_learning_rate(nvme_dir):
     assert isinstance(optimizer, zoe.torch.AdamW)
     assert engine.train_batch_size() == MICRO * ACCUMULATION
     assert engine.gradient_accumulation_steps() == ACCUMULATION
-    assert engine.get_lr() == [LR]  # WarmupLR leaves the rate alone until its first step
+    assert engine.get_lr() == [0.0]  # WarmupLR's warmup_min_lr from construction, as DeepSpeed's
     boundaries = []
     for _ in range(2 * ACCUMULATION):
         boundaries.append(engine.is_gradient_accumulation_boundary())
@@ -308,7 +308,7 @@ def test_bf16_casts_the_module_and_trains(nvme_dir):
     engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
     assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters())
     before = [p.detach().clone() for p in engine.module.parameters()]
-    for _ in range(2 * ACCUMULATION):
+    for _ in range(3 * ACCUMULATION):  # the log warmup's first two steps are at warmup_min_lr 0
         x = torch.randn(MICRO, 8).bfloat16()
         engine.backward(engine(x).float().pow(2).mean())
         engine.step()
@@ -328,7 +328,7 @@ def test_auto_values_as_hugging_face_writes_them():
     model = make_model()
     engine, _, _, scheduler = zoe.torch.initialize(model=model, config=config)
     assert (engine.train_batch_size(), engine.gradient_accumulation_steps()) == (MICRO, 1)
-    assert engine.get_lr() == [1e-3] and scheduler.max_lrs == [1e-3]  # DeepSpeed's defaults
+    assert engine.get_lr() == [0.0] and scheduler.max_lrs == [1e-3]  # DeepSpeed's defaults
     assert not engine.fp16_enabled() and not engine.bfloat16_enabled()
     assert next(model.parameters()).dtype == torch.float32
     engine.backward(engine(torch.randn(MICRO, 8)).pow(2).mean())

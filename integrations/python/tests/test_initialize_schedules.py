@@ -31,7 +31,9 @@ def warmup(t, kind):
 @pytest.mark.parametrize("kind", ["log", "linear"])
 def test_warmup_lr(kind):
     schedule = WarmupLR(optimizer(), LOW, HIGH, WARM, warmup_type=kind)
-    assert schedule.optimizer.param_groups[0]["lr"] == 0.02  # untouched before step()
+    # warmup_min_lr from construction, so the first optimizer step takes it (DeepSpeed's too)
+    assert schedule.optimizer.param_groups[0]["lr"] == LOW
+    assert schedule.get_lr() == [LOW]
     for t in (0, 1, 4, 9):
         assert rate_at(schedule, t) == pytest.approx(LOW + (HIGH - LOW) * warmup(t, kind))
     for t in (10, 25, 1000):
@@ -41,6 +43,7 @@ def test_warmup_lr(kind):
 @pytest.mark.parametrize("kind", ["log", "linear"])
 def test_warmup_decay_lr(kind):
     schedule = WarmupDecayLR(optimizer(), TOTAL, LOW, HIGH, WARM, warmup_type=kind)
+    assert schedule.optimizer.param_groups[0]["lr"] == LOW
     for t in (0, 3, 9):
         assert rate_at(schedule, t) == pytest.approx(LOW + (HIGH - LOW) * warmup(t, kind))
     for t in (10, 15, 29, 30, 45):

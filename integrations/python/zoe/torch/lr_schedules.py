@@ -15,9 +15,10 @@ With t = last_batch_iteration and W = max(2, warmup_num_steps), the warmup facto
   p = (t - W + 1) / (total_num_steps - W).
   Like DeepSpeed's, it sets the rate to 0 at construction (t = -1).
 
-WarmupLR and WarmupDecayLR leave the optimizer's rate alone until their first step, as
-DeepSpeed's do. ``schedule_from_config`` builds one from a configuration's ``scheduler``
-section; other DeepSpeed types (OneCycle, LRRangeTest) are refused naming the alternative."""
+WarmupLR and WarmupDecayLR set every group's rate to warmup_min_lr at construction (t = -1), so
+the first optimizer step takes it, as DeepSpeed's do (since 0.15.3). ``schedule_from_config``
+builds one from a configuration's ``scheduler`` section; other DeepSpeed types (OneCycle,
+LRRangeTest) are refused naming the alternative."""
 
 import math
 
@@ -100,6 +101,15 @@ class WarmupLR(_Schedule):
         self.max_lrs = _per_group(optimizer, warmup_max_lr, "warmup_max_lr")
         self.warmup_num_steps = max(2, int(warmup_num_steps))
         self.warmup_type = _check_warmup_type(warmup_type)
+        if last_batch_iteration == -1:
+            self._apply(self.get_lr())
+
+    def get_lr(self):
+        """Per param group, the rate at last_batch_iteration (warmup_min_lr before the first
+        step)."""
+        if self.last_batch_iteration < 0:
+            return list(self.min_lrs)
+        return self._rates()
 
     def _gamma(self):
         if self.last_batch_iteration < self.warmup_num_steps:
