@@ -445,3 +445,23 @@ def test_a_user_optimizer_must_reduce_in_the_configs_buckets(world_of_one):
                                                   "bucket_elements=1000"):
         zoe.torch.initialize(model=model, optimizer=optimizer, config=config)
     optimizer.close()
+
+
+def test_an_engine_never_closed_leaves_no_swap_directory(tmp_path):
+    """A script that never closes its engine, as DeepSpeed scripts never do, leaves no swap
+    directory in TMPDIR at stage 3 (the pager's engine swaps the parameters into one of its
+    own): the engines still open are closed when the interpreter exits."""
+    import subprocess
+    import sys
+
+    code = ("import glob, os, torch, zoe.torch\n"
+            "model = torch.nn.Linear(4, 4)\n"
+            "config = {'train_micro_batch_size_per_gpu': 2, 'optimizer': {'type': 'AdamW'},\n"
+            "          'zero_optimization': {'stage': 3}, 'zoe': {'log_level': 'warn'}}\n"
+            "engine, *_ = zoe.torch.initialize(model=model, config=config)\n"
+            "print(len(glob.glob(os.path.join(os.environ['TMPDIR'], 'zoe-engine-*'))))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp_path)), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.strip()) >= 1  # the engine swapped into a directory of its own
+    assert list(tmp_path.iterdir()) == []

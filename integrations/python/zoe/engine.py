@@ -5,11 +5,13 @@ engine or on one of its handles raises :class:`zoe.FailedPrecondition`. An engin
 manager; so are :meth:`Engine.trace` and :meth:`Tensor.acquired`.
 """
 
+import atexit
 import contextlib
 import ctypes
 import json
 import os
 import threading
+import weakref
 import dataclasses
 from dataclasses import dataclass
 
@@ -146,11 +148,25 @@ class StepResult:
     seconds: float
 
 
+# Every engine not closed yet: those still open when the interpreter exits are closed then, so
+# that their swap files (an engine without zoe.nvme_paths swaps into a directory of its own
+# under TMPDIR or /var/tmp) do not outlive a script that never called close().
+_OPEN_ENGINES = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines():
+    for engine in list(_OPEN_ENGINES):
+        with contextlib.suppress(Exception):
+            engine.close()
+
+
 class Engine:
     """A zoe engine: tiers, tensors, optimizer groups.
 
     ``config``: None (defaults), a dict, a JSON string, or the path of a JSON file such as a
-    DeepSpeed configuration (see docs/configuration.md).
+    DeepSpeed configuration (see docs/configuration.md). An engine still open when the
+    interpreter exits is closed then (its swap files removed).
     """
 
     def __init__(self, config=None):
@@ -160,6 +176,7 @@ class Engine:
         handle = _capi.zoe_engine_p()
         check(_capi.zoe_engine_create(text.encode("utf-8"), ctypes.byref(handle)), "create engine")
         self._handle = handle
+        _OPEN_ENGINES.add(self)
 
     # --- lifetime ------------------------------------------------------------------------------
 
