@@ -80,6 +80,11 @@ def train_engine(engine, first, last, rank, world):
             engine.step()
 
 
+def module_values(engine):
+    """Copies of the engine's module_state_dict() values."""
+    return {key: value.clone() for key, value in engine.module_state_dict().items()}
+
+
 def run_script(config, checkpoint_dir, rank=0, world=1):
     """The DeepSpeed-style script: half the steps, save, a fresh engine loads and finishes.
     Returns the final module_state_dict and the learning rates each engine reported."""

@@ -3,6 +3,11 @@ optimizer (a zoe.torch optimizer, or a plain torch optimizer at stage 0), a lear
 schedule and, under fp16, a loss scaler.
 
 Contract, as DeepSpeed's engine:
+- The engine is a ``torch.nn.Module`` whose one submodule, ``module``, is the model:
+  ``parameters()``, ``named_modules()``, ``state_dict()`` (keys ``module.<name>``) and the rest
+  of nn.Module's API see the model through it, and an attribute the engine does not have is the
+  model's (DeepSpeed's ``__getattr__``). ``train()`` and ``eval()`` set the mode of both and
+  return None, as DeepSpeed's.
 - ``engine(*inputs)`` runs the module.
 - ``backward(loss)`` divides the loss by gradient_accumulation_steps (and multiplies it by the
   loss scale under fp16; a hook on each parameter divides its incoming gradient by the scale,
@@ -28,6 +33,7 @@ an accumulation, so the one that does reduces the accumulated gradients."""
 
 import contextlib
 import os
+import time
 import types
 
 import torch
@@ -42,6 +48,7 @@ from .optimizer import ZoeOptimizer
 MODEL_STATES = "model_states.pt"
 OPTIMIZER_DIR = "optimizer"
 TORCH_OPTIMIZER = "optimizer.pt"
+_ABSENT = object()
 
 
 def _load_saved(path):
@@ -53,12 +60,86 @@ def _load_saved(path):
         return torch.load(path)
 
 
-class DeepSpeedEngine:
+def local_rank_from_environment():
+    """DeepSpeed's local_rank: LOCAL_RANK (set by launchers, torchrun and
+    deepspeed.init_distributed), else OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), else 0."""
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)))
+
+
+def without_frozen(state, module, prefix=""):
+    """``state`` (a state dict of ``module`` with keys ``prefix`` + name) without the
+    parameters that do not require gradients, by the names named_parameters() gives them."""
+    frozen = {prefix + name for name, param in module.named_parameters()
+              if not param.requires_grad}
+    for key in [key for key in state if key in frozen]:
+        del state[key]
+    return state
+
+
+class ThroughputTimer:
+    """DeepSpeed's ThroughputTimer (deepspeed/utils/timer.py), driven by the engine: ``start()``
+    as a micro-batch's forward begins, ``stop(global_step)`` at the end of its ``step()``
+    (``global_step``: the boundary's). Once ``start_step`` optimizer steps have passed
+    (warm-up), the time from the latest start to each stop is summed; ``avg_samples_per_sec()``
+    is the batch size over the mean of that time per optimizer step since (-inf until then).
+    ``synchronize`` (a function, or None) runs before ``clock`` is read (DeepSpeed's
+    ``timers.throughput.synchronized``). zoe logs nothing: a script reads the rate."""
+
+    def __init__(self, batch_size, enabled=True, synchronize=None, start_step=2,
+                 clock=time.perf_counter):
+        self.batch_size = batch_size
+        self.enabled = enabled
+        self.start_step = start_step
+        self._synchronize = synchronize
+        self._clock = clock
+        self.started = False
+        self.start_time = None  # set by the first start() after the warm-up
+        self.epoch_count = 0
+        self.micro_step_count = 0
+        self.global_step_count = 0
+        self.total_elapsed_time = 0.0
+
+    def update_epoch_count(self):
+        """A script's call at the end of an epoch."""
+        self.epoch_count += 1
+        self.micro_step_count = 0
+
+    def _now(self):
+        if self._synchronize is not None:
+            self._synchronize()
+        return self._clock()
+
+    def start(self):
+        if not self.enabled:
+            return
+        self.started = True
+        if self.global_step_count >= self.start_step:
+            self.start_time = self._now()
+
+    def stop(self, global_step=False):
+        if not self.enabled or not self.started:
+            return
+        self.started = False
+        self.micro_step_count += 1
+        self.global_step_count += int(bool(global_step))
+        if self.start_time is not None:
+            self.total_elapsed_time += self._now() - self.start_time
+
+    def avg_samples_per_sec(self):
+        """Samples per second over the optimizer steps after the warm-up; -inf before one."""
+        timed_steps = self.global_step_count - self.start_step
+        if timed_steps <= 0 or self.total_elapsed_time <= 0.0:
+            return float("-inf")
+        return self.batch_size / (self.total_elapsed_time / timed_steps)
+
+
+class DeepSpeedEngine(torch.nn.Module):
     """See the module docstring. Built by zoe.torch.initialize (ds_initialize.py)."""
 
     def __init__(self, module, optimizer, lr_scheduler, training, process_group=None,
                  loss_scaler=None, owns_optimizer=True, stage3=None):
-        self.module = module
+        super().__init__()
+        self.module = module  # registered as the submodule "module"
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.config = training.document
@@ -67,6 +148,8 @@ class DeepSpeedEngine:
         self.loss_scaler = loss_scaler
         self._owns_optimizer = owns_optimizer
         self._stage3 = stage3  # ds_stage3.Stage3 at ZeRO stage 3, else None
+        self.local_rank = local_rank_from_environment()
+        self.training_dataloader = None  # initialize's loader of training_data
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -75,16 +158,57 @@ class DeepSpeedEngine:
         self._seconds = types.SimpleNamespace(forward=0.0, backward=0.0, step=0.0,
                                               reductions=0.0)  # see stats()
         self._unscale_hooks = self._hook_unscaling() if loss_scaler is not None else []
+        self.tput_timer = self._throughput_timer()
 
-    # --- sizes and ranks -------------------------------------------------------------------
+    def __getattr__(self, name):
+        """nn.Module's parameters, buffers and submodules, then, as DeepSpeed's engine, an
+        attribute of the model that the engine does not have."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        model = self.__dict__.get("_modules", {}).get("module")
+        value = _ABSENT if model is None else getattr(model, name, _ABSENT)
+        if value is _ABSENT:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}', "
+                                 "nor has its module")
+        return value
+
+    def _throughput_timer(self):
+        """tput_timer as the config's timers.throughput says (enabled and synchronized by
+        default, as DeepSpeed's)."""
+        section = self.config.get("timers", {}).get("throughput", {})
+        synchronize = None
+        if section.get("synchronized", True) and self.device.type == "cuda":
+            synchronize = torch.cuda.synchronize
+        return ThroughputTimer(self.train_batch_size(), bool(section.get("enabled", True)),
+                               synchronize)
+
+    # --- sizes, ranks and settings ---------------------------------------------------------
 
     @property
     def world_size(self):
         return 1 if self._group is None else dist.get_world_size(self._group)
 
     @property
+    def dp_world_size(self):
+        """The data-parallel ranks: every rank (zoe has no model parallelism)."""
+        return self.world_size
+
+    @property
+    def mp_world_size(self):
+        return 1
+
+    @property
     def global_rank(self):
         return 0 if self._group is None else dist.get_rank(self._group)
+
+    @property
+    def device(self):
+        """Where the model's parameters are (DeepSpeed: the device it moved the model to);
+        the CPU for a model without parameters."""
+        param = next(self.module.parameters(), None)
+        return torch.device("cpu") if param is None else param.device
 
     def train_batch_size(self):
         return self._training.batch.train_batch_size
@@ -104,22 +228,75 @@ class DeepSpeedEngine:
     def bfloat16_enabled(self):
         return self._training.bf16
 
+    def get_batch_info(self):
+        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps), the
+        values DeepSpeed's docstring names (its code returns the three methods)."""
+        return (self.train_batch_size(), self.train_micro_batch_size_per_gpu(),
+                self.gradient_accumulation_steps())
+
+    def zero_optimization(self):
+        """Whether ZeRO is on (stage 1 or above)."""
+        return self._training.zero_stage > 0
+
+    def zero_optimization_partition_gradients(self):
+        return self._training.zero_stage >= 2
+
+    def zero_optimization_partition_weights(self):
+        return self._training.zero_stage >= 3
+
+    def zero_cpu_offload(self):
+        """Whether zero_optimization.offload_optimizer.device is "cpu"."""
+        return self._training.offload_optimizer == "cpu"
+
+    def zero_gather_16bit_weights_on_model_save(self):
+        """zero_optimization.stage3_gather_16bit_weights_on_model_save (its older name
+        stage3_gather_fp16_weights_on_model_save too), false when absent or "auto"."""
+        zero = self.config.get("zero_optimization", {})
+        for key in ("stage3_gather_16bit_weights_on_model_save",
+                    "gather_16bit_weights_on_model_save",
+                    "stage3_gather_fp16_weights_on_model_save"):
+            if zero.get(key) not in (None, "auto"):
+                return bool(zero[key])
+        return False
+
+    def gradient_clipping(self):
+        return self._training.gradient_clipping
+
+    def dataloader_drop_last(self):
+        return self._training.dataloader_drop_last
+
+    def optimizer_name(self):
+        """A user's optimizer's class name, else the config's optimizer type as DeepSpeed
+        keeps it (lower case: "adamw", "adam", "adagrad", "lion")."""
+        if not self._owns_optimizer:
+            return type(self.optimizer).__name__
+        return str(self.config["optimizer"]["type"]).lower()
+
+    def steps_per_print(self):
+        """The config's steps_per_print (None when absent, as DeepSpeed's default); zoe prints
+        nothing: stats() and tput_timer say how training goes."""
+        return self.config.get("steps_per_print")
+
+    def wall_clock_breakdown(self):
+        """The config's wall_clock_breakdown (false when absent); zoe keeps its breakdown in
+        stats() either way."""
+        return bool(self.config.get("wall_clock_breakdown", False))
+
     # --- the training loop -----------------------------------------------------------------
 
-    def __call__(self, *inputs, **kwargs):
-        return self.forward(*inputs, **kwargs)
-
     def forward(self, *inputs, **kwargs):
-        """The module's forward."""
+        """The module's forward (``engine(x)`` runs it through nn.Module's call)."""
+        self.tput_timer.start()
         with _timed(self._seconds, "forward"):
             return self.module(*inputs, **kwargs)
 
     def train(self, mode=True):
-        self.module.train(mode)
-        return self
+        """Sets the engine's and the module's training mode; returns None, as DeepSpeed's."""
+        super().train(mode)
 
     def eval(self):
-        return self.train(False)
+        """train(False); returns None, as DeepSpeed's."""
+        self.train(False)
 
     def is_gradient_accumulation_boundary(self):
         """Whether the current micro-batch's step() steps the optimizer."""
@@ -184,9 +361,19 @@ class DeepSpeedEngine:
         for param in self.module.parameters():
             param.grad = None
 
+    def _optimizer_param(self, name):
+        """Per param group, its value of ``name`` (0.0 where it has none, as DeepSpeed's)."""
+        return [group.get(name, 0.0) for group in self.optimizer.param_groups]
+
     def get_lr(self):
         """Per param group, the learning rate the next step takes."""
-        return [group["lr"] for group in self.optimizer.param_groups]
+        return self._optimizer_param("lr")
+
+    def get_mom(self):
+        """Per param group, its momentum for SGD and RMSprop, else its betas (0.0 where the
+        optimizer has none, e.g. Adagrad), as DeepSpeed's."""
+        momentum = self.optimizer_name() in ("SGD", "RMSprop")
+        return self._optimizer_param("momentum" if momentum else "betas")
 
     def get_global_grad_norm(self):
         """The gradient norm of the latest step (zoe's optimizers), else None."""
@@ -437,7 +624,7 @@ class DeepSpeedEngine:
 
     def close(self):
         """Removes the engine's hooks and closes the optimizer it created (its zoe engine and
-        swap files); idempotent."""
+        swap files); idempotent. DeepSpeed's ``destroy()`` is the same."""
         for handle in self._unscale_hooks:
             handle.remove()
         self._unscale_hooks = []
@@ -446,6 +633,9 @@ class DeepSpeedEngine:
             stage3.close(self.optimizer)
         elif self._owns_optimizer and hasattr(self.optimizer, "close"):
             self.optimizer.close()
+
+    def destroy(self):
+        self.close()
 
     def __enter__(self):
         return self
