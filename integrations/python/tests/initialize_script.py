@@ -80,6 +80,29 @@ def train_engine(engine, first, last, rank, world):
             engine.step()
 
 
+def accelerate_steps(engine, first, last, rank=0, world=1):
+    """Optimizer steps [first, last) as accelerate drives DeepSpeed (its
+    DeepSpeedEngineWrapper.backward): set_gradient_accumulation_boundary before every
+    backward, step() after the boundary's only. Returns, per micro-batch, (whether the
+    parameters changed in it, whether they should: a boundary with a learning rate)."""
+    changes = []
+    for step in range(first, last):
+        for micro in range(ACCUMULATION):
+            before = module_values(engine)
+            boundary = micro == ACCUMULATION - 1
+            moves = boundary and engine.get_lr()[0] > 0  # WarmupLR's rate is 0 at step 1
+            engine.set_gradient_accumulation_boundary(boundary)
+            x, y = micro_batch(step, micro, world)
+            engine.backward(torch.nn.functional.mse_loss(engine(rows(x, rank, world)),
+                                                         rows(y, rank, world)))
+            if boundary:
+                engine.step()
+            changed = any(not torch.equal(before[key], value)
+                          for key, value in engine.module_state_dict().items())
+            changes.append((changed, moves))
+    return changes
+
+
 def module_values(engine):
     """Copies of the engine's module_state_dict() values."""
     return {key: value.clone() for key, value in engine.module_state_dict().items()}

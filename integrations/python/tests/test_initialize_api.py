@@ -1,14 +1,19 @@
 """The engine zoe.torch.initialize returns, against DeepSpeed's engine API (deepspeed/runtime/
-engine.py): an nn.Module over the model with its attributes falling through to it, and the
-accessors scripts read."""
+engine.py): an nn.Module over the model with its attributes falling through to it; accelerate's
+loop (set_gradient_accumulation_boundary, step() on the boundary only) at every stage steps as
+the plain torch loop (on the CPU twin: test_initialize.py); was_step_applied; backward's
+arguments and result; the accessors scripts read and the throughput timer."""
 
 import pytest
 import torch
 
 import zoe.torch
-from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, assert_same_state, ds_config,
-                               make_model, module_values, train_engine)
+from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, accelerate_steps,
+                               assert_same_state, ds_config, make_model, module_values,
+                               reference, train_engine)
+from zoe.torch.ds_engine import ThroughputTimer
 
+STAGES = [(0, "none", None), (1, "cpu", None), (2, "cpu", None), (3, "cpu", "cpu")]
 def config_at(stage, offload="cpu", offload_param=None, world=1):
     return ds_config(stage, offload if stage else "none", None, world,
                      offload_param if stage == 3 else None)
@@ -20,6 +25,14 @@ def start(stage=0, model=None, world=1, **kwargs):
     engine, _, _, scheduler = zoe.torch.initialize(
         model=model, config=config_at(stage, offload_param="cpu", world=world), **kwargs)
     return engine, scheduler
+
+
+def assert_changed_where_it_should(changes):
+    assert [changed for changed, _ in changes] == [moves for _, moves in changes]
+    assert sum(moves for _, moves in changes) == STEPS - 1
+
+
+# --- the engine is an nn.Module over the model ----------------------------------------------
 
 
 class Wrapped(torch.nn.Module):
@@ -74,6 +87,72 @@ def test_load_state_dict_through_the_engine_takes_module_prefixed_keys():
 
 
 # --- set_gradient_accumulation_boundary: accelerate's loop ----------------------------------
+
+
+@pytest.mark.parametrize("stage,offload,offload_param", STAGES)
+def test_accelerates_loop_steps_at_its_boundaries_as_the_plain_torch_loop(stage, offload,
+                                                                         offload_param):
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(),
+                                           config=config_at(stage, offload, offload_param))
+    assert_changed_where_it_should(accelerate_steps(engine, 0, STEPS))
+    # step() ran once per accumulation: it counts micro_steps, as DeepSpeed's
+    assert (engine.global_steps, engine.micro_steps) == (STEPS, STEPS)
+    assert_same_state(engine.module_state_dict(), reference())
+    engine.close()
+
+
+def test_the_boundary_set_is_what_the_engine_reads_until_it_is_unset():
+    engine, _ = start()
+    assert not engine.is_gradient_accumulation_boundary()
+    engine.set_gradient_accumulation_boundary(True)
+    assert engine.is_gradient_accumulation_boundary()
+    engine.backward(engine(torch.randn(MICRO, 8)).pow(2).mean())
+    engine.step()
+    assert engine.was_step_applied() and engine.global_steps == 1
+    engine.set_gradient_accumulation_boundary(False)
+    engine.backward(engine(torch.randn(MICRO, 8)).pow(2).mean())
+    engine.step()  # a step() outside the boundary steps nothing
+    assert not engine.was_step_applied() and engine.global_steps == 1
+    engine.set_gradient_accumulation_boundary(None)  # counted again: micro_steps is 2
+    assert not engine.is_gradient_accumulation_boundary()
+    engine.close()
+
+
+# --- step() and backward() ------------------------------------------------------------------
+
+
+def test_was_step_applied_is_false_after_a_step_between_boundaries():
+    engine, _ = start()
+    applied = []
+    for _ in range(2 * ACCUMULATION):
+        engine.backward(engine(torch.randn(MICRO, 8)).pow(2).mean())
+        engine.step()
+        applied.append(engine.was_step_applied())
+    assert applied == [False, True, False, True]
+    engine.close()
+
+
+def test_backward_returns_the_loss_divided_and_honours_its_arguments():
+    engine, _ = start()
+    model, x = engine.module, torch.randn(MICRO, 8)
+    loss = model(x).pow(2).mean()
+    divided = engine.backward(loss, retain_graph=True)
+    assert divided.dtype == torch.float32 and divided.item() == loss.item() / ACCUMULATION
+    halves = [param.grad.clone() for param in model.parameters()]
+    engine.zero_grad()
+    assert engine.backward(loss, scale_wrt_gas=False) is loss  # the graph was retained
+    for half, param in zip(halves, model.parameters()):
+        torch.testing.assert_close(param.grad, half * ACCUMULATION)
+    engine.close()
+    config = ds_config()
+    config["gradient_accumulation_steps"], config["train_batch_size"] = 1, MICRO
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+    loss = engine(x).pow(2).mean()
+    assert engine.backward(loss) is loss  # nothing divided: the loss as given
+    engine.close()
+
+
+# --- what scripts read ----------------------------------------------------------------------
 
 
 def test_local_rank_comes_from_the_environment_as_deepspeeds(monkeypatch):
@@ -139,3 +218,34 @@ def test_destroy_closes_the_engine():
     engine.destroy()  # the module's parameters are ordinary tensors again
     assert_same_state(engine.module.state_dict(), values, atol=0)
     engine.destroy()  # idempotent, as close()
+
+
+def test_the_throughput_timer_counts_the_samples_of_the_steps_after_its_warm_up():
+    engine, _ = start()
+    timer = engine.tput_timer
+    train_engine(engine, 0, 2, 0, 1)
+    assert timer.avg_samples_per_sec() == float("-inf")  # 2 steps: the warm-up
+    train_engine(engine, 2, 4, 0, 1)
+    assert (timer.global_step_count, timer.micro_step_count) == (4, 4 * ACCUMULATION)
+    assert timer.avg_samples_per_sec() > 0
+    timer.update_epoch_count()
+    assert (timer.epoch_count, timer.micro_step_count) == (1, 0)
+    engine.close()
+    # DeepSpeed's arithmetic, on a clock that advances 0.5 s a reading: after the warm-up
+    # each micro-batch takes 0.5 s from start to stop, a step of two 1 s for 8 samples
+    ticks = iter(range(100))
+    timer = ThroughputTimer(8, clock=lambda: next(ticks) * 0.5)
+    for step in range(5):
+        for micro in range(ACCUMULATION):
+            timer.start()
+            timer.stop(global_step=micro == ACCUMULATION - 1)
+    assert (timer.total_elapsed_time, timer.avg_samples_per_sec()) == (3.0, 8.0)
+    config = ds_config()
+    config["timers"] = {"throughput": {"enabled": False}}
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+    train_engine(engine, 0, 3, 0, 1)
+    assert engine.tput_timer.global_step_count == 0
+    engine.close()
+
+
+# --- checkpoints and state dicts ------------------------------------------------------------

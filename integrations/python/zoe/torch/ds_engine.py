@@ -14,13 +14,16 @@ Contract, as DeepSpeed's engine:
   so ``.grad`` always holds unscaled gradients) and runs backward; on the boundary micro-batch
   inside the optimizer's overlap() (_overlapped).
 - ``step()`` is called after every micro-batch and steps only at the accumulation boundary
-  (``is_gradient_accumulation_boundary()``): it averages the gradients over the ranks (stage 0;
+  (``is_gradient_accumulation_boundary()``: counted from ``micro_steps``, or as
+  ``set_gradient_accumulation_boundary`` last set it, which backward's holding of stage 2's
+  reductions and its overlap follow too): it averages the gradients over the ranks (stage 0;
   zoe's ZeRO optimizer reduces its own at stages 1 and 2, the pager at stage 3), steps the
   optimizer (zoe's clip to gradient_clipping and skip a non-finite step on every rank by
   themselves, which is the fp16 overflow; for a torch optimizer the engine agrees the overflow
   over the ranks and clips), steps the schedule unless the step overflowed, updates the loss scale
   and zeroes the gradients. ``global_steps`` counts boundaries (skipped ones too, as
-  DeepSpeed's), ``micro_steps`` micro-batches, ``skipped_steps`` overflows.
+  DeepSpeed's), ``micro_steps`` step() calls, ``skipped_steps`` overflows; was_step_applied()
+  says whether the latest step() changed the parameters. ``tput_timer`` times forward to step().
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
   schedule, the loss scaler, the counters and the client state; a load refuses another
@@ -155,6 +158,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.micro_steps = 0
         self.skipped_steps = 0
         self._step_applied = False
+        self._boundary = None  # set_gradient_accumulation_boundary's; None: counted
         self._seconds = types.SimpleNamespace(forward=0.0, backward=0.0, step=0.0,
                                               reductions=0.0)  # see stats()
         self._unscale_hooks = self._hook_unscaling() if loss_scaler is not None else []
@@ -299,17 +303,30 @@ class DeepSpeedEngine(torch.nn.Module):
         self.train(False)
 
     def is_gradient_accumulation_boundary(self):
-        """Whether the current micro-batch's step() steps the optimizer."""
+        """Whether the current micro-batch ends a gradient accumulation: its backward reduces
+        (stage 2) and hands gradients to the optimizer early, its step() steps the optimizer.
+        As set_gradient_accumulation_boundary last set it, else counted from micro_steps."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
-    def backward(self, loss, retain_graph=False):
-        """Backward of ``loss`` / gradient_accumulation_steps (times the loss scale under
-        fp16); returns ``loss`` as given. On the boundary micro-batch a zoe optimizer's device
-        param groups take each gradient as it becomes final (and a speculative one starts its
-        update then: optimizer.overlap()); before it, stage 2 holds its reductions."""
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's: from now on is_gradient_accumulation_boundary() returns ``is_boundary``
+        (None: counted again). Set before each micro-batch's backward, True for the last, and
+        call step() after that one only (accelerate's loop) or after every one."""
+        self._boundary = is_boundary
+
+    def backward(self, loss, release_loss=False, retain_graph=False, scale_wrt_gas=True):
+        """Backward of ``loss`` / gradient_accumulation_steps (not divided when
+        ``scale_wrt_gas`` is false), times the loss scale under fp16. Returns what DeepSpeed's
+        returns: the loss divided (as float32) when it was divided, else ``loss`` as given.
+        On the boundary micro-batch a zoe optimizer's device param groups take each gradient
+        as it becomes final (and a speculative one starts its update then:
+        optimizer.overlap()); before it, stage 2 holds its reductions. ``release_loss`` is
+        accepted and does nothing, as in DeepSpeed."""
+        if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
+            loss = loss.float() / self.gradient_accumulation_steps()
         scaled = loss
-        if self.gradient_accumulation_steps() > 1:
-            scaled = scaled / self.gradient_accumulation_steps()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         boundary = self.is_gradient_accumulation_boundary()
@@ -319,10 +336,14 @@ class DeepSpeedEngine(torch.nn.Module):
         return loss
 
     def step(self, lr_kwargs=None):
-        """Called after every micro-batch's backward; steps at the accumulation boundary."""
-        if self.is_gradient_accumulation_boundary():
+        """Called after a micro-batch's backward; steps at the accumulation boundary.
+        was_step_applied() is False after a step() that is not a boundary, as DeepSpeed's."""
+        self._step_applied = False
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             with _timed(self._seconds, "step"):
                 self._take_model_step(lr_kwargs or {})
+        self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
