@@ -129,17 +129,19 @@ def run_script(config, checkpoint_dir, rank=0, world=1):
     return state
 
 
-def reference(world=1, optimizer="AdamW", steps=STEPS):
-    """The plain torch loop the script must equal after ``steps`` steps: loss / accumulation,
-    clip_grad_norm_, the optimizer (a type of OPTIMIZERS), the schedule stepped after each
-    step."""
-    model = make_model()
+def torch_loop(model, optimizer="AdamW"):
+    """(optimizer, schedule) of the plain torch loop over ``model``: the optimizer of type
+    ``optimizer`` (a type of OPTIMIZERS) with the config's params, WarmupLR."""
     params, reference_class = OPTIMIZERS[optimizer]
     params = dict(params, betas=tuple(params["betas"])) if "betas" in params else params
-    schedule_params = dict(WARMUP, warmup_max_lr=params["lr"])
-    optimizer = reference_class(model.parameters(), **params)
-    schedule = WarmupLR(optimizer, **schedule_params)
-    for step in range(steps):
+    torch_optimizer = reference_class(model.parameters(), **params)
+    return torch_optimizer, WarmupLR(torch_optimizer, **dict(WARMUP, warmup_max_lr=params["lr"]))
+
+
+def torch_steps(model, optimizer, schedule, first, last, world=1):
+    """Optimizer steps [first, last) of the plain torch loop over the whole batch: loss /
+    accumulation, clip_grad_norm_, the optimizer, the schedule stepped after each step."""
+    for step in range(first, last):
         for micro in range(ACCUMULATION):
             x, y = micro_batch(step, micro, world)
             (torch.nn.functional.mse_loss(model(x), y) / ACCUMULATION).backward()
@@ -147,6 +149,13 @@ def reference(world=1, optimizer="AdamW", steps=STEPS):
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
+
+
+def reference(world=1, optimizer="AdamW", steps=STEPS):
+    """The parameters the script must end with after ``steps`` steps: the plain torch loop
+    (torch_loop, torch_steps) from make_model()."""
+    model = make_model()
+    torch_steps(model, *torch_loop(model, optimizer), 0, steps, world)
     return copy.deepcopy(model.state_dict())
 
 

@@ -2,7 +2,14 @@
 engine.py): an nn.Module over the model with its attributes falling through to it; accelerate's
 loop (set_gradient_accumulation_boundary, step() on the boundary only) at every stage steps as
 the plain torch loop (on the CPU twin: test_initialize.py); was_step_applied; backward's
-arguments and result; the accessors scripts read and the throughput timer."""
+arguments and result; the accessors scripts read and the throughput timer; module_state_dict's
+arguments, exclude_frozen_parameters, custom_load_fn; and load_module_only and
+load_optimizer_states=False load the saved parameters (at stage 3 the paged ones) with the
+optimizer's moments kept, as a torch loop that loads the model."""
+
+import collections
+import copy
+import os
 
 import pytest
 import torch
@@ -10,8 +17,8 @@ import torch
 import zoe.torch
 from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, accelerate_steps,
                                assert_same_state, ds_config, make_model, module_values,
-                               reference, train_engine)
-from zoe.torch.ds_engine import ThroughputTimer
+                               reference, torch_loop, torch_steps, train_engine)
+from zoe.torch.ds_engine import ThroughputTimer, _load_saved
 
 STAGES = [(0, "none", None), (1, "cpu", None), (2, "cpu", None), (3, "cpu", "cpu")]
 def config_at(stage, offload="cpu", offload_param=None, world=1):
@@ -220,6 +227,22 @@ def test_destroy_closes_the_engine():
     engine.destroy()  # idempotent, as close()
 
 
+def test_zero3_consolidated_16bit_state_dict_is_the_full_module_on_the_cpu():
+    engine, _ = start(3)
+    train_engine(engine, 0, 1, 0, 1)
+    engine.module[2].bias.requires_grad_(False)
+    consolidated = engine._zero3_consolidated_16bit_state_dict()
+    assert all(value.device.type == "cpu" for value in consolidated.values())
+    assert_same_state(consolidated, engine.module_state_dict(), atol=0)
+    trainable = engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
+    assert sorted(trainable) == sorted(key for key in consolidated if key != "2.bias")
+    engine.close()
+    engine, _ = start(0)
+    with pytest.raises(ValueError, match="needs zero_optimization.stage 3"):
+        engine._zero3_consolidated_16bit_state_dict()
+    engine.close()
+
+
 def test_the_throughput_timer_counts_the_samples_of_the_steps_after_its_warm_up():
     engine, _ = start()
     timer = engine.tput_timer
@@ -249,3 +272,168 @@ def test_the_throughput_timer_counts_the_samples_of_the_steps_after_its_warm_up(
 
 
 # --- checkpoints and state dicts ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_module_state_dict_takes_torchs_arguments(stage):
+    engine, _ = start(stage)
+    engine.module[0].bias.requires_grad_(False)
+    full = module_values(engine)
+    destination = collections.OrderedDict(kept=torch.zeros(1))
+    state = engine.module_state_dict(destination=destination, prefix="m.")
+    assert state is destination and list(state)[0] == "kept"
+    assert_same_state({key[2:]: value for key, value in state.items() if key != "kept"}, full,
+                      atol=0)
+    trainable = engine.module_state_dict(exclude_frozen_parameters=True)
+    assert sorted(trainable) == sorted(key for key in full if key != "0.bias")
+    if stage == 0:  # at stage 3 the values are gathered copies: keep_vars does not apply
+        assert isinstance(engine.module_state_dict(keep_vars=True)["0.weight"],
+                          torch.nn.Parameter)
+    engine.close()
+
+
+def frozen_bias(model):
+    model[2].bias.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("stage,how", [(0, {}), (2, {}), (3, {"load_module_only": True})])
+def test_exclude_frozen_parameters_leaves_them_out_of_the_checkpoint(stage, how, nvme_dir):
+    """Saved without the frozen parameters, a checkpoint is refused by a strict load and a
+    lax one keeps the module's own values of them. (At stage 3 a load with the optimizer
+    restores them: its checkpoint holds every parameter's master weights.)"""
+    ckpt = os.path.join(nvme_dir, "ckpt")
+    saving, _ = start(stage, model=frozen_bias(make_model()))
+    train_engine(saving, 0, 1, 0, 1)
+    saved = module_values(saving)
+    saving.save_checkpoint(ckpt, exclude_frozen_parameters=True)
+    saving.close()
+    assert "2.bias" not in _load_saved(os.path.join(ckpt, "global_step1",
+                                                    "model_states.pt"))["module"]
+    loading, _ = start(stage, model=frozen_bias(make_model(seed=1)))
+    own_bias = loading.module_state_dict()["2.bias"].clone()
+    with pytest.raises(RuntimeError, match='Missing key.*"2.bias"'):
+        loading.load_checkpoint(ckpt, **how)
+    loading.load_checkpoint(ckpt, load_module_strict=False, **how)
+    loaded = loading.module_state_dict()
+    torch.testing.assert_close(loaded.pop("2.bias"), own_bias, rtol=0, atol=0)
+    assert_same_state(loaded, {key: value for key, value in saved.items() if key != "2.bias"},
+                      atol=0)
+    if stage == 3:
+        loading.load_checkpoint(ckpt, load_module_strict=False)
+        assert_same_state(loading.module_state_dict(), saved, atol=0)
+    loading.close()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_custom_load_fn_loads_the_module_instead_of_load_state_dict(stage, nvme_dir):
+    ckpt = os.path.join(nvme_dir, "ckpt")
+    saving, _ = start(stage)
+    saving.save_checkpoint(ckpt)
+    saved = module_values(saving)
+    saving.close()
+    loading, _ = start(stage, model=make_model(seed=1))
+    before = module_values(loading)
+    calls = []
+
+    def load_first_layer_doubled(src, dst):
+        calls.append(sorted(src))
+        dst[0].weight.data.copy_(src["0.weight"] * 2)
+
+    loading.load_checkpoint(ckpt, load_module_only=True, custom_load_fn=load_first_layer_doubled)
+    assert calls == [sorted(saved)]
+    loaded = loading.module_state_dict()
+    torch.testing.assert_close(loaded.pop("0.weight"), saved["0.weight"] * 2)
+    assert_same_state(loaded, {key: value for key, value in before.items() if key != "0.weight"},
+                      atol=0)
+    loading.close()
+
+
+# --- load_module_only and load_optimizer_states=False ---------------------------------------
+
+
+def warm_start_reference(saved, scheduler_state, steps_before, world=1):
+    """The plain torch loop of a warm start: make_model(seed=1) steps ``steps_before`` steps,
+    then loads ``saved`` (and the schedule's ``scheduler_state`` unless None) and steps to
+    STEPS, its optimizer keeping its moments."""
+    model = make_model(seed=1)
+    optimizer, schedule = torch_loop(model)
+    torch_steps(model, optimizer, schedule, 0, steps_before, world)
+    model.load_state_dict(saved)
+    if scheduler_state is not None:
+        schedule.load_state_dict(scheduler_state)
+    torch_steps(model, optimizer, schedule, steps_before, STEPS, world)
+    return copy.deepcopy(model.state_dict())
+
+
+def warm_start(stage, offload_param, how, steps_before, directory, rank=0, world=1):
+    """A checkpoint (in ``directory``/ckpt) of STEPS // 2 steps from make_model(); an engine
+    over make_model(seed=1) that steps ``steps_before`` steps, loads it as ``how`` says and
+    trains on to STEPS. Returns (what the load gave the module, the final parameters, the
+    saved parameters, the saved schedule's state)."""
+    config = ds_config(stage, "cpu" if stage else "none", os.path.join(directory, "swap"),
+                       world, offload_param)
+    engine, _, _, scheduler = zoe.torch.initialize(model=make_model(), config=config)
+    train_engine(engine, 0, STEPS // 2, rank, world)
+    saved, scheduler_state = module_values(engine), scheduler.state_dict()
+    engine.save_checkpoint(os.path.join(directory, "ckpt"))
+    engine.close()
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(seed=1), config=config)
+    train_engine(engine, 0, steps_before, rank, world)
+    engine.load_checkpoint(os.path.join(directory, "ckpt"), **how)
+    loaded = module_values(engine)
+    train_engine(engine, steps_before, STEPS, rank, world)
+    final = module_values(engine)
+    engine.close()
+    return loaded, final, saved, scheduler_state
+
+
+HOWS = {"module-only": {"load_module_only": True},
+        "no-optimizer": {"load_optimizer_states": False}}
+
+
+@pytest.mark.parametrize("how", sorted(HOWS))
+@pytest.mark.parametrize("steps_before", [0, 1], ids=["fresh", "stepped"])
+@pytest.mark.parametrize("stage,offload_param", [(0, None), (2, None), (3, "cpu"), (3, "nvme")])
+def test_a_warm_start_loads_the_saved_parameters_and_keeps_the_moments(
+        stage, offload_param, steps_before, how, nvme_dir):
+    """DeepSpeed's load_module_only / load_optimizer_states=False: the module takes the saved
+    parameters (at stage 3 the paged ones), the optimizer's master weights follow, its moments
+    stay: as a torch loop that loads the model's state dict and goes on."""
+    loaded, final, saved, scheduler_state = warm_start(
+        stage, offload_param, HOWS[how], steps_before, nvme_dir)
+    assert_same_state(loaded, saved, atol=0)
+    with_schedule = None if how == "module-only" else scheduler_state
+    assert_same_state(final, warm_start_reference(saved, with_schedule, steps_before))
+
+
+def test_a_bf16_warm_start_at_stage_3_loads_the_16bit_parameters(nvme_dir):
+    """Under bf16 the checkpoint's module holds the 16-bit parameters, and the master weights
+    follow them (as DeepSpeed restores its fp32 weights from the 16-bit ones)."""
+    config = config_at(3, offload_param="cpu")
+    config["bf16"] = {"enabled": True}
+    ckpt = os.path.join(nvme_dir, "ckpt")
+    engines = []
+    for seed in (0, 1):
+        engine, _, _, _ = zoe.torch.initialize(model=make_model(seed), config=config)
+        for _ in range(ACCUMULATION):
+            engine.backward(engine(torch.randn(MICRO, 8).bfloat16()).float().pow(2).mean())
+            engine.step()
+        engines.append(engine)
+    engines[0].save_checkpoint(ckpt)
+    saved = module_values(engines[0])
+    engines[0].close()
+    stepped = module_values(engines[1])
+    engines[1].load_checkpoint(ckpt, load_module_only=True)
+    assert_same_state(module_values(engines[1]), saved, atol=0)
+    engines[1].set_gradient_accumulation_boundary(True)
+    engines[1].backward(engines[1](torch.randn(MICRO, 8).bfloat16()).float().pow(2).mean())
+    engines[1].step()
+    after = module_values(engines[1])
+    for key in saved:  # one small step from the loaded values, none from its own
+        assert (after[key].float() - saved[key].float()).abs().max() < 0.05
+        assert (after[key].float() - stepped[key].float()).abs().max() > 0.05
+    engines[1].close()
+
+
+# --- the training_data loader -----------------------------------------------------------------

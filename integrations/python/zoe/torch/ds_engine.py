@@ -27,8 +27,10 @@ Contract, as DeepSpeed's engine:
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
   schedule, the loss scaler, the counters and the client state; a load refuses another
-  optimizer's checkpoint before anything changes. ``save_16bit_model``: the module's full state
-  dict, written atomically by rank 0.
+  optimizer's checkpoint before anything changes. A load without the optimizer's state
+  (load_module_only, load_optimizer_states=False) loads the module's parameters, at stage 3
+  into the pages (ds_stage3.py), and the optimizer's master weights follow them.
+  ``save_16bit_model``: the module's full state dict, written atomically by rank 0.
 
 ZeRO stage 2 with accumulation: zoe's stage 2 reduces a bucket as soon as its gradients are
 final in a backward; the engine holds those reductions back during the backwards that do not end
@@ -45,7 +47,7 @@ import torch.distributed as dist
 from .._collective_ops import agreed
 from . import ds_checkpoint
 from .checkpoint import saved_param_groups
-from .common import _timed, replace_atomically
+from .common import _invalid, _timed, replace_atomically
 from .optimizer import ZoeOptimizer
 
 MODEL_STATES = "model_states.pt"
@@ -517,9 +519,12 @@ class DeepSpeedEngine(torch.nn.Module):
         if self._group is not None:
             dist.barrier(group=self._group)
 
-    def _engine_state(self, client_state):
+    def _engine_state(self, client_state, exclude_frozen_parameters):
+        module = self.module_state_dict()
+        if exclude_frozen_parameters:
+            without_frozen(module, self.module)
         return {
-            "module": self.module_state_dict(),
+            "module": module,
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
             "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict(),
             "global_steps": self.global_steps, "global_samples": self.global_samples,
@@ -528,14 +533,19 @@ class DeepSpeedEngine(torch.nn.Module):
             "client_state": dict(client_state or {}),
         }
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
         """Saves everything training needs to resume to ``<save_dir>/<tag>`` (default tag
         ``global_step<N>``), crash-safe, and points ``<save_dir>/latest`` at it (unless
-        save_latest is false). Every rank calls it. Returns True, as DeepSpeed's."""
+        save_latest is false); with ``exclude_frozen_parameters`` the module's parameters that
+        do not require gradients are left out (a strict load then refuses the checkpoint:
+        load it with load_module_strict=False). Every rank calls it. Returns True, as
+        DeepSpeed's."""
         tag = f"global_step{self.global_steps}" if tag is None else str(tag)
         partial = ds_checkpoint.begin_save(save_dir, tag, self.global_rank, self._barrier)
         self._save_optimizer(partial)
-        state = self._engine_state(client_state)  # a collective at stage 3 over ranks
+        # a collective at stage 3 over ranks
+        state = self._engine_state(client_state, exclude_frozen_parameters)
         if self.global_rank == 0:
             torch.save(state, os.path.join(partial, MODEL_STATES))
         ds_checkpoint.commit_save(save_dir, tag, self.global_rank, self._barrier, save_latest)
@@ -558,20 +568,26 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
-                        load_module_only=False):
+                        load_module_only=False, custom_load_fn=None):
         """Loads the save ``tag`` (default: the one ``<load_dir>/latest`` names). Returns
-        (its path, the client_state saved with it), or (None, None) when there is none."""
+        (its path, the client_state saved with it), or (None, None) when there is none.
+        ``load_module_only`` loads the module alone; ``load_optimizer_states=False`` all but the
+        optimizer. Then, as DeepSpeed's, the optimizer's master weights follow the loaded
+        parameters and its moments stay. ``custom_load_fn(src=saved module state,
+        dst=engine.module)`` loads the module instead of load_state_dict (at stage 3 inside
+        the pager's materialized(): the whole model held at once)."""
         tag = ds_checkpoint.resolve_tag(load_dir, tag)
         if tag is None:
             return None, None
         path = os.path.join(load_dir, tag)
         state = _load_saved(os.path.join(path, MODEL_STATES))
-        if load_optimizer_states and not load_module_only:
+        with_optimizer = load_optimizer_states and not load_module_only
+        if with_optimizer:
             self._check_optimizer_loadable(path)
-        self._load_module(state["module"], load_module_strict)
+        self._load_module(state["module"], load_module_strict, custom_load_fn, with_optimizer)
         if load_module_only:
             return path, state["client_state"]
-        if load_optimizer_states:
+        if with_optimizer:
             self._load_optimizer(path)
         if load_lr_scheduler_states and self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -596,15 +612,18 @@ class DeepSpeedEngine(torch.nn.Module):
 
         self._agreed(f"checking the optimizer checkpoint in {directory!r}", check)
 
-    def _load_module(self, state, strict):
-        """The module's saved state; at stage 3 its buffers only (the paged parameters take
-        the optimizer checkpoint's master weights)."""
-        if self._stage3 is None:
+    def _load_module(self, state, strict, custom_load_fn, with_optimizer):
+        """The module's saved ``state`` (through ``custom_load_fn`` when given). At stages 0 to
+        2 the optimizer takes a parameter written outside it at its next step; at stage 3 the
+        parameters are paged and ds_stage3 writes them (``with_optimizer``: the optimizer's
+        checkpoint is loaded next and sets those it steps)."""
+        if self._stage3 is not None:
+            self._stage3.load_module(state, self.optimizer, strict, custom_load_fn,
+                                     with_optimizer)
+        elif custom_load_fn is not None:
+            custom_load_fn(src=state, dst=self.module)
+        else:
             self.module.load_state_dict(state, strict=strict)
-            return
-        names = {name for name, _ in self.module.named_parameters()}
-        buffers = {key: value for key, value in state.items() if key not in names}
-        self.module.load_state_dict(buffers, strict=False)
 
     def _load_optimizer(self, path):
         if self._stage3 is not None:
@@ -614,12 +633,32 @@ class DeepSpeedEngine(torch.nn.Module):
         else:
             self.optimizer.load_state_dict(_load_saved(os.path.join(path, TORCH_OPTIMIZER)))
 
-    def module_state_dict(self):
-        """The module's state dict (its parameters' current values; gathered at stage 3, a
-        collective over the ranks)."""
-        if self._stage3 is not None:
-            return self._stage3.module_state()
-        return self.module.state_dict()
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False,
+                          exclude_frozen_parameters=False):
+        """The module's state dict, as module.state_dict(destination, prefix, keep_vars), with
+        its parameters' current values: at stage 3 copies of the full values, gathered (a
+        collective over the ranks; keep_vars does not apply). Without the parameters that do
+        not require gradients when ``exclude_frozen_parameters``."""
+        if self._stage3 is None:
+            state = self.module.state_dict(destination=destination, prefix=prefix,
+                                           keep_vars=keep_vars)
+        else:
+            state = self._stage3.module_state(destination, prefix)
+        if exclude_frozen_parameters:
+            without_frozen(state, self.module, prefix)
+        return state
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """DeepSpeed's, for accelerate and Hugging Face's save at stage 3: the module's full
+        state dict (module_state_dict(), on the CPU) on rank 0, None on the other ranks. Every
+        rank calls it; InvalidArgument (a ValueError, as DeepSpeed's) below stage 3."""
+        if self._stage3 is None:
+            raise _invalid("_zero3_consolidated_16bit_state_dict needs zero_optimization.stage 3"
+                           "; call module_state_dict() at the other stages")
+        state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self.global_rank != 0:
+            return None
+        return type(state)((key, value.cpu()) for key, value in state.items())
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
                          exclude_frozen_parameters=False):
@@ -628,11 +667,7 @@ class DeepSpeedEngine(torch.nn.Module):
         that do not require gradients when ``exclude_frozen_parameters``, written by rank 0 to
         ``<save_dir>/<save_filename>`` with torch.save, atomically (a save that fails keeps the
         previous file). Every rank calls it (stage 3 gathers). Returns True."""
-        state = self.module_state_dict()
-        if exclude_frozen_parameters:
-            frozen = {name for name, param in self.module.named_parameters()
-                      if not param.requires_grad}
-            state = {key: value for key, value in state.items() if key not in frozen}
+        state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
         path = os.path.join(save_dir, save_filename)
 
         def save():
