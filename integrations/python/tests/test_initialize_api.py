@@ -3,9 +3,9 @@ engine.py): an nn.Module over the model with its attributes falling through to i
 loop (set_gradient_accumulation_boundary, step() on the boundary only) at every stage steps as
 the plain torch loop (on the CPU twin: test_initialize.py); was_step_applied; backward's
 arguments and result; the accessors scripts read and the throughput timer; module_state_dict's
-arguments, exclude_frozen_parameters, custom_load_fn; and load_module_only and
-load_optimizer_states=False load the saved parameters (at stage 3 the paged ones) with the
-optimizer's moments kept, as a torch loop that loads the model."""
+arguments, exclude_frozen_parameters, custom_load_fn; the training_data loader's order; and
+load_module_only and load_optimizer_states=False load the saved parameters (at stage 3 the paged
+ones) with the optimizer's moments kept, as a torch loop that loads the model."""
 
 import collections
 import copy
@@ -437,3 +437,22 @@ def test_a_bf16_warm_start_at_stage_3_loads_the_16bit_parameters(nvme_dir):
 
 
 # --- the training_data loader -----------------------------------------------------------------
+
+
+def test_training_data_is_shuffled_as_deepspeeds_loader_shuffles_it():
+    data = torch.utils.data.TensorDataset(torch.arange(20.0).unsqueeze(1))
+    engine, _, loader, _ = zoe.torch.initialize(model=make_model(), config=ds_config(),
+                                                training_data=data)
+    assert engine.training_dataloader is loader
+    # DeepSpeed's: a DistributedSampler (seed 0) over the data-parallel ranks, even one
+    order = torch.randperm(20, generator=torch.Generator().manual_seed(0)).tolist()
+    epoch = [int(x) for (batch,) in loader for x in batch.view(-1)]
+    assert epoch == order != sorted(order)
+    assert [len(batch) for (batch,) in loader] == [MICRO] * 5
+    assert [int(x) for (batch,) in loader for x in batch.view(-1)] == order  # every epoch
+    loader.data_sampler.set_epoch(1)
+    assert [int(x) for (batch,) in loader for x in batch.view(-1)] != order
+    engine.close()
+
+
+# --- on 2 ranks ---------------------------------------------------------------------------------
