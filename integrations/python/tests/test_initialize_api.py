@@ -1,11 +1,12 @@
 """The engine zoe.torch.initialize returns, against DeepSpeed's engine API (deepspeed/runtime/
-engine.py): an nn.Module over the model with its attributes falling through to it; accelerate's
-loop (set_gradient_accumulation_boundary, step() on the boundary only) at every stage steps as
-the plain torch loop (on the CPU twin: test_initialize.py); was_step_applied; backward's
-arguments and result; the accessors scripts read and the throughput timer; module_state_dict's
-arguments, exclude_frozen_parameters, custom_load_fn; the training_data loader's order; and
-load_module_only and load_optimizer_states=False load the saved parameters (at stage 3 the paged
-ones) with the optimizer's moments kept, as a torch loop that loads the model."""
+engine.py): an nn.Module over the model with its attributes falling through; accelerate's loop
+(set_gradient_accumulation_boundary, step() on the boundary only) at every stage, and on 2 ranks
+at stages 0, 2 and 3, steps as the plain torch loop (on the CPU twin: test_initialize.py);
+was_step_applied; backward's arguments and result; the accessors scripts read and the
+throughput timer; module_state_dict's arguments, exclude_frozen_parameters, custom_load_fn; the
+training_data loader's order; and load_module_only and load_optimizer_states=False load the saved
+parameters (at stage 3 the paged ones, in one process and on 2 ranks sharded) with the
+optimizer's moments kept, as a torch loop that loads the model."""
 
 import collections
 import copy
@@ -15,12 +16,16 @@ import pytest
 import torch
 
 import zoe.torch
+from conftest import gloo_rank, spawn_ranks
 from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, accelerate_steps,
                                assert_same_state, ds_config, make_model, module_values,
                                reference, torch_loop, torch_steps, train_engine)
 from zoe.torch.ds_engine import ThroughputTimer, _load_saved
 
 STAGES = [(0, "none", None), (1, "cpu", None), (2, "cpu", None), (3, "cpu", "cpu")]
+JOIN_SECONDS = 90
+
+
 def config_at(stage, offload="cpu", offload_param=None, world=1):
     return ds_config(stage, offload if stage else "none", None, world,
                      offload_param if stage == 3 else None)
@@ -456,3 +461,47 @@ def test_training_data_is_shuffled_as_deepspeeds_loader_shuffles_it():
 
 
 # --- on 2 ranks ---------------------------------------------------------------------------------
+
+
+def rank_worker(rank, out_dir, world):
+    with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
+        results = {}
+        for stage in (0, 2, 3):
+            engine, _, _, _ = zoe.torch.initialize(
+                model=make_model(), config=config_at(stage, "cpu", "cpu", world))
+            results[f"accelerate{stage}"] = (accelerate_steps(engine, 0, STEPS, rank, world),
+                                             engine.module_state_dict())
+            assert engine.dp_world_size == world and engine.global_rank == rank
+            results[f"consolidated{stage}"] = (
+                engine._zero3_consolidated_16bit_state_dict() if stage == 3 else None)
+            engine.close()
+        results["warm"] = warm_start(3, "nvme", HOWS["module-only"], 1, out_dir, rank, world)
+        data = torch.utils.data.TensorDataset(torch.arange(20.0).unsqueeze(1))
+        engine, _, loader, _ = zoe.torch.initialize(
+            model=make_model(), config=config_at(0, world=world), training_data=data)
+        results["loader"] = [int(x) for (batch,) in loader for x in batch.view(-1)]
+        engine.close()
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def test_on_two_ranks(nvme_dir):
+    """accelerate's loop at stages 0, 2 (the stage 2 reductions held until its boundary) and 3
+    equals the plain loop; a stage 3 warm start loads each rank's shards; the loader gives
+    each rank its share of DeepSpeed's order; the consolidated state dict is rank 0's."""
+    world = 2
+    spawn_ranks(rank_worker, (nvme_dir, world), world, nvme_dir, JOIN_SECONDS)
+    results = [torch.load(os.path.join(nvme_dir, f"rank{rank}.pt")) for rank in range(world)]
+    expected = reference(world)
+    for result in results:
+        for stage in (0, 2, 3):
+            changes, state = result[f"accelerate{stage}"]
+            assert_changed_where_it_should(changes)
+            assert_same_state(state, expected)
+    assert_same_state(results[0]["consolidated3"], results[0]["accelerate3"][1], atol=0)
+    assert results[1]["consolidated3"] is None
+    loaded, final, saved, _ = results[0]["warm"]
+    assert_same_state(loaded, saved, atol=0)
+    assert_same_state(final, warm_start_reference(saved, None, 1, world))
+    assert_same_state(results[1]["warm"][1], final, atol=0)
+    order = torch.randperm(20, generator=torch.Generator().manual_seed(0)).tolist()
+    assert [result["loader"] for result in results] == [order[0::2], order[1::2]]
