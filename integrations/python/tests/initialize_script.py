@@ -90,7 +90,7 @@ def accelerate_steps(engine, first, last, rank=0, world=1):
         for micro in range(ACCUMULATION):
             before = module_values(engine)
             boundary = micro == ACCUMULATION - 1
-            moves = boundary and engine.get_lr()[0] > 0  # WarmupLR's rate is 0 at step 1
+            moves = boundary and engine.get_lr()[0] > 0  # WarmupLR's rate starts at 0
             engine.set_gradient_accumulation_boundary(boundary)
             x, y = micro_batch(step, micro, world)
             engine.backward(torch.nn.functional.mse_loss(engine(rows(x, rank, world)),
