@@ -75,8 +75,10 @@ def make_net():
 
 
 def train_epochs(engine, loader, epochs, first_epoch, rank):
-    """The DeepSpeed loop: forward, backward and step on every micro-batch."""
+    """The DeepSpeed loop: forward, backward and step on every micro-batch. The loader
+    shuffles as DeepSpeed's, one order until its sampler is given the epoch."""
     for epoch in range(first_epoch, epochs):
+        loader.data_sampler.set_epoch(epoch)
         total, count = 0.0, 0
         for x, y in loader:
             loss = torch.nn.functional.mse_loss(engine(x), y)

@@ -80,6 +80,34 @@ def train_engine(engine, first, last, rank, world):
             engine.step()
 
 
+def accelerate_steps(engine, first, last, rank=0, world=1):
+    """Optimizer steps [first, last) as accelerate drives DeepSpeed (its
+    DeepSpeedEngineWrapper.backward): set_gradient_accumulation_boundary before every
+    backward, step() after the boundary's only. Returns, per micro-batch, (whether the
+    parameters changed in it, whether they should: a boundary with a learning rate)."""
+    changes = []
+    for step in range(first, last):
+        for micro in range(ACCUMULATION):
+            before = module_values(engine)
+            boundary = micro == ACCUMULATION - 1
+            moves = boundary and engine.get_lr()[0] > 0  # WarmupLR's rate starts at 0
+            engine.set_gradient_accumulation_boundary(boundary)
+            x, y = micro_batch(step, micro, world)
+            engine.backward(torch.nn.functional.mse_loss(engine(rows(x, rank, world)),
+                                                         rows(y, rank, world)))
+            if boundary:
+                engine.step()
+            changed = any(not torch.equal(before[key], value)
+                          for key, value in engine.module_state_dict().items())
+            changes.append((changed, moves))
+    return changes
+
+
+def module_values(engine):
+    """Copies of the engine's module_state_dict() values."""
+    return {key: value.clone() for key, value in engine.module_state_dict().items()}
+
+
 def run_script(config, checkpoint_dir, rank=0, world=1):
     """The DeepSpeed-style script: half the steps, save, a fresh engine loads and finishes.
     Returns the final module_state_dict and the learning rates each engine reported."""
@@ -101,17 +129,19 @@ def run_script(config, checkpoint_dir, rank=0, world=1):
     return state
 
 
-def reference(world=1, optimizer="AdamW", steps=STEPS):
-    """The plain torch loop the script must equal after ``steps`` steps: loss / accumulation,
-    clip_grad_norm_, the optimizer (a type of OPTIMIZERS), the schedule stepped after each
-    step."""
-    model = make_model()
+def torch_loop(model, optimizer="AdamW"):
+    """(optimizer, schedule) of the plain torch loop over ``model``: the optimizer of type
+    ``optimizer`` (a type of OPTIMIZERS) with the config's params, WarmupLR."""
     params, reference_class = OPTIMIZERS[optimizer]
     params = dict(params, betas=tuple(params["betas"])) if "betas" in params else params
-    schedule_params = dict(WARMUP, warmup_max_lr=params["lr"])
-    optimizer = reference_class(model.parameters(), **params)
-    schedule = WarmupLR(optimizer, **schedule_params)
-    for step in range(steps):
+    torch_optimizer = reference_class(model.parameters(), **params)
+    return torch_optimizer, WarmupLR(torch_optimizer, **dict(WARMUP, warmup_max_lr=params["lr"]))
+
+
+def torch_steps(model, optimizer, schedule, first, last, world=1):
+    """Optimizer steps [first, last) of the plain torch loop over the whole batch: loss /
+    accumulation, clip_grad_norm_, the optimizer, the schedule stepped after each step."""
+    for step in range(first, last):
         for micro in range(ACCUMULATION):
             x, y = micro_batch(step, micro, world)
             (torch.nn.functional.mse_loss(model(x), y) / ACCUMULATION).backward()
@@ -119,6 +149,13 @@ def reference(world=1, optimizer="AdamW", steps=STEPS):
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
+
+
+def reference(world=1, optimizer="AdamW", steps=STEPS):
+    """The parameters the script must end with after ``steps`` steps: the plain torch loop
+    (torch_loop, torch_steps) from make_model()."""
+    model = make_model()
+    torch_steps(model, *torch_loop(model, optimizer), 0, steps, world)
     return copy.deepcopy(model.state_dict())
 
 

@@ -18,7 +18,7 @@ import zoe
 import zoe.torch
 from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, WEIGHT_DECAY, ds_config,
                                make_model, reference, run_script, assert_same_state,
-                               train_engine)
+                               train_engine, accelerate_steps)
 from test_zero3 import world_of_one  # noqa: F401 (a fixture)
 from zoe.torch.device import HostTwin
 from zoe.torch.ds_config import batch_sizes
@@ -200,12 +200,15 @@ def test_user_zoe_optimizer_must_clip_as_the_config_says(nvme_dir):
     clipped.close()  # the caller's: the engine does not close it
 
 
+@pytest.mark.parametrize("loop", ["deepspeed", "accelerate"])
 @pytest.mark.parametrize("speculative", [False, True], ids=["overlap", "speculate"])
-def test_boundary_backward_hands_device_gradients_over_as_they_become_final(speculative):
+def test_boundary_backward_hands_device_gradients_over_as_they_become_final(speculative, loop):
     """A model on the (adversarial) CPU twin with a user's zoe AdamW: engine.backward arms the
     optimizer's overlap on the boundary micro-batch only, so the boundary's gradients reach zoe
     during backward (and a speculative optimizer updates then), and the script still ends with
-    the plain torch loop's parameters."""
+    the plain torch loop's parameters -- in DeepSpeed's loop (step() after every micro-batch,
+    the boundary counted) and in accelerate's (set_gradient_accumulation_boundary before each
+    backward, step() after the boundary's only)."""
     config = ds_config()
     del config["optimizer"]
     model = make_model()
@@ -213,7 +216,10 @@ def test_boundary_backward_hands_device_gradients_over_as_they_become_final(spec
                                 max_grad_norm=CLIP, device_backend=HostTwin(adversarial=True),
                                 speculative=speculative)
     engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=optimizer, config=config)
-    train_engine(engine, 0, STEPS, 0, 1)
+    if loop == "deepspeed":
+        train_engine(engine, 0, STEPS, 0, 1)
+    else:
+        accelerate_steps(engine, 0, STEPS)
     assert_same_state(engine.module_state_dict(), reference())
     handed = optimizer._groups[0].device.stats
     params = len(list(model.parameters()))

@@ -3,24 +3,34 @@ optimizer (a zoe.torch optimizer, or a plain torch optimizer at stage 0), a lear
 schedule and, under fp16, a loss scaler.
 
 Contract, as DeepSpeed's engine:
+- The engine is a ``torch.nn.Module`` whose one submodule, ``module``, is the model:
+  ``parameters()``, ``named_modules()``, ``state_dict()`` (keys ``module.<name>``) and the rest
+  of nn.Module's API see the model through it, and an attribute the engine does not have is the
+  model's (DeepSpeed's ``__getattr__``). ``train()`` and ``eval()`` set the mode of both and
+  return None, as DeepSpeed's.
 - ``engine(*inputs)`` runs the module.
 - ``backward(loss)`` divides the loss by gradient_accumulation_steps (and multiplies it by the
   loss scale under fp16; a hook on each parameter divides its incoming gradient by the scale,
   so ``.grad`` always holds unscaled gradients) and runs backward; on the boundary micro-batch
   inside the optimizer's overlap() (_overlapped).
 - ``step()`` is called after every micro-batch and steps only at the accumulation boundary
-  (``is_gradient_accumulation_boundary()``): it averages the gradients over the ranks (stage 0;
+  (``is_gradient_accumulation_boundary()``: counted from ``micro_steps``, or as
+  ``set_gradient_accumulation_boundary`` last set it, which backward's holding of stage 2's
+  reductions and its overlap follow too): it averages the gradients over the ranks (stage 0;
   zoe's ZeRO optimizer reduces its own at stages 1 and 2, the pager at stage 3), steps the
   optimizer (zoe's clip to gradient_clipping and skip a non-finite step on every rank by
   themselves, which is the fp16 overflow; for a torch optimizer the engine agrees the overflow
   over the ranks and clips), steps the schedule unless the step overflowed, updates the loss scale
   and zeroes the gradients. ``global_steps`` counts boundaries (skipped ones too, as
-  DeepSpeed's), ``micro_steps`` micro-batches, ``skipped_steps`` overflows.
+  DeepSpeed's), ``micro_steps`` step() calls, ``skipped_steps`` overflows; was_step_applied()
+  says whether the latest step() changed the parameters. ``tput_timer`` times forward to step().
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
   schedule, the loss scaler, the counters and the client state; a load refuses another
-  optimizer's checkpoint before anything changes. ``save_16bit_model``: the module's full state
-  dict, written atomically by rank 0.
+  optimizer's checkpoint before anything changes. A load without the optimizer's state
+  (load_module_only, load_optimizer_states=False) loads the module's parameters, at stage 3
+  into the pages (ds_stage3.py), and the optimizer's master weights follow them.
+  ``save_16bit_model``: the module's full state dict, written atomically by rank 0.
 
 ZeRO stage 2 with accumulation: zoe's stage 2 reduces a bucket as soon as its gradients are
 final in a backward; the engine holds those reductions back during the backwards that do not end
@@ -28,6 +38,7 @@ an accumulation, so the one that does reduces the accumulated gradients."""
 
 import contextlib
 import os
+import time
 import types
 
 import torch
@@ -36,12 +47,13 @@ import torch.distributed as dist
 from .._collective_ops import agreed
 from . import ds_checkpoint
 from .checkpoint import saved_param_groups
-from .common import _timed, replace_atomically
+from .common import _invalid, _timed, replace_atomically
 from .optimizer import ZoeOptimizer
 
 MODEL_STATES = "model_states.pt"
 OPTIMIZER_DIR = "optimizer"
 TORCH_OPTIMIZER = "optimizer.pt"
+_ABSENT = object()
 
 
 def _load_saved(path):
@@ -53,12 +65,86 @@ def _load_saved(path):
         return torch.load(path)
 
 
-class DeepSpeedEngine:
+def local_rank_from_environment():
+    """DeepSpeed's local_rank: LOCAL_RANK (set by launchers, torchrun and
+    deepspeed.init_distributed), else OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), else 0."""
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)))
+
+
+def without_frozen(state, module, prefix=""):
+    """``state`` (a state dict of ``module`` with keys ``prefix`` + name) without the
+    parameters that do not require gradients, by the names named_parameters() gives them."""
+    frozen = {prefix + name for name, param in module.named_parameters()
+              if not param.requires_grad}
+    for key in [key for key in state if key in frozen]:
+        del state[key]
+    return state
+
+
+class ThroughputTimer:
+    """DeepSpeed's ThroughputTimer (deepspeed/utils/timer.py), driven by the engine: ``start()``
+    as a micro-batch's forward begins, ``stop(global_step)`` at the end of its ``step()``
+    (``global_step``: the boundary's). Once ``start_step`` optimizer steps have passed
+    (warm-up), the time from the latest start to each stop is summed; ``avg_samples_per_sec()``
+    is the batch size over the mean of that time per optimizer step since (-inf until then).
+    ``synchronize`` (a function, or None) runs before ``clock`` is read (DeepSpeed's
+    ``timers.throughput.synchronized``). zoe logs nothing: a script reads the rate."""
+
+    def __init__(self, batch_size, enabled=True, synchronize=None, start_step=2,
+                 clock=time.perf_counter):
+        self.batch_size = batch_size
+        self.enabled = enabled
+        self.start_step = start_step
+        self._synchronize = synchronize
+        self._clock = clock
+        self.started = False
+        self.start_time = None  # set by the first start() after the warm-up
+        self.epoch_count = 0
+        self.micro_step_count = 0
+        self.global_step_count = 0
+        self.total_elapsed_time = 0.0
+
+    def update_epoch_count(self):
+        """A script's call at the end of an epoch."""
+        self.epoch_count += 1
+        self.micro_step_count = 0
+
+    def _now(self):
+        if self._synchronize is not None:
+            self._synchronize()
+        return self._clock()
+
+    def start(self):
+        if not self.enabled:
+            return
+        self.started = True
+        if self.global_step_count >= self.start_step:
+            self.start_time = self._now()
+
+    def stop(self, global_step=False):
+        if not self.enabled or not self.started:
+            return
+        self.started = False
+        self.micro_step_count += 1
+        self.global_step_count += int(bool(global_step))
+        if self.start_time is not None:
+            self.total_elapsed_time += self._now() - self.start_time
+
+    def avg_samples_per_sec(self):
+        """Samples per second over the optimizer steps after the warm-up; -inf before one."""
+        timed_steps = self.global_step_count - self.start_step
+        if timed_steps <= 0 or self.total_elapsed_time <= 0.0:
+            return float("-inf")
+        return self.batch_size / (self.total_elapsed_time / timed_steps)
+
+
+class DeepSpeedEngine(torch.nn.Module):
     """See the module docstring. Built by zoe.torch.initialize (ds_initialize.py)."""
 
     def __init__(self, module, optimizer, lr_scheduler, training, process_group=None,
                  loss_scaler=None, owns_optimizer=True, stage3=None):
-        self.module = module
+        super().__init__()
+        self.module = module  # registered as the submodule "module"
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.config = training.document
@@ -67,24 +153,68 @@ class DeepSpeedEngine:
         self.loss_scaler = loss_scaler
         self._owns_optimizer = owns_optimizer
         self._stage3 = stage3  # ds_stage3.Stage3 at ZeRO stage 3, else None
+        self.local_rank = local_rank_from_environment()
+        self.training_dataloader = None  # initialize's loader of training_data
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
         self._step_applied = False
+        self._boundary = None  # set_gradient_accumulation_boundary's; None: counted
         self._seconds = types.SimpleNamespace(forward=0.0, backward=0.0, step=0.0,
                                               reductions=0.0)  # see stats()
         self._unscale_hooks = self._hook_unscaling() if loss_scaler is not None else []
+        self.tput_timer = self._throughput_timer()
 
-    # --- sizes and ranks -------------------------------------------------------------------
+    def __getattr__(self, name):
+        """nn.Module's parameters, buffers and submodules, then, as DeepSpeed's engine, an
+        attribute of the model that the engine does not have."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        model = self.__dict__.get("_modules", {}).get("module")
+        value = _ABSENT if model is None else getattr(model, name, _ABSENT)
+        if value is _ABSENT:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}', "
+                                 "nor has its module")
+        return value
+
+    def _throughput_timer(self):
+        """tput_timer as the config's timers.throughput says (enabled and synchronized by
+        default, as DeepSpeed's)."""
+        section = self.config.get("timers", {}).get("throughput", {})
+        synchronize = None
+        if section.get("synchronized", True) and self.device.type == "cuda":
+            synchronize = torch.cuda.synchronize
+        return ThroughputTimer(self.train_batch_size(), bool(section.get("enabled", True)),
+                               synchronize)
+
+    # --- sizes, ranks and settings ---------------------------------------------------------
 
     @property
     def world_size(self):
         return 1 if self._group is None else dist.get_world_size(self._group)
 
     @property
+    def dp_world_size(self):
+        """The data-parallel ranks: every rank (zoe has no model parallelism)."""
+        return self.world_size
+
+    @property
+    def mp_world_size(self):
+        return 1
+
+    @property
     def global_rank(self):
         return 0 if self._group is None else dist.get_rank(self._group)
+
+    @property
+    def device(self):
+        """Where the model's parameters are (DeepSpeed: the device it moved the model to);
+        the CPU for a model without parameters."""
+        param = next(self.module.parameters(), None)
+        return torch.device("cpu") if param is None else param.device
 
     def train_batch_size(self):
         return self._training.batch.train_batch_size
@@ -104,35 +234,101 @@ class DeepSpeedEngine:
     def bfloat16_enabled(self):
         return self._training.bf16
 
+    def get_batch_info(self):
+        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps), the
+        values DeepSpeed's docstring names (its code returns the three methods)."""
+        return (self.train_batch_size(), self.train_micro_batch_size_per_gpu(),
+                self.gradient_accumulation_steps())
+
+    def zero_optimization(self):
+        """Whether ZeRO is on (stage 1 or above)."""
+        return self._training.zero_stage > 0
+
+    def zero_optimization_partition_gradients(self):
+        return self._training.zero_stage >= 2
+
+    def zero_optimization_partition_weights(self):
+        return self._training.zero_stage >= 3
+
+    def zero_cpu_offload(self):
+        """Whether zero_optimization.offload_optimizer.device is "cpu"."""
+        return self._training.offload_optimizer == "cpu"
+
+    def zero_gather_16bit_weights_on_model_save(self):
+        """zero_optimization.stage3_gather_16bit_weights_on_model_save (its older name
+        stage3_gather_fp16_weights_on_model_save too), false when absent or "auto"."""
+        zero = self.config.get("zero_optimization", {})
+        for key in ("stage3_gather_16bit_weights_on_model_save",
+                    "gather_16bit_weights_on_model_save",
+                    "stage3_gather_fp16_weights_on_model_save"):
+            if zero.get(key) not in (None, "auto"):
+                return bool(zero[key])
+        return False
+
+    def gradient_clipping(self):
+        return self._training.gradient_clipping
+
+    def dataloader_drop_last(self):
+        return self._training.dataloader_drop_last
+
+    def optimizer_name(self):
+        """A user's optimizer's class name, else the config's optimizer type as DeepSpeed
+        keeps it (lower case: "adamw", "adam", "adagrad", "lion")."""
+        if not self._owns_optimizer:
+            return type(self.optimizer).__name__
+        return str(self.config["optimizer"]["type"]).lower()
+
+    def steps_per_print(self):
+        """The config's steps_per_print (None when absent, as DeepSpeed's default); zoe prints
+        nothing: stats() and tput_timer say how training goes."""
+        return self.config.get("steps_per_print")
+
+    def wall_clock_breakdown(self):
+        """The config's wall_clock_breakdown (false when absent); zoe keeps its breakdown in
+        stats() either way."""
+        return bool(self.config.get("wall_clock_breakdown", False))
+
     # --- the training loop -----------------------------------------------------------------
 
-    def __call__(self, *inputs, **kwargs):
-        return self.forward(*inputs, **kwargs)
-
     def forward(self, *inputs, **kwargs):
-        """The module's forward."""
+        """The module's forward (``engine(x)`` runs it through nn.Module's call)."""
+        self.tput_timer.start()
         with _timed(self._seconds, "forward"):
             return self.module(*inputs, **kwargs)
 
     def train(self, mode=True):
-        self.module.train(mode)
-        return self
+        """Sets the engine's and the module's training mode; returns None, as DeepSpeed's."""
+        super().train(mode)
 
     def eval(self):
-        return self.train(False)
+        """train(False); returns None, as DeepSpeed's."""
+        self.train(False)
 
     def is_gradient_accumulation_boundary(self):
-        """Whether the current micro-batch's step() steps the optimizer."""
+        """Whether the current micro-batch ends a gradient accumulation: its backward reduces
+        (stage 2) and hands gradients to the optimizer early, its step() steps the optimizer.
+        As set_gradient_accumulation_boundary last set it, else counted from micro_steps."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
-    def backward(self, loss, retain_graph=False):
-        """Backward of ``loss`` / gradient_accumulation_steps (times the loss scale under
-        fp16); returns ``loss`` as given. On the boundary micro-batch a zoe optimizer's device
-        param groups take each gradient as it becomes final (and a speculative one starts its
-        update then: optimizer.overlap()); before it, stage 2 holds its reductions."""
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's: from now on is_gradient_accumulation_boundary() returns ``is_boundary``
+        (None: counted again). Set before each micro-batch's backward, True for the last, and
+        call step() after that one only (accelerate's loop) or after every one."""
+        self._boundary = is_boundary
+
+    def backward(self, loss, release_loss=False, retain_graph=False, scale_wrt_gas=True):
+        """Backward of ``loss`` / gradient_accumulation_steps (not divided when
+        ``scale_wrt_gas`` is false), times the loss scale under fp16. Returns what DeepSpeed's
+        returns: the loss divided (as float32) when it was divided, else ``loss`` as given.
+        On the boundary micro-batch a zoe optimizer's device param groups take each gradient
+        as it becomes final (and a speculative one starts its update then:
+        optimizer.overlap()); before it, stage 2 holds its reductions. ``release_loss`` is
+        accepted and does nothing, as in DeepSpeed."""
+        if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
+            loss = loss.float() / self.gradient_accumulation_steps()
         scaled = loss
-        if self.gradient_accumulation_steps() > 1:
-            scaled = scaled / self.gradient_accumulation_steps()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         boundary = self.is_gradient_accumulation_boundary()
@@ -142,10 +338,14 @@ class DeepSpeedEngine:
         return loss
 
     def step(self, lr_kwargs=None):
-        """Called after every micro-batch's backward; steps at the accumulation boundary."""
-        if self.is_gradient_accumulation_boundary():
+        """Called after a micro-batch's backward; steps at the accumulation boundary.
+        was_step_applied() is False after a step() that is not a boundary, as DeepSpeed's."""
+        self._step_applied = False
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             with _timed(self._seconds, "step"):
                 self._take_model_step(lr_kwargs or {})
+        self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs):
@@ -184,9 +384,19 @@ class DeepSpeedEngine:
         for param in self.module.parameters():
             param.grad = None
 
+    def _optimizer_param(self, name):
+        """Per param group, its value of ``name`` (0.0 where it has none, as DeepSpeed's)."""
+        return [group.get(name, 0.0) for group in self.optimizer.param_groups]
+
     def get_lr(self):
         """Per param group, the learning rate the next step takes."""
-        return [group["lr"] for group in self.optimizer.param_groups]
+        return self._optimizer_param("lr")
+
+    def get_mom(self):
+        """Per param group, its momentum for SGD and RMSprop, else its betas (0.0 where the
+        optimizer has none, e.g. Adagrad), as DeepSpeed's."""
+        momentum = self.optimizer_name() in ("SGD", "RMSprop")
+        return self._optimizer_param("momentum" if momentum else "betas")
 
     def get_global_grad_norm(self):
         """The norm of every gradient of the latest step, all param groups and ranks together
@@ -308,9 +518,12 @@ class DeepSpeedEngine:
         if self._group is not None:
             dist.barrier(group=self._group)
 
-    def _engine_state(self, client_state):
+    def _engine_state(self, client_state, exclude_frozen_parameters):
+        module = self.module_state_dict()
+        if exclude_frozen_parameters:
+            without_frozen(module, self.module)
         return {
-            "module": self.module_state_dict(),
+            "module": module,
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
             "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict(),
             "global_steps": self.global_steps, "global_samples": self.global_samples,
@@ -319,14 +532,19 @@ class DeepSpeedEngine:
             "client_state": dict(client_state or {}),
         }
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
         """Saves everything training needs to resume to ``<save_dir>/<tag>`` (default tag
         ``global_step<N>``), crash-safe, and points ``<save_dir>/latest`` at it (unless
-        save_latest is false). Every rank calls it. Returns True, as DeepSpeed's."""
+        save_latest is false); with ``exclude_frozen_parameters`` the module's parameters that
+        do not require gradients are left out (a strict load then refuses the checkpoint:
+        load it with load_module_strict=False). Every rank calls it. Returns True, as
+        DeepSpeed's."""
         tag = f"global_step{self.global_steps}" if tag is None else str(tag)
         partial = ds_checkpoint.begin_save(save_dir, tag, self.global_rank, self._barrier)
         self._save_optimizer(partial)
-        state = self._engine_state(client_state)  # a collective at stage 3 over ranks
+        # a collective at stage 3 over ranks
+        state = self._engine_state(client_state, exclude_frozen_parameters)
         if self.global_rank == 0:
             torch.save(state, os.path.join(partial, MODEL_STATES))
         ds_checkpoint.commit_save(save_dir, tag, self.global_rank, self._barrier, save_latest)
@@ -349,20 +567,26 @@ class DeepSpeedEngine:
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
-                        load_module_only=False):
+                        load_module_only=False, custom_load_fn=None):
         """Loads the save ``tag`` (default: the one ``<load_dir>/latest`` names). Returns
-        (its path, the client_state saved with it), or (None, None) when there is none."""
+        (its path, the client_state saved with it), or (None, None) when there is none.
+        ``load_module_only`` loads the module alone; ``load_optimizer_states=False`` all but the
+        optimizer. Then, as DeepSpeed's, the optimizer's master weights follow the loaded
+        parameters and its moments stay. ``custom_load_fn(src=saved module state,
+        dst=engine.module)`` loads the module instead of load_state_dict (at stage 3 inside
+        the pager's materialized(): the whole model held at once)."""
         tag = ds_checkpoint.resolve_tag(load_dir, tag)
         if tag is None:
             return None, None
         path = os.path.join(load_dir, tag)
         state = _load_saved(os.path.join(path, MODEL_STATES))
-        if load_optimizer_states and not load_module_only:
+        with_optimizer = load_optimizer_states and not load_module_only
+        if with_optimizer:
             self._check_optimizer_loadable(path)
-        self._load_module(state["module"], load_module_strict)
+        self._load_module(state["module"], load_module_strict, custom_load_fn, with_optimizer)
         if load_module_only:
             return path, state["client_state"]
-        if load_optimizer_states:
+        if with_optimizer:
             self._load_optimizer(path)
         if load_lr_scheduler_states and self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -387,15 +611,18 @@ class DeepSpeedEngine:
 
         self._agreed(f"checking the optimizer checkpoint in {directory!r}", check)
 
-    def _load_module(self, state, strict):
-        """The module's saved state; at stage 3 its buffers only (the paged parameters take
-        the optimizer checkpoint's master weights)."""
-        if self._stage3 is None:
+    def _load_module(self, state, strict, custom_load_fn, with_optimizer):
+        """The module's saved ``state`` (through ``custom_load_fn`` when given). At stages 0 to
+        2 the optimizer takes a parameter written outside it at its next step; at stage 3 the
+        parameters are paged and ds_stage3 writes them (``with_optimizer``: the optimizer's
+        checkpoint is loaded next and sets those it steps)."""
+        if self._stage3 is not None:
+            self._stage3.load_module(state, self.optimizer, strict, custom_load_fn,
+                                     with_optimizer)
+        elif custom_load_fn is not None:
+            custom_load_fn(src=state, dst=self.module)
+        else:
             self.module.load_state_dict(state, strict=strict)
-            return
-        names = {name for name, _ in self.module.named_parameters()}
-        buffers = {key: value for key, value in state.items() if key not in names}
-        self.module.load_state_dict(buffers, strict=False)
 
     def _load_optimizer(self, path):
         if self._stage3 is not None:
@@ -405,12 +632,32 @@ class DeepSpeedEngine:
         else:
             self.optimizer.load_state_dict(_load_saved(os.path.join(path, TORCH_OPTIMIZER)))
 
-    def module_state_dict(self):
-        """The module's state dict (its parameters' current values; gathered at stage 3, a
-        collective over the ranks)."""
-        if self._stage3 is not None:
-            return self._stage3.module_state()
-        return self.module.state_dict()
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False,
+                          exclude_frozen_parameters=False):
+        """The module's state dict, as module.state_dict(destination, prefix, keep_vars), with
+        its parameters' current values: at stage 3 copies of the full values, gathered (a
+        collective over the ranks; keep_vars does not apply). Without the parameters that do
+        not require gradients when ``exclude_frozen_parameters``."""
+        if self._stage3 is None:
+            state = self.module.state_dict(destination=destination, prefix=prefix,
+                                           keep_vars=keep_vars)
+        else:
+            state = self._stage3.module_state(destination, prefix)
+        if exclude_frozen_parameters:
+            without_frozen(state, self.module, prefix)
+        return state
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """DeepSpeed's, for accelerate and Hugging Face's save at stage 3: the module's full
+        state dict (module_state_dict(), on the CPU) on rank 0, None on the other ranks. Every
+        rank calls it; InvalidArgument (a ValueError, as DeepSpeed's) below stage 3."""
+        if self._stage3 is None:
+            raise _invalid("_zero3_consolidated_16bit_state_dict needs zero_optimization.stage 3"
+                           "; call module_state_dict() at the other stages")
+        state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self.global_rank != 0:
+            return None
+        return type(state)((key, value.cpu()) for key, value in state.items())
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
                          exclude_frozen_parameters=False):
@@ -419,11 +666,7 @@ class DeepSpeedEngine:
         that do not require gradients when ``exclude_frozen_parameters``, written by rank 0 to
         ``<save_dir>/<save_filename>`` with torch.save, atomically (a save that fails keeps the
         previous file). Every rank calls it (stage 3 gathers). Returns True."""
-        state = self.module_state_dict()
-        if exclude_frozen_parameters:
-            frozen = {name for name, param in self.module.named_parameters()
-                      if not param.requires_grad}
-            state = {key: value for key, value in state.items() if key not in frozen}
+        state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
         path = os.path.join(save_dir, save_filename)
 
         def save():
@@ -436,7 +679,7 @@ class DeepSpeedEngine:
 
     def close(self):
         """Removes the engine's hooks and closes the optimizer it created (its zoe engine and
-        swap files); idempotent."""
+        swap files); idempotent. DeepSpeed's ``destroy()`` is the same."""
         for handle in self._unscale_hooks:
             handle.remove()
         self._unscale_hooks = []
@@ -445,6 +688,9 @@ class DeepSpeedEngine:
             stage3.close(self.optimizer)
         elif self._owns_optimizer and hasattr(self.optimizer, "close"):
             self.optimizer.close()
+
+    def destroy(self):
+        self.close()
 
     def __enter__(self):
         return self

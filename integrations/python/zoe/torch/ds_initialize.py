@@ -210,18 +210,22 @@ def _build_scheduler(lr_scheduler, optimizer, training):
     return lr_scheduler
 
 
-def _dataloader(training_data, training, group, collate_fn):
-    """A DataLoader of micro-batches, each rank its share of the samples (None without
-    training_data)."""
+def _dataloader(training_data, training, rank, world, collate_fn):
+    """The micro-batches of DeepSpeed's DeepSpeedDataLoader (runtime/dataloader.py), None
+    without training_data: each rank its share of the samples in the order of a
+    DistributedSampler over the data-parallel ranks -- shuffled with seed 0, in one process
+    too (DeepSpeed takes that sampler whenever LOCAL_RANK is set, which its initialize
+    requires), the same order every epoch until ``loader.data_sampler.set_epoch(epoch)``."""
     if training_data is None:
         return None
-    sampler = None
-    if group is not None:
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            training_data, num_replicas=dist.get_world_size(group), rank=dist.get_rank(group))
-    return torch.utils.data.DataLoader(
+    sampler = torch.utils.data.distributed.DistributedSampler(training_data, num_replicas=world,
+                                                              rank=rank)
+    loader = torch.utils.data.DataLoader(
         training_data, batch_size=training.batch.micro_batch_per_gpu, sampler=sampler,
-        collate_fn=collate_fn, drop_last=training.dataloader_drop_last)
+        collate_fn=collate_fn, drop_last=training.dataloader_drop_last,
+        pin_memory=torch.cuda.is_available())
+    loader.data_sampler = sampler  # DeepSpeedDataLoader's name for it
+    return loader
 
 
 def _configure_checkpointing(training, optimizer, stage3):
@@ -256,6 +260,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
     training = training_config(_config_of(args, config, config_params), world)
+    loader = _dataloader(training_data, training, rank, world, collate_fn)
     module = _cast_module(model, training)
     document = engine_document(training, rank, world)
     stage3 = None
@@ -281,5 +286,5 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         elif owns:
             optimizer.close()
         raise
-    loader = _dataloader(training_data, training, group, collate_fn)
+    engine.training_dataloader = loader
     return engine, optimizer, loader, scheduler

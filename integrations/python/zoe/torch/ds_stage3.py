@@ -8,14 +8,15 @@ and skips a non-finite step on every rank; under fp16 the engine takes that skip
 (every rank alike) and lowers the loss scale.
 
 Stage3 holds the pager and the zoe engine, and does for the DeepSpeedEngine what paging changes:
-the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks) and
-closing."""
+the module's state dict (gathered), checkpoints (the pager's sharded ones over ranks), loading a
+checkpoint's module values into the paged parameters, and closing."""
 
 import dataclasses
 from typing import Any
 
 from ..engine import Engine
-from .._capi import Tier
+from .._capi import Access, Tier
+from .distributed import shard_bounds
 from .ds_config import AUTO
 from .offload import offload_parameters
 from .optimizer import OPTIMIZERS
@@ -30,9 +31,60 @@ class Stage3:
     engine: Engine
     sharded: bool
 
-    def module_state(self):
-        """The module's state dict with its parameters' values (a collective when sharded)."""
-        return self.pager.state_dict()
+    def module_state(self, destination=None, prefix=""):
+        """The module's state dict with its parameters' values (a collective when sharded),
+        its keys led by ``prefix``, put into ``destination`` when given (and returned)."""
+        state = self.pager.state_dict()
+        if destination is None and not prefix:
+            return state
+        destination = type(state)() if destination is None else destination
+        destination.update((prefix + key, value) for key, value in state.items())
+        return destination
+
+    def load_module(self, state, optimizer, strict=True, custom_load_fn=None,
+                    with_optimizer=False):
+        """Loads a checkpoint's module ``state`` (module_state()'s full values): its buffers
+        into the module and, unless ``with_optimizer``, each parameter's values into its paged
+        memory (over ranks this rank's slice into its shard), one parameter at a time, the
+        optimizer's master weights following them while its moments and step counts stay
+        (DeepSpeed's refresh of its fp32 weights after a module-only load).
+        ``with_optimizer``: the optimizer's checkpoint is loaded next, and it holds every
+        parameter's master weights (frozen ones too: the optimizer is built over all).
+        ``strict``: keys missing from ``state`` or unknown to the module are refused before
+        anything changes (RuntimeError, as torch's load_state_dict); otherwise a parameter
+        missing keeps its values. ``custom_load_fn(src=state, dst=model)``, when given, loads
+        instead, inside pager.materialized() (every parameter gathered at once; a collective
+        over ranks)."""
+        model = self.pager.model
+        if custom_load_fn is not None:
+            with self.pager.materialized():
+                custom_load_fn(src=state, dst=model)
+        else:
+            check_module_state(model, state, strict)
+            names = {key for key, _ in every_named_parameter(model)}
+            model.load_state_dict({key: value for key, value in state.items()
+                                   if key not in names}, strict=False)
+            if not with_optimizer:
+                for name, param in model.named_parameters():
+                    if name in state:
+                        self._write_parameter(param, state[name])
+        if not with_optimizer:
+            refresh_masters(optimizer)
+
+    def _write_parameter(self, param, values):
+        """Writes ``values`` (a full parameter's) into ``param``'s paged memory, or over ranks
+        this rank's slice of them into its shard."""
+        if param.numel() == 0:
+            return  # never paged
+        target, flat = param, values.detach().reshape(-1)
+        if self.sharded:
+            target = self.pager.shard_of(param)
+            if target is None:
+                return  # this rank's shard is empty
+            begin, end = shard_bounds(param.numel(), self.pager.rank, self.pager.world_size)
+            flat = flat[begin:end]
+        with self.pager.held(target, Access.WRITE) as memory:
+            memory.copy_(flat.view(memory.shape))
 
     def save(self, directory, optimizer, rank):
         """The optimizer and the parameters it steps: every rank its shards, or rank 0."""
@@ -54,6 +106,65 @@ class Stage3:
         self.pager.remove()
         optimizer.close()
         self.engine.close()
+
+
+def every_named_parameter(module):
+    """(state dict key, parameter) for each of ``module``'s parameters, a tied one under each
+    of its names (as module.state_dict() lists them)."""
+    return [(f"{prefix}.{name}" if prefix else name, param)
+            for prefix, owner in module.named_modules(remove_duplicate=False)
+            for name, param in owner._parameters.items() if param is not None]
+
+
+def _buffer_keys(module):
+    """The keys of ``module``'s persistent buffers in its state dict."""
+    return [f"{prefix}.{name}" if prefix else name
+            for prefix, owner in module.named_modules(remove_duplicate=False)
+            for name, buffer in owner._buffers.items()
+            if buffer is not None and name not in owner._non_persistent_buffers_set]
+
+
+def check_module_state(module, state, strict):
+    """RuntimeError, worded as torch's load_state_dict words it, for a saved parameter whose
+    shape is not the module's and, when ``strict``, for keys of the module missing from
+    ``state`` or keys of ``state`` the module does not have. Changes nothing."""
+    errors = _size_mismatches(module, state)
+    if strict:
+        errors = _key_mismatches(module, state) + errors
+    if errors:
+        raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
+                           + "\n\t".join(errors) + "\n(load_checkpoint(..., "
+                           "load_module_strict=False) keeps the module's own values for the "
+                           "missing keys and ignores the unexpected ones)")
+
+
+def _size_mismatches(module, state):
+    return [f"size mismatch for {key}: copying a param with shape {tuple(state[key].shape)} "
+            f"from checkpoint, the shape in current model is {tuple(param.shape)}."
+            for key, param in every_named_parameter(module)
+            if key in state and tuple(state[key].shape) != tuple(param.shape)]
+
+
+def _key_mismatches(module, state):
+    expected = [key for key, _ in every_named_parameter(module)] + _buffer_keys(module)
+    missing = [key for key in expected if key not in state]
+    known = set(expected)
+    unexpected = [key for key in state if key not in known]
+    errors = []
+    for what, keys in (("Missing", missing), ("Unexpected", unexpected)):
+        if keys:
+            errors.append(f"{what} key(s) in state_dict: "
+                          + ", ".join(f'"{key}"' for key in keys) + ".")
+    return errors
+
+
+def refresh_masters(optimizer):
+    """Sets each param group's master weights to its paged parameters' current values, one
+    parameter at a time (DeepSpeed's refresh_fp32_params); a group whose zoe state is not
+    created yet takes them when it is."""
+    for state in optimizer._groups:
+        if state.zoe_group is not None:
+            optimizer._write_paged_masters(state)
 
 
 def _home(training):
