@@ -138,6 +138,17 @@ def torch_loop(model, optimizer="AdamW"):
     return torch_optimizer, WarmupLR(torch_optimizer, **dict(WARMUP, warmup_max_lr=params["lr"]))
 
 
+def grouped_torch_adamw(model):
+    """As Hugging Face's Trainer builds one for DeepSpeed when the config names no optimizer:
+    torch's AdamW over weights (decayed) and biases (not), with a linear warmup LambdaLR."""
+    weights = [param for param in model.parameters() if param.dim() > 1]
+    biases = [param for param in model.parameters() if param.dim() <= 1]
+    optimizer = torch.optim.AdamW([{"params": weights, "weight_decay": WEIGHT_DECAY},
+                                   {"params": biases, "weight_decay": 0.0}], lr=LR)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 3))
+    return optimizer, schedule
+
+
 def torch_steps(model, optimizer, schedule, first, last, world=1):
     """Optimizer steps [first, last) of the plain torch loop over the whole batch: loss /
     accumulation, clip_grad_norm_, the optimizer, the schedule stepped after each step."""

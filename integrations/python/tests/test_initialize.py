@@ -17,6 +17,7 @@ import torch
 import zoe
 import zoe.torch
 from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, WEIGHT_DECAY, ds_config,
+                               grouped_torch_adamw, torch_steps,
                                make_model, reference, run_script, assert_same_state,
                                train_engine, accelerate_steps)
 from test_zero3 import world_of_one  # noqa: F401 (a fixture)
@@ -182,6 +183,42 @@ def test_user_torch_optimizer_and_scheduler_are_honoured(nvme_dir):
     engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"))
     assert engine.load_checkpoint(os.path.join(nvme_dir, "ckpt"))[0] is not None
     engine.close()
+
+
+@pytest.mark.parametrize("stage,offload", [(0, "cpu"), (2, "nvme")])
+def test_a_torch_adamw_is_stepped_by_zoe_where_zoe_offloads(nvme_dir, stage, offload):
+    """A torch AdamW of two param groups and a schedule over it, as Hugging Face's Trainer
+    passes them, with offload_optimizer: zoe's AdamW steps the same param group dicts (the
+    schedule's rates reach it) and ends with the plain torch loop's parameters."""
+    config = ds_config(stage, offload, nvme_dir)
+    del config["optimizer"], config["scheduler"]
+    model = make_model()
+    optimizer, schedule = grouped_torch_adamw(model)
+    engine, returned, _, scheduler = zoe.torch.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=schedule, config=config)
+    assert isinstance(returned, zoe.torch.AdamW) and scheduler is schedule
+    assert all(a is b for a, b in zip(returned.param_groups, optimizer.param_groups))
+    train_engine(engine, 0, STEPS, 0, 1)
+    assert engine.get_lr() == [LR, LR]
+    expected = make_model()
+    torch_steps(expected, *grouped_torch_adamw(expected), 0, STEPS)
+    assert_same_state(engine.module_state_dict(), expected.state_dict())
+    engine.close()
+
+
+def test_torch_optimizers_zoe_cannot_step_in_place_are_refused():
+    config = ds_config(2, "cpu")
+    del config["optimizer"]
+    model = make_model()
+    with pytest.raises(zoe.InvalidArgument, match="steps torch.optim.AdamW, Adam and Adagrad "
+                                                  "in their place"):
+        zoe.torch.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                             config=config)
+    stepped = torch.optim.AdamW(model.parameters(), lr=LR)
+    model(torch.randn(2, 8)).sum().backward()
+    stepped.step()
+    with pytest.raises(zoe.InvalidArgument, match="has state.*pass a fresh one"):
+        zoe.torch.initialize(model=model, optimizer=stepped, config=config)
 
 
 def test_user_zoe_optimizer_must_clip_as_the_config_says(nvme_dir):

@@ -18,7 +18,7 @@ import zoe.torch
 from conftest import gloo_rank, spawn_ranks
 from zoe.torch.device import HostTwin
 from initialize_script import CLIP, LR, STEPS, WEIGHT_DECAY, assert_same_state, ds_config, \
-    make_model, reference, run_script, train_engine
+    grouped_torch_adamw, make_model, reference, run_script, torch_steps, train_engine
 from test_initialize_fp16 import EXPECTED_SCALES, OVERFLOW_STEPS, HalfNet, fp16_config, \
     run_fp16_steps_read
 
@@ -74,6 +74,25 @@ def run_twin(rank, out_dir, world):
         optimizer.close()
 
 
+TORCH_OPTIMIZER_STAGES = (1, 2)
+
+
+def run_torch_optimizer(rank, out_dir, world):
+    """Stages 1 and 2 with a torch AdamW of two param groups and a schedule over it, as Hugging
+    Face's Trainer passes them: zoe's sharded AdamW steps the same param groups."""
+    for stage in TORCH_OPTIMIZER_STAGES:
+        config = ds_config(stage, "cpu", world=world)
+        del config["optimizer"], config["scheduler"]
+        model = make_model()
+        optimizer, schedule = grouped_torch_adamw(model)
+        engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=optimizer,
+                                               lr_scheduler=schedule, config=config)
+        train_engine(engine, 0, STEPS, rank, world)
+        torch.save(engine.module_state_dict(),
+                   os.path.join(out_dir, f"torch-optimizer{stage}-rank{rank}.pt"))
+        engine.close()
+
+
 def run_save_16bit(rank, out_dir, world):
     """Stage 3 over the ranks: save_16bit_model gathers the full parameters and rank 0 writes
     them; every rank keeps its gathered state to compare."""
@@ -123,6 +142,7 @@ def worker(rank, out_dir, world):
         run_scripts(rank, out_dir, world)
         if world == FP16_WORLD:
             run_twin(rank, out_dir, world)
+            run_torch_optimizer(rank, out_dir, world)
             run_save_16bit(rank, out_dir, world)
             record_stats(rank, out_dir, world)
             for stage in FP16_STAGES:
@@ -164,6 +184,12 @@ def test_ranks_equal_one_process(nvme_dir, world):
             assert_same_state(twin["state"], reference(world))
         twin = torch.load(os.path.join(nvme_dir, f"twin0-rank{rank}.pt"))
         assert twin["handed"]["handed_in_backward"] == 0 < twin["handed"]["handed_at_step"]
+    model = make_model()
+    torch_steps(model, *grouped_torch_adamw(model), 0, STEPS, world)
+    for rank in range(world):
+        for stage in TORCH_OPTIMIZER_STAGES:
+            found = torch.load(os.path.join(nvme_dir, f"torch-optimizer{stage}-rank{rank}.pt"))
+            assert_same_state(found, model.state_dict())
     for rank in range(world):
         stage2, stage3, keep_none = (
             torch.load(os.path.join(nvme_dir, f"stats{name}-rank{rank}.pt"))

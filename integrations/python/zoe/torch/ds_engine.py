@@ -40,6 +40,7 @@ import contextlib
 import os
 import time
 import types
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -366,7 +367,11 @@ class DeepSpeedEngine(torch.nn.Module):
         if overflow:
             self.skipped_steps += 1
         elif self.lr_scheduler is not None:
-            self.lr_scheduler.step(**lr_kwargs)
+            with warnings.catch_warnings():
+                # A schedule over a torch optimizer zoe steps in its place (ds_initialize) finds
+                # that optimizer's step never called; the engine did step before it.
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.lr_scheduler.step(**lr_kwargs)
         if self.loss_scaler is not None:
             self.loss_scaler.update(overflow)
         self.zero_grad()

@@ -10,8 +10,12 @@ process group, and the optimizer steps the shards (ds_stage3.py).
 
 A user's ``optimizer`` is honoured when it is a zoe.torch optimizer (its own stage and clipping
 must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
-or, at stage 0 without offload, any torch optimizer (the engine clips and averages); a user's
-``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
+or, at stage 0 without offload, any torch optimizer (the engine clips and averages). Where zoe
+partitions or offloads (stages 1 and 2, or offload_optimizer), a fresh torch.optim.AdamW, Adam
+or Adagrad is stepped by zoe's own in its place, over the very same param group dicts, as
+DeepSpeed's ZeRO optimizer wraps a client optimizer: each group's hyper-parameters are the torch
+optimizer's, and a schedule over either optimizer sets the rates of both; other torch optimizers
+are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
 returning one. Giving one in both places is refused, as each setting lives in one place."""
 
 import dataclasses
@@ -92,6 +96,31 @@ def _zoe_optimizer(spec, params, training, document, group):
     return OPTIMIZERS[spec["type"]](params, config=document, **options)
 
 
+# The torch optimizers zoe steps in place of the user's where it partitions or offloads.
+_ZOE_EQUIVALENTS = {torch.optim.AdamW: "AdamW", torch.optim.Adam: "Adam",
+                    torch.optim.Adagrad: "Adagrad"}
+
+
+def _zoe_in_place_of(optimizer, training, document, group):
+    """zoe's optimizer over the param group dicts of a fresh torch AdamW, Adam or Adagrad
+    (the same dicts: a schedule over either sets the rates of both), sharded as the config
+    says; InvalidArgument for another torch optimizer, or one that has state."""
+    kind = _ZOE_EQUIVALENTS.get(type(optimizer))
+    if kind is None:
+        raise _invalid(
+            f"optimizer {type(optimizer).__name__} is a torch optimizer zoe cannot step: where "
+            "zoe partitions or offloads (zero_optimization.stage 1 or 2, offload_optimizer) it "
+            "steps torch.optim.AdamW, Adam and Adagrad in their place; pass one of those or "
+            "zoe.torch.AdamW(...), name the optimizer in the config, or give "
+            "zero_optimization.stage 0 without offload_optimizer")
+    if optimizer.state:
+        raise _invalid(f"the torch {kind} given has state (it has taken steps): zoe steps its "
+                       "param groups with state of its own; pass a fresh one, or load its "
+                       "state_dict() into the optimizer initialize returns")
+    return _zoe_optimizer({"type": kind, "params": {}}, optimizer.param_groups, training,
+                          document, group)
+
+
 def _check_user_optimizer(optimizer, training):
     """InvalidArgument for a user optimizer the engine could not drive as the config asks."""
     if training.optimizer is not None:
@@ -106,13 +135,6 @@ def _check_user_optimizer(optimizer, training):
         _check_user_clipping(optimizer, training)
         _check_user_speculation(optimizer, training)
         _check_user_buckets(optimizer, training)
-        return
-    if training.zero_stage != 0 or training.offload_optimizer not in ("none",):
-        raise _invalid(
-            f"optimizer {type(optimizer).__name__} is a torch optimizer: zoe partitions and "
-            "offloads only zoe.torch's optimizers (AdamW, Adam, Adagrad, Lion); give "
-            "zero_optimization.stage 0 without offload_optimizer, or pass zoe.torch.AdamW(...), "
-            "or name the optimizer in the config")
 
 
 def _check_user_buckets(optimizer, training):
@@ -152,10 +174,17 @@ def _check_user_speculation(optimizer, training):
                        "zoe.speculative out of the config")
 
 
+def _zoe_steps_torch_optimizers(training):
+    """Whether zoe partitions or offloads, so that a torch optimizer is stepped by zoe's."""
+    return training.zero_stage != 0 or training.offload_optimizer != "none"
+
+
 def _build_optimizer(optimizer, params, training, document, group):
     """(the optimizer, whether the engine owns it)."""
     if optimizer is not None:
         _check_user_optimizer(optimizer, training)
+        if not isinstance(optimizer, ZoeOptimizer) and _zoe_steps_torch_optimizers(training):
+            return _zoe_in_place_of(optimizer, training, document, group), True
         return optimizer, False
     if training.optimizer is None:
         raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "
@@ -204,10 +233,20 @@ def _build_scheduler(lr_scheduler, optimizer, training):
         return schedule_from_config(training.scheduler, optimizer)
     if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         lr_scheduler = lr_scheduler(optimizer)
-    if lr_scheduler is not None and getattr(lr_scheduler, "optimizer", optimizer) is not optimizer:
+    scheduled = getattr(lr_scheduler, "optimizer", optimizer)
+    if lr_scheduler is not None and not _same_param_groups(scheduled, optimizer):
         raise _invalid("lr_scheduler steps another optimizer than the engine's; build it over "
                        "the optimizer initialize returns, or pass a function of the optimizer")
     return lr_scheduler
+
+
+def _same_param_groups(first, second):
+    """Whether two optimizers are one, or share their param group dicts (a torch optimizer
+    zoe steps in its place)."""
+    groups = getattr(first, "param_groups", None)
+    return first is second or (
+        groups is not None and len(groups) == len(second.param_groups)
+        and all(a is b for a, b in zip(groups, second.param_groups)))
 
 
 def _dataloader(training_data, training, rank, world, collate_fn):
