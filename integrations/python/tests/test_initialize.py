@@ -219,6 +219,11 @@ def test_torch_optimizers_zoe_cannot_step_in_place_are_refused():
     stepped.step()
     with pytest.raises(zoe.InvalidArgument, match="has state.*pass a fresh one"):
         zoe.torch.initialize(model=model, optimizer=stepped, config=config)
+    # torch's Adagrad has state from its construction on: fresh until it steps
+    engine, returned, _, _ = zoe.torch.initialize(
+        model=model, optimizer=torch.optim.Adagrad(model.parameters(), lr=LR), config=config)
+    assert isinstance(returned, zoe.torch.Adagrad)
+    engine.close()
 
 
 def test_user_zoe_optimizer_must_clip_as_the_config_says(nvme_dir):

@@ -104,7 +104,7 @@ _ZOE_EQUIVALENTS = {torch.optim.AdamW: "AdamW", torch.optim.Adam: "Adam",
 def _zoe_in_place_of(optimizer, training, document, group):
     """zoe's optimizer over the param group dicts of a fresh torch AdamW, Adam or Adagrad
     (the same dicts: a schedule over either sets the rates of both), sharded as the config
-    says; InvalidArgument for another torch optimizer, or one that has state."""
+    says; InvalidArgument for another torch optimizer, or one that took steps."""
     kind = _ZOE_EQUIVALENTS.get(type(optimizer))
     if kind is None:
         raise _invalid(
@@ -113,7 +113,7 @@ def _zoe_in_place_of(optimizer, training, document, group):
             "steps torch.optim.AdamW, Adam and Adagrad in their place; pass one of those or "
             "zoe.torch.AdamW(...), name the optimizer in the config, or give "
             "zero_optimization.stage 0 without offload_optimizer")
-    if optimizer.state:
+    if any(float(state.get("step", 0)) > 0 for state in optimizer.state.values()):
         raise _invalid(f"the torch {kind} given has state (it has taken steps): zoe steps its "
                        "param groups with state of its own; pass a fresh one, or load its "
                        "state_dict() into the optimizer initialize returns")
