@@ -132,6 +132,42 @@ def test_cuda_model_sharded_over_nccl_matches_torch_adamw(engine, nccl_group, dt
     zoe_opt.close()
 
 
+def weight_and_bias_groups(model):
+    return [{"params": [p for p in model.parameters() if p.dim() > 1]},
+            {"params": [p for p in model.parameters() if p.dim() <= 1], "weight_decay": 0.0}]
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_cuda_groups_are_clipped_by_the_norm_of_both(engine, request, stage):
+    """Two param groups of a CUDA model clipped by the norm of every gradient (global_clip.py):
+    the device groups' sums of squares from zoe's scan of what was handed over, and over NCCL
+    at stage 2; against torch's AdamW after clip_grad_norm_ over all the parameters."""
+    sharding = {}
+    if stage:
+        sharding = dict(process_group=request.getfixturevalue("nccl_group"), zero_stage=stage,
+                        bucket_elements=4096)
+    model = make_model().cuda()
+    master = make_model()
+    torch_opt = torch.optim.AdamW(weight_and_bias_groups(master), lr=3e-3, weight_decay=0.1,
+                                  foreach=False)
+    zoe_opt = zoe.torch.AdamW(weight_and_bias_groups(model), lr=3e-3, weight_decay=0.1,
+                              max_grad_norm=0.05, engine=engine, **sharding)
+    for step in range(10):
+        zoe_opt.zero_grad(set_to_none=True)
+        x, y = batch(step, torch.float32, "cuda")
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        for reference, param in zip(master.parameters(), model.parameters()):
+            reference.grad = param.grad.cpu()
+        zoe_opt.step()
+        norm = torch.nn.utils.clip_grad_norm_(master.parameters(), 0.05)
+        torch_opt.step()
+        assert zoe_opt.last_grad_norm == pytest.approx(float(norm), rel=1e-5)
+        for (name, reference), param in zip(master.named_parameters(), model.parameters()):
+            torch.testing.assert_close(param.detach().cpu(), reference.detach(), rtol=1e-5,
+                                       atol=1e-6, msg=f"step {step} {name}")
+    zoe_opt.close()
+
+
 def test_cuda_model_close_to_torch_adamw_on_the_gpu(engine):
     reference, model = make_model().cuda(), make_model().cuda()
     torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.1)
