@@ -192,14 +192,14 @@ Status ReadBetas(const Json& value, const std::string& key_path, HyperParams* ou
   const bool pair_of_numbers =
       value.is_array() && value.size() == 2 && value[0].is_number() && value[1].is_number();
   if (!pair_of_numbers) {
-    return Status::InvalidArgument(
-        fmt::format("{}: expected two numbers [beta1, beta2], got {}", key_path, value.dump()));
+    return Status::InvalidArgument(fmt::format("{}: expected two numbers [beta1, beta2], got {}",
+                                               key_path, DescribeJson(value)));
   }
   const double beta1 = value[0].get<double>();
   const double beta2 = value[1].get<double>();
   if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0)) {
     return Status::InvalidArgument(fmt::format(
-        "{} = {} is out of range; allowed: each beta in [0, 1)", key_path, value.dump()));
+        "{} = {} is out of range; allowed: each beta in [0, 1)", key_path, DescribeJson(value)));
   }
   out->beta1 = beta1;
   out->beta2 = beta2;
@@ -544,7 +544,7 @@ std::string_view OffloadDeviceName(OffloadDevice device) { return NameIn(kOffloa
 std::string_view ComputeDeviceName(ComputeDevice device) { return NameIn(kComputeDevices, device); }
 
 Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {
-  ZOE_ASSIGN_OR_RETURN(const Json document, ParseJson(json_text));
+  ZOE_ASSIGN_OR_RETURN(const Json document, ParseConfigJson(json_text));
   return ParseEngineConfigDocument(document);
 }
 

@@ -5,6 +5,8 @@
 //  - DeepSpeed keys zoe has no use for (batch sizes, scheduler, monitors, ZeRO bucket sizes, ...)
 //    are accepted from an explicit list, left unvalidated, and their dotted paths recorded in
 //    EngineConfig::ignored_keys so the engine can log them once;
+//  - the document may hold the non-finite numbers Python's json module writes (NaN, Infinity),
+//    which only keys zoe ignores accept;
 //  - "auto", which Hugging Face's DeepSpeed integration writes for values the framework decides,
 //    is accepted where it writes it (core/engine_config_auto.h): the value stays zoe's default
 //    and the key's path is recorded in EngineConfig::auto_keys;
