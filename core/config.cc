@@ -591,7 +591,7 @@ Status ObjectReader::Finish() {
 // ---------------------------------------------------------------------------------------------
 // Sections
 
-Result<AioConfig> ParseAioConfig(const Json& aio) {
+Result<AioConfig> ParseAioConfig(const Json& aio, std::vector<std::string>* ignored) {
   AioConfig config;
   if (aio.is_null()) return config;
   static constexpr std::array<std::string_view, 4> kBackends = {"auto", "io_uring", "libaio",
@@ -607,6 +607,12 @@ Result<AioConfig> ParseAioConfig(const Json& aio) {
       .Enum("backend", &config.backend, kBackends)
       .Bool("use_direct", &config.use_direct)
       .Bool("checksum", &config.checksum);
+  // DeepSpeed's GPUDirect Storage switch: a transfer path, not a setting of the swap data.
+  if (ignored != nullptr) {
+    reader.Ignore("use_gds", ignored);
+  } else {
+    reader.Ignore("use_gds");
+  }
   ZOE_RETURN_IF_ERROR(reader.Finish());
   if (config.block_size % 4096 != 0) {
     return Status::InvalidArgument(fmt::format(

@@ -121,6 +121,8 @@ struct AioConfig {
 // Parses the "aio" object. Ranges: block_size 4KiB..1GiB and a multiple of 4096; queue_depth
 // 1..4096; intra_op_parallelism 1..256; backend one of auto, io_uring, libaio, psync. A null
 // value (no "aio" section) gives the defaults.
-Result<AioConfig> ParseAioConfig(const nlohmann::json& aio);
+// `ignored`, when given, receives the DeepSpeed keys accepted and not acted on (aio.use_gds).
+Result<AioConfig> ParseAioConfig(const nlohmann::json& aio,
+                                 std::vector<std::string>* ignored = nullptr);
 
 }  // namespace zoe::config

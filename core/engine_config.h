@@ -2,9 +2,13 @@
 // binding). Its shape is DeepSpeed's, so a DeepSpeed ZeRO-Infinity config is accepted as it is:
 //  - DeepSpeed keys zoe acts on (zero_optimization.stage and its offload_optimizer/offload_param
 //    sections, optimizer, gradient_clipping, fp16, bf16, aio) are parsed into typed fields;
-//  - DeepSpeed keys zoe has no use for (batch sizes, scheduler, monitors, ZeRO bucket sizes, ...)
-//    are accepted from an explicit list, left unvalidated, and their dotted paths recorded in
-//    EngineConfig::ignored_keys so the engine can log them once;
+//  - DeepSpeed keys the engine reads no value from are accepted from the lists of
+//    core/engine_config_deepspeed.h, left unvalidated, and their dotted paths recorded so the
+//    engine can log them once: in EngineConfig::ignored_keys those zoe has no use for (monitors,
+//    communication knobs, ...), in EngineConfig::framework_keys those the framework integration
+//    reads (batch sizes, the schedule, gradient buckets); a DeepSpeed switch for a feature that
+//    changes training and that zoe does not implement (amp, elasticity, ...) is accepted while
+//    off and refused when on;
 //  - the document may hold the non-finite numbers Python's json module writes (NaN, Infinity),
 //    which only keys zoe ignores accept;
 //  - "auto", which Hugging Face's DeepSpeed integration writes for values the framework decides,
@@ -162,6 +166,9 @@ struct EngineConfig {
   // Dotted paths of the DeepSpeed keys present in the document and ignored, sorted. Not part of
   // the effective configuration: ToJson does not print them.
   std::vector<std::string> ignored_keys;
+  // Dotted paths of the DeepSpeed keys present that the framework integration reads and the
+  // engine does not (train_batch_size, scheduler, ...), sorted; not printed by ToJson either.
+  std::vector<std::string> framework_keys;
   // Dotted paths of the keys given as "auto" (decided by the framework), sorted. Their fields
   // above keep zoe's defaults; ToJson prints these paths under the top-level "auto" list.
   std::vector<std::string> auto_keys;
@@ -176,10 +183,14 @@ Result<EngineConfig> ParseEngineConfig(std::string_view json_text);
 Result<EngineConfig> ParseEngineConfigDocument(const nlohmann::json& document);
 
 // The effective configuration as a document ParseEngineConfig accepts and maps back to the same
-// EngineConfig (less ignored_keys). Sizes are printed in bytes.
+// EngineConfig (less ignored_keys and framework_keys). Sizes are printed in bytes.
 nlohmann::json ToJson(const EngineConfig& config);
 
 // "ignored DeepSpeed keys: a, b.c" for the engine's log, or empty when none were ignored.
 std::string DescribeIgnoredKeys(const EngineConfig& config);
+
+// "DeepSpeed keys for the framework (...): scheduler, train_batch_size" for the engine's log, or
+// empty when there are none.
+std::string DescribeFrameworkKeys(const EngineConfig& config);
 
 }  // namespace zoe::config

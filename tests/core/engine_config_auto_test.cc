@@ -44,8 +44,8 @@ TEST(EngineConfigAuto, TheHuggingFaceZero3ExampleParsesWithZoesDefaultsForAutoVa
   EXPECT_EQ(config.zero.sub_group_size, 1'000'000'000u);
   EXPECT_EQ(config.zero.offload_param.device, OffloadDevice::kCpu);
   EXPECT_TRUE(config.zero.offload_optimizer.pin_memory);
-  EXPECT_THAT(config.ignored_keys, ::testing::Contains("zero_optimization.reduce_bucket_size"));
-  EXPECT_THAT(config.ignored_keys, ::testing::Contains("train_batch_size"));
+  EXPECT_THAT(config.framework_keys, ::testing::Contains("zero_optimization.reduce_bucket_size"));
+  EXPECT_THAT(config.framework_keys, ::testing::Contains("train_batch_size"));
 }
 
 TEST(EngineConfigAuto, EffectiveConfigurationShowsTheChosenValuesAndWhichCameFromAuto) {

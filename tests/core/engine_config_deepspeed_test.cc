@@ -1,10 +1,14 @@
 // Description: DeepSpeed documents the engine accepts as DeepSpeed does and refuses where zoe
-// would train differently: Python's non-finite numbers.
+// would train differently: keys ignored or left to the framework, feature switches refused when
+// on, and Python's non-finite numbers.
+#include "core/engine_config_deepspeed.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/engine_config.h"
 #include "tests/core/engine_config_parse.h"
@@ -12,8 +16,10 @@
 namespace zoe::config {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Json = nlohmann::json;
 
 // ---------------------------------------------------------------------------------------------
@@ -60,6 +66,129 @@ TEST(EngineConfigDeepSpeed, NonFiniteTokensKeepSyntaxErrorPositionsAndPlainJsonS
   ASSERT_TRUE(escaped.ok());
   EXPECT_EQ((*escaped)["s"], std::string("\0NaN", 4));
   EXPECT_FALSE(ParseConfigJson(R"({"s": "\u0000", "n": NaN})").ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys the framework reads, keys ignored, typos
+
+TEST(EngineConfigDeepSpeed, KeysTheFrameworkReadsAreNotListedAsIgnored) {
+  const EngineConfig config = ParseOk(R"({"train_batch_size": 8, "scheduler": {"type": "x"},
+      "gradient_accumulation_steps": 2, "train_micro_batch_size_per_gpu": 4,
+      "dataloader_drop_last": true, "activation_checkpointing": {},
+      "zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,
+                            "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9}})");
+  EXPECT_TRUE(config.ignored_keys.empty());
+  EXPECT_EQ(DescribeIgnoredKeys(config), "");
+  EXPECT_EQ(config.framework_keys.size(), 10u);
+  EXPECT_THAT(config.framework_keys, Contains("zero_optimization.allgather_bucket_size"));
+}
+
+TEST(EngineConfigDeepSpeed, DeepSpeedKeysWithoutEffectOnZoeAreAcceptedAndListed) {
+  const EngineConfig config = ParseOk(R"({
+    "vocabulary_size": 50304, "graph_harvesting": false, "use_data_before_expert_parallelism": true,
+    "seq_parallel_comm_data_type": "fp32", "comet": {"enabled": false}, "compile": {"enabled": true},
+    "eigenvalue": {"enabled": true}, "weight_quantization": {"quantized_initialization": {}},
+    "nebula": {"enabled": false}, "hybrid_engine": {"enabled": false, "max_out_tokens": 512},
+    "tensor_parallel": {"autotp_size": 1},
+    "bf16": {"enabled": true, "immediate_grad_update": true, "loss_scale": 1.0},
+    "aio": {"use_gds": false},
+    "zero_optimization": {"zero_quantized_nontrainable_weights": false,
+                          "stage3_module_granularity_threshold": 0, "cpu_offload_param": false}})");
+  EXPECT_TRUE(config.bf16.enabled);
+  EXPECT_THAT(config.ignored_keys,
+              ElementsAre("aio.use_gds", "bf16.immediate_grad_update", "bf16.loss_scale", "comet",
+                          "compile", "eigenvalue", "graph_harvesting", "hybrid_engine", "nebula",
+                          "seq_parallel_comm_data_type", "tensor_parallel",
+                          "use_data_before_expert_parallelism", "vocabulary_size",
+                          "weight_quantization", "zero_optimization.cpu_offload_param",
+                          "zero_optimization.stage3_module_granularity_threshold",
+                          "zero_optimization.zero_quantized_nontrainable_weights"));
+  // Megatron-DeepSpeed spells the section bfloat16.
+  EXPECT_THAT(ParseOk(R"({"bfloat16": {"enabled": true, "loss_scale": 1.0}})").ignored_keys,
+              ElementsAre("bfloat16.loss_scale"));
+}
+
+TEST(EngineConfigDeepSpeed, KeysDeepSpeedDoesNotHaveAreStillTyposWithTheirClosestKey) {
+  EXPECT_THAT(ParseError(R"({"seq_parallel_communication_data_type": "fp32"})"),
+              HasSubstr("unknown key 'seq_parallel_communication_data_type'; did you mean "));
+  EXPECT_THAT(ParseError(R"({"vocabulary_sise": 8})"),
+              HasSubstr("unknown key 'vocabulary_sise'; did you mean 'vocabulary_size'?"));
+  EXPECT_THAT(ParseError(R"({"hybrid_engin": {}})"), HasSubstr("did you mean 'hybrid_engine'?"));
+  EXPECT_THAT(ParseError(R"({"cuda_visible_devices": "0"})"),
+              HasSubstr("unknown key 'cuda_visible_devices'"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Switches of features zoe does not implement
+
+TEST(EngineConfigDeepSpeed, FeatureSwitchesAreAcceptedWhileOff) {
+  const EngineConfig config = ParseOk(R"({
+    "amp": {"enabled": false, "opt_level": "O2"}, "elasticity": {"enabled": false},
+    "curriculum_learning": {"enabled": false}, "data_efficiency": {"enabled": false},
+    "progressive_layer_drop": {"enabled": false, "theta": 0.5},
+    "quantize_training": {"enabled": false}, "hybrid_engine": {"enabled": false},
+    "compression_training": {"weight_quantization": {"shared_parameters": {"enabled": false}},
+                             "layer_reduction": {"enabled": false}},
+    "fp16": {"enabled": false, "auto_cast": true, "fp16_master_weights_and_grads": true},
+    "tensor_parallel": {"autotp_size": 0},
+    "zero_optimization": {"zero_quantized_weights": false, "zero_quantized_gradients": false}})");
+  EXPECT_THAT(config.ignored_keys, Contains("progressive_layer_drop"));
+  EXPECT_THAT(config.ignored_keys, Contains("fp16.auto_cast"));
+  EXPECT_THAT(config.ignored_keys, Not(Contains("fp16.enabled")));
+}
+
+TEST(EngineConfigDeepSpeed, FeatureSwitchesOnAreRefusedNamingWhatDeepSpeedDoesAndTheWayOut) {
+  struct Case {
+    const char* document;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"amp": {"enabled": true}})",
+       "amp.enabled = true: with it DeepSpeed trains with NVIDIA Apex's automatic mixed "
+       "precision"},
+      {R"({"amp": {"enabled": true}})",
+       "; use the fp16 or bf16 section instead, and remove "
+       "'amp' or set amp.enabled to false"},
+      {R"({"elasticity": {"enabled": true}})",
+       "elasticity.enabled = true: with it DeepSpeed "
+       "chooses train_batch_size"},
+      {R"({"curriculum_learning": {"enabled": true}})",
+       "which zoe does not do; remove 'curriculum_learning' or set curriculum_learning.enabled "
+       "to false"},
+      {R"({"data_efficiency": {"enabled": true}})", "data_efficiency.enabled = true"},
+      {R"({"progressive_layer_drop": {"enabled": true}})", "progressive_layer_drop.enabled"},
+      {R"({"quantize_training": {"enabled": true}})", "quantizes the weights during training"},
+      {R"({"hybrid_engine": {"enabled": true}})", "generate with engine.module"},
+      {R"({"nebula": {"enabled": true}})", "through the Nebula service"},
+      {R"({"compression_training": {"sparse_pruning": {"shared_parameters":
+           {"enabled": true}}}})",
+       "compression_training.sparse_pruning.shared_parameters.enabled = true: with it DeepSpeed "
+       "quantizes or prunes"},
+      {R"({"compression_training": {"layer_reduction": {"enabled": true}}})",
+       "set compression_training.layer_reduction.enabled to false"},
+      {R"({"fp16": {"enabled": true, "auto_cast": true}})",
+       "fp16.auto_cast = true: with it DeepSpeed casts the floating-point inputs of forward to "
+       "fp16"},
+      {R"({"fp16": {"enabled": true, "fp16_master_weights_and_grads": true}})",
+       "zoe keeps fp32 master weights"},
+      {R"({"zero_optimization": {"zero_quantized_weights": true}})",
+       "zero_optimization.zero_quantized_weights = true: with it DeepSpeed all-gathers the "
+       "weights quantized to int8"},
+      {R"({"zero_optimization": {"zero_quantized_nontrainable_weights": true}})",
+       "set zero_optimization.zero_quantized_nontrainable_weights to false"},
+      {R"({"zero_optimization": {"zero_quantized_gradients": true}})", "int4"},
+      {R"({"tensor_parallel": {"autotp_size": 2}})",
+       "tensor_parallel.autotp_size = 2: with it DeepSpeed splits the model's layers"},
+      // DeepSpeed reads the switches as Python's truth values.
+      {R"({"amp": {"enabled": 1}})", "amp.enabled = 1:"},
+      {R"({"amp": {"enabled": "false"}})", "amp.enabled = \"false\":"},
+  };
+  for (const Case& c : cases) EXPECT_THAT(ParseError(c.document), HasSubstr(c.message));
+}
+
+TEST(EngineConfigDeepSpeed, AnUnknownKeyIsReportedBeforeASwitch) {
+  EXPECT_THAT(ParseError(R"({"amp": {"enabled": true}, "ampp": 1})"),
+              HasSubstr("unknown key 'ampp'"));
 }
 
 }  // namespace

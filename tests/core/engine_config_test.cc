@@ -96,6 +96,7 @@ void ExpectRoundTrip(const EngineConfig& config) {
   EXPECT_TRUE(again->ignored_keys.empty());
   EngineConfig expected = config;
   expected.ignored_keys.clear();
+  expected.framework_keys.clear();
   EXPECT_TRUE(*again == expected) << "printed:  " << printed.dump()
                                   << "\nreprinted: " << ToJson(*again).dump();
   EXPECT_EQ(ToJson(*again), printed);
@@ -183,18 +184,24 @@ TEST(EngineConfig, DeepSpeedZeroInfinityConfigParsesWithItsValues) {
   EXPECT_EQ(config.aio.intra_op_parallelism, 1u);
   EXPECT_TRUE(config.aio.overlap_events);
 
-  EXPECT_THAT(config.ignored_keys,
-              ElementsAre("gradient_accumulation_steps", "scheduler", "steps_per_print",
-                          "train_batch_size", "train_micro_batch_size_per_gpu",
-                          "wall_clock_breakdown", "zero_optimization.contiguous_gradients",
-                          "zero_optimization.overlap_comm", "zero_optimization.reduce_bucket_size",
-                          "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                          "zero_optimization.stage3_max_live_parameters",
-                          "zero_optimization.stage3_max_reuse_distance",
-                          "zero_optimization.stage3_param_persistence_threshold",
-                          "zero_optimization.stage3_prefetch_bucket_size"));
+  EXPECT_THAT(
+      config.ignored_keys,
+      ElementsAre("steps_per_print", "wall_clock_breakdown",
+                  "zero_optimization.contiguous_gradients", "zero_optimization.overlap_comm",
+                  "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                  "zero_optimization.stage3_param_persistence_threshold",
+                  "zero_optimization.stage3_prefetch_bucket_size"));
   EXPECT_THAT(DescribeIgnoredKeys(config),
-              HasSubstr("ignored DeepSpeed keys: gradient_accumulation_steps, scheduler, "));
+              HasSubstr("ignored DeepSpeed keys: steps_per_print, wall_clock_breakdown, "));
+  // The keys zoe.torch.initialize reads are not called ignored.
+  EXPECT_THAT(config.framework_keys,
+              ElementsAre("gradient_accumulation_steps", "scheduler", "train_batch_size",
+                          "train_micro_batch_size_per_gpu", "zero_optimization.reduce_bucket_size",
+                          "zero_optimization.stage3_max_live_parameters",
+                          "zero_optimization.stage3_max_reuse_distance"));
+  EXPECT_THAT(DescribeFrameworkKeys(config),
+              HasSubstr("(zoe.torch.initialize reads them; the engine does not): "
+                        "gradient_accumulation_steps, scheduler, train_batch_size, "));
 }
 
 // The shape Hugging Face examples hand to DeepSpeed: "auto" in keys zoe ignores, sizes as floats.
@@ -331,17 +338,17 @@ TEST(EngineConfig, OptimizerParamsAreReadPerType) {
 TEST(EngineConfig, IgnoredDeepSpeedSectionsAreNotValidated) {
   const EngineConfig config = ParseOk(R"({
     "scheduler": {"type": "AnyScheduler", "params": {"whatever": [1, "two"]}},
-    "amp": {"enabled": true, "opt_level": "O1"},
+    "amp": {"enabled": false, "opt_level": "O1"},
     "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true},
     "fp16": {"enabled": true, "auto_cast": false, "fp16_master_weights_and_grads": false},
     "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true,
                           "offload_optimizer": {"device": "cpu", "pipeline_read": true}}
   })");
   EXPECT_THAT(config.ignored_keys,
-              ElementsAre("activation_checkpointing", "amp", "fp16.auto_cast",
-                          "fp16.fp16_master_weights_and_grads", "scheduler",
+              ElementsAre("amp", "fp16.auto_cast", "fp16.fp16_master_weights_and_grads",
                           "zero_optimization.offload_optimizer.pipeline_read",
                           "zero_optimization.stage3_gather_fp16_weights_on_model_save"));
+  EXPECT_THAT(config.framework_keys, ElementsAre("activation_checkpointing", "scheduler"));
 }
 
 TEST(EngineConfig, OtherSpellingsAreAcceptedButNotTwoOfTheSameOption) {
