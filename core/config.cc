@@ -451,7 +451,9 @@ ObjectReader& ObjectReader::UInt(std::string_view key, uint64_t* out, uint64_t m
   } else if (value->is_number_float() && value->get<double>() == std::floor(value->get<double>()) &&
              std::isfinite(value->get<double>())) {
     const double d = value->get<double>();
-    if (d < static_cast<double>(min) || d > static_cast<double>(max)) {
+    // 2^64 is the first double a uint64_t cannot hold (the largest one rounds up to it).
+    if (d < static_cast<double>(min) || d > static_cast<double>(max) ||
+        d >= 18446744073709551616.0) {
       status_ = OutOfRange(KeyPath(found_key_), Describe(*value), std::to_string(min),
                            std::to_string(max));
     } else {

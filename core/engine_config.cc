@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -87,8 +88,10 @@ Status ReadOffloadParam(ObjectReader& reader, OffloadParamConfig* out) {
 }
 
 Status ReadZero(ObjectReader& reader, ZeroConfig* out, const AcceptedKeys& keys) {
+  // Any size: one larger than a group makes the group one sub-group, as in DeepSpeed (Hugging
+  // Face's tests write 1e14).
   reader.UInt("stage", &out->stage, 0, 3)
-      .UInt("sub_group_size", &out->sub_group_size, 0, uint64_t{1} << 40)
+      .UInt("sub_group_size", &out->sub_group_size, 0, std::numeric_limits<uint64_t>::max())
       .Object(
           "offload_optimizer",
           [&](ObjectReader& r) { return ReadOffloadOptimizer(r, &out->offload_optimizer, keys); })

@@ -73,7 +73,8 @@ struct ZeroConfig {
   uint64_t stage = 3;  // 0..3; offload_param needs 3
   // Parameters per optimizer sub-group: the unit the offloaded optimizer step reads, updates and
   // writes (OptimizerGroupOptions::chunk_elements). 0: derived from zoe.chunk_size (chunk_size / 4,
-  // a sub-group whose fp32 master weights fill one chunk). 0..2^40.
+  // a sub-group whose fp32 master weights fill one chunk). Any larger size than a group's makes
+  // the group one sub-group.
   uint64_t sub_group_size = 0;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;

@@ -1,6 +1,6 @@
 // Description: DeepSpeed documents the engine accepts as DeepSpeed does and refuses where zoe
 // would train differently: keys ignored or left to the framework, feature switches refused when
-// on, and Python's non-finite numbers.
+// on, Python's non-finite numbers and sub_group_size beyond any group.
 #include "core/engine_config_deepspeed.h"
 
 #include <gmock/gmock.h>
@@ -189,6 +189,18 @@ TEST(EngineConfigDeepSpeed, FeatureSwitchesOnAreRefusedNamingWhatDeepSpeedDoesAn
 TEST(EngineConfigDeepSpeed, AnUnknownKeyIsReportedBeforeASwitch) {
   EXPECT_THAT(ParseError(R"({"amp": {"enabled": true}, "ampp": 1})"),
               HasSubstr("unknown key 'ampp'"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// sub_group_size
+
+TEST(EngineConfigDeepSpeed, SubGroupSizeLargerThanAnyGroupIsAccepted) {
+  const EngineConfig config = ParseOk(R"({"zero_optimization": {"sub_group_size": 1e14}})");
+  EXPECT_EQ(config.zero.sub_group_size, 100'000'000'000'000u);
+  EXPECT_EQ(ToJson(config)["zero_optimization"]["sub_group_size"], 100'000'000'000'000u);
+  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"sub_group_size": 18446744073709551615}})")
+                .zero.sub_group_size,
+            18'446'744'073'709'551'615u);
 }
 
 }  // namespace
