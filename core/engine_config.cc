@@ -323,13 +323,17 @@ Status CheckPrecision(const EngineConfig& config) {
       "fp16.enabled and bf16.enabled are both true; allowed: at most one of them");
 }
 
-Status CheckParamOffloadStage(const ZeroConfig& zero) {
-  if (zero.offload_param.device == OffloadDevice::kNone || zero.stage == 3) return Status::Ok();
-  return Status::InvalidArgument(fmt::format(
-      "zero_optimization.offload_param.device = '{}' needs zero_optimization.stage = 3 "
-      "(parameters are offloaded only when partitioned, as in DeepSpeed), got stage {}; "
-      "set stage to 3 or offload_param.device to 'none'",
+// DeepSpeed reads offload_param on its stage 3 paths only; below stage 3 the section is accepted
+// with a warning and takes no effect (its nvme_path gives no swap directory either).
+void IgnoreParamOffloadBelowStage3(EngineConfig* config) {
+  ZeroConfig& zero = config->zero;
+  if (zero.offload_param.device == OffloadDevice::kNone || zero.stage == 3) return;
+  config->warnings.push_back(fmt::format(
+      "zero_optimization.offload_param.device = '{}' has no effect at zero_optimization.stage "
+      "{}: parameters are offloaded only at stage 3, where they are partitioned (DeepSpeed "
+      "ignores the section below stage 3 too); the parameters stay where the model put them",
       OffloadDeviceName(zero.offload_param.device), zero.stage));
+  zero.offload_param = OffloadParamConfig{};
 }
 
 // zoe.nvme_paths when given, else the nvme_path of every section offloading to NVMe. A section on
@@ -378,7 +382,7 @@ Status ResolveChecksum(const Json& document, EngineConfig* config) {
 
 Status CheckAcrossSections(const Json& document, EngineConfig* config) {
   ZOE_RETURN_IF_ERROR(CheckPrecision(*config));
-  ZOE_RETURN_IF_ERROR(CheckParamOffloadStage(config->zero));
+  IgnoreParamOffloadBelowStage3(config);
   ZOE_RETURN_IF_ERROR(ResolveNvmePaths(config));
   return ResolveChecksum(document, config);
 }

@@ -57,7 +57,8 @@ struct OffloadOptimizerConfig {
   bool operator==(const OffloadOptimizerConfig&) const = default;
 };
 
-// zero_optimization.offload_param (DeepSpeed's keys and defaults; counts are in elements).
+// zero_optimization.offload_param (DeepSpeed's keys and defaults; counts are in elements). Below
+// stage 3 the section has no effect: the parser leaves these defaults and records a warning.
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path;
@@ -70,7 +71,7 @@ struct OffloadParamConfig {
 };
 
 struct ZeroConfig {
-  uint64_t stage = 3;  // 0..3; offload_param needs 3
+  uint64_t stage = 3;  // 0..3; offload_param takes effect at 3 only
   // Parameters per optimizer sub-group: the unit the offloaded optimizer step reads, updates and
   // writes (OptimizerGroupOptions::chunk_elements). 0: derived from zoe.chunk_size (chunk_size / 4,
   // a sub-group whose fp32 master weights fill one chunk). Any larger size than a group's makes
@@ -170,6 +171,9 @@ struct EngineConfig {
   // Dotted paths of the DeepSpeed keys present that the framework integration reads and the
   // engine does not (train_batch_size, scheduler, ...), sorted; not printed by ToJson either.
   std::vector<std::string> framework_keys;
+  // Settings accepted that take no effect (offload_param below stage 3), one sentence each, for
+  // the engine to log as warnings; not printed by ToJson.
+  std::vector<std::string> warnings;
   // Dotted paths of the keys given as "auto" (decided by the framework), sorted. Their fields
   // above keep zoe's defaults; ToJson prints these paths under the top-level "auto" list.
   std::vector<std::string> auto_keys;
@@ -184,7 +188,7 @@ Result<EngineConfig> ParseEngineConfig(std::string_view json_text);
 Result<EngineConfig> ParseEngineConfigDocument(const nlohmann::json& document);
 
 // The effective configuration as a document ParseEngineConfig accepts and maps back to the same
-// EngineConfig (less ignored_keys and framework_keys). Sizes are printed in bytes.
+// EngineConfig (less ignored_keys, framework_keys and warnings). Sizes are printed in bytes.
 nlohmann::json ToJson(const EngineConfig& config);
 
 // "ignored DeepSpeed keys: a, b.c" for the engine's log, or empty when none were ignored.

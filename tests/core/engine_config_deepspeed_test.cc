@@ -1,6 +1,7 @@
 // Description: DeepSpeed documents the engine accepts as DeepSpeed does and refuses where zoe
 // would train differently: keys ignored or left to the framework, feature switches refused when
-// on, Python's non-finite numbers and sub_group_size beyond any group.
+// on, Python's non-finite numbers, sub_group_size beyond any group and offload_param below stage
+// 3.
 #include "core/engine_config_deepspeed.h"
 
 #include <gmock/gmock.h>
@@ -192,7 +193,7 @@ TEST(EngineConfigDeepSpeed, AnUnknownKeyIsReportedBeforeASwitch) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// sub_group_size
+// sub_group_size, offload_param below stage 3
 
 TEST(EngineConfigDeepSpeed, SubGroupSizeLargerThanAnyGroupIsAccepted) {
   const EngineConfig config = ParseOk(R"({"zero_optimization": {"sub_group_size": 1e14}})");
@@ -201,6 +202,31 @@ TEST(EngineConfigDeepSpeed, SubGroupSizeLargerThanAnyGroupIsAccepted) {
   EXPECT_EQ(ParseOk(R"({"zero_optimization": {"sub_group_size": 18446744073709551615}})")
                 .zero.sub_group_size,
             18'446'744'073'709'551'615u);
+}
+
+TEST(EngineConfigDeepSpeed, ParamOffloadBelowStage3IsAWarningAndHasNoEffect) {
+  // DeepSpeed-Chat's stage 2 --offload configuration.
+  const EngineConfig config = ParseOk(R"({"zero_optimization": {"stage": 2,
+      "offload_param": {"device": "nvme", "pin_memory": true},
+      "offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_EQ(config.zero.offload_param, OffloadParamConfig{});
+  EXPECT_TRUE(config.zoe.nvme_paths.empty());  // no directory needed, none taken
+  ASSERT_EQ(config.warnings.size(), 1u);
+  EXPECT_THAT(config.warnings[0],
+              HasSubstr("zero_optimization.offload_param.device = 'nvme' has no effect at "
+                        "zero_optimization.stage 2"));
+  const Json printed = ToJson(config);
+  EXPECT_EQ(printed["zero_optimization"]["offload_param"]["device"], "none");
+  Result<EngineConfig> again = ParseEngineConfigDocument(printed);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->warnings.empty());
+  // At stage 3 it is honoured, and "none" is never a warning.
+  EXPECT_TRUE(ParseOk(R"({"zero_optimization": {"stage": 1, "offload_param":
+      {"device": "none"}}})")
+                  .warnings.empty());
+  EXPECT_EQ(ParseOk(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})")
+                .zero.offload_param.device,
+            OffloadDevice::kCpu);
 }
 
 }  // namespace

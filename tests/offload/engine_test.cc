@@ -389,6 +389,19 @@ TEST(Engine, LogLevelIsAppliedAndIgnoredKeysAreLogged) {
   log::Get().set_level(before);
 }
 
+TEST(Engine, ParamOffloadBelowStage3IsAWarningAndTakesNoEffect) {
+  TempDir dir;
+  Json document = SmallConfig(dir);
+  document["zero_optimization"]["stage"] = 2;
+  document["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  log::ScopedCapture capture;
+  std::unique_ptr<Engine> engine = MakeEngine(document);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(capture.Count("warning: engine: zero_optimization.offload_param.device = 'cpu' has "
+                          "no effect at zero_optimization.stage 2"),
+            1u);
+}
+
 TEST(Engine, SwapThatCannotFitIsNoSpaceAtCreation) {
   TempDir dir;
   Json document = SmallConfig(dir);
