@@ -110,6 +110,8 @@ Status ReadZero(ObjectReader& reader, ZeroConfig* out, const AcceptedKeys& keys)
 struct OptimizerParamsExtra {
   bool adam_w_mode = true;  // DeepSpeed's default: its "Adam" is AdamW
   bool lr_decay_given = false;
+  bool weight_decay_given = false;
+  bool torch_adam = false;  // DeepSpeed then builds torch.optim.Adam or AdamW
 };
 
 Status ReadBetas(const Json& value, const std::string& key_path, HyperParams* out) {
@@ -130,22 +132,24 @@ Status ReadBetas(const Json& value, const std::string& key_path, HyperParams* ou
   return Status::Ok();
 }
 
-Status ReadOptimizerParams(ObjectReader& reader, HyperParams* out, OptimizerParamsExtra* extra,
-                           std::vector<std::string>* ignored) {
+Status ReadOptimizerParams(ObjectReader& reader, HyperParams* out, OptimizerParamsExtra* extra) {
   std::optional<Json> betas;
   bool bias_correction = true;
   bool amsgrad = false;
   double lr_decay = -1.0;  // stays negative (outside the allowed range) when absent
+  double weight_decay = -1.0;
   reader.Double("lr", &out->lr, 0.0, kHugeNumber)
       .Value("betas", &betas)
       .Double("eps", &out->eps, 0.0, kHugeNumber)
-      .Double("weight_decay", &out->weight_decay, 0.0, kHugeNumber)
+      .Double("weight_decay", &weight_decay, 0.0, kHugeNumber)
       .Double("lr_decay", &lr_decay, 0.0, kHugeNumber)
       .Bool("adam_w_mode", &extra->adam_w_mode)
       .Bool("bias_correction", &bias_correction)
       .Bool("amsgrad", &amsgrad)
-      .Ignore("torch_adam", ignored);
+      .Bool("torch_adam", &extra->torch_adam);
   ZOE_RETURN_IF_ERROR(reader.Finish());
+  extra->weight_decay_given = weight_decay >= 0.0;
+  if (extra->weight_decay_given) out->weight_decay = weight_decay;
   if (betas.has_value()) ZOE_RETURN_IF_ERROR(ReadBetas(*betas, KeyPath(reader, "betas"), out));
   if (out->eps == 0.0) {
     return Status::InvalidArgument(
@@ -187,11 +191,25 @@ Result<OptimizerKind> ResolveOptimizerType(const std::string& text, const std::s
                   closest.empty() ? "" : fmt::format(" did you mean '{}'?", closest), supported));
 }
 
+// torch_adam: DeepSpeed builds torch.optim.Adam or AdamW with torch's defaults for the params
+// left out, where those differ from DeepSpeed's own Adam (AdamW's weight_decay, 0.01).
+Status ApplyTorchAdam(const ObjectReader& reader, const OptimizerParamsExtra& extra,
+                      const std::string& type, HyperParams* out) {
+  if (!extra.torch_adam) return Status::Ok();
+  if (out->kind != OptimizerKind::kAdamW && out->kind != OptimizerKind::kAdam) {
+    return Status::InvalidArgument(
+        fmt::format("{}.params.torch_adam applies to adam and adamw only; {}.type is '{}'",
+                    reader.path(), reader.path(), type));
+  }
+  if (out->kind == OptimizerKind::kAdamW && !extra.weight_decay_given) out->weight_decay = 0.01;
+  return Status::Ok();
+}
+
 Status ReadOptimizer(ObjectReader& reader, HyperParams* out, const AcceptedKeys& keys) {
   std::string type(OptimizerKindName(out->kind));
   OptimizerParamsExtra extra;
   reader.String("type", &type).Object("params", [&](ObjectReader& r) {
-    return ReadOptimizerParams(r, out, &extra, keys.ignored);
+    return ReadOptimizerParams(r, out, &extra);
   });
   AcceptDeepSpeedKeys(reader, DeepSpeedSection::kOptimizer, keys);
   ZOE_RETURN_IF_ERROR(reader.Finish());
@@ -202,7 +220,7 @@ Status ReadOptimizer(ObjectReader& reader, HyperParams* out, const AcceptedKeys&
         fmt::format("{}.params.lr_decay applies to adagrad only; {}.type is '{}'", reader.path(),
                     reader.path(), type));
   }
-  return Status::Ok();
+  return ApplyTorchAdam(reader, extra, type, out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 // Description: DeepSpeed documents the engine accepts as DeepSpeed does and refuses where zoe
 // would train differently: keys ignored or left to the framework, feature switches refused when
-// on, Python's non-finite numbers, sub_group_size beyond any group and offload_param below stage
-// 3.
+// on, Python's non-finite numbers, sub_group_size beyond any group, offload_param below stage 3
+// and torch_adam's defaults.
 #include "core/engine_config_deepspeed.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -193,7 +194,7 @@ TEST(EngineConfigDeepSpeed, AnUnknownKeyIsReportedBeforeASwitch) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// sub_group_size, offload_param below stage 3
+// sub_group_size, offload_param below stage 3, torch_adam
 
 TEST(EngineConfigDeepSpeed, SubGroupSizeLargerThanAnyGroupIsAccepted) {
   const EngineConfig config = ParseOk(R"({"zero_optimization": {"sub_group_size": 1e14}})");
@@ -227,6 +228,35 @@ TEST(EngineConfigDeepSpeed, ParamOffloadBelowStage3IsAWarningAndHasNoEffect) {
   EXPECT_EQ(ParseOk(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})")
                 .zero.offload_param.device,
             OffloadDevice::kCpu);
+}
+
+TEST(EngineConfigDeepSpeed, TorchAdamTakesTorchsDefaultsForTheParamsLeftOut) {
+  auto optimizer_of = [](std::string_view section) {
+    return ParseOk(fmt::format(R"({{"optimizer": {}}})", section)).optimizer;
+  };
+  // torch.optim.AdamW's weight_decay is 0.01; DeepSpeed's own Adam's is 0.
+  EXPECT_EQ(optimizer_of(R"({"type": "AdamW", "params": {"torch_adam": true}})").weight_decay,
+            0.01);
+  EXPECT_EQ(optimizer_of(R"({"type": "Adam", "params": {"torch_adam": true}})").weight_decay, 0.01);
+  EXPECT_EQ(optimizer_of(R"({"type": "Adam", "params": {"torch_adam": true,
+      "adam_w_mode": false}})")
+                .weight_decay,
+            0.0);
+  EXPECT_EQ(optimizer_of(R"({"type": "AdamW", "params": {"torch_adam": true,
+      "weight_decay": 0.0}})")
+                .weight_decay,
+            0.0);
+  EXPECT_EQ(optimizer_of(R"({"type": "AdamW", "params": {"torch_adam": false}})").weight_decay,
+            0.0);
+  // "auto" leaves the value to the group; without one it is torch's default too.
+  const EngineConfig automatic = ParseOk(R"({"optimizer": {"type": "AdamW",
+      "params": {"torch_adam": true, "weight_decay": "auto"}}})");
+  EXPECT_EQ(automatic.optimizer.weight_decay, 0.01);
+  EXPECT_THAT(ParseError(R"({"optimizer": {"type": "Lion", "params": {"torch_adam": true}}})"),
+              HasSubstr("optimizer.params.torch_adam applies to adam and adamw only; "
+                        "optimizer.type is 'Lion'"));
+  EXPECT_THAT(ParseError(R"({"optimizer": {"params": {"torch_adam": "yes"}}})"),
+              HasSubstr("optimizer.params.torch_adam: expected true or false"));
 }
 
 }  // namespace

@@ -330,10 +330,10 @@ TEST(EngineConfig, OptimizerParamsAreReadPerType) {
   EXPECT_DOUBLE_EQ(adagrad.optimizer.lr_decay, 0.5);
 
   const EngineConfig adam = ParseOk(R"({"optimizer": {"type": "Adam", "legacy_fusion": false,
-      "params": {"lr": 1e-4, "torch_adam": true, "bias_correction": true, "amsgrad": false}}})");
+      "params": {"lr": 1e-4, "torch_adam": false, "bias_correction": true, "amsgrad": false}}})");
   EXPECT_DOUBLE_EQ(adam.optimizer.lr, 1e-4);
-  EXPECT_THAT(adam.ignored_keys,
-              ElementsAre("optimizer.legacy_fusion", "optimizer.params.torch_adam"));
+  EXPECT_EQ(adam.optimizer.weight_decay, 0.0);
+  EXPECT_THAT(adam.ignored_keys, ElementsAre("optimizer.legacy_fusion"));
 }
 
 TEST(EngineConfig, IgnoredDeepSpeedSectionsAreNotValidated) {

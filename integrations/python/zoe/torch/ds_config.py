@@ -34,10 +34,16 @@ _OPTIMIZER_EXTRAS = {
     "Adagrad": ("lr_decay",),
     "Lion": (),
 }
-# Params that are no argument of the class: adam_w_mode chooses the type, torch_adam an
-# implementation of the same step (zoe has one), and the engine checks bias_correction (true
-# only: zoe always corrects the bias).
+# Params that are no argument of the class: adam_w_mode chooses the type, torch_adam the defaults
+# (TORCH_ADAM_DEFAULTS; zoe has one implementation of the step), and the engine checks
+# bias_correction (true only: zoe always corrects the bias).
 _ENGINE_ONLY_PARAMS = ("adam_w_mode", "torch_adam", "bias_correction")
+# With optimizer.params.torch_adam true DeepSpeed builds torch.optim.Adam or AdamW (runtime/
+# engine.py, _configure_basic_optimizer): torch's defaults, where AdamW's weight_decay is 0.01.
+TORCH_ADAM_DEFAULTS = {
+    "Adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+    "AdamW": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
+}
 
 # DeepSpeed's fp16 defaults (deepspeed/runtime/fp16/loss_scaler.py, runtime/constants.py).
 FP16_DEFAULTS = dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=1000,
@@ -154,7 +160,8 @@ def _optimizer_spec(document):
                        f"{', '.join(allowed)}")
     if kind == "Adam" and params.get("adam_w_mode", True) is not False:
         kind = "AdamW"
-    arguments = dict(OPTIMIZER_DEFAULTS[kind])
+    defaults = TORCH_ADAM_DEFAULTS if params.get("torch_adam") is True else OPTIMIZER_DEFAULTS
+    arguments = dict(defaults[kind])
     arguments.update((key, value) for key, value in params.items()
                      if key not in _ENGINE_ONLY_PARAMS)
     if "betas" in arguments:
