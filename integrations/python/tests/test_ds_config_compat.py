@@ -15,6 +15,8 @@ import torch
 import zoe
 import zoe.torch
 from initialize_script import ACCUMULATION, MICRO, ds_config, make_model, train_engine
+from zoe.torch.ds_config import training_config
+from zoe.torch.loss_scaler import loss_scaler_for
 
 
 def initialize(config, model=None):
@@ -279,3 +281,21 @@ def test_a_zoe_optimizer_refuses_a_hyper_parameter_that_is_no_number():
         zoe.torch.AdamW(params, lr="1e-3")
     with pytest.raises(zoe.InvalidArgument, match="betas\\[1\\] = inf is not allowed"):
         zoe.torch.AdamW(make_model().parameters(), betas=(0.9, math.inf))
+
+
+# The table of docs/deepspeed-migration.md: the scale before each of 8 steps with overflows at
+# x x x . . x . (DeepSpeed HEAD's sequences computed from runtime/fp16/loss_scaler.py).
+@pytest.mark.parametrize("keys,powers", [
+    ({}, [16, 16, 15, 14, 14, 14, 13, 13]),  # zoe's defaults
+    # DeepSpeed's ZeRO 1-3 with {"enabled": true}: 2^32, hysteresis 1
+    ({"initial_scale_power": 32, "hysteresis": 1}, [32, 31, 30, 29, 29, 29, 28, 28]),
+    ({"hysteresis": 1}, [16, 15, 14, 13, 13, 13, 12, 12]),  # DeepSpeed's stage 0 halvings
+])
+def test_fp16_scale_sequences_follow_the_keys_written(keys, powers):
+    fp16 = training_config({"train_batch_size": 1, "fp16": dict(enabled=True, **keys)}, 1).fp16
+    scaler = loss_scaler_for(fp16)
+    scales = [scaler.loss_scale]
+    for overflow in (True, True, True, False, False, True, False):
+        scaler.update(overflow)
+        scales.append(scaler.loss_scale)
+    assert scales == [2.0 ** power for power in powers]
