@@ -7,8 +7,10 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace zoe::config {
 namespace {
@@ -94,9 +96,8 @@ std::string JsonTypeName(const Json& value) {
 
 // The value as it appears in a message: strings quoted, containers elided.
 std::string Describe(const Json& value) {
-  if (value.is_object()) return "an object";
   if (value.is_array()) return "an array";
-  return value.dump();
+  return DescribeJson(value);
 }
 
 // "4096 (4 KiB)" for sizes that are whole binary units, else just the number.
@@ -126,34 +127,153 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-}  // namespace
+// The tokens Python's json module writes for non-finite floats, "-Infinity" before "Infinity" so
+// that the longer one is matched first.
+constexpr std::array<std::pair<std::string_view, double>, 3> kNonFiniteTokens = {{
+    {"-Infinity", -std::numeric_limits<double>::infinity()},
+    {"Infinity", std::numeric_limits<double>::infinity()},
+    {"NaN", std::numeric_limits<double>::quiet_NaN()},
+}};
 
-Result<Json> ParseJson(std::string_view text) {
+// A token replaced by a marker string: where it was in the original text and in the rewritten
+// one, and the lengths of both.
+struct Replacement {
+  size_t original_offset;
+  size_t marked_offset;
+  size_t original_length;
+  size_t marked_length;
+};
+
+struct MarkedText {
+  std::string text;
+  std::vector<Replacement> replacements;
+};
+
+bool IsTokenChar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '+' ||
+         c == '-';
+}
+
+// The non-finite token starting at `text[i]` and standing alone, or null.
+const std::pair<std::string_view, double>* NonFiniteTokenAt(std::string_view text, size_t i) {
+  if (i > 0 && IsTokenChar(text[i - 1])) return nullptr;
+  for (const auto& token : kNonFiniteTokens) {
+    const size_t end = i + token.first.size();
+    if (text.substr(i, token.first.size()) != token.first) continue;
+    if (end < text.size() && IsTokenChar(text[end])) continue;
+    return &token;
+  }
+  return nullptr;
+}
+
+// `text` with every non-finite token outside strings replaced by the string "\u0000<token>",
+// which parses as JSON. Scans once, keeping track of strings and their escapes.
+MarkedText MarkNonFiniteTokens(std::string_view text) {
+  MarkedText out;
+  out.text.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const auto* token = in_string ? nullptr : NonFiniteTokenAt(text, i);
+    if (token == nullptr) {
+      out.text += c;
+      if (in_string && c == '\\' && i + 1 < text.size()) {
+        out.text += text[++i];
+      } else if (c == '"') {
+        in_string = !in_string;
+      }
+      continue;
+    }
+    const std::string marker = fmt::format("\"\\u0000{}\"", token->first);
+    out.replacements.push_back({i, out.text.size(), token->first.size(), marker.size()});
+    out.text += marker;
+    i += token->first.size() - 1;
+  }
+  return out;
+}
+
+// The offset in the original text of `offset` in the marked one.
+size_t OriginalOffset(const MarkedText& marked, size_t offset) {
+  size_t grown = 0;
+  for (const Replacement& r : marked.replacements) {
+    if (offset < r.marked_offset) break;
+    if (offset < r.marked_offset + r.marked_length) return r.original_offset;
+    grown += r.marked_length - r.original_length;
+  }
+  return offset - grown;
+}
+
+// The number a marker string stands for, or null for any other value.
+std::optional<double> MarkedNumber(const Json& value) {
+  if (!value.is_string()) return std::nullopt;
+  const std::string& text = value.get_ref<const std::string&>();
+  if (text.empty() || text.front() != '\0') return std::nullopt;
+  for (const auto& [token, number] : kNonFiniteTokens) {
+    if (std::string_view(text).substr(1) == token) return number;
+  }
+  return std::nullopt;
+}
+
+// Parses `marked.text` (with markers read back as numbers when `read_markers`); errors name
+// offsets in `original`.
+Result<Json> ParseMarked(std::string_view original, const MarkedText& marked, bool read_markers) {
   // Reading, copying and printing a document recurse once per level, so an absurdly nested one
   // would overflow the stack; the callback stops the parser at the first level too deep.
   struct TooDeep {};
-  const Json::parser_callback_t limit_depth = [](int depth, Json::parse_event_t event, Json&) {
+  const Json::parser_callback_t callback = [read_markers](int depth, Json::parse_event_t event,
+                                                          Json& parsed) {
     const bool opens =
         event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start;
     if (opens && depth >= kMaxJsonDepth) throw TooDeep{};  // depth: levels already open
+    if (read_markers && event == Json::parse_event_t::value) {
+      if (const std::optional<double> number = MarkedNumber(parsed)) parsed = *number;
+    }
     return true;
   };
   try {
-    return Json::parse(text.begin(), text.end(), limit_depth);
+    return Json::parse(marked.text.begin(), marked.text.end(), callback);
   } catch (const TooDeep&) {
     return Status::InvalidArgument(fmt::format(
         "JSON nested deeper than {} levels; allowed: at most {} levels of objects and arrays",
         kMaxJsonDepth, kMaxJsonDepth));
   } catch (const Json::parse_error& e) {
     // e.byte counts from 1 and points at the character that stopped the parser.
-    const size_t offset = e.byte == 0 ? 0 : e.byte - 1;
-    const auto [line, column] = LineAndColumn(text, offset);
+    const size_t offset = OriginalOffset(marked, e.byte == 0 ? 0 : e.byte - 1);
+    const auto [line, column] = LineAndColumn(original, offset);
     return Status::InvalidArgument(
         fmt::format("JSON syntax error at byte offset {} (line {}, column {}): {}", offset, line,
                     column, ParseErrorDetail(e.what())));
   } catch (const std::exception& e) {
     return Status::InvalidArgument(fmt::format("cannot parse JSON: {}", e.what()));
   }
+}
+
+}  // namespace
+
+Result<Json> ParseJson(std::string_view text) {
+  return ParseMarked(text, MarkedText{std::string(text), {}}, /*read_markers=*/false);
+}
+
+Result<Json> ParseConfigJson(std::string_view text) {
+  // A marker starts with a NUL, which a document can hold only written as \u0000; one that
+  // writes it is parsed as plain JSON, so that none of its strings is taken for a marker.
+  if (Lower(text).find("\\u0000") != std::string::npos) return ParseJson(text);
+  return ParseMarked(text, MarkNonFiniteTokens(text), /*read_markers=*/true);
+}
+
+std::string DescribeJson(const Json& value) {
+  if (value.is_object()) return "an object";
+  if (value.is_array()) {
+    std::vector<std::string> items;
+    for (const Json& item : value) items.push_back(DescribeJson(item));
+    return fmt::format("[{}]", fmt::join(items, ","));
+  }
+  if (value.is_number_float() && !std::isfinite(value.get<double>())) {
+    const double number = value.get<double>();
+    if (std::isnan(number)) return "NaN";
+    return number > 0 ? "Infinity" : "-Infinity";
+  }
+  return value.dump();
 }
 
 // Exact decimal arithmetic: "1.5GiB" is 15 * 2^30 / 10, integral or an error, never rounded.
@@ -331,7 +451,9 @@ ObjectReader& ObjectReader::UInt(std::string_view key, uint64_t* out, uint64_t m
   } else if (value->is_number_float() && value->get<double>() == std::floor(value->get<double>()) &&
              std::isfinite(value->get<double>())) {
     const double d = value->get<double>();
-    if (d < static_cast<double>(min) || d > static_cast<double>(max)) {
+    // 2^64 is the first double a uint64_t cannot hold (the largest one rounds up to it).
+    if (d < static_cast<double>(min) || d > static_cast<double>(max) ||
+        d >= 18446744073709551616.0) {
       status_ = OutOfRange(KeyPath(found_key_), Describe(*value), std::to_string(min),
                            std::to_string(max));
     } else {
@@ -471,7 +593,7 @@ Status ObjectReader::Finish() {
 // ---------------------------------------------------------------------------------------------
 // Sections
 
-Result<AioConfig> ParseAioConfig(const Json& aio) {
+Result<AioConfig> ParseAioConfig(const Json& aio, std::vector<std::string>* ignored) {
   AioConfig config;
   if (aio.is_null()) return config;
   static constexpr std::array<std::string_view, 4> kBackends = {"auto", "io_uring", "libaio",
@@ -487,6 +609,12 @@ Result<AioConfig> ParseAioConfig(const Json& aio) {
       .Enum("backend", &config.backend, kBackends)
       .Bool("use_direct", &config.use_direct)
       .Bool("checksum", &config.checksum);
+  // DeepSpeed's GPUDirect Storage switch: a transfer path, not a setting of the swap data.
+  if (ignored != nullptr) {
+    reader.Ignore("use_gds", ignored);
+  } else {
+    reader.Ignore("use_gds");
+  }
   ZOE_RETURN_IF_ERROR(reader.Finish());
   if (config.block_size % 4096 != 0) {
     return Status::InvalidArgument(fmt::format(

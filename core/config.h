@@ -27,6 +27,17 @@ inline constexpr int kMaxJsonDepth = 100;
 // deeper than kMaxJsonDepth is refused (InvalidArgument) instead of exhausting the stack.
 Result<nlohmann::json> ParseJson(std::string_view text);
 
+// ParseJson for configuration documents: also reads the tokens Python's json module writes for
+// float("inf"), float("-inf") and float("nan") (Infinity, -Infinity, NaN) as those numbers, as
+// DeepSpeed reads them (accelerate writes "steps_per_print": float("inf")). Outside strings only;
+// a syntax error still names the byte offset in `text`. The section readers refuse a non-finite
+// value wherever zoe needs a number, so only keys zoe ignores keep one.
+Result<nlohmann::json> ParseConfigJson(std::string_view text);
+
+// A value as messages show it: its compact JSON text, with non-finite numbers written NaN,
+// Infinity and -Infinity (nlohmann writes null) and an object as "an object".
+std::string DescribeJson(const nlohmann::json& value);
+
 // A byte count from a JSON number (integral, or a float with an integral value such as 1e6) or a
 // string: digits with an optional fraction and an optional unit. K, M, G, T and KiB, MiB, GiB,
 // TiB are binary (1K = 1024, as in fio); KB, MB, GB, TB are decimal (1KB = 1000); B or no unit
@@ -110,6 +121,8 @@ struct AioConfig {
 // Parses the "aio" object. Ranges: block_size 4KiB..1GiB and a multiple of 4096; queue_depth
 // 1..4096; intra_op_parallelism 1..256; backend one of auto, io_uring, libaio, psync. A null
 // value (no "aio" section) gives the defaults.
-Result<AioConfig> ParseAioConfig(const nlohmann::json& aio);
+// `ignored`, when given, receives the DeepSpeed keys accepted and not acted on (aio.use_gds).
+Result<AioConfig> ParseAioConfig(const nlohmann::json& aio,
+                                 std::vector<std::string>* ignored = nullptr);
 
 }  // namespace zoe::config

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <limits>
 #include <optional>
 #include <utility>
 
 #include "core/engine_config_auto.h"
+#include "core/engine_config_deepspeed.h"
 
 namespace zoe::config {
 namespace {
@@ -34,79 +36,6 @@ constexpr std::array<std::string_view, 9> kUnsupportedOptimizers = {
     "lamb",    "onebitadam", "zerooneadam", "onebitlamb", "muadam",
     "muadamw", "musgd",      "sgd",         "adamax"};
 
-// DeepSpeed keys accepted and ignored, per section. Their values are not validated: zoe has no
-// use for them, and DeepSpeed validates them where the same document also configures DeepSpeed.
-constexpr std::array<std::string_view, 33> kIgnoredTopLevelKeys = {
-    "train_batch_size",
-    "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps",
-    "scheduler",
-    "steps_per_print",
-    "wall_clock_breakdown",
-    "dump_state",
-    "memory_breakdown",
-    "prescale_gradients",
-    "gradient_predivide_factor",
-    "communication_data_type",
-    "sparse_gradients",
-    "amp",
-    "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer",
-    "activation_checkpointing",
-    "flops_profiler",
-    "tensorboard",
-    "wandb",
-    "csv_monitor",
-    "comms_logger",
-    "autotuning",
-    "elasticity",
-    "checkpoint",
-    "data_types",
-    "compression_training",
-    "data_efficiency",
-    "curriculum_learning",
-    "sparse_attention",
-    "pipeline",
-    "disable_allgather",
-    "dataloader_drop_last",
-    "timers",
-};
-
-constexpr std::array<std::string_view, 27> kIgnoredZeroKeys = {
-    "allgather_partitions",
-    "allgather_bucket_size",
-    "overlap_comm",
-    "reduce_scatter",
-    "reduce_bucket_size",
-    "contiguous_gradients",
-    "load_from_fp32_weights",
-    "grad_hooks",
-    "round_robin_gradients",
-    "cpu_offload",
-    "cpu_offload_params",
-    "cpu_offload_use_pin_memory",
-    "elastic_checkpoint",
-    "ignore_unused_parameters",
-    "legacy_stage1",
-    "stage3_max_live_parameters",
-    "stage3_max_reuse_distance",
-    "stage3_prefetch_bucket_size",
-    "stage3_param_persistence_threshold",
-    "stage3_model_persistence_threshold",
-    "stage3_gather_16bit_weights_on_model_save",
-    "zero_hpz_partition_size",
-    "zero_quantized_weights",
-    "zero_quantized_gradients",
-    "mics_shard_size",
-    "mics_hierarchical_params_gather",
-    "memory_efficient_linear",
-};
-
-constexpr std::array<std::string_view, 3> kIgnoredOffloadOptimizerKeys = {
-    "pipeline_read", "pipeline_write", "pipeline"};
-constexpr std::array<std::string_view, 2> kIgnoredFp16Keys = {"auto_cast",
-                                                              "fp16_master_weights_and_grads"};
-
 std::string Lower(std::string_view text) {
   std::string out(text);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -129,12 +58,6 @@ void ReadMomentDType(ObjectReader& reader, std::string_view key, DType* out) {
   *out = *ParseDType(text);                    // one of kMomentDTypeNames, which ParseDType accepts
 }
 
-template <size_t N>
-void IgnoreAll(ObjectReader& reader, const std::array<std::string_view, N>& keys,
-               std::vector<std::string>* ignored) {
-  for (std::string_view key : keys) reader.Ignore(key, ignored);
-}
-
 std::string KeyPath(const ObjectReader& reader, std::string_view key) {
   return reader.path().empty() ? std::string(key) : fmt::format("{}.{}", reader.path(), key);
 }
@@ -143,14 +66,14 @@ std::string KeyPath(const ObjectReader& reader, std::string_view key) {
 // zero_optimization
 
 Status ReadOffloadOptimizer(ObjectReader& reader, OffloadOptimizerConfig* out,
-                            std::vector<std::string>* ignored) {
+                            const AcceptedKeys& keys) {
   ReadEnum(reader, "device", &out->device, kOffloadDevices);
   reader.String("nvme_path", &out->nvme_path)
       .Bool("pin_memory", &out->pin_memory)
       .UInt("buffer_count", &out->buffer_count, 0, 1024)
       .Bool("fast_init", &out->fast_init)
       .Double("ratio", &out->ratio, 0.0, 1.0);
-  IgnoreAll(reader, kIgnoredOffloadOptimizerKeys, ignored);
+  AcceptDeepSpeedKeys(reader, DeepSpeedSection::kOffloadOptimizer, keys);
   return reader.Finish();
 }
 
@@ -164,18 +87,19 @@ Status ReadOffloadParam(ObjectReader& reader, OffloadParamConfig* out) {
   return reader.Finish();
 }
 
-Status ReadZero(ObjectReader& reader, ZeroConfig* out, std::vector<std::string>* ignored) {
+Status ReadZero(ObjectReader& reader, ZeroConfig* out, const AcceptedKeys& keys) {
+  // Any size: one larger than a group makes the group one sub-group, as in DeepSpeed (Hugging
+  // Face's tests write 1e14).
   reader.UInt("stage", &out->stage, 0, 3)
-      .UInt("sub_group_size", &out->sub_group_size, 0, uint64_t{1} << 40)
-      .Object("offload_optimizer",
-              [&](ObjectReader& r) {
-                return ReadOffloadOptimizer(r, &out->offload_optimizer, ignored);
-              })
+      .UInt("sub_group_size", &out->sub_group_size, 0, std::numeric_limits<uint64_t>::max())
+      .Object(
+          "offload_optimizer",
+          [&](ObjectReader& r) { return ReadOffloadOptimizer(r, &out->offload_optimizer, keys); })
       .Object("offload_param",
               [&](ObjectReader& r) { return ReadOffloadParam(r, &out->offload_param); })
       .Alias("stage3_gather_fp16_weights_on_model_save",
              "stage3_gather_16bit_weights_on_model_save");
-  IgnoreAll(reader, kIgnoredZeroKeys, ignored);
+  AcceptDeepSpeedKeys(reader, DeepSpeedSection::kZero, keys);
   return reader.Finish();
 }
 
@@ -186,42 +110,46 @@ Status ReadZero(ObjectReader& reader, ZeroConfig* out, std::vector<std::string>*
 struct OptimizerParamsExtra {
   bool adam_w_mode = true;  // DeepSpeed's default: its "Adam" is AdamW
   bool lr_decay_given = false;
+  bool weight_decay_given = false;
+  bool torch_adam = false;  // DeepSpeed then builds torch.optim.Adam or AdamW
 };
 
 Status ReadBetas(const Json& value, const std::string& key_path, HyperParams* out) {
   const bool pair_of_numbers =
       value.is_array() && value.size() == 2 && value[0].is_number() && value[1].is_number();
   if (!pair_of_numbers) {
-    return Status::InvalidArgument(
-        fmt::format("{}: expected two numbers [beta1, beta2], got {}", key_path, value.dump()));
+    return Status::InvalidArgument(fmt::format("{}: expected two numbers [beta1, beta2], got {}",
+                                               key_path, DescribeJson(value)));
   }
   const double beta1 = value[0].get<double>();
   const double beta2 = value[1].get<double>();
   if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0)) {
     return Status::InvalidArgument(fmt::format(
-        "{} = {} is out of range; allowed: each beta in [0, 1)", key_path, value.dump()));
+        "{} = {} is out of range; allowed: each beta in [0, 1)", key_path, DescribeJson(value)));
   }
   out->beta1 = beta1;
   out->beta2 = beta2;
   return Status::Ok();
 }
 
-Status ReadOptimizerParams(ObjectReader& reader, HyperParams* out, OptimizerParamsExtra* extra,
-                           std::vector<std::string>* ignored) {
+Status ReadOptimizerParams(ObjectReader& reader, HyperParams* out, OptimizerParamsExtra* extra) {
   std::optional<Json> betas;
   bool bias_correction = true;
   bool amsgrad = false;
   double lr_decay = -1.0;  // stays negative (outside the allowed range) when absent
+  double weight_decay = -1.0;
   reader.Double("lr", &out->lr, 0.0, kHugeNumber)
       .Value("betas", &betas)
       .Double("eps", &out->eps, 0.0, kHugeNumber)
-      .Double("weight_decay", &out->weight_decay, 0.0, kHugeNumber)
+      .Double("weight_decay", &weight_decay, 0.0, kHugeNumber)
       .Double("lr_decay", &lr_decay, 0.0, kHugeNumber)
       .Bool("adam_w_mode", &extra->adam_w_mode)
       .Bool("bias_correction", &bias_correction)
       .Bool("amsgrad", &amsgrad)
-      .Ignore("torch_adam", ignored);
+      .Bool("torch_adam", &extra->torch_adam);
   ZOE_RETURN_IF_ERROR(reader.Finish());
+  extra->weight_decay_given = weight_decay >= 0.0;
+  if (extra->weight_decay_given) out->weight_decay = weight_decay;
   if (betas.has_value()) ZOE_RETURN_IF_ERROR(ReadBetas(*betas, KeyPath(reader, "betas"), out));
   if (out->eps == 0.0) {
     return Status::InvalidArgument(
@@ -263,13 +191,27 @@ Result<OptimizerKind> ResolveOptimizerType(const std::string& text, const std::s
                   closest.empty() ? "" : fmt::format(" did you mean '{}'?", closest), supported));
 }
 
-Status ReadOptimizer(ObjectReader& reader, HyperParams* out, std::vector<std::string>* ignored) {
+// torch_adam: DeepSpeed builds torch.optim.Adam or AdamW with torch's defaults for the params
+// left out, where those differ from DeepSpeed's own Adam (AdamW's weight_decay, 0.01).
+Status ApplyTorchAdam(const ObjectReader& reader, const OptimizerParamsExtra& extra,
+                      const std::string& type, HyperParams* out) {
+  if (!extra.torch_adam) return Status::Ok();
+  if (out->kind != OptimizerKind::kAdamW && out->kind != OptimizerKind::kAdam) {
+    return Status::InvalidArgument(
+        fmt::format("{}.params.torch_adam applies to adam and adamw only; {}.type is '{}'",
+                    reader.path(), reader.path(), type));
+  }
+  if (out->kind == OptimizerKind::kAdamW && !extra.weight_decay_given) out->weight_decay = 0.01;
+  return Status::Ok();
+}
+
+Status ReadOptimizer(ObjectReader& reader, HyperParams* out, const AcceptedKeys& keys) {
   std::string type(OptimizerKindName(out->kind));
   OptimizerParamsExtra extra;
-  reader.String("type", &type)
-      .Object("params",
-              [&](ObjectReader& r) { return ReadOptimizerParams(r, out, &extra, ignored); })
-      .Ignore("legacy_fusion", ignored);
+  reader.String("type", &type).Object("params", [&](ObjectReader& r) {
+    return ReadOptimizerParams(r, out, &extra);
+  });
+  AcceptDeepSpeedKeys(reader, DeepSpeedSection::kOptimizer, keys);
   ZOE_RETURN_IF_ERROR(reader.Finish());
   ZOE_ASSIGN_OR_RETURN(out->kind,
                        ResolveOptimizerType(type, KeyPath(reader, "type"), extra.adam_w_mode));
@@ -278,13 +220,13 @@ Status ReadOptimizer(ObjectReader& reader, HyperParams* out, std::vector<std::st
         fmt::format("{}.params.lr_decay applies to adagrad only; {}.type is '{}'", reader.path(),
                     reader.path(), type));
   }
-  return Status::Ok();
+  return ApplyTorchAdam(reader, extra, type, out);
 }
 
 // ---------------------------------------------------------------------------------------------
 // fp16, bf16
 
-Status ReadFp16(ObjectReader& reader, Fp16Config* out, std::vector<std::string>* ignored) {
+Status ReadFp16(ObjectReader& reader, Fp16Config* out, const AcceptedKeys& keys) {
   reader.Bool("enabled", &out->enabled)
       .Double("loss_scale", &out->loss_scale, 0.0, kHugeNumber)
       .UInt("initial_scale_power", &out->initial_scale_power, 0, 63)
@@ -292,7 +234,7 @@ Status ReadFp16(ObjectReader& reader, Fp16Config* out, std::vector<std::string>*
       .UInt("hysteresis", &out->hysteresis, 1, uint64_t{1} << 32)
       .Bool("consecutive_hysteresis", &out->consecutive_hysteresis)
       .Double("min_loss_scale", &out->min_loss_scale, 0.0, kHugeNumber);
-  IgnoreAll(reader, kIgnoredFp16Keys, ignored);
+  AcceptDeepSpeedKeys(reader, DeepSpeedSection::kFp16, keys);
   ZOE_RETURN_IF_ERROR(reader.Finish());
   if (out->min_loss_scale == 0.0) {
     return Status::InvalidArgument(fmt::format("{} = 0 is out of range; allowed: greater than 0",
@@ -301,8 +243,9 @@ Status ReadFp16(ObjectReader& reader, Fp16Config* out, std::vector<std::string>*
   return Status::Ok();
 }
 
-Status ReadBf16(ObjectReader& reader, Bf16Config* out) {
+Status ReadBf16(ObjectReader& reader, Bf16Config* out, const AcceptedKeys& keys) {
   reader.Bool("enabled", &out->enabled);
+  AcceptDeepSpeedKeys(reader, DeepSpeedSection::kBf16, keys);
   return reader.Finish();
 }
 
@@ -398,13 +341,17 @@ Status CheckPrecision(const EngineConfig& config) {
       "fp16.enabled and bf16.enabled are both true; allowed: at most one of them");
 }
 
-Status CheckParamOffloadStage(const ZeroConfig& zero) {
-  if (zero.offload_param.device == OffloadDevice::kNone || zero.stage == 3) return Status::Ok();
-  return Status::InvalidArgument(fmt::format(
-      "zero_optimization.offload_param.device = '{}' needs zero_optimization.stage = 3 "
-      "(parameters are offloaded only when partitioned, as in DeepSpeed), got stage {}; "
-      "set stage to 3 or offload_param.device to 'none'",
+// DeepSpeed reads offload_param on its stage 3 paths only; below stage 3 the section is accepted
+// with a warning and takes no effect (its nvme_path gives no swap directory either).
+void IgnoreParamOffloadBelowStage3(EngineConfig* config) {
+  ZeroConfig& zero = config->zero;
+  if (zero.offload_param.device == OffloadDevice::kNone || zero.stage == 3) return;
+  config->warnings.push_back(fmt::format(
+      "zero_optimization.offload_param.device = '{}' has no effect at zero_optimization.stage "
+      "{}: parameters are offloaded only at stage 3, where they are partitioned (DeepSpeed "
+      "ignores the section below stage 3 too); the parameters stay where the model put them",
       OffloadDeviceName(zero.offload_param.device), zero.stage));
+  zero.offload_param = OffloadParamConfig{};
 }
 
 // zoe.nvme_paths when given, else the nvme_path of every section offloading to NVMe. A section on
@@ -453,7 +400,7 @@ Status ResolveChecksum(const Json& document, EngineConfig* config) {
 
 Status CheckAcrossSections(const Json& document, EngineConfig* config) {
   ZOE_RETURN_IF_ERROR(CheckPrecision(*config));
-  ZOE_RETURN_IF_ERROR(CheckParamOffloadStage(config->zero));
+  IgnoreParamOffloadBelowStage3(config);
   ZOE_RETURN_IF_ERROR(ResolveNvmePaths(config));
   return ResolveChecksum(document, config);
 }
@@ -544,7 +491,7 @@ std::string_view OffloadDeviceName(OffloadDevice device) { return NameIn(kOffloa
 std::string_view ComputeDeviceName(ComputeDevice device) { return NameIn(kComputeDevices, device); }
 
 Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {
-  ZOE_ASSIGN_OR_RETURN(const Json document, ParseJson(json_text));
+  ZOE_ASSIGN_OR_RETURN(const Json document, ParseConfigJson(json_text));
   return ParseEngineConfigDocument(document);
 }
 
@@ -552,25 +499,26 @@ Result<EngineConfig> ParseEngineConfigDocument(const Json& given) {
   EngineConfig config;
   Json document = given;
   ZOE_RETURN_IF_ERROR(StripAutoValues(&document, &config.auto_keys));
-  std::vector<std::string>& ignored = config.ignored_keys;
+  const AcceptedKeys keys{&config.ignored_keys, &config.framework_keys};
   std::optional<Json> aio;
   ObjectReader reader(document, "");
   reader
-      .Object("zero_optimization",
-              [&](ObjectReader& r) { return ReadZero(r, &config.zero, &ignored); })
+      .Object("zero_optimization", [&](ObjectReader& r) { return ReadZero(r, &config.zero, keys); })
       .Object("optimizer",
-              [&](ObjectReader& r) { return ReadOptimizer(r, &config.optimizer, &ignored); })
+              [&](ObjectReader& r) { return ReadOptimizer(r, &config.optimizer, keys); })
       .Double("gradient_clipping", &config.gradient_clipping, 0.0, kHugeNumber)
-      .Object("fp16", [&](ObjectReader& r) { return ReadFp16(r, &config.fp16, &ignored); })
+      .Object("fp16", [&](ObjectReader& r) { return ReadFp16(r, &config.fp16, keys); })
       .Alias("bfloat16", "bf16")
-      .Object("bf16", [&](ObjectReader& r) { return ReadBf16(r, &config.bf16); })
+      .Object("bf16", [&](ObjectReader& r) { return ReadBf16(r, &config.bf16, keys); })
       .Value("aio", &aio)
       .Object("zoe", [&](ObjectReader& r) { return ReadZoe(r, &config.zoe); });
-  IgnoreAll(reader, kIgnoredTopLevelKeys, &ignored);
+  AcceptDeepSpeedKeys(reader, DeepSpeedSection::kTopLevel, keys);
   ZOE_RETURN_IF_ERROR(reader.Finish());
-  ZOE_ASSIGN_OR_RETURN(config.aio, ParseAioConfig(aio.value_or(Json())));
+  ZOE_RETURN_IF_ERROR(CheckDeepSpeedSwitches(document));
+  ZOE_ASSIGN_OR_RETURN(config.aio, ParseAioConfig(aio.value_or(Json()), &config.ignored_keys));
   ZOE_RETURN_IF_ERROR(CheckAcrossSections(document, &config));
-  std::sort(ignored.begin(), ignored.end());
+  std::sort(config.ignored_keys.begin(), config.ignored_keys.end());
+  std::sort(config.framework_keys.begin(), config.framework_keys.end());
   return config;
 }
 
@@ -589,6 +537,14 @@ Json ToJson(const EngineConfig& config) {
 std::string DescribeIgnoredKeys(const EngineConfig& config) {
   if (config.ignored_keys.empty()) return {};
   return fmt::format("ignored DeepSpeed keys: {}", fmt::join(config.ignored_keys, ", "));
+}
+
+std::string DescribeFrameworkKeys(const EngineConfig& config) {
+  if (config.framework_keys.empty()) return {};
+  return fmt::format(
+      "DeepSpeed keys for the framework (zoe.torch.initialize reads them; the engine does "
+      "not): {}",
+      fmt::join(config.framework_keys, ", "));
 }
 
 }  // namespace zoe::config

@@ -2,9 +2,15 @@
 // binding). Its shape is DeepSpeed's, so a DeepSpeed ZeRO-Infinity config is accepted as it is:
 //  - DeepSpeed keys zoe acts on (zero_optimization.stage and its offload_optimizer/offload_param
 //    sections, optimizer, gradient_clipping, fp16, bf16, aio) are parsed into typed fields;
-//  - DeepSpeed keys zoe has no use for (batch sizes, scheduler, monitors, ZeRO bucket sizes, ...)
-//    are accepted from an explicit list, left unvalidated, and their dotted paths recorded in
-//    EngineConfig::ignored_keys so the engine can log them once;
+//  - DeepSpeed keys the engine reads no value from are accepted from the lists of
+//    core/engine_config_deepspeed.h, left unvalidated, and their dotted paths recorded so the
+//    engine can log them once: in EngineConfig::ignored_keys those zoe has no use for (monitors,
+//    communication knobs, ...), in EngineConfig::framework_keys those the framework integration
+//    reads (batch sizes, the schedule, gradient buckets); a DeepSpeed switch for a feature that
+//    changes training and that zoe does not implement (amp, elasticity, ...) is accepted while
+//    off and refused when on;
+//  - the document may hold the non-finite numbers Python's json module writes (NaN, Infinity),
+//    which only keys zoe ignores accept;
 //  - "auto", which Hugging Face's DeepSpeed integration writes for values the framework decides,
 //    is accepted where it writes it (core/engine_config_auto.h): the value stays zoe's default
 //    and the key's path is recorded in EngineConfig::auto_keys;
@@ -51,7 +57,8 @@ struct OffloadOptimizerConfig {
   bool operator==(const OffloadOptimizerConfig&) const = default;
 };
 
-// zero_optimization.offload_param (DeepSpeed's keys and defaults; counts are in elements).
+// zero_optimization.offload_param (DeepSpeed's keys and defaults; counts are in elements). Below
+// stage 3 the section has no effect: the parser leaves these defaults and records a warning.
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path;
@@ -64,10 +71,11 @@ struct OffloadParamConfig {
 };
 
 struct ZeroConfig {
-  uint64_t stage = 3;  // 0..3; offload_param needs 3
+  uint64_t stage = 3;  // 0..3; offload_param takes effect at 3 only
   // Parameters per optimizer sub-group: the unit the offloaded optimizer step reads, updates and
   // writes (OptimizerGroupOptions::chunk_elements). 0: derived from zoe.chunk_size (chunk_size / 4,
-  // a sub-group whose fp32 master weights fill one chunk). 0..2^40.
+  // a sub-group whose fp32 master weights fill one chunk). Any larger size than a group's makes
+  // the group one sub-group.
   uint64_t sub_group_size = 0;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
@@ -160,6 +168,12 @@ struct EngineConfig {
   // Dotted paths of the DeepSpeed keys present in the document and ignored, sorted. Not part of
   // the effective configuration: ToJson does not print them.
   std::vector<std::string> ignored_keys;
+  // Dotted paths of the DeepSpeed keys present that the framework integration reads and the
+  // engine does not (train_batch_size, scheduler, ...), sorted; not printed by ToJson either.
+  std::vector<std::string> framework_keys;
+  // Settings accepted that take no effect (offload_param below stage 3), one sentence each, for
+  // the engine to log as warnings; not printed by ToJson.
+  std::vector<std::string> warnings;
   // Dotted paths of the keys given as "auto" (decided by the framework), sorted. Their fields
   // above keep zoe's defaults; ToJson prints these paths under the top-level "auto" list.
   std::vector<std::string> auto_keys;
@@ -174,10 +188,14 @@ Result<EngineConfig> ParseEngineConfig(std::string_view json_text);
 Result<EngineConfig> ParseEngineConfigDocument(const nlohmann::json& document);
 
 // The effective configuration as a document ParseEngineConfig accepts and maps back to the same
-// EngineConfig (less ignored_keys). Sizes are printed in bytes.
+// EngineConfig (less ignored_keys, framework_keys and warnings). Sizes are printed in bytes.
 nlohmann::json ToJson(const EngineConfig& config);
 
 // "ignored DeepSpeed keys: a, b.c" for the engine's log, or empty when none were ignored.
 std::string DescribeIgnoredKeys(const EngineConfig& config);
+
+// "DeepSpeed keys for the framework (...): scheduler, train_batch_size" for the engine's log, or
+// empty when there are none.
+std::string DescribeFrameworkKeys(const EngineConfig& config);
 
 }  // namespace zoe::config

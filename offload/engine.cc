@@ -172,6 +172,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(config::EngineConfig config, Engi
   if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
   const std::string ignored = config::DescribeIgnoredKeys(config);
   if (!ignored.empty()) ZOE_LOG_INFO("engine: {}", ignored);
+  const std::string framework = config::DescribeFrameworkKeys(config);
+  if (!framework.empty()) ZOE_LOG_DEBUG("engine: {}", framework);
+  for (const std::string& warning : config.warnings) ZOE_LOG_WARN("engine: {}", warning);
   const std::string automatic = config::DescribeAutoValues(config);
   if (!automatic.empty()) ZOE_LOG_INFO("engine: {}", automatic);
   std::unique_ptr<Engine> engine(new Engine(std::move(config), std::move(hooks), budgets));

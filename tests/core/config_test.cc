@@ -422,7 +422,8 @@ TEST(ParseAioConfig, EnforcesRangesAndBlockAlignment) {
        "aio.backend = 'spdk' is not allowed; allowed: auto, io_uring, libaio, psync"},
       {R"({"queue_dept": 4})",
        "unknown key 'aio.queue_dept'; did you mean 'queue_depth'? allowed: backend, block_size, "
-       "checksum, intra_op_parallelism, overlap_events, queue_depth, single_submit, use_direct"},
+       "checksum, intra_op_parallelism, overlap_events, queue_depth, single_submit, use_direct, "
+       "use_gds"},
       {R"([1])", "'aio' must be a JSON object, got an array (array)"},
   };
   for (const Bad& c : cases) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/engine_config.h"
+#include "tests/core/engine_config_parse.h"
 
 namespace zoe::config {
 namespace {
@@ -25,22 +26,6 @@ std::string HuggingFaceZero3Config() {
   std::ifstream in(std::string(ZOE_TEST_DATA_DIR) + "/hf_ds_config_zero3.json");
   EXPECT_TRUE(in.good()) << "cannot read " << ZOE_TEST_DATA_DIR << "/hf_ds_config_zero3.json";
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-EngineConfig ParseOk(std::string_view text) {
-  Result<EngineConfig> parsed = ParseEngineConfig(text);
-  EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
-  return parsed.ok() ? *parsed : EngineConfig{};
-}
-
-std::string ParseError(std::string_view text) {
-  Result<EngineConfig> parsed = ParseEngineConfig(text);
-  if (parsed.ok()) {
-    ADD_FAILURE() << "accepted: " << text;
-    return {};
-  }
-  EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << parsed.status().ToString();
-  return std::string(parsed.status().message());
 }
 
 TEST(EngineConfigAuto, TheHuggingFaceZero3ExampleParsesWithZoesDefaultsForAutoValues) {
@@ -59,8 +44,8 @@ TEST(EngineConfigAuto, TheHuggingFaceZero3ExampleParsesWithZoesDefaultsForAutoVa
   EXPECT_EQ(config.zero.sub_group_size, 1'000'000'000u);
   EXPECT_EQ(config.zero.offload_param.device, OffloadDevice::kCpu);
   EXPECT_TRUE(config.zero.offload_optimizer.pin_memory);
-  EXPECT_THAT(config.ignored_keys, ::testing::Contains("zero_optimization.reduce_bucket_size"));
-  EXPECT_THAT(config.ignored_keys, ::testing::Contains("train_batch_size"));
+  EXPECT_THAT(config.framework_keys, ::testing::Contains("zero_optimization.reduce_bucket_size"));
+  EXPECT_THAT(config.framework_keys, ::testing::Contains("train_batch_size"));
 }
 
 TEST(EngineConfigAuto, EffectiveConfigurationShowsTheChosenValuesAndWhichCameFromAuto) {

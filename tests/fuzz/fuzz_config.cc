@@ -46,9 +46,12 @@ void CheckRoundTrip(const config::EngineConfig& parsed, std::string_view input) 
                                 "\n  rejected: " + reparsed.status().ToString());
   config::EngineConfig expected = parsed;
   expected.ignored_keys.clear();
+  expected.framework_keys.clear();
+  expected.warnings.clear();
   FUZZ_CHECK(*reparsed == expected, std::string(input) + "\n  printed as " + printed +
                                         "\n  parsed back to " + config::ToJson(*reparsed).dump());
   (void)config::DescribeIgnoredKeys(parsed);
+  (void)config::DescribeFrameworkKeys(parsed);
 }
 
 void CheckDocument(std::string_view text) {

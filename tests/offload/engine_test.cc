@@ -374,6 +374,7 @@ TEST(Engine, LogLevelIsAppliedAndIgnoredKeysAreLogged) {
   TempDir dir;
   const spdlog::level::level_enum before = log::Get().level();
   Json document = SmallConfig(dir);
+  document["steps_per_print"] = 10;
   document["train_batch_size"] = 8;
   document["zoe"]["log_level"] = "info";
   {
@@ -381,9 +382,24 @@ TEST(Engine, LogLevelIsAppliedAndIgnoredKeysAreLogged) {
     std::unique_ptr<Engine> engine = MakeEngine(document);
     ASSERT_NE(engine, nullptr);
     EXPECT_EQ(log::Get().level(), spdlog::level::info);
-    EXPECT_EQ(capture.Count("ignored DeepSpeed keys: train_batch_size"), 1u);
+    EXPECT_EQ(capture.Count("ignored DeepSpeed keys: steps_per_print"), 1u);
+    // A key the framework reads is not called ignored, and is named only at debug level.
+    EXPECT_EQ(capture.Count("train_batch_size"), 0u);
   }
   log::Get().set_level(before);
+}
+
+TEST(Engine, ParamOffloadBelowStage3IsAWarningAndTakesNoEffect) {
+  TempDir dir;
+  Json document = SmallConfig(dir);
+  document["zero_optimization"]["stage"] = 2;
+  document["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  log::ScopedCapture capture;
+  std::unique_ptr<Engine> engine = MakeEngine(document);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(capture.Count("warning: engine: zero_optimization.offload_param.device = 'cpu' has "
+                          "no effect at zero_optimization.stage 2"),
+            1u);
 }
 
 TEST(Engine, SwapThatCannotFitIsNoSpaceAtCreation) {

@@ -2,9 +2,12 @@
 (checked against the world size as DeepSpeed checks them), gradient clipping, the optimizer, the
 scheduler, the ZeRO stage, its offload and its gradient buckets (reduce_bucket_size), fp16
 loss scaling and bf16. ``"auto"`` (as Hugging Face's configurations write it) counts as "not
-given": batch sizes are then derived, the buckets take zoe's default, the others DeepSpeed's.
-What the engine itself honours (offload placement, NVMe paths, the ``zoe`` section) stays in
-``document`` and reaches zoe.Engine as it is."""
+given": batch sizes are then derived, the buckets take zoe's default, the others DeepSpeed's;
+where there is no default (a schedule's total_num_steps, the ZeRO stage) it is refused. Each
+value read is checked for its type: a string, a bool or a non-finite number where a number is
+needed is refused naming the key. What the engine itself honours (offload placement, NVMe paths,
+the ``zoe`` section) and the DeepSpeed keys zoe does not act on (checked by the engine's parser:
+docs/configuration.md) stay in ``document`` and reach zoe.Engine as they are."""
 
 import dataclasses
 import json
@@ -14,6 +17,8 @@ from typing import Any, Dict, Optional
 from ..engine import _config_text
 from .activation_checkpoint import checkpointing_config
 from .common import _invalid, whole_count
+from .lr_schedules import SCHEDULES, required_parameters
+from .optim_kinds import finite_number
 
 AUTO = "auto"
 
@@ -34,10 +39,18 @@ _OPTIMIZER_EXTRAS = {
     "Adagrad": ("lr_decay",),
     "Lion": (),
 }
-# Params that are no argument of the class: adam_w_mode chooses the type, torch_adam an
-# implementation of the same step (zoe has one), and the engine checks bias_correction (true
-# only: zoe always corrects the bias).
+# Params that are no argument of the class: adam_w_mode chooses the type, torch_adam the defaults
+# (TORCH_ADAM_DEFAULTS; zoe has one implementation of the step), and the engine checks
+# bias_correction (true only: zoe always corrects the bias).
 _ENGINE_ONLY_PARAMS = ("adam_w_mode", "torch_adam", "bias_correction")
+# Params that are true or false.
+_FLAG_PARAMS = ("amsgrad", "adam_w_mode", "torch_adam", "bias_correction")
+# With optimizer.params.torch_adam true DeepSpeed builds torch.optim.Adam or AdamW (runtime/
+# engine.py, _configure_basic_optimizer): torch's defaults, where AdamW's weight_decay is 0.01.
+TORCH_ADAM_DEFAULTS = {
+    "Adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+    "AdamW": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
+}
 
 # DeepSpeed's fp16 defaults (deepspeed/runtime/fp16/loss_scaler.py, runtime/constants.py).
 FP16_DEFAULTS = dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=1000,
@@ -124,9 +137,30 @@ def batch_sizes(document, world_size):
     return BatchSizes(train, micro, accum)
 
 
-def _number(value, default):
-    """A numeric setting; "auto" or absent gives the default."""
-    return default if value is None or value == AUTO else value
+def _number(value, default, key):
+    """A numeric setting named ``key``, as given once checked (optim_kinds.finite_number);
+    "auto" or absent gives the default."""
+    if value is None or value == AUTO:
+        return default
+    finite_number(value, key)
+    return value
+
+
+def _zero_stage(zero):
+    """zero_optimization.stage: 0 (DeepSpeed's default, not the engine's 3) when absent;
+    InvalidArgument naming the key for anything but 0 to 3, "auto" included (DeepSpeed defines
+    none, and Hugging Face's Trainer fills none in)."""
+    stage = zero.get("stage")
+    if stage is None:
+        return 0
+    if isinstance(stage, float) and stage.is_integer():
+        stage = int(stage)
+    if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3:
+        return stage
+    why = (' ("auto" is not a stage: neither DeepSpeed nor Hugging Face\'s Trainer chooses one;'
+           " write the stage the script was run with)") if stage == AUTO else ""
+    raise _invalid(f"zero_optimization.stage = {stage!r} is not allowed; allowed: 0, 1, 2 or "
+                   f"3{why}")
 
 
 def _optimizer_spec(document):
@@ -146,29 +180,84 @@ def _optimizer_spec(document):
             f"{', '.join(OPTIMIZER_DEFAULTS)} (\"Adam\" is AdamW unless adam_w_mode is "
             "false); use one of them, or leave the config's optimizer out and pass a torch "
             "optimizer to initialize (zero_optimization.stage 0)")
-    params = {key: value for key, value in section.get("params", {}).items() if value != AUTO}
-    allowed = tuple(OPTIMIZER_DEFAULTS[kind]) + _OPTIMIZER_EXTRAS[kind]
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise _invalid(f"optimizer.params.{unknown[0]} is not a setting of {kind}; allowed: "
-                       f"{', '.join(allowed)}")
+    params = _optimizer_params(kind, section.get("params", {}))
     if kind == "Adam" and params.get("adam_w_mode", True) is not False:
         kind = "AdamW"
-    arguments = dict(OPTIMIZER_DEFAULTS[kind])
+    defaults = TORCH_ADAM_DEFAULTS if params.get("torch_adam") else OPTIMIZER_DEFAULTS
+    arguments = dict(defaults[kind])
     arguments.update((key, value) for key, value in params.items()
                      if key not in _ENGINE_ONLY_PARAMS)
-    if "betas" in arguments:
-        arguments["betas"] = tuple(arguments["betas"])
     return {"type": kind, "params": arguments}
 
 
+def _optimizer_params(kind, params):
+    """optimizer.params of ``kind`` without its "auto" values, each checked: a setting of the
+    type, a flag true or false, betas two finite numbers (a tuple), the others a finite number;
+    InvalidArgument naming the key otherwise."""
+    if not isinstance(params, dict):
+        raise _invalid(f"optimizer.params = {params!r} is not allowed; allowed: an object")
+    allowed = tuple(OPTIMIZER_DEFAULTS[kind]) + _OPTIMIZER_EXTRAS[kind]
+    checked = {}
+    for key, value in params.items():
+        name = f"optimizer.params.{key}"
+        if key not in allowed:
+            raise _invalid(f"{name} is not a setting of {kind}; allowed: {', '.join(allowed)}")
+        if value == AUTO:
+            continue
+        if key in _FLAG_PARAMS:
+            if not isinstance(value, bool):
+                raise _invalid(f"{name} = {value!r} is not allowed; allowed: true or false")
+            checked[key] = value
+        elif key == "betas":
+            if not isinstance(value, (list, tuple)) or len(value) != 2:
+                raise _invalid(f"{name} = {value!r} is not allowed; allowed: two finite numbers "
+                               "[beta1, beta2]")
+            checked[key] = tuple(finite_number(beta, f"{name}[{index}]")
+                                 for index, beta in enumerate(value))
+        else:
+            checked[key] = finite_number(value, name)
+    return checked
+
+
 def _scheduler_spec(document):
-    """The scheduler section ({"type", "params"} with "auto" params removed), or None."""
+    """The scheduler section ({"type", "params"} with "auto" params removed), or None; a
+    parameter the schedule has no default for (total_num_steps) given as "auto" or left out, or
+    a value of the wrong type, is refused naming the key."""
     section = document.get("scheduler")
     if section is None:
         return None
-    params = {key: value for key, value in section.get("params", {}).items() if value != AUTO}
-    return {"type": section.get("type"), "params": params}
+    kind = section.get("type")
+    params = section.get("params", {})
+    if not isinstance(params, dict):
+        raise _invalid(f"scheduler.params = {params!r} is not allowed; allowed: an object")
+    for name in required_parameters(kind):
+        if params.get(name) == AUTO:
+            raise _invalid(
+                f'scheduler.params.{name} = "auto": {kind} needs it, and "auto" is Hugging '
+                "Face's Trainer's to fill in (from its own arguments), which zoe.torch.initialize"
+                f" cannot do; give scheduler.params.{name} a number")
+        if params.get(name) is None:
+            raise _invalid(f"scheduler.params.{name} is missing; {kind} needs it: give it a "
+                           "number")
+    known = isinstance(kind, str) and kind in SCHEDULES
+    check = _schedule_value if known else (lambda key, value: value)
+    checked = {key: check(key, value) for key, value in params.items() if value != AUTO}
+    return {"type": kind, "params": checked}  # schedule_from_config refuses another type
+
+
+def _schedule_value(key, value):
+    """A schedule parameter: warmup_type a string (the schedule checks which), the rest a
+    finite number, or for the warmup rates one per param group; InvalidArgument naming the key
+    otherwise."""
+    name = f"scheduler.params.{key}"
+    if key == "warmup_type":
+        if not isinstance(value, str):
+            raise _invalid(f"{name} = {value!r} is not allowed; allowed: 'log' or 'linear'")
+        return value
+    if isinstance(value, (list, tuple)) and key in ("warmup_min_lr", "warmup_max_lr"):
+        return [finite_number(item, f"{name}[{index}]") for index, item in enumerate(value)]
+    finite_number(value, name)
+    return value
 
 
 def _device_of(section):
@@ -184,29 +273,38 @@ def _enabled(document, *keys):
 
 
 def _fp16_settings(document):
-    """DeepSpeed's fp16 settings (FP16_DEFAULTS filled in) when fp16 is enabled, else None."""
+    """DeepSpeed's fp16 settings (FP16_DEFAULTS filled in, each checked) when fp16 is enabled,
+    else None."""
     if not _enabled(document, "fp16"):
         return None
     section = document["fp16"]
-    return {key: _number(section.get(key), default) for key, default in FP16_DEFAULTS.items()}
+    settings = {}
+    for key, default in FP16_DEFAULTS.items():
+        value = section.get(key)
+        if isinstance(default, bool):
+            settings[key] = default if value in (None, AUTO) else value
+            if not isinstance(settings[key], bool):
+                raise _invalid(f"fp16.{key} = {value!r} is not allowed; allowed: true or false")
+        else:
+            settings[key] = _number(value, default, f"fp16.{key}")
+    return settings
 
 
 def training_config(config, world_size):
     """The TrainingConfig of a DeepSpeed configuration for ``world_size`` data-parallel ranks."""
     document = load_document(config)
     zero = document.get("zero_optimization", {})
-    stage = _number(zero.get("stage"), 0)  # DeepSpeed's default, not the engine's (3)
-    if stage not in (0, 1, 2, 3):
-        raise _invalid(f"zero_optimization.stage = {stage!r} is not allowed; allowed: 0..3")
+    stage = _zero_stage(zero)
     if _enabled(document, "fp16") and _enabled(document, "bf16", "bfloat16"):
         raise _invalid("fp16.enabled and bf16.enabled are both true; enable one of them")
     return TrainingConfig(
         document=document,
         batch=batch_sizes(document, world_size),
-        gradient_clipping=float(_number(document.get("gradient_clipping"), 0.0)),
+        gradient_clipping=float(_number(document.get("gradient_clipping"), 0.0,
+                                        "gradient_clipping")),
         optimizer=_optimizer_spec(document),
         scheduler=_scheduler_spec(document),
-        zero_stage=int(stage),
+        zero_stage=stage,
         offload_optimizer=_device_of(zero.get("offload_optimizer")),
         offload_param=_device_of(zero.get("offload_param")),
         fp16=_fp16_settings(document),

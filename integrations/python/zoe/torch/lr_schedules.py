@@ -20,6 +20,7 @@ the first optimizer step takes it, as DeepSpeed's do (since 0.15.3). ``schedule_
 builds one from a configuration's ``scheduler`` section; other DeepSpeed types (OneCycle,
 LRRangeTest) are refused naming the alternative."""
 
+import inspect
 import math
 
 from .common import _invalid
@@ -171,6 +172,16 @@ class WarmupCosineLR(_Schedule):
 
 SCHEDULES = {"WarmupLR": WarmupLR, "WarmupDecayLR": WarmupDecayLR,
              "WarmupCosineLR": WarmupCosineLR}
+
+
+def required_parameters(kind):
+    """The parameters schedule ``kind`` (a type name) has no default for, such as
+    total_num_steps; none for a type zoe does not have."""
+    schedule = SCHEDULES.get(kind) if isinstance(kind, str) else None
+    if schedule is None:
+        return ()
+    parameters = list(inspect.signature(schedule).parameters.values())[1:]  # after optimizer
+    return tuple(p.name for p in parameters if p.default is inspect.Parameter.empty)
 
 
 def schedule_from_config(spec, optimizer):

@@ -9,10 +9,12 @@ Moments by kind (zoe's slot in brackets): AdamW and Adam 'exp_avg' (EXP_AVG) and
 Lion 'exp_avg' (EXP_AVG), as the Lion implementations for torch name it."""
 
 import dataclasses
+import math
 from typing import Optional, Tuple
 
 from .._capi import StateSlot
 from ..engine import HyperParams
+from .common import _invalid
 
 _ADAM_MOMENTS = (("exp_avg", StateSlot.EXP_AVG), ("exp_avg_sq", StateSlot.EXP_AVG_SQ))
 MASTER = ("master_param", StateSlot.MASTER)
@@ -74,7 +76,17 @@ class OptimizerKind:
         return group
 
     def check(self, hyper):
-        """torch's ValueErrors for hyper-parameters (keys of hyper_keys) out of range."""
+        """torch's ValueErrors for hyper-parameters (keys of hyper_keys) out of range, after
+        InvalidArgument (a ValueError too) for one that is no finite number (finite_number)."""
+        for key, value in hyper.items():
+            if key == "betas":
+                if isinstance(value, (str, bytes)) or len(value) != 2:
+                    raise _invalid(f"betas = {value!r} is not allowed; allowed: two finite "
+                                   "numbers (beta1, beta2)")
+                for index, beta in enumerate(value):
+                    finite_number(beta, f"betas[{index}]")
+            else:
+                finite_number(value, key)
         if not 0.0 <= hyper["lr"]:
             raise ValueError(f"Invalid learning rate: {hyper['lr']}")
         if "eps" in hyper and not 0.0 <= hyper["eps"]:
@@ -86,6 +98,24 @@ class OptimizerKind:
             raise ValueError(f"Invalid weight_decay value: {hyper['weight_decay']}")
         if "lr_decay" in hyper and not 0.0 <= hyper["lr_decay"]:
             raise ValueError(f"Invalid lr_decay value: {hyper['lr_decay']}")
+
+
+def finite_number(value, key):
+    """``value`` of the hyper-parameter or setting ``key`` as a float: a finite number (a 0-d
+    tensor too); InvalidArgument naming the key and the type wanted for anything else (a string
+    such as "1e-3", true or false, null, inf, nan)."""
+    number = None
+    if not isinstance(value, (str, bytes, bool)) and value is not None:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            pass
+    if number is not None and math.isfinite(number):
+        return number
+    if isinstance(value, str):
+        raise _invalid(f"{key} = {value!r} is a string; allowed: a finite number, written "
+                       "without quotes")
+    raise _invalid(f"{key} = {value!r} is not allowed; allowed: a finite number")
 
 
 ADAMW = OptimizerKind("AdamW", _ADAM_MOMENTS, ("lr", "betas", "eps", "weight_decay"),
