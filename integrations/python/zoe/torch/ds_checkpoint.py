@@ -5,14 +5,23 @@
 ``latest`` atomically (a temporary file, fsync, rename, fsync of the directory). A process killed
 at any point leaves ``latest`` naming a complete save.
 
-The ranks are kept in step by ``barrier`` (a function; one process passes a no-op)."""
+The functions here run on one rank (begin_save and commit_save do their work on rank 0); the
+engine makes each of them a step every rank agrees on (ds_engine.py)."""
 
+import errno
 import os
 import shutil
 
-from .common import fsync_path, replace_atomically
+from .. import _capi
+from ..errors import NoSpace
+from .common import TorchFileWriter, fsync_path, replace_atomically
 
 LATEST = "latest"
+MODEL_STATES = "model_states.pt"
+_PARTIAL = ".partial"
+
+# the errnos of a full file system (EFBIG: a file over RLIMIT_FSIZE or the file system's limit)
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def fsync_tree(root):
@@ -30,43 +39,59 @@ def write_atomically(path, text):
 
 def partial_directory(save_dir, tag):
     """Where a save of ``tag`` is written before it becomes ``<save_dir>/<tag>``."""
-    return os.path.join(save_dir, f".{tag}.partial")
+    return os.path.join(save_dir, f".{tag}{_PARTIAL}")
 
 
-def begin_save(save_dir, tag, rank, barrier):
-    """Prepares an empty partial folder for ``tag`` (rank 0 first removes what saves that
-    failed or were killed left, of any tag) and returns it once every rank may write into
-    it."""
+def begin_save(save_dir, tag, rank):
+    """The partial folder every rank writes into; on rank 0 it is created empty, after
+    removing what saves that failed or were killed left, of any tag."""
     partial = partial_directory(save_dir, tag)
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
         for name in os.listdir(save_dir):
-            if name.startswith(".") and name.endswith(".partial"):
+            if name.startswith(".") and name.endswith(_PARTIAL):
                 shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
         os.makedirs(partial)
-    barrier()
     return partial
 
 
-def commit_save(save_dir, tag, rank, barrier, save_latest=True):
-    """After every rank wrote its part: rank 0 makes the save durable, renames it into place
-    and points ``latest`` at it; returns its final path once every rank may go on."""
-    barrier()
-    final = os.path.join(save_dir, str(tag))
-    if rank == 0:
-        partial = partial_directory(save_dir, tag)
-        fsync_tree(partial)
-        replaced = f"{final}.replaced"
-        if os.path.exists(final):
-            shutil.rmtree(replaced, ignore_errors=True)
-            os.replace(final, replaced)
-        os.replace(partial, final)
-        fsync_path(save_dir)
-        if save_latest:
-            write_atomically(os.path.join(save_dir, LATEST), str(tag))
+def commit_save(save_dir, tag, save_latest=True):
+    """On rank 0, once every rank wrote its part: makes the save durable, renames it into place
+    and points ``latest`` at it; returns its final path."""
+    partial = partial_directory(save_dir, tag)
+    final = os.path.join(save_dir, tag)
+    fsync_tree(partial)
+    replaced = f"{final}.replaced"
+    if os.path.exists(final):
         shutil.rmtree(replaced, ignore_errors=True)
-    barrier()
+        os.replace(final, replaced)
+    os.replace(partial, final)
+    fsync_path(save_dir)
+    if save_latest:
+        write_atomically(os.path.join(save_dir, LATEST), tag)
+    shutil.rmtree(replaced, ignore_errors=True)
     return final
+
+
+def abandon_save(save_dir, tag):
+    """Removes what a save of ``tag`` that failed wrote (rank 0, once no rank writes into
+    it)."""
+    shutil.rmtree(partial_directory(save_dir, tag), ignore_errors=True)
+
+
+def saves_in(directory):
+    """The tags of the complete saves in ``directory`` (folders holding model_states.pt)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(name for name in names if not name.startswith(".")
+                  and os.path.isfile(os.path.join(directory, name, MODEL_STATES)))
+
+
+def listing(directory):
+    tags = saves_in(directory)
+    return f"its saves: {', '.join(tags)}" if tags else "it holds no save"
 
 
 def resolve_tag(load_dir, tag):
@@ -79,3 +104,76 @@ def resolve_tag(load_dir, tag):
         return None
     with open(latest, encoding="utf-8") as file:
         return file.read().strip()
+
+
+def _estimated_bytes(value):
+    """The bytes of the tensors in ``value`` (dicts, lists and tuples walked): about what
+    torch.save writes of it."""
+    if hasattr(value, "element_size") and hasattr(value, "numel"):
+        return value.element_size() * value.numel()
+    if isinstance(value, dict):
+        return sum(_estimated_bytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_estimated_bytes(item) for item in value)
+    return 0
+
+
+def _available_bytes(directory):
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
+
+
+def _no_space(path, needed, available, writing, kept):
+    """NoSpace naming the directory ``path`` is written in, what it needed and what to free
+    (``writing``: the disk filled while it was written); ``kept`` says what stays as it
+    was."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(directory).endswith(_PARTIAL):
+        directory = os.path.dirname(directory)  # the save's directory
+    if writing:
+        happened = (f"out of space in {directory!r} while writing {path!r} (it needs about "
+                    f"{needed} bytes; {available} bytes were available)")
+    else:
+        happened = (f"{path!r} needs about {needed} bytes but only {available} bytes are "
+                    f"available in {directory!r}")
+    amount = f"at least {needed - available} bytes" if needed > available else "space"
+    return NoSpace(_capi.Status.NO_SPACE,
+                   f"{happened}: free {amount} there (saves no longer needed? "
+                   f"{listing(directory)}) or save elsewhere; {kept}")
+
+
+def _save_torch(path, value, write, kept):
+    """``write(save)``, where ``save(file)`` torch.saves ``value`` into a binary file object
+    (TorchFileWriter: a full disk is an error and not an abort of the process, as torch
+    1.13's writer throws in a destructor otherwise); NoSpace (_no_space) when the space
+    ``value`` needs is not available, or when the disk fills while it is written."""
+    needed = _estimated_bytes(value)
+    available = _available_bytes(os.path.dirname(os.path.abspath(path)))
+    if needed > available:
+        raise _no_space(path, needed, available, False, kept)
+    try:
+        return write(lambda file: TorchFileWriter(file).save(value))
+    except OSError as error:
+        if error.errno not in _FULL:
+            raise
+        raise _no_space(path, needed, available, True, kept) from error
+
+
+def write_torch_file(directory, name, value):
+    """torch.save of ``value`` to ``<directory>/<name>`` in a save's partial folder
+    (_save_torch); returns (size, sha256 hex digest) of the file written."""
+    path = os.path.join(directory, name)
+
+    def write(save):
+        with open(path, "wb") as file:
+            return save(file)
+
+    return _save_torch(path, value, write,
+                       "this save was removed, the saves before it and latest are unchanged")
+
+
+def replace_torch_file(path, value):
+    """torch.save of ``value`` replacing the file ``path`` atomically (replace_atomically,
+    _save_torch)."""
+    _save_torch(path, value, lambda save: replace_atomically(path, save),
+                "the file there before, if any, is unchanged")

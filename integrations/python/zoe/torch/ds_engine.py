@@ -26,10 +26,12 @@ Contract, as DeepSpeed's engine:
   says whether the latest step() changed the parameters. ``tput_timer`` times forward to step().
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
-  schedule, the loss scaler, the counters and the client state; a load refuses another
-  optimizer's checkpoint before anything changes. A load without the optimizer's state
-  (load_module_only, load_optimizer_states=False) loads the module's parameters, at stage 3
-  into the pages (ds_stage3.py), and the optimizer's master weights follow them.
+  schedule, the loss scaler, the counters and the client state. Every step of a save is agreed
+  over the ranks; a failed save removes what it wrote and keeps the saves before it. A load
+  refuses another optimizer's checkpoint before anything changes. A load without the
+  optimizer's state (load_module_only, load_optimizer_states=False) loads the module's
+  parameters, at stage 3 into the pages (ds_stage3.py), and the optimizer's master weights
+  follow them.
   ``save_16bit_model``: the module's full state dict, written atomically by rank 0.
 
 ZeRO stage 2 with accumulation: zoe's stage 2 reduces a bucket as soon as its gradients are
@@ -47,10 +49,10 @@ import torch.distributed as dist
 from .._collective_ops import agreed
 from . import ds_checkpoint
 from .checkpoint import saved_param_groups
-from .common import _invalid, _timed, replace_atomically
+from .common import _invalid, _timed
 from .optimizer import ZoeOptimizer
 
-MODEL_STATES = "model_states.pt"
+MODEL_STATES = ds_checkpoint.MODEL_STATES
 OPTIMIZER_DIR = "optimizer"
 TORCH_OPTIMIZER = "optimizer.pt"
 _ABSENT = object()
@@ -514,10 +516,6 @@ class DeepSpeedEngine(torch.nn.Module):
             return step()
         return agreed(what, step, self._group)
 
-    def _barrier(self):
-        if self._group is not None:
-            dist.barrier(group=self._group)
-
     def _engine_state(self, client_state, exclude_frozen_parameters):
         module = self.module_state_dict()
         if exclude_frozen_parameters:
@@ -539,31 +537,70 @@ class DeepSpeedEngine(torch.nn.Module):
         save_latest is false); with ``exclude_frozen_parameters`` the module's parameters that
         do not require gradients are left out (a strict load then refuses the checkpoint:
         load it with load_module_strict=False). Every rank calls it. Returns True, as
-        DeepSpeed's."""
-        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
-        partial = ds_checkpoint.begin_save(save_dir, tag, self.global_rank, self._barrier)
-        self._save_optimizer(partial)
-        # a collective at stage 3 over ranks
-        state = self._engine_state(client_state, exclude_frozen_parameters)
-        if self.global_rank == 0:
-            torch.save(state, os.path.join(partial, MODEL_STATES))
-        ds_checkpoint.commit_save(save_dir, tag, self.global_rank, self._barrier, save_latest)
+        DeepSpeed's. Each step (beginning, the module's state, the optimizer's, the commit)
+        is agreed: when it fails on any rank, every rank raises together naming the failing
+        ranks and the cause (one process: the error itself; a full disk zoe.NoSpace), what
+        the save wrote is removed, the saves before it and ``latest`` are unchanged and
+        training goes on."""
+        tag = f"global_step{self.global_steps}" if tag is None else tag
+        where = f"the save of tag {str(tag)!r} in {save_dir!r}"
+        state = self._module_and_engine_state(where, client_state, exclude_frozen_parameters)
+        try:
+            partial = self._agreed(f"beginning {where}", lambda: ds_checkpoint.begin_save(
+                save_dir, tag, self.global_rank))
+            self._agreed(f"writing the module's state of {where}",
+                         lambda: self._write_model_states(partial, state))
+            self._save_optimizer(partial, where)
+            self._agreed(f"committing {where}",
+                         lambda: self._commit_save(save_dir, str(tag), save_latest))
+        except BaseException:
+            if self.global_rank == 0:
+                ds_checkpoint.abandon_save(save_dir, str(tag))
+            raise
         return True
 
-    def _save_optimizer(self, directory):
-        """zoe's sharded optimizer: every rank its shard; otherwise the ranks' optimizers are
-        identical and rank 0 saves its own."""
+    def _module_and_engine_state(self, where, client_state, exclude_frozen_parameters):
+        """What model_states.pt holds (_engine_state): at stage 3 gathered (a collective),
+        else taken by every rank in an agreed step."""
         if self._stage3 is not None:
-            self._stage3.save(os.path.join(directory, OPTIMIZER_DIR), self.optimizer,
-                              self.global_rank)
-        elif self._sharded():
-            self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
-        elif self.global_rank != 0:
-            return
-        elif isinstance(self.optimizer, ZoeOptimizer):
-            self.optimizer.save_checkpoint(os.path.join(directory, OPTIMIZER_DIR))
-        else:
-            torch.save(self.optimizer.state_dict(), os.path.join(directory, TORCH_OPTIMIZER))
+            return self._engine_state(client_state, exclude_frozen_parameters)
+        return self._agreed(f"taking the module's state for {where}",
+                            lambda: self._engine_state(client_state, exclude_frozen_parameters))
+
+    def _write_model_states(self, partial, state):
+        """Rank 0 writes model_states.pt (ds_checkpoint.write_torch_file: a full disk is
+        NoSpace); returns {name: (size, sha256)} of what it wrote and hashed."""
+        if self.global_rank != 0:
+            return {}
+        return {MODEL_STATES: ds_checkpoint.write_torch_file(partial, MODEL_STATES, state)}
+
+    def _commit_save(self, save_dir, tag, save_latest):
+        """Rank 0 commits the save."""
+        if self.global_rank == 0:
+            ds_checkpoint.commit_save(save_dir, tag, save_latest)
+
+    def _save_optimizer(self, directory, where):
+        """zoe's sharded optimizer: every rank its shard (each step agreed by save_sharded);
+        otherwise the ranks' optimizers are identical and rank 0 saves its own (agreed).
+        Returns {name: (size, sha256)} of a file hashed as it was written."""
+        path = os.path.join(directory, OPTIMIZER_DIR)
+        if self._sharded() and self._stage3 is not None:
+            self._stage3.save(path, self.optimizer, self.global_rank)
+            return {}
+        if self._sharded():
+            self.optimizer.save_checkpoint(path)
+            return {}
+
+        def save_whole():
+            if self.global_rank != 0:
+                return {}
+            if isinstance(self.optimizer, ZoeOptimizer):
+                self.optimizer.save_checkpoint(path)
+                return {}
+            return {TORCH_OPTIMIZER: ds_checkpoint.write_torch_file(
+                directory, TORCH_OPTIMIZER, self.optimizer.state_dict())}
+
+        return self._agreed(f"saving the optimizer's state of {where}", save_whole)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
@@ -665,14 +702,15 @@ class DeepSpeedEngine(torch.nn.Module):
         every stage, in the module's dtype, 16-bit under fp16 or bf16), without the parameters
         that do not require gradients when ``exclude_frozen_parameters``, written by rank 0 to
         ``<save_dir>/<save_filename>`` with torch.save, atomically (a save that fails keeps the
-        previous file). Every rank calls it (stage 3 gathers). Returns True."""
+        previous file; a full disk is zoe.NoSpace). Every rank calls it (stage 3 gathers).
+        Returns True."""
         state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
         path = os.path.join(save_dir, save_filename)
 
         def save():
             if self.global_rank == 0:
                 os.makedirs(save_dir, exist_ok=True)
-                replace_atomically(path, lambda file: torch.save(state, file))
+                ds_checkpoint.replace_torch_file(path, state)
 
         self._agreed(f"saving the model to {path!r}", save)
         return True

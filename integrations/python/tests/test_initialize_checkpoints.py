@@ -1,0 +1,254 @@
+"""zoe.torch.initialize's checkpoints as users break them: a full disk (a write failing with
+ENOSPC, a file over RLIMIT_FSIZE, too little space up front) is zoe.NoSpace and removes the
+save. On 2 ranks a save failing on one rank (taking the module's state, beginning, writing it,
+the optimizer's state, the commit) raises on both naming it, keeps the saves before it, and
+training and later saves go on."""
+
+import copy
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import zoe
+import zoe.torch
+from conftest import gloo_rank, spawn_ranks
+from initialize_script import ds_config, make_model, module_values, \
+    train_engine
+from zoe.torch import ds_checkpoint
+from zoe.torch.common import TorchFileWriter
+
+JOIN_SECONDS = 150
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def start(stage=0, seed=0, world=1, model=None, **config_changes):
+    """An engine over make_model(seed) (or ``model``) at ``stage``, the optimizer state in DRAM."""
+    config = ds_config(stage, "cpu" if stage else "none", None, world,
+                       "cpu" if stage == 3 else None)
+    for key, value in config_changes.items():
+        if value is None:
+            del config[key]
+        else:
+            config[key] = value
+    model = make_model(seed) if model is None else model
+    engine, _, _, _ = zoe.torch.initialize(model=model, config=config)
+    return engine
+
+
+def snapshot(engine):
+    """What a load may change: the module, the optimizer's state and hyper-parameters, the
+    counters, the learning rate and the schedule."""
+    return {"module": module_values(engine),
+            "optimizer": copy.deepcopy(engine.optimizer.state_dict()),
+            "counters": (engine.global_steps, engine.global_samples, engine.micro_steps,
+                         engine.skipped_steps),
+            "lr": engine.get_lr(),
+            "schedule": (None if engine.lr_scheduler is None
+                         else copy.deepcopy(engine.lr_scheduler.state_dict()))}
+
+
+def assert_equal(found, expected, where="state"):
+    """Nested dicts, lists and tensors equal, bit for bit."""
+    if torch.is_tensor(expected):
+        assert torch.equal(found, expected), where
+    elif isinstance(expected, dict):
+        assert found.keys() == expected.keys(), where
+        for key in expected:
+            assert_equal(found[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(found) == len(expected), where
+        for index, (a, b) in enumerate(zip(found, expected)):
+            assert_equal(a, b, f"{where}[{index}]")
+    else:
+        assert found == expected, where
+
+
+def listing(directory):
+    return sorted(os.listdir(directory))
+
+
+# --- a full disk ---------------------------------------------------------------------------------
+
+class FullDisk(TorchFileWriter):
+    """A file that fills after ``room`` bytes: its writes then fail with ENOSPC."""
+
+    room = 1024
+
+    def __init__(self, file):
+        super().__init__(_Filling(file, self.room))
+
+
+class _Filling:
+    def __init__(self, file, room):
+        self._file, self._room = file, room
+
+    def write(self, data):
+        self._room -= memoryview(data).nbytes
+        if self._room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._file.write(data)
+
+    def flush(self):
+        self._file.flush()
+
+
+def test_a_disk_that_fills_while_model_states_is_written_is_no_space(tmp_path, monkeypatch):
+    """torch's zip writer meets the ENOSPC of a file object (it used to abort the process:
+    torch 1.13 throws in a destructor) and the save is NoSpace naming the directory."""
+    ckpt = str(tmp_path / "ckpt")
+    engine = start()
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt)
+    saved = snapshot(engine)
+    train_engine(engine, 1, 2, 0, 1)
+    before = snapshot(engine)
+    monkeypatch.setattr(ds_checkpoint, "TorchFileWriter", FullDisk)
+    with pytest.raises(zoe.NoSpace, match=f"out of space in '{ckpt}' while writing .*"
+                                          "model_states.pt.*free space there .*global_step1"):
+        engine.save_checkpoint(ckpt, client_state={"blob": torch.zeros(10000)})
+    with pytest.raises(zoe.NoSpace, match="out of space .* the file there before, if any, is "
+                                          "unchanged"):
+        engine.save_16bit_model(str(tmp_path), "model.bin")
+    monkeypatch.undo()
+    assert listing(ckpt) == ["global_step1", "latest"]  # the partial save removed
+    assert listing(tmp_path) == ["ckpt"]
+    assert_equal(snapshot(engine), before)
+    train_engine(engine, 2, 3, 0, 1)
+    engine.save_checkpoint(ckpt)  # once there is room again
+    engine.load_checkpoint(ckpt, tag="global_step1")
+    assert_equal(snapshot(engine), saved)
+    engine.close()
+
+
+def test_a_save_that_does_not_fit_is_refused_up_front(tmp_path, monkeypatch):
+    ckpt = str(tmp_path / "ckpt")
+    engine = start()
+    train_engine(engine, 0, 1, 0, 1)
+    monkeypatch.setattr(ds_checkpoint, "_available_bytes", lambda directory: 1000)
+    with pytest.raises(zoe.NoSpace, match=r"model_states.pt' needs about \d+ bytes but only "
+                                          r"1000 bytes are available .* free at least"):
+        engine.save_checkpoint(ckpt, client_state={"blob": torch.zeros(10000)})
+    assert listing(ckpt) == []
+    monkeypatch.undo()
+    engine.save_checkpoint(ckpt)
+    engine.close()
+
+
+RLIMIT_SCRIPT = textwrap.dedent("""
+    import resource, signal, sys
+    sys.path.insert(0, {tests!r})
+    import torch, zoe, zoe.torch
+    from initialize_script import ds_config, make_model, train_engine
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=ds_config())
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint({ckpt!r})
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 18, 1 << 18))
+    try:
+        engine.save_checkpoint({ckpt!r}, client_state={{"blob": torch.zeros(1 << 18)}})
+    except zoe.NoSpace as error:
+        print("NoSpace:", error)
+    engine.close()
+""")
+
+
+def test_a_file_over_the_size_limit_is_no_space_not_an_abort(tmp_path):
+    """RLIMIT_FSIZE makes the kernel refuse model_states.pt's writes (EFBIG) part way: the
+    process lives on and the save is NoSpace."""
+    ckpt = str(tmp_path / "ckpt")
+    script = RLIMIT_SCRIPT.format(tests=TESTS, ckpt=ckpt)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "NoSpace: out of space in" in done.stdout and "model_states.pt" in done.stdout
+    assert listing(ckpt) == ["global_step1", "latest"]
+
+
+# --- 2 ranks -------------------------------------------------------------------------------------
+
+class Injected:
+    """Failures of one step of a save on one rank (the others run it as usual)."""
+
+    @staticmethod
+    def state(patch, engine):  # the module's state cannot be taken
+        def failing(*args, **kwargs):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        patch.setattr(engine, "module_state_dict", failing)
+
+    @staticmethod
+    def begin(patch, engine):  # the partial folder cannot be created (a read-only directory)
+        make = os.makedirs
+
+        def refused(path, *args, **kwargs):
+            if path.endswith(".partial"):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+            return make(path, *args, **kwargs)
+        patch.setattr(ds_checkpoint.os, "makedirs", refused)
+
+    @staticmethod
+    def module(patch, engine):  # the disk fills while model_states.pt is written
+        patch.setattr(ds_checkpoint, "TorchFileWriter", FullDisk)
+
+    @staticmethod
+    def optimizer(patch, engine):  # zoe's engine cannot write the optimizer's state
+        def failing(directory):
+            raise zoe.IoError(zoe._capi.Status.IO, f"save checkpoint {directory}: EIO")
+        patch.setattr(engine.optimizer.engine, "save_checkpoint", failing)
+
+    @staticmethod
+    def commit(patch, engine):  # the save cannot be synced
+        def failing(root):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), root)
+        patch.setattr(ds_checkpoint, "fsync_tree", failing)
+
+
+# (step, the failing rank, the error that rank raises): every rank takes the module's state;
+# rank 0 alone begins, writes the module's state and commits; at stage 2 every rank writes its
+# shard of the optimizer, at stage 0 rank 0 alone
+FAILURES = [("state", 1, zoe.IoError), ("begin", 0, zoe.PermissionDenied),
+            ("module", 0, zoe.NoSpace), ("optimizer", 1, zoe.IoError), ("commit", 0, zoe.IoError)]
+
+
+def save_failures(rank, out_dir, stage, world):
+    """Each step of a save failing on one rank: every rank raises, naming it; the saves before
+    stay, and training and a later save and load go on."""
+    ckpt = os.path.join(out_dir, f"failing{stage}")
+    engine = start(stage, world=world)
+    train_engine(engine, 0, 1, rank, world)
+    engine.save_checkpoint(ckpt, tag="a")
+    saved = snapshot(engine)
+    for step, (what, failing, error) in enumerate(FAILURES):
+        if what == "optimizer" and stage == 0:
+            failing = 0  # the one copy is rank 0's
+        with pytest.MonkeyPatch.context() as patch:
+            if rank == failing:
+                getattr(Injected, what)(patch, engine)
+            with pytest.raises(error if rank == failing else zoe.Aborted,
+                               match=f"failed on rank {failing}"):
+                engine.save_checkpoint(ckpt)
+        if rank == 0:
+            assert listing(ckpt) == ["a", "latest"], what
+            assert open(os.path.join(ckpt, "latest")).read() == "a"
+        train_engine(engine, 1 + step, 2 + step, rank, world)  # the ranks are still paired
+    engine.save_checkpoint(ckpt, tag="b")
+    engine.load_checkpoint(ckpt, tag="a")
+    assert_equal(snapshot(engine), saved)
+    assert engine.load_checkpoint(ckpt)[0] == os.path.join(ckpt, "b")
+    engine.close()
+
+
+def rank_worker(rank, out_dir, world):
+    with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
+        for stage in (0, 2):
+            save_failures(rank, out_dir, stage, world)
+
+
+def test_on_two_ranks(tmp_path):
+    world = 2
+    out_dir = str(tmp_path)
+    spawn_ranks(rank_worker, (out_dir, world), world, out_dir, JOIN_SECONDS)
