@@ -1,8 +1,8 @@
-"""zoe.torch.initialize's checkpoints as users break them: a full disk (a write failing with
-ENOSPC, a file over RLIMIT_FSIZE, too little space up front) is zoe.NoSpace and removes the
-save. On 2 ranks a save failing on one rank (taking the module's state, beginning, writing it,
-the optimizer's state, the commit) raises on both naming it, keeps the saves before it, and
-training and later saves go on."""
+"""zoe.torch.initialize's checkpoints as users break them: a bad tag is refused before anything is
+written; a full disk (a write failing with ENOSPC, a file over RLIMIT_FSIZE, too little space
+up front) is zoe.NoSpace and removes the save. On 2 ranks a save failing on one rank (taking the
+module's state, beginning, writing it, the optimizer's state, the commit) raises on both naming
+it, keeps the saves before it, and training and later saves go on."""
 
 import copy
 import errno
@@ -70,6 +70,28 @@ def assert_equal(found, expected, where="state"):
 
 def listing(directory):
     return sorted(os.listdir(directory))
+
+
+# --- tags ----------------------------------------------------------------------------------------
+
+BAD_TAGS = ["latest", "latest.tmp", "../escaped", "a/b", "/abs", "", ".", "..", ".hidden",
+            "t.partial", "t.replaced", "a\0b", "x" * 300]
+
+
+def test_a_bad_tag_is_refused_before_anything_is_written(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    engine = start()
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt, tag="good")
+    before = (listing(ckpt), listing(tmp_path))
+    for tag in BAD_TAGS:
+        with pytest.raises(zoe.InvalidArgument, match="checkpoint tag .* is not allowed"):
+            engine.save_checkpoint(ckpt, tag=tag)
+        assert (listing(ckpt), listing(tmp_path)) == before, tag
+        assert open(os.path.join(ckpt, "latest")).read() == "good"
+    engine.save_checkpoint(ckpt, tag=7)  # DeepSpeed's str(tag)
+    assert engine.load_checkpoint(ckpt)[0] == os.path.join(ckpt, "7")
+    engine.close()
 
 
 # --- a full disk ---------------------------------------------------------------------------------

@@ -5,6 +5,9 @@
 ``latest`` atomically (a temporary file, fsync, rename, fsync of the directory). A process killed
 at any point leaves ``latest`` naming a complete save.
 
+Tags are plain folder names (checked_tag): a tag that would write outside ``<dir>``, over
+``latest`` or over a folder the protocol uses is refused before anything is written.
+
 The functions here run on one rank (begin_save and commit_save do their work on rank 0); the
 engine makes each of them a step every rank agrees on (ds_engine.py)."""
 
@@ -13,12 +16,18 @@ import os
 import shutil
 
 from .. import _capi
-from ..errors import NoSpace
+from ..errors import InvalidArgument, NoSpace
 from .common import TorchFileWriter, fsync_path, replace_atomically
 
 LATEST = "latest"
 MODEL_STATES = "model_states.pt"
 _PARTIAL = ".partial"
+_REPLACED = ".replaced"
+# '.<tag>.partial' must fit in a directory entry (NAME_MAX bytes)
+MAX_TAG_BYTES = 255 - len("." + _PARTIAL)
+_TAG_RULE = ("allowed: a plain folder name such as 'global_step100': not empty, '.' or '..', "
+             "without '/' or NUL, not 'latest' or 'latest.tmp', not starting with '.' nor "
+             f"ending with '{_PARTIAL}' or '{_REPLACED}', at most {MAX_TAG_BYTES} bytes")
 
 # the errnos of a full file system (EFBIG: a file over RLIMIT_FSIZE or the file system's limit)
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -37,14 +46,44 @@ def write_atomically(path, text):
     replace_atomically(path, lambda file: file.write(text.encode("utf-8")))
 
 
+def _tag_problem(name):
+    """Why ``name`` cannot be a tag, or None."""
+    if name in ("", ".", ".."):
+        return "it names no folder of its own"
+    if "/" in name or "\0" in name or (os.altsep and os.altsep in name):
+        return "it holds a path separator or NUL"
+    if name in (LATEST, LATEST + ".tmp"):
+        return "that is the file naming the latest tag"
+    if name.startswith("."):
+        return "names starting with '.' are the folders of saves being written"
+    if name.endswith((_PARTIAL, _REPLACED)):
+        return "those names are the folders of saves being written or replaced"
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_TAG_BYTES:
+        return "it is too long"
+    return None
+
+
+def checked_tag(tag):
+    """``tag`` as the folder name it is (str(tag), as DeepSpeed's); InvalidArgument naming the
+    rule when it is not a plain folder name of its own."""
+    name = str(tag)
+    problem = _tag_problem(name)
+    if problem is not None:
+        raise InvalidArgument(_capi.Status.INVALID_ARGUMENT,
+                              f"checkpoint tag {name!r} is not allowed: {problem}; {_TAG_RULE}")
+    return name
+
+
 def partial_directory(save_dir, tag):
     """Where a save of ``tag`` is written before it becomes ``<save_dir>/<tag>``."""
     return os.path.join(save_dir, f".{tag}{_PARTIAL}")
 
 
 def begin_save(save_dir, tag, rank):
-    """The partial folder every rank writes into; on rank 0 it is created empty, after
-    removing what saves that failed or were killed left, of any tag."""
+    """Checks ``tag`` (checked_tag) before anything is written and returns the partial folder
+    every rank writes into; on rank 0 it is created empty, after removing what saves that
+    failed or were killed left, of any tag."""
+    tag = checked_tag(tag)
     partial = partial_directory(save_dir, tag)
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
@@ -74,9 +113,10 @@ def commit_save(save_dir, tag, save_latest=True):
 
 
 def abandon_save(save_dir, tag):
-    """Removes what a save of ``tag`` that failed wrote (rank 0, once no rank writes into
-    it)."""
-    shutil.rmtree(partial_directory(save_dir, tag), ignore_errors=True)
+    """Removes what a save of ``tag`` that failed wrote (rank 0, once no rank writes into it;
+    nothing for a tag checked_tag refuses, which wrote nothing)."""
+    if _tag_problem(tag) is None:
+        shutil.rmtree(partial_directory(save_dir, tag), ignore_errors=True)
 
 
 def saves_in(directory):

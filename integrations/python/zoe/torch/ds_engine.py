@@ -541,7 +541,7 @@ class DeepSpeedEngine(torch.nn.Module):
         is agreed: when it fails on any rank, every rank raises together naming the failing
         ranks and the cause (one process: the error itself; a full disk zoe.NoSpace), what
         the save wrote is removed, the saves before it and ``latest`` are unchanged and
-        training goes on."""
+        training goes on. A bad tag is refused before anything is written (InvalidArgument)."""
         tag = f"global_step{self.global_steps}" if tag is None else tag
         where = f"the save of tag {str(tag)!r} in {save_dir!r}"
         state = self._module_and_engine_state(where, client_state, exclude_frozen_parameters)
