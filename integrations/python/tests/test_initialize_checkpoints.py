@@ -1,11 +1,14 @@
 """zoe.torch.initialize's checkpoints as users break them: a bad tag is refused before anything is
 written; a full disk (a write failing with ENOSPC, a file over RLIMIT_FSIZE, too little space
-up front) is zoe.NoSpace and removes the save. On 2 ranks a save failing on one rank (taking the
-module's state, beginning, writing it, the optimizer's state, the commit) raises on both naming
-it, keeps the saves before it, and training and later saves go on."""
+up front) is zoe.NoSpace and removes the save; every file zoe's optimizer does not checksum
+itself is checksummed, and a changed byte is Corruption naming the file before anything loads.
+On 2 ranks a save failing on one rank (taking the module's state, beginning, writing it, the
+optimizer's state, the commit) raises on both naming it, keeps the saves before it, and
+training and later saves go on."""
 
 import copy
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -18,8 +21,8 @@ import zoe
 import zoe.torch
 from conftest import gloo_rank, spawn_ranks
 from initialize_script import ds_config, make_model, module_values, \
-    train_engine
-from zoe.torch import ds_checkpoint
+    assert_same_state, train_engine
+from zoe.torch import ds_checkpoint, ds_checksums
 from zoe.torch.common import TorchFileWriter
 
 JOIN_SECONDS = 150
@@ -66,6 +69,26 @@ def assert_equal(found, expected, where="state"):
             assert_equal(a, b, f"{where}[{index}]")
     else:
         assert found == expected, where
+
+
+def assert_continues_exactly(engine, good, step, rank=0, world=1):
+    """Optimizer step ``step`` from the engine's state, and again from ``good`` (a save of
+    that state) loaded: the same parameters, bit for bit."""
+    train_engine(engine, step, step + 1, rank, world)
+    after = module_values(engine)
+    engine.load_checkpoint(good)
+    train_engine(engine, step, step + 1, rank, world)
+    assert_same_state(module_values(engine), after, atol=0)
+
+
+def flip(path, offset=None):
+    """Flips a bit of the byte at ``offset`` (default: the middle) of the file ``path``."""
+    offset = os.path.getsize(path) // 2 if offset is None else offset
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0x40]))
 
 
 def listing(directory):
@@ -189,6 +212,83 @@ def test_a_file_over_the_size_limit_is_no_space_not_an_abort(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "NoSpace: out of space in" in done.stdout and "model_states.pt" in done.stdout
     assert listing(ckpt) == ["global_step1", "latest"]
+
+
+# --- checksums -----------------------------------------------------------------------------------
+
+def saved_engine(ckpt, torch_optimizer=False, **config_changes):
+    """An engine that stepped once and saved to ``ckpt`` (global_step1), then stepped again."""
+    engine = engine_like(0, torch_optimizer=torch_optimizer, **config_changes)
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt)
+    train_engine(engine, 1, 2, 0, 1)
+    return engine
+
+
+def wider_model():
+    """make_model() with 32 hidden units instead of 16."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def engine_like(seed=1, model=None, torch_optimizer=False, **config_changes):
+    """start(seed), over wider_model() for ``model="wider"``, or with a torch AdamW given to
+    initialize for ``torch_optimizer``."""
+    if model == "wider":
+        return start(seed=seed, model=wider_model(), **config_changes)
+    if torch_optimizer:
+        model = make_model(seed)
+        engine, _, _, _ = zoe.torch.initialize(
+            model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.01),
+            config=_without(ds_config(), "optimizer", "scheduler"))
+        return engine
+    return start(seed=seed, **config_changes)
+
+
+def _without(config, *keys):
+    """``config`` without ``keys``."""
+    return {key: value for key, value in config.items() if key not in keys}
+
+
+def test_the_checksum_record_covers_what_zoes_optimizer_does_not(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    saved_engine(ckpt).close()
+    record = json.load(open(os.path.join(ckpt, "global_step1", ds_checksums.RECORD)))
+    assert sorted(record["files"]) == ["model_states.pt", "optimizer/LATEST",
+                                       "optimizer/v000001/manifest.json",
+                                       "optimizer/zoe_torch_param_groups.json"]
+    entry = record["files"]["model_states.pt"]
+    path = os.path.join(ckpt, "global_step1", "model_states.pt")
+    assert (entry["size"], entry["sha256"]) == ds_checksums.file_digest(path)
+
+
+# (file to damage, how, the load's arguments, the engine's optimizer is torch's)
+DAMAGES = {
+    "module flipped": ("model_states.pt", flip, {}, False),
+    "module flipped, module only": ("model_states.pt", flip, {"load_module_only": True}, False),
+    "module truncated": ("model_states.pt", lambda path: os.truncate(path, 100), {}, False),
+    "hyper-parameters edited": ("optimizer/zoe_torch_param_groups.json",
+                                lambda path: open(path, "a").write(" "), {}, False),
+    "torch optimizer flipped": ("optimizer.pt", flip, {}, True),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_changed_byte_is_corruption_naming_the_file_and_nothing_loads(damage, tmp_path):
+    name, change, how, torch_optimizer = DAMAGES[damage]
+    ckpt = str(tmp_path / "ckpt")
+    engine = saved_engine(ckpt, torch_optimizer)
+    good = str(tmp_path / "good")
+    engine.save_checkpoint(good)
+    change(os.path.join(ckpt, "global_step1", name))
+    before = snapshot(engine)
+    with pytest.raises(zoe.Corruption, match=f"{name}'.* (checksum mismatch|holds)"):
+        engine.load_checkpoint(ckpt, **how)
+    assert_equal(snapshot(engine), before)
+    assert_continues_exactly(engine, good, 2)
+    if torch_optimizer:  # the module alone does not need the damaged file
+        assert engine.load_checkpoint(ckpt, load_module_only=True)[0] is not None
+    engine.close()
 
 
 # --- 2 ranks -------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ The functions here run on one rank (begin_save and commit_save do their work on 
 engine makes each of them a step every rank agrees on (ds_engine.py)."""
 
 import errno
+import logging
 import os
 import shutil
 
@@ -31,6 +32,8 @@ _TAG_RULE = ("allowed: a plain folder name such as 'global_step100': not empty, 
 
 # the errnos of a full file system (EFBIG: a file over RLIMIT_FSIZE or the file system's limit)
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+log = logging.getLogger("zoe.torch")
 
 
 def fsync_tree(root):

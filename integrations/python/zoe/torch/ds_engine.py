@@ -26,12 +26,13 @@ Contract, as DeepSpeed's engine:
   says whether the latest step() changed the parameters. ``tput_timer`` times forward to step().
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
-  schedule, the loss scaler, the counters and the client state. Every step of a save is agreed
-  over the ranks; a failed save removes what it wrote and keeps the saves before it. A load
-  refuses another optimizer's checkpoint before anything changes. A load without the
-  optimizer's state (load_module_only, load_optimizer_states=False) loads the module's
-  parameters, at stage 3 into the pages (ds_stage3.py), and the optimizer's master weights
-  follow them.
+  schedule, the loss scaler, the counters and the client state, and the checksums of the files
+  zoe's optimizer does not checksum itself (ds_checksums.py), verified before a load reads
+  them. Every step of a save is agreed over the ranks; a failed save removes what it wrote and
+  keeps the saves before it. A load refuses another optimizer's checkpoint before anything
+  changes. A load without the optimizer's state (load_module_only, load_optimizer_states=False)
+  loads the module's parameters, at stage 3 into the pages (ds_stage3.py), and the optimizer's
+  master weights follow them.
   ``save_16bit_model``: the module's full state dict, written atomically by rank 0.
 
 ZeRO stage 2 with accumulation: zoe's stage 2 reduces a bucket as soon as its gradients are
@@ -47,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from .._collective_ops import agreed
-from . import ds_checkpoint
+from . import ds_checkpoint, ds_checksums
 from .checkpoint import saved_param_groups
 from .common import _invalid, _timed
 from .optimizer import ZoeOptimizer
@@ -56,6 +57,7 @@ MODEL_STATES = ds_checkpoint.MODEL_STATES
 OPTIMIZER_DIR = "optimizer"
 TORCH_OPTIMIZER = "optimizer.pt"
 _ABSENT = object()
+log = ds_checkpoint.log
 
 
 def _load_saved(path):
@@ -548,11 +550,11 @@ class DeepSpeedEngine(torch.nn.Module):
         try:
             partial = self._agreed(f"beginning {where}", lambda: ds_checkpoint.begin_save(
                 save_dir, tag, self.global_rank))
-            self._agreed(f"writing the module's state of {where}",
-                         lambda: self._write_model_states(partial, state))
-            self._save_optimizer(partial, where)
+            written = self._agreed(f"writing the module's state of {where}",
+                                   lambda: self._write_model_states(partial, state))
+            written.update(self._save_optimizer(partial, where))
             self._agreed(f"committing {where}",
-                         lambda: self._commit_save(save_dir, str(tag), save_latest))
+                         lambda: self._commit_save(save_dir, str(tag), written, save_latest))
         except BaseException:
             if self.global_rank == 0:
                 ds_checkpoint.abandon_save(save_dir, str(tag))
@@ -574,9 +576,12 @@ class DeepSpeedEngine(torch.nn.Module):
             return {}
         return {MODEL_STATES: ds_checkpoint.write_torch_file(partial, MODEL_STATES, state)}
 
-    def _commit_save(self, save_dir, tag, save_latest):
-        """Rank 0 commits the save."""
+    def _commit_save(self, save_dir, tag, written, save_latest):
+        """Rank 0 records the checksums of the files zoe's optimizer does not checksum
+        (``written``: those hashed as they were written) and commits the save."""
         if self.global_rank == 0:
+            ds_checksums.record_checksums(ds_checkpoint.partial_directory(save_dir, tag),
+                                          written)
             ds_checkpoint.commit_save(save_dir, tag, save_latest)
 
     def _save_optimizer(self, directory, where):
@@ -611,13 +616,16 @@ class DeepSpeedEngine(torch.nn.Module):
         optimizer. Then, as DeepSpeed's, the optimizer's master weights follow the loaded
         parameters and its moments stay. ``custom_load_fn(src=saved module state,
         dst=engine.module)`` loads the module instead of load_state_dict (at stage 3 inside
-        the pager's materialized(): the whole model held at once)."""
+        the pager's materialized(): the whole model held at once). The save's files are
+        verified against their checksums before any is read."""
         tag = ds_checkpoint.resolve_tag(load_dir, tag)
         if tag is None:
             return None, None
         path = os.path.join(load_dir, tag)
-        state = _load_saved(os.path.join(path, MODEL_STATES))
         with_optimizer = load_optimizer_states and not load_module_only
+        self._agreed(f"verifying the checksums of {path!r}",
+                     lambda: self._verify(path, with_optimizer))
+        state = _load_saved(os.path.join(path, MODEL_STATES))
         if with_optimizer:
             self._check_optimizer_loadable(path)
         self._load_module(state["module"], load_module_strict, custom_load_fn, with_optimizer)
@@ -632,6 +640,15 @@ class DeepSpeedEngine(torch.nn.Module):
         for key in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
             setattr(self, key, state[key])
         return path, state["client_state"]
+
+    def _verify(self, path, with_optimizer):
+        """The save's files against its checksum record (ds_checksums): the module's, and the
+        optimizer's ``with_optimizer``; a save without a record loads unverified (a warning)."""
+        verified = ds_checksums.verify_checksums(
+            path, lambda name: with_optimizer or name == MODEL_STATES)
+        if not verified and self.global_rank == 0:
+            log.warning("%r has no checksum record (%s; a save of a zoe before it kept one): "
+                        "its files load unverified", path, ds_checksums.RECORD)
 
     def _check_optimizer_loadable(self, path):
         """Refuses, before anything is loaded (the module included), a saved zoe optimizer this
