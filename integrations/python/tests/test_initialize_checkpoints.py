@@ -1,27 +1,34 @@
 """zoe.torch.initialize's checkpoints as users break them: a bad tag is refused before anything is
 written; a full disk (a write failing with ENOSPC, a file over RLIMIT_FSIZE, too little space
 up front) is zoe.NoSpace and removes the save; every file zoe's optimizer does not checksum
-itself is checksummed, and a changed byte is Corruption naming the file before anything loads.
-On 2 ranks a save failing on one rank (taking the module's state, beginning, writing it, the
-optimizer's state, the commit) raises on both naming it, keeps the saves before it, and
-training and later saves go on."""
+itself is checksummed, and a changed byte is Corruption naming the file before anything loads;
+a load that fails (a damaged file, another optimizer, world size, stage or shape, a schedule
+the save lacks) changes nothing and training continues exactly. On 2 ranks a save failing on
+one rank (taking the module's state, beginning, writing it, the optimizer's state, the commit)
+raises on both naming it, keeps the saves before it, and training and later saves go on; a
+load failing on one rank changes no rank; a warm start at stages 1 and 2 into an engine that
+stepped trains on."""
 
 import copy
 import errno
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import zoe
 import zoe.torch
 from conftest import gloo_rank, spawn_ranks
 from initialize_script import ds_config, make_model, module_values, \
     assert_same_state, train_engine
+from test_initialize_api import HOWS, warm_start, warm_start_reference
 from zoe.torch import ds_checkpoint, ds_checksums
 from zoe.torch.common import TorchFileWriter
 
@@ -291,6 +298,72 @@ def test_a_changed_byte_is_corruption_naming_the_file_and_nothing_loads(damage, 
     engine.close()
 
 
+def test_a_save_without_a_record_loads_with_a_warning(tmp_path, caplog):
+    ckpt = str(tmp_path / "ckpt")
+    engine = saved_engine(ckpt)
+    engine.save_checkpoint(ckpt)
+    for tag in ("global_step1", "global_step2"):  # as an older zoe saved them
+        os.remove(os.path.join(ckpt, tag, ds_checksums.RECORD))
+    saved_at = os.path.join(ckpt, "global_step1")
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        assert engine.load_checkpoint(ckpt, tag="global_step1")[0] == saved_at
+    assert f"{saved_at!r} has no checksum record" in caplog.text
+    os.truncate(os.path.join(saved_at, "model_states.pt"), 100)
+    before = snapshot(engine)
+    with pytest.raises(zoe.Corruption, match="model_states.pt' is not a file torch.save wrote"):
+        engine.load_checkpoint(ckpt, tag="global_step1")
+    hyper = os.path.join(ckpt, "global_step2", "optimizer", "zoe_torch_param_groups.json")
+    open(hyper, "w").close()
+    with pytest.raises(zoe.Corruption, match="zoe_torch_param_groups.json' is not a zoe "
+                                             "optimizer's param groups"):
+        engine.load_checkpoint(ckpt, tag="global_step2")
+    assert_equal(snapshot(engine), before)
+    engine.close()
+
+
+# --- a load that fails changes nothing -----------------------------------------------------------
+
+def flip_state_file(ckpt):
+    flip(os.path.join(ckpt, "global_step1", "optimizer", "v000001", "zoe.0.state"))
+
+
+# (how the save's engine differs, how the loading one does, what changes the save, the load's
+# arguments, the error)
+FAILED_LOADS = {
+    "damaged optimizer state": ({}, {}, flip_state_file, {},
+                                (zoe.Corruption, "zoe.0.state: checksum mismatch")),
+    "saved without a schedule": ({"scheduler": None}, {}, None, {},
+                                 (zoe.InvalidArgument, "saved without a learning-rate schedule"
+                                  ".*load_lr_scheduler_states=False")),
+    "another shape": ({}, {"model": "wider"}, None, {},
+                      (RuntimeError, "size mismatch for 0.weight")),
+    "a torch optimizer's engine": ({}, {"torch_optimizer": True}, None, {},
+                                   (zoe.InvalidArgument, "holds a zoe.torch optimizer's state; "
+                                    "this engine's optimizer is torch.optim.adamw.AdamW")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILED_LOADS))
+def test_a_load_that_fails_changes_nothing_and_training_continues_exactly(case, tmp_path):
+    saving, loading, change, how, (error, message) = FAILED_LOADS[case]
+    ckpt, good = str(tmp_path / "ckpt"), str(tmp_path / "good")
+    engine = start(**saving)
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt)
+    engine.close()
+    if change is not None:
+        change(ckpt)
+    engine = engine_like(**loading)
+    train_engine(engine, 0, 2, 0, 1)
+    engine.save_checkpoint(good)
+    before = snapshot(engine)
+    with pytest.raises(error, match=message):
+        engine.load_checkpoint(ckpt, **how)
+    assert_equal(snapshot(engine), before)
+    assert_continues_exactly(engine, good, 2)
+    engine.close()
+
+
 # --- 2 ranks -------------------------------------------------------------------------------------
 
 class Injected:
@@ -364,13 +437,83 @@ def save_failures(rank, out_dir, stage, world):
     engine.close()
 
 
+def failed_loads(rank, out_dir, world):
+    """A shard damaged on rank 1, and a checkpoint of another stage: every rank raises and no
+    rank changes; training continues exactly."""
+    ckpt, good = os.path.join(out_dir, "stage2"), os.path.join(out_dir, "good2")
+    engine = start(2, world=world)
+    train_engine(engine, 0, 2, rank, world)
+    engine.save_checkpoint(ckpt)
+    engine.save_checkpoint(good)
+    dist.barrier()
+    if rank == 0:
+        flip(_damaged_copy(good, os.path.join(out_dir, "damaged2")))
+    dist.barrier()
+    train_engine(engine, 2, 3, rank, world)
+    engine.save_checkpoint(good, tag="now")
+    before = snapshot(engine)
+    with pytest.raises(zoe.Corruption if rank == 1 else zoe.Aborted, match="on rank 1"):
+        engine.load_checkpoint(os.path.join(out_dir, "damaged2"))
+    assert_equal(snapshot(engine), before)
+    _continues(engine, good, rank, world)
+    engine.close()
+    stage3 = start(3, world=world)
+    train_engine(stage3, 0, 1, rank, world)
+    before = snapshot(stage3)
+    with pytest.raises(zoe.FailedPrecondition, match="saved at ZeRO stage 2 on 2 ranks, its "
+                                                     "optimizer state sharded over 2 ranks at "
+                                                     "stage 1 or 2; this engine is stage 3"):
+        stage3.load_checkpoint(ckpt)
+    assert_equal(snapshot(stage3), before)
+    stage3.load_checkpoint(ckpt, load_module_only=True)  # the module alone loads anywhere
+    stage3.close()
+
+
+def _damaged_copy(source, target):
+    """A copy of the save ``source``; returns the path of its rank 1's optimizer state."""
+    shutil.copytree(source, target)
+    return os.path.join(target, "global_step2", "optimizer", "rank-1", "save-000001",
+                        "v000001", "zoe.0.state")
+
+
+def _continues(engine, good, rank, world):
+    """assert_continues_exactly from the save tagged "now" in ``good``."""
+    train_engine(engine, 3, 4, rank, world)
+    after = module_values(engine)
+    engine.load_checkpoint(good, tag="now")
+    train_engine(engine, 3, 4, rank, world)
+    assert_same_state(module_values(engine), after, atol=0)
+
+
 def rank_worker(rank, out_dir, world):
     with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
         for stage in (0, 2):
             save_failures(rank, out_dir, stage, world)
+        failed_loads(rank, out_dir, world)
+        for stage in (1, 2):  # a warm start into an engine that stepped
+            config = os.path.join(out_dir, f"warm{stage}")
+            os.makedirs(config, exist_ok=True)
+            results = warm_start(stage, None, HOWS["module-only"], 1, config, rank, world)
+            torch.save(results, os.path.join(out_dir, f"warm{stage}-rank{rank}.pt"))
 
 
 def test_on_two_ranks(tmp_path):
     world = 2
     out_dir = str(tmp_path)
     spawn_ranks(rank_worker, (out_dir, world), world, out_dir, JOIN_SECONDS)
+    for stage in (1, 2):
+        loaded, final, saved, _ = torch.load(os.path.join(out_dir, f"warm{stage}-rank0.pt"))
+        assert_same_state(loaded, saved, atol=0)
+        assert_same_state(final, warm_start_reference(saved, None, 1, world))
+    # a stage 2 save of 2 ranks in one process: refused naming both and the way out
+    engine = start(2)
+    train_engine(engine, 0, 1, 0, 1)
+    before = snapshot(engine)
+    with pytest.raises(zoe.FailedPrecondition, match="saved at ZeRO stage 2 on 2 ranks, .* this "
+                                                     "engine is stage 2 on 1 rank, its "
+                                                     "optimizer state one copy: .*"
+                                                     "consolidate_checkpoint"):
+        engine.load_checkpoint(os.path.join(out_dir, "stage2"))
+    assert_equal(snapshot(engine), before)
+    engine.load_checkpoint(os.path.join(out_dir, "stage2"), load_module_only=True)
+    engine.close()

@@ -27,12 +27,13 @@ Contract, as DeepSpeed's engine:
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
   schedule, the loss scaler, the counters and the client state, and the checksums of the files
-  zoe's optimizer does not checksum itself (ds_checksums.py), verified before a load reads
-  them. Every step of a save is agreed over the ranks; a failed save removes what it wrote and
-  keeps the saves before it. A load refuses another optimizer's checkpoint before anything
-  changes. A load without the optimizer's state (load_module_only, load_optimizer_states=False)
-  loads the module's parameters, at stage 3 into the pages (ds_stage3.py), and the optimizer's
-  master weights follow them.
+  zoe's optimizer does not checksum itself (ds_checksums.py). Every step of a save or a load is
+  agreed over the ranks. A failed save removes what it wrote and keeps the saves before it; a
+  load checks everything first (ds_load.py), then loads the optimizer (all or nothing), the
+  module, the schedule, the loss scale and the counters: a failed load changes nothing. A load
+  without the optimizer's state (load_module_only, load_optimizer_states=False) loads the
+  module's parameters, at stage 3 into the pages (ds_stage3.py), and the optimizer's master
+  weights follow them.
   ``save_16bit_model``: the module's full state dict, written atomically by rank 0.
 
 ZeRO stage 2 with accumulation: zoe's stage 2 reduces a bucket as soon as its gradients are
@@ -48,25 +49,17 @@ import torch
 import torch.distributed as dist
 
 from .._collective_ops import agreed
-from . import ds_checkpoint, ds_checksums
+from . import ds_checkpoint, ds_checksums, ds_load
 from .checkpoint import saved_param_groups
 from .common import _invalid, _timed
+from .ds_stage3 import check_module_state
 from .optimizer import ZoeOptimizer
 
 MODEL_STATES = ds_checkpoint.MODEL_STATES
-OPTIMIZER_DIR = "optimizer"
-TORCH_OPTIMIZER = "optimizer.pt"
+OPTIMIZER_DIR = ds_load.OPTIMIZER_DIR
+TORCH_OPTIMIZER = ds_load.TORCH_OPTIMIZER
 _ABSENT = object()
 log = ds_checkpoint.log
-
-
-def _load_saved(path):
-    """torch.load of a file this engine saved (client state may hold any picklable object:
-    torch 2.6 and later load only tensors and plain types unless told otherwise)."""
-    try:
-        return torch.load(path, weights_only=False)
-    except TypeError:  # a torch without the weights_only argument
-        return torch.load(path)
 
 
 def local_rank_from_environment():
@@ -612,79 +605,161 @@ class DeepSpeedEngine(torch.nn.Module):
                         load_module_only=False, custom_load_fn=None):
         """Loads the save ``tag`` (default: the one ``<load_dir>/latest`` names). Returns
         (its path, the client_state saved with it), or (None, None) when there is none.
-        ``load_module_only`` loads the module alone; ``load_optimizer_states=False`` all but the
-        optimizer. Then, as DeepSpeed's, the optimizer's master weights follow the loaded
+        ``load_module_only`` loads the module alone; ``load_optimizer_states=False`` all but
+        the optimizer. Then, as DeepSpeed's, the optimizer's master weights follow the loaded
         parameters and its moments stay. ``custom_load_fn(src=saved module state,
         dst=engine.module)`` loads the module instead of load_state_dict (at stage 3 inside
-        the pager's materialized(): the whole model held at once). The save's files are
-        verified against their checksums before any is read."""
+        the pager's materialized(): the whole model held at once).
+
+        Everything is checked before anything changes (ds_load.py): the files against their
+        checksums, the optimizer's kind and layout (the world size and stage it was saved
+        at), its param groups, the module's keys and shapes, the schedule and loss scale. The
+        optimizer loads first, all or nothing on every rank, then the module, the schedule,
+        the loss scale and the counters, which cannot fail once checked: a failed load leaves
+        the engine as it was (only a custom_load_fn that raises leaves what it did, after the
+        optimizer loaded). Every step is agreed over the ranks."""
         tag = ds_checkpoint.resolve_tag(load_dir, tag)
         if tag is None:
             return None, None
         path = os.path.join(load_dir, tag)
-        with_optimizer = load_optimizer_states and not load_module_only
-        self._agreed(f"verifying the checksums of {path!r}",
-                     lambda: self._verify(path, with_optimizer))
-        state = _load_saved(os.path.join(path, MODEL_STATES))
-        if with_optimizer:
-            self._check_optimizer_loadable(path)
-        self._load_module(state["module"], load_module_strict, custom_load_fn, with_optimizer)
-        if load_module_only:
-            return path, state["client_state"]
-        if with_optimizer:
-            self._load_optimizer(path)
-        if load_lr_scheduler_states and self.lr_scheduler is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        if self.loss_scaler is not None and state["loss_scaler"] is not None:
-            self.loss_scaler.load_state_dict(state["loss_scaler"])
-        for key in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
-            setattr(self, key, state[key])
-        return path, state["client_state"]
+        plan = ds_load.LoadPlan(load_module_strict, load_optimizer_states and not load_module_only,
+                                not load_module_only, load_lr_scheduler_states, custom_load_fn)
+        checked = self._agreed(f"checking the checkpoint {path!r}",
+                               lambda: self._checked_load(path, plan))
+        if plan.optimizer:
+            self._load_optimizer(path, checked.torch_optimizer)
+        self._load_module(checked.state["module"], plan)
+        if plan.rest:
+            self._load_rest(checked.state, plan)
+        return path, checked.state["client_state"]
 
-    def _verify(self, path, with_optimizer):
-        """The save's files against its checksum record (ds_checksums): the module's, and the
-        optimizer's ``with_optimizer``; a save without a record loads unverified (a warning)."""
+    def _checked_load(self, path, plan):
+        """ds_load's checks of the save in ``path`` for ``plan`` (this rank; changes nothing);
+        returns the ds_load.Checked to load."""
         verified = ds_checksums.verify_checksums(
-            path, lambda name: with_optimizer or name == MODEL_STATES)
+            path, lambda name: plan.optimizer or name == MODEL_STATES)
         if not verified and self.global_rank == 0:
             log.warning("%r has no checksum record (%s; a save of a zoe before it kept one): "
                         "its files load unverified", path, ds_checksums.RECORD)
+        checked = ds_load.Checked(ds_load.read_model_states(path))
+        if plan.optimizer:
+            checked.torch_optimizer = self._check_optimizer(path, checked.state)
+        if plan.custom_load_fn is None:
+            self._check_module_state(checked.state["module"], plan.strict)
+        if plan.rest:
+            self._check_schedule_and_scale(path, checked.state, plan)
+        return checked
 
-    def _check_optimizer_loadable(self, path):
-        """Refuses, before anything is loaded (the module included), a saved zoe optimizer this
-        one cannot take (ZoeOptimizer.check_loadable: another kind's, a value fixed otherwise);
-        over ranks every rank raises together."""
-        if not isinstance(self.optimizer, ZoeOptimizer):
-            return
+    def _check_optimizer(self, path, state):
+        """The optimizer's saved state checked for this optimizer (ds_load: its kind, the
+        layout it was saved in, and a zoe optimizer's param groups); returns a torch
+        optimizer's state dict, None for zoe's."""
+        kind, sharding = ds_load.saved_sharding(path)
+        is_zoe = isinstance(self.optimizer, ZoeOptimizer)
+        ds_load.check_kind(path, kind, self.optimizer, is_zoe)
+        if not is_zoe:
+            return ds_load.torch_optimizer_state(path, self.optimizer)
+        mine = None
+        if self._sharded():
+            mine = (3 if self._stage3 is not None else 1, self.world_size)
+        ds_load.check_sharding(path, state, sharding,
+                               (self._training.zero_stage, self.world_size, mine))
         directory = os.path.join(path, OPTIMIZER_DIR)
+        groups, kind_name = saved_param_groups(directory, self._sharded())
+        self.optimizer.check_loadable(groups, f"the checkpoint in {directory!r}", kind_name,
+                                      created_now=True)
+        return None
 
-        def check():
-            groups, kind = saved_param_groups(directory, self._sharded())
-            self.optimizer.check_loadable(groups, f"the checkpoint in {directory!r}", kind,
-                                          created_now=True)
-
-        self._agreed(f"checking the optimizer checkpoint in {directory!r}", check)
-
-    def _load_module(self, state, strict, custom_load_fn, with_optimizer):
-        """The module's saved ``state`` (through ``custom_load_fn`` when given). At stages 0 to
-        2 the optimizer takes a parameter written outside it at its next step; at stage 3 the
-        parameters are paged and ds_stage3 writes them (``with_optimizer``: the optimizer's
-        checkpoint is loaded next and sets those it steps)."""
+    def _check_module_state(self, module_state, strict):
+        """The saved module state's keys (when ``strict``) and shapes checked against the
+        module's, as load_state_dict would, before anything loads (RuntimeError as torch's)."""
         if self._stage3 is not None:
-            self._stage3.load_module(state, self.optimizer, strict, custom_load_fn,
-                                     with_optimizer)
-        elif custom_load_fn is not None:
-            custom_load_fn(src=state, dst=self.module)
-        else:
-            self.module.load_state_dict(state, strict=strict)
+            check_module_state(self.module, module_state, strict)
+            return
+        expected = {key: tuple(value.shape) if torch.is_tensor(value) else None
+                    for key, value in self.module.state_dict(keep_vars=True).items()}
+        check_module_state(self.module, module_state, strict, expected)
 
-    def _load_optimizer(self, path):
-        if self._stage3 is not None:
-            self._stage3.load(os.path.join(path, OPTIMIZER_DIR), self.optimizer)
-        elif isinstance(self.optimizer, ZoeOptimizer):
-            self.optimizer.load_checkpoint(os.path.join(path, OPTIMIZER_DIR))
+    def _check_schedule_and_scale(self, path, state, plan):
+        """The schedule (when loaded) and the loss scaler take their saved states (tried and
+        put back: ds_load.check_loadable). A schedule this engine has and the save has not is
+        refused; a loss scale the save has not leaves this engine's (a warning)."""
+        if plan.schedule and self.lr_scheduler is not None:
+            if state.get("lr_scheduler") is None:
+                schedule = type(self.lr_scheduler).__name__
+                raise _invalid(f"the checkpoint {path!r} was saved without a learning-rate "
+                               f"schedule and this engine has one ({schedule}): load it with "
+                               "load_lr_scheduler_states=False to keep this engine's schedule "
+                               "as it is")
+            ds_load.check_loadable(self.lr_scheduler, state["lr_scheduler"],
+                                   "this engine's learning-rate schedule",
+                                   "load it with load_lr_scheduler_states=False")
+        if self.loss_scaler is None:
+            return
+        if state.get("loss_scaler") is None:
+            if self.global_rank == 0:
+                log.warning("the checkpoint %r was saved without fp16 loss scaling: the loss "
+                            "scale stays this engine's (%s)", path, self.loss_scaler.loss_scale)
+            return
+        ds_load.check_loadable(self.loss_scaler, state["loss_scaler"],
+                               "this engine's fp16 loss scaler",
+                               "save and load with the same fp16 loss_scale setting")
+
+    def _load_optimizer(self, path, torch_state):
+        """The optimizer's saved state, all or nothing on every rank: zoe's sharded load is
+        agreed and puts back every rank's state when one fails (checkpoint.load_shard), an
+        unsharded one loads transactionally on each rank (agreed)."""
+        directory = os.path.join(path, OPTIMIZER_DIR)
+        if self._sharded() and self._stage3 is not None:
+            self._stage3.load(directory, self.optimizer)
+        elif self._sharded():
+            self.optimizer.load_checkpoint(directory)
+        elif torch_state is not None:
+            self._agreed(f"loading the optimizer's state of {path!r}",
+                         lambda: self.optimizer.load_state_dict(torch_state))
         else:
-            self.optimizer.load_state_dict(_load_saved(os.path.join(path, TORCH_OPTIMIZER)))
+            self._agreed(f"loading the optimizer's state of {path!r}",
+                         lambda: self.optimizer.load_checkpoint(directory))
+
+    def _load_module(self, state, plan):
+        """The module's saved ``state`` (through ``custom_load_fn`` when given). The optimizer
+        loaded before, when it did, and set the parameters it steps to its master weights:
+        only the rest loads (a custom_load_fn's writes to them are replaced by the masters, as
+        the optimizer's load replaced them before). Without the optimizer's state its master
+        weights follow the loaded parameters (at stage 3 ds_stage3 writes the pages)."""
+        zoe_optimizer = isinstance(self.optimizer, ZoeOptimizer)
+        if self._stage3 is not None:
+            self._stage3.load_module(state, self.optimizer, plan.strict, plan.custom_load_fn,
+                                     plan.optimizer)
+            return
+        if plan.custom_load_fn is not None:
+            load = lambda: plan.custom_load_fn(src=state, dst=self.module)  # noqa: E731
+        elif plan.optimizer and zoe_optimizer:
+            load = lambda: self.module.load_state_dict(  # noqa: E731
+                self._without_optimizer_parameters(state), strict=False)
+        else:
+            load = lambda: self.module.load_state_dict(state, strict=plan.strict)  # noqa: E731
+        self._agreed("loading the module's state", load)
+        if zoe_optimizer and plan.optimizer and plan.custom_load_fn is not None:
+            self.optimizer.write_back_masters()
+        elif zoe_optimizer and not plan.optimizer:
+            self.optimizer.take_external_writes()
+
+    def _without_optimizer_parameters(self, state):
+        """``state`` without the parameters the optimizer steps (its load set them)."""
+        stepped = {id(param) for group in self.optimizer.param_groups for param in group["params"]}
+        owned = {key for key, value in self.module.state_dict(keep_vars=True).items()
+                 if id(value) in stepped}
+        return type(state)((key, value) for key, value in state.items() if key not in owned)
+
+    def _load_rest(self, state, plan):
+        """The schedule, the loss scale and the counters (checked loadable already)."""
+        if plan.schedule and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if self.loss_scaler is not None and state.get("loss_scaler") is not None:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+        for key in ds_load.COUNTERS:
+            setattr(self, key, state[key])
 
     def module_state_dict(self, destination=None, prefix="", keep_vars=False,
                           exclude_frozen_parameters=False):
