@@ -2,12 +2,13 @@
 written; a full disk (a write failing with ENOSPC, a file over RLIMIT_FSIZE, too little space
 up front) is zoe.NoSpace and removes the save; every file zoe's optimizer does not checksum
 itself is checksummed, and a changed byte is Corruption naming the file before anything loads;
-a load that fails (a damaged file, another optimizer, world size, stage or shape, a schedule
-the save lacks) changes nothing and training continues exactly. On 2 ranks a save failing on
-one rank (taking the module's state, beginning, writing it, the optimizer's state, the commit)
-raises on both naming it, keeps the saves before it, and training and later saves go on; a
-load failing on one rank changes no rank; a warm start at stages 1 and 2 into an engine that
-stepped trains on."""
+a save killed between its two renames loads the copy it was replacing; a load that fails (a
+damaged file, another optimizer, world size, stage or shape, a schedule the save lacks)
+changes nothing and training continues exactly; a wrong load_dir or tag is an error naming
+it. On 2 ranks a save failing on one rank (taking the module's state, beginning, writing it,
+the optimizer's state, the commit) raises on both naming it, keeps the saves before it, and
+training and later saves go on; a load failing on one rank changes no rank; a warm start at
+stages 1 and 2 into an engine that stepped trains on."""
 
 import copy
 import errno
@@ -119,6 +120,8 @@ def test_a_bad_tag_is_refused_before_anything_is_written(tmp_path):
             engine.save_checkpoint(ckpt, tag=tag)
         assert (listing(ckpt), listing(tmp_path)) == before, tag
         assert open(os.path.join(ckpt, "latest")).read() == "good"
+    with pytest.raises(zoe.InvalidArgument, match="'../escaped' is not allowed"):
+        engine.load_checkpoint(ckpt, tag="../escaped")
     engine.save_checkpoint(ckpt, tag=7)  # DeepSpeed's str(tag)
     assert engine.load_checkpoint(ckpt)[0] == os.path.join(ckpt, "7")
     engine.close()
@@ -321,6 +324,40 @@ def test_a_save_without_a_record_loads_with_a_warning(tmp_path, caplog):
     engine.close()
 
 
+# --- a save killed between its renames -----------------------------------------------------------
+
+def test_a_save_killed_between_its_renames_loads_the_copy_it_replaced(tmp_path, monkeypatch,
+                                                                      caplog):
+    ckpt = str(tmp_path / "ckpt")
+    engine = start()
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(ckpt, tag="t")
+    first = snapshot(engine)
+    train_engine(engine, 1, 2, 0, 1)
+    rename = os.replace
+
+    def killed_after_moving_aside(source, target):
+        rename(source, target)
+        if target.endswith(".replaced"):
+            raise KeyboardInterrupt("killed")  # the process dies here
+    monkeypatch.setattr(ds_checkpoint.os, "replace", killed_after_moving_aside)
+    with pytest.raises(KeyboardInterrupt):
+        engine.save_checkpoint(ckpt, tag="t")
+    monkeypatch.undo()
+    assert listing(ckpt) == ["latest", "t.replaced"]
+    assert open(os.path.join(ckpt, "latest")).read() == "t"
+    engine.save_checkpoint(ckpt, tag="other", save_latest=False)  # keeps the only copy of t
+    loading = start(seed=1)
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        path, _ = loading.load_checkpoint(ckpt)
+    assert path == os.path.join(ckpt, "t.replaced") and "loading that copy" in caplog.text
+    assert_equal(snapshot(loading), first)
+    loading.save_checkpoint(ckpt, tag="t")  # a complete t again: the copy is removed
+    assert listing(ckpt) == ["latest", "other", "t"]
+    loading.close()
+    engine.close()
+
+
 # --- a load that fails changes nothing -----------------------------------------------------------
 
 def flip_state_file(ckpt):
@@ -361,6 +398,33 @@ def test_a_load_that_fails_changes_nothing_and_training_continues_exactly(case, 
         engine.load_checkpoint(ckpt, **how)
     assert_equal(snapshot(engine), before)
     assert_continues_exactly(engine, good, 2)
+    engine.close()
+
+
+# --- a wrong load_dir or tag ---------------------------------------------------------------------
+
+def test_a_wrong_directory_or_tag_is_an_error_naming_it(tmp_path, caplog):
+    ckpt = str(tmp_path / "ckpt")
+    engine = saved_engine(ckpt)
+    with pytest.raises(zoe.NotFound, match=f"'{ckpt}_typo' does not exist"):
+        engine.load_checkpoint(ckpt + "_typo")
+    latest = os.path.join(ckpt, "latest")
+    with pytest.raises(zoe.InvalidArgument, match=f"'{latest}' is not a directory"):
+        engine.load_checkpoint(latest)
+    with pytest.raises(zoe.NotFound, match="has no save 'nope' .*its saves: global_step1"):
+        engine.load_checkpoint(ckpt, tag="nope")
+    open(latest, "w").write("global_step99")
+    with pytest.raises(zoe.NotFound, match=f"no save 'global_step99' \\('{latest}'\\); its "
+                                           "saves: global_step1"):
+        engine.load_checkpoint(ckpt)
+    open(latest, "w").close()
+    with pytest.raises(zoe.Corruption, match="latest' is empty: it names no tag"):
+        engine.load_checkpoint(ckpt)
+    os.remove(latest)
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        assert engine.load_checkpoint(ckpt) == (None, None)  # DeepSpeed's, with a warning
+    assert "no 'latest' file there and no tag given: nothing loaded" in caplog.text
+    assert engine.global_steps == 2
     engine.close()
 
 

@@ -1,9 +1,12 @@
 """Tagged checkpoint directories as DeepSpeed lays them out: ``<dir>/<tag>/`` holds one save and
 ``<dir>/latest`` names the newest tag. A save is crash-safe: every rank writes into
 ``<dir>/.<tag>.partial``, rank 0 fsyncs what was written and renames the folder to ``<dir>/<tag>``
-(an older save of the same tag is moved aside first and removed afterwards), then replaces
-``latest`` atomically (a temporary file, fsync, rename, fsync of the directory). A process killed
-at any point leaves ``latest`` naming a complete save.
+(an older save of the same tag is moved aside to ``<dir>/<tag>.replaced`` first and removed
+afterwards), then replaces ``latest`` atomically (a temporary file, fsync, rename, fsync of the
+directory). A process killed at any point leaves ``latest`` naming a complete save: killed
+between the two renames, ``<tag>`` is missing and ``<tag>.replaced`` complete, so a load of
+``<tag>`` takes that copy (find_save) and the next save keeps it until a new ``<tag>`` is in
+place.
 
 Tags are plain folder names (checked_tag): a tag that would write outside ``<dir>``, over
 ``latest`` or over a folder the protocol uses is refused before anything is written.
@@ -17,7 +20,7 @@ import os
 import shutil
 
 from .. import _capi
-from ..errors import InvalidArgument, NoSpace
+from ..errors import Corruption, InvalidArgument, NoSpace, NotFound
 from .common import TorchFileWriter, fsync_path, replace_atomically
 
 LATEST = "latest"
@@ -85,16 +88,26 @@ def partial_directory(save_dir, tag):
 def begin_save(save_dir, tag, rank):
     """Checks ``tag`` (checked_tag) before anything is written and returns the partial folder
     every rank writes into; on rank 0 it is created empty, after removing what saves that
-    failed or were killed left, of any tag."""
+    failed or were killed left (remove_leftovers)."""
     tag = checked_tag(tag)
     partial = partial_directory(save_dir, tag)
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
-        for name in os.listdir(save_dir):
-            if name.startswith(".") and name.endswith(_PARTIAL):
-                shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+        remove_leftovers(save_dir)
         os.makedirs(partial)
     return partial
+
+
+def remove_leftovers(save_dir):
+    """Removes the partial folders of saves that failed or were killed, and each
+    ``<tag>.replaced`` whose ``<tag>`` is in place again; a ``<tag>.replaced`` without its
+    ``<tag>`` is the only complete copy of that tag and stays."""
+    for name in os.listdir(save_dir):
+        path = os.path.join(save_dir, name)
+        if name.startswith(".") and name.endswith(_PARTIAL):
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.endswith(_REPLACED) and os.path.isdir(path[:-len(_REPLACED)]):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def commit_save(save_dir, tag, save_latest=True):
@@ -102,12 +115,17 @@ def commit_save(save_dir, tag, save_latest=True):
     and points ``latest`` at it; returns its final path."""
     partial = partial_directory(save_dir, tag)
     final = os.path.join(save_dir, tag)
+    replaced = final + _REPLACED
     fsync_tree(partial)
-    replaced = f"{final}.replaced"
     if os.path.exists(final):
         shutil.rmtree(replaced, ignore_errors=True)
-        os.replace(final, replaced)
-    os.replace(partial, final)
+        os.replace(final, replaced)  # killed from here to the next rename: loads take replaced
+    try:
+        os.replace(partial, final)
+    except BaseException:
+        if os.path.isdir(replaced) and not os.path.exists(final):
+            os.replace(replaced, final)
+        raise
     fsync_path(save_dir)
     if save_latest:
         write_atomically(os.path.join(save_dir, LATEST), tag)
@@ -129,6 +147,7 @@ def saves_in(directory):
     except OSError:
         return []
     return sorted(name for name in names if not name.startswith(".")
+                  and not name.endswith(_REPLACED)
                   and os.path.isfile(os.path.join(directory, name, MODEL_STATES)))
 
 
@@ -137,16 +156,53 @@ def listing(directory):
     return f"its saves: {', '.join(tags)}" if tags else "it holds no save"
 
 
-def resolve_tag(load_dir, tag):
-    """The tag to load: ``tag``, else the one ``<load_dir>/latest`` names; None when neither
-    exists (DeepSpeed then loads nothing)."""
-    if tag is not None:
-        return str(tag)
+def _latest_tag(load_dir):
+    """The tag ``<load_dir>/latest`` names; None when there is no such file."""
     latest = os.path.join(load_dir, LATEST)
-    if not os.path.isfile(latest):
+    if not os.path.lexists(latest):
         return None
-    with open(latest, encoding="utf-8") as file:
-        return file.read().strip()
+    if not os.path.isfile(latest):
+        raise Corruption(_capi.Status.CORRUPTION,
+                         f"{latest!r} is not the file naming the latest tag ({listing(load_dir)}"
+                         "): load a tag explicitly")
+    with open(latest, encoding="utf-8", errors="replace") as file:
+        tag = file.read().strip()
+    if not tag:
+        raise Corruption(_capi.Status.CORRUPTION,
+                         f"{latest!r} is empty: it names no tag ({listing(load_dir)}); load a "
+                         "tag explicitly")
+    return tag
+
+
+def find_save(load_dir, tag):
+    """The folder of the save to load: ``<load_dir>/<tag>``, ``tag`` defaulting to the one
+    ``<load_dir>/latest`` names; None when ``tag`` is None and there is no ``latest`` (DeepSpeed
+    then loads nothing). A ``<tag>`` that a killed save left moved aside is found as
+    ``<tag>.replaced``. NotFound when ``load_dir`` or the save does not exist (naming the saves
+    that do), InvalidArgument when ``load_dir`` is not a directory or ``tag`` no tag."""
+    if not os.path.exists(load_dir):
+        raise NotFound(_capi.Status.NOT_FOUND, f"checkpoint directory {load_dir!r} does not exist")
+    if not os.path.isdir(load_dir):
+        raise InvalidArgument(
+            _capi.Status.INVALID_ARGUMENT,
+            f"{load_dir!r} is not a directory: load_checkpoint takes the directory "
+            "save_checkpoint wrote (holding <tag>/ and latest)")
+    named_by = f"{os.path.join(load_dir, LATEST)!r}"
+    if tag is None:
+        tag = _latest_tag(load_dir)
+        if tag is None:
+            return None
+    else:
+        tag, named_by = checked_tag(tag), "the tag asked for"
+    path = os.path.join(load_dir, tag)
+    if os.path.isdir(path):
+        return path
+    if os.path.isdir(path + _REPLACED):
+        log.warning("checkpoint %r is missing and %r holds the copy a save of the same tag "
+                    "was replacing when it stopped: loading that copy", path, path + _REPLACED)
+        return path + _REPLACED
+    raise NotFound(_capi.Status.NOT_FOUND,
+                   f"{load_dir!r} has no save {tag!r} ({named_by}); {listing(load_dir)}")
 
 
 def _estimated_bytes(value):

@@ -604,12 +604,13 @@ class DeepSpeedEngine(torch.nn.Module):
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False, custom_load_fn=None):
         """Loads the save ``tag`` (default: the one ``<load_dir>/latest`` names). Returns
-        (its path, the client_state saved with it), or (None, None) when there is none.
-        ``load_module_only`` loads the module alone; ``load_optimizer_states=False`` all but
-        the optimizer. Then, as DeepSpeed's, the optimizer's master weights follow the loaded
-        parameters and its moments stay. ``custom_load_fn(src=saved module state,
-        dst=engine.module)`` loads the module instead of load_state_dict (at stage 3 inside
-        the pager's materialized(): the whole model held at once).
+        (its path, the client_state saved with it), or (None, None), with a logged warning,
+        when ``load_dir`` has no ``latest`` and no tag is given. ``load_module_only`` loads
+        the module alone; ``load_optimizer_states=False`` all but the optimizer. Then, as
+        DeepSpeed's, the optimizer's master weights follow the loaded parameters and its
+        moments stay. ``custom_load_fn(src=saved module state, dst=engine.module)`` loads the
+        module instead of load_state_dict (at stage 3 inside the pager's materialized(): the
+        whole model held at once).
 
         Everything is checked before anything changes (ds_load.py): the files against their
         checksums, the optimizer's kind and layout (the world size and stage it was saved
@@ -618,10 +619,13 @@ class DeepSpeedEngine(torch.nn.Module):
         the loss scale and the counters, which cannot fail once checked: a failed load leaves
         the engine as it was (only a custom_load_fn that raises leaves what it did, after the
         optimizer loaded). Every step is agreed over the ranks."""
-        tag = ds_checkpoint.resolve_tag(load_dir, tag)
-        if tag is None:
+        path = self._agreed(f"finding the checkpoint in {load_dir!r}",
+                            lambda: ds_checkpoint.find_save(load_dir, tag))
+        if path is None:
+            if self.global_rank == 0:
+                log.warning("load_checkpoint(%r): no 'latest' file there and no tag given: "
+                            "nothing loaded (%s)", load_dir, ds_checkpoint.listing(load_dir))
             return None, None
-        path = os.path.join(load_dir, tag)
         plan = ds_load.LoadPlan(load_module_strict, load_optimizer_states and not load_module_only,
                                 not load_module_only, load_lr_scheduler_states, custom_load_fn)
         checked = self._agreed(f"checking the checkpoint {path!r}",
