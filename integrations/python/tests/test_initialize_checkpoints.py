@@ -3,10 +3,10 @@ written; a full disk (a write failing with ENOSPC, a file over RLIMIT_FSIZE, too
 up front) is zoe.NoSpace and removes the save; every file zoe's optimizer does not checksum
 itself is checksummed, and a changed byte is Corruption naming the file before anything loads;
 a save killed between its two renames loads the copy it was replacing; a load that fails (a
-damaged file, another optimizer, world size, stage or shape, a schedule the save lacks)
-changes nothing and training continues exactly; a wrong load_dir or tag is an error naming
-it. On 2 ranks a save failing on one rank (taking the module's state, beginning, writing it,
-the optimizer's state, the commit) raises on both naming it, keeps the saves before it, and
+damaged file, another optimizer, world size, stage or shape, a schedule the save lacks) changes
+nothing and training continues exactly; a wrong load_dir or tag is an error naming it; a save
+between micro-batches warns. On 2 ranks a save failing on one rank (beginning, the module's
+state, the optimizer's, the commit) raises on both naming it, keeps the saves before it, and
 training and later saves go on; a load failing on one rank changes no rank; a warm start at
 stages 1 and 2 into an engine that stepped trains on."""
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 import zoe
 import zoe.torch
 from conftest import gloo_rank, spawn_ranks
-from initialize_script import ds_config, make_model, module_values, \
+from initialize_script import ACCUMULATION, MICRO, ds_config, make_model, module_values, \
     assert_same_state, train_engine
 from test_initialize_api import HOWS, warm_start, warm_start_reference
 from zoe.torch import ds_checkpoint, ds_checksums
@@ -425,6 +425,31 @@ def test_a_wrong_directory_or_tag_is_an_error_naming_it(tmp_path, caplog):
         assert engine.load_checkpoint(ckpt) == (None, None)  # DeepSpeed's, with a warning
     assert "no 'latest' file there and no tag given: nothing loaded" in caplog.text
     assert engine.global_steps == 2
+    engine.close()
+
+
+# --- a save between micro-batches ----------------------------------------------------------------
+
+def test_a_save_between_micro_batches_warns_that_their_gradients_are_not_saved(tmp_path,
+                                                                                caplog):
+    engine = start()
+    x = torch.randn(MICRO, 8)
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()  # micro-batch 1 of ACCUMULATION
+        engine.save_checkpoint(str(tmp_path / "a"))
+        assert f"after micro-batch 1 of the {ACCUMULATION} of a gradient accumulation" \
+               in caplog.text
+        assert "the gradients accumulated so far are not saved" in caplog.text
+        caplog.clear()
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()  # the boundary
+        engine.save_checkpoint(str(tmp_path / "b"))
+        assert caplog.text == ""
+        engine.set_gradient_accumulation_boundary(False)  # accelerate's loop
+        engine.backward(engine(x).pow(2).mean())
+        engine.save_checkpoint(str(tmp_path / "c"))
+        assert "between the micro-batches of a gradient accumulation" in caplog.text
     engine.close()
 
 

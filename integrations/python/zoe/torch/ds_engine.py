@@ -536,9 +536,12 @@ class DeepSpeedEngine(torch.nn.Module):
         is agreed: when it fails on any rank, every rank raises together naming the failing
         ranks and the cause (one process: the error itself; a full disk zoe.NoSpace), what
         the save wrote is removed, the saves before it and ``latest`` are unchanged and
-        training goes on. A bad tag is refused before anything is written (InvalidArgument)."""
+        training goes on. A bad tag is refused before anything is written (InvalidArgument).
+        Saving between the micro-batches of an accumulation logs a warning: their gradients
+        are not saved."""
         tag = f"global_step{self.global_steps}" if tag is None else tag
         where = f"the save of tag {str(tag)!r} in {save_dir!r}"
+        self._warn_if_mid_accumulation(where)
         state = self._module_and_engine_state(where, client_state, exclude_frozen_parameters)
         try:
             partial = self._agreed(f"beginning {where}", lambda: ds_checkpoint.begin_save(
@@ -561,6 +564,21 @@ class DeepSpeedEngine(torch.nn.Module):
             return self._engine_state(client_state, exclude_frozen_parameters)
         return self._agreed(f"taking the module's state for {where}",
                             lambda: self._engine_state(client_state, exclude_frozen_parameters))
+
+    def _warn_if_mid_accumulation(self, where):
+        """Logs (rank 0) that a save between the micro-batches of a gradient accumulation
+        keeps none of the gradients they accumulated, as DeepSpeed's keeps none."""
+        gas = self.gradient_accumulation_steps()
+        done = self.micro_steps % gas if self._boundary is None else None
+        holding = any(param.grad is not None for param in self.module.parameters())
+        if self.global_rank != 0 or not (done or (done is None and holding)):
+            return
+        after = (f"after micro-batch {done} of the {gas} of a gradient accumulation" if done
+                 else "between the micro-batches of a gradient accumulation")
+        log.warning("%s comes %s: the gradients accumulated so far are not saved (DeepSpeed "
+                    "does not save them either), so a run resumed from it takes its next "
+                    "optimizer step with the remaining micro-batches' gradients only; save "
+                    "after the step() that ends an accumulation to resume exactly", where, after)
 
     def _write_model_states(self, partial, state):
         """Rank 0 writes model_states.pt (ds_checkpoint.write_torch_file: a full disk is
