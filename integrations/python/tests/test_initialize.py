@@ -104,7 +104,10 @@ def test_latest_tag_by_default_and_a_crash_mid_save_keeps_it(nvme_dir):
     assert path == os.path.join(ckpt, "global_step2") and client == {"n": 2}
     path, client = engine.load_checkpoint(ckpt, tag="first")
     assert client == {"n": 1} and engine.global_steps == 1
-    assert engine.load_checkpoint(os.path.join(nvme_dir, "none")) == (None, None)
+    with pytest.raises(zoe.NotFound, match="'.*none' does not exist"):
+        engine.load_checkpoint(os.path.join(nvme_dir, "none"))  # a directory mistyped
+    os.makedirs(os.path.join(nvme_dir, "empty"))
+    assert engine.load_checkpoint(os.path.join(nvme_dir, "empty")) == (None, None)
     engine.close()
 
 

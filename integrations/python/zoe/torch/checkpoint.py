@@ -255,12 +255,18 @@ def saved_param_groups(directory, sharded):
 def load_param_groups(directory):
     """(the param groups' hyper-parameters, the optimizer kind's name or None for a file written
     before it was kept) as save_param_groups wrote them in ``directory``; NotFound when it holds
-    no zoe optimizer checkpoint."""
+    no zoe optimizer checkpoint, Corruption naming the file when it is not one."""
     path = os.path.join(directory, PARAM_GROUPS)
     if not os.path.exists(path):
         raise zoe_errors.NotFound(
             _capi.Status.NOT_FOUND, f"{directory!r} holds no zoe optimizer checkpoint"
         )
-    with open(path, encoding="utf-8") as file:
-        saved = json.load(file)
-    return saved["param_groups"], saved.get("optimizer")
+    try:
+        with open(path, encoding="utf-8") as file:
+            saved = json.load(file)
+        return saved["param_groups"], saved.get("optimizer")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise zoe_errors.Corruption(
+            _capi.Status.CORRUPTION,
+            f"{path!r} is not a zoe optimizer's param groups ({type(error).__name__}: {error})"
+        ) from None

@@ -2,6 +2,7 @@
 parameter's values, paged or not; process groups held weakly; timing)."""
 
 import contextlib
+import hashlib
 import operator
 import os
 import time
@@ -55,6 +56,46 @@ def replace_atomically(path, write):
             os.remove(temporary)
         raise
     fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+class TorchFileWriter:
+    """A binary file as torch.save writes it: a write or flush that fails (ENOSPC) is kept and
+    every later one does nothing, so that torch's zip writer finishes (torch 1.13's aborts the
+    process when a write raises: its C++ destructor throws), and save() raises it afterwards.
+    Counts and hashes (sha256) what was written."""
+
+    def __init__(self, file):
+        self._file = file
+        self.error = None
+        self.written = 0
+        self._hash = hashlib.sha256()
+
+    def write(self, data):
+        size = memoryview(data).nbytes
+        if self.error is None:
+            try:
+                self._file.write(data)
+            except BaseException as error:  # raised by save(), after torch's writer finished
+                self.error = error
+            else:
+                self._hash.update(data)
+                self.written += size
+        return size
+
+    def flush(self):
+        if self.error is None:
+            try:
+                self._file.flush()
+            except BaseException as error:
+                self.error = error
+
+    def save(self, value):
+        """torch.save of ``value`` into the file; (bytes written, sha256 hex digest), or the
+        first error of the file."""
+        torch.save(value, self)
+        if self.error is not None:
+            raise self.error
+        return self.written, self._hash.hexdigest()
 
 
 def _invalid(message):

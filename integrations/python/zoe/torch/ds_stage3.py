@@ -48,8 +48,9 @@ class Stage3:
         memory (over ranks this rank's slice into its shard), one parameter at a time, the
         optimizer's master weights following them while its moments and step counts stay
         (DeepSpeed's refresh of its fp32 weights after a module-only load).
-        ``with_optimizer``: the optimizer's checkpoint is loaded next, and it holds every
-        parameter's master weights (frozen ones too: the optimizer is built over all).
+        ``with_optimizer``: the optimizer's checkpoint was loaded before, and it holds every
+        parameter's master weights (frozen ones too: the optimizer is built over all), which
+        the parameters keep (after a ``custom_load_fn`` they are written again).
         ``strict``: keys missing from ``state`` or unknown to the module are refused before
         anything changes (RuntimeError, as torch's load_state_dict); otherwise a parameter
         missing keeps its values. ``custom_load_fn(src=state, dst=model)``, when given, loads
@@ -59,6 +60,8 @@ class Stage3:
         if custom_load_fn is not None:
             with self.pager.materialized():
                 custom_load_fn(src=state, dst=model)
+            if with_optimizer:
+                optimizer.write_back_masters()
         else:
             check_module_state(model, state, strict)
             names = {key for key, _ in every_named_parameter(model)}
@@ -124,13 +127,19 @@ def _buffer_keys(module):
             if buffer is not None and name not in owner._non_persistent_buffers_set]
 
 
-def check_module_state(module, state, strict):
-    """RuntimeError, worded as torch's load_state_dict words it, for a saved parameter whose
+def check_module_state(module, state, strict, expected=None):
+    """RuntimeError, worded as torch's load_state_dict words it, for a saved tensor whose
     shape is not the module's and, when ``strict``, for keys of the module missing from
-    ``state`` or keys of ``state`` the module does not have. Changes nothing."""
-    errors = _size_mismatches(module, state)
+    ``state`` or keys of ``state`` the module does not have. ``expected``: {key: shape, or None
+    where no shape is checked} of the module's state dict; by default its parameters (as
+    every_named_parameter lists them: at stage 3 module.state_dict() would gather) and
+    persistent buffers. Changes nothing."""
+    if expected is None:
+        expected = {key: tuple(param.shape) for key, param in every_named_parameter(module)}
+        expected.update((key, None) for key in _buffer_keys(module) if key not in expected)
+    errors = _size_mismatches(expected, state)
     if strict:
-        errors = _key_mismatches(module, state) + errors
+        errors = _key_mismatches(expected, state) + errors
     if errors:
         raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
                            + "\n\t".join(errors) + "\n(load_checkpoint(..., "
@@ -138,18 +147,17 @@ def check_module_state(module, state, strict):
                            "missing keys and ignores the unexpected ones)")
 
 
-def _size_mismatches(module, state):
+def _size_mismatches(expected, state):
     return [f"size mismatch for {key}: copying a param with shape {tuple(state[key].shape)} "
-            f"from checkpoint, the shape in current model is {tuple(param.shape)}."
-            for key, param in every_named_parameter(module)
-            if key in state and tuple(state[key].shape) != tuple(param.shape)]
+            f"from checkpoint, the shape in current model is {shape}."
+            for key, shape in expected.items()
+            if shape is not None and key in state and hasattr(state[key], "shape")
+            and tuple(state[key].shape) != shape]
 
 
-def _key_mismatches(module, state):
-    expected = [key for key, _ in every_named_parameter(module)] + _buffer_keys(module)
+def _key_mismatches(expected, state):
     missing = [key for key in expected if key not in state]
-    known = set(expected)
-    unexpected = [key for key in state if key not in known]
+    unexpected = [key for key in state if key not in expected]
     errors = []
     for what, keys in (("Missing", missing), ("Unexpected", unexpected)):
         if keys:

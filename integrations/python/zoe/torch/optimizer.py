@@ -916,6 +916,30 @@ class ZoeOptimizer(torch.optim.Optimizer):
             state.record_versions()
         self.loaded_whole_state()
 
+    @torch.no_grad()
+    def write_back_masters(self):
+        """Sets every stepped parameter to its master weights again (after a load wrote the
+        parameters once the optimizer's checkpoint had set them); under ZeRO every rank
+        gathers the master weights (a collective: every rank calls it)."""
+        for state in self._groups:
+            if state.zoe_group is None:
+                continue
+            if self._zero is not None:
+                self._zero._gather_master(state)
+            else:
+                self._write_back(state)
+            state.record_versions()
+
+    def take_external_writes(self):
+        """Takes the parameters written outside the optimizer since its last step (a module
+        loaded into them) into the master weights now rather than at the next step: under ZeRO
+        the next backward or step hands the reduced gradients to the shards first, and zoe
+        writes no state while gradients wait for a step."""
+        for state in self._groups:
+            if state.zoe_group is not None and state.versions is not None:
+                self._sync_external_writes(state)
+                state.record_versions()
+
     def loaded_whole_state(self):
         """Called once every param group's state was loaded (a checkpoint): a streamed group
         that a failed step left partly stepped steps again, and gradients held are dropped."""
