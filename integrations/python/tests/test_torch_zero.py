@@ -2,8 +2,9 @@
 process_group=...): 2 and 3 ranks spawned with torch.multiprocessing over gloo train 20 steps and
 end with the parameters of one unsharded process within fp32 tolerance (bf16 parameters within two
 bf16 steps; the updated parameters moved by broadcast, or by all-gather as over NCCL) -- with
-uneven shards (parameters split across ranks), clipping active, a skipped (NaN) step and a
-parameter without a gradient on some steps; each rank's optimizer state on disk is 1/N of the total
+uneven shards (parameters split across ranks), clipping active, a skipped (NaN) step, a
+parameter without a gradient on some steps and a parameter written outside the optimizer between
+two steps (as by load_state_dict); each rank's optimizer state on disk is 1/N of the total
 (within one chunk); the stage comes from the engine config too; state_dict() consolidates every
 shard into torch's layout and a one-process state dict loads onto 2 and 3 ranks and continues
 alike; a sharded checkpoint (one per rank and a manifest) loads bit-identically and training
@@ -31,6 +32,7 @@ NAN_STEP = 7
 BATCH = 12  # divisible by 2 and 3: every rank averages the same number of samples
 SUB_GROUP = 256
 MAX_GRAD_NORM = 0.5
+EXTERNAL_WRITE_STEP = 3  # parameters written outside the optimizer before this step
 JOIN_SECONDS = 90
 
 
@@ -64,6 +66,9 @@ def batch(step):
 def train(optimizer, model, rank, world, steps=STEPS, first=0):
     dtype = next(model.parameters()).dtype
     for step in range(first, first + steps):
+        if step == EXTERNAL_WRITE_STEP:  # as load_state_dict between steps, on every rank
+            with torch.no_grad():
+                model.l1.weight.mul_(0.5)
         x, y = (values.to(dtype) for values in batch(step))
         per_rank = BATCH // world
         rows = slice(rank * per_rank, (rank + 1) * per_rank)

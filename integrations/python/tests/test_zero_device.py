@@ -16,7 +16,8 @@ import torch.distributed as dist
 import zoe
 from conftest import gloo_rank, spawn_ranks
 from test_torch_device import FailingTwin
-from test_torch_zero import Net, batch, make_optimizer, model_of, small_config
+from test_torch_zero import (EXTERNAL_WRITE_STEP, Net, batch, make_optimizer, model_of,
+                             small_config)
 from zoe.torch.device import HostTwin
 from zoe.torch.distributed import REDUCTIONS_IN_FLIGHT
 
@@ -37,6 +38,9 @@ def train(optimizer, model, rank, steps):
     """test_torch_zero.train over the given steps (the rank's rows of each batch)."""
     dtype = next(model.parameters()).dtype
     for step in steps:
+        if step == EXTERNAL_WRITE_STEP:  # as load_state_dict between steps, on every rank
+            with torch.no_grad():
+                model.l1.weight.mul_(0.5)
         x, y = (values.to(dtype) for values in batch(step))
         world = dist.get_world_size()
         rows = slice(rank * len(x) // world, (rank + 1) * len(x) // world)

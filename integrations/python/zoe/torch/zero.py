@@ -381,6 +381,12 @@ class ZeroPartition:
         rank. The sum runs in the background (in_flight: at most its limit, of every group, while
         backward goes on); finish_reductions hands it to zoe."""
         optimizer._zoe_group(state)
+        if not any(other.reduced for other in state.shard.buckets):
+            # The iteration's first hand-over: parameters written from outside the optimizer
+            # since its last step go to the master now, as zoe takes no write once gradients
+            # wait for the step.
+            optimizer._sync_external_writes(state)
+            state.record_versions()
         offsets = state.offsets()
         first, last = bucket.indices[0], bucket.indices[-1]
         begin, end = offsets[first], offsets[last] + state.params[last].numel()
