@@ -20,7 +20,7 @@ from conftest import gloo_rank, spawn_ranks
 from initialize_script import (ACCUMULATION, CLIP, LR, MICRO, STEPS, accelerate_steps,
                                assert_same_state, ds_config, make_model, module_values,
                                reference, torch_loop, torch_steps, train_engine)
-from zoe.torch.ds_engine import ThroughputTimer
+from zoe.torch.throughput_timer import ThroughputTimer
 from zoe.torch.ds_load import load_saved as _load_saved
 
 STAGES = [(0, "none", None), (1, "cpu", None), (2, "cpu", None), (3, "cpu", "cpu")]
