@@ -210,8 +210,23 @@ def _gathered_in_bytes(module, engine):
     return int(engine.config["zoe"]["device_budget" if on_gpu else "tensor_host_budget"])
 
 
-def stage3_setup(module, spec, document, training, group):
-    """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
+def _optimized(module, pager, sharded, param_groups):
+    """What the stage 3 optimizer is built over: every parameter (this rank's non-empty shards
+    when ``sharded``) in one group, or copies of ``param_groups`` (their settings over the
+    config's) whose parameters the optimizer takes as this rank's shards of them (the
+    zoe.torch optimizers map a sharded model's parameters to their shards); the parameters
+    never paged (no elements) are left out when sharded, as from shard_parameters()."""
+    if param_groups is None:
+        return pager.shard_parameters() if sharded else list(module.parameters())
+    return [dict(group, params=[param for param in group["params"]
+                                if not sharded or param.numel() > 0])
+            for group in param_groups]
+
+
+def stage3_setup(module, spec, document, training, group, param_groups=None):
+    """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``, over
+    ``param_groups`` (dicts of the module's parameters and settings of their own; None: one
+    group of every parameter)."""
     engine = Engine(document)
     try:
         sharding = {} if group is None else keep_settings(
@@ -221,7 +236,7 @@ def stage3_setup(module, spec, document, training, group):
             sharding["bucket_elements"] = training.reduce_bucket_size
         pager = offload_parameters(module, engine, home=_home(training), process_group=group,
                                    **sharding)
-        params = pager.shard_parameters() if group is not None else list(module.parameters())
+        params = _optimized(module, pager, group is not None, param_groups)
         optimizer = OPTIMIZERS[spec["type"]](params, **spec["params"], engine=engine,
                                              max_grad_norm=training.gradient_clipping)
     except BaseException:
