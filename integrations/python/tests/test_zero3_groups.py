@@ -178,3 +178,20 @@ def test_groups_given_keep_their_dicts():
     assert all(given is kept for given, kept in zip(groups[0]["params"], before))
     engine.close()
 
+
+def test_a_non_finite_group_skips_every_group_without_clipping():
+    """No clipping, an inf gradient in the weights' group only: the biases' group skips too
+    (as under clipping, and as an fp16 engine taking the skip as an overflow expects)."""
+    config = ds_config(3, "cpu", offload_param="cpu")
+    config["gradient_clipping"] = 0.0
+    del config["scheduler"]  # the config's lr from the first step
+    model = make_model()
+    engine, optimizer, _, _ = zoe.torch.initialize(model=model,
+                                                   model_parameters=param_groups(model),
+                                                   config=config)
+    model[2].weight.register_hook(lambda grad: grad * float("inf"))
+    before = {key: value.clone() for key, value in engine.module_state_dict().items()}
+    train_engine(engine, 0, 1, 0, 1)
+    assert [result.skipped for result in optimizer.last_step] == [True, True]
+    assert_same_state(engine.module_state_dict(), before, atol=0)
+    engine.close()
