@@ -6,7 +6,8 @@ returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` with engine a
 ds_engine.DeepSpeedEngine.
 
 At ZeRO stage 3 the module's parameters are paged through a zoe engine and sharded over the
-process group, and the optimizer steps the shards (ds_stage3.py).
+process group, and the optimizer steps the shards (ds_stage3.py), in the param groups
+``model_parameters=`` gives (each group's settings over the config optimizer's), or in one.
 
 A user's ``optimizer`` is honoured when it is a zoe.torch optimizer (its own stage and clipping
 must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
@@ -15,8 +16,9 @@ partitions or offloads (stages 1 and 2, or offload_optimizer), a fresh torch.opt
 or Adagrad is stepped by zoe's own in its place, over the very same param group dicts, as
 DeepSpeed's ZeRO optimizer wraps a client optimizer: each group's hyper-parameters are the torch
 optimizer's, and a schedule over either optimizer sets the rates of both; other torch optimizers
-are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
-returning one. Giving one in both places is refused, as each setting lives in one place."""
+are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the
+engine's optimizer or a function of the optimizer returning one. Giving one in both places is
+refused, as each setting lives in one place."""
 
 import dataclasses
 
