@@ -90,6 +90,22 @@ def run_refused_load(rank, out_dir, world):
         file.write(repr(message))
 
 
+def run_refused_empty_group(rank, out_dir, world):
+    """A group whose only parameter (one element) leaves rank 0 no shard: refused on every
+    rank before anything is built."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    groups = [{"params": [p for p in model.parameters() if p is not model[1].bias]},
+              {"params": [model[1].bias], "weight_decay": 0.0}]
+    try:
+        zoe.torch.initialize(model=model, model_parameters=groups,
+                             config=ds_config(3, "cpu", None, world, "cpu"))
+        message = None
+    except zoe.InvalidArgument as error:
+        message = str(error)
+    with open(os.path.join(out_dir, f"empty-rank{rank}.txt"), "w", encoding="utf-8") as file:
+        file.write(repr(message))
+
+
 def worker(rank, out_dir, world):
     with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
         for offload in OFFLOADS:
@@ -97,6 +113,7 @@ def worker(rank, out_dir, world):
             state = run_grouped(config, os.path.join(out_dir, f"ckpt-{offload}"), rank, world)
             torch.save(state, os.path.join(out_dir, f"{offload}-rank{rank}.pt"))
         run_refused_load(rank, out_dir, world)
+        run_refused_empty_group(rank, out_dir, world)
 
 
 @pytest.mark.parametrize("offload", OFFLOADS)
@@ -143,6 +160,9 @@ def test_ranks_step_param_groups_as_torch(nvme_dir):
         with open(os.path.join(nvme_dir, f"refused-rank{rank}.txt"), encoding="utf-8") as file:
             message = file.read()
             assert "holds 2 param groups" in message and "same model_parameters=" in message
+        with open(os.path.join(nvme_dir, f"empty-rank{rank}.txt"), encoding="utf-8") as file:
+            assert "param group 1 of model_parameters= would hold no parameter shard on rank 0 " \
+                "of 2" in file.read()
 
 
 def test_groups_must_hold_every_trainable_parameter_once():

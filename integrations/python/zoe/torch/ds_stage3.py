@@ -14,9 +14,12 @@ checkpoint's module values into the paged parameters, and closing."""
 import dataclasses
 from typing import Any
 
+import torch.distributed as dist
+
 from ..engine import Engine
 from .._capi import Access, Tier
-from .distributed import shard_bounds
+from .common import _invalid
+from .distributed import shard_bounds, shard_counts
 from .ds_config import AUTO
 from .offload import offload_parameters
 from .optimizer import OPTIMIZERS
@@ -223,10 +226,26 @@ def _optimized(module, pager, sharded, param_groups):
             for group in param_groups]
 
 
+def check_groups_on_every_rank(param_groups, world_size):
+    """InvalidArgument, the same on every rank, for a param group of which some rank would hold
+    no shard (all its parameters smaller than the world size): every rank's optimizer must have
+    the same groups, each taking part in the step's collectives."""
+    for number, param_group in enumerate(param_groups or []):
+        counts = [shard_counts(param.numel(), world_size) for param in param_group["params"]]
+        empty = [rank for rank in range(world_size) if not any(c[rank] for c in counts)]
+        if empty:
+            raise _invalid(f"param group {number} of model_parameters= would hold no parameter "
+                           f"shard on rank {empty[0]} of {world_size}: its parameters are "
+                           "smaller than the world size; move them into a group with a larger "
+                           "parameter")
+
+
 def stage3_setup(module, spec, document, training, group, param_groups=None):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``, over
     ``param_groups`` (dicts of the module's parameters and settings of their own; None: one
     group of every parameter)."""
+    if group is not None:
+        check_groups_on_every_rank(param_groups, dist.get_world_size(group))
     engine = Engine(document)
     try:
         sharding = {} if group is None else keep_settings(
