@@ -625,17 +625,28 @@ def test_stage3_checkpoint_restores_parameter_shards_and_resumes(nvme_dir):
         torch.testing.assert_close(param.detach(), straight[name], rtol=2e-5, atol=2e-6,
                                    msg=f"{name}: consolidated, then 3 steps in one process")
 
-    # A manifest whose shard layout does not match what a rank's optimizer holds, and one
-    # without the optimizer's param group, are refused with what is allowed.
+    # A manifest written before it listed each param group's parameters (one group) gives the
+    # same. One whose shard layout does not match what a rank's optimizer holds, one without the
+    # optimizer's param group, and one listing the parameters of another number of groups are
+    # refused with what is allowed.
     path = os.path.join(nvme_dir, "checkpoint", checkpoint.MANIFEST)
     with open(path) as file:
         manifest = json.load(file)
+    assert manifest["group_parameters"] == [list(range(len(manifest["parameters"])))]
+    with open(path, "w") as file:
+        json.dump({k: v for k, v in manifest.items() if k != "group_parameters"}, file)
+    older = zoe.torch.consolidated_state_dict(os.path.join(nvme_dir, "checkpoint"))
+    assert older["optimizer"]["param_groups"] == consolidated["optimizer"]["param_groups"]
+    for key, value in consolidated["model"].items():
+        assert torch.equal(older["model"][key], value), key
     moved = json.loads(json.dumps(manifest))
     moved["parameters"][0]["counts"] = list(reversed(moved["parameters"][0]["counts"]))
     moved["parameters"][0]["counts"][0] += 1
     for changed, message in ((moved, "rank 0's optimizer .* holds segments of"),
                              ({k: v for k, v in manifest.items() if k != "param_groups"},
-                              "names 0 param groups; allowed: one")):
+                              "names 0 param groups and lists the parameters of 1; allowed"),
+                             (dict(manifest, group_parameters=[[0], [1]]),
+                              "names 1 param groups and lists the parameters of 2")):
         with open(path, "w") as file:
             json.dump(changed, file)
         with pytest.raises(zoe.FailedPrecondition, match=message):

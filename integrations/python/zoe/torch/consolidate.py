@@ -176,13 +176,20 @@ def _read_shard(directory, manifest, rank, outputs, scratch_dir):
 # --- stage 3 -------------------------------------------------------------------------------
 
 
+def _group_parameters(manifest):
+    """Per param group, the indices into manifest["parameters"] of the parameters it holds, in
+    its order (a manifest that does not list them: one group of every parameter)."""
+    return manifest.get("group_parameters", [list(range(len(manifest["parameters"])))])
+
+
 def _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir):
     """Copies rank's parameter shards (master weights, moments, step counts) into ``full`` (per
     slot key, per parameter a flat fp32 tensor) and ``steps``. The rank's optimizer stepped its
-    non-empty shards in the parameters' order, one segment each, across its param groups."""
+    non-empty shards group by group, in each group's order, one segment each."""
     shard_dir = shard_directory(directory, manifest, rank)
     params = manifest["parameters"]
-    held = [index for index, param in enumerate(params) if param["counts"][rank] > 0]
+    held = [index for group in _group_parameters(manifest) for index in group
+            if params[index]["counts"][rank] > 0]
     with _LoadedShard(shard_dir, scratch_dir) as shard:
         pieces = [(group, offset, length, step)
                   for group, meta in zip(shard.groups, shard.files)
@@ -213,43 +220,63 @@ def _starts(lengths):
     return starts
 
 
+def _check_stage3_groups(directory, manifest):
+    """FailedPrecondition unless the manifest's param groups are listed with their parameters
+    (or, written before it listed them, there is one)."""
+    groups = manifest.get("param_groups", [])
+    listed = manifest.get("group_parameters")
+    if (listed is None and len(groups) == 1) or (listed is not None
+                                                 and len(listed) == len(groups)):
+        return
+    raise zoe_errors.FailedPrecondition(
+        _capi.Status.FAILED_PRECONDITION,
+        f"the stage 3 manifest of {directory!r} names {len(groups)} param groups and lists the "
+        f"parameters of {'none' if listed is None else len(listed)}; allowed: a manifest "
+        "pager.save_checkpoint wrote (one group, or each group with its parameters)",
+    )
+
+
+def _stage3_param_state(kind, param, full, index, step):
+    """Torch's state of the parameter at ``index`` (None: never stepped, and the kind keeps
+    nothing for it)."""
+    shape, dtype = tuple(param["shape"]), getattr(torch, param["dtype"])
+    if step == 0:
+        return unstepped_entry(kind, shape)
+    entry = {"step": torch.tensor(float(step))}
+    entry.update({key: full[key][index].view(shape) for key, _ in kind.moments})
+    if dtype != torch.float32:
+        entry["master_param"] = full["master_param"][index].view(shape)
+    return entry
+
+
 def _stage3_state_dict(directory, manifest, scratch_dir):
     """A stage 3 checkpoint as {"model": {name: full parameter} (every name of a tied
-    parameter), "optimizer": torch's layout of the optimizer's kind over the parameters in the
-    model's order}."""
+    parameter), "optimizer": torch's layout of the optimizer's kind over its param groups, the
+    parameters numbered group after group in each group's order (one group: the model's
+    order)}."""
+    _check_stage3_groups(directory, manifest)
     params = manifest["parameters"]
-    if "param_groups" not in manifest or len(manifest["param_groups"]) != 1:
-        raise zoe_errors.FailedPrecondition(
-            _capi.Status.FAILED_PRECONDITION,
-            f"the stage 3 manifest of {directory!r} names "
-            f"{len(manifest.get('param_groups', []))} param groups; allowed: one (written by "
-            "pager.save_checkpoint of an optimizer with one param group)",
-        )
     kind = _kind_of(manifest)
     full = {key: [torch.zeros(_numel(param["shape"]), dtype=torch.float32) for param in params]
             for key, _ in kind.slots(with_master=True)}
     steps = [0] * len(params)
     for rank in range(manifest["world_size"]):
         _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir)
-    model, state = {}, {}
-    for index, param in enumerate(params):
-        shape, dtype = tuple(param["shape"]), getattr(torch, param["dtype"])
-        model[param["name"]] = full["master_param"][index].view(shape).to(dtype)
-        if steps[index] == 0:
-            unstepped = unstepped_entry(kind, shape)
-            if unstepped is not None:
-                state[index] = unstepped
-            continue
-        entry = {"step": torch.tensor(float(steps[index]))}
-        entry.update({key: full[key][index].view(shape) for key, _ in kind.moments})
-        if dtype != torch.float32:
-            entry["master_param"] = full["master_param"][index].view(shape)
-        state[index] = entry
+    model = {param["name"]: full["master_param"][index].view(tuple(param["shape"]))
+             .to(getattr(torch, param["dtype"])) for index, param in enumerate(params)}
     for alias, name in manifest.get("tied", {}).items():
         model[alias] = model[name]
-    group = kind.normalized(dict(manifest["param_groups"][0]))
-    group["params"] = list(range(len(params)))
-    return {"model": model, "optimizer": {"state": state, "param_groups": [group]}}
+    state, groups, number = {}, [], 0
+    for saved, members in zip(manifest["param_groups"], _group_parameters(manifest)):
+        group = kind.normalized(dict(saved))
+        group["params"] = list(range(number, number + len(members)))
+        groups.append(group)
+        for position, index in zip(group["params"], members):
+            entry = _stage3_param_state(kind, params[index], full, index, steps[index])
+            if entry is not None:
+                state[position] = entry
+        number += len(members)
+    return {"model": model, "optimizer": {"state": state, "param_groups": groups}}
 
 
 def consolidated_state_dict(directory, scratch_dir=None):

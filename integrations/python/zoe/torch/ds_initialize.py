@@ -6,7 +6,8 @@ returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` with engine a
 ds_engine.DeepSpeedEngine.
 
 At ZeRO stage 3 the module's parameters are paged through a zoe engine and sharded over the
-process group, and the optimizer steps the shards (ds_stage3.py).
+process group, and the optimizer steps the shards (ds_stage3.py), in the param groups
+``model_parameters=`` gives (each group's settings over the config optimizer's), or in one.
 
 A user's ``optimizer`` is honoured when it is a zoe.torch optimizer (its own stage and clipping
 must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
@@ -15,8 +16,9 @@ partitions or offloads (stages 1 and 2, or offload_optimizer), a fresh torch.opt
 or Adagrad is stepped by zoe's own in its place, over the very same param group dicts, as
 DeepSpeed's ZeRO optimizer wraps a client optimizer: each group's hyper-parameters are the torch
 optimizer's, and a schedule over either optimizer sets the rates of both; other torch optimizers
-are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the engine's optimizer or a function of the optimizer
-returning one. Giving one in both places is refused, as each setting lives in one place."""
+are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the
+engine's optimizer or a function of the optimizer returning one. Giving one in both places is
+refused, as each setting lives in one place."""
 
 import dataclasses
 
@@ -192,16 +194,37 @@ def _build_optimizer(optimizer, params, training, document, group):
     return _zoe_optimizer(training.optimizer, params, training, document, group), True
 
 
-def _check_stage3_parameters(model_parameters, module):
-    """InvalidArgument for a model_parameters= that stage 3 would not honour: param groups, or
-    other parameters than the module's trainable ones (the optimizer steps every shard)."""
+def _stage3_param_groups(model_parameters, module):
+    """The param groups stage 3 builds its optimizer over: None (one group of every parameter,
+    the config's settings) for no model_parameters= or the module's parameters; for param
+    groups (dicts), copies of them with their parameters listed, the frozen parameters that no
+    group lists joining the last group (the optimizer holds every parameter's master weights).
+    InvalidArgument for what stage 3 would not honour: other parameters than the module's
+    trainable ones, or groups that miss or repeat one (the optimizer steps every shard)."""
     if model_parameters is None:
-        return
+        return None
     given = list(model_parameters)
-    if any(isinstance(item, dict) for item in given):
-        raise _invalid("at zero_optimization.stage 3 model_parameters= cannot hold param "
-                       "groups (dicts): initialize builds one param group over the shards with "
-                       "the config's optimizer settings; pass model.parameters() or leave it out")
+    if not any(isinstance(item, dict) for item in given):
+        _check_stage3_tensors(given, module)
+        return None
+    if not all(isinstance(item, dict) for item in given):
+        raise _invalid("model_parameters= mixes param groups (dicts) and tensors; put every "
+                       "parameter in a group")
+    groups = [dict(item, params=_listed(item["params"])) for item in given]
+    _check_stage3_cover(groups, module)
+    listed = {id(param) for group in groups for param in group["params"]}
+    groups[-1]["params"].extend(param for param in module.parameters()
+                                if not param.requires_grad and id(param) not in listed)
+    return groups
+
+
+def _listed(params):
+    return [params] if isinstance(params, torch.Tensor) else list(params)
+
+
+def _check_stage3_tensors(given, module):
+    """InvalidArgument for a model_parameters= of tensors that are not the module's trainable
+    parameters."""
     trainable = {id(param) for param in module.parameters() if param.requires_grad}
     if {id(param) for param in given if param.requires_grad} != trainable:
         raise _invalid("at zero_optimization.stage 3 model_parameters= must be the module's "
@@ -210,9 +233,34 @@ def _check_stage3_parameters(model_parameters, module):
                        "pass model.parameters() or leave it out")
 
 
-def _stage3_optimizer(optimizer, module, training, document, group):
+def _check_stage3_cover(groups, module):
+    """InvalidArgument, naming the parameter, unless every trainable parameter of the module
+    is in exactly one of the param ``groups`` and every parameter they hold is the module's."""
+    names = {id(param): name for name, param in module.named_parameters()}
+    seen = {}
+    for index, group in enumerate(groups):
+        for param in group["params"]:
+            name = names.get(id(param))
+            if name is None:
+                raise _invalid(f"param group {index} of model_parameters= holds a parameter "
+                               "that is not the module's; at zero_optimization.stage 3 the "
+                               "groups hold the module's own parameters")
+            if id(param) in seen:
+                raise _invalid(f"parameter {name!r} is in param groups {seen[id(param)]} and "
+                               f"{index} of model_parameters=; put each parameter in one group")
+            seen[id(param)] = index
+    missing = [name for name, param in module.named_parameters()
+               if param.requires_grad and id(param) not in seen]
+    if missing:
+        raise _invalid(f"parameter {missing[0]!r} (requires_grad) is in no param group of "
+                       "model_parameters=: at zero_optimization.stage 3 the optimizer steps "
+                       "every trainable parameter's shard; add it to a group, or freeze it "
+                       "with requires_grad=False")
+
+
+def _stage3_optimizer(optimizer, module, training, document, group, param_groups):
     """(Stage3, its optimizer): the module paged (and sharded over ``group``), the config's
-    optimizer over what this rank steps (ds_stage3.py)."""
+    optimizer over what this rank steps, in ``param_groups`` when given (ds_stage3.py)."""
     if optimizer is not None:
         raise _invalid("at zero_optimization.stage 3 initialize builds the optimizer over the "
                        "parameter shards: name it in the config's 'optimizer' section instead "
@@ -220,7 +268,7 @@ def _stage3_optimizer(optimizer, module, training, document, group):
     if training.optimizer is None:
         raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "
                        "Adam, Adagrad or Lion)")
-    return stage3_setup(module, training.optimizer, document, training, group)
+    return stage3_setup(module, training.optimizer, document, training, group, param_groups)
 
 
 def _build_scheduler(lr_scheduler, optimizer, training):
@@ -304,8 +352,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     document = engine_document(training, rank, world)
     stage3 = None
     if training.zero_stage == 3:
-        _check_stage3_parameters(model_parameters, module)
-        stage3, optimizer = _stage3_optimizer(optimizer, module, training, document, group)
+        param_groups = _stage3_param_groups(model_parameters, module)
+        stage3, optimizer = _stage3_optimizer(optimizer, module, training, document, group,
+                                              param_groups)
         owns = True
     else:
         params = model_parameters if model_parameters is not None else module.parameters()

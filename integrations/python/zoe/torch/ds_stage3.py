@@ -14,9 +14,12 @@ checkpoint's module values into the paged parameters, and closing."""
 import dataclasses
 from typing import Any
 
+import torch.distributed as dist
+
 from ..engine import Engine
 from .._capi import Access, Tier
-from .distributed import shard_bounds
+from .common import _invalid
+from .distributed import shard_bounds, shard_counts
 from .ds_config import AUTO
 from .offload import offload_parameters
 from .optimizer import OPTIMIZERS
@@ -210,8 +213,39 @@ def _gathered_in_bytes(module, engine):
     return int(engine.config["zoe"]["device_budget" if on_gpu else "tensor_host_budget"])
 
 
-def stage3_setup(module, spec, document, training, group):
-    """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``."""
+def _optimized(module, pager, sharded, param_groups):
+    """What the stage 3 optimizer is built over: every parameter (this rank's non-empty shards
+    when ``sharded``) in one group, or copies of ``param_groups`` (their settings over the
+    config's) whose parameters the optimizer takes as this rank's shards of them (the
+    zoe.torch optimizers map a sharded model's parameters to their shards); the parameters
+    never paged (no elements) are left out when sharded, as from shard_parameters()."""
+    if param_groups is None:
+        return pager.shard_parameters() if sharded else list(module.parameters())
+    return [dict(group, params=[param for param in group["params"]
+                                if not sharded or param.numel() > 0])
+            for group in param_groups]
+
+
+def check_groups_on_every_rank(param_groups, world_size):
+    """InvalidArgument, the same on every rank, for a param group of which some rank would hold
+    no shard (all its parameters smaller than the world size): every rank's optimizer must have
+    the same groups, each taking part in the step's collectives."""
+    for number, param_group in enumerate(param_groups or []):
+        counts = [shard_counts(param.numel(), world_size) for param in param_group["params"]]
+        empty = [rank for rank in range(world_size) if not any(c[rank] for c in counts)]
+        if empty:
+            raise _invalid(f"param group {number} of model_parameters= would hold no parameter "
+                           f"shard on rank {empty[0]} of {world_size}: its parameters are "
+                           "smaller than the world size; move them into a group with a larger "
+                           "parameter")
+
+
+def stage3_setup(module, spec, document, training, group, param_groups=None):
+    """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``, over
+    ``param_groups`` (dicts of the module's parameters and settings of their own; None: one
+    group of every parameter)."""
+    if group is not None:
+        check_groups_on_every_rank(param_groups, dist.get_world_size(group))
     engine = Engine(document)
     try:
         sharding = {} if group is None else keep_settings(
@@ -221,7 +255,7 @@ def stage3_setup(module, spec, document, training, group):
             sharding["bucket_elements"] = training.reduce_bucket_size
         pager = offload_parameters(module, engine, home=_home(training), process_group=group,
                                    **sharding)
-        params = pager.shard_parameters() if group is not None else list(module.parameters())
+        params = _optimized(module, pager, group is not None, param_groups)
         optimizer = OPTIMIZERS[spec["type"]](params, **spec["params"], engine=engine,
                                              max_grad_norm=training.gradient_clipping)
     except BaseException:

@@ -892,14 +892,47 @@ class ShardedParameterPager(ParameterPager):
                  "dtype": str(entry.dtype).replace("torch.", ""), "counts": list(entry.counts)}
                 for entry in self._params]
 
+    def _local_group_members(self, optimizer):
+        """Per param group of ``optimizer``, the layout indices of the shards it holds on this
+        rank, in the group's order; InvalidArgument for a parameter that is not this pager's
+        shard."""
+        index_of = {id(entry.shard): entry.index for entry in self._params
+                    if entry.shard is not None}
+        members = []
+        for number, group in enumerate(optimizer.param_groups):
+            if any(id(param) not in index_of for param in group["params"]):
+                raise _invalid(f"param group {number} of the optimizer holds a tensor that is "
+                               "not a shard of this pager (pager.shard_parameters()); a stage 3 "
+                               "checkpoint saves an optimizer over the pager's shards")
+            members.append([index_of[id(param)] for param in group["params"]])
+        return members
+
+    def group_members(self, optimizer):
+        """Per param group of ``optimizer``, the layout indices (_checkpoint_layout) of the
+        parameters whose shards it holds, in the group's order, over every rank (a collective:
+        every rank calls it). A rank holds no shard of a parameter smaller than the world size;
+        the last rank holds one of every parameter (its shard is never empty), so its lists are
+        the groups' whole."""
+        comm = TorchCollectives(self.group)
+        mine = comm.agreed("listing the parameters of the optimizer's param groups",
+                           lambda: self._local_group_members(optimizer))
+        every = [None] * self.world_size
+        dist.all_gather_object(every, mine, group=self.group)
+        if any(len(members) != len(mine) for members in every):
+            raise _invalid(f"the ranks' optimizers have {[len(m) for m in every]} param groups; "
+                           "every rank's optimizer must have the same groups")
+        return every[-1]
+
     def save_checkpoint(self, directory, optimizer):
         """Saves this rank's parameter shards with their optimizer state: ``optimizer`` (a
-        zoe.torch optimizer over ``shard_parameters()``) saves its master weights, moments
-        and step counts (the engine's streamed, crash-safe checkpoint) to
-        ``directory``/rank-<r>/save-<n>, and rank 0 a manifest naming every rank's save and the
-        parameters' layout; a save killed on any rank leaves the previous checkpoint the one
-        every rank loads (see checkpoint.save_sharded). The shards the optimizer does not step
-        (parameters without requires_grad) are not saved. Every rank calls it."""
+        zoe.torch optimizer over ``shard_parameters()``, in one or several param groups) saves
+        its master weights, moments and step counts (the engine's streamed, crash-safe
+        checkpoint) to ``directory``/rank-<r>/save-<n>, and rank 0 a manifest naming every
+        rank's save, the parameters' layout and each param group's settings and parameters
+        (``group_parameters``: their layout indices, in the group's order); a save killed on
+        any rank leaves the previous checkpoint the one every rank loads (see
+        checkpoint.save_sharded). The shards the optimizer does not step (parameters without
+        requires_grad) are not saved. Every rank calls it."""
         manifest = {
             "zero_stage": 3,
             "groups": [],
@@ -907,28 +940,33 @@ class ShardedParameterPager(ParameterPager):
             "tied": self._tied_names(),
             "param_groups": [{key: value for key, value in group.items() if key != "params"}
                              for group in optimizer.param_groups],
+            "group_parameters": self.group_members(optimizer),
             "optimizer": optimizer.kind.name,
         }
         save_sharded(directory, TorchCollectives(self.group), optimizer.save_checkpoint, manifest)
 
     def load_checkpoint(self, directory, optimizer):
-        """Loads what save_checkpoint wrote on the same world size and parameters: ``optimizer``
-        loads this rank's save that the manifest names, which sets every shard it steps to its
-        saved master weights. Every rank calls it. Each step is agreed: a failure on one rank
-        raises on every rank, naming it, and leaves every rank's optimizer and shards as they
-        were (checkpoint.load_shard: the load needs room for one more save of the shard
-        beside it)."""
+        """Loads what save_checkpoint wrote on the same world size and parameters, into an
+        optimizer whose param groups hold the same parameters in the same order (a checkpoint
+        written before the manifest listed them: one group): ``optimizer`` loads this rank's
+        save that the manifest names, which sets every shard it steps to its saved master
+        weights and each group's settings to the saved ones. Every rank calls it. Each step is
+        agreed: a failure on one rank raises on every rank, naming it, and leaves every rank's
+        optimizer and shards as they were (checkpoint.load_shard: the load needs room for one
+        more save of the shard beside it)."""
         comm = TorchCollectives(self.group)
         where = f"the stage 3 checkpoint in {directory!r}"
+        members = self.group_members(optimizer)
         shard_dir = comm.agreed(f"reading the manifest of {where}",
-                                lambda: self._shard_to_load(directory, optimizer))
+                                lambda: self._shard_to_load(directory, optimizer, members))
         load_shard(comm, f"loading the shards of {where}", shard_dir, optimizer.save_checkpoint,
                    optimizer.load_checkpoint)
 
-    def _shard_to_load(self, directory, optimizer):
+    def _shard_to_load(self, directory, optimizer, members):
         """This rank's shard that the manifest in ``directory`` names; FailedPrecondition when
         it is not a stage 3 checkpoint of this world size and these parameters, InvalidArgument
-        when ``optimizer`` cannot take its param groups (ZoeOptimizer.check_loadable)."""
+        when ``optimizer`` cannot take its param groups (their parameters, ``members`` as
+        group_members lists them, or their settings: ZoeOptimizer.check_loadable)."""
         manifest = read_manifest(directory)
         layout = self._checkpoint_layout()
         if (manifest.get("zero_stage") != 3 or manifest["world_size"] != self.world_size
@@ -941,10 +979,29 @@ class ShardedParameterPager(ParameterPager):
                 f"{len(layout)}: allowed: a stage 3 checkpoint of the same world size and "
                 "parameters (names, shapes, dtypes)"
             )
+        self._check_group_members(manifest, members, directory)
         optimizer.check_loadable(manifest.get("param_groups", []),
                                  f"the checkpoint in {directory!r}", manifest.get("optimizer"),
                                  created_now=True)
         return shard_directory(directory, manifest, self.rank)
+
+    def _check_group_members(self, manifest, members, directory):
+        """InvalidArgument, naming the first difference, when the manifest's param groups hold
+        other parameters than ``members`` (a manifest that does not list them: one group)."""
+        saved = manifest.get("group_parameters")
+        if saved is None and len(manifest.get("param_groups", [])) == 1 == len(members):
+            return
+        if saved == members:
+            return
+        def listed(groups):
+            return [[self._params[index].name for index in group] for group in groups]
+
+        held = listed(saved) if saved is not None else "(one group, not listed)"
+        raise _invalid(f"the checkpoint in {directory!r} holds "
+                       f"{len(manifest.get('param_groups', []))} param groups of the parameters "
+                       f"{held}; this optimizer's {len(members)} param groups hold "
+                       f"{listed(members)}: build the optimizer over the param groups it was "
+                       "saved with (at initialize, the same model_parameters=)")
 
     def remove(self):
         """Removes the hooks and gives every parameter its full values as an ordinary tensor
