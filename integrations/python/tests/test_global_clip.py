@@ -3,7 +3,8 @@ groups, on the CPU, on the adversarial device twin and sharded over 2 ranks (ZeR
 end with the parameters of torch's AdamW after clip_grad_norm_ over all the parameters -- not
 those of each group clipped by its own norm -- and report that norm (last_grad_norm, and
 get_global_grad_norm through initialize). A gradient that is inf in one group only skips the step
-of both groups, on every rank, as the global norm is inf; training then goes on exactly."""
+of both groups, on every rank, as the global norm is inf, with clipping and without; training
+then goes on exactly."""
 
 import contextlib
 import math
@@ -59,16 +60,18 @@ def backward(model, step, rows=slice(None), poison=True):
         hook.remove()
 
 
-def reference(steps=STEPS):
-    """torch's AdamW after clip_grad_norm_ over every parameter, the step skipped when that norm
-    is not finite; the parameters and the norm of each step."""
+def reference(steps=STEPS, max_norm=MAX_NORM):
+    """torch's AdamW after clip_grad_norm_ over every parameter (to ``max_norm``; 0: the norm
+    taken, nothing clipped), the step skipped when that norm is not finite; the parameters and
+    the norm of each step."""
     model = Net()
     optimizer = torch.optim.AdamW(groups_of(model), lr=LR, weight_decay=WEIGHT_DECAY)
     norms = []
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
         backward(model, step)
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM))
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                    max_norm or float("inf")))
         norms.append(norm)
         if math.isfinite(norm):
             optimizer.step()
@@ -93,12 +96,14 @@ def assert_params_close(actual, expected):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("max_norm", [MAX_NORM, 0.0], ids=["clipped", "unclipped"])
 @pytest.mark.parametrize("place", ["cpu", "twin", "nvme"])
-def test_two_groups_are_clipped_by_the_norm_of_both(nvme_dir, place):
-    expected, norms = reference()
+def test_two_groups_are_clipped_by_the_norm_of_both(nvme_dir, place, max_norm):
+    """Clipped by the norm of both groups; clipped or not, the inf in one group skips both."""
+    expected, norms = reference(max_norm=max_norm)
     model = Net()
     optimizer = zoe.torch.AdamW(
-        groups_of(model), lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_NORM,
+        groups_of(model), lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=max_norm,
         config=small_config(nvme_dir, offload="nvme" if place == "nvme" else "cpu"),
         device_backend=HostTwin(adversarial=True) if place == "twin" else None)
     with contextlib.closing(optimizer):

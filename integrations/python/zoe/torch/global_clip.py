@@ -10,8 +10,9 @@ divided by the common factor. A group's own clipping then never acts: its norm a
 scaling is at most ``max_norm * norm_g / (norm + 1e-6)``, below ``max_norm``.
 
 A global norm that is inf or NaN skips the step of every group (each group's gradients
-dropped, its state as it was), as an fp16 overflow does; every rank of a sharded optimizer
-sees the same all-reduced norm and skips with the others."""
+dropped, its state as it was), with or without clipping, as an fp16 overflow does: no group
+steps while another skips. Every rank of a sharded optimizer sees the same all-reduced norm and
+skips with the others."""
 
 import dataclasses
 import math
@@ -32,8 +33,8 @@ class GlobalClip:
 
     @classmethod
     def of(cls, sum_squares, max_norm):
-        """The clip of gradients whose squares add up to ``sum_squares``, to ``max_norm`` > 0;
-        the factor in fp32, as clip_grad_norm_ computes it."""
+        """The clip of gradients whose squares add up to ``sum_squares``, to ``max_norm`` (0:
+        none, the factor 1); the factor in fp32, as clip_grad_norm_ computes it."""
         norm = math.sqrt(sum_squares) if sum_squares >= 0.0 else math.nan
         if not math.isfinite(norm):
             return cls(norm=norm, loss_scale=1.0)

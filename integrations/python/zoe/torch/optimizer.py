@@ -556,27 +556,15 @@ class ZoeOptimizer(torch.optim.Optimizer):
         return next(iter(pagers.values()), None)
 
     def _global_clip(self):
-        """With clipping and several param groups, the clip of them all by the norm of every
-        gradient (over the ranks too), as clip_grad_norm_ over all the parameters and
-        DeepSpeed's gradient_clipping (global_clip.py); without clipping, the skip of every
-        group when a streamed group's norm is inf or NaN (_streamed_skip); None otherwise: a
-        lone group clips itself in zoe's step, reading its gradients once."""
-        max_norm = self._clip_norm()
+        """With several param groups, their step by the norm of every gradient (over the ranks
+        too): clipped by it when clipping, as clip_grad_norm_ over all the parameters and
+        DeepSpeed's gradient_clipping, and skipped as a whole when it is inf or NaN, so that no
+        group steps while another skips (an engine taking the skip as an fp16 overflow finds
+        none stepped) -- global_clip.py; None for a lone group, which clips and skips itself in
+        zoe's step, reading its gradients once."""
         if len(self._groups) < 2:
             return None
-        if not max_norm:
-            return self._streamed_skip()
-        return GlobalClip.of(self._groups_sum_squares(), max_norm)
-
-    def _streamed_skip(self):
-        """A GlobalClip that skips every group when a streamed group's global norm (taken
-        already, over the ranks too) is inf or NaN, else None: every group skips together, as
-        under clipping, and an engine taking the skip as an fp16 overflow finds no group
-        stepped."""
-        norms = [float(state.stream_norm) for state in self._groups
-                 if state.stream is not None and state.stream_norm is not None]
-        bad = [norm for norm in norms if not math.isfinite(norm)]
-        return GlobalClip(norm=bad[0], loss_scale=1.0) if bad else None
+        return GlobalClip.of(self._groups_sum_squares(), self._clip_norm())
 
     def _groups_sum_squares(self):
         """The sum of squares of every group's gradients: zoe's scan of those handed to it,
