@@ -78,7 +78,8 @@ TEST(EngineConfigDeepSpeed, KeysTheFrameworkReadsAreNotListedAsIgnored) {
       "gradient_accumulation_steps": 2, "train_micro_batch_size_per_gpu": 4,
       "dataloader_drop_last": true, "activation_checkpointing": {},
       "zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,
-                            "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9}})");
+                            "stage3_max_live_parameters": 1e9,
+                            "stage3_max_reuse_distance": 1e9}})");
   EXPECT_TRUE(config.ignored_keys.empty());
   EXPECT_EQ(DescribeIgnoredKeys(config), "");
   EXPECT_EQ(config.framework_keys.size(), 10u);
@@ -88,7 +89,8 @@ TEST(EngineConfigDeepSpeed, KeysTheFrameworkReadsAreNotListedAsIgnored) {
 TEST(EngineConfigDeepSpeed, DeepSpeedKeysWithoutEffectOnZoeAreAcceptedAndListed) {
   const EngineConfig config = ParseOk(R"({
     "vocabulary_size": 50304, "graph_harvesting": false, "use_data_before_expert_parallelism": true,
-    "seq_parallel_comm_data_type": "fp32", "comet": {"enabled": false}, "compile": {"enabled": true},
+    "seq_parallel_comm_data_type": "fp32", "comet": {"enabled": false},
+    "compile": {"enabled": true},
     "eigenvalue": {"enabled": true}, "weight_quantization": {"quantized_initialization": {}},
     "nebula": {"enabled": false}, "hybrid_engine": {"enabled": false, "max_out_tokens": 512},
     "tensor_parallel": {"autotp_size": 1},
