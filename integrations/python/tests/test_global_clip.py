@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import zoe
 import zoe.torch
 from conftest import gloo_rank, small_config, spawn_ranks
 from zoe.torch.device import HostTwin
@@ -122,6 +123,31 @@ def test_two_groups_are_clipped_by_the_norm_of_both(nvme_dir, place, max_norm):
                 assert math.hypot(*group_norms) == pytest.approx(norms[step], rel=1e-5)
         assert_params_close(list(model.parameters()), expected)
         assert [result.steps_taken for result in optimizer.last_step] == [STEPS - 1] * 2
+
+
+@pytest.mark.parametrize("place", ["cpu", "twin"])
+def test_a_step_failing_in_one_group_leaves_no_group_gradients_for_the_next(place):
+    """The second group's gradient is refused (sparse) after the first group's were handed to
+    zoe: the step raises, and the next iteration steps both groups on its own gradients only,
+    as torch's AdamW on that batch."""
+    model = Net()
+    optimizer = zoe.torch.AdamW(
+        groups_of(model), lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=0.0,
+        config=small_config(),
+        device_backend=HostTwin(adversarial=True) if place == "twin" else None)
+    with contextlib.closing(optimizer):
+        backward(model, 0)
+        model.l2.bias.grad = model.l2.bias.grad.to_sparse()
+        with pytest.raises(zoe.InvalidArgument, match="sparse gradient"):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        backward(model, 1)
+        optimizer.step()
+    expected = Net()
+    torch_optimizer = torch.optim.AdamW(groups_of(expected), lr=LR, weight_decay=WEIGHT_DECAY)
+    backward(expected, 1)
+    torch_optimizer.step()
+    assert_params_close(list(model.parameters()), list(expected.parameters()))
 
 
 def test_the_global_clip_differs_from_clipping_each_group():

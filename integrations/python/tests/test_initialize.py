@@ -201,6 +201,8 @@ def test_a_torch_adamw_is_stepped_by_zoe_where_zoe_offloads(nvme_dir, stage, off
         model=model, optimizer=optimizer, lr_scheduler=schedule, config=config)
     assert isinstance(returned, zoe.torch.AdamW) and scheduler is schedule
     assert all(a is b for a, b in zip(returned.param_groups, optimizer.param_groups))
+    assert engine.optimizer_name() == "AdamW"  # the client optimizer's, as DeepSpeed's
+    assert engine.get_mom() == [(0.9, 0.999)] * 2
     train_engine(engine, 0, STEPS, 0, 1)
     assert engine.get_lr() == [LR, LR]
     expected = make_model()

@@ -425,15 +425,20 @@ class DeviceGroup:
 
         return _device_call(what, consequence)
 
+    def _forget_copies_in_flight(self):
+        """Waits for the gradient copies not handed over yet (a failed one too) and forgets
+        them: their staging may be written again."""
+        for _, event in self._pending:
+            with contextlib.suppress(Exception):
+                _wait(self.backend, event, "abandon")
+        self._pending = []
+
     def abandon(self):
         """Drops the step being gathered: copies in flight are waited for and forgotten, and the
         gradients already handed to zoe are consumed by a step zoe skips (one gradient handed as
         NaN, the others as "no gradient"), which changes nothing. param.grad stays as it is, so
         step() can start the gathering again."""
-        for _, event in self._pending:
-            with contextlib.suppress(Exception):
-                _wait(self.backend, event, "abandon")
-        self._pending = []
+        self._forget_copies_in_flight()
         if not self._handed:
             if self._absent:  # only "no gradient" was handed over: nothing to consume
                 self._state().zoe_group.discard_grads()
@@ -574,12 +579,13 @@ class DeviceGroup:
         return self._state().zoe_group.grad_sum_squares()
 
     def discard(self):
-        """Drops the step: the gradients handed over are discarded by zoe (the state is as it
-        was; param.grad stays). For a step the optimizer skips as a whole."""
-        if not self.has_grads():
-            return
-        self._hand_over_all()
-        self._state().zoe_group.discard_grads()
+        """Drops the coming step: copies in flight are waited for and forgotten, and zoe discards
+        the gradients handed over (the state is as it was; param.grad stays, so a step()
+        gathers them anew). For a step the optimizer skips as a whole, or one that failed in
+        another param group."""
+        self._forget_copies_in_flight()
+        if self._handed or self._absent:
+            self._state().zoe_group.discard_grads()
         self._handed, self._absent = set(), set()
 
     def step(self, hyper, loss_scale=1.0):

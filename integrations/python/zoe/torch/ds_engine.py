@@ -196,11 +196,13 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         return self._training.dataloader_drop_last
 
     def optimizer_name(self):
-        """A user's optimizer's class name, else the config's optimizer type as DeepSpeed
-        keeps it (lower case: "adamw", "adam", "adagrad", "lion")."""
-        if not self._owns_optimizer:
-            return type(self.optimizer).__name__
-        return str(self.config["optimizer"]["type"]).lower()
+        """The config's optimizer type as DeepSpeed keeps it (lower case: "adamw", "adam",
+        "adagrad", "lion"), else the class name of the optimizer given to initialize (of zoe's
+        in its place for a torch AdamW, Adam or Adagrad: the same name)."""
+        section = self.config.get("optimizer")
+        if self._owns_optimizer and isinstance(section, dict) and "type" in section:
+            return str(section["type"]).lower()
+        return type(self.optimizer).__name__
 
     def steps_per_print(self):
         """The config's steps_per_print (None when absent, as DeepSpeed's default); zoe prints

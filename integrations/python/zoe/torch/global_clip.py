@@ -6,8 +6,10 @@ the L2 norm of all the gradients together. zoe's step of one group clips by that
 read in the same pass as its update; an optimizer with several param groups instead adds up
 each group's sum of squares first (zoe's scan of the gradients handed to it, or torch's norm of
 ``.grad``; over the ranks of a sharded optimizer), and steps every group with its loss scale
-divided by the common factor. A group's own clipping then never acts: its norm after that
-scaling is at most ``max_norm * norm_g / (norm + 1e-6)``, below ``max_norm``.
+divided by the common factor. A group's own clipping then does not act: its norm after that
+scaling is at most ``max_norm * norm_g / (norm + 1e-6)``, below ``max_norm`` -- but for the fp32
+rounding of the factor, which can leave a group holding nearly all of the norm a relative 1e-7
+above it, and clipped by that much more.
 
 A global norm that is inf or NaN skips the step of every group (each group's gradients
 dropped, its state as it was), with or without clipping, as an fp16 overflow does: no group

@@ -515,9 +515,10 @@ class ZoeOptimizer(torch.optim.Optimizer):
         return loss
 
     def _step_groups(self):
-        """Every group's step; when one fails, a sharded optimizer drops the iteration of every
-        group (ZeroPartition.abandon_iteration) before raising: none keeps gradients that the
-        next iteration would add to."""
+        """Every group's step; when one fails, every group drops the iteration before raising
+        (a device group what it handed to zoe, a sharded optimizer through
+        ZeroPartition.abandon_iteration): none keeps gradients that the next iteration would
+        take or add to, and step() again gathers them anew from .grad."""
         try:
             if self._zero is not None:
                 self._zero.reduce_for_step(self, self._groups)
@@ -528,6 +529,10 @@ class ZoeOptimizer(torch.optim.Optimizer):
                     state.last_step = clip.unscaled(state.last_step)
             self._last_grad_norm = self._grad_norm_taken(clip)
         except BaseException:
+            for state in self._groups:
+                if state.device is not None:
+                    with contextlib.suppress(Exception):  # the failure raised says what failed
+                        state.device.discard()
             if self._zero is not None:
                 self._zero.abandon_iteration(self._groups)
             raise
