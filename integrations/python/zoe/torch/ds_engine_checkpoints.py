@@ -285,18 +285,22 @@ class EngineCheckpoints:
             self._stage3.load_module(state, self.optimizer, plan.strict, plan.custom_load_fn,
                                      plan.optimizer)
             return
-        if plan.custom_load_fn is not None:
-            load = lambda: plan.custom_load_fn(src=state, dst=self.module)  # noqa: E731
-        elif plan.optimizer and zoe_optimizer:
-            load = lambda: self.module.load_state_dict(  # noqa: E731
-                self._without_optimizer_parameters(state), strict=False)
-        else:
-            load = lambda: self.module.load_state_dict(state, strict=plan.strict)  # noqa: E731
-        self._agreed("loading the module's state", load)
+        self._agreed("loading the module's state",
+                     lambda: self._load_module_state(state, plan, zoe_optimizer))
         if zoe_optimizer and plan.optimizer and plan.custom_load_fn is not None:
             self.optimizer.write_back_masters()
         elif zoe_optimizer and not plan.optimizer:
             self.optimizer.take_external_writes()
+
+    def _load_module_state(self, state, plan, zoe_optimizer):
+        """This rank's part of _load_module: through custom_load_fn when given; without the
+        parameters a zoe optimizer's load set; else the whole state."""
+        if plan.custom_load_fn is not None:
+            plan.custom_load_fn(src=state, dst=self.module)
+        elif plan.optimizer and zoe_optimizer:
+            self.module.load_state_dict(self._without_optimizer_parameters(state), strict=False)
+        else:
+            self.module.load_state_dict(state, strict=plan.strict)
 
     def _without_optimizer_parameters(self, state):
         """``state`` without the parameters the optimizer steps (its load set them)."""
