@@ -18,6 +18,9 @@ namespace {
 using Json = nlohmann::json;
 __extension__ using Uint128 = unsigned __int128;  // exact size arithmetic without overflow
 
+// 2^64 as a double: the first value a uint64_t cannot hold.
+constexpr double kTwoToThe64 = 18446744073709551616.0;
+
 constexpr std::string_view kSizeForms =
     "a byte count such as 1048576 or 1e6, or a string with a unit: B, K, M, G, T "
     "(binary, same as KiB, MiB, GiB, TiB) or KB, MB, GB, TB (decimal)";
@@ -166,28 +169,47 @@ const std::pair<std::string_view, double>* NonFiniteTokenAt(std::string_view tex
   return nullptr;
 }
 
-// `text` with every non-finite token outside strings replaced by the string "\u0000<token>",
-// which parses as JSON. Scans once, keeping track of strings and their escapes.
+// Whether a JSON value may start after `previous` (the last character outside strings that is
+// not whitespace, '\0' before the first), with `open` the brackets open there: a key may not.
+bool ValueMayStart(char previous, const std::vector<char>& open) {
+  if (previous == ':' || previous == '[' || previous == '\0') return true;
+  return previous == ',' && !open.empty() && open.back() == '[';
+}
+
+// `text` with every non-finite token where a value may start (outside strings, not a key)
+// replaced by the string "\u0000<token>", which parses as JSON; elsewhere the token stays, for
+// the parser to refuse. Scans once, keeping track of strings, their escapes and brackets.
 MarkedText MarkNonFiniteTokens(std::string_view text) {
   MarkedText out;
   out.text.reserve(text.size());
   bool in_string = false;
+  std::vector<char> open;
+  char previous = '\0';
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    const auto* token = in_string ? nullptr : NonFiniteTokenAt(text, i);
-    if (token == nullptr) {
-      out.text += c;
-      if (in_string && c == '\\' && i + 1 < text.size()) {
-        out.text += text[++i];
-      } else if (c == '"') {
-        in_string = !in_string;
+    const bool value_may_start = !in_string && ValueMayStart(previous, open);
+    const auto* token = value_may_start ? NonFiniteTokenAt(text, i) : nullptr;
+    if (token != nullptr) {
+      const std::string marker = fmt::format("\"\\u0000{}\"", token->first);
+      out.replacements.push_back({i, out.text.size(), token->first.size(), marker.size()});
+      out.text += marker;
+      i += token->first.size() - 1;
+      previous = '"';  // a value ended
+      continue;
+    }
+    out.text += c;
+    if (in_string) {
+      if (c == '\\' && i + 1 < text.size()) out.text += text[++i];
+      if (c == '"') {
+        in_string = false;
+        previous = '"';
       }
       continue;
     }
-    const std::string marker = fmt::format("\"\\u0000{}\"", token->first);
-    out.replacements.push_back({i, out.text.size(), token->first.size(), marker.size()});
-    out.text += marker;
-    i += token->first.size() - 1;
+    if (c == '"') in_string = true;
+    if (c == '{' || c == '[') open.push_back(c);
+    if ((c == '}' || c == ']') && !open.empty()) open.pop_back();
+    if (c != '"' && !std::isspace(static_cast<unsigned char>(c))) previous = c;
   }
   return out;
 }
@@ -329,7 +351,7 @@ Result<uint64_t> ParseSize(const Json& value) {
   if (!std::isfinite(d)) return error("is not finite");
   if (d < 0) return error("is negative");
   if (d != std::floor(d)) return error("is not a whole number of bytes");
-  if (d >= 18446744073709551616.0) return error("overflows 64 bits");
+  if (d >= kTwoToThe64) return error("overflows 64 bits");
   return static_cast<uint64_t>(d);
 }
 
@@ -452,8 +474,7 @@ ObjectReader& ObjectReader::UInt(std::string_view key, uint64_t* out, uint64_t m
              std::isfinite(value->get<double>())) {
     const double d = value->get<double>();
     // 2^64 is the first double a uint64_t cannot hold (the largest one rounds up to it).
-    if (d < static_cast<double>(min) || d > static_cast<double>(max) ||
-        d >= 18446744073709551616.0) {
+    if (d < static_cast<double>(min) || d > static_cast<double>(max) || d >= kTwoToThe64) {
       status_ = OutOfRange(KeyPath(found_key_), Describe(*value), std::to_string(min),
                            std::to_string(max));
     } else {

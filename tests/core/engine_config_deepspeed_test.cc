@@ -70,6 +70,19 @@ TEST(EngineConfigDeepSpeed, NonFiniteTokensKeepSyntaxErrorPositionsAndPlainJsonS
   EXPECT_FALSE(ParseConfigJson(R"({"s": "\u0000", "n": NaN})").ok());
 }
 
+TEST(EngineConfigDeepSpeed, NonFiniteTokensAreValuesOnlyNeverKeys) {
+  // Where a key belongs the token stays as written, and the parser refuses it there.
+  EXPECT_THAT(ParseError(R"({"wandb": {NaN: 1}})"), HasSubstr("byte offset 11"));
+  EXPECT_THAT(ParseError(R"({"wandb": {"a": 1, Infinity: 2}})"), HasSubstr("byte offset 19"));
+  EXPECT_THAT(ParseError(R"({NaN: 1})"), HasSubstr("JSON syntax error at byte offset 1"));
+  // Values: after a colon, and after '[' or ',' in an array.
+  const Result<Json> values = ParseConfigJson(R"({"a": [1, NaN, [Infinity]], "b": -Infinity})");
+  ASSERT_TRUE(values.ok()) << values.status().ToString();
+  EXPECT_TRUE(std::isnan((*values)["a"][1].get<double>()));
+  EXPECT_EQ((*values)["a"][2][0].get<double>(), HUGE_VAL);
+  EXPECT_EQ((*values)["b"].get<double>(), -HUGE_VAL);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Keys the framework reads, keys ignored, typos
 
