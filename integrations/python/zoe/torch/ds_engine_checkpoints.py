@@ -279,7 +279,8 @@ class EngineCheckpoints:
         loaded before, when it did, and set the parameters it steps to its master weights:
         only the rest loads (a custom_load_fn's writes to them are replaced by the masters, as
         the optimizer's load replaced them before). Without the optimizer's state its master
-        weights follow the loaded parameters (at stage 3 ds_stage3 writes the pages)."""
+        weights follow the loaded parameters: the optimizer takes writes from outside before its
+        next step's gradients reach zoe (at stage 3 ds_stage3 writes the pages)."""
         zoe_optimizer = isinstance(self.optimizer, ZoeOptimizer)
         if self._stage3 is not None:
             self._stage3.load_module(state, self.optimizer, plan.strict, plan.custom_load_fn,
@@ -289,8 +290,6 @@ class EngineCheckpoints:
                      lambda: self._load_module_state(state, plan, zoe_optimizer))
         if zoe_optimizer and plan.optimizer and plan.custom_load_fn is not None:
             self.optimizer.write_back_masters()
-        elif zoe_optimizer and not plan.optimizer:
-            self.optimizer.take_external_writes()
 
     def _load_module_state(self, state, plan, zoe_optimizer):
         """This rank's part of _load_module: through custom_load_fn when given; without the

@@ -936,16 +936,6 @@ class ZoeOptimizer(torch.optim.Optimizer):
                 self._write_back(state)
             state.record_versions()
 
-    def take_external_writes(self):
-        """Takes the parameters written outside the optimizer since its last step (a module
-        loaded into them) into the master weights now rather than at the next step: under ZeRO
-        the next backward or step hands the reduced gradients to the shards first, and zoe
-        writes no state while gradients wait for a step."""
-        for state in self._groups:
-            if state.zoe_group is not None and state.versions is not None:
-                self._sync_external_writes(state)
-                state.record_versions()
-
     def loaded_whole_state(self):
         """Called once every param group's state was loaded (a checkpoint): a streamed group
         that a failed step left partly stepped steps again, and gradients held are dropped."""
