@@ -4,7 +4,10 @@ biases not and at half the learning rate) with offload_param cpu and nvme, in on
 both, a save and a load into a fresh engine half-way, end with the parameters of the plain
 torch loop (torch.optim.AdamW over the same groups); the stage 3 checkpoint consolidates into
 torch's layout with both groups; a checkpoint's groups must be the loading optimizer's; groups
-that miss or repeat a trainable parameter are refused naming the fix."""
+that miss or repeat a trainable parameter are refused naming the fix. The same script with a
+fresh torch.optim.AdamW over the groups and a WarmupLR over it, given to initialize in place of
+the config's sections (Hugging Face's Trainer's way), ends with the same parameters: zoe steps
+the shards in the torch optimizer's own param group dicts."""
 
 import copy
 import os
@@ -40,21 +43,42 @@ def grouped_config(offload, nvme_path, world):
     return config
 
 
-def run_grouped(config, checkpoint_dir, rank, world):
+def torch_adamw(model):
+    """The torch loop's optimizer and schedule over param_groups, the config's settings as
+    their defaults."""
+    optimizer = torch.optim.AdamW(param_groups(model), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=WEIGHT_DECAY)
+    return optimizer, WarmupLR(optimizer, warmup_min_lr=0.0, warmup_max_lr=list(MAX_LRS),
+                               warmup_num_steps=4)
+
+
+def grouped_engine(model, config, torch_optimizer):
+    """(engine, optimizer) of initialize over param_groups: model_parameters= with the config's
+    optimizer and schedule, or a torch AdamW and a WarmupLR over it given in their place."""
+    if not torch_optimizer:
+        engine, optimizer, _, _ = zoe.torch.initialize(model=model,
+                                                       model_parameters=param_groups(model),
+                                                       config=config)
+        return engine, optimizer
+    config = {key: value for key, value in config.items()
+              if key not in ("optimizer", "scheduler")}
+    given, schedule = torch_adamw(model)
+    engine, optimizer, _, scheduler = zoe.torch.initialize(
+        model=model, optimizer=given, lr_scheduler=schedule, config=config)
+    assert isinstance(optimizer, zoe.torch.AdamW) and scheduler is schedule
+    assert all(a is b for a, b in zip(optimizer.param_groups, given.param_groups))
+    return engine, optimizer
+
+
+def run_grouped(config, checkpoint_dir, rank, world, torch_optimizer=False):
     """The DeepSpeed-style script over param groups: half the steps, save, a fresh engine over
     the same groups loads and finishes; the final module_state_dict."""
-    model = make_model()
-    engine, optimizer, _, _ = zoe.torch.initialize(model=model,
-                                                   model_parameters=param_groups(model),
-                                                   config=config)
+    engine, optimizer = grouped_engine(make_model(), config, torch_optimizer)
     assert [group["weight_decay"] for group in optimizer.param_groups] == [WEIGHT_DECAY, 0.0]
     train_engine(engine, 0, STEPS // 2, rank, world)
     engine.save_checkpoint(checkpoint_dir)
     engine.close()
-    model = make_model(seed=1)
-    engine, optimizer, _, _ = zoe.torch.initialize(model=model,
-                                                   model_parameters=param_groups(model),
-                                                   config=config)
+    engine, optimizer = grouped_engine(make_model(seed=1), config, torch_optimizer)
     engine.load_checkpoint(checkpoint_dir)
     train_engine(engine, STEPS // 2, STEPS, rank, world)
     assert [group["lr"] for group in optimizer.param_groups] == MAX_LRS
@@ -67,10 +91,7 @@ def grouped_reference(world, steps=STEPS):
     """(model, optimizer) of the plain torch loop: AdamW over param_groups with the config's
     settings as defaults, clip_grad_norm_ over every parameter, the same WarmupLR."""
     model = make_model()
-    optimizer = torch.optim.AdamW(param_groups(model), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                                  weight_decay=WEIGHT_DECAY)
-    schedule = WarmupLR(optimizer, warmup_min_lr=0.0, warmup_max_lr=list(MAX_LRS),
-                        warmup_num_steps=4)
+    optimizer, schedule = torch_adamw(model)
     torch_steps(model, optimizer, schedule, 0, steps, world)
     return model, optimizer
 
@@ -112,14 +133,19 @@ def worker(rank, out_dir, world):
             config = grouped_config(offload, os.path.join(out_dir, f"swap-{offload}"), world)
             state = run_grouped(config, os.path.join(out_dir, f"ckpt-{offload}"), rank, world)
             torch.save(state, os.path.join(out_dir, f"{offload}-rank{rank}.pt"))
+        config = grouped_config("cpu", None, world)
+        state = run_grouped(config, os.path.join(out_dir, "ckpt-torch"), rank, world,
+                            torch_optimizer=True)
+        torch.save(state, os.path.join(out_dir, f"torch-rank{rank}.pt"))
         run_refused_load(rank, out_dir, world)
         run_refused_empty_group(rank, out_dir, world)
 
 
 @pytest.mark.parametrize("offload", OFFLOADS)
-def test_one_process_steps_param_groups_as_torch(nvme_dir, offload):
+@pytest.mark.parametrize("torch_optimizer", [False, True], ids=["config", "torch_optimizer"])
+def test_one_process_steps_param_groups_as_torch(nvme_dir, offload, torch_optimizer):
     config = grouped_config(offload, os.path.join(nvme_dir, "swap"), 1)
-    found = run_grouped(config, os.path.join(nvme_dir, "ckpt"), 0, 1)
+    found = run_grouped(config, os.path.join(nvme_dir, "ckpt"), 0, 1, torch_optimizer)
     assert_same_state(found, grouped_reference(1)[0].state_dict())
 
 
@@ -147,10 +173,11 @@ def check_consolidated(directory, world):
 def test_ranks_step_param_groups_as_torch(nvme_dir):
     spawn_ranks(worker, (nvme_dir, WORLD), WORLD, nvme_dir, JOIN_SECONDS)
     expected = grouped_reference(WORLD)[0].state_dict()
-    for offload in OFFLOADS:
+    for saved in OFFLOADS + ("torch",):
         for rank in range(WORLD):
-            found = torch.load(os.path.join(nvme_dir, f"{offload}-rank{rank}.pt"))
+            found = torch.load(os.path.join(nvme_dir, f"{saved}-rank{rank}.pt"))
             assert_same_state(found, expected)
+    for offload in OFFLOADS:
         check_consolidated(os.path.join(nvme_dir, f"ckpt-{offload}"), WORLD)
     out = os.path.join(nvme_dir, "consolidated.pt")
     assert zoe.torch.consolidate_checkpoint(
@@ -161,7 +188,7 @@ def test_ranks_step_param_groups_as_torch(nvme_dir):
             message = file.read()
             assert "holds 2 param groups" in message and "same model_parameters=" in message
         with open(os.path.join(nvme_dir, f"empty-rank{rank}.txt"), encoding="utf-8") as file:
-            assert "param group 1 of model_parameters= would hold no parameter shard on rank 0 " \
+            assert "param group 1 would hold no parameter shard on rank 0 " \
                 "of 2" in file.read()
 
 
@@ -215,3 +242,47 @@ def test_a_non_finite_group_skips_every_group_without_clipping():
     assert [result.skipped for result in optimizer.last_step] == [True, True]
     assert_same_state(engine.module_state_dict(), before, atol=0)
     engine.close()
+
+
+def test_stage_3_refuses_optimizers_it_cannot_step_in_place():
+    config = ds_config(3, "cpu", offload_param="cpu")
+    model = make_model()
+    with pytest.raises(zoe.InvalidArgument, match="given both to initialize and in the config"):
+        zoe.torch.initialize(model=model, optimizer=torch_adamw(model)[0], config=config)
+    del config["optimizer"], config["scheduler"]
+    with pytest.raises(zoe.InvalidArgument, match="steps torch.optim.AdamW, Adam and Adagrad "
+                                                  "in their place"):
+        zoe.torch.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                             config=config)
+    full = zoe.torch.AdamW(model.parameters())
+    with pytest.raises(zoe.InvalidArgument, match="holds the full parameters: name it in the "
+                                                  "config's 'optimizer' section"):
+        zoe.torch.initialize(model=model, optimizer=full, config=config)
+    full.close()
+    partial = torch.optim.AdamW(model[0].parameters(), lr=LR)
+    with pytest.raises(zoe.InvalidArgument, match="'2.weight' .* is in no param group of the "
+                                                  "optimizer given"):
+        zoe.torch.initialize(model=model, optimizer=partial, config=config)
+    with pytest.raises(zoe.InvalidArgument, match="no optimizer: .*or pass a torch.optim.AdamW"):
+        zoe.torch.initialize(model=model, config=config)
+
+
+def test_a_failed_initialize_leaves_the_torch_optimizer_as_given():
+    """Stage 3 puts the shards (in one process the paged parameters, and the frozen ones) in
+    the torch optimizer's param groups; a schedule refused after that gives the caller back its
+    optimizer and module as they were."""
+    config = ds_config(3, "cpu", offload_param="cpu")
+    del config["optimizer"], config["scheduler"]
+    model = make_model()
+    model[0].bias.requires_grad_(False)
+    values = {key: value.clone() for key, value in model.state_dict().items()}
+    given = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    before = [list(group["params"]) for group in given.param_groups]
+    elsewhere = torch.optim.lr_scheduler.LambdaLR(torch_adamw(make_model())[0], lambda _: 1.0)
+    with pytest.raises(zoe.InvalidArgument, match="lr_scheduler steps another optimizer"):
+        zoe.torch.initialize(model=model, optimizer=given, lr_scheduler=elsewhere,
+                             config=config)
+    for group, params in zip(given.param_groups, before):
+        assert len(group["params"]) == len(params)
+        assert all(a is b for a, b in zip(group["params"], params))
+    assert_same_state(model.state_dict(), values, atol=0)

@@ -12,11 +12,12 @@ process group, and the optimizer steps the shards (ds_stage3.py), in the param g
 A user's ``optimizer`` is honoured when it is a zoe.torch optimizer (its own stage and clipping
 must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
 or, at stage 0 without offload, any torch optimizer (the engine clips and averages). Where zoe
-partitions or offloads (stages 1 and 2, or offload_optimizer), a fresh torch.optim.AdamW, Adam
+partitions or offloads (stages 1 to 3, or offload_optimizer), a fresh torch.optim.AdamW, Adam
 or Adagrad is stepped by zoe's own in its place, over the very same param group dicts, as
 DeepSpeed's ZeRO optimizer wraps a client optimizer: each group's hyper-parameters are the torch
-optimizer's, and a schedule over either optimizer sets the rates of both; other torch optimizers
-are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the
+optimizer's, and a schedule over either optimizer sets the rates of both (at stage 3 the dicts'
+parameters become this rank's shards, as DeepSpeed's stage 3 puts its fp32 partitions there);
+other torch optimizers are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the
 engine's optimizer or a function of the optimizer returning one. Giving one in both places is
 refused, as each setting lives in one place."""
 
@@ -103,15 +104,15 @@ _ZOE_EQUIVALENTS = {torch.optim.AdamW: "AdamW", torch.optim.Adam: "Adam",
                     torch.optim.Adagrad: "Adagrad"}
 
 
-def _zoe_in_place_of(optimizer, training, document, group):
-    """zoe's optimizer over the param group dicts of a fresh torch AdamW, Adam or Adagrad
-    (the same dicts: a schedule over either sets the rates of both), sharded as the config
-    says; InvalidArgument for another torch optimizer, or one that took steps."""
+def _equivalent_spec(optimizer):
+    """The optimizer spec (as ds_config's) of zoe's equivalent of a fresh torch AdamW, Adam or
+    Adagrad, its settings left to the torch optimizer's param group dicts; InvalidArgument for
+    another torch optimizer, or one that took steps."""
     kind = _ZOE_EQUIVALENTS.get(type(optimizer))
     if kind is None:
         raise _invalid(
             f"optimizer {type(optimizer).__name__} is a torch optimizer zoe cannot step: where "
-            "zoe partitions or offloads (zero_optimization.stage 1 or 2, offload_optimizer) it "
+            "zoe partitions or offloads (zero_optimization.stage 1 to 3, offload_optimizer) it "
             "steps torch.optim.AdamW, Adam and Adagrad in their place; pass one of those or "
             "zoe.torch.AdamW(...), name the optimizer in the config, or give "
             "zero_optimization.stage 0 without offload_optimizer")
@@ -119,7 +120,14 @@ def _zoe_in_place_of(optimizer, training, document, group):
         raise _invalid(f"the torch {kind} given has state (it has taken steps): zoe steps its "
                        "param groups with state of its own; pass a fresh one, or load its "
                        "state_dict() into the optimizer initialize returns")
-    return _zoe_optimizer({"type": kind, "params": {}}, optimizer.param_groups, training,
+    return {"type": kind, "params": {}}
+
+
+def _zoe_in_place_of(optimizer, training, document, group):
+    """zoe's optimizer over the param group dicts of a fresh torch AdamW, Adam or Adagrad
+    (the same dicts: a schedule over either sets the rates of both), sharded as the config
+    says (stages 1 and 2; _equivalent_spec says which torch optimizers)."""
+    return _zoe_optimizer(_equivalent_spec(optimizer), optimizer.param_groups, training,
                           document, group)
 
 
@@ -197,10 +205,9 @@ def _build_optimizer(optimizer, params, training, document, group):
 def _stage3_param_groups(model_parameters, module):
     """The param groups stage 3 builds its optimizer over: None (one group of every parameter,
     the config's settings) for no model_parameters= or the module's parameters; for param
-    groups (dicts), copies of them with their parameters listed, the frozen parameters that no
-    group lists joining the last group (the optimizer holds every parameter's master weights).
-    InvalidArgument for what stage 3 would not honour: other parameters than the module's
-    trainable ones, or groups that miss or repeat one (the optimizer steps every shard)."""
+    groups (dicts), copies of them with their parameters listed (_with_frozen). InvalidArgument
+    for what stage 3 would not honour: other parameters than the module's trainable ones, or
+    groups that miss or repeat one (the optimizer steps every shard)."""
     if model_parameters is None:
         return None
     given = list(model_parameters)
@@ -211,10 +218,17 @@ def _stage3_param_groups(model_parameters, module):
         raise _invalid("model_parameters= mixes param groups (dicts) and tensors; put every "
                        "parameter in a group")
     groups = [dict(item, params=_listed(item["params"])) for item in given]
-    _check_stage3_cover(groups, module)
+    _check_stage3_cover(groups, module, "model_parameters=")
+    return _with_frozen(groups, module)
+
+
+def _with_frozen(groups, module):
+    """``groups`` (dicts whose params are lists), the module's frozen parameters that no group
+    lists added to the last one (the optimizer holds every parameter's master weights)."""
     listed = {id(param) for group in groups for param in group["params"]}
-    groups[-1]["params"].extend(param for param in module.parameters()
-                                if not param.requires_grad and id(param) not in listed)
+    groups[-1]["params"] = groups[-1]["params"] + [
+        param for param in module.parameters()
+        if not param.requires_grad and id(param) not in listed]
     return groups
 
 
@@ -233,42 +247,56 @@ def _check_stage3_tensors(given, module):
                        "pass model.parameters() or leave it out")
 
 
-def _check_stage3_cover(groups, module):
+def _check_stage3_cover(groups, module, source):
     """InvalidArgument, naming the parameter, unless every trainable parameter of the module
-    is in exactly one of the param ``groups`` and every parameter they hold is the module's."""
+    is in exactly one of the param ``groups`` (those of ``source``, as messages name it) and
+    every parameter they hold is the module's."""
     names = {id(param): name for name, param in module.named_parameters()}
     seen = {}
     for index, group in enumerate(groups):
         for param in group["params"]:
             name = names.get(id(param))
             if name is None:
-                raise _invalid(f"param group {index} of model_parameters= holds a parameter "
-                               "that is not the module's; at zero_optimization.stage 3 the "
-                               "groups hold the module's own parameters")
+                raise _invalid(f"param group {index} of {source} holds a parameter that is not "
+                               "the module's; at zero_optimization.stage 3 the groups hold the "
+                               "module's own parameters")
             if id(param) in seen:
                 raise _invalid(f"parameter {name!r} is in param groups {seen[id(param)]} and "
-                               f"{index} of model_parameters=; put each parameter in one group")
+                               f"{index} of {source}; put each parameter in one group")
             seen[id(param)] = index
     missing = [name for name, param in module.named_parameters()
                if param.requires_grad and id(param) not in seen]
     if missing:
         raise _invalid(f"parameter {missing[0]!r} (requires_grad) is in no param group of "
-                       "model_parameters=: at zero_optimization.stage 3 the optimizer steps "
-                       "every trainable parameter's shard; add it to a group, or freeze it "
-                       "with requires_grad=False")
+                       f"{source}: at zero_optimization.stage 3 the optimizer steps every "
+                       "trainable parameter's shard; add it to a group, or freeze it with "
+                       "requires_grad=False")
 
 
-def _stage3_optimizer(optimizer, module, training, document, group, param_groups):
-    """(Stage3, its optimizer): the module paged (and sharded over ``group``), the config's
-    optimizer over what this rank steps, in ``param_groups`` when given (ds_stage3.py)."""
-    if optimizer is not None:
-        raise _invalid("at zero_optimization.stage 3 initialize builds the optimizer over the "
-                       "parameter shards: name it in the config's 'optimizer' section instead "
-                       "of passing optimizer=")
-    if training.optimizer is None:
-        raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "
-                       "Adam, Adagrad or Lion)")
-    return stage3_setup(module, training.optimizer, document, training, group, param_groups)
+def _stage3_optimizer(optimizer, model_parameters, module, training, document, group):
+    """(Stage3, its optimizer): the module paged (and sharded over ``group``) and zoe's
+    optimizer over what this rank steps (ds_stage3.py): the config's, over model_parameters=
+    (_stage3_param_groups), or zoe's equivalent of a fresh torch ``optimizer`` over that
+    optimizer's own param group dicts, whose parameters become this rank's shards (a schedule
+    over the torch optimizer sets zoe's rates; model_parameters= is then not read, as under
+    DeepSpeed)."""
+    if optimizer is None:
+        if training.optimizer is None:
+            raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "
+                           "Adam, Adagrad or Lion) or pass a torch.optim.AdamW, Adam or "
+                           "Adagrad as optimizer=")
+        return stage3_setup(module, training.optimizer, document, training, group,
+                            _stage3_param_groups(model_parameters, module))
+    if isinstance(optimizer, ZoeOptimizer):
+        raise _invalid("at zero_optimization.stage 3 initialize builds zoe's optimizer over the "
+                       "parameter shards, and the zoe.torch optimizer given holds the full "
+                       "parameters: name it in the config's 'optimizer' section, or pass a "
+                       "fresh torch.optim.AdamW, Adam or Adagrad, which zoe steps in its place")
+    _check_user_optimizer(optimizer, training)
+    spec = _equivalent_spec(optimizer)
+    _check_stage3_cover(optimizer.param_groups, module, "the optimizer given")
+    groups = _with_frozen(optimizer.param_groups, module)
+    return stage3_setup(module, spec, document, training, group, groups)
 
 
 def _build_scheduler(lr_scheduler, optimizer, training):
@@ -331,6 +359,29 @@ def _configure_checkpointing(training, optimizer, stage3):
     configure_checkpointing(engine, dataclasses.asdict(section))
 
 
+def _stage012_optimizer(optimizer, model_parameters, module, training, document, group):
+    """(the optimizer, whether the engine owns it) at stages 0 to 2: the trainable parameters
+    of model_parameters= (else the module's) on the process group's device (_build_optimizer)."""
+    params = model_parameters if model_parameters is not None else module.parameters()
+    params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
+    if group is not None:  # stage 3 pages the parameters where the config says
+        check_model_device(params, dist.get_backend(group))
+    return _build_optimizer(optimizer, params, training, document, group)
+
+
+def _param_lists(optimizer):
+    """Each param group's list of parameters of the ``optimizer`` given (none for None), for
+    _restore_param_lists: stage 3 puts the shards in a torch optimizer's param groups."""
+    return [group["params"] for group in getattr(optimizer, "param_groups", None) or []]
+
+
+def _restore_param_lists(optimizer, lists):
+    """Puts ``lists`` (_param_lists) back into the param groups ``optimizer`` shares with the
+    optimizer given: an initialize that failed leaves the caller's optimizer as it was."""
+    for param_group, params in zip(getattr(optimizer, "param_groups", None) or [], lists):
+        param_group["params"] = params
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None, process_group=None):
@@ -350,18 +401,19 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     loader = _dataloader(training_data, training, rank, world, collate_fn)
     module = _cast_module(model, training)
     document = engine_document(training, rank, world)
+    given_params = _param_lists(optimizer)
     stage3 = None
-    if training.zero_stage == 3:
-        param_groups = _stage3_param_groups(model_parameters, module)
-        stage3, optimizer = _stage3_optimizer(optimizer, module, training, document, group,
-                                              param_groups)
-        owns = True
-    else:
-        params = model_parameters if model_parameters is not None else module.parameters()
-        params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
-        if group is not None:  # stage 3 pages the parameters where the config says
-            check_model_device(params, dist.get_backend(group))
-        optimizer, owns = _build_optimizer(optimizer, params, training, document, group)
+    try:
+        if training.zero_stage == 3:
+            stage3, optimizer = _stage3_optimizer(optimizer, model_parameters, module,
+                                                  training, document, group)
+            owns = True
+        else:
+            optimizer, owns = _stage012_optimizer(optimizer, model_parameters, module,
+                                                  training, document, group)
+    except BaseException:
+        _restore_param_lists(optimizer, given_params)
+        raise
     try:
         scheduler = _build_scheduler(lr_scheduler, optimizer, training)
         scaler = None if training.fp16 is None else loss_scaler_for(training.fp16)
@@ -373,6 +425,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             stage3.close(optimizer)
         elif owns:
             optimizer.close()
+        _restore_param_lists(optimizer, given_params)
         raise
     engine.training_dataloader = loader
     return engine, optimizer, loader, scheduler

@@ -215,15 +215,16 @@ def _gathered_in_bytes(module, engine):
 
 def _optimized(module, pager, sharded, param_groups):
     """What the stage 3 optimizer is built over: every parameter (this rank's non-empty shards
-    when ``sharded``) in one group, or copies of ``param_groups`` (their settings over the
-    config's) whose parameters the optimizer takes as this rank's shards of them (the
-    zoe.torch optimizers map a sharded model's parameters to their shards); the parameters
-    never paged (no elements) are left out when sharded, as from shard_parameters()."""
+    when ``sharded``) in one group, or ``param_groups`` themselves (their settings over the
+    config's; the very dicts, so that a schedule over their first owner sets the optimizer's
+    rates), whose parameters the optimizer takes as this rank's shards of them (the zoe.torch
+    optimizers put a sharded model's parameters' shards in their place); the parameters never
+    paged (no elements) are left out when sharded, as from shard_parameters()."""
     if param_groups is None:
         return pager.shard_parameters() if sharded else list(module.parameters())
-    return [dict(group, params=[param for param in group["params"]
-                                if not sharded or param.numel() > 0])
-            for group in param_groups]
+    for group in param_groups:
+        group["params"] = [param for param in group["params"] if not sharded or param.numel() > 0]
+    return param_groups
 
 
 def check_groups_on_every_rank(param_groups, world_size):
@@ -234,16 +235,15 @@ def check_groups_on_every_rank(param_groups, world_size):
         counts = [shard_counts(param.numel(), world_size) for param in param_group["params"]]
         empty = [rank for rank in range(world_size) if not any(c[rank] for c in counts)]
         if empty:
-            raise _invalid(f"param group {number} of model_parameters= would hold no parameter "
-                           f"shard on rank {empty[0]} of {world_size}: its parameters are "
-                           "smaller than the world size; move them into a group with a larger "
-                           "parameter")
+            raise _invalid(f"param group {number} would hold no parameter shard on rank "
+                           f"{empty[0]} of {world_size}: its parameters are smaller than the "
+                           "world size; move them into a group with a larger parameter")
 
 
 def stage3_setup(module, spec, document, training, group, param_groups=None):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``, over
-    ``param_groups`` (dicts of the module's parameters and settings of their own; None: one
-    group of every parameter)."""
+    ``param_groups`` (dicts of the module's parameters and settings of their own, which the
+    optimizer takes as its own; None: one group of every parameter)."""
     if group is not None:
         check_groups_on_every_rank(param_groups, dist.get_world_size(group))
     engine = Engine(document)
