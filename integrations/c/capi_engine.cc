@@ -1,6 +1,8 @@
 // The engine's lifetime, flush, the async-error query, statistics and configuration.
 #include <string>
+#include <string_view>
 
+#include "core/engine_config.h"
 #include "integrations/c/capi_names.h"
 
 extern "C" {
@@ -15,6 +17,15 @@ zoe_status zoe_engine_create(const char* config_json, zoe_engine** out) {
     handle->engine = std::move(engine);
     *out = handle.release();
     return Status::Ok();
+  });
+}
+
+zoe_status zoe_config_check(const char* config_json) {
+  return Guard([&]() -> Status {
+    const std::string_view text = config_json != nullptr ? config_json : "";
+    ZOE_ASSIGN_OR_RETURN(const zoe::config::EngineConfig config,
+                         zoe::config::ParseEngineConfig(text.empty() ? "{}" : text));
+    return offload::AnnounceConfig(config);
   });
 }
 

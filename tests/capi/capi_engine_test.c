@@ -136,6 +136,23 @@ static void test_create_errors(void) {
   CHECK_FAILS(zoe_engine_config_json(NULL, NULL), ZOE_ERR_INVALID_ARGUMENT, "out_json is NULL");
 }
 
+/* A configuration read without an engine: zoe_engine_create's errors of reading, nothing created
+ * (a swap directory that cannot exist is not looked at). */
+static void test_config_check(void) {
+  CHECK_OK(zoe_config_check(NULL));
+  CHECK_OK(zoe_config_check(""));
+  CHECK_OK(
+      zoe_config_check("{\"zero_optimization\": {\"stage\": 0}, \"gradient_clipping\": 1.0,"
+                       " \"zoe\": {\"nvme_paths\": \"/dev/null/zoe\"}}"));
+  CHECK_FAILS(zoe_config_check("{\"zoe\": {\"chunk_sise\": 65536}}"), ZOE_ERR_INVALID_ARGUMENT,
+              "did you mean 'chunk_size'?");
+  CHECK_FAILS(zoe_config_check("{\"zero_optimisation\": {}}"), ZOE_ERR_INVALID_ARGUMENT,
+              "did you mean 'zero_optimization'?");
+  CHECK_FAILS(zoe_config_check("{\"zoe\": {\"log_level\": \"loud\"}}"), ZOE_ERR_INVALID_ARGUMENT,
+              "log_level");
+  CHECK_FAILS(zoe_config_check("{\"zoe\": "), ZOE_ERR_INVALID_ARGUMENT, "");
+}
+
 /* An empty configuration works too: the tensors swap to a private temporary directory. */
 static void test_default_config(void) {
   zoe_engine* engine = NULL;
@@ -744,6 +761,7 @@ int main(void) {
   make_config();
   test_create_and_json();
   test_create_errors();
+  test_config_check();
   test_default_config();
   test_tensor_round_trip();
   test_tensor_errors();

@@ -188,6 +188,27 @@ def test_user_torch_optimizer_and_scheduler_are_honoured(nvme_dir):
     engine.close()
 
 
+def test_a_config_no_engine_reads_is_still_checked():
+    """Stage 0 with a torch optimizer, or with a zoe optimizer on an engine of its own: no
+    engine of initialize's reads the config, whose unknown keys and bad values are still
+    refused naming them, before anything is built."""
+    config = ds_config()
+    del config["optimizer"], config["scheduler"]
+    config["zero_optimization"] = {"stage": 0}
+    config["zoe"]["chunk_sise"] = "64K"
+    model = make_model()
+    with pytest.raises(zoe.InvalidArgument, match="did you mean 'chunk_size'"):
+        zoe.torch.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                             config=config)
+    del config["zoe"]["chunk_sise"]
+    config["zero_optimisation"] = config.pop("zero_optimization")
+    own = zoe.torch.AdamW(model.parameters(), lr=LR, max_grad_norm=CLIP,
+                          config={"zoe": {"log_level": "error"}})
+    with pytest.raises(zoe.InvalidArgument, match="did you mean 'zero_optimization'"):
+        zoe.torch.initialize(model=model, optimizer=own, config=config)
+    own.close()
+
+
 @pytest.mark.parametrize("stage,offload", [(0, "cpu"), (2, "nvme")])
 def test_a_torch_adamw_is_stepped_by_zoe_where_zoe_offloads(nvme_dir, stage, offload):
     """A torch AdamW of two param groups and a schedule over it, as Hugging Face's Trainer

@@ -12,6 +12,7 @@ from .engine import (
     OptimizerGroup,
     StepResult,
     Tensor,
+    check_config,
     shard_range,
     version,
 )
@@ -35,5 +36,5 @@ __all__ = [
     "Aborted", "Access", "BufferView", "Busy", "Corruption", "DType", "Engine", "Error",
     "FailedPrecondition", "HyperParams", "Internal", "InvalidArgument", "IoError", "NoSpace",
     "NotFound", "NotSupported", "OptimizerGroup", "OutOfMemory", "PermissionDenied",
-    "StateSlot", "StepResult", "Tensor", "Tier", "shard_range", "version",
+    "StateSlot", "StepResult", "Tensor", "Tier", "check_config", "shard_range", "version",
 ]

@@ -161,6 +161,13 @@ def _close_open_engines():
             engine.close()
 
 
+def check_config(config=None):
+    """Reads ``config`` (as Engine takes it) as an engine would, creating nothing: InvalidArgument
+    naming the key for an unknown key or a bad value (swap directories and space are not
+    checked); sets zoe.log_level and logs the DeepSpeed keys it ignores, as an engine does."""
+    check(_capi.zoe_config_check(_config_text(config).encode("utf-8")), "check configuration")
+
+
 class Engine:
     """A zoe engine: tiers, tensors, optimizer groups.
 

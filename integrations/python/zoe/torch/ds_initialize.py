@@ -26,6 +26,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from ..engine import check_config
 from .activation_checkpoint import configure_checkpointing
 from .common import _invalid, check_nccl_device
 from .ds_config import training_config, engine_document
@@ -195,6 +196,7 @@ def _build_optimizer(optimizer, params, training, document, group):
         _check_user_optimizer(optimizer, training)
         if not isinstance(optimizer, ZoeOptimizer) and _zoe_steps_torch_optimizers(training):
             return _zoe_in_place_of(optimizer, training, document, group), True
+        check_config(document)  # no engine of initialize's reads it: its keys checked here
         return optimizer, False
     if training.optimizer is None:
         raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "
