@@ -150,18 +150,6 @@ std::string DirectoryOf(const std::string& path) {
 
 // ---- creation ---------------------------------------------------------------------------------
 
-Status AnnounceConfig(const config::EngineConfig& config) {
-  if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
-  const std::string ignored = config::DescribeIgnoredKeys(config);
-  if (!ignored.empty()) ZOE_LOG_INFO("engine: {}", ignored);
-  const std::string framework = config::DescribeFrameworkKeys(config);
-  if (!framework.empty()) ZOE_LOG_DEBUG("engine: {}", framework);
-  for (const std::string& warning : config.warnings) ZOE_LOG_WARN("engine: {}", warning);
-  const std::string automatic = config::DescribeAutoValues(config);
-  if (!automatic.empty()) ZOE_LOG_INFO("engine: {}", automatic);
-  return Status::Ok();
-}
-
 Result<std::unique_ptr<Engine>> Engine::CreateFromJson(std::string_view json_text,
                                                        EngineHooks hooks) {
   ZOE_ASSIGN_OR_RETURN(config::EngineConfig config,
@@ -181,7 +169,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(config::EngineConfig config, Engi
                  config.zoe.chunk_size, budgets.tensors);
   }
   std::vector<std::string> nvme_paths = config.zoe.nvme_paths;
-  ZOE_RETURN_IF_ERROR(AnnounceConfig(config));
+  if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
+  const std::string ignored = config::DescribeIgnoredKeys(config);
+  if (!ignored.empty()) ZOE_LOG_INFO("engine: {}", ignored);
+  const std::string framework = config::DescribeFrameworkKeys(config);
+  if (!framework.empty()) ZOE_LOG_DEBUG("engine: {}", framework);
+  for (const std::string& warning : config.warnings) ZOE_LOG_WARN("engine: {}", warning);
+  const std::string automatic = config::DescribeAutoValues(config);
+  if (!automatic.empty()) ZOE_LOG_INFO("engine: {}", automatic);
   std::unique_ptr<Engine> engine(new Engine(std::move(config), std::move(hooks), budgets));
   ZOE_RETURN_IF_ERROR(engine->Build(std::move(nvme_paths)));
   return engine;

@@ -88,12 +88,6 @@ struct EngineStepArgs {
   std::function<Result<optim::GradScan>(const optim::GradScan& local)> agree_scan;
 };
 
-// What an engine created from `config` tells the process before building anything: the log
-// level of zoe.log_level set (process-wide), the DeepSpeed keys the configuration ignores (info)
-// or leaves to the framework (debug), its warnings and its automatic values logged.
-// InvalidArgument for a log level that does not exist.
-Status AnnounceConfig(const config::EngineConfig& config);
-
 class Engine {
  public:
   // Builds every part eagerly except the optimizer's I/O queue and executor (see above). Errors

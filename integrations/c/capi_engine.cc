@@ -1,4 +1,5 @@
 // The engine's lifetime, flush, the async-error query, statistics and configuration.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -20,12 +21,17 @@ zoe_status zoe_engine_create(const char* config_json, zoe_engine** out) {
   });
 }
 
-zoe_status zoe_config_check(const char* config_json) {
+zoe_status zoe_config_check(const char* config_json, char** out_warnings_json) {
   return Guard([&]() -> Status {
+    if (out_warnings_json != nullptr) *out_warnings_json = nullptr;
     const std::string_view text = config_json != nullptr ? config_json : "";
     ZOE_ASSIGN_OR_RETURN(const zoe::config::EngineConfig config,
                          zoe::config::ParseEngineConfig(text.empty() ? "{}" : text));
-    return offload::AnnounceConfig(config);
+    if (out_warnings_json != nullptr) {
+      ZOE_ASSIGN_OR_RETURN(*out_warnings_json,
+                           CopyForCaller(nlohmann::json(config.warnings).dump()));
+    }
+    return Status::Ok();
   });
 }
 

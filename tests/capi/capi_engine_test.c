@@ -137,20 +137,27 @@ static void test_create_errors(void) {
 }
 
 /* A configuration read without an engine: zoe_engine_create's errors of reading, nothing created
- * (a swap directory that cannot exist is not looked at). */
+ * (a swap directory that cannot exist is not looked at), the warnings handed back. */
 static void test_config_check(void) {
-  CHECK_OK(zoe_config_check(NULL));
-  CHECK_OK(zoe_config_check(""));
+  char* warnings = (char*)&warnings; /* a non-NULL value a failure must clear */
+  CHECK_OK(zoe_config_check(NULL, NULL));
+  CHECK_OK(zoe_config_check("", &warnings));
+  CHECK(warnings != NULL && strcmp(warnings, "[]") == 0);
+  zoe_free(warnings);
   CHECK_OK(
-      zoe_config_check("{\"zero_optimization\": {\"stage\": 0}, \"gradient_clipping\": 1.0,"
-                       " \"zoe\": {\"nvme_paths\": \"/dev/null/zoe\"}}"));
-  CHECK_FAILS(zoe_config_check("{\"zoe\": {\"chunk_sise\": 65536}}"), ZOE_ERR_INVALID_ARGUMENT,
-              "did you mean 'chunk_size'?");
-  CHECK_FAILS(zoe_config_check("{\"zero_optimisation\": {}}"), ZOE_ERR_INVALID_ARGUMENT,
+      zoe_config_check("{\"zero_optimization\": {\"stage\": 2, \"offload_param\": "
+                       "{\"device\": \"cpu\"}}, \"zoe\": {\"nvme_paths\": \"/dev/null/z\"}}",
+                       &warnings));
+  CHECK(warnings != NULL && strstr(warnings, "offload_param") != NULL);
+  zoe_free(warnings);
+  CHECK_FAILS(zoe_config_check("{\"zoe\": {\"chunk_sise\": 65536}}", &warnings),
+              ZOE_ERR_INVALID_ARGUMENT, "did you mean 'chunk_size'?");
+  CHECK(warnings == NULL);
+  CHECK_FAILS(zoe_config_check("{\"zero_optimisation\": {}}", NULL), ZOE_ERR_INVALID_ARGUMENT,
               "did you mean 'zero_optimization'?");
-  CHECK_FAILS(zoe_config_check("{\"zoe\": {\"log_level\": \"loud\"}}"), ZOE_ERR_INVALID_ARGUMENT,
-              "log_level");
-  CHECK_FAILS(zoe_config_check("{\"zoe\": "), ZOE_ERR_INVALID_ARGUMENT, "");
+  CHECK_FAILS(zoe_config_check("{\"zoe\": {\"log_level\": \"loud\"}}", NULL),
+              ZOE_ERR_INVALID_ARGUMENT, "log_level");
+  CHECK_FAILS(zoe_config_check("{\"zoe\": ", NULL), ZOE_ERR_INVALID_ARGUMENT, "");
 }
 
 /* An empty configuration works too: the tensors swap to a private temporary directory. */

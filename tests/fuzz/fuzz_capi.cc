@@ -776,7 +776,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ByteReader in(data, size);
   const std::string root = ResetScratch();
   const std::string config = EngineConfig(in.U8(), root);
-  FUZZ_CHECK(Checked(zoe_config_check(config.c_str()), "check") == ZOE_OK,
+  FUZZ_CHECK(Checked(zoe_config_check(config.c_str(), nullptr), "check") == ZOE_OK,
              config + ": " + zoe_last_error());
   zoe_engine* engine = reinterpret_cast<zoe_engine*>(uintptr_t{1});
   const zoe_status created = Checked(zoe_engine_create(config.c_str(), &engine), "create");

@@ -229,12 +229,14 @@ typedef struct zoe_step_result {
  * set to NULL. */
 ZOE_API zoe_status zoe_engine_create(const char* config_json, zoe_engine** out);
 
-/* Reads a JSON configuration as zoe_engine_create reads it, and creates nothing (no memory, swap
- * space or threads): for a framework that runs without an engine yet accepts zoe's configuration.
- * NULL or "" means all defaults. Unknown keys and bad values are INVALID_ARGUMENT as in
- * zoe_engine_create; swap directories and space are not checked. Like zoe_engine_create it sets
- * zoe.log_level and logs the DeepSpeed keys it ignores and its warnings. */
-ZOE_API zoe_status zoe_config_check(const char* config_json);
+/* Reads a JSON configuration as zoe_engine_create reads it and creates nothing (no memory, swap
+ * space, threads or log output): for a framework that runs without an engine yet accepts zoe's
+ * configuration. NULL or "" means all defaults. Unknown keys and bad values are INVALID_ARGUMENT
+ * as in zoe_engine_create; whether the swap directories, the swap space, pinned memory or the
+ * device can be had is not checked. *out_warnings_json (when not NULL; free with zoe_free): a
+ * JSON array of the warnings zoe_engine_create would log for it (e.g. a key the configuration's
+ * stage does not read), set on success only. */
+ZOE_API zoe_status zoe_config_check(const char* config_json, char** out_warnings_json);
 
 /* Waits for background work, releases memory and removes swap files. Accepts NULL. The handle
  * must not be used afterwards, and no other thread may be inside a call on it. In a child process

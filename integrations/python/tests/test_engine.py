@@ -24,6 +24,25 @@ def test_config_as_dict_string_and_file(nvme_dir):
             assert section["device"] == "nvme"
 
 
+def test_check_config_reads_as_an_engine_and_creates_nothing(nvme_dir):
+    """zoe.check_config takes what Engine takes, refuses what it refuses naming the key, hands
+    back the warnings an engine would log, and creates no swap directory."""
+    missing = os.path.join(nvme_dir, "never-created")
+    config = small_config(missing, offload="nvme")
+    path = os.path.join(nvme_dir, "ds_config.json")
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(config, file)
+    for form in (None, config, json.dumps(config), path):
+        assert zoe.check_config(form) == []
+    assert not os.path.exists(missing)
+    stage2 = {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}
+    assert any("offload_param" in warning for warning in zoe.check_config(stage2))
+    with pytest.raises(zoe.InvalidArgument, match="did you mean 'chunk_size'"):
+        zoe.check_config({"zoe": {"chunk_sise": 1}})
+    with pytest.raises(zoe.NotFound, match="does not exist"):
+        zoe.check_config(os.path.join(nvme_dir, "absent.json"))
+
+
 def test_default_config_creates_an_engine():
     with zoe.Engine({"zoe": {"device": "host", "tensor_swap_bytes": "4M"}}) as engine:
         assert engine.config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"

@@ -20,6 +20,7 @@ import zoe.torch
 from conftest import gloo_rank, spawn_ranks
 from initialize_script import (LR, STEPS, WEIGHT_DECAY, assert_same_state, ds_config,
                                make_model, torch_steps, train_engine)
+from zoe.torch.common import _invalid
 from zoe.torch.lr_schedules import WarmupLR
 
 JOIN_SECONDS = 120
@@ -127,6 +128,21 @@ def run_refused_empty_group(rank, out_dir, world):
         file.write(repr(message))
 
 
+def run_empty_group(rank, out_dir, world):
+    """A torch AdamW with an empty second group (Hugging Face's Trainer's no-decay group when
+    nothing is excluded from weight decay): taken on every rank, the step as without it."""
+    config = ds_config(3, "cpu", None, world, "cpu")
+    del config["optimizer"], config["scheduler"]
+    model = make_model()
+    given = torch.optim.AdamW([{"params": list(model.parameters())}, {"params": []}], lr=LR)
+    engine, optimizer, _, _ = zoe.torch.initialize(model=model, optimizer=given, config=config)
+    train_engine(engine, 0, 1, rank, world)
+    with open(os.path.join(out_dir, f"empty-torch-rank{rank}.txt"), "w",
+              encoding="utf-8") as file:
+        file.write(repr([len(group["params"]) for group in optimizer.param_groups]))
+    engine.close()
+
+
 def worker(rank, out_dir, world):
     with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
         for offload in OFFLOADS:
@@ -139,6 +155,7 @@ def worker(rank, out_dir, world):
         torch.save(state, os.path.join(out_dir, f"torch-rank{rank}.pt"))
         run_refused_load(rank, out_dir, world)
         run_refused_empty_group(rank, out_dir, world)
+        run_empty_group(rank, out_dir, world)
 
 
 @pytest.mark.parametrize("offload", OFFLOADS)
@@ -190,6 +207,9 @@ def test_ranks_step_param_groups_as_torch(nvme_dir):
         with open(os.path.join(nvme_dir, f"empty-rank{rank}.txt"), encoding="utf-8") as file:
             assert "param group 1 would hold no parameter shard on rank 0 " \
                 "of 2" in file.read()
+        with open(os.path.join(nvme_dir, f"empty-torch-rank{rank}.txt"),
+                  encoding="utf-8") as file:
+            assert file.read() == "[4, 0]"  # every parameter's shard: each has 2 or more
 
 
 def test_groups_must_hold_every_trainable_parameter_once():
@@ -286,3 +306,47 @@ def test_a_failed_initialize_leaves_the_torch_optimizer_as_given():
         assert len(group["params"]) == len(params)
         assert all(a is b for a, b in zip(group["params"], params))
     assert_same_state(model.state_dict(), values, atol=0)
+
+
+@pytest.mark.parametrize("options", [{"amsgrad": True}, {"maximize": True}])
+def test_group_options_zoe_would_refuse_leave_the_module_unpaged(options):
+    """A torch optimizer (or model_parameters= group) asking for what zoe's step does not do is
+    refused before the module is paged: its parameters and values are as given, and a second
+    initialize takes it."""
+    config = ds_config(3, "cpu", offload_param="cpu")
+    model = make_model()
+    values = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(zoe.InvalidArgument, match=f"param group 1.*{next(iter(options))}"):
+        zoe.torch.initialize(model=model, config=config, model_parameters=[
+            {"params": model[0].parameters()}, dict(options, params=model[2].parameters())])
+    del config["optimizer"], config["scheduler"]
+    with pytest.raises(zoe.InvalidArgument, match=f"param group 0.*{next(iter(options))}"):
+        zoe.torch.initialize(model=model, config=config,
+                             optimizer=torch.optim.AdamW(model.parameters(), lr=LR, **options))
+    assert not any(hasattr(param, "_zoe_pager") or hasattr(param, "_zoe_sharded_pager")
+                   for param in model.parameters())
+    assert_same_state(model.state_dict(), values, atol=0)
+    engine, _, _, _ = zoe.torch.initialize(
+        model=model, config=config, optimizer=torch.optim.AdamW(model.parameters(), lr=LR))
+    engine.close()
+
+
+def test_a_failure_after_paging_gives_the_module_back(monkeypatch):
+    """zoe's optimizer failing once the module is paged (here its construction): the module's
+    own parameters come back with their values."""
+    config = ds_config(3, "cpu", offload_param="cpu")
+    model = make_model()
+    values = {key: value.clone() for key, value in model.state_dict().items()}
+
+    def refuse(*args, **kwargs):
+        raise _invalid("refused here")
+
+    monkeypatch.setattr(zoe.torch.AdamW, "_check_speculative", refuse)
+    with pytest.raises(zoe.InvalidArgument, match="refused here"):
+        zoe.torch.initialize(model=model, config=config)
+    monkeypatch.undo()
+    assert not any(hasattr(param, "_zoe_pager") or hasattr(param, "_zoe_sharded_pager")
+                   for param in model.parameters())
+    assert_same_state(model.state_dict(), values, atol=0)
+    engine, _, _, _ = zoe.torch.initialize(model=model, config=config)
+    engine.close()

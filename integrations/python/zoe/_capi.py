@@ -253,8 +253,8 @@ zoe_engine_create = _declare(
     "zoe_engine_create", zoe_status, c_char_p, POINTER(zoe_engine_p)
 )
 
-# zoe_status zoe_config_check(const char* config_json);
-zoe_config_check = _declare("zoe_config_check", zoe_status, c_char_p)
+# zoe_status zoe_config_check(const char* config_json, char** out_warnings_json);
+zoe_config_check = _declare("zoe_config_check", zoe_status, c_char_p, POINTER(c_void_p))
 
 # void zoe_engine_destroy(zoe_engine* engine);
 zoe_engine_destroy = _declare("zoe_engine_destroy", None, zoe_engine_p)

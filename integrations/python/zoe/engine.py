@@ -162,10 +162,14 @@ def _close_open_engines():
 
 
 def check_config(config=None):
-    """Reads ``config`` (as Engine takes it) as an engine would, creating nothing: InvalidArgument
-    naming the key for an unknown key or a bad value (swap directories and space are not
-    checked); sets zoe.log_level and logs the DeepSpeed keys it ignores, as an engine does."""
-    check(_capi.zoe_config_check(_config_text(config).encode("utf-8")), "check configuration")
+    """Reads ``config`` (as Engine takes it) as an engine would, creating nothing and logging
+    nothing: InvalidArgument naming the key for an unknown key or a bad value (whether swap,
+    pinned memory or the device can be had is not checked). Returns the warnings an engine
+    would log for it (a list of str)."""
+    out = ctypes.c_void_p()
+    check(_capi.zoe_config_check(_config_text(config).encode("utf-8"), ctypes.byref(out)),
+          "check configuration")
+    return json.loads(_capi.take_string(out.value))
 
 
 class Engine:

@@ -7,7 +7,8 @@ ds_engine.DeepSpeedEngine.
 
 At ZeRO stage 3 the module's parameters are paged through a zoe engine and sharded over the
 process group, and the optimizer steps the shards (ds_stage3.py), in the param groups
-``model_parameters=`` gives (each group's settings over the config optimizer's), or in one.
+``model_parameters=`` gives (each group's settings over the config optimizer's), or in one, or
+in the param groups of a torch optimizer given (below).
 
 A user's ``optimizer`` is honoured when it is a zoe.torch optimizer (its own stage and clipping
 must agree with the config's; not at stage 3, where the optimizer must be built over the shards)
@@ -15,13 +16,14 @@ or, at stage 0 without offload, any torch optimizer (the engine clips and averag
 partitions or offloads (stages 1 to 3, or offload_optimizer), a fresh torch.optim.AdamW, Adam
 or Adagrad is stepped by zoe's own in its place, over the very same param group dicts, as
 DeepSpeed's ZeRO optimizer wraps a client optimizer: each group's hyper-parameters are the torch
-optimizer's, and a schedule over either optimizer sets the rates of both (at stage 3 the dicts'
-parameters become this rank's shards, as DeepSpeed's stage 3 puts its fp32 partitions there);
-other torch optimizers are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch scheduler over the
-engine's optimizer or a function of the optimizer returning one. Giving one in both places is
-refused, as each setting lives in one place."""
+optimizer's, and a schedule over either optimizer sets the rates of both (at stage 3 the dicts
+hold what zoe steps: over ranks this rank's shards, in one process the paged parameters); other
+torch optimizers are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch
+scheduler over the engine's optimizer or a function of the optimizer returning one. Giving one
+in both places is refused, as each setting lives in one place."""
 
 import dataclasses
+import logging
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,8 @@ from .ds_stage3 import stage3_setup
 from .loss_scaler import loss_scaler_for
 from .lr_schedules import schedule_from_config
 from .optimizer import OPTIMIZERS, ZoeOptimizer
+
+log = logging.getLogger("zoe.torch")
 
 
 def _process_group(process_group):
@@ -196,7 +200,8 @@ def _build_optimizer(optimizer, params, training, document, group):
         _check_user_optimizer(optimizer, training)
         if not isinstance(optimizer, ZoeOptimizer) and _zoe_steps_torch_optimizers(training):
             return _zoe_in_place_of(optimizer, training, document, group), True
-        check_config(document)  # no engine of initialize's reads it: its keys checked here
+        for warning in check_config(document):  # no engine of initialize's reads it
+            log.warning("%s", warning)
         return optimizer, False
     if training.optimizer is None:
         raise _invalid("no optimizer: give the config an 'optimizer' section (type AdamW, "

@@ -233,6 +233,8 @@ def check_groups_on_every_rank(param_groups, world_size):
     the same groups, each taking part in the step's collectives."""
     for number, param_group in enumerate(param_groups or []):
         counts = [shard_counts(param.numel(), world_size) for param in param_group["params"]]
+        if not any(any(c) for c in counts):
+            continue  # empty on every rank alike (a group of no parameter): no rank differs
         empty = [rank for rank in range(world_size) if not any(c[rank] for c in counts)]
         if empty:
             raise _invalid(f"param group {number} would hold no parameter shard on rank "
@@ -244,9 +246,11 @@ def stage3_setup(module, spec, document, training, group, param_groups=None):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``, over
     ``param_groups`` (dicts of the module's parameters and settings of their own, which the
     optimizer takes as its own; None: one group of every parameter)."""
+    optimizer_class = OPTIMIZERS[spec["type"]]
+    optimizer_class.check_param_groups(param_groups)  # refused before the module is paged
     if group is not None:
         check_groups_on_every_rank(param_groups, dist.get_world_size(group))
-    engine = Engine(document)
+    engine, pager = Engine(document), None
     try:
         sharding = {} if group is None else keep_settings(
             document, _gathered_in_bytes(module, engine),
@@ -256,9 +260,11 @@ def stage3_setup(module, spec, document, training, group, param_groups=None):
         pager = offload_parameters(module, engine, home=_home(training), process_group=group,
                                    **sharding)
         params = _optimized(module, pager, group is not None, param_groups)
-        optimizer = OPTIMIZERS[spec["type"]](params, **spec["params"], engine=engine,
-                                             max_grad_norm=training.gradient_clipping)
+        optimizer = optimizer_class(params, **spec["params"], engine=engine,
+                                    max_grad_norm=training.gradient_clipping)
     except BaseException:
+        if pager is not None:  # the module's own parameters back, with their values
+            pager.remove()
         engine.close()
         raise
     return Stage3(pager, engine, group is not None), optimizer

@@ -1,15 +1,18 @@
-"""fp16 loss scaling as DeepSpeed does it (deepspeed/runtime/fp16/loss_scaler.py): a static scale,
-or a dynamic one that starts at 2**initial_scale_power, halves after ``hysteresis`` overflowing
-steps (never below min_loss_scale) and doubles after ``loss_scale_window`` overflow-free steps.
+"""fp16 loss scaling as DeepSpeed does it: a static scale, or a dynamic one that starts at
+2**initial_scale_power, halves after ``hysteresis`` overflowing steps (never below min_loss_scale)
+and doubles after ``loss_scale_window`` overflow-free steps (``growth_delay`` steps later).
 
 The dynamic rule, per step i (from 0) with last_overflow starting at -1:
 - overflow: when the hysteresis left is 1 the scale becomes max(scale / 2, min_loss_scale),
   otherwise the hysteresis left drops by one; last_overflow = i.
-- no overflow: with consecutive_hysteresis the hysteresis is refilled; when
-  (i - last_overflow) % loss_scale_window == 0 the hysteresis is refilled (if not already) and
-  the scale doubles.
+- no overflow: with consecutive_hysteresis the hysteresis is refilled; with
+  stable = i - last_overflow - growth_delay, when stable > 0 and stable % loss_scale_window == 0
+  the hysteresis is refilled (if not already) and the scale doubles.
 
-With hysteresis 1 this is torch's GradScaler with growth_factor 2, backoff_factor 0.5 and
+growth_delay 0 is DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py, its ZeRO stages
+1 to 3), 1 its stage 0 optimizers' own rule (runtime/fp16/fused_optimizer.py _update_scale,
+which has no hysteresis: 1). ds_config resolves which one a configuration gets. With hysteresis 1
+and growth_delay 0 this is torch's GradScaler with growth_factor 2, backoff_factor 0.5 and
 growth_interval loss_scale_window. Unlike DeepSpeed, an overflow at min_loss_scale keeps the
 scale rather than ending the run."""
 
@@ -34,8 +37,9 @@ class DynamicLossScaler:
     """DeepSpeed's dynamic loss scaler (see the module docstring)."""
 
     def __init__(self, initial_scale_power=16, loss_scale_window=1000, hysteresis=2,
-                 consecutive_hysteresis=False, min_loss_scale=1.0):
+                 consecutive_hysteresis=False, min_loss_scale=1.0, growth_delay=0):
         self.loss_scale = float(2 ** initial_scale_power)
+        self.growth_delay = int(growth_delay)
         self.scale_window = int(loss_scale_window)
         self.delayed_shift = int(hysteresis)
         self.hysteresis_left = int(hysteresis)
@@ -55,7 +59,8 @@ class DynamicLossScaler:
         else:
             if self.consecutive_hysteresis:
                 self.hysteresis_left = self.delayed_shift
-            if (self.iteration - self.last_overflow) % self.scale_window == 0:
+            stable = self.iteration - self.last_overflow - self.growth_delay
+            if stable > 0 and stable % self.scale_window == 0:
                 self.hysteresis_left = self.delayed_shift
                 self.loss_scale *= 2.0
         self.iteration += 1
@@ -65,11 +70,14 @@ class DynamicLossScaler:
 
     def load_state_dict(self, state):
         for key in _DYNAMIC_STATE:
-            setattr(self, key, state[key])
+            setattr(self, key, state[key] if key in state else _SAVED_BEFORE[key])
 
 
 _DYNAMIC_STATE = ("loss_scale", "scale_window", "delayed_shift", "hysteresis_left",
-                  "consecutive_hysteresis", "min_scale", "iteration", "last_overflow")
+                  "consecutive_hysteresis", "min_scale", "iteration", "last_overflow",
+                  "growth_delay")
+# Keys of the state that checkpoints written before them lack: what those scalers did.
+_SAVED_BEFORE = {"growth_delay": 0}
 
 
 def loss_scaler_for(fp16):
@@ -79,4 +87,4 @@ def loss_scaler_for(fp16):
         return StaticLossScaler(fp16["loss_scale"])
     return DynamicLossScaler(fp16["initial_scale_power"], fp16["loss_scale_window"],
                              fp16["hysteresis"], fp16["consecutive_hysteresis"],
-                             fp16["min_loss_scale"])
+                             fp16["min_loss_scale"], fp16.get("growth_delay", 0))

@@ -216,6 +216,13 @@ class ZoeOptimizer(torch.optim.Optimizer):
             self.close()
             raise
 
+    @classmethod
+    def check_param_groups(cls, param_groups):
+        """InvalidArgument for a param group (a dict; None: none) that this optimizer would
+        refuse (an option zoe's step does not do), checked before anything is built over it."""
+        for index, param_group in enumerate(param_groups or []):
+            _check_group_options(param_group, f"param group {index}", cls._KIND)
+
     def _created_engine(self, config, offload, nvme_path, hyper, staging_swap):
         """The engine this optimizer creates and owns (see _optimizer_engine_config), checked
         to step the kind this class is."""

@@ -1001,7 +1001,8 @@ class ShardedParameterPager(ParameterPager):
                        f"{len(manifest.get('param_groups', []))} param groups of the parameters "
                        f"{held}; this optimizer's {len(members)} param groups hold "
                        f"{listed(members)}: build the optimizer over the param groups it was "
-                       "saved with (at initialize, the same model_parameters=)")
+                       "saved with (at initialize, the same model_parameters=, or a torch "
+                       "optimizer over the same param groups)")
 
     def remove(self):
         """Removes the hooks and gives every parameter its full values as an ordinary tensor
