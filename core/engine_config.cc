@@ -11,6 +11,7 @@
 
 #include "core/engine_config_auto.h"
 #include "core/engine_config_deepspeed.h"
+#include "core/engine_config_pydantic.h"
 
 namespace zoe::config {
 namespace {
@@ -88,9 +89,12 @@ Status ReadOffloadParam(ObjectReader& reader, OffloadParamConfig* out) {
 }
 
 Status ReadZero(ObjectReader& reader, ZeroConfig* out, const AcceptedKeys& keys) {
+  // Checked across sections (CheckLoadFromFp32Weights), which read it from the document.
+  bool load_from_fp32_weights = true;
   // Any size: one larger than a group makes the group one sub-group, as in DeepSpeed (Hugging
   // Face's tests write 1e14).
   reader.UInt("stage", &out->stage, 0, 3)
+      .Bool("load_from_fp32_weights", &load_from_fp32_weights)
       .UInt("sub_group_size", &out->sub_group_size, 0, std::numeric_limits<uint64_t>::max())
       .Object(
           "offload_optimizer",
@@ -398,8 +402,29 @@ Status ResolveChecksum(const Json& document, EngineConfig* config) {
   return Status::Ok();
 }
 
+// With load_from_fp32_weights false, DeepSpeed's stage 1 and 2 loads take the fp32 master
+// weights from the model's 16-bit weights (stage_1_and_2.py and bf16_optimizer.py,
+// _restore_from_bit16_weights); zoe's checkpoints always restore the fp32 master weights they
+// hold. With an fp32 model both give the same weights, and DeepSpeed's stage 0 and stage 3 loads
+// do not read the key (stage 3 restores the checkpoint's fp32 weights).
+Status CheckLoadFromFp32Weights(const Json& document, const EngineConfig& config) {
+  const bool sixteen_bit = config.fp16.enabled || config.bf16.enabled;
+  const bool stage_1_or_2 = config.zero.stage == 1 || config.zero.stage == 2;
+  const auto zero = document.find("zero_optimization");
+  if (!sixteen_bit || !stage_1_or_2 || zero == document.end()) return Status::Ok();
+  const auto given = zero->find("load_from_fp32_weights");  // a bool: ReadZero read it
+  if (given == zero->end() || *given != false) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "zero_optimization.load_from_fp32_weights = false: with it DeepSpeed's ZeRO stage {} "
+      "load takes the fp32 master weights from the model's {} weights, rounded, instead of the "
+      "checkpoint's fp32 copies; zoe's checkpoints always restore the fp32 master weights they "
+      "hold: set zero_optimization.load_from_fp32_weights to true or remove it",
+      config.zero.stage, config.fp16.enabled ? "fp16" : "bf16"));
+}
+
 Status CheckAcrossSections(const Json& document, EngineConfig* config) {
   ZOE_RETURN_IF_ERROR(CheckPrecision(*config));
+  ZOE_RETURN_IF_ERROR(CheckLoadFromFp32Weights(document, *config));
   IgnoreParamOffloadBelowStage3(config);
   ZOE_RETURN_IF_ERROR(ResolveNvmePaths(config));
   return ResolveChecksum(document, config);
@@ -498,6 +523,10 @@ Result<EngineConfig> ParseEngineConfig(std::string_view json_text) {
 Result<EngineConfig> ParseEngineConfigDocument(const Json& given) {
   EngineConfig config;
   Json document = given;
+  if (document.is_object()) {  // the reader refuses anything else
+    ZOE_RETURN_IF_ERROR(CoercePydanticValues(&document));
+    ZOE_RETURN_IF_ERROR(MapDeprecatedOffloadKeys(&document));
+  }
   ZOE_RETURN_IF_ERROR(StripAutoValues(&document, &config.auto_keys));
   const AcceptedKeys keys{&config.ignored_keys, &config.framework_keys};
   std::optional<Json> aio;
@@ -514,7 +543,7 @@ Result<EngineConfig> ParseEngineConfigDocument(const Json& given) {
       .Object("zoe", [&](ObjectReader& r) { return ReadZoe(r, &config.zoe); });
   AcceptDeepSpeedKeys(reader, DeepSpeedSection::kTopLevel, keys);
   ZOE_RETURN_IF_ERROR(reader.Finish());
-  ZOE_RETURN_IF_ERROR(CheckDeepSpeedSwitches(document));
+  ZOE_RETURN_IF_ERROR(CheckDeepSpeedSwitches(document, config.auto_keys));
   ZOE_ASSIGN_OR_RETURN(config.aio, ParseAioConfig(aio.value_or(Json()), &config.ignored_keys));
   ZOE_RETURN_IF_ERROR(CheckAcrossSections(document, &config));
   std::sort(config.ignored_keys.begin(), config.ignored_keys.end());

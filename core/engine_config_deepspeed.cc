@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <string_view>
 
@@ -31,6 +32,9 @@ constexpr auto kAcceptedKeys = std::to_array<AcceptedKey>({
     {S::kTopLevel, "scheduler", kFramework},
     {S::kTopLevel, "dataloader_drop_last", kFramework},
     {S::kTopLevel, "activation_checkpointing", kFramework},
+    // the precision of the gradients' accumulation and reduction, checked against zoe's
+    {S::kTopLevel, "data_types", kFramework},
+    {S::kTopLevel, "communication_data_type", kFramework},
     // logging, monitoring and profiling
     {S::kTopLevel, "steps_per_print"},
     {S::kTopLevel, "wall_clock_breakdown"},
@@ -48,7 +52,6 @@ constexpr auto kAcceptedKeys = std::to_array<AcceptedKey>({
     // communication, the same sums in another order or precision
     {S::kTopLevel, "prescale_gradients"},
     {S::kTopLevel, "gradient_predivide_factor"},
-    {S::kTopLevel, "communication_data_type"},
     {S::kTopLevel, "seq_parallel_comm_data_type"},
     {S::kTopLevel, "sparse_gradients"},
     {S::kTopLevel, "disable_allgather"},
@@ -58,7 +61,6 @@ constexpr auto kAcceptedKeys = std::to_array<AcceptedKey>({
     {S::kTopLevel, "zero_allow_untested_optimizer"},
     {S::kTopLevel, "zero_force_ds_cpu_optimizer"},
     {S::kTopLevel, "checkpoint"},
-    {S::kTopLevel, "data_types"},
     {S::kTopLevel, "sparse_attention"},
     {S::kTopLevel, "pipeline"},
     {S::kTopLevel, "vocabulary_size"},
@@ -85,12 +87,8 @@ constexpr auto kAcceptedKeys = std::to_array<AcceptedKey>({
     {S::kZero, "reduce_scatter"},
     {S::kZero, "contiguous_gradients"},
     {S::kZero, "use_multi_rank_bucket_allreduce"},
-    {S::kZero, "load_from_fp32_weights"},
     {S::kZero, "grad_hooks"},
     {S::kZero, "round_robin_gradients"},
-    {S::kZero, "cpu_offload"},
-    {S::kZero, "cpu_offload_param"},
-    {S::kZero, "cpu_offload_params"},
     {S::kZero, "cpu_offload_use_pin_memory"},
     {S::kZero, "elastic_checkpoint"},
     {S::kZero, "ignore_unused_parameters"},
@@ -220,14 +218,32 @@ bool TrueForPython(const Json& value) {
   return !value.empty();  // a string, an array or an object
 }
 
-bool IsOn(const Json& document, const Switch& entry) {
-  const Json* value = Lookup(document, entry.path);
-  if (value == nullptr) return false;
-  if (entry.above_one) return value->is_number() && value->get<double>() > 1.0;
-  if (!TrueForPython(*value)) return false;
-  if (entry.only_with.empty()) return true;
+// How the switch that a switch applies only with (Switch::only_with) stands: on (also when
+// there is none), off, or "auto" (decided by the framework).
+enum class Condition { kOff, kOn, kAuto };
+
+Condition ConditionOf(const Json& document, const Switch& entry,
+                      std::span<const std::string> auto_keys) {
+  if (entry.only_with.empty()) return Condition::kOn;
+  if (std::find(auto_keys.begin(), auto_keys.end(), entry.only_with) != auto_keys.end()) {
+    return Condition::kAuto;
+  }
   const Json* other = Lookup(document, entry.only_with);
-  return other != nullptr && TrueForPython(*other);
+  return other != nullptr && TrueForPython(*other) ? Condition::kOn : Condition::kOff;
+}
+
+bool IsOn(const Json& document, const Switch& entry, Condition condition) {
+  const Json* value = Lookup(document, entry.path);
+  if (value == nullptr || condition == Condition::kOff) return false;
+  if (entry.above_one) return value->is_number() && value->get<double>() > 1.0;
+  return TrueForPython(*value);
+}
+
+// What the message adds when the switch applies because the one it applies with is "auto".
+std::string WithAuto(const Switch& entry, Condition condition) {
+  if (condition != Condition::kAuto) return {};
+  return fmt::format(" with {} = \"auto\" (DeepSpeed reads the switch whatever \"auto\" becomes)",
+                     entry.only_with);
 }
 
 std::string FixOf(const Switch& entry) {
@@ -245,12 +261,14 @@ void AcceptDeepSpeedKeys(ObjectReader& reader, DeepSpeedSection section, const A
   }
 }
 
-Status CheckDeepSpeedSwitches(const Json& document) {
+Status CheckDeepSpeedSwitches(const Json& document, std::span<const std::string> auto_keys) {
   for (const Switch& entry : kSwitches) {
-    if (!IsOn(document, entry)) continue;
+    const Condition condition = ConditionOf(document, entry, auto_keys);
+    if (!IsOn(document, entry, condition)) continue;
     return Status::InvalidArgument(
-        fmt::format("{} = {}: with it DeepSpeed {}, which zoe does not do; {}", entry.path,
-                    DescribeJson(*Lookup(document, entry.path)), entry.deepspeed, FixOf(entry)));
+        fmt::format("{} = {}{}: with it DeepSpeed {}, which zoe does not do; {}", entry.path,
+                    DescribeJson(*Lookup(document, entry.path)), WithAuto(entry, condition),
+                    entry.deepspeed, FixOf(entry)));
   }
   return Status::Ok();
 }

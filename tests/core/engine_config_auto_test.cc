@@ -74,7 +74,8 @@ TEST(EngineConfigAuto, AnythingButAutoWhereAutoMayStandIsAClearError) {
             "optimizer.params.lr: expected a number, or \"auto\" (decided by the framework), got "
             "\"atuo\"; did you mean \"auto\"?");
   EXPECT_THAT(ParseError(R"({"fp16": {"enabled": "Auto!"}})"),
-              HasSubstr("fp16.enabled: expected true or false, or \"auto\""));
+              HasSubstr("fp16.enabled = \"Auto!\" is not allowed; allowed: true or false"));
+  EXPECT_THAT(ParseError(R"({"bf16": {"enabled": "atuo"}})"), HasSubstr("did you mean \"auto\"?"));
   EXPECT_THAT(ParseError(R"({"optimizer": {"params": {"betas": "atuo"}}})"),
               HasSubstr("optimizer.params.betas: expected two numbers [beta1, beta2], or "
                         "\"auto\" (decided by the framework), got \"atuo\"; did you mean"));

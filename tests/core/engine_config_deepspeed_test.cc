@@ -110,14 +110,15 @@ TEST(EngineConfigDeepSpeed, DeepSpeedKeysWithoutEffectOnZoeAreAcceptedAndListed)
     "bf16": {"enabled": true, "immediate_grad_update": true, "loss_scale": 1.0},
     "aio": {"use_gds": false},
     "zero_optimization": {"zero_quantized_nontrainable_weights": false,
-                          "stage3_module_granularity_threshold": 0, "cpu_offload_param": false}})");
+                          "stage3_module_granularity_threshold": 0,
+                          "cpu_offload_use_pin_memory": false}})");
   EXPECT_TRUE(config.bf16.enabled);
   EXPECT_THAT(config.ignored_keys,
               ElementsAre("aio.use_gds", "bf16.immediate_grad_update", "bf16.loss_scale", "comet",
                           "compile", "eigenvalue", "graph_harvesting", "hybrid_engine", "nebula",
                           "seq_parallel_comm_data_type", "tensor_parallel",
                           "use_data_before_expert_parallelism", "vocabulary_size",
-                          "weight_quantization", "zero_optimization.cpu_offload_param",
+                          "weight_quantization", "zero_optimization.cpu_offload_use_pin_memory",
                           "zero_optimization.stage3_module_granularity_threshold",
                           "zero_optimization.zero_quantized_nontrainable_weights"));
   // Megatron-DeepSpeed spells the section bfloat16.

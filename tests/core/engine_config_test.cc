@@ -544,10 +544,12 @@ TEST(EngineConfig, WrongTypesAreErrors) {
       {R"({"zero_optimization": {"offload_param": "nvme"}})",
        "'zero_optimization.offload_param' must be a JSON object"},
       {R"({"optimizer": {"type": 1}})", "optimizer.type: expected a string, got 1"},
-      {R"({"fp16": {"enabled": "yes"}})", "fp16.enabled: expected true or false"},
+      {R"({"fp16": {"enabled": "ja"}})", "fp16.enabled = \"ja\" is not allowed; allowed: true"},
       {R"({"zoe": {"checksum": 1}})", "zoe.checksum: expected true or false"},
       {R"({"zoe": {"speculative": "on"}})", "zoe.speculative: expected true or false"},
-      {R"({"zero_optimization": {"stage": "3"}})", "zero_optimization.stage: expected an integer"},
+      {R"({"zero_optimization": {"stage": "three"}})",
+       "zero_optimization.stage = \"three\" is not allowed; allowed: an integer"},
+      {R"({"zero_optimization": {"stage": true}})", "zero_optimization.stage: expected an integer"},
   });
 }
 

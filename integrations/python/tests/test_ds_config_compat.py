@@ -71,8 +71,8 @@ def test_fp16_settings_must_be_finite_numbers():
     config = ds_config()
     config["fp16"] = {"enabled": True, "initial_scale_power": math.inf}
     refused(config, "fp16.initial_scale_power = inf is not allowed")
-    config["fp16"] = {"enabled": True, "loss_scale_window": "1000"}
-    refused(config, "fp16.loss_scale_window = '1000' is a string")
+    config["fp16"] = {"enabled": True, "loss_scale_window": "1e3"}  # pydantic's int takes "1000"
+    refused(config, 'fp16.loss_scale_window = "1e3" is not allowed; allowed: an integer')
 
 
 @pytest.mark.parametrize("section,match", [

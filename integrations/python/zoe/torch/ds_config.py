@@ -3,11 +3,16 @@
 scheduler, the ZeRO stage, its offload and its gradient buckets (reduce_bucket_size), fp16
 loss scaling and bf16. ``"auto"`` (as Hugging Face's configurations write it) counts as "not
 given": batch sizes are then derived, the buckets take zoe's default, the others DeepSpeed's;
-where there is no default (a schedule's total_num_steps, the ZeRO stage) it is refused. Each
-value read is checked for its type: a string, a bool or a non-finite number where a number is
-needed is refused naming the key. What the engine itself honours (offload placement, NVMe paths,
-the ``zoe`` section) and the DeepSpeed keys zoe does not act on (checked by the engine's parser:
-docs/configuration.md) stay in ``document`` and reach zoe.Engine as they are."""
+where there is no default (a schedule's total_num_steps, the ZeRO stage) it is refused. The
+sections DeepSpeed reads with pydantic are first read as pydantic reads them (ds_pydantic.py:
+"false" and "2" converted there, the deprecated offload switches turned into their sections);
+then each value read is checked for its type: a string, a bool or a non-finite number where a
+number is needed is refused naming the key. communication_data_type and
+data_types.grad_accum_dtype are accepted where they name what zoe does (fp32 reductions; the
+dtype zoe accumulates micro-batches in) and refused otherwise. What the engine itself honours
+(offload placement, NVMe paths, the ``zoe`` section) and the DeepSpeed keys zoe does not act on
+(checked by the engine's parser: docs/configuration.md) stay in ``document`` and reach
+zoe.Engine as they are."""
 
 import dataclasses
 import json
@@ -17,6 +22,7 @@ from typing import Any, Dict, Optional
 from ..engine import _config_text
 from .activation_checkpoint import checkpointing_config
 from .common import _invalid, whole_count
+from .ds_pydantic import normalize
 from .lr_schedules import SCHEDULES, required_parameters
 from .optim_kinds import finite_number
 
@@ -86,14 +92,16 @@ class TrainingConfig:
 
 
 def load_document(config):
-    """The configuration (a dict, JSON text or a path to a JSON file) as a fresh dict."""
+    """The configuration (a dict, JSON text or a path to a JSON file) as a fresh dict, the
+    sections DeepSpeed reads with pydantic read as pydantic reads them (ds_pydantic.normalize:
+    "false" is false there, and the deprecated offload switches become their sections)."""
     if config is None:
         raise _invalid("initialize needs a DeepSpeed configuration: config= a dict, JSON text "
                        "or the path of a JSON file (or args.deepspeed_config)")
     document = json.loads(_config_text(config) or "{}")
     if not isinstance(document, dict):
         raise _invalid("the DeepSpeed configuration must be a JSON object")
-    return document
+    return normalize(document)
 
 
 def _given(document, key):
@@ -297,9 +305,14 @@ def training_config(config, world_size):
     stage = _zero_stage(zero)
     if _enabled(document, "fp16") and _enabled(document, "bf16", "bfloat16"):
         raise _invalid("fp16.enabled and bf16.enabled are both true; enable one of them")
+    batch = batch_sizes(document, world_size)
+    precision = ("fp16" if _enabled(document, "fp16") else
+                 "bf16" if _enabled(document, "bf16", "bfloat16") else "fp32")
+    _check_communication_data_type(document)
+    _check_grad_accum_dtype(document, stage, precision, batch.gradient_accumulation_steps)
     return TrainingConfig(
         document=document,
-        batch=batch_sizes(document, world_size),
+        batch=batch,
         gradient_clipping=float(_number(document.get("gradient_clipping"), 0.0,
                                         "gradient_clipping")),
         optimizer=_optimizer_spec(document),
@@ -315,6 +328,54 @@ def training_config(config, world_size):
             if "activation_checkpointing" in document else None),
         reduce_bucket_size=_reduce_bucket_size(zero),
     )
+
+
+# The names DeepSpeed's DtypeEnum (runtime/config.py) takes for each dtype zoe may accumulate in.
+_DTYPE_NAMES = {
+    "fp32": ("fp32", "float32", "float", "torch.float32"),
+    "fp16": ("fp16", "float16", "half", "torch.float16"),
+    "bf16": ("bf16", "bfloat16", "torch.bfloat16"),
+}
+
+
+def _check_communication_data_type(document):
+    """communication_data_type, as DeepSpeed reads it (any letter case): "fp32" or none is
+    accepted, as zoe reduces gradients over the ranks in fp32 at every stage; "fp16" and
+    "bf16" (DeepSpeed then reduces in 16 bits) and anything else are refused naming the key."""
+    value = document.get("communication_data_type")
+    name = value.lower() if isinstance(value, str) else value
+    if name is None or name == "fp32":
+        return
+    if name in ("fp16", "bf16"):
+        raise _invalid(
+            f"communication_data_type = {value!r}: with it DeepSpeed reduces the gradients over "
+            f"the ranks in {name}, and zoe reduces them in fp32; set communication_data_type to "
+            '"fp32" or remove it')
+    raise _invalid(f"communication_data_type = {value!r} is not allowed; allowed: \"fp32\" "
+                   '(DeepSpeed also takes "fp16" and "bf16", which zoe does not reduce in)')
+
+
+def _check_grad_accum_dtype(document, stage, precision, accumulation):
+    """data_types.grad_accum_dtype: accepted when it names the dtype zoe accumulates the
+    gradients of a step's micro-batches in, or when a step has one micro-batch: fp32 at stage 3
+    (the optimizer's gradient stores), else the model's (param.grad: fp16 or bf16 when enabled,
+    else fp32); refused otherwise naming that dtype."""
+    types = document.get("data_types")
+    if types is None:
+        return
+    if not isinstance(types, dict):
+        raise _invalid(f"data_types = {types!r} is not allowed; allowed: an object")
+    value = types.get("grad_accum_dtype")
+    zoe_dtype = "fp32" if stage == 3 else precision
+    if value is None or accumulation == 1 or value in _DTYPE_NAMES[zoe_dtype]:
+        return
+    where = ("in the optimizer's gradient stores" if stage == 3
+             else "in param.grad, in the model's dtype")
+    raise _invalid(
+        f"data_types.grad_accum_dtype = {value!r} is not what zoe does: at "
+        f"zero_optimization.stage {stage} it accumulates the gradients of the {accumulation} "
+        f"micro-batches of a step {where}, {zoe_dtype}; set data_types.grad_accum_dtype to "
+        f'"{zoe_dtype}" or remove it')
 
 
 def _reduce_bucket_size(zero):

@@ -1,0 +1,36 @@
+// DeepSpeed reads some sections of its configuration with pydantic models (DeepSpeedConfigModel,
+// lax mode): zero_optimization and its offload_optimizer and offload_param (runtime/zero/
+// config.py, offload_config.py), hybrid_engine and tensor_parallel, and from 0.17 on fp16 and
+// bf16 (runtime/precision_config.py). pydantic converts a value to its field's type
+// where it can: "false" to false, "2" to 2, "1e9" to 1e9 where a float is wanted, and refuses
+// what it cannot. The other keys DeepSpeed reads with get_scalar_param, which converts nothing:
+// there a quoted "false" is a non-empty string, true for Python. This file reads the first kind
+// as pydantic does, before the section readers see them (zoe.torch's ds_pydantic.py does the
+// same for the keys zoe.torch.initialize reads itself).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "core/result.h"
+
+namespace zoe::config {
+
+// Converts in place, as pydantic's lax mode does, the values of the keys that DeepSpeed's
+// pydantic models type bool, int or float, in the sections above (bfloat16 too; only the keys
+// zoe accepts there): for a bool, "true", "false", "yes", "no", "on", "off", "t", "f", "y", "n",
+// "1", "0" in any letter case, and the numbers 0 and 1; for an int, a quoted integer (" 2 ",
+// "+2", "1_000", "2.0"; not "1e9" or "2.5"); for a float, a quoted number ("0.5", "1e9", "inf").
+// Numbers given where an int or a float is wanted, null and "auto" (which DeepSpeed's models drop)
+// are left for the section readers. Anything else pydantic refuses is InvalidArgument naming the
+// key, the value and what is allowed.
+Status CoercePydanticValues(nlohmann::json* document);
+
+// zero_optimization's deprecated offload switches as DeepSpeedZeroConfig reads them: cpu_offload
+// becomes offload_optimizer and cpu_offload_param becomes offload_param, {"device": "cpu"} when
+// true and {"device": "none"} when false or null ("auto" is removed). Given with the section it
+// stands for, it is InvalidArgument, as DeepSpeed refuses the pair. cpu_offload_params, the
+// spelling of DeepSpeed before 0.7 (later releases refuse it as an unknown key), is
+// InvalidArgument naming what to write. Runs after CoercePydanticValues.
+Status MapDeprecatedOffloadKeys(nlohmann::json* document);
+
+}  // namespace zoe::config

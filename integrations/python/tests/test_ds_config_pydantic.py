@@ -1,0 +1,251 @@
+"""The sections DeepSpeed reads with pydantic, read as pydantic reads them by zoe.torch.initialize
+and by the engine alike (quoted booleans and numbers converted, what pydantic refuses refused
+with the same message by both, "auto" and the get_scalar_param keys left alone); fp16 switches
+under fp16.enabled "auto"; the deprecated offload switches; load_from_fp32_weights; and the
+precision keys communication_data_type and data_types.grad_accum_dtype."""
+
+import pytest
+
+import zoe
+import zoe.torch
+from initialize_script import ds_config, make_model, train_engine
+from zoe.torch.ds_config import training_config
+from zoe.torch.ds_pydantic import BOOL, INT, TYPED_KEYS, normalize
+
+
+def initialize(config):
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+    return engine
+
+
+def refused(config, match):
+    with pytest.raises(zoe.InvalidArgument, match=match):
+        initialize(config).close()
+
+
+def nested(path, value):
+    """{"a": {"b": value}} for the path "a.b"."""
+    for part in reversed(path.split(".")):
+        value = {part: value}
+    return value
+
+
+def engine_error(document):
+    with pytest.raises(zoe.InvalidArgument) as error:
+        zoe.Engine(document).close()
+    return str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quoted values
+
+@pytest.mark.parametrize("section,key,kind", [
+    (section, key, kind) for section, keys in TYPED_KEYS.items() for key, kind in keys.items()])
+def test_the_engine_refuses_what_pydantic_refuses_with_the_message_initialize_gives(section, key,
+                                                                                    kind):
+    """Every typed key of ds_pydantic's table is in the engine's, of the same type."""
+    bad = {BOOL: "maybe", INT: "2.5"}.get(kind, "half")
+    with pytest.raises(zoe.InvalidArgument) as error:
+        normalize(nested(f"{section}.{key}", bad))
+    message = str(error.value)
+    assert f'{section}.{key} = "{bad}" is not allowed; allowed: ' in message
+    assert message in engine_error(nested(f"{section}.{key}", bad))
+    if key in ("cpu_offload", "cpu_offload_param"):
+        return  # converted, then replaced by their sections (below)
+    good = {BOOL: "Yes", INT: " +1_0.00 "}.get(kind, "1e1")
+    assert normalize(nested(f"{section}.{key}", good)) == nested(f"{section}.{key}",
+                                                                 {BOOL: True}.get(kind, 10))
+
+
+def test_quoted_values_of_pydantic_sections_train_as_deepspeed_reads_them():
+    config = ds_config(stage=1, offload="cpu")
+    config["zero_optimization"].update(stage="1", zero_quantized_weights="false",
+                                       zero_quantized_gradients="No", overlap_comm=1,
+                                       sub_group_size="64", reduce_bucket_size="1000")
+    config["hybrid_engine"] = {"enabled": "false", "max_out_tokens": "512"}
+    config["tensor_parallel"] = {"autotp_size": "1"}
+    training = training_config(config, 1)
+    assert training.zero_stage == 1
+    assert training.reduce_bucket_size == 1000
+    engine = initialize(config)
+    train_engine(engine, 0, 1, 0, 1)
+    assert engine.global_steps == 1
+    assert engine.zero_optimization_stage() == 1
+    engine.close()
+
+
+def test_quoted_fp16_settings_are_converted():
+    fp16 = training_config({"train_batch_size": 1, "fp16": {
+        "enabled": "true", "loss_scale_window": "500", "hysteresis": "1",
+        "consecutive_hysteresis": "on", "min_loss_scale": "0.5", "loss_scale": "0"}}, 1).fp16
+    assert fp16 == dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=500,
+                        hysteresis=1, consecutive_hysteresis=True, min_loss_scale=0.5)
+    assert training_config({"train_batch_size": 1, "bfloat16": {"enabled": "y"}}, 1).bf16
+    assert training_config({"train_batch_size": 1, "fp16": {"enabled": "0"}}, 1).fp16 is None
+
+
+@pytest.mark.parametrize("section,match", [
+    ({"tensor_parallel": {"autotp_size": "2"}},
+     "tensor_parallel.autotp_size = 2: with it DeepSpeed splits the model's layers"),
+    ({"zero_optimization": {"stage": 0, "zero_quantized_weights": "true"}},
+     "zero_optimization.zero_quantized_weights = true: with it DeepSpeed all-gathers"),
+    ({"zero_optimization": {"stage": 0, "overlap_comm": "sometimes"}},
+     'zero_optimization.overlap_comm = "sometimes" is not allowed; allowed: true or false'),
+    ({"zero_optimization": {"stage": "1e0"}},
+     'zero_optimization.stage = "1e0" is not allowed; allowed: an integer'),
+    ({"fp16": {"enabled": "atuo"}}, 'fp16.enabled = "atuo" is not allowed; allowed: true or '
+                                    'false .*; did you mean "auto"\\?'),
+    # get_scalar_param keys convert nothing: a quoted "false" is true for Python there.
+    ({"amp": {"enabled": "false"}}, 'amp.enabled = "false": with it DeepSpeed trains'),
+])
+def test_quoted_values_are_checked_as_deepspeed_reads_them(section, match):
+    config = ds_config()
+    config.update(section)
+    refused(config, match)
+
+
+def test_auto_stays_auto():
+    config = ds_config(stage=1, offload="cpu")
+    config["zero_optimization"].update(reduce_bucket_size="auto",
+                                       stage3_prefetch_bucket_size="auto", overlap_comm=None)
+    config["fp16"] = {"enabled": "auto", "loss_scale_window": "1000"}
+    training = training_config(config, 1)
+    assert training.reduce_bucket_size is None
+    assert training.fp16 is None
+    assert training.document["fp16"]["enabled"] == "auto"
+    initialize(config).close()
+
+
+# ---------------------------------------------------------------------------------------------
+# fp16 switches under fp16.enabled "auto"
+
+@pytest.mark.parametrize("key", ["auto_cast", "fp16_master_weights_and_grads"])
+def test_fp16_switches_are_refused_when_fp16_enabled_is_auto(key):
+    config = ds_config()
+    config["fp16"] = {"enabled": "auto", key: True}
+    refused(config, f'fp16.{key} = true with fp16.enabled = "auto" \\(DeepSpeed reads the '
+                    'switch whatever "auto" becomes\\): with it DeepSpeed')
+    config["fp16"][key] = False
+    initialize(config).close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Deprecated offload switches, load_from_fp32_weights
+
+def test_cpu_offload_offloads_the_optimizer_as_offload_optimizer_does():
+    config = ds_config(stage=2)
+    del config["zero_optimization"]["offload_optimizer"]
+    config["zero_optimization"]["cpu_offload"] = "true"
+    training = training_config(config, 1)
+    assert training.offload_optimizer == "cpu"
+    assert training.document["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    engine = initialize(config)
+    assert engine.zero_cpu_offload()
+    train_engine(engine, 0, 1, 0, 1)
+    engine.close()
+    config["zero_optimization"]["cpu_offload"] = False
+    assert training_config(config, 1).offload_optimizer == "none"
+
+
+@pytest.mark.parametrize("zero,match", [
+    ({"cpu_offload": False, "offload_optimizer": {"device": "cpu"}},
+     "zero_optimization.cpu_offload and zero_optimization.offload_optimizer are both given; "
+     "cpu_offload is DeepSpeed's deprecated spelling of offload_optimizer"),
+    ({"cpu_offload_param": True, "offload_param": {"device": "cpu"}},
+     "zero_optimization.cpu_offload_param and zero_optimization.offload_param are both given"),
+    ({"cpu_offload_params": True},
+     "zero_optimization.cpu_offload_params = true is DeepSpeed's spelling before 0.7, which later "
+     'releases refuse as an unknown key; for true write "offload_param": {"device": "cpu"}, for '
+     "false remove it"),
+])
+def test_deprecated_offload_switches_are_refused_where_deepspeed_refuses_them(zero, match):
+    document = {"zero_optimization": zero}
+    with pytest.raises(zoe.InvalidArgument) as error:
+        training_config(dict(document, train_batch_size=1), 1)
+    assert match in str(error.value)
+    assert match in engine_error(document)
+
+
+def test_load_from_fp32_weights_false_is_refused_with_16_bit_weights_at_stages_1_and_2():
+    config = ds_config(stage=1, offload="cpu")
+    config["bf16"] = {"enabled": True}
+    config["zero_optimization"]["load_from_fp32_weights"] = "false"
+    refused(config, "zero_optimization.load_from_fp32_weights = false: with it DeepSpeed's ZeRO "
+                    "stage 1 load takes the fp32 master weights from the model's bf16 weights")
+    config["zero_optimization"]["load_from_fp32_weights"] = True
+    initialize(config).close()
+    del config["bf16"]  # an fp32 model loads the same weights either way
+    config["zero_optimization"]["load_from_fp32_weights"] = False
+    initialize(config).close()
+    # DeepSpeed's stage 3 load does not read it.
+    with zoe.Engine({"zero_optimization": {"stage": 3, "load_from_fp32_weights": False},
+                     "bf16": {"enabled": True},
+                     "zoe": {"device": "host", "tensor_swap_bytes": "4M"}}):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# communication_data_type, data_types.grad_accum_dtype
+
+@pytest.mark.parametrize("value", [None, "fp32", "FP32"])
+def test_communication_in_fp32_is_accepted(value):
+    config = ds_config(stage=1, offload="cpu")
+    config["communication_data_type"] = value
+    engine = initialize(config)
+    engine.close()
+
+
+@pytest.mark.parametrize("value,match", [
+    ("bf16", "communication_data_type = 'bf16': with it DeepSpeed reduces the gradients over the "
+             'ranks in bf16, and zoe reduces them in fp32; set communication_data_type to "fp32" '
+             "or remove it"),
+    ("FP16", "communication_data_type = 'FP16': with it DeepSpeed reduces the gradients over the "
+             "ranks in fp16"),
+    ("fp64", "communication_data_type = 'fp64' is not allowed; allowed: \"fp32\""),
+])
+def test_communication_in_16_bits_is_refused(value, match):
+    config = ds_config()
+    config["communication_data_type"] = value
+    with pytest.raises(zoe.InvalidArgument, match=match):
+        training_config(config, 1)
+
+
+@pytest.mark.parametrize("stage,precision,value", [
+    (0, None, "fp32"), (2, None, "float"), (1, "bf16", "bf16"), (2, "fp16", "torch.float16"),
+    (3, "bf16", "fp32"), (3, None, "float32")])
+def test_grad_accum_dtype_is_accepted_where_zoe_accumulates_in_it(stage, precision, value):
+    config = ds_config(stage=stage)
+    if precision is not None:
+        config[precision] = {"enabled": True}
+    config["data_types"] = {"grad_accum_dtype": value}
+    training_config(config, 1)
+
+
+@pytest.mark.parametrize("stage,precision,value,match", [
+    (1, "bf16", "fp32",
+     "data_types.grad_accum_dtype = 'fp32' is not what zoe does: at zero_optimization.stage 1 "
+     "it accumulates the gradients of the 2 micro-batches of a step in param.grad, in the "
+     'model\'s dtype, bf16; set data_types.grad_accum_dtype to "bf16" or remove it'),
+    (3, "fp16", "fp16", "at zero_optimization.stage 3 it accumulates the gradients of the 2 "
+                        "micro-batches of a step in the optimizer's gradient stores, fp32"),
+    (0, None, "int8", "data_types.grad_accum_dtype = 'int8' is not what zoe does"),
+])
+def test_grad_accum_dtype_is_refused_where_zoe_accumulates_in_another(stage, precision, value,
+                                                                      match):
+    config = ds_config(stage=stage)
+    if precision is not None:
+        config[precision] = {"enabled": True}
+    config["data_types"] = {"grad_accum_dtype": value}
+    with pytest.raises(zoe.InvalidArgument) as error:
+        training_config(config, 1)
+    assert match in str(error.value)
+    # With one micro-batch per step there is nothing to accumulate.
+    config["gradient_accumulation_steps"] = 1
+    config["train_batch_size"] = config["train_micro_batch_size_per_gpu"]
+    training_config(config, 1)
+
+
+def test_precision_keys_are_the_frameworks_for_the_engine():
+    with zoe.Engine({"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "bf16"},
+                     "zoe": {"device": "host", "tensor_swap_bytes": "4M"}}) as engine:
+        assert engine.config["zero_optimization"]["stage"] == 3
