@@ -284,15 +284,18 @@ def test_a_zoe_optimizer_refuses_a_hyper_parameter_that_is_no_number():
 
 
 # The table of docs/deepspeed-migration.md: the scale before each of 8 steps with overflows at
-# x x x . . x . (DeepSpeed HEAD's sequences computed from runtime/fp16/loss_scaler.py).
-@pytest.mark.parametrize("keys,powers", [
-    ({}, [16, 16, 15, 14, 14, 14, 13, 13]),  # zoe's defaults
-    # DeepSpeed's ZeRO 1-3 with {"enabled": true}: 2^32, hysteresis 1
-    ({"initial_scale_power": 32, "hysteresis": 1}, [32, 31, 30, 29, 29, 29, 28, 28]),
-    ({"hysteresis": 1}, [16, 15, 14, 13, 13, 13, 12, 12]),  # DeepSpeed's stage 0 halvings
+# x x x . . x . (DeepSpeed HEAD's sequences computed from runtime/fp16/loss_scaler.py and
+# fused_optimizer.py), which zoe follows at each stage.
+@pytest.mark.parametrize("stage,keys,powers", [
+    (2, {}, [32, 31, 30, 29, 29, 29, 28, 28]),  # ZeRO 1-3, no dynamic key: 2^32, hysteresis 1
+    (2, {"hysteresis": 2}, [16, 16, 15, 14, 14, 14, 13, 13]),  # a key named: the documented
+    (2, {"loss_scale": 0}, [32, 31, 30, 29, 29, 29, 28, 28]),  # loss_scale is no dynamic key
+    (0, {}, [16, 15, 14, 13, 13, 13, 12, 12]),  # stage 0: no hysteresis
+    (0, {"hysteresis": 2}, [16, 15, 14, 13, 13, 13, 12, 12]),  # not read at stage 0
 ])
-def test_fp16_scale_sequences_follow_the_keys_written(keys, powers):
-    fp16 = training_config({"train_batch_size": 1, "fp16": dict(enabled=True, **keys)}, 1).fp16
+def test_fp16_scale_sequences_are_deepspeeds_at_each_stage(stage, keys, powers):
+    fp16 = training_config({"train_batch_size": 1, "zero_optimization": {"stage": stage},
+                            "fp16": dict(enabled=True, **keys)}, 1).fp16
     scaler = loss_scaler_for(fp16)
     scales = [scaler.loss_scale]
     for overflow in (True, True, True, False, False, True, False):

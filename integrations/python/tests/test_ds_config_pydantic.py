@@ -75,11 +75,12 @@ def test_quoted_values_of_pydantic_sections_train_as_deepspeed_reads_them():
 
 
 def test_quoted_fp16_settings_are_converted():
-    fp16 = training_config({"train_batch_size": 1, "fp16": {
+    fp16 = training_config({"train_batch_size": 1, "zero_optimization": {"stage": 1}, "fp16": {
         "enabled": "true", "loss_scale_window": "500", "hysteresis": "1",
         "consecutive_hysteresis": "on", "min_loss_scale": "0.5", "loss_scale": "0"}}, 1).fp16
     assert fp16 == dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=500,
-                        hysteresis=1, consecutive_hysteresis=True, min_loss_scale=0.5)
+                        hysteresis=1, consecutive_hysteresis=True, min_loss_scale=0.5,
+                        growth_delay=0)
     assert training_config({"train_batch_size": 1, "bfloat16": {"enabled": "y"}}, 1).bf16
     assert training_config({"train_batch_size": 1, "fp16": {"enabled": "0"}}, 1).fp16 is None
 

@@ -13,10 +13,17 @@ import zoe.torch
 from zoe.torch.loss_scaler import DynamicLossScaler, StaticLossScaler
 
 OVERFLOW_STEPS = (2, 3, 5)
-# DeepSpeed's rule from 2**4 with loss_scale_window 2 and hysteresis 2, for OVERFLOW_STEPS:
-# step 1 doubles (2 clean steps), 2 spends the hysteresis, 3 halves, 5 halves (the hysteresis
-# is not refilled until a window of clean steps), 7 doubles.
+# DeepSpeed's DynamicLossScaler (its ZeRO stages 1 to 3) from 2**4 with loss_scale_window 2 and
+# hysteresis 2, for OVERFLOW_STEPS: step 1 doubles (2 clean steps), 2 spends the hysteresis, 3
+# halves, 5 halves (the hysteresis is not refilled until a window of clean steps), 7 doubles.
 EXPECTED_SCALES = [16, 32, 32, 16, 16, 8, 8, 16]
+# DeepSpeed's stage 0 fp16 optimizers from 2**4 with loss_scale_window 2 (no hysteresis; a
+# doubling one step later): every overflow halves, and no window of clean steps is long enough.
+STAGE_0_SCALES = [16, 16, 8, 4, 4, 2, 2, 2]
+
+
+def expected_scales(stage):
+    return STAGE_0_SCALES if stage == 0 else EXPECTED_SCALES
 
 
 class HalfNet(torch.nn.Module):
@@ -73,7 +80,7 @@ def test_overflowing_steps_are_skipped_and_the_scale_follows_deepspeed():
                                                            config=fp16_config())
     assert engine.module.w.dtype == torch.float16 and engine.loss_scaler.loss_scale == 16
     scales, before, after = run_fp16_steps(engine, 8, OVERFLOW_STEPS)
-    assert scales == EXPECTED_SCALES
+    assert scales == STAGE_0_SCALES
     for step in range(8):
         same = all(torch.equal(a, b) for a, b in zip(before[step], after[step]))
         assert same == (step in OVERFLOW_STEPS), step
@@ -138,16 +145,57 @@ def test_min_scale_consecutive_hysteresis_and_static_scale():
     assert static.loss_scale == 128.0
 
 
-@pytest.mark.parametrize("config_scale,expected", [(0, 2.0 ** 16), (64, 64.0)])
-def test_deepspeed_defaults(config_scale, expected):
+@pytest.mark.parametrize("stage,config_scale,expected", [
+    (0, 0, (2.0 ** 16, 1, 1)),  # stage 0: 2^initial_scale_power, no hysteresis, doubles later
+    (2, 0, (2.0 ** 32, 1, 0)),  # ZeRO 1-3 with no dynamic key: DynamicLossScaler's own start
+    (2, 64, (64.0, None, None)),
+])
+def test_deepspeed_defaults(stage, config_scale, expected):
     config = fp16_config(loss_scale=config_scale)
     del config["fp16"]["initial_scale_power"], config["fp16"]["loss_scale_window"]
+    config["zero_optimization"]["stage"] = stage
     engine, _, _, _ = zoe.torch.initialize(model=HalfNet(), config=config)
-    assert engine.loss_scaler.loss_scale == expected
+    scaler = engine.loss_scaler
+    assert scaler.loss_scale == expected[0]
     if config_scale == 0:
-        assert (engine.loss_scaler.scale_window, engine.loss_scaler.delayed_shift,
-                engine.loss_scaler.min_scale) == (1000, 2, 1.0)
+        assert (scaler.scale_window, scaler.delayed_shift, scaler.growth_delay,
+                scaler.min_scale) == (1000, expected[1], expected[2], 1.0)
     engine.close()
+
+
+def deepspeed_stage_0_scales(pattern, scale, window, min_scale=1.0):
+    """DeepSpeed's stage 0 fp16 optimizers' _update_scale (runtime/fp16/fused_optimizer.py and
+    unfused_optimizer.py) written out: the scale after each step of an overflow pattern."""
+    last_overflow, scales = -1, []
+    for iteration, overflow in enumerate(pattern):
+        if overflow:
+            scale, last_overflow = max(scale / 2, min_scale), iteration
+        else:
+            stable = iteration - last_overflow - 1
+            if stable > 0 and stable % window == 0:
+                scale *= 2
+        scales.append(scale)
+    return scales
+
+
+def test_growth_delay_one_is_deepspeeds_stage_0_rule():
+    rng = random.Random(7)
+    pattern = [rng.random() < 0.2 for _ in range(300)]
+    scaler = DynamicLossScaler(initial_scale_power=10, loss_scale_window=4, hysteresis=1,
+                               growth_delay=1)
+    scales = []
+    for overflow in pattern:
+        scaler.update(overflow)
+        scales.append(scaler.loss_scale)
+    assert scales == deepspeed_stage_0_scales(pattern, 2.0 ** 10, 4)
+
+
+def test_a_scaler_saved_without_growth_delay_loads_as_zero():
+    saved = DynamicLossScaler(initial_scale_power=4).state_dict()
+    del saved["growth_delay"]
+    scaler = DynamicLossScaler(growth_delay=1)
+    scaler.load_state_dict(saved)
+    assert scaler.growth_delay == 0 and scaler.loss_scale == 16
 
 
 def fp16_run(stage, steps=len(EXPECTED_SCALES)):
@@ -188,7 +236,7 @@ def run_fp16_steps_read(engine, steps, overflows):
 
 def test_stage_3_skips_overflows_and_trains_as_stage_0():
     scales, before, after, skipped = fp16_run(3)
-    assert scales == EXPECTED_SCALES and skipped == len(OVERFLOW_STEPS)
+    assert scales == expected_scales(3) and skipped == len(OVERFLOW_STEPS)
     for step in range(len(EXPECTED_SCALES)):
         same = all(torch.equal(a, b) for a, b in zip(before[step], after[step]))
         assert same == (step in OVERFLOW_STEPS), step

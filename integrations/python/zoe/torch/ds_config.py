@@ -16,6 +16,7 @@ zoe.Engine as they are."""
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any, Dict, Optional
 
@@ -25,6 +26,8 @@ from .common import _invalid, whole_count
 from .ds_pydantic import normalize
 from .lr_schedules import SCHEDULES, required_parameters
 from .optim_kinds import finite_number
+
+log = logging.getLogger("zoe.torch")
 
 AUTO = "auto"
 
@@ -58,9 +61,14 @@ TORCH_ADAM_DEFAULTS = {
     "AdamW": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
 }
 
-# DeepSpeed's fp16 defaults (deepspeed/runtime/fp16/loss_scaler.py, runtime/constants.py).
+# DeepSpeed's documented fp16 defaults (runtime/constants.py).
 FP16_DEFAULTS = dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=1000,
                      hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0)
+# The fp16 keys whose presence makes DeepSpeed's ZeRO optimizers build their dynamic loss scaler
+# from the section (runtime/config.py get_dynamic_loss_scale_args); with none of them present
+# they take DynamicLossScaler's own defaults (runtime/fp16/loss_scaler.py): 2^32, hysteresis 1.
+DYNAMIC_SCALE_KEYS = ("initial_scale_power", "loss_scale_window", "min_loss_scale", "hysteresis",
+                      "consecutive_hysteresis")
 
 
 @dataclasses.dataclass
@@ -280,9 +288,9 @@ def _enabled(document, *keys):
     return any(document.get(key, {}).get("enabled") is True for key in keys)
 
 
-def _fp16_settings(document):
-    """DeepSpeed's fp16 settings (FP16_DEFAULTS filled in, each checked) when fp16 is enabled,
-    else None."""
+def _fp16_settings(document, stage):
+    """DeepSpeed's fp16 settings (FP16_DEFAULTS filled in, each checked, then the scaler rule of
+    DeepSpeed at ``stage``: _deepspeed_scaler_rule) when fp16 is enabled, else None."""
     if not _enabled(document, "fp16"):
         return None
     section = document["fp16"]
@@ -295,7 +303,24 @@ def _fp16_settings(document):
                 raise _invalid(f"fp16.{key} = {value!r} is not allowed; allowed: true or false")
         else:
             settings[key] = _number(value, default, f"fp16.{key}")
-    return settings
+    return _deepspeed_scaler_rule(settings, section, stage)
+
+
+def _deepspeed_scaler_rule(settings, section, stage):
+    """``settings`` as DeepSpeed's dynamic scaler at ZeRO ``stage`` takes them (loss_scaler.py):
+    at stage 0 its fp16 optimizers' own rule, which reads no hysteresis (1) and doubles one step
+    later (growth_delay 1); at stages 1 to 3 DynamicLossScaler's (growth_delay 0), with that
+    class's own start, 2^32 and hysteresis 1, when the section names none of
+    DYNAMIC_SCALE_KEYS."""
+    if stage == 0:
+        if settings["hysteresis"] != 1 and "hysteresis" in section:
+            log.warning("fp16.hysteresis = %s is not read at zero_optimization.stage 0, as "
+                        "DeepSpeed's stage 0 fp16 optimizer reads none: each overflow halves "
+                        "the loss scale", section["hysteresis"])
+        return dict(settings, hysteresis=1, consecutive_hysteresis=False, growth_delay=1)
+    if not any(key in section for key in DYNAMIC_SCALE_KEYS):
+        return dict(settings, initial_scale_power=32, hysteresis=1, growth_delay=0)
+    return dict(settings, growth_delay=0)
 
 
 def training_config(config, world_size):
@@ -320,7 +345,7 @@ def training_config(config, world_size):
         zero_stage=stage,
         offload_optimizer=_device_of(zero.get("offload_optimizer")),
         offload_param=_device_of(zero.get("offload_param")),
-        fp16=_fp16_settings(document),
+        fp16=_fp16_settings(document, stage),
         bf16=_enabled(document, "bf16", "bfloat16"),
         dataloader_drop_last=bool(document.get("dataloader_drop_last", False)),
         activation_checkpointing=(

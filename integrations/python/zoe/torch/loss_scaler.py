@@ -81,10 +81,10 @@ _SAVED_BEFORE = {"growth_delay": 0}
 
 
 def loss_scaler_for(fp16):
-    """The scaler of DeepSpeed's fp16 settings (ds_config.FP16_DEFAULTS filled in): static when
-    loss_scale > 0, else dynamic."""
+    """The scaler of DeepSpeed's fp16 settings (ds_config's, FP16_DEFAULTS filled in and
+    growth_delay set): static when loss_scale > 0, else dynamic."""
     if fp16["loss_scale"] > 0:
         return StaticLossScaler(fp16["loss_scale"])
     return DynamicLossScaler(fp16["initial_scale_power"], fp16["loss_scale_window"],
                              fp16["hysteresis"], fp16["consecutive_hysteresis"],
-                             fp16["min_loss_scale"], fp16.get("growth_delay", 0))
+                             fp16["min_loss_scale"], fp16["growth_delay"])
