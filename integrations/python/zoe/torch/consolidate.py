@@ -12,8 +12,9 @@ used (their sub_group_size: a sub_group_size as large as the shard makes a chunk
 shard); without, it holds one rank's shard state (master and moments) in DRAM.
 
 A stage 3 checkpoint (``pager.save_checkpoint``: parameter shards, each rank's optimizer over its
-shards) becomes {"model": the full parameters, "optimizer": the state dict above}, the same
-streaming, one rank at a time.
+shards, and the values of the shards no param group holds) becomes {"model": the full parameters,
+frozen ones too, "optimizer": the state dict above, over the parameters of its param groups}, the
+same streaming, one rank at a time.
 
     python3 -m zoe.consolidate [--scratch-dir DIR] CHECKPOINT_DIR OUT.pt
 
@@ -32,6 +33,7 @@ from .. import errors as zoe_errors
 from ..engine import BufferView, Engine
 from .checkpoint import _latest_of, read_manifest, shard_directory
 from .config import engine_config
+from .frozen_values import read_index, read_values
 from .optim_kinds import kind_named
 from .state_layout import unstepped_entry
 
@@ -201,8 +203,8 @@ def _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir):
                 f"rank {rank}'s optimizer in {shard_dir!r} holds segments of "
                 f"{[length for _, _, length, _ in pieces]} elements; its parameter shards are "
                 f"{[params[i]['counts'][rank] for i in held]}: allowed: an optimizer over "
-                "pager.shard_parameters() (parameters without requires_grad are not saved and "
-                "cannot be consolidated)",
+                "pager.shard_parameters() or over some of them, its param groups as the "
+                "manifest lists them",
             )
         for index, (group, offset, length, step) in zip(held, pieces):
             begin = sum(params[index]["counts"][:rank])
@@ -210,6 +212,30 @@ def _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir):
                 group.read_state(slot, offset, length, full[key][index][begin:].data_ptr())
             if step > 0:
                 steps[index] = int(step)
+
+
+def _frozen_values(directory, manifest):
+    """{name: full values} of the parameters no param group held (``frozen_parameters``), from
+    each rank's frozen values (frozen_values.py, checked against their sha256)."""
+    params = manifest["parameters"]
+    frozen = manifest.get("frozen_parameters", [])
+    values = {index: torch.empty(_numel(params[index]["shape"]),
+                                 dtype=getattr(torch, params[index]["dtype"]))
+              for index in frozen}
+    for rank in range(manifest["world_size"] if frozen else 0):
+        shard_dir = shard_directory(directory, manifest, rank)
+        held = [index for index in frozen if params[index]["counts"][rank] > 0]
+        index = read_index(shard_dir)
+        found = [(entry["index"], entry["numel"]) for entry in index["parameters"]]
+        if found != [(i, params[i]["counts"][rank]) for i in held]:
+            raise _corrupt(f"rank {rank}'s frozen values in {shard_dir!r} are of the "
+                           f"parameters {found} (index, elements); the manifest's frozen "
+                           f"parameters on that rank are {held}")
+        for number, flat in read_values(shard_dir, index):
+            begin = sum(params[number]["counts"][:rank])
+            values[number][begin:begin + flat.numel()] = flat
+    return {params[index]["name"]: tensor.view(tuple(params[index]["shape"]))
+            for index, tensor in values.items()}
 
 
 def _starts(lengths):
@@ -257,13 +283,17 @@ def _stage3_state_dict(directory, manifest, scratch_dir):
     _check_stage3_groups(directory, manifest)
     params = manifest["parameters"]
     kind = _kind_of(manifest)
-    full = {key: [torch.zeros(_numel(param["shape"]), dtype=torch.float32) for param in params]
+    grouped = {index for group in _group_parameters(manifest) for index in group}
+    full = {key: [torch.zeros(_numel(param["shape"]) if index in grouped else 0,
+                              dtype=torch.float32) for index, param in enumerate(params)]
             for key, _ in kind.slots(with_master=True)}
     steps = [0] * len(params)
     for rank in range(manifest["world_size"]):
         _read_stage3_shard(directory, manifest, rank, full, steps, scratch_dir)
     model = {param["name"]: full["master_param"][index].view(tuple(param["shape"]))
-             .to(getattr(torch, param["dtype"])) for index, param in enumerate(params)}
+             .to(getattr(torch, param["dtype"])) for index, param in enumerate(params)
+             if index in grouped}
+    model.update(_frozen_values(directory, manifest))
     for alias, name in manifest.get("tied", {}).items():
         model[alias] = model[name]
     state, groups, number = {}, [], 0

@@ -127,11 +127,12 @@ class EngineCheckpoints:
             ds_checkpoint.commit_save(save_dir, tag, save_latest)
 
     def _save_optimizer(self, directory, where):
-        """zoe's sharded optimizer: every rank its shard (each step agreed by save_sharded);
-        otherwise the ranks' optimizers are identical and rank 0 saves its own (agreed).
-        Returns {name: (size, sha256)} of a file hashed as it was written."""
+        """zoe's sharded optimizer: every rank its shard (each step agreed by save_sharded); at
+        stage 3 with the values of the frozen parameters (ds_stage3.Stage3.save); otherwise the
+        ranks' optimizers are identical and rank 0 saves its own (agreed). Returns
+        {name: (size, sha256)} of a file hashed as it was written."""
         path = os.path.join(directory, OPTIMIZER_DIR)
-        if self._sharded() and self._stage3 is not None:
+        if self._stage3 is not None:  # with the values of the frozen parameters
             self._stage3.save(path, self.optimizer, self.global_rank)
             return {}
         if self._sharded():
@@ -263,7 +264,7 @@ class EngineCheckpoints:
         agreed and puts back every rank's state when one fails (checkpoint.load_shard), an
         unsharded one loads transactionally on each rank (agreed)."""
         directory = os.path.join(path, OPTIMIZER_DIR)
-        if self._sharded() and self._stage3 is not None:
+        if self._stage3 is not None:  # with the frozen parameters' values
             self._stage3.load(directory, self.optimizer)
         elif self._sharded():
             self.optimizer.load_checkpoint(directory)

@@ -18,7 +18,9 @@ or Adagrad is stepped by zoe's own in its place, over the very same param group 
 DeepSpeed's ZeRO optimizer wraps a client optimizer: each group's hyper-parameters are the torch
 optimizer's, and a schedule over either optimizer sets the rates of both (at stage 3 the dicts
 hold what zoe steps: over ranks this rank's shards, in one process the paged parameters); other
-torch optimizers are refused naming the ones zoe takes. A user's ``lr_scheduler`` is a torch
+torch optimizers are refused naming the ones zoe takes. At stage 3 the optimizer holds the
+trainable parameters only (the frozen ones stay paged, and the checkpoints keep their values), as
+DeepSpeed's leaves out the parameters without requires_grad. A user's ``lr_scheduler`` is a torch
 scheduler over the engine's optimizer or a function of the optimizer returning one. Giving one
 in both places is refused, as each setting lives in one place."""
 
@@ -210,11 +212,13 @@ def _build_optimizer(optimizer, params, training, document, group):
 
 
 def _stage3_param_groups(model_parameters, module):
-    """The param groups stage 3 builds its optimizer over: None (one group of every parameter,
-    the config's settings) for no model_parameters= or the module's parameters; for param
-    groups (dicts), copies of them with their parameters listed (_with_frozen). InvalidArgument
-    for what stage 3 would not honour: other parameters than the module's trainable ones, or
-    groups that miss or repeat one (the optimizer steps every shard)."""
+    """The param groups stage 3 builds its optimizer over: None (one group of every trainable
+    parameter, the config's settings) for no model_parameters= or the module's parameters; for
+    param groups (dicts), copies of them with their parameters listed (ds_stage3._optimized
+    leaves their frozen parameters out: the optimizer holds the trainable ones only, as
+    DeepSpeed's). InvalidArgument for what stage 3 would not honour: other parameters than the
+    module's trainable ones, or groups that miss or repeat one (the optimizer steps every
+    trainable parameter's shard)."""
     if model_parameters is None:
         return None
     given = list(model_parameters)
@@ -226,16 +230,6 @@ def _stage3_param_groups(model_parameters, module):
                        "parameter in a group")
     groups = [dict(item, params=_listed(item["params"])) for item in given]
     _check_stage3_cover(groups, module, "model_parameters=")
-    return _with_frozen(groups, module)
-
-
-def _with_frozen(groups, module):
-    """``groups`` (dicts whose params are lists), the module's frozen parameters that no group
-    lists added to the last one (the optimizer holds every parameter's master weights)."""
-    listed = {id(param) for group in groups for param in group["params"]}
-    groups[-1]["params"] = groups[-1]["params"] + [
-        param for param in module.parameters()
-        if not param.requires_grad and id(param) not in listed]
     return groups
 
 
@@ -302,8 +296,7 @@ def _stage3_optimizer(optimizer, model_parameters, module, training, document, g
     _check_user_optimizer(optimizer, training)
     spec = _equivalent_spec(optimizer)
     _check_stage3_cover(optimizer.param_groups, module, "the optimizer given")
-    groups = _with_frozen(optimizer.param_groups, module)
-    return stage3_setup(module, spec, document, training, group, groups)
+    return stage3_setup(module, spec, document, training, group, optimizer.param_groups)
 
 
 def _build_scheduler(lr_scheduler, optimizer, training):

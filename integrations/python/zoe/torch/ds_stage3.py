@@ -1,8 +1,9 @@
 """ZeRO stage 3 under zoe.torch.initialize: the module's parameters paged through a zoe engine
 (offload_parameters; homed in DRAM for offload_param "none"/"cpu", on NVMe for "nvme") and, over a
 process group, partitioned across its ranks (a ShardedParameterPager, docs/zero3.md); the optimizer
-(the config's zoe.torch optimizer on the same engine) steps this rank's shards, or the paged
-parameters in one process. The gradients stream out of backward into the optimizer
+(the config's zoe.torch optimizer on the same engine) steps this rank's shards of the trainable
+parameters, or the paged trainable parameters in one process (the frozen ones stay paged, and the
+checkpoints keep their values). The gradients stream out of backward into the optimizer
 (grad_stream.py), which clips them to gradient_clipping by the global norm over every rank's shards
 and skips a non-finite step on every rank; under fp16 the engine takes that skip as the overflow
 (every rank alike) and lowers the loss scale.
@@ -16,13 +17,17 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .. import _capi
 from ..engine import Engine
 from .._capi import Access, Tier
+from ..errors import FailedPrecondition
 from .common import _invalid
 from .distributed import shard_bounds, shard_counts
 from .ds_config import AUTO
+from .frozen_values import check_index, has_frozen, load_frozen, read_index, save_frozen
 from .offload import offload_parameters
 from .optimizer import OPTIMIZERS
+from .paging import _distinct_named_parameters
 from .stage3_keep import (DEEPSPEED_MAX_LIVE_PARAMETERS, DEEPSPEED_MAX_REUSE_DISTANCE,
                           elements_setting)
 
@@ -51,9 +56,10 @@ class Stage3:
         memory (over ranks this rank's slice into its shard), one parameter at a time, the
         optimizer's master weights following them while its moments and step counts stay
         (DeepSpeed's refresh of its fp32 weights after a module-only load).
-        ``with_optimizer``: the optimizer's checkpoint was loaded before, and it holds every
-        parameter's master weights (frozen ones too: the optimizer is built over all), which
-        the parameters keep (after a ``custom_load_fn`` they are written again).
+        ``with_optimizer``: the optimizer's checkpoint was loaded before: it set every
+        parameter it steps to its master weights and the frozen ones to their saved values,
+        which the parameters keep (after a ``custom_load_fn`` the stepped ones are written
+        again).
         ``strict``: keys missing from ``state`` or unknown to the module are refused before
         anything changes (RuntimeError, as torch's load_state_dict); otherwise a parameter
         missing keeps its values. ``custom_load_fn(src=state, dst=model)``, when given, loads
@@ -93,18 +99,47 @@ class Stage3:
             memory.copy_(flat.view(memory.shape))
 
     def save(self, directory, optimizer, rank):
-        """The optimizer and the parameters it steps: every rank its shards, or rank 0."""
+        """The optimizer, the parameters it steps and the values of the others (frozen
+        parameters: frozen_values.py): every rank its shards, or rank 0."""
         if self.sharded:
             self.pager.save_checkpoint(directory, optimizer)
         elif rank == 0:
             optimizer.save_checkpoint(directory)
+            save_frozen(directory, self.pager, self._frozen(optimizer))
 
     def load(self, directory, optimizer):
-        """Loads what save wrote; the parameters take the saved master weights."""
+        """Loads what save wrote; the parameters take the saved master weights, the frozen
+        ones their saved values. In one process the frozen values are checked before the
+        optimizer loads, and a save written before they were kept (its optimizer held the
+        frozen parameters) is refused naming what loads it."""
         if self.sharded:
             self.pager.load_checkpoint(directory, optimizer)
-        else:
-            optimizer.load_checkpoint(directory)
+            return
+        frozen = self._frozen(optimizer)
+        index = None
+        if frozen or has_frozen(directory):
+            if not has_frozen(directory):
+                raise FailedPrecondition(
+                    _capi.Status.FAILED_PRECONDITION,
+                    f"the checkpoint in {directory!r} was saved by a zoe whose stage 3 "
+                    "optimizer held the frozen parameters (those no param group holds) with the "
+                    "trainable ones, and this optimizer holds only the trainable ones: load it "
+                    "with load_optimizer_states=False (the module's saved values, frozen ones "
+                    "too, and a fresh optimizer state)")
+            index = read_index(directory)
+            check_index(index, frozen, f"the checkpoint in {directory!r}")
+        optimizer.load_checkpoint(directory)
+        if index is not None:
+            load_frozen(directory, index, self.pager, frozen)
+
+    def _frozen(self, optimizer):
+        """(layout index, name, parameter) of the paged parameters (one process) that no param
+        group of ``optimizer`` holds, in the module's order (each parameter once, by its first
+        name)."""
+        stepped = {id(param) for group in optimizer.param_groups for param in group["params"]}
+        return [(index, name, param) for index, (name, param)
+                in enumerate(_distinct_named_parameters(self.pager.model))
+                if param.numel() > 0 and id(param) not in stepped]
 
     def close(self, optimizer):
         """Gives the module ordinary parameters again (a collective when sharded), closes the
@@ -214,25 +249,31 @@ def _gathered_in_bytes(module, engine):
 
 
 def _optimized(module, pager, sharded, param_groups):
-    """What the stage 3 optimizer is built over: every parameter (this rank's non-empty shards
-    when ``sharded``) in one group, or ``param_groups`` themselves (their settings over the
-    config's; the very dicts, so that a schedule over their first owner sets the optimizer's
-    rates), whose parameters the optimizer takes as this rank's shards of them (the zoe.torch
-    optimizers put a sharded model's parameters' shards in their place); the parameters never
-    paged (no elements) are left out when sharded, as from shard_parameters()."""
+    """What the stage 3 optimizer is built over: the trainable parameters (requires_grad; this
+    rank's non-empty shards of them when ``sharded``) in one group, or ``param_groups``
+    themselves (their settings over the config's; the very dicts, so that a schedule over
+    their first owner sets the optimizer's rates) without their frozen parameters, whose
+    parameters the optimizer takes as this rank's shards of them (the zoe.torch optimizers put
+    a sharded model's parameters' shards in their place); the parameters never paged (no
+    elements) are left out when sharded, as from shard_parameters(). The frozen parameters
+    stay paged, outside the optimizer (the checkpoints keep their values: frozen_values.py);
+    a group of frozen parameters only is kept, empty on every rank."""
     if param_groups is None:
-        return pager.shard_parameters() if sharded else list(module.parameters())
+        params = pager.shard_parameters() if sharded else list(module.parameters())
+        return [param for param in params if param.requires_grad]
     for group in param_groups:
-        group["params"] = [param for param in group["params"] if not sharded or param.numel() > 0]
+        group["params"] = [param for param in group["params"]
+                           if param.requires_grad and (not sharded or param.numel() > 0)]
     return param_groups
 
 
 def check_groups_on_every_rank(param_groups, world_size):
     """InvalidArgument, the same on every rank, for a param group of which some rank would hold
-    no shard (all its parameters smaller than the world size): every rank's optimizer must have
-    the same groups, each taking part in the step's collectives."""
+    no shard (all its trainable parameters smaller than the world size): every rank's optimizer
+    must have the same groups, each taking part in the step's collectives."""
     for number, param_group in enumerate(param_groups or []):
-        counts = [shard_counts(param.numel(), world_size) for param in param_group["params"]]
+        counts = [shard_counts(param.numel(), world_size) for param in param_group["params"]
+                  if param.requires_grad]
         if not any(any(c) for c in counts):
             continue  # empty on every rank alike (a group of no parameter): no rank differs
         empty = [rank for rank in range(world_size) if not any(c[rank] for c in counts)]

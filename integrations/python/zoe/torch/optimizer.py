@@ -798,9 +798,16 @@ class ZoeOptimizer(torch.optim.Optimizer):
         return packed_state_dict(self.param_groups, entries)
 
     def _create_groups(self):
-        """Creates every param group's zoe group that does not exist yet."""
-        for state in self._groups:
+        """Creates every param group's zoe group that does not exist yet (_held_groups)."""
+        for state in self._held_groups():
             self._zoe_group(state)
+
+    def _held_groups(self):
+        """The param groups that hold parameters: a group of none (Hugging Face's no-decay
+        group when nothing is left out of weight decay; at stage 3 a group of frozen
+        parameters only) has no zoe group, and checkpoints and state dicts keep nothing of it
+        but its hyper-parameters."""
+        return [state for state in self._groups if state.params]
 
     def _group_state(self, state):
         """[per-parameter state dict or None] of one (unsharded) group."""
@@ -864,7 +871,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
             self._create_groups()
             self._zero.save_checkpoint(self, directory)
             return
-        for state in self._groups:
+        for state in self._held_groups():
             self._zoe_group(state)
             self._check_masters(state)
         self._engine.save_checkpoint(directory)
@@ -919,7 +926,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
             raise ValueError("the checkpoint has a different number of parameter groups")
         self.check_loadable(saved_groups, f"the checkpoint in {directory!r}", kind_name,
                             created_now=True)
-        for state in self._groups:
+        for state in self._held_groups():
             self._zoe_group(state)
             self._check_masters(state)
         self._engine.load_checkpoint(directory)

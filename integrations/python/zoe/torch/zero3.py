@@ -57,7 +57,8 @@ rank's shards, or inside ``with pager.materialized():``).
   the global norm (refused, naming ``max_grad_norm``, once an optimizer streams them);
   ``any_gradient_nonfinite()`` asks the same of ``.grad`` with one all-reduce of a flag.
 - Checkpoints: ``pager.save_checkpoint(dir, optimizer)`` saves every rank's shards through its
-  optimizer (master weights, moments, step counts) as one sharded checkpoint whose manifest names
+  optimizer (master weights, moments, step counts), and the values of the shards no param group
+  holds (frozen parameters) beside them, as one sharded checkpoint whose manifest names
   each rank's save (ranks killed during a save all load the previous one:
   checkpoint.save_sharded); ``pager.load_checkpoint(dir, optimizer)`` restores them on the same
   world size. Each step of both is agreed: one rank's failure raises on every rank, naming it.
@@ -87,6 +88,7 @@ from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group, w
 from .device import check_paging_tier
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, TorchCollectives,
                           shard_counts)
+from .frozen_values import check_index, load_frozen, read_index, save_frozen
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
 from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
@@ -923,16 +925,27 @@ class ShardedParameterPager(ParameterPager):
                            "every rank's optimizer must have the same groups")
         return every[-1]
 
+    def _frozen_entries(self, members):
+        """(layout index, name, shard) of this rank's non-empty shards of the parameters no
+        param group holds (``members``: group_members), in the layout's order."""
+        held = {index for group in members for index in group}
+        return [(entry.index, entry.name, entry.shard) for entry in self._params
+                if entry.index not in held and entry.shard is not None]
+
     def save_checkpoint(self, directory, optimizer):
-        """Saves this rank's parameter shards with their optimizer state: ``optimizer`` (a
-        zoe.torch optimizer over ``shard_parameters()``, in one or several param groups) saves
-        its master weights, moments and step counts (the engine's streamed, crash-safe
-        checkpoint) to ``directory``/rank-<r>/save-<n>, and rank 0 a manifest naming every
-        rank's save, the parameters' layout and each param group's settings and parameters
-        (``group_parameters``: their layout indices, in the group's order); a save killed on
-        any rank leaves the previous checkpoint the one every rank loads (see
-        checkpoint.save_sharded). The shards the optimizer does not step (parameters without
-        requires_grad) are not saved. Every rank calls it."""
+        """Saves this rank's parameter shards: ``optimizer`` (a zoe.torch optimizer over
+        ``shard_parameters()`` or some of them, in one or several param groups) saves the
+        shards it steps with their master weights, moments and step counts (the engine's
+        streamed, crash-safe checkpoint) to ``directory``/rank-<r>/save-<n>, the values of the
+        shards no param group holds (frozen parameters: frozen_values.py) beside them, and
+        rank 0 a manifest naming every rank's save, the parameters' layout, each param group's
+        settings and parameters (``group_parameters``: their layout indices, in the group's
+        order) and the others (``frozen_parameters``); a save killed on any rank leaves the
+        previous checkpoint the one every rank loads (see checkpoint.save_sharded). Every rank
+        calls it."""
+        members = self.group_members(optimizer)
+        frozen = self._frozen_entries(members)
+        held = {index for group in members for index in group}
         manifest = {
             "zero_stage": 3,
             "groups": [],
@@ -940,27 +953,46 @@ class ShardedParameterPager(ParameterPager):
             "tied": self._tied_names(),
             "param_groups": [{key: value for key, value in group.items() if key != "params"}
                              for group in optimizer.param_groups],
-            "group_parameters": self.group_members(optimizer),
+            "group_parameters": members,
+            "frozen_parameters": [entry.index for entry in self._params
+                                  if entry.index not in held],
             "optimizer": optimizer.kind.name,
         }
-        save_sharded(directory, TorchCollectives(self.group), optimizer.save_checkpoint, manifest)
+        save_sharded(directory, TorchCollectives(self.group),
+                     lambda path: self._save_shard(path, optimizer, frozen), manifest)
+
+    def _save_shard(self, path, optimizer, frozen):
+        """This rank's save: the optimizer's, and the ``frozen`` shards' values beside it."""
+        optimizer.save_checkpoint(path)
+        save_frozen(path, self, frozen)
+
+    def _load_shard(self, path, optimizer, frozen):
+        """Loads what _save_shard wrote in ``path``: the frozen values checked first, so that a
+        failure leaves the optimizer and the shards as they were."""
+        index = read_index(path)
+        check_index(index, frozen, f"{path!r}")
+        optimizer.load_checkpoint(path)
+        load_frozen(path, index, self, frozen)
 
     def load_checkpoint(self, directory, optimizer):
         """Loads what save_checkpoint wrote on the same world size and parameters, into an
         optimizer whose param groups hold the same parameters in the same order (a checkpoint
         written before the manifest listed them: one group): ``optimizer`` loads this rank's
         save that the manifest names, which sets every shard it steps to its saved master
-        weights and each group's settings to the saved ones. Every rank calls it. Each step is
-        agreed: a failure on one rank raises on every rank, naming it, and leaves every rank's
-        optimizer and shards as they were (checkpoint.load_shard: the load needs room for one
-        more save of the shard beside it)."""
+        weights and each group's settings to the saved ones, and the shards no group holds
+        take their saved values. Every rank calls it. Each step is agreed: a failure on one
+        rank raises on every rank, naming it, and leaves every rank's optimizer and shards as
+        they were (checkpoint.load_shard: the load needs room for one more save of the shard
+        beside it)."""
         comm = TorchCollectives(self.group)
         where = f"the stage 3 checkpoint in {directory!r}"
         members = self.group_members(optimizer)
+        frozen = self._frozen_entries(members)
         shard_dir = comm.agreed(f"reading the manifest of {where}",
                                 lambda: self._shard_to_load(directory, optimizer, members))
-        load_shard(comm, f"loading the shards of {where}", shard_dir, optimizer.save_checkpoint,
-                   optimizer.load_checkpoint)
+        load_shard(comm, f"loading the shards of {where}", shard_dir,
+                   lambda path: self._save_shard(path, optimizer, frozen),
+                   lambda path: self._load_shard(path, optimizer, frozen))
 
     def _shard_to_load(self, directory, optimizer, members):
         """This rank's shard that the manifest in ``directory`` names; FailedPrecondition when
@@ -979,11 +1011,36 @@ class ShardedParameterPager(ParameterPager):
                 f"{len(layout)}: allowed: a stage 3 checkpoint of the same world size and "
                 "parameters (names, shapes, dtypes)"
             )
+        self._check_frozen(manifest, members, directory)
         self._check_group_members(manifest, members, directory)
         optimizer.check_loadable(manifest.get("param_groups", []),
                                  f"the checkpoint in {directory!r}", manifest.get("optimizer"),
                                  created_now=True)
         return shard_directory(directory, manifest, self.rank)
+
+    def _check_frozen(self, manifest, members, directory):
+        """FailedPrecondition when the manifest's parameters that no param group holds are not
+        those of ``members``; a manifest written before it kept them (its optimizer held every
+        parameter, the frozen ones in its last group) is refused naming what loads it."""
+        held = {index for group in members for index in group}
+        frozen = [entry.index for entry in self._params if entry.index not in held]
+        saved = manifest.get("frozen_parameters")
+        if saved is None and frozen:
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the checkpoint in {directory!r} was saved by a zoe whose stage 3 optimizer "
+                "held the frozen parameters (those no param group holds) with the trainable "
+                "ones, and this optimizer holds only the trainable ones: load it with "
+                "load_optimizer_states=False (engine.load_checkpoint: the module's saved values, "
+                "frozen ones too, and a fresh optimizer state), or into an optimizer over every "
+                "shard (pager.shard_parameters())")
+        if saved is not None and saved != frozen:
+            names = [[self._params[index].name for index in indices] for indices in (saved, frozen)]
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the checkpoint in {directory!r} holds the frozen parameters {names[0]} (those "
+                f"no param group holds); this model's are {names[1]}: freeze the same "
+                "parameters (requires_grad=False) as when it was saved")
 
     def _check_group_members(self, manifest, members, directory):
         """InvalidArgument, naming the first difference, when the manifest's param groups hold
