@@ -513,6 +513,7 @@ class DeviceGroup:
         zoe_group.speculate(
             self.optimizer._step_hyper(self._state()),
             params_out=[_staged_view(values) for values in self._param_host],
+            loss_scale=self.optimizer.grad_scale,
         )
 
     def _hand_over_ready(self):

@@ -10,9 +10,10 @@ Contract, as DeepSpeed's engine:
   return None, as DeepSpeed's.
 - ``engine(*inputs)`` runs the module.
 - ``backward(loss)`` divides the loss by gradient_accumulation_steps (and multiplies it by the
-  loss scale under fp16; a hook on each parameter divides its incoming gradient by the scale,
-  so ``.grad`` always holds unscaled gradients) and runs backward; on the boundary micro-batch
-  inside the optimizer's overlap() (_overlapped).
+  loss scale under fp16: ``.grad`` holds the scaled gradients, as DeepSpeed's, and a zoe
+  optimizer, told the scale as its grad_scale, divides them by it in fp32 as it steps, before
+  clipping) and runs backward; on the boundary micro-batch inside the optimizer's overlap()
+  (_overlapped).
 - ``step()`` is called after every micro-batch and steps only at the accumulation boundary
   (``is_gradient_accumulation_boundary()``: counted from ``micro_steps``, or as
   ``set_gradient_accumulation_boundary`` last set it, which backward's holding of stage 2's
@@ -20,10 +21,11 @@ Contract, as DeepSpeed's engine:
   zoe's ZeRO optimizer reduces its own at stages 1 and 2, the pager at stage 3), steps the
   optimizer (zoe's clip to gradient_clipping and skip a non-finite step on every rank by
   themselves, which is the fp16 overflow; for a torch optimizer the engine agrees the overflow
-  over the ranks and clips), steps the schedule unless the step overflowed, updates the loss scale
-  and zeroes the gradients. ``global_steps`` counts boundaries (skipped ones too, as
-  DeepSpeed's), ``micro_steps`` step() calls, ``skipped_steps`` overflows; was_step_applied()
-  says whether the latest step() changed the parameters. ``tput_timer`` times forward to step().
+  over the ranks, unscales the gradients in place and clips), steps the schedule unless the
+  step overflowed, updates the loss scale and zeroes the gradients. ``global_steps`` counts
+  boundaries (skipped ones too, as DeepSpeed's), ``micro_steps`` step() calls,
+  ``skipped_steps`` overflows; was_step_applied() says whether the latest step() changed the
+  parameters. ``tput_timer`` times forward to step().
 - ``save_checkpoint`` / ``load_checkpoint``: tagged, crash-safe folders (ds_checkpoint.py)
   holding the module, the optimizer (zoe's streaming checkpoint, sharded under ZeRO), the
   schedule, the loss scaler, the counters and the client state, and the checksums of the files
@@ -87,7 +89,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         self._boundary = None  # set_gradient_accumulation_boundary's; None: counted
         self._seconds = types.SimpleNamespace(forward=0.0, backward=0.0, step=0.0,
                                               reductions=0.0)  # see stats()
-        self._unscale_hooks = self._hook_unscaling() if loss_scaler is not None else []
+        self._grad_scale = 1.0  # the loss scale of the latest backward (fp16)
         self.tput_timer = self._throughput_timer()
 
     def __getattr__(self, name):
@@ -256,7 +258,8 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
             loss = loss.float() / self.gradient_accumulation_steps()
         scaled = loss
         if self.loss_scaler is not None:
-            scaled = scaled * self.loss_scaler.loss_scale
+            self._mark_grad_scale()
+            scaled = scaled * self._grad_scale
         boundary = self.is_gradient_accumulation_boundary()
         with self._reductions_held(not boundary), self._overlapped(boundary), \
                 _timed(self._seconds, "backward"):
@@ -377,7 +380,10 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
     def _average_gradients(self):
         """Stage 0 over several ranks: every gradient replaced by the ranks' mean, in one
         all-reduce of a flat buffer (a parameter without a gradient counts zeros; one without
-        a gradient on every rank stays without)."""
+        a gradient on every rank stays without). The buffer is fp32: fp16 gradients, scaled by
+        the loss scale, sum without overflowing and their mean fits fp16 again; an inf or NaN
+        on one rank makes the mean non-finite on every rank, which skips the step (the
+        overflow)."""
         params = self._params()
         present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64,
                                device=self._collective_device())
@@ -409,15 +415,41 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         return any(result is not None and result.skipped for result in self.optimizer.last_step)
 
     def _clip_torch_gradients(self):
-        """gradient_clipping for a torch optimizer (zoe's clip inside their step)."""
-        if self._training.gradient_clipping > 0:
+        """gradient_clipping for a torch optimizer (zoe's clip inside their step); under fp16
+        the gradients unscaled with it (_unscale_torch_gradients)."""
+        if self.loss_scaler is not None:
+            self._unscale_torch_gradients(self._training.gradient_clipping)
+        elif self._training.gradient_clipping > 0:
             torch.nn.utils.clip_grad_norm_(self._params(), self._training.gradient_clipping)
 
-    def _hook_unscaling(self):
-        """fp16: a hook per parameter dividing its incoming gradient by the loss scale."""
-        scaler = self.loss_scaler
-        return [param.register_hook(lambda grad: grad * (1.0 / scaler.loss_scale))
-                for param in self.module.parameters() if param.requires_grad]
+    def _mark_grad_scale(self):
+        """fp16, before a backward: the loss scale its gradients will carry in ``.grad``. A zoe
+        optimizer takes it as its grad_scale (its step, and a speculative update during the
+        backward, divide by it in fp32); a torch optimizer's gradients are unscaled before its
+        step (_unscale_torch_gradients)."""
+        self._grad_scale = self.loss_scaler.loss_scale
+        if isinstance(self.optimizer, ZoeOptimizer):
+            self.optimizer.grad_scale = self._grad_scale
+
+    @torch.no_grad()
+    def _unscale_torch_gradients(self, max_norm):
+        """fp16 with a torch optimizer (stage 0), right before its step: each ``.grad``
+        divided by the loss scale and multiplied by clip_grad_norm_'s factor for ``max_norm``
+        (0: none) over the unscaled gradients, in fp32, and stored back in its own dtype.
+        Without fp32 master weights this path keeps fp16's limits: an unscaled gradient below
+        fp16's smallest subnormal (about 6e-8) becomes 0, and one near it loses precision."""
+        grads = [param.grad for param in self._params() if param.grad is not None]
+        if not grads:
+            return
+        factor = 1.0
+        if max_norm > 0:
+            norms = [torch.linalg.vector_norm(grad.float()) for grad in grads]
+            norm = torch.linalg.vector_norm(torch.stack(norms)).cpu() / self._grad_scale
+            factor = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        if factor == 1.0 and self._grad_scale == 1.0:
+            return
+        for grad in grads:
+            grad.copy_(grad.float() * (factor / self._grad_scale))
 
     def _overlapped(self, boundary):
         """On the boundary micro-batch: a zoe optimizer's overlap() (its device groups' hooks
@@ -436,11 +468,8 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         return no_sync() if hold and no_sync is not None else contextlib.nullcontext()
 
     def close(self):
-        """Removes the engine's hooks and closes the optimizer it created (its zoe engine and
-        swap files); idempotent. DeepSpeed's ``destroy()`` is the same."""
-        for handle in self._unscale_hooks:
-            handle.remove()
-        self._unscale_hooks = []
+        """Closes the optimizer the engine created (its zoe engine and swap files); idempotent.
+        DeepSpeed's ``destroy()`` is the same."""
         if self._stage3 is not None:
             stage3, self._stage3 = self._stage3, None
             stage3.close(self.optimizer)

@@ -11,6 +11,10 @@ scaling is at most ``max_norm * norm_g / (norm + 1e-6)``, below ``max_norm`` -- 
 rounding of the factor, which can leave a group holding nearly all of the norm a relative 1e-7
 above it, and clipped by that much more.
 
+Gradients that carry a loss scale (the optimizer's grad_scale under fp16) are summed as they
+are and the norm divided by it: clipping and the skip act on the unscaled norm, and each
+group's zoe step divides its gradients by grad_scale times the clip's loss_scale.
+
 A global norm that is inf or NaN skips the step of every group (each group's gradients
 dropped, its state as it was), with or without clipping, as an fp16 overflow does: no group
 steps while another skips. Every rank of a sharded optimizer sees the same all-reduced norm and
@@ -27,17 +31,18 @@ from .grad_stream import clip_coefficient
 @dataclasses.dataclass(frozen=True)
 class GlobalClip:
     norm: float  # L2 norm of every group's unscaled gradients (inf or NaN: skip every group)
-    loss_scale: float  # each group's zoe step divides its gradients by it: 1 / the clip factor
+    loss_scale: float  # 1 / the clip factor: each group's zoe step divides by it (x grad_scale)
 
     @property
     def skip(self):
         return not math.isfinite(self.norm)
 
     @classmethod
-    def of(cls, sum_squares, max_norm):
-        """The clip of gradients whose squares add up to ``sum_squares``, to ``max_norm`` (0:
-        none, the factor 1); the factor in fp32, as clip_grad_norm_ computes it."""
-        norm = math.sqrt(sum_squares) if sum_squares >= 0.0 else math.nan
+    def of(cls, sum_squares, max_norm, grad_scale=1.0):
+        """The clip of gradients whose squares add up to ``sum_squares`` and which carry the
+        factor ``grad_scale``, to ``max_norm`` (0: none, the factor 1) by their norm divided by
+        ``grad_scale``; the factor in fp32, as clip_grad_norm_ computes it."""
+        norm = math.sqrt(sum_squares) / grad_scale if sum_squares >= 0.0 else math.nan
         if not math.isfinite(norm):
             return cls(norm=norm, loss_scale=1.0)
         factor = clip_coefficient(torch.tensor(norm, dtype=torch.float32), max_norm)

@@ -188,6 +188,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
         # None: the engine configuration's gradient_clipping; 0.0: no clipping
         self._max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self._last_grad_norm = None  # the latest step's, all groups together (last_grad_norm)
+        self._grad_scale = 1.0  # the factor the gradients carry (grad_scale)
         self._speculative_asked = speculative  # None: the engine configuration decides
         self._zero_copy = zero_copy
         self._owns_engine = engine is None
@@ -271,9 +272,25 @@ class ZoeOptimizer(torch.optim.Optimizer):
     @property
     def last_grad_norm(self):
         """The norm of every gradient the latest step took, all param groups (and ranks)
-        together, unscaled, as clip_grad_norm_ returns it; inf or NaN for a skipped step; None
-        before the first step with gradients."""
+        together, before clipping and divided by grad_scale, as clip_grad_norm_ returns it; inf
+        or NaN for a skipped step; None before the first step with gradients."""
         return self._last_grad_norm
+
+    @property
+    def grad_scale(self):
+        """The factor the gradients in ``.grad`` carry, 1.0 unless set: fp16 loss scaling's
+        scale of the backward that produced them (zoe.torch.initialize's engine sets it in
+        backward). Every step divides the gradients by it in fp32 (zoe's loss_scale) together
+        with the clip factor, so clipping, ``last_grad_norm`` and the update see the unscaled
+        gradients while ``.grad`` keeps the scaled ones, as DeepSpeed's fp16 optimizers."""
+        return self._grad_scale
+
+    @grad_scale.setter
+    def grad_scale(self, value):
+        value = float(value)
+        if not (value > 0.0 and math.isfinite(value)):
+            raise _invalid(f"grad_scale {value} is out of range; allowed: (0, inf)")
+        self._grad_scale = value
 
     def close(self):
         """Closes the engine when the optimizer created it (idempotent)."""
@@ -576,12 +593,12 @@ class ZoeOptimizer(torch.optim.Optimizer):
         zoe's step, reading its gradients once."""
         if len(self._groups) < 2:
             return None
-        return GlobalClip.of(self._groups_sum_squares(), self._clip_norm())
+        return GlobalClip.of(self._groups_sum_squares(), self._clip_norm(), self._grad_scale)
 
     def _groups_sum_squares(self):
-        """The sum of squares of every group's gradients: zoe's scan of those handed to it,
-        torch's norms of the rest; a sharded optimizer's over every rank (one all-reduce), a
-        streamed group's (stage 3) over its pager's ranks already."""
+        """The sum of squares of every group's gradients as they are (times grad_scale): zoe's
+        scan of those handed to it, torch's norms of the rest; a sharded optimizer's over every
+        rank (one all-reduce), a streamed group's (stage 3) over its pager's ranks already."""
         if self._zero is not None:
             return self._zero.grad_sum_squares(self._groups)
         total = 0.0
@@ -606,11 +623,12 @@ class ZoeOptimizer(torch.optim.Optimizer):
     def _step_group(self, state, clip=None):
         """One param group's step: on its device, sharded across the ranks (every rank
         together; the reduced gradients and the buckets' counts are dropped whatever happens),
-        or on the host; under ``clip`` (a GlobalClip, or None), scaled by it or dropped."""
+        or on the host; under ``clip`` (a GlobalClip, or None), scaled by it or dropped. zoe
+        divides the gradients by grad_scale times the clip's loss_scale."""
         if clip is not None and clip.skip:
             self._drop_group_step(state, clip.norm)
             return
-        loss_scale = 1.0 if clip is None else clip.loss_scale
+        loss_scale = self._grad_scale * (1.0 if clip is None else clip.loss_scale)
         if state.device is not None:
             self._device_step(state, loss_scale)
             return
@@ -661,10 +679,11 @@ class ZoeOptimizer(torch.optim.Optimizer):
     def _step_streamed(self, state, clip=None):
         """The step of a param group whose paged parameters' gradients were streamed out of
         backward (grad_stream.py): skipped when the global norm is inf/NaN (every rank of a
-        sharded pager together), else stepped window by window, clipped by the global norm."""
+        sharded pager together), else stepped window by window, unscaled by grad_scale and
+        clipped by the global norm of the unscaled gradients."""
         stream, params = state.stream, state.params
         stream.check_usable()
-        norm, state.stream_norm = state.stream_norm, None
+        norm, state.stream_norm = state.stream_norm / self._grad_scale, None
         if not stream.any_present(params):
             state.last_step = None
             return
@@ -675,8 +694,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
             stream.clear()
             state.last_step = combined_result([], norm, True, steps)
             return
-        loss_scale = (1.0 / clip_coefficient(norm, self._clip_norm()) if clip is None
-                      else clip.loss_scale)
+        loss_scale = self._grad_scale * (1.0 / clip_coefficient(norm, self._clip_norm())
+                                         if clip is None else clip.loss_scale)
         results = stream.step(params, zoe_group, self._step_hyper(state), loss_scale,
                               lambda present: self._write_back(state, present))
         state.last_step = combined_result(results, norm, False,
