@@ -90,13 +90,18 @@ def test_overflowing_steps_are_skipped_and_the_scale_follows_deepspeed():
     engine.close()
 
 
-def test_gradients_are_unscaled_before_the_step():
-    engine, _, _, _ = zoe.torch.initialize(model=HalfNet(), config=fp16_config())
+def test_gradients_stay_scaled_until_the_step():
+    """.grad holds the gradient times the loss scale (fp16 keeps the small values); the step
+    divides by the scale in fp32 (test_fp16_unscale.py)."""
+    engine, optimizer, _, _ = zoe.torch.initialize(model=HalfNet(), config=fp16_config())
     x = inputs(0, 0, False)
     engine.backward((engine(x).float() ** 2).mean())
     reference = HalfNet().half()
     ((reference(x).float() ** 2).mean() / 2).backward()
-    torch.testing.assert_close(engine.module.w.grad, reference.w.grad, rtol=2e-3, atol=1e-4)
+    scale = engine.loss_scaler.loss_scale
+    assert optimizer.grad_scale == scale
+    torch.testing.assert_close(engine.module.w.grad.float() / scale, reference.w.grad.float(),
+                               rtol=2e-3, atol=1e-4)
     engine.close()
 
 
