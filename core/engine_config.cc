@@ -402,24 +402,29 @@ Status ResolveChecksum(const Json& document, EngineConfig* config) {
   return Status::Ok();
 }
 
-// With load_from_fp32_weights false, DeepSpeed's stage 1 and 2 loads take the fp32 master
-// weights from the model's 16-bit weights (stage_1_and_2.py and bf16_optimizer.py,
-// _restore_from_bit16_weights); zoe's checkpoints always restore the fp32 master weights they
-// hold. With an fp32 model both give the same weights, and DeepSpeed's stage 0 and stage 3 loads
-// do not read the key (stage 3 restores the checkpoint's fp32 weights).
+// With load_from_fp32_weights false, DeepSpeed's stage 1 and 2 loads, and its bf16 optimizer's
+// at stage 0 (BF16_Optimizer), take the fp32 master weights from the model's 16-bit weights
+// (stage_1_and_2.py and bf16_optimizer.py, _restore_from_bit16_weights); zoe's checkpoints always
+// restore the fp32 master weights they hold. With an fp32 model both give the same weights;
+// DeepSpeed's fp16 stage 0 and its stage 3 loads do not read the key (stage 3 restores the
+// checkpoint's fp32 weights).
 Status CheckLoadFromFp32Weights(const Json& document, const EngineConfig& config) {
-  const bool sixteen_bit = config.fp16.enabled || config.bf16.enabled;
   const bool stage_1_or_2 = config.zero.stage == 1 || config.zero.stage == 2;
+  const bool reads_it = (stage_1_or_2 && (config.fp16.enabled || config.bf16.enabled)) ||
+                        (config.zero.stage == 0 && config.bf16.enabled);
   const auto zero = document.find("zero_optimization");
-  if (!sixteen_bit || !stage_1_or_2 || zero == document.end()) return Status::Ok();
+  if (!reads_it || zero == document.end()) return Status::Ok();
   const auto given = zero->find("load_from_fp32_weights");  // a bool: ReadZero read it
   if (given == zero->end() || *given != false) return Status::Ok();
+  const std::string loader = config.zero.stage == 0
+                                 ? std::string("bf16 optimizer's load at ZeRO stage 0")
+                                 : fmt::format("ZeRO stage {} load", config.zero.stage);
   return Status::InvalidArgument(fmt::format(
-      "zero_optimization.load_from_fp32_weights = false: with it DeepSpeed's ZeRO stage {} "
-      "load takes the fp32 master weights from the model's {} weights, rounded, instead of the "
-      "checkpoint's fp32 copies; zoe's checkpoints always restore the fp32 master weights they "
-      "hold: set zero_optimization.load_from_fp32_weights to true or remove it",
-      config.zero.stage, config.fp16.enabled ? "fp16" : "bf16"));
+      "zero_optimization.load_from_fp32_weights = false: with it DeepSpeed's {} takes the fp32 "
+      "master weights from the model's {} weights, rounded, instead of the checkpoint's fp32 "
+      "copies; zoe's checkpoints always restore the fp32 master weights they hold: set "
+      "zero_optimization.load_from_fp32_weights to true or remove it",
+      loader, config.fp16.enabled ? "fp16" : "bf16"));
 }
 
 Status CheckAcrossSections(const Json& document, EngineConfig* config) {
@@ -526,6 +531,7 @@ Result<EngineConfig> ParseEngineConfigDocument(const Json& given) {
   if (document.is_object()) {  // the reader refuses anything else
     ZOE_RETURN_IF_ERROR(CoercePydanticValues(&document));
     ZOE_RETURN_IF_ERROR(MapDeprecatedOffloadKeys(&document));
+    DropDefaultedValues(&document);
   }
   ZOE_RETURN_IF_ERROR(StripAutoValues(&document, &config.auto_keys));
   const AcceptedKeys keys{&config.ignored_keys, &config.framework_keys};

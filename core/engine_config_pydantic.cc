@@ -277,7 +277,36 @@ constexpr std::array<DeprecatedOffload, 2> kDeprecatedOffloads = {{
     {"cpu_offload_param", "offload_param"},
 }};
 
+// DeepSpeed's pydantic sections (the objects DropDefaultedValues looks into).
+constexpr std::array<std::string_view, 8> kPydanticSections = {
+    kZero,  kOffloadOptimizer, kOffloadParam,   "fp16",
+    "bf16", "bfloat16",        "hybrid_engine", "tensor_parallel"};
+
+// Whether "auto" at `key` of `section` is zoe's to read (the framework decides: StripAutoValues).
+bool AutoIsZoes(std::string_view section, std::string_view key) {
+  return key == "enabled" && (section == "fp16" || section == "bf16" || section == "bfloat16");
+}
+
 }  // namespace
+
+void DropDefaultedValues(Json* document) {
+  for (std::string_view section : kPydanticSections) {
+    Json* object = ObjectAt(document, section);
+    if (object == nullptr) continue;
+    for (auto it = object->begin(); it != object->end();) {
+      const bool offload =
+          section == kZero && (it.key() == "offload_optimizer" || it.key() == "offload_param");
+      if (offload && it->is_null()) {
+        *it = Json{{"device", "none"}};  // DeepSpeed's None: no offload (zoe's default: cpu)
+        ++it;
+      } else if (it->is_null() || (*it == "auto" && !AutoIsZoes(section, it.key()))) {
+        it = object->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
 
 Status CoercePydanticValues(Json* document) {
   for (const TypedKey& entry : kTypedKeys) {

@@ -33,4 +33,12 @@ Status CoercePydanticValues(nlohmann::json* document);
 // InvalidArgument naming what to write. Runs after CoercePydanticValues.
 Status MapDeprecatedOffloadKeys(nlohmann::json* document);
 
+// The values DeepSpeed's pydantic models read as their field's default, removed from the
+// sections above, so that the section readers see the key absent: "auto" (the models drop it;
+// fp16.enabled and bf16.enabled keep theirs, which the framework decides) and null (an Optional
+// field's None, as accelerate writes "nvme_path": null). zero_optimization's offload_optimizer
+// or offload_param given as null becomes {"device": "none"}, DeepSpeed's None (no offload),
+// where zoe's default without the section is the CPU. Runs after MapDeprecatedOffloadKeys.
+void DropDefaultedValues(nlohmann::json* document);
+
 }  // namespace zoe::config

@@ -44,7 +44,9 @@ TEST(EngineConfigAuto, TheHuggingFaceZero3ExampleParsesWithZoesDefaultsForAutoVa
   EXPECT_EQ(config.zero.sub_group_size, 1'000'000'000u);
   EXPECT_EQ(config.zero.offload_param.device, OffloadDevice::kCpu);
   EXPECT_TRUE(config.zero.offload_optimizer.pin_memory);
-  EXPECT_THAT(config.framework_keys, ::testing::Contains("zero_optimization.reduce_bucket_size"));
+  // "auto" in a pydantic section is the key's default, as DeepSpeed's models drop it.
+  EXPECT_THAT(config.framework_keys,
+              ::testing::Not(::testing::Contains("zero_optimization.reduce_bucket_size")));
   EXPECT_THAT(config.framework_keys, ::testing::Contains("train_batch_size"));
 }
 

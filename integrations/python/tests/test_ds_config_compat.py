@@ -49,6 +49,18 @@ def test_accelerates_infinite_steps_per_print_is_accepted(as_text):
     engine.close()
 
 
+# accelerate's DeepSpeedPlugin writes the offload sections with an Optional path as null, and
+# DeepSpeed's models take "auto" anywhere in their sections as the key's default.
+def test_accelerates_null_paths_and_auto_in_offload_sections_are_defaults():
+    config = ds_config(stage=2, offload="cpu")
+    config["zero_optimization"]["offload_optimizer"].update(nvme_path=None, pin_memory="auto")
+    config["zero_optimization"]["offload_param"] = {"device": "none", "nvme_path": None}
+    engine, _, _ = initialize(config)
+    train_engine(engine, 0, 1, 0, 1)
+    assert engine.global_steps == 1
+    engine.close()
+
+
 @pytest.mark.parametrize("path,value,match", [
     ("gradient_clipping", math.inf, "gradient_clipping = inf is not allowed; allowed: a finite "
                                     "number"),
@@ -284,12 +296,12 @@ def test_a_zoe_optimizer_refuses_a_hyper_parameter_that_is_no_number():
 
 
 # The table of docs/deepspeed-migration.md: the scale before each of 8 steps with overflows at
-# x x x . . x . (DeepSpeed HEAD's sequences computed from runtime/fp16/loss_scaler.py and
-# fused_optimizer.py), which zoe follows at each stage.
+# x x x . . x . (DeepSpeed's sequences from runtime/fp16/loss_scaler.py and fused_optimizer.py,
+# 0.17.1 on), which zoe follows at each stage.
 @pytest.mark.parametrize("stage,keys,powers", [
-    (2, {}, [32, 31, 30, 29, 29, 29, 28, 28]),  # ZeRO 1-3, no dynamic key: 2^32, hysteresis 1
-    (2, {"hysteresis": 2}, [16, 16, 15, 14, 14, 14, 13, 13]),  # a key named: the documented
-    (2, {"loss_scale": 0}, [32, 31, 30, 29, 29, 29, 28, 28]),  # loss_scale is no dynamic key
+    (2, {}, [16, 16, 15, 14, 14, 14, 13, 13]),  # ZeRO 1-3: the documented defaults
+    (2, {"hysteresis": 1}, [16, 15, 14, 13, 13, 13, 12, 12]),
+    (2, {"initial_scale_power": 32, "hysteresis": 1}, [32, 31, 30, 29, 29, 29, 28, 28]),
     (0, {}, [16, 15, 14, 13, 13, 13, 12, 12]),  # stage 0: no hysteresis
     (0, {"hysteresis": 2}, [16, 15, 14, 13, 13, 13, 12, 12]),  # not read at stage 0
 ])

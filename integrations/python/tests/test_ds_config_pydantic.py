@@ -188,26 +188,36 @@ def test_load_from_fp32_weights_false_is_refused_with_16_bit_weights_at_stages_1
 # ---------------------------------------------------------------------------------------------
 # communication_data_type, data_types.grad_accum_dtype
 
-@pytest.mark.parametrize("value", [None, "fp32", "FP32"])
-def test_communication_in_fp32_is_accepted(value):
+@pytest.mark.parametrize("value", [None, "fp32", "FP32", "bf16", "fp16"])
+def test_communication_data_types_deepspeed_takes_are_accepted(value):
     config = ds_config(stage=1, offload="cpu")
     config["communication_data_type"] = value
     engine = initialize(config)
     engine.close()
 
 
-@pytest.mark.parametrize("value,match", [
-    ("bf16", "communication_data_type = 'bf16': with it DeepSpeed reduces the gradients over the "
-             'ranks in bf16, and zoe reduces them in fp32; set communication_data_type to "fp32" '
-             "or remove it"),
-    ("FP16", "communication_data_type = 'FP16': with it DeepSpeed reduces the gradients over the "
-             "ranks in fp16"),
-    ("fp64", "communication_data_type = 'fp64' is not allowed; allowed: \"fp32\""),
-])
-def test_communication_in_16_bits_is_refused(value, match):
+def test_communication_in_16_bits_other_than_the_models_logs_fp32_over_ranks(caplog):
     config = ds_config()
-    config["communication_data_type"] = value
-    with pytest.raises(zoe.InvalidArgument, match=match):
+    config["communication_data_type"] = "FP16"
+    training_config(config, 1)  # nothing reduced: nothing to say
+    assert "reduces the gradients" not in caplog.text
+    config = ds_config(world=2)
+    config["communication_data_type"] = "FP16"
+    training_config(config, 2)
+    assert "communication_data_type = 'FP16': zoe reduces the gradients over the ranks in " \
+        "fp32, where DeepSpeed would reduce them in fp16" in caplog.text
+    config["bf16"] = {"enabled": True}
+    config["communication_data_type"] = "bf16"  # the model's dtype: DeepSpeed's default
+    caplog.clear()
+    training_config(config, 2)
+    assert "reduces the gradients" not in caplog.text
+
+
+def test_communication_data_type_deepspeed_refuses_is_refused():
+    config = ds_config()
+    config["communication_data_type"] = "fp64"
+    with pytest.raises(zoe.InvalidArgument, match="communication_data_type = 'fp64' is not "
+                                                  'allowed; allowed: "fp32", "fp16" or "bf16"'):
         training_config(config, 1)
 
 
@@ -226,7 +236,8 @@ def test_grad_accum_dtype_is_accepted_where_zoe_accumulates_in_it(stage, precisi
     (1, "bf16", "fp32",
      "data_types.grad_accum_dtype = 'fp32' is not what zoe does: at zero_optimization.stage 1 "
      "it accumulates the gradients of the 2 micro-batches of a step in param.grad, in the "
-     'model\'s dtype, bf16; set data_types.grad_accum_dtype to "bf16" or remove it'),
+     'model\'s dtype, bf16; set data_types.grad_accum_dtype to "bf16" or remove it, or train '
+     "with gradient_accumulation_steps 1 (stage 3 accumulates in fp32)"),
     (3, "fp16", "fp16", "at zero_optimization.stage 3 it accumulates the gradients of the 2 "
                         "micro-batches of a step in the optimizer's gradient stores, fp32"),
     (0, None, "int8", "data_types.grad_accum_dtype = 'int8' is not what zoe does"),

@@ -152,7 +152,7 @@ def test_min_scale_consecutive_hysteresis_and_static_scale():
 
 @pytest.mark.parametrize("stage,config_scale,expected", [
     (0, 0, (2.0 ** 16, 1, 1)),  # stage 0: 2^initial_scale_power, no hysteresis, doubles later
-    (2, 0, (2.0 ** 32, 1, 0)),  # ZeRO 1-3 with no dynamic key: DynamicLossScaler's own start
+    (2, 0, (2.0 ** 16, 2, 0)),  # ZeRO 1-3: DynamicLossScaler with the documented defaults
     (2, 64, (64.0, None, None)),
 ])
 def test_deepspeed_defaults(stage, config_scale, expected):
@@ -195,12 +195,25 @@ def test_growth_delay_one_is_deepspeeds_stage_0_rule():
     assert scales == deepspeed_stage_0_scales(pattern, 2.0 ** 10, 4)
 
 
-def test_a_scaler_saved_without_growth_delay_loads_as_zero():
-    saved = DynamicLossScaler(initial_scale_power=4).state_dict()
+def test_a_scaler_saved_before_the_stage_0_rule_resumes_with_the_configured_rule():
+    """A stage 0 checkpoint of the time every stage had DynamicLossScaler's rule (hysteresis 2,
+    no growth_delay saved): its scale and step counts are taken, the rule is the configured
+    one (stage 0: hysteresis 1, growth_delay 1)."""
+    old = DynamicLossScaler(initial_scale_power=6, loss_scale_window=3, hysteresis=2)
+    for overflow in (False, True):
+        old.update(overflow)
+    saved = old.state_dict()
     del saved["growth_delay"]
-    scaler = DynamicLossScaler(growth_delay=1)
+    scaler = DynamicLossScaler(initial_scale_power=16, loss_scale_window=3, hysteresis=1,
+                               growth_delay=1)
     scaler.load_state_dict(saved)
-    assert scaler.growth_delay == 0 and scaler.loss_scale == 16
+    assert (scaler.loss_scale, scaler.iteration, scaler.last_overflow) == (64, 2, 1)
+    assert (scaler.delayed_shift, scaler.hysteresis_left, scaler.growth_delay) == (1, 1, 1)
+    scaler.update(True)  # no hysteresis: the overflow halves at once
+    assert scaler.loss_scale == 32
+    again = DynamicLossScaler()
+    again.load_state_dict(scaler.state_dict())  # saved now: the rule travels with it
+    assert (again.delayed_shift, again.growth_delay, again.scale_window) == (1, 1, 3)
 
 
 def fp16_run(stage, steps=len(EXPECTED_SCALES)):

@@ -64,11 +64,6 @@ TORCH_ADAM_DEFAULTS = {
 # DeepSpeed's documented fp16 defaults (runtime/constants.py).
 FP16_DEFAULTS = dict(loss_scale=0.0, initial_scale_power=16, loss_scale_window=1000,
                      hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0)
-# The fp16 keys whose presence makes DeepSpeed's ZeRO optimizers build their dynamic loss scaler
-# from the section (runtime/config.py get_dynamic_loss_scale_args); with none of them present
-# they take DynamicLossScaler's own defaults (runtime/fp16/loss_scaler.py): 2^32, hysteresis 1.
-DYNAMIC_SCALE_KEYS = ("initial_scale_power", "loss_scale_window", "min_loss_scale", "hysteresis",
-                      "consecutive_hysteresis")
 
 
 @dataclasses.dataclass
@@ -308,19 +303,17 @@ def _fp16_settings(document, stage):
 
 def _deepspeed_scaler_rule(settings, section, stage):
     """``settings`` as DeepSpeed's dynamic scaler at ZeRO ``stage`` takes them (loss_scaler.py):
-    at stage 0 its fp16 optimizers' own rule, which reads no hysteresis (1) and doubles one step
-    later (growth_delay 1); at stages 1 to 3 DynamicLossScaler's (growth_delay 0), with that
-    class's own start, 2^32 and hysteresis 1, when the section names none of
-    DYNAMIC_SCALE_KEYS."""
-    if stage == 0:
-        if settings["hysteresis"] != 1 and "hysteresis" in section:
-            log.warning("fp16.hysteresis = %s is not read at zero_optimization.stage 0, as "
-                        "DeepSpeed's stage 0 fp16 optimizer reads none: each overflow halves "
-                        "the loss scale", section["hysteresis"])
-        return dict(settings, hysteresis=1, consecutive_hysteresis=False, growth_delay=1)
-    if not any(key in section for key in DYNAMIC_SCALE_KEYS):
-        return dict(settings, initial_scale_power=32, hysteresis=1, growth_delay=0)
-    return dict(settings, growth_delay=0)
+    at stages 1 to 3 DynamicLossScaler's rule (growth_delay 0) with the documented defaults for
+    the keys left out (DeepSpeed 0.17.1 on; before it a section naming no dynamic key started
+    at 2^32 with hysteresis 1); at stage 0 its fp16 optimizers' own rule, which reads no
+    hysteresis (1) and doubles one step later (growth_delay 1)."""
+    if stage != 0:
+        return dict(settings, growth_delay=0)
+    if settings["loss_scale"] == 0 and settings["hysteresis"] != 1 and "hysteresis" in section:
+        log.warning("fp16.hysteresis = %s is not read at zero_optimization.stage 0, as "
+                    "DeepSpeed's stage 0 fp16 optimizer reads none: each overflow halves the "
+                    "loss scale", section["hysteresis"])
+    return dict(settings, hysteresis=1, consecutive_hysteresis=False, growth_delay=1)
 
 
 def training_config(config, world_size):
@@ -333,7 +326,7 @@ def training_config(config, world_size):
     batch = batch_sizes(document, world_size)
     precision = ("fp16" if _enabled(document, "fp16") else
                  "bf16" if _enabled(document, "bf16", "bfloat16") else "fp32")
-    _check_communication_data_type(document)
+    _check_communication_data_type(document, precision, world_size)
     _check_grad_accum_dtype(document, stage, precision, batch.gradient_accumulation_steps)
     return TrainingConfig(
         document=document,
@@ -363,21 +356,22 @@ _DTYPE_NAMES = {
 }
 
 
-def _check_communication_data_type(document):
-    """communication_data_type, as DeepSpeed reads it (any letter case): "fp32" or none is
-    accepted, as zoe reduces gradients over the ranks in fp32 at every stage; "fp16" and
-    "bf16" (DeepSpeed then reduces in 16 bits) and anything else are refused naming the key."""
+def _check_communication_data_type(document, precision, world_size):
+    """communication_data_type, as DeepSpeed reads it (any letter case): "fp32", "fp16", "bf16"
+    or none are accepted, as zoe reduces gradients over the ranks in fp32 at every stage (as
+    precise as any of them; DeepSpeed's default is the model's dtype); a 16-bit dtype other than
+    the model's over several ranks logs that zoe reduces in fp32. Anything else is refused naming
+    the key."""
     value = document.get("communication_data_type")
     name = value.lower() if isinstance(value, str) else value
     if name is None or name == "fp32":
         return
-    if name in ("fp16", "bf16"):
-        raise _invalid(
-            f"communication_data_type = {value!r}: with it DeepSpeed reduces the gradients over "
-            f"the ranks in {name}, and zoe reduces them in fp32; set communication_data_type to "
-            '"fp32" or remove it')
-    raise _invalid(f"communication_data_type = {value!r} is not allowed; allowed: \"fp32\" "
-                   '(DeepSpeed also takes "fp16" and "bf16", which zoe does not reduce in)')
+    if name not in ("fp16", "bf16"):
+        raise _invalid(f"communication_data_type = {value!r} is not allowed; allowed: \"fp32\", "
+                       '"fp16" or "bf16"')
+    if name != precision and world_size > 1:
+        log.warning("communication_data_type = %r: zoe reduces the gradients over the ranks in "
+                    "fp32, where DeepSpeed would reduce them in %s", value, name)
 
 
 def _check_grad_accum_dtype(document, stage, precision, accumulation):
@@ -396,11 +390,13 @@ def _check_grad_accum_dtype(document, stage, precision, accumulation):
         return
     where = ("in the optimizer's gradient stores" if stage == 3
              else "in param.grad, in the model's dtype")
+    fp32_way = (" (stage 3 accumulates in fp32)" if value in _DTYPE_NAMES["fp32"] and stage != 3
+                else "")
     raise _invalid(
         f"data_types.grad_accum_dtype = {value!r} is not what zoe does: at "
         f"zero_optimization.stage {stage} it accumulates the gradients of the {accumulation} "
         f"micro-batches of a step {where}, {zoe_dtype}; set data_types.grad_accum_dtype to "
-        f'"{zoe_dtype}" or remove it')
+        f'"{zoe_dtype}" or remove it, or train with gradient_accumulation_steps 1{fp32_way}')
 
 
 def _reduce_bucket_size(zero):

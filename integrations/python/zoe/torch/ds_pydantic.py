@@ -1,6 +1,6 @@
 """DeepSpeed reads some sections of its configuration with pydantic models (DeepSpeedConfigModel,
 lax mode): zero_optimization with its offload_optimizer and offload_param, hybrid_engine and
-tensor_parallel, and from 0.17 on fp16 and bf16. pydantic converts a value to its field's type
+tensor_parallel, and from 0.17.1 on fp16 and bf16. pydantic converts a value to its field's type
 where it can ("false" to False, "2" to 2, "1e9" to 1e9 where a float is wanted) and refuses what
 it cannot; the other keys DeepSpeed reads with get_scalar_param, which converts nothing (a quoted
 "false" is a non-empty string, true for Python). ``normalize`` reads the first kind as pydantic

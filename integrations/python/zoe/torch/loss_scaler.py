@@ -66,18 +66,25 @@ class DynamicLossScaler:
         self.iteration += 1
 
     def state_dict(self):
-        return {key: getattr(self, key) for key in _DYNAMIC_STATE}
+        return {key: getattr(self, key) for key in _RUNNING_STATE + _RULE}
 
     def load_state_dict(self, state):
-        for key in _DYNAMIC_STATE:
-            setattr(self, key, state[key] if key in state else _SAVED_BEFORE[key])
+        """The saved scaler. A state saved before growth_delay was kept holds the rule this
+        scaler was then built with at any stage; only its running state is taken (the scale,
+        the hysteresis left, within this rule's, and the step counts), the rule staying this
+        scaler's, the configuration's."""
+        if "growth_delay" not in state:
+            for key in _RUNNING_STATE:
+                setattr(self, key, state[key])
+            self.hysteresis_left = min(self.hysteresis_left, self.delayed_shift)
+            return
+        for key in _RUNNING_STATE + _RULE:
+            setattr(self, key, state[key])
 
 
-_DYNAMIC_STATE = ("loss_scale", "scale_window", "delayed_shift", "hysteresis_left",
-                  "consecutive_hysteresis", "min_scale", "iteration", "last_overflow",
-                  "growth_delay")
-# Keys of the state that checkpoints written before them lack: what those scalers did.
-_SAVED_BEFORE = {"growth_delay": 0}
+# What a step changes, and the rule the scaler follows (set from the configuration).
+_RUNNING_STATE = ("loss_scale", "hysteresis_left", "iteration", "last_overflow")
+_RULE = ("scale_window", "delayed_shift", "consecutive_hysteresis", "min_scale", "growth_delay")
 
 
 def loss_scaler_for(fp16):
