@@ -350,3 +350,24 @@ def test_a_failure_after_paging_gives_the_module_back(monkeypatch):
     assert_same_state(model.state_dict(), values, atol=0)
     engine, _, _, _ = zoe.torch.initialize(model=model, config=config)
     engine.close()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_model_parameters_beside_an_optimizer_are_not_read_and_say_so(stage, caplog):
+    """As DeepSpeed, model_parameters= is not read when optimizer= is given; when they differ,
+    a warning says which one trains."""
+    config = ds_config(stage, "cpu", offload_param="cpu" if stage == 3 else None)
+    del config["optimizer"], config["scheduler"]
+    model = make_model()
+    given = torch.optim.AdamW(model.parameters(), lr=LR)
+    engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=given,
+                                           model_parameters=model.parameters(), config=config)
+    engine.close()
+    assert "model_parameters= holds other parameters" not in caplog.text
+    model = make_model()
+    given = torch.optim.AdamW(model.parameters(), lr=LR)
+    engine, _, _, _ = zoe.torch.initialize(model=model, optimizer=given,
+                                           model_parameters=model[0].parameters(), config=config)
+    engine.close()
+    assert "is not read beside optimizer= (as in DeepSpeed): the optimizer's param groups " \
+        "are trained" in caplog.text

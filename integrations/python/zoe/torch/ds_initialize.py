@@ -369,6 +369,21 @@ def _stage012_optimizer(optimizer, model_parameters, module, training, document,
     return _build_optimizer(optimizer, params, training, document, group)
 
 
+def _warn_unread_model_parameters(model_parameters, optimizer):
+    """Logs that model_parameters= is not read beside an ``optimizer`` (DeepSpeed does not read
+    it either) when it holds other tensors than the optimizer's param groups."""
+    if optimizer is None:
+        return
+    given = {id(param) for item in model_parameters
+             for param in (_listed(item["params"]) if isinstance(item, dict) else [item])}
+    held = {id(param) for group in optimizer.param_groups for param in group["params"]}
+    if given != held:
+        log.warning("model_parameters= holds other parameters than the param groups of the "
+                    "optimizer given, and is not read beside optimizer= (as in DeepSpeed): the "
+                    "optimizer's param groups are trained; build the optimizer over the "
+                    "parameters meant, and leave model_parameters= out")
+
+
 def _param_lists(optimizer):
     """Each param group's list of parameters of the ``optimizer`` given (none for None), for
     _restore_param_lists: stage 3 puts the shards in a torch optimizer's param groups."""
@@ -401,6 +416,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     loader = _dataloader(training_data, training, rank, world, collate_fn)
     module = _cast_module(model, training)
     document = engine_document(training, rank, world)
+    if model_parameters is not None:
+        model_parameters = list(model_parameters)  # a generator is read once, here
+        _warn_unread_model_parameters(model_parameters, optimizer)
     given_params = _param_lists(optimizer)
     stage3 = None
     try:
