@@ -184,7 +184,7 @@ def test_a_save_that_does_not_fit_is_refused_up_front(tmp_path, monkeypatch):
     ckpt = str(tmp_path / "ckpt")
     engine = start()
     train_engine(engine, 0, 1, 0, 1)
-    monkeypatch.setattr(ds_checkpoint, "_available_bytes", lambda directory: 1000)
+    monkeypatch.setattr(ds_checkpoint, "available_bytes", lambda directory: 1000)
     with pytest.raises(zoe.NoSpace, match=r"model_states.pt' needs about \d+ bytes but only "
                                           r"1000 bytes are available .* free at least"):
         engine.save_checkpoint(ckpt, client_state={"blob": torch.zeros(10000)})

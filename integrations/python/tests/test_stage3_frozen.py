@@ -7,8 +7,11 @@ loop; a save and a load into a fresh engine whose frozen values differ restores 
 DRAM or on NVMe, and from a save with exclude_frozen_parameters too); the checkpoint
 consolidates into torch's layout (the model with the frozen values, the optimizer over the
 trainable parameters); a save written before the frozen values were kept is refused naming what
-loads it, and a changed frozen values file is refused as corrupt."""
+loads it, and a changed or cut frozen values file is refused as corrupt; a load whose frozen
+values fail to be written (on one rank of two, or in one process) changes nothing, and a disk
+too full for them is NoSpace."""
 
+import errno
 import json
 import os
 import shutil
@@ -18,6 +21,9 @@ import torch
 
 import zoe
 import zoe.torch
+import zoe.torch.ds_stage3
+import zoe.torch.zero3
+from zoe import _capi
 from conftest import gloo_rank, spawn_ranks
 from initialize_script import (LR, STEPS, WARMUP, WEIGHT_DECAY, assert_same_state, ds_config,
                                make_model, torch_steps, train_engine)
@@ -204,6 +210,51 @@ def run_old_manifest(rank, out_dir, world):
         file.write(repr(message))
 
 
+def optimizer_state(optimizer):
+    """Copies of the optimizer's tensors (master weights, moments) by parameter and slot."""
+    return {f"{index}.{slot}": value.clone() for index, entry in
+            optimizer.state_dict()["state"].items() for slot, value in entry.items()
+            if torch.is_tensor(value)}
+
+
+def load_failing_on(rank_failing, rank, engine, optimizer, checkpoint_dir, where):
+    """Loads ``checkpoint_dir`` with the frozen values' write (``where``'s load_frozen) failing
+    on ``rank_failing`` only, after that rank's optimizer loaded: (the error raised, whether the
+    module and the optimizer are as they were)."""
+    module, state = engine.module_state_dict(), optimizer_state(optimizer)
+    writes = where.load_frozen
+
+    def failing(*args, **kwargs):
+        raise zoe.IoError(_capi.Status.IO, "the frozen values' pages cannot be written")
+
+    if rank == rank_failing:
+        where.load_frozen = failing
+    try:
+        engine.load_checkpoint(checkpoint_dir)
+        error = None
+    except zoe.Error as raised:
+        error = raised
+    finally:
+        where.load_frozen = writes
+    after = engine.module_state_dict()
+    same = (all(torch.equal(value, after[key]) for key, value in module.items())
+            and all(torch.equal(value, optimizer_state(optimizer)[key])
+                    for key, value in state.items()))
+    return error, same
+
+
+def run_failed_load(rank, out_dir, world):
+    """A fresh engine that stepped once loads the ranks' save, rank 1's frozen values failing
+    to be written: every rank raises and keeps its module and optimizer as they were."""
+    engine, optimizer, _ = start("config", config_for(out_dir, world), seed=1)
+    train_engine(engine, 0, 1, rank, world)
+    error, same = load_failing_on(1, rank, engine, optimizer,
+                                  os.path.join(out_dir, "ckpt-config"), zoe.torch.zero3)
+    engine.close()
+    with open(os.path.join(out_dir, f"failed-rank{rank}.txt"), "w", encoding="utf-8") as file:
+        json.dump([type(error).__name__, same], file)
+
+
 def worker(rank, out_dir, world):
     with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
         for how in HOWS:
@@ -211,6 +262,7 @@ def worker(rank, out_dir, world):
                         rank, world)
             torch.save(state, os.path.join(out_dir, f"{how}-rank{rank}.pt"))
         run_old_manifest(rank, out_dir, world)
+        run_failed_load(rank, out_dir, world)
 
 
 def check_consolidated(directory):
@@ -229,8 +281,62 @@ def check_consolidated(directory):
                           {key: entry[key] for key in ("exp_avg", "exp_avg_sq")}, atol=1e-5)
 
 
+def test_one_process_load_failing_on_the_frozen_values_changes_nothing(nvme_dir):
+    config = config_for(nvme_dir, 1)
+    checkpoint_dir = os.path.join(nvme_dir, "ckpt")
+    engine, _, _ = start("config", config)
+    train_engine(engine, 0, STEPS // 2, 0, 1)
+    engine.save_checkpoint(checkpoint_dir)
+    engine.close()
+    engine, optimizer, _ = start("config", config, seed=1)
+    train_engine(engine, 0, 1, 0, 1)
+    error, same = load_failing_on(0, 0, engine, optimizer, checkpoint_dir, zoe.torch.ds_stage3)
+    assert isinstance(error, zoe.IoError) and same
+    engine.load_checkpoint(checkpoint_dir)  # the same load, not failing, loads
+    assert not same_module(engine, seed=1)
+    engine.close()
+
+
+def same_module(engine, seed):
+    """Whether the engine's frozen values are still those of frozen_model(seed)."""
+    return all(torch.equal(value, frozen_model(seed).state_dict()[key])
+               for key, value in frozen_values(engine).items())
+
+
+def test_a_frozen_values_file_cut_short_is_corruption(tmp_path):
+    from zoe.torch import frozen_values as values_module
+    index = {"parameters": [{"index": 0, "name": "0.weight", "dtype": "float32", "numel": 4,
+                             "bytes": 16}]}
+    (tmp_path / VALUES).write_bytes(bytes(12))
+    with pytest.raises(zoe.Corruption, match="ends 12 bytes into '0.weight', of 16 bytes"):
+        list(values_module.read_values(str(tmp_path), index))
+
+
+def test_a_disk_too_full_for_the_frozen_values_is_no_space(nvme_dir, monkeypatch):
+    from zoe.torch import frozen_values as values_module
+    engine, _, _ = start("config", config_for(nvme_dir, 1))
+    monkeypatch.setattr(values_module, "available_bytes", lambda directory: 10)
+    with pytest.raises(zoe.NoSpace, match="zoe_frozen_values.bin.* needs about \\d+ bytes"):
+        engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"))
+    monkeypatch.undo()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(values_module, "_bytes_of", full)
+    with pytest.raises(zoe.NoSpace, match="out of space .* while writing"):
+        engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"))
+    monkeypatch.undo()
+    engine.save_checkpoint(os.path.join(nvme_dir, "ckpt"))
+    engine.close()
+
+
 def test_ranks_keep_frozen_parameters_out_of_the_optimizer(nvme_dir):
     spawn_ranks(worker, (nvme_dir, WORLD), WORLD, nvme_dir, JOIN_SECONDS)
+    for rank in range(WORLD):
+        with open(os.path.join(nvme_dir, f"failed-rank{rank}.txt"), encoding="utf-8") as file:
+            name, same = json.load(file)
+        assert name in ("IoError", "Aborted") and same, rank
     expected = reference(WORLD)[0].state_dict()
     for how in HOWS:
         for rank in range(WORLD):

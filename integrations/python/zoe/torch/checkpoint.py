@@ -197,25 +197,34 @@ def _remove_quietly(path):
             pass
 
 
+class OneProcess:
+    """The collectives of one process, for load_shard: each step is its own agreement."""
+
+    @staticmethod
+    def agreed(what, step):
+        del what  # the step's own error says what failed
+        return step()
+
+
 def load_shard(comm, what, shard_dir, save, load):
     """``load(shard_dir)`` as an agreed step that leaves every rank as it was when it failed on
     any rank: first each rank saves its state as it is with ``save(folder)`` (an agreed step of
-    its own) into a scratch folder beside its shard; a rank whose load succeeded while another's
-    failed loads that back (a failed load leaves the state unchanged). The scratch folder is
-    removed either way."""
+    its own) into a scratch folder beside its shard; every rank that started its load loads that
+    back when any rank's failed (its own, which may have changed part of the state, included).
+    The scratch folder is removed either way. ``comm``: TorchCollectives, or OneProcess."""
     before = comm.agreed(f"saving the state as it is before {what}",
                          lambda: _save_scratch(os.path.dirname(shard_dir), save))
-    loaded = False
+    started = False
 
     def load_mine():
-        nonlocal loaded
+        nonlocal started
+        started = True
         load(shard_dir)
-        loaded = True
 
     try:
         comm.agreed(what, load_mine)
     except Exception:
-        if loaded:  # another rank failed: back to the state before the load
+        if started:  # back to the state before the load
             load(before)
         raise
     finally:

@@ -34,7 +34,7 @@ _TAG_RULE = ("allowed: a plain folder name such as 'global_step100': not empty, 
              f"ending with '{_PARTIAL}' or '{_REPLACED}', at most {MAX_TAG_BYTES} bytes")
 
 # the errnos of a full file system (EFBIG: a file over RLIMIT_FSIZE or the file system's limit)
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 log = logging.getLogger("zoe.torch")
 
@@ -217,12 +217,12 @@ def _estimated_bytes(value):
     return 0
 
 
-def _available_bytes(directory):
+def available_bytes(directory):
     stats = os.statvfs(directory)
     return stats.f_bavail * stats.f_frsize
 
 
-def _no_space(path, needed, available, writing, kept):
+def no_space_error(path, needed, available, writing, kept):
     """NoSpace naming the directory ``path`` is written in, what it needed and what to free
     (``writing``: the disk filled while it was written); ``kept`` says what stays as it
     was."""
@@ -247,15 +247,15 @@ def _save_torch(path, value, write, kept):
     1.13's writer throws in a destructor otherwise); NoSpace (_no_space) when the space
     ``value`` needs is not available, or when the disk fills while it is written."""
     needed = _estimated_bytes(value)
-    available = _available_bytes(os.path.dirname(os.path.abspath(path)))
+    available = available_bytes(os.path.dirname(os.path.abspath(path)))
     if needed > available:
-        raise _no_space(path, needed, available, False, kept)
+        raise no_space_error(path, needed, available, False, kept)
     try:
         return write(lambda file: TorchFileWriter(file).save(value))
     except OSError as error:
-        if error.errno not in _FULL:
+        if error.errno not in DISK_FULL:
             raise
-        raise _no_space(path, needed, available, True, kept) from error
+        raise no_space_error(path, needed, available, True, kept) from error
 
 
 def write_torch_file(directory, name, value):

@@ -21,6 +21,7 @@ from .. import _capi
 from ..engine import Engine
 from .._capi import Access, Tier
 from ..errors import FailedPrecondition
+from .checkpoint import OneProcess, load_shard
 from .common import _invalid
 from .distributed import shard_bounds, shard_counts
 from .ds_config import AUTO
@@ -109,28 +110,39 @@ class Stage3:
 
     def load(self, directory, optimizer):
         """Loads what save wrote; the parameters take the saved master weights, the frozen
-        ones their saved values. In one process the frozen values are checked before the
-        optimizer loads, and a save written before they were kept (its optimizer held the
-        frozen parameters) is refused naming what loads it."""
+        ones their saved values. In one process the frozen values are checked before anything
+        loads, and with frozen parameters the load runs as checkpoint.load_shard runs a rank's
+        (a failure while the optimizer or the frozen values load puts both back); a save written
+        before they were kept (its optimizer held the frozen parameters) is refused naming what
+        loads it."""
         if self.sharded:
             self.pager.load_checkpoint(directory, optimizer)
             return
         frozen = self._frozen(optimizer)
-        index = None
-        if frozen or has_frozen(directory):
-            if not has_frozen(directory):
-                raise FailedPrecondition(
-                    _capi.Status.FAILED_PRECONDITION,
-                    f"the checkpoint in {directory!r} was saved by a zoe whose stage 3 "
-                    "optimizer held the frozen parameters (those no param group holds) with the "
-                    "trainable ones, and this optimizer holds only the trainable ones: load it "
-                    "with load_optimizer_states=False (the module's saved values, frozen ones "
-                    "too, and a fresh optimizer state)")
-            index = read_index(directory)
-            check_index(index, frozen, f"the checkpoint in {directory!r}")
-        optimizer.load_checkpoint(directory)
-        if index is not None:
-            load_frozen(directory, index, self.pager, frozen)
+        if not frozen and not has_frozen(directory):
+            optimizer.load_checkpoint(directory)
+            return
+        if not has_frozen(directory):
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"the checkpoint in {directory!r} was saved by a zoe whose stage 3 "
+                "optimizer held the frozen parameters (those no param group holds) with the "
+                "trainable ones, and this optimizer holds only the trainable ones: load it "
+                "with load_optimizer_states=False (the module's saved values, frozen ones "
+                "too, and a fresh optimizer state)")
+        index = read_index(directory)
+        check_index(index, frozen, f"the checkpoint in {directory!r}")
+
+        def save_before(path):
+            optimizer.save_checkpoint(path)
+            save_frozen(path, self.pager, frozen)
+
+        def load_from(path):
+            optimizer.load_checkpoint(path)
+            load_frozen(path, index if path == directory else read_index(path), self.pager,
+                        frozen)
+
+        load_shard(OneProcess(), f"loading {directory!r}", directory, save_before, load_from)
 
     def _frozen(self, optimizer):
         """(layout index, name, parameter) of the paged parameters (one process) that no param

@@ -15,6 +15,7 @@ import torch
 from .. import _capi
 from .. import errors as zoe_errors
 from .common import replace_atomically
+from .ds_checkpoint import DISK_FULL, available_bytes, no_space_error
 
 VALUES = "zoe_frozen_values.bin"
 INDEX = "zoe_frozen_values.json"
@@ -34,7 +35,24 @@ def _bytes_of(pager, tensor):
 
 def save_frozen(directory, pager, entries):
     """Writes the values of ``entries`` ((layout index, name, paged tensor) in the layout's
-    order) into ``directory`` (VALUES, then INDEX)."""
+    order) into ``directory`` (VALUES, then INDEX); NoSpace naming the file and the bytes it
+    needs when they are not available, or when the disk fills while it is written."""
+    path = os.path.join(directory, VALUES)
+    needed = sum(tensor.numel() * tensor.element_size() for _, _, tensor in entries)
+    available = available_bytes(directory)
+    kept = "the frozen parameters' values are as they were"
+    if needed > available:
+        raise no_space_error(path, needed, available, False, kept)
+    try:
+        _write_frozen(directory, pager, entries)
+    except OSError as error:
+        if error.errno not in DISK_FULL:
+            raise
+        raise no_space_error(path, needed, available, True, kept) from error
+
+
+def _write_frozen(directory, pager, entries):
+    """save_frozen's writes: VALUES one parameter at a time, then INDEX."""
     listed, digest = [], hashlib.sha256()
 
     def write(file):
@@ -100,9 +118,13 @@ def check_index(index, entries, where):
 
 def read_values(directory, index):
     """(layout index, flat tensor of its dtype) of each parameter VALUES holds, one at a time."""
-    with open(os.path.join(directory, VALUES), "rb") as file:
+    path = os.path.join(directory, VALUES)
+    with open(path, "rb") as file:
         for entry in index["parameters"]:
             data = bytearray(file.read(entry["bytes"]))
+            if len(data) != entry["bytes"]:
+                raise _corrupt(f"{path!r} ends {len(data)} bytes into {entry['name']!r}, of "
+                               f"{entry['bytes']} bytes: the file was cut short")
             values = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(
                 0, dtype=torch.uint8)
             yield entry["index"], values.view(getattr(torch, entry["dtype"]))

@@ -967,8 +967,9 @@ class ShardedParameterPager(ParameterPager):
         save_frozen(path, self, frozen)
 
     def _load_shard(self, path, optimizer, frozen):
-        """Loads what _save_shard wrote in ``path``: the frozen values checked first, so that a
-        failure leaves the optimizer and the shards as they were."""
+        """Loads what _save_shard wrote in ``path``: the frozen values checked first (a
+        failure there changes nothing), then the optimizer and the frozen shards' values (a
+        failure there is undone by load_shard)."""
         index = read_index(path)
         check_index(index, frozen, f"{path!r}")
         optimizer.load_checkpoint(path)
