@@ -125,6 +125,30 @@ def test_two_groups_are_clipped_by_the_norm_of_both(nvme_dir, place, max_norm):
         assert [result.steps_taken for result in optimizer.last_step] == [STEPS - 1] * 2
 
 
+def test_paged_groups_streamed_out_of_backward_report_their_own_norms(nvme_dir):
+    """A paged model (stage 3 in one process): its gradients stream into the optimizer, which
+    clips both groups by the norm of both; each group's StepResult has its own norm."""
+    expected, norms = reference(max_norm=MAX_NORM)
+    model = Net()
+    engine = zoe.Engine(small_config(nvme_dir))
+    with contextlib.closing(engine):
+        pager = zoe.torch.offload_parameters(model, engine)
+        optimizer = zoe.torch.AdamW(groups_of(model), lr=LR, weight_decay=WEIGHT_DECAY,
+                                    max_grad_norm=MAX_NORM, engine=engine)
+        with contextlib.closing(optimizer):
+            for step in range(STEPS):
+                optimizer.zero_grad(set_to_none=True)
+                backward(model, step)
+                optimizer.step()
+                if step != INF_STEP:
+                    assert optimizer.last_grad_norm == pytest.approx(norms[step], rel=1e-5)
+                    group_norms = [result.grad_norm for result in optimizer.last_step]
+                    assert math.hypot(*group_norms) == pytest.approx(norms[step], rel=1e-5)
+            with pager.materialized():
+                assert_params_close([p.detach().clone() for p in model.parameters()], expected)
+        pager.remove()
+
+
 @pytest.mark.parametrize("place", ["cpu", "twin"])
 def test_a_step_failing_in_one_group_leaves_no_group_gradients_for_the_next(place):
     """The second group's gradient is refused (sparse) after the first group's were handed to

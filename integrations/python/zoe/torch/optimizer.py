@@ -549,7 +549,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
             clip = self._global_clip()
             for state in self._groups:
                 self._step_group(state, clip)
-                if clip is not None and state.last_step is not None:
+                if clip is not None and state.last_step is not None and state.stream is None:
+                    # zoe saw the gradients clipped (a streamed group reports its own norm)
                     state.last_step = clip.unscaled(state.last_step)
             self._last_grad_norm = self._grad_norm_taken(clip)
         except BaseException:
