@@ -453,6 +453,23 @@ def test_a_save_between_micro_batches_warns_that_their_gradients_are_not_saved(t
     engine.close()
 
 
+def test_a_load_after_a_backward_warns_that_its_gradients_stay(tmp_path, caplog):
+    engine = start()
+    x = torch.randn(MICRO, 8)
+    for _ in range(ACCUMULATION):
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
+    engine.save_checkpoint(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        engine.load_checkpoint(str(tmp_path))  # after the step: nothing held
+        assert caplog.text == ""
+        engine.backward(engine(x).pow(2).mean())
+        engine.load_checkpoint(str(tmp_path))
+        assert "comes after a backward whose gradients no step() took: they stay in .grad" \
+            in caplog.text
+    engine.close()
+
+
 # --- 2 ranks -------------------------------------------------------------------------------------
 
 class Injected:

@@ -180,12 +180,23 @@ class EngineCheckpoints:
                                 not load_module_only, load_lr_scheduler_states, custom_load_fn)
         checked = self._agreed(f"checking the checkpoint {path!r}",
                                lambda: self._checked_load(path, plan))
+        self._warn_if_holding_gradients(path)
         if plan.optimizer:
             self._load_optimizer(path, checked.torch_optimizer)
         self._load_module(checked.state["module"], plan)
         if plan.rest:
             self._load_rest(checked.state, plan)
         return path, checked.state["client_state"]
+
+    def _warn_if_holding_gradients(self, path):
+        """Logs (rank 0) that a load between a backward and its step() keeps the gradients in
+        .grad, as DeepSpeed's keeps them: the next step adds them to the loaded state's."""
+        if self.global_rank != 0 or all(param.grad is None for param in self.module.parameters()):
+            return
+        log.warning("load_checkpoint(%r) comes after a backward whose gradients no step() took: "
+                    "they stay in .grad (as in DeepSpeed) and the next step adds them to the "
+                    "loaded state's (under fp16 at the loss scale before the load); call "
+                    "zero_grad() first to start the loaded step afresh", path)
 
     def _checked_load(self, path, plan):
         """ds_load's checks of the save in ``path`` for ``plan`` (this rank; changes nothing);
