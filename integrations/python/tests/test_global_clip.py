@@ -125,6 +125,34 @@ def test_two_groups_are_clipped_by_the_norm_of_both(nvme_dir, place, max_norm):
         assert [result.steps_taken for result in optimizer.last_step] == [STEPS - 1] * 2
 
 
+@pytest.mark.parametrize("place", ["cpu", "twin"])
+def test_a_tight_clip_is_applied_once(place):
+    """max_grad_norm far below the norm: the first moments after one step are those of torch's
+    clip_grad_norm_ over both groups, once (each group clipping again by its own norm would
+    shrink them by 1e-6 / max_grad_norm, here 10%)."""
+    tight = 1e-5
+    model = Net()
+    reference_optimizer = torch.optim.AdamW(groups_of(model), lr=LR, weight_decay=WEIGHT_DECAY)
+    backward(model, 0)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), tight)
+    reference_optimizer.step()
+    expected = [reference_optimizer.state[p]["exp_avg"] for p in model.parameters()]
+    model = Net()
+    optimizer = zoe.torch.AdamW(
+        groups_of(model), lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=tight,
+        config=small_config(), device_backend=HostTwin(adversarial=True) if place == "twin"
+        else None)
+    with contextlib.closing(optimizer):
+        backward(model, 0)
+        optimizer.step()
+        state = optimizer.state_dict()["state"]
+        order = [p for group in groups_of(model) for p in group["params"]]
+        found = {id(p): state[i]["exp_avg"] for i, p in enumerate(order)}
+        for param, wanted in zip(model.parameters(), expected):
+            torch.testing.assert_close(found[id(param)].reshape(wanted.shape), wanted,
+                                       rtol=1e-4, atol=1e-12)
+
+
 def test_paged_groups_streamed_out_of_backward_report_their_own_norms(nvme_dir):
     """A paged model (stage 3 in one process): its gradients stream into the optimizer, which
     clips both groups by the norm of both; each group's StepResult has its own norm."""

@@ -389,8 +389,10 @@ class ZoeOptimizer(torch.optim.Optimizer):
     def _group_options(self, state):
         """The zoe group options of a param group, as its hyper-parameters are now."""
         group = state.group
-        # a streamed group is clipped by the factor its step gives zoe (grad_stream.py)
-        clipping = 0.0 if state.stream is not None else self._max_grad_norm
+        # zoe clips a lone group itself; a streamed one, and each of several (by their global
+        # norm: _global_clip), by the factor its step gives zoe
+        lone = len(self.param_groups) == 1 and state.stream is None
+        clipping = self._max_grad_norm if lone else 0.0
         return dict(self._KIND.group_options(group), max_grad_norm=clipping,
                     moment_dtype=self._moment_dtype,
                     segments=[param.numel() for param in state.params])
