@@ -130,17 +130,22 @@ def run_refused_empty_group(rank, out_dir, world):
 
 def run_empty_group(rank, out_dir, world):
     """A torch AdamW with an empty second group (Hugging Face's Trainer's no-decay group when
-    nothing is excluded from weight decay): taken on every rank, the step as without it."""
+    nothing is excluded from weight decay): taken on every rank, the step as without it; once
+    the engine is closed the torch optimizer holds the module's parameters again."""
     config = ds_config(3, "cpu", None, world, "cpu")
     del config["optimizer"], config["scheduler"]
     model = make_model()
     given = torch.optim.AdamW([{"params": list(model.parameters())}, {"params": []}], lr=LR)
     engine, optimizer, _, _ = zoe.torch.initialize(model=model, optimizer=given, config=config)
     train_engine(engine, 0, 1, rank, world)
+    held = [len(group["params"]) for group in optimizer.param_groups]
+    engine.close()
+    back = [param for group in given.param_groups for param in group["params"]]
+    module = list(model.parameters())
     with open(os.path.join(out_dir, f"empty-torch-rank{rank}.txt"), "w",
               encoding="utf-8") as file:
-        file.write(repr([len(group["params"]) for group in optimizer.param_groups]))
-    engine.close()
+        file.write(repr((held, len(back) == len(module)
+                         and all(a is b for a, b in zip(back, module)))))
 
 
 def worker(rank, out_dir, world):
@@ -209,7 +214,9 @@ def test_ranks_step_param_groups_as_torch(nvme_dir):
                 "of 2" in file.read()
         with open(os.path.join(nvme_dir, f"empty-torch-rank{rank}.txt"),
                   encoding="utf-8") as file:
-            assert file.read() == "[4, 0]"  # every parameter's shard: each has 2 or more
+            # every parameter's shard (each has 2 or more); after close() the torch optimizer
+            # holds the module's parameters again
+            assert file.read() == "([4, 0], True)"
 
 
 def test_groups_must_hold_every_trainable_parameter_once():

@@ -384,19 +384,6 @@ def _warn_unread_model_parameters(model_parameters, optimizer):
                     "parameters meant, and leave model_parameters= out")
 
 
-def _param_lists(optimizer):
-    """Each param group's list of parameters of the ``optimizer`` given (none for None), for
-    _restore_param_lists: stage 3 puts the shards in a torch optimizer's param groups."""
-    return [group["params"] for group in getattr(optimizer, "param_groups", None) or []]
-
-
-def _restore_param_lists(optimizer, lists):
-    """Puts ``lists`` (_param_lists) back into the param groups ``optimizer`` shares with the
-    optimizer given: an initialize that failed leaves the caller's optimizer as it was."""
-    for param_group, params in zip(getattr(optimizer, "param_groups", None) or [], lists):
-        param_group["params"] = params
-
-
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None, process_group=None):
@@ -419,19 +406,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if model_parameters is not None:
         model_parameters = list(model_parameters)  # a generator is read once, here
         _warn_unread_model_parameters(model_parameters, optimizer)
-    given_params = _param_lists(optimizer)
     stage3 = None
-    try:
-        if training.zero_stage == 3:
-            stage3, optimizer = _stage3_optimizer(optimizer, model_parameters, module,
-                                                  training, document, group)
-            owns = True
-        else:
-            optimizer, owns = _stage012_optimizer(optimizer, model_parameters, module,
-                                                  training, document, group)
-    except BaseException:
-        _restore_param_lists(optimizer, given_params)
-        raise
+    if training.zero_stage == 3:  # a failure puts the param groups' lists back (Stage3)
+        stage3, optimizer = _stage3_optimizer(optimizer, model_parameters, module, training,
+                                              document, group)
+        owns = True
+    else:
+        optimizer, owns = _stage012_optimizer(optimizer, model_parameters, module, training,
+                                              document, group)
     try:
         scheduler = _build_scheduler(lr_scheduler, optimizer, training)
         scaler = None if training.fp16 is None else loss_scaler_for(training.fp16)
@@ -443,7 +425,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             stage3.close(optimizer)
         elif owns:
             optimizer.close()
-        _restore_param_lists(optimizer, given_params)
         raise
     engine.training_dataloader = loader
     return engine, optimizer, loader, scheduler

@@ -39,6 +39,9 @@ class Stage3:
     pager: Any
     engine: Engine
     sharded: bool
+    # (param group dict, its parameter list as given): the optimizer's param groups hold what
+    # zoe steps in the meantime, and close() puts the lists back
+    given_lists: list = dataclasses.field(default_factory=list)
 
     def module_state(self, destination=None, prefix=""):
         """The module's state dict with its parameters' values (a collective when sharded),
@@ -155,10 +158,12 @@ class Stage3:
 
     def close(self, optimizer):
         """Gives the module ordinary parameters again (a collective when sharded), closes the
-        optimizer and the engine."""
+        optimizer and the engine, and puts the param groups' parameter lists back as given (a
+        torch optimizer given holds the module's parameters again)."""
         self.pager.remove()
         optimizer.close()
         self.engine.close()
+        _put_back(self.given_lists)
 
 
 def every_named_parameter(module):
@@ -303,6 +308,7 @@ def stage3_setup(module, spec, document, training, group, param_groups=None):
     optimizer_class.check_param_groups(param_groups)  # refused before the module is paged
     if group is not None:
         check_groups_on_every_rank(param_groups, dist.get_world_size(group))
+    given_lists = [(param_group, param_group["params"]) for param_group in param_groups or []]
     engine, pager = Engine(document), None
     try:
         sharding = {} if group is None else keep_settings(
@@ -319,5 +325,12 @@ def stage3_setup(module, spec, document, training, group, param_groups=None):
         if pager is not None:  # the module's own parameters back, with their values
             pager.remove()
         engine.close()
+        _put_back(given_lists)
         raise
-    return Stage3(pager, engine, group is not None), optimizer
+    return Stage3(pager, engine, group is not None, given_lists), optimizer
+
+
+def _put_back(given_lists):
+    """Stage3.given_lists' parameter lists back in their param group dicts."""
+    for param_group, params in given_lists:
+        param_group["params"] = params
