@@ -21,8 +21,7 @@ import torch
 
 import zoe
 import zoe.torch
-import zoe.torch.ds_stage3
-import zoe.torch.zero3
+import zoe.torch.frozen_values
 from zoe import _capi
 from conftest import gloo_rank, spawn_ranks
 from initialize_script import (LR, STEPS, WARMUP, WEIGHT_DECAY, assert_same_state, ds_config,
@@ -217,10 +216,11 @@ def optimizer_state(optimizer):
             if torch.is_tensor(value)}
 
 
-def load_failing_on(rank_failing, rank, engine, optimizer, checkpoint_dir, where):
-    """Loads ``checkpoint_dir`` with the frozen values' write (``where``'s load_frozen) failing
-    on ``rank_failing`` only, after that rank's optimizer loaded: (the error raised, whether the
-    module and the optimizer are as they were)."""
+def load_failing_on(rank_failing, rank, engine, optimizer, checkpoint_dir):
+    """Loads ``checkpoint_dir`` with the frozen values' write (frozen_values.load_frozen)
+    failing on ``rank_failing`` only, after that rank's optimizer loaded: (the error raised,
+    whether the module and the optimizer are as they were)."""
+    where = zoe.torch.frozen_values
     module, state = engine.module_state_dict(), optimizer_state(optimizer)
     writes = where.load_frozen
 
@@ -249,7 +249,7 @@ def run_failed_load(rank, out_dir, world):
     engine, optimizer, _ = start("config", config_for(out_dir, world), seed=1)
     train_engine(engine, 0, 1, rank, world)
     error, same = load_failing_on(1, rank, engine, optimizer,
-                                  os.path.join(out_dir, "ckpt-config"), zoe.torch.zero3)
+                                  os.path.join(out_dir, "ckpt-config"))
     engine.close()
     with open(os.path.join(out_dir, f"failed-rank{rank}.txt"), "w", encoding="utf-8") as file:
         json.dump([type(error).__name__, same], file)
@@ -290,7 +290,7 @@ def test_one_process_load_failing_on_the_frozen_values_changes_nothing(nvme_dir)
     engine.close()
     engine, optimizer, _ = start("config", config, seed=1)
     train_engine(engine, 0, 1, 0, 1)
-    error, same = load_failing_on(0, 0, engine, optimizer, checkpoint_dir, zoe.torch.ds_stage3)
+    error, same = load_failing_on(0, 0, engine, optimizer, checkpoint_dir)
     assert isinstance(error, zoe.IoError) and same
     engine.load_checkpoint(checkpoint_dir)  # the same load, not failing, loads
     assert not same_module(engine, seed=1)

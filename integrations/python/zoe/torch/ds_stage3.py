@@ -25,7 +25,7 @@ from .checkpoint import OneProcess, load_shard
 from .common import _invalid
 from .distributed import shard_bounds, shard_counts
 from .ds_config import AUTO
-from .frozen_values import check_index, has_frozen, load_frozen, read_index, save_frozen
+from .frozen_values import has_frozen, load_with_frozen, save_with_frozen
 from .offload import offload_parameters
 from .optimizer import OPTIMIZERS
 from .paging import _distinct_named_parameters
@@ -108,14 +108,13 @@ class Stage3:
         if self.sharded:
             self.pager.save_checkpoint(directory, optimizer)
         elif rank == 0:
-            optimizer.save_checkpoint(directory)
-            save_frozen(directory, self.pager, self._frozen(optimizer))
+            save_with_frozen(directory, optimizer, self.pager, self._frozen(optimizer))
 
     def load(self, directory, optimizer):
         """Loads what save wrote; the parameters take the saved master weights, the frozen
-        ones their saved values. In one process the frozen values are checked before anything
-        loads, and with frozen parameters the load runs as checkpoint.load_shard runs a rank's
-        (a failure while the optimizer or the frozen values load puts both back); a save written
+        ones their saved values. In one process with frozen parameters the load runs as
+        checkpoint.load_shard runs a rank's (frozen_values.load_with_frozen: the values checked
+        before the optimizer loads, and a failure after it puts both back); a save written
         before they were kept (its optimizer held the frozen parameters) is refused naming what
         loads it."""
         if self.sharded:
@@ -133,19 +132,10 @@ class Stage3:
                 "trainable ones, and this optimizer holds only the trainable ones: load it "
                 "with load_optimizer_states=False (the module's saved values, frozen ones "
                 "too, and a fresh optimizer state)")
-        index = read_index(directory)
-        check_index(index, frozen, f"the checkpoint in {directory!r}")
-
-        def save_before(path):
-            optimizer.save_checkpoint(path)
-            save_frozen(path, self.pager, frozen)
-
-        def load_from(path):
-            optimizer.load_checkpoint(path)
-            load_frozen(path, index if path == directory else read_index(path), self.pager,
-                        frozen)
-
-        load_shard(OneProcess(), f"loading {directory!r}", directory, save_before, load_from)
+        load_shard(OneProcess(), f"loading {directory!r}", directory,
+                   lambda path: save_with_frozen(path, optimizer, self.pager, frozen),
+                   lambda path: load_with_frozen(path, optimizer, self.pager, frozen,
+                                                 f"the checkpoint in {path!r}"))
 
     def _frozen(self, optimizer):
         """(layout index, name, parameter) of the paged parameters (one process) that no param

@@ -130,6 +130,24 @@ def read_values(directory, index):
             yield entry["index"], values.view(getattr(torch, entry["dtype"]))
 
 
+def save_with_frozen(directory, optimizer, pager, entries):
+    """A stage 3 save into ``directory``: the optimizer's, and the values of ``entries`` (the
+    paged tensors it does not step: save_frozen) beside it."""
+    optimizer.save_checkpoint(directory)
+    save_frozen(directory, pager, entries)
+
+
+def load_with_frozen(directory, optimizer, pager, entries, where):
+    """Loads what save_with_frozen wrote: the frozen values checked first (their sha256, and
+    that they are ``entries``', FailedPrecondition naming ``where`` otherwise), so that a
+    failure there changes nothing; then the optimizer and the values (a failure there is
+    checkpoint.load_shard's to undo)."""
+    index = read_index(directory)
+    check_index(index, entries, where)
+    optimizer.load_checkpoint(directory)
+    load_frozen(directory, index, pager, entries)
+
+
 @torch.no_grad()
 def load_frozen(directory, index, pager, entries):
     """Writes the values VALUES holds (``index``, checked: check_index) into ``entries``'

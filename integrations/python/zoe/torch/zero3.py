@@ -88,7 +88,7 @@ from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group, w
 from .device import check_paging_tier
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, TorchCollectives,
                           shard_counts)
-from .frozen_values import check_index, load_frozen, read_index, save_frozen
+from .frozen_values import load_with_frozen, save_with_frozen
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
 from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
@@ -959,21 +959,7 @@ class ShardedParameterPager(ParameterPager):
             "optimizer": optimizer.kind.name,
         }
         save_sharded(directory, TorchCollectives(self.group),
-                     lambda path: self._save_shard(path, optimizer, frozen), manifest)
-
-    def _save_shard(self, path, optimizer, frozen):
-        """This rank's save: the optimizer's, and the ``frozen`` shards' values beside it."""
-        optimizer.save_checkpoint(path)
-        save_frozen(path, self, frozen)
-
-    def _load_shard(self, path, optimizer, frozen):
-        """Loads what _save_shard wrote in ``path``: the frozen values checked first (a
-        failure there changes nothing), then the optimizer and the frozen shards' values (a
-        failure there is undone by load_shard)."""
-        index = read_index(path)
-        check_index(index, frozen, f"{path!r}")
-        optimizer.load_checkpoint(path)
-        load_frozen(path, index, self, frozen)
+                     lambda path: save_with_frozen(path, optimizer, self, frozen), manifest)
 
     def load_checkpoint(self, directory, optimizer):
         """Loads what save_checkpoint wrote on the same world size and parameters, into an
@@ -992,8 +978,8 @@ class ShardedParameterPager(ParameterPager):
         shard_dir = comm.agreed(f"reading the manifest of {where}",
                                 lambda: self._shard_to_load(directory, optimizer, members))
         load_shard(comm, f"loading the shards of {where}", shard_dir,
-                   lambda path: self._save_shard(path, optimizer, frozen),
-                   lambda path: self._load_shard(path, optimizer, frozen))
+                   lambda path: save_with_frozen(path, optimizer, self, frozen),
+                   lambda path: load_with_frozen(path, optimizer, self, frozen, repr(path)))
 
     def _shard_to_load(self, directory, optimizer, members):
         """This rank's shard that the manifest in ``directory`` names; FailedPrecondition when
