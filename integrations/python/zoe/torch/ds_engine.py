@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from .common import _timed
 from .ds_engine_checkpoints import EngineCheckpoints
+from .grad_stream import clip_coefficient
 from .optimizer import ZoeOptimizer
 from .throughput_timer import ThroughputTimer
 
@@ -445,7 +446,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         if max_norm > 0:
             norms = [torch.linalg.vector_norm(grad.float()) for grad in grads]
             norm = torch.linalg.vector_norm(torch.stack(norms)).cpu() / self._grad_scale
-            factor = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+            factor = clip_coefficient(norm, max_norm)
         if factor == 1.0 and self._grad_scale == 1.0:
             return
         for grad in grads:
