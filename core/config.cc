@@ -283,11 +283,17 @@ Result<Json> ParseConfigJson(std::string_view text) {
   return ParseMarked(text, MarkNonFiniteTokens(text), /*read_markers=*/true);
 }
 
-std::string DescribeJson(const Json& value) {
-  if (value.is_object()) return "an object";
+std::string WriteConfigJson(const Json& value) {
+  if (value.is_object()) {
+    std::vector<std::string> members;
+    for (const auto& [key, member] : value.items()) {
+      members.push_back(fmt::format("{}:{}", Json(key).dump(), WriteConfigJson(member)));
+    }
+    return fmt::format("{{{}}}", fmt::join(members, ","));
+  }
   if (value.is_array()) {
     std::vector<std::string> items;
-    for (const Json& item : value) items.push_back(DescribeJson(item));
+    for (const Json& item : value) items.push_back(WriteConfigJson(item));
     return fmt::format("[{}]", fmt::join(items, ","));
   }
   if (value.is_number_float() && !std::isfinite(value.get<double>())) {
@@ -296,6 +302,10 @@ std::string DescribeJson(const Json& value) {
     return number > 0 ? "Infinity" : "-Infinity";
   }
   return value.dump();
+}
+
+std::string DescribeJson(const Json& value) {
+  return value.is_object() ? "an object" : WriteConfigJson(value);
 }
 
 // Exact decimal arithmetic: "1.5GiB" is 15 * 2^30 / 10, integral or an error, never rounded.

@@ -34,8 +34,13 @@ Result<nlohmann::json> ParseJson(std::string_view text);
 // value wherever zoe needs a number, so only keys zoe ignores keep one.
 Result<nlohmann::json> ParseConfigJson(std::string_view text);
 
-// A value as messages show it: its compact JSON text, with non-finite numbers written NaN,
-// Infinity and -Infinity (nlohmann writes null) and an object as "an object".
+// A configuration document as compact JSON text that ParseConfigJson and Python's json.loads read
+// back as the same document: non-finite numbers are written NaN, Infinity and -Infinity, as
+// Python's json module writes them (nlohmann writes null, which would read as absent). Except:
+// ParseConfigJson reads a document with a NUL character in a string as plain JSON, without them.
+std::string WriteConfigJson(const nlohmann::json& value);
+
+// A value as messages show it: WriteConfigJson's text, an object as "an object".
 std::string DescribeJson(const nlohmann::json& value);
 
 // A byte count from a JSON number (integral, or a float with an integral value such as 1e6) or a

@@ -529,8 +529,7 @@ Result<EngineConfig> ParseEngineConfigDocument(const Json& given) {
   EngineConfig config;
   Json document = given;
   if (document.is_object()) {  // the reader refuses anything else
-    ZOE_RETURN_IF_ERROR(CoercePydanticValues(&document));
-    ZOE_RETURN_IF_ERROR(MapDeprecatedOffloadKeys(&document));
+    ZOE_RETURN_IF_ERROR(ReadPydanticSections(&document));
     DropDefaultedValues(&document);
   }
   ZOE_RETURN_IF_ERROR(StripAutoValues(&document, &config.auto_keys));

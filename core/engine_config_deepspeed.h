@@ -38,7 +38,7 @@ void AcceptDeepSpeedKeys(ObjectReader& reader, DeepSpeedSection section, const A
 // DeepSpeed feature zoe does not implement; then InvalidArgument naming the switch and its value,
 // what DeepSpeed does with it on, and how to get a document zoe accepts. A switch is on as
 // DeepSpeed reads it: a value that is true for Python (true, a number other than 0, a non-empty
-// string; the switches of pydantic sections hold booleans by then: CoercePydanticValues). A
+// string; the switches of pydantic sections hold booleans by then: ReadPydanticSections). A
 // switch DeepSpeed reads only with another one on (fp16.auto_cast with fp16.enabled) counts too
 // when that one is "auto": DeepSpeed up to 0.16 takes the string "auto" for true, later releases
 // read the switch whatever enabled is, and the framework may fill in true.

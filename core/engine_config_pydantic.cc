@@ -38,8 +38,7 @@ constexpr std::string_view kOffloadParam = "zero_optimization.offload_param";
 // The keys zoe accepts in DeepSpeed's pydantic sections, typed as DeepSpeed's models type them
 // (DeepSpeedZeroConfig, DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
 // DeepSpeedFP16Config, DeepSpeedBF16Config, HybridEngineConfig, TPTrainingConfig); an
-// Optional[bool] is a bool here (null is left alone). integrations/python/zoe/torch/
-// ds_pydantic.py holds the same table.
+// Optional[bool] is a bool here (null is left alone).
 constexpr auto kTypedKeys = std::to_array<TypedKey>({
     {kZero, "stage", kInt},
     {kZero, "contiguous_gradients", kBool},
@@ -287,27 +286,7 @@ bool AutoIsZoes(std::string_view section, std::string_view key) {
   return key == "enabled" && (section == "fp16" || section == "bf16" || section == "bfloat16");
 }
 
-}  // namespace
-
-void DropDefaultedValues(Json* document) {
-  for (std::string_view section : kPydanticSections) {
-    Json* object = ObjectAt(document, section);
-    if (object == nullptr) continue;
-    for (auto it = object->begin(); it != object->end();) {
-      const bool offload =
-          section == kZero && (it.key() == "offload_optimizer" || it.key() == "offload_param");
-      if (offload && it->is_null()) {
-        *it = Json{{"device", "none"}};  // DeepSpeed's None: no offload (zoe's default: cpu)
-        ++it;
-      } else if (it->is_null() || (*it == "auto" && !AutoIsZoes(section, it.key()))) {
-        it = object->erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-}
-
+// The values of kTypedKeys converted as pydantic's lax mode converts them (ReadPydanticSections).
 Status CoercePydanticValues(Json* document) {
   for (const TypedKey& entry : kTypedKeys) {
     for (std::string_view section : SpellingsOf(entry.section)) {
@@ -321,6 +300,7 @@ Status CoercePydanticValues(Json* document) {
   return Status::Ok();
 }
 
+// kDeprecatedOffloads replaced by their sections, as DeepSpeedZeroConfig replaces them.
 Status MapDeprecatedOffloadKeys(Json* document) {
   Json* zero = ObjectAt(document, kZero);
   if (zero == nullptr) return Status::Ok();
@@ -347,6 +327,33 @@ Status MapDeprecatedOffloadKeys(Json* document) {
     (*zero)[std::string(entry.section)] = Json{{"device", on ? "cpu" : "none"}};
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+void DropDefaultedValues(Json* document) {
+  for (std::string_view section : kPydanticSections) {
+    Json* object = ObjectAt(document, section);
+    if (object == nullptr) continue;
+    for (auto it = object->begin(); it != object->end();) {
+      const bool offload =
+          section == kZero && (it.key() == "offload_optimizer" || it.key() == "offload_param");
+      if (offload && it->is_null()) {
+        *it = Json{{"device", "none"}};  // DeepSpeed's None: no offload (zoe's default: cpu)
+        ++it;
+      } else if (it->is_null() || (*it == "auto" && !AutoIsZoes(section, it.key()))) {
+        it = object->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+Status ReadPydanticSections(Json* document) {
+  if (!document->is_object()) return Status::Ok();
+  ZOE_RETURN_IF_ERROR(CoercePydanticValues(document));
+  return MapDeprecatedOffloadKeys(document);
 }
 
 }  // namespace zoe::config

@@ -3,7 +3,9 @@
 #include <string>
 #include <string_view>
 
+#include "core/config.h"
 #include "core/engine_config.h"
+#include "core/engine_config_pydantic.h"
 #include "integrations/c/capi_names.h"
 
 extern "C" {
@@ -31,6 +33,19 @@ zoe_status zoe_config_check(const char* config_json, char** out_warnings_json) {
       ZOE_ASSIGN_OR_RETURN(*out_warnings_json,
                            CopyForCaller(nlohmann::json(config.warnings).dump()));
     }
+    return Status::Ok();
+  });
+}
+
+zoe_status zoe_config_normalize(const char* config_json, char** out_json) {
+  return Guard([&]() -> Status {
+    ZOE_RETURN_IF_ERROR(CheckNotNull(out_json, "out_json"));
+    *out_json = nullptr;
+    const std::string_view text = config_json != nullptr ? config_json : "";
+    ZOE_ASSIGN_OR_RETURN(nlohmann::json document,
+                         zoe::config::ParseConfigJson(text.empty() ? "{}" : text));
+    ZOE_RETURN_IF_ERROR(zoe::config::ReadPydanticSections(&document));
+    ZOE_ASSIGN_OR_RETURN(*out_json, CopyForCaller(zoe::config::WriteConfigJson(document)));
     return Status::Ok();
   });
 }

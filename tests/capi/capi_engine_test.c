@@ -160,6 +160,33 @@ static void test_config_check(void) {
   CHECK_FAILS(zoe_config_check("{\"zoe\": ", NULL), ZOE_ERR_INVALID_ARGUMENT, "");
 }
 
+/* A DeepSpeed document with its pydantic sections read as pydantic reads them, for a framework
+ * that reads the rest itself: quoted values converted, the deprecated offload switch mapped,
+ * "auto", other sections and non-finite numbers handed back as given. */
+static void test_config_normalize(void) {
+  char* out = (char*)&out; /* a non-NULL value a failure must clear */
+  CHECK_OK(zoe_config_normalize(NULL, &out));
+  CHECK(strcmp(out, "{}") == 0);
+  zoe_free(out);
+  CHECK_OK(zoe_config_normalize(
+      "{\"zero_optimization\": {\"stage\": \"2\", \"cpu_offload\": \"yes\", \"sub_group_size\": "
+      "\"auto\"}, \"fp16\": {\"enabled\": \"auto\", \"hysteresis\": \" 2 \"}, "
+      "\"steps_per_print\": Infinity, \"gradient_clipping\": \"1.0\"}",
+      &out));
+  CHECK(strcmp(out,
+               "{\"fp16\":{\"enabled\":\"auto\",\"hysteresis\":2},\"gradient_clipping\":\"1.0\","
+               "\"steps_per_print\":Infinity,\"zero_optimization\":{\"offload_optimizer\":"
+               "{\"device\":\"cpu\"},\"stage\":2,\"sub_group_size\":\"auto\"}}") == 0);
+  zoe_free(out);
+  out = (char*)&out;
+  CHECK_FAILS(zoe_config_normalize("{\"bf16\": {\"enabled\": \"maybe\"}}", &out),
+              ZOE_ERR_INVALID_ARGUMENT, "bf16.enabled = \"maybe\" is not allowed");
+  CHECK(out == NULL);
+  CHECK_FAILS(zoe_config_normalize("{\"zero_optimization\": ", &out), ZOE_ERR_INVALID_ARGUMENT, "");
+  CHECK(out == NULL);
+  CHECK_FAILS(zoe_config_normalize("{}", NULL), ZOE_ERR_INVALID_ARGUMENT, "out_json is NULL");
+}
+
 /* An empty configuration works too: the tensors swap to a private temporary directory. */
 static void test_default_config(void) {
   zoe_engine* engine = NULL;
@@ -769,6 +796,7 @@ int main(void) {
   test_create_and_json();
   test_create_errors();
   test_config_check();
+  test_config_normalize();
   test_default_config();
   test_tensor_round_trip();
   test_tensor_errors();

@@ -15,6 +15,7 @@ static_assert(static_cast<int>(ZOE_ERR_INTERNAL) == 12);
 static_assert(
     std::is_same_v<decltype(&zoe_engine_create), zoe_status (*)(const char*, zoe_engine**)>);
 static_assert(std::is_same_v<decltype(&zoe_config_check), zoe_status (*)(const char*, char**)>);
+static_assert(std::is_same_v<decltype(&zoe_config_normalize), zoe_status (*)(const char*, char**)>);
 static_assert(std::is_same_v<decltype(&zoe_engine_destroy), void (*)(zoe_engine*)>);
 static_assert(
     std::is_same_v<decltype(&zoe_engine_stats_json), zoe_status (*)(zoe_engine*, char**)>);

@@ -43,6 +43,22 @@ TEST(EngineConfigDeepSpeed, PythonsNonFiniteNumbersAreAcceptedWhereZoeIgnoresThe
   EXPECT_EQ(DescribeJson((*document)["a"]), "[NaN,-Infinity,Infinity]");
 }
 
+// zoe_config_normalize hands a document back to Python: what it writes reads back the same.
+TEST(EngineConfigDeepSpeed, WrittenDocumentsReadBackWithTheirNonFiniteNumbers) {
+  const std::string text =
+      R"({"a":[NaN,-Infinity,{"b":Infinity,"c":"NaN"}],"d":{},"e":[],"f":"\u00e9\"","g":0.1})";
+  Result<Json> document = ParseConfigJson(text);
+  ASSERT_TRUE(document.ok()) << document.status().ToString();
+  const std::string written = WriteConfigJson(*document);
+  EXPECT_EQ(written, R"({"a":[NaN,-Infinity,{"b":Infinity,"c":"NaN"}],"d":{},"e":[],"f":"é\"",)"
+                     R"("g":0.1})");
+  Result<Json> again = ParseConfigJson(written);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(WriteConfigJson(*again), written);
+  EXPECT_EQ((*again)["a"][2]["b"].get<double>(), HUGE_VAL);
+  EXPECT_EQ(DescribeJson((*again)["a"][2]), "an object");
+}
+
 TEST(EngineConfigDeepSpeed, NonFiniteNumbersWhereZoeNeedsANumberAreRefusedNamingTheKey) {
   EXPECT_THAT(ParseError(R"({"optimizer": {"params": {"lr": Infinity}}})"),
               HasSubstr("optimizer.params.lr = Infinity is out of range; allowed: 0..1e+300"));

@@ -125,12 +125,12 @@ TEST(EngineConfigPydantic, CoercionLeavesDocumentsWithoutPydanticSectionsAlone) 
   Json document = Json::parse(R"({"amp": {"enabled": "false"}, "zero_optimization": 1,
       "fp16": "yes", "steps_per_print": "10"})");
   const Json before = document;
-  ASSERT_TRUE(CoercePydanticValues(&document).ok());
+  ASSERT_TRUE(ReadPydanticSections(&document).ok());
   EXPECT_EQ(document, before);
   Json numbers = Json::parse(R"({"zero_optimization": {"stage": "-0", "reduce_bucket_size":
       "99999999999999999999999", "sub_group_size": "18446744073709551615"},
       "fp16": {"loss_scale": " -inf ", "min_loss_scale": "1_0.5"}})");
-  ASSERT_TRUE(CoercePydanticValues(&numbers).ok());
+  ASSERT_TRUE(ReadPydanticSections(&numbers).ok());
   EXPECT_EQ(numbers["zero_optimization"]["stage"], 0);
   EXPECT_EQ(numbers["zero_optimization"]["reduce_bucket_size"], 1e23);
   EXPECT_EQ(numbers["zero_optimization"]["sub_group_size"], 18446744073709551615u);

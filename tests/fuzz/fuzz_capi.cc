@@ -778,6 +778,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string config = EngineConfig(in.U8(), root);
   FUZZ_CHECK(Checked(zoe_config_check(config.c_str(), nullptr), "check") == ZOE_OK,
              config + ": " + zoe_last_error());
+  char* normalized = nullptr;
+  FUZZ_CHECK(Checked(zoe_config_normalize(config.c_str(), &normalized), "normalize") == ZOE_OK,
+             config + ": " + zoe_last_error());
+  zoe_free(normalized);
   zoe_engine* engine = reinterpret_cast<zoe_engine*>(uintptr_t{1});
   const zoe_status created = Checked(zoe_engine_create(config.c_str(), &engine), "create");
   FUZZ_CHECK(created == ZOE_OK, config + ": " + zoe_last_error());

@@ -1,5 +1,7 @@
 // Fuzzes the configuration parser: the input is a JSON document for ParseEngineConfig and a size
-// string for ParseSizeString; accepted documents must survive ToJson and parse back unchanged.
+// string for ParseSizeString; accepted documents must survive ToJson and parse back unchanged, and
+// a document normalized for zoe.torch (ReadPydanticSections, WriteConfigJson) must read back the
+// same and configure the engine as the document given does.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -7,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/engine_config.h"
+#include "core/engine_config_pydantic.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace zoe::fuzz {
@@ -64,6 +67,28 @@ void CheckDocument(std::string_view text) {
   CheckRoundTrip(*parsed, text);
 }
 
+// What zoe_config_normalize hands to zoe.torch.initialize reads back as the same document, which
+// the engine reads as it reads the document given.
+void CheckNormalized(std::string_view text) {
+  Result<nlohmann::json> document = config::ParseConfigJson(text);
+  if (!document.ok() || !config::ReadPydanticSections(&*document).ok()) return;
+  const std::string written = config::WriteConfigJson(*document);
+  // ParseConfigJson reads a document with a NUL character in a string as plain JSON.
+  if (written.find("\\u0000") != std::string::npos) return;
+  Result<nlohmann::json> again = config::ParseConfigJson(written);
+  FUZZ_CHECK(again.ok(), std::string(text) + "\n  written as " + written);
+  FUZZ_CHECK(config::WriteConfigJson(*again) == written, std::string(text) + "\n  " + written);
+  Result<config::EngineConfig> given = config::ParseEngineConfig(text);
+  Result<config::EngineConfig> normalized = config::ParseEngineConfig(written);
+  FUZZ_CHECK(given.ok() == normalized.ok(), std::string(text) + "\n  written as " + written);
+  if (given.ok()) {
+    FUZZ_CHECK(*given == *normalized, std::string(text) + "\n  written as " + written);
+  } else {
+    FUZZ_CHECK(given.status().ToString() == normalized.status().ToString(),
+               given.status().ToString() + "\n  normalized: " + normalized.status().ToString());
+  }
+}
+
 }  // namespace
 }  // namespace zoe::fuzz
 
@@ -71,6 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   zoe::fuzz::CheckSizeString(text);
   zoe::fuzz::CheckDocument(text);
+  zoe::fuzz::CheckNormalized(text);
   zoe::Result<nlohmann::json> json = zoe::config::ParseJson(text);
   if (json.ok()) {
     zoe::fuzz::CheckSizeValue(*json);

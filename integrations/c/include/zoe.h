@@ -238,6 +238,18 @@ ZOE_API zoe_status zoe_engine_create(const char* config_json, zoe_engine** out);
  * stage does not read), set on success only. */
 ZOE_API zoe_status zoe_config_check(const char* config_json, char** out_warnings_json);
 
+/* A DeepSpeed configuration with the sections DeepSpeed reads through pydantic models
+ * (zero_optimization with offload_optimizer and offload_param, fp16, bf16, hybrid_engine,
+ * tensor_parallel) read as those models read them, as zoe_engine_create reads them first: quoted
+ * booleans and numbers converted to the key's type ("false" is false, "2" is 2), and
+ * zero_optimization's deprecated cpu_offload and cpu_offload_param replaced by the sections they
+ * stand for. "auto", null and every other key are left as given, for a framework that reads the
+ * rest itself. NULL or "" means {}. A value pydantic refuses is INVALID_ARGUMENT naming the key,
+ * the value and what is allowed. On success *out_json (free with zoe_free) is the document as
+ * compact JSON text, with non-finite numbers written NaN, Infinity and -Infinity as Python's json
+ * module writes them; on failure it is set to NULL. */
+ZOE_API zoe_status zoe_config_normalize(const char* config_json, char** out_json);
+
 /* Waits for background work, releases memory and removes swap files. Accepts NULL. The handle
  * must not be used afterwards, and no other thread may be inside a call on it. In a child process
  * forked after the engine was created it frees only the handle (see zoe_engine). */

@@ -4,13 +4,58 @@ with the same message by both, "auto" and the get_scalar_param keys left alone);
 under fp16.enabled "auto"; the deprecated offload switches; load_from_fp32_weights; and the
 precision keys communication_data_type and data_types.grad_accum_dtype."""
 
+import copy
+import math
+
 import pytest
 
 import zoe
 import zoe.torch
 from initialize_script import ds_config, make_model, train_engine
+from zoe.engine import normalize_deepspeed_config as normalize
 from zoe.torch.ds_config import training_config
-from zoe.torch.ds_pydantic import BOOL, INT, TYPED_KEYS, normalize
+
+BOOL, INT, FLOAT = "bool", "int", "float"
+_ZERO = "zero_optimization"
+
+# The keys of DeepSpeed's pydantic sections that zoe accepts, typed as DeepSpeed's models type
+# them (DeepSpeedZeroConfig, DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
+# DeepSpeedFP16Config, DeepSpeedBF16Config, HybridEngineConfig, TPTrainingConfig); an
+# Optional[bool] is a bool here (None is left alone).
+TYPED_KEYS = {
+    _ZERO: dict(
+        stage=INT, contiguous_gradients=BOOL, reduce_scatter=BOOL, reduce_bucket_size=INT,
+        use_multi_rank_bucket_allreduce=BOOL, allgather_partitions=BOOL,
+        allgather_bucket_size=INT, overlap_comm=BOOL, load_from_fp32_weights=BOOL,
+        elastic_checkpoint=BOOL, sub_group_size=INT, cpu_offload_param=BOOL,
+        cpu_offload_use_pin_memory=BOOL, cpu_offload=BOOL, stage3_prefetch_bucket_size=INT,
+        stage3_param_persistence_threshold=INT, stage3_model_persistence_threshold=INT,
+        stage3_max_live_parameters=INT, stage3_max_reuse_distance=INT,
+        stage3_gather_16bit_weights_on_model_save=BOOL,
+        stage3_gather_fp16_weights_on_model_save=BOOL, stage3_module_granularity_threshold=INT,
+        stage3_use_all_reduce_for_fetch_params=BOOL, ignore_unused_parameters=BOOL,
+        legacy_stage1=BOOL, round_robin_gradients=BOOL, zero_hpz_partition_size=INT,
+        zero_quantized_weights=BOOL, zero_quantized_nontrainable_weights=BOOL,
+        zero_quantized_gradients=BOOL, mics_shard_size=INT, mics_hierarchical_params_gather=BOOL,
+        memory_efficient_linear=BOOL, pipeline_loading_checkpoint=BOOL,
+        override_module_apply=BOOL, log_trace_cache_warnings=BOOL),
+    f"{_ZERO}.offload_optimizer": dict(
+        buffer_count=INT, pin_memory=BOOL, pipeline_read=BOOL, pipeline_write=BOOL,
+        fast_init=BOOL, ratio=FLOAT),
+    f"{_ZERO}.offload_param": dict(
+        buffer_count=INT, buffer_size=INT, max_in_cpu=INT, pin_memory=BOOL),
+    "fp16": dict(
+        enabled=BOOL, auto_cast=BOOL, loss_scale=FLOAT, initial_scale_power=INT,
+        loss_scale_window=INT, hysteresis=INT, consecutive_hysteresis=BOOL,
+        min_loss_scale=FLOAT, fp16_master_weights_and_grads=BOOL),
+    "bf16": dict(enabled=BOOL, immediate_grad_update=BOOL),
+    "hybrid_engine": dict(
+        enabled=BOOL, max_out_tokens=INT, inference_tp_size=INT, release_inference_cache=BOOL,
+        pin_parameters=BOOL, tp_gather_partition_size=INT, enable_cuda_graph=BOOL),
+    "tensor_parallel": dict(
+        autotp_size=INT, keep_module_on_host=BOOL, replace_with_kernel_inject=BOOL,
+        kernel_inject=BOOL),
+}
 
 
 def initialize(config):
@@ -43,7 +88,8 @@ def engine_error(document):
     (section, key, kind) for section, keys in TYPED_KEYS.items() for key, kind in keys.items()])
 def test_the_engine_refuses_what_pydantic_refuses_with_the_message_initialize_gives(section, key,
                                                                                     kind):
-    """Every typed key of ds_pydantic's table is in the engine's, of the same type."""
+    """Every key DeepSpeed's models type is read as its type by the reader initialize and the
+    engine share."""
     bad = {BOOL: "maybe", INT: "2.5"}.get(kind, "half")
     with pytest.raises(zoe.InvalidArgument) as error:
         normalize(nested(f"{section}.{key}", bad))
@@ -55,6 +101,23 @@ def test_the_engine_refuses_what_pydantic_refuses_with_the_message_initialize_gi
     good = {BOOL: "Yes", INT: " +1_0.00 "}.get(kind, "1e1")
     assert normalize(nested(f"{section}.{key}", good)) == nested(f"{section}.{key}",
                                                                  {BOOL: True}.get(kind, 10))
+
+
+def test_the_rest_of_the_document_comes_back_as_given_non_finite_numbers_included():
+    document = {"steps_per_print": math.inf, "wandb": {"project": "NaN"}, "amp": {"enabled": "no"},
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": [0.9, 0.99]}},
+                "zero_optimization": {"stage": "auto", "reduce_bucket_size": -math.inf,
+                                      "sub_group_size": " 1_000 ", "overlap_comm": None},
+                "fp16": {"enabled": "auto", "loss_scale": "inf"}, "gradient_clipping": "1.0"}
+    given = copy.deepcopy(document)
+    normalized = normalize(document)
+    assert document == given  # a fresh dict
+    assert normalized.pop("fp16") == {"enabled": "auto", "loss_scale": math.inf}
+    assert normalized.pop("zero_optimization") == {"stage": "auto", "reduce_bucket_size": -math.inf,
+                                                   "sub_group_size": 1000, "overlap_comm": None}
+    del given["fp16"], given["zero_optimization"]
+    assert normalized == given
+    assert normalize({}) == {}
 
 
 def test_quoted_values_of_pydantic_sections_train_as_deepspeed_reads_them():

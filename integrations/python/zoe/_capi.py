@@ -255,6 +255,8 @@ zoe_engine_create = _declare(
 
 # zoe_status zoe_config_check(const char* config_json, char** out_warnings_json);
 zoe_config_check = _declare("zoe_config_check", zoe_status, c_char_p, POINTER(c_void_p))
+# zoe_status zoe_config_normalize(const char* config_json, char** out_json);
+zoe_config_normalize = _declare("zoe_config_normalize", zoe_status, c_char_p, POINTER(c_void_p))
 
 # void zoe_engine_destroy(zoe_engine* engine);
 zoe_engine_destroy = _declare("zoe_engine_destroy", None, zoe_engine_p)

@@ -172,6 +172,18 @@ def check_config(config=None):
     return json.loads(_capi.take_string(out.value))
 
 
+def normalize_deepspeed_config(document):
+    """The DeepSpeed configuration ``document`` (a dict) as a fresh dict with the sections
+    DeepSpeed reads through pydantic models read as those models read them, as an engine reads
+    them first (zoe_config_normalize): quoted booleans and numbers converted to the key's type,
+    zero_optimization's deprecated cpu_offload and cpu_offload_param replaced by the sections
+    they stand for; "auto", None and every other key left as given. InvalidArgument naming the
+    key, the value and what is allowed for what pydantic refuses."""
+    out = ctypes.c_void_p()
+    check(_capi.zoe_config_normalize(json.dumps(document).encode("utf-8"), ctypes.byref(out)))
+    return json.loads(_capi.take_string(out.value))
+
+
 class Engine:
     """A zoe engine: tiers, tensors, optimizer groups.
 

@@ -4,10 +4,10 @@ scheduler, the ZeRO stage, its offload and its gradient buckets (reduce_bucket_s
 loss scaling and bf16. ``"auto"`` (as Hugging Face's configurations write it) counts as "not
 given": batch sizes are then derived, the buckets take zoe's default, the others DeepSpeed's;
 where there is no default (a schedule's total_num_steps, the ZeRO stage) it is refused. The
-sections DeepSpeed reads with pydantic are first read as pydantic reads them (ds_pydantic.py:
-"false" and "2" converted there, the deprecated offload switches turned into their sections);
-then each value read is checked for its type: a string, a bool or a non-finite number where a
-number is needed is refused naming the key. communication_data_type and
+sections DeepSpeed reads with pydantic are first read as pydantic reads them, by the engine's
+reader (zoe_config_normalize: "false" and "2" converted there, the deprecated offload switches
+turned into their sections); then each value read is checked for its type: a string, a bool or
+a non-finite number where a number is needed is refused naming the key. communication_data_type and
 data_types.grad_accum_dtype are accepted where they name what zoe does (fp32 reductions; the
 dtype zoe accumulates micro-batches in) and refused otherwise. What the engine itself honours
 (offload placement, NVMe paths, the ``zoe`` section) and the DeepSpeed keys zoe does not act on
@@ -20,10 +20,9 @@ import logging
 import os
 from typing import Any, Dict, Optional
 
-from ..engine import _config_text
+from ..engine import _config_text, normalize_deepspeed_config
 from .activation_checkpoint import checkpointing_config
 from .common import _invalid, whole_count
-from .ds_pydantic import normalize
 from .lr_schedules import SCHEDULES, required_parameters
 from .optim_kinds import finite_number
 
@@ -96,7 +95,7 @@ class TrainingConfig:
 
 def load_document(config):
     """The configuration (a dict, JSON text or a path to a JSON file) as a fresh dict, the
-    sections DeepSpeed reads with pydantic read as pydantic reads them (ds_pydantic.normalize:
+    sections DeepSpeed reads with pydantic read as pydantic reads them (normalize_deepspeed_config:
     "false" is false there, and the deprecated offload switches become their sections)."""
     if config is None:
         raise _invalid("initialize needs a DeepSpeed configuration: config= a dict, JSON text "
@@ -104,7 +103,7 @@ def load_document(config):
     document = json.loads(_config_text(config) or "{}")
     if not isinstance(document, dict):
         raise _invalid("the DeepSpeed configuration must be a JSON object")
-    return normalize(document)
+    return normalize_deepspeed_config(document)
 
 
 def _given(document, key):
