@@ -26,11 +26,23 @@ presets=("$@")
 #   so a missing wait fails a test instead of passing by luck. 200 us is far longer than code
 #   takes from submitting a copy to using its destination, and copies on one queue run one after
 #   another, so a test costs 0.2 ms per device copy.
-# - ZOE_REQUIRE_ISAS: the optimizer kernels' instruction-set paths the machines that build and
-#   test zoe have (AVX-512 with bf16 and VBMI, AVX2); the parity tests fail where one is missing
-#   instead of covering fewer paths silently. Override it on another machine.
+# - ZOE_REQUIRE_ISAS: the optimizer kernels' instruction-set paths this CPU has, as /proc/cpuinfo
+#   shows them (cpu_isas: AVX-512 with bf16 and VBMI, AVX-512, AVX2 with FMA and F16C); the
+#   parity tests fail where the build covers fewer (a kernel path lost) instead of passing
+#   silently. Set it to require another list.
+cpu_isas() {
+  local flags isas=()
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  has() { local flag; for flag; do [[ $flags == *" $flag "* ]] || return 1; done; }
+  if has avx512f avx512bw avx512vl avx512dq; then
+    if has avx512_bf16 avx512vbmi; then isas+=(avx512bf16); fi
+    isas+=(avx512)
+  fi
+  if has avx2 fma f16c; then isas+=(avx2); fi
+  (IFS=,; echo "${isas[*]}")
+}
 test_env=(ZOE_REQUIRE_TORCH=1 ZOE_DEVICE_ADVERSARIAL_US=200
-  "ZOE_REQUIRE_ISAS=${ZOE_REQUIRE_ISAS-avx512bf16,avx512,avx2}")
+  "ZOE_REQUIRE_ISAS=${ZOE_REQUIRE_ISAS-$(cpu_isas)}")
 
 # JUnit XML of each ctest and pytest run of this invocation, for check_skips. Removed first so a
 # file left by an earlier run never stands in for one of this run.
