@@ -1,6 +1,8 @@
 """DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (zoe.torch.lr_schedules) against their
-formulas at several steps, log and linear warmup, and stepped by the engine after each optimizer
-step when named in the config."""
+formulas (DeepSpeed 0.19.3 on) at several steps, log and linear warmup, their defaults and edges
+(warmup_max_lr from the optimizer, the cosine held at its floor past total_num_steps,
+warmup_num_steps checked), and stepped by the engine after each optimizer step when named in the
+config, a torch.optim.lr_scheduler class included."""
 
 import math
 
@@ -65,9 +67,53 @@ def test_warmup_cosine_lr(kind):
         cosine = (1 + math.cos(math.pi * (t - WARM + 1) / (TOTAL - WARM))) / 2
         assert rate_at(schedule, t) == pytest.approx(base * (end + (1 - end) * cosine))
     assert rate_at(schedule, TOTAL - 1) == pytest.approx(base * end)
+    for t in (TOTAL, TOTAL + 7, 3 * TOTAL):  # held at the floor, not up the cosine again
+        assert rate_at(schedule, t) == pytest.approx(base * end)
 
 
-def test_warmup_num_steps_is_at_least_two_and_state_round_trips():
+@pytest.mark.parametrize("total", [WARM, WARM - 4, WARM + 1])
+def test_warmup_cosine_lr_without_a_decay_window_holds_its_floor(total):
+    base, end = 0.02, 0.05
+    schedule = WarmupCosineLR(optimizer(base), total, warmup_num_steps=WARM, cos_min_ratio=end)
+    for t in range(WARM, WARM + 6):
+        expected = end if t >= total else None
+        rate = rate_at(schedule, t)
+        if expected is not None:
+            assert rate == pytest.approx(base * end)
+        assert base * end - 1e-12 <= rate <= base
+
+
+def test_warmup_lr_rises_to_each_groups_lr_without_warmup_max_lr():
+    groups = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.02},
+                              {"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.005}],
+                             lr=0.1)
+    schedule = WarmupLR(groups, warmup_min_lr=LOW, warmup_num_steps=WARM)
+    for t in (3, WARM, 40):
+        schedule.step(t)
+        gamma = min(1.0, warmup(t, "log"))
+        assert schedule.get_last_lr() == pytest.approx(
+            [LOW + (0.02 - LOW) * gamma, LOW + (0.005 - LOW) * gamma])
+    decay = WarmupDecayLR(optimizer(0.02), TOTAL, warmup_num_steps=WARM)
+    decay.step(WARM)
+    assert decay.get_last_lr() == pytest.approx([0.001 * (TOTAL - WARM) / (TOTAL - WARM)])
+
+
+@pytest.mark.parametrize("schedule", [
+    lambda steps: WarmupLR(optimizer(), warmup_num_steps=steps),
+    lambda steps: WarmupDecayLR(optimizer(), TOTAL, warmup_num_steps=steps),
+    lambda steps: WarmupCosineLR(optimizer(), TOTAL, warmup_num_steps=steps)])
+@pytest.mark.parametrize("steps", [0, -3, 2.5, 10.0, True, "10"])
+def test_warmup_num_steps_must_be_a_positive_integer(schedule, steps):
+    with pytest.raises(zoe.InvalidArgument, match="warmup_num_steps = .* allowed: a positive"):
+        schedule(steps)
+
+
+def test_a_fractional_total_is_used_as_given():
+    schedule = WarmupDecayLR(optimizer(), 10.5, 0.0, HIGH, warmup_num_steps=2)
+    assert rate_at(schedule, 7) == pytest.approx(HIGH * 3.5 / 8.5)
+
+
+def test_one_warmup_step_counts_as_two_and_state_round_trips():
     schedule = WarmupLR(optimizer(), LOW, HIGH, warmup_num_steps=1)
     assert schedule.warmup_num_steps == 2
     schedule.step()
@@ -98,3 +144,27 @@ def test_scheduler_parameters_are_checked():
     config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}
     with pytest.raises(zoe.InvalidArgument, match="allowed: 'log', 'linear'"):
         zoe.torch.initialize(model=make_model(), config=config)
+    config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}
+    with pytest.raises(zoe.InvalidArgument, match="warmup_num_steps = 0 is not allowed"):
+        zoe.torch.initialize(model=make_model(), config=config)
+    config["scheduler"] = {"type": "ReduceLROnPlateau", "params": {}}
+    with pytest.raises(zoe.InvalidArgument, match="torch.optim.lr_scheduler"):
+        zoe.torch.initialize(model=make_model(), config=config)
+    config["scheduler"] = {"type": "StepLR", "params": {"gamma": 0.5}}
+    with pytest.raises(zoe.InvalidArgument, match="scheduler StepLR: .*step_size.*torch.optim"):
+        zoe.torch.initialize(model=make_model(), config=config)
+
+
+def test_a_torch_schedule_named_in_the_config_is_stepped_after_each_optimizer_step():
+    """As DeepSpeed builds one: getattr(torch.optim.lr_scheduler, type)(optimizer, **params)."""
+    config = ds_config()
+    config["scheduler"] = {"type": "StepLR", "params": {"step_size": 2, "gamma": 0.5}}
+    engine, optimizer, _, scheduler = zoe.torch.initialize(model=make_model(), config=config)
+    assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR)
+    lr = config["optimizer"]["params"]["lr"]
+    train_engine(engine, 0, 3, 0, 1)  # 3 optimizer steps
+    assert engine.get_lr() == pytest.approx([lr * 0.5])
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(lr * 0.5)
+    train_engine(engine, 3, 4, 0, 1)
+    assert engine.get_lr() == pytest.approx([lr * 0.25])
+    engine.close()
