@@ -305,7 +305,11 @@ std::string WriteConfigJson(const Json& value) {
 }
 
 std::string DescribeJson(const Json& value) {
-  return value.is_object() ? "an object" : WriteConfigJson(value);
+  if (value.is_object()) return "an object";
+  if (!value.is_array()) return WriteConfigJson(value);
+  std::vector<std::string> items;
+  for (const Json& item : value) items.push_back(DescribeJson(item));
+  return fmt::format("[{}]", fmt::join(items, ","));
 }
 
 // Exact decimal arithmetic: "1.5GiB" is 15 * 2^30 / 10, integral or an error, never rounded.

@@ -40,7 +40,8 @@ Result<nlohmann::json> ParseConfigJson(std::string_view text);
 // ParseConfigJson reads a document with a NUL character in a string as plain JSON, without them.
 std::string WriteConfigJson(const nlohmann::json& value);
 
-// A value as messages show it: WriteConfigJson's text, an object as "an object".
+// A value as messages show it: WriteConfigJson's text, an object (in an array too) as "an
+// object".
 std::string DescribeJson(const nlohmann::json& value);
 
 // A byte count from a JSON number (integral, or a float with an integral value such as 1e6) or a

@@ -28,7 +28,7 @@ presets=("$@")
 #   another, so a test costs 0.2 ms per device copy.
 # - ZOE_REQUIRE_ISAS: the optimizer kernels' instruction-set paths this CPU has, as /proc/cpuinfo
 #   shows them (cpu_isas: AVX-512 with bf16 and VBMI, AVX-512, AVX2 with FMA and F16C); the
-#   parity tests fail where the build covers fewer (a kernel path lost) instead of passing
+#   parity tests fail where zoe's detection finds fewer (a path left untested) instead of passing
 #   silently. Set it to require another list.
 cpu_isas() {
   local flags isas=()

@@ -56,7 +56,7 @@ TEST(EngineConfigDeepSpeed, WrittenDocumentsReadBackWithTheirNonFiniteNumbers) {
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(WriteConfigJson(*again), written);
   EXPECT_EQ((*again)["a"][2]["b"].get<double>(), HUGE_VAL);
-  EXPECT_EQ(DescribeJson((*again)["a"][2]), "an object");
+  EXPECT_EQ(DescribeJson((*again)["a"]), "[NaN,-Infinity,an object]");
 }
 
 TEST(EngineConfigDeepSpeed, NonFiniteNumbersWhereZoeNeedsANumberAreRefusedNamingTheKey) {

@@ -163,7 +163,7 @@ std::vector<const KernelTable*> HashingTables() {
 // product.
 TEST(ReadHash, BlockSumsMatchXxh3AndUpdatesAreBitIdentical) {
   const auto tables = HashingTables();
-  if (tables.empty()) GTEST_SKIP() << "no kernel path of this CPU hashes its reads";
+  ZOE_SKIP_UNLESS_READS_ARE_HASHED(!tables.empty());
   constexpr size_t kCount = 3 * 2048 + 777;
   const std::pair<size_t, size_t> ranges[] = {{0, kCount}, {100, kCount}, {2048, 6144}, {5, 900}};
   const DType grads[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
@@ -195,7 +195,7 @@ TEST(ReadHash, BlockSumsMatchXxh3AndUpdatesAreBitIdentical) {
 // gives that block, and only that block, a sum other than the recorded one.
 TEST(ReadHash, AFlippedByteChangesOnlyItsBlocksSum) {
   const auto tables = HashingTables();
-  if (tables.empty()) GTEST_SKIP() << "no kernel path of this CPU hashes its reads";
+  ZOE_SKIP_UNLESS_READS_ARE_HASHED(!tables.empty());
   constexpr size_t kCount = 4096;
   for (const KernelTable* table : tables) {
     for (DType state : {DType::kFloat32, DType::kBFloat16}) {
@@ -333,7 +333,7 @@ void CheckInt8(const KernelTable& table, Kind kind, DType grad, CopySlot copy, b
 // unit (nothing hashed).
 TEST(ReadHash, Int8BlockSumsMatchXxh3AndUpdatesAreBitIdentical) {
   const auto tables = HashingTables();
-  if (tables.empty()) GTEST_SKIP() << "no kernel path of this CPU hashes its reads";
+  ZOE_SKIP_UNLESS_READS_ARE_HASHED(!tables.empty());
   constexpr size_t kCount = 3 * 4096 + 777;
   const std::pair<size_t, size_t> layouts[] = {{0, 0}, {0, 1024}, {100, 100}, {100, 100 + 5 * 256}};
   const DType grads[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};

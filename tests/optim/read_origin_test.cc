@@ -20,6 +20,7 @@
 #include "optim/chunk.h"
 #include "optim/dispatch.h"
 #include "optim/quantize.h"
+#include "optim_test_util.h"
 
 namespace zoe::optim {
 namespace {
@@ -116,9 +117,7 @@ struct State {
 };
 
 TEST(ReadOriginTest, BlocksInsideAPieceAreHashedAtTheirIndexInTheWholeArray) {
-  if (!UpdateHashesReads(Kind::kAdamW, DType::kFloat32, {})) {
-    GTEST_SKIP() << "the kernels of this machine do not hash what they read";
-  }
+  ZOE_SKIP_UNLESS_READS_ARE_HASHED(UpdateHashesReads(Kind::kAdamW, DType::kFloat32, {}));
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt8}) {
     const size_t unit = ReadHashElements(dtype);
     for (size_t origin : {size_t{0}, size_t{7}, size_t{1000}, size_t{2048}, size_t{2049}}) {
@@ -156,9 +155,7 @@ TEST(ReadOriginTest, BlocksInsideAPieceAreHashedAtTheirIndexInTheWholeArray) {
 // The hashed units of int8 state must start quantization blocks: sums with a read origin that is
 // not congruent to block_offset are refused before anything is updated.
 TEST(ReadOriginTest, Int8SumsWithAnOriginOffTheBlockLayoutAreRefused) {
-  if (!UpdateHashesReads(Kind::kAdamW, DType::kInt8, {})) {
-    GTEST_SKIP() << "the kernels of this machine do not hash what they read";
-  }
+  ZOE_SKIP_UNLESS_READS_ARE_HASHED(UpdateHashesReads(Kind::kAdamW, DType::kInt8, {}));
   State state(DType::kInt8);
   const std::vector<std::byte> before = state.All();
   std::vector<uint64_t> sums[3];

@@ -120,6 +120,16 @@ def test_the_rest_of_the_document_comes_back_as_given_non_finite_numbers_include
     assert normalize({}) == {}
 
 
+def test_the_document_keeps_its_order_and_its_integers():
+    document = {"train_batch_size": 8, "zero_optimization": {"stage": "2", "cpu_offload": True,
+                                                             "overlap_comm": "no"},
+                "seed": 2**70, "fp16": {"enabled": False}, "amp": {"opt_level": "O1"}}
+    normalized = normalize(document)
+    assert list(normalized) == list(document)
+    assert list(normalized["zero_optimization"]) == ["stage", "overlap_comm", "offload_optimizer"]
+    assert normalized["seed"] == 2**70 and isinstance(normalized["seed"], int)
+
+
 def test_quoted_values_of_pydantic_sections_train_as_deepspeed_reads_them():
     config = ds_config(stage=1, offload="cpu")
     config["zero_optimization"].update(stage="1", zero_quantized_weights="false",

@@ -364,6 +364,19 @@ def flip_state_file(ckpt):
     flip(os.path.join(ckpt, "global_step1", "optimizer", "v000001", "zoe.0.state"))
 
 
+STEP_LR = {"type": "StepLR", "params": {"step_size": 1, "gamma": 0.5}}
+
+
+def drop_schedule_type(ckpt):
+    """The save as one made before the schedule's type was saved beside its state (its checksum
+    record updated, as that save's would be)."""
+    path = os.path.join(ckpt, "global_step1", "model_states.pt")
+    state = torch.load(path)
+    del state["lr_scheduler_type"]
+    torch.save(state, path)
+    ds_checksums.record_checksums(os.path.dirname(path))
+
+
 # (how the save's engine differs, how the loading one does, what changes the save, the load's
 # arguments, the error)
 FAILED_LOADS = {
@@ -372,6 +385,13 @@ FAILED_LOADS = {
     "saved without a schedule": ({"scheduler": None}, {}, None, {},
                                  (zoe.InvalidArgument, "saved without a learning-rate schedule"
                                   ".*load_lr_scheduler_states=False")),
+    "another schedule": ({}, {"scheduler": STEP_LR}, None, {},
+                         (zoe.InvalidArgument, "holds the state of a WarmupLR learning-rate "
+                          "schedule and this engine's is a StepLR.*load_lr_scheduler_states=")),
+    "another schedule saved without its type": (
+        {}, {"scheduler": STEP_LR}, drop_schedule_type, {},
+        (zoe.InvalidArgument, r"holds the state of a schedule with the state "
+         r"\['last_batch_iteration'\] learning-rate schedule and this engine's is a StepLR")),
     "another shape": ({}, {"model": "wider"}, None, {},
                       (RuntimeError, "size mismatch for 0.weight")),
     "a torch optimizer's engine": ({}, {"torch_optimizer": True}, None, {},
@@ -591,8 +611,39 @@ def _continues(engine, good, rank, world):
     assert_same_state(module_values(engine), after, atol=0)
 
 
+def calls_that_differ(rank, out_dir, world):
+    """save_checkpoint and load_checkpoint given another directory, tag or switch on rank 1:
+    every rank refuses before anything is written or loaded, naming the arguments."""
+    ckpt = os.path.join(out_dir, "differ")
+    engine = start(2, world=world)
+    train_engine(engine, 0, 1, rank, world)
+    engine.save_checkpoint(ckpt, tag="good")
+    before = snapshot(engine)
+    differing = [dict(save_dir=os.path.join(out_dir, "elsewhere") if rank else ckpt),
+                 dict(save_dir=ckpt, tag="t" if rank else "u"),
+                 dict(save_dir=ckpt, tag="t", save_latest=rank == 0)]
+    for arguments in differing:
+        with pytest.raises(zoe.InvalidArgument, match="save_checkpoint was called with other "
+                                                      "arguments on other ranks .* on rank 0; "):
+            engine.save_checkpoint(**arguments)
+        assert listing(ckpt) == ["good", "latest"]
+        assert not os.path.exists(os.path.join(out_dir, "elsewhere"))
+    train_engine(engine, 1, 2, rank, world)  # the ranks are still paired
+    with pytest.raises(zoe.InvalidArgument, match="load_checkpoint was called with other "
+                                                  "arguments on other ranks"):
+        engine.load_checkpoint(ckpt, tag="good", load_optimizer_states=rank == 0)
+    engine.save_checkpoint(ckpt, tag="later")
+    with pytest.raises(zoe.InvalidArgument, match=r"differ/good', True.* on rank 0; .*differ/"
+                                                  r"later', True.* on rank 1"):
+        engine.load_checkpoint(ckpt, tag="later" if rank else "good")
+    engine.load_checkpoint(ckpt, tag="good")
+    assert_equal(snapshot(engine), before)
+    engine.close()
+
+
 def rank_worker(rank, out_dir, world):
     with gloo_rank(rank, world, f"{out_dir}/init", out_dir):
+        calls_that_differ(rank, out_dir, world)
         for stage in (0, 2):
             save_failures(rank, out_dir, stage, world)
         failed_loads(rank, out_dir, world)

@@ -11,7 +11,8 @@ import torch
 
 import zoe
 import zoe.torch
-from initialize_script import ds_config, make_model, train_engine
+from initialize_script import assert_same_state, ds_config, make_model, module_values, \
+    train_engine
 from zoe.torch.lr_schedules import WarmupCosineLR, WarmupDecayLR, WarmupLR
 
 LOW, HIGH, WARM, TOTAL = 0.001, 0.01, 10, 30
@@ -153,6 +154,13 @@ def test_scheduler_parameters_are_checked():
     config["scheduler"] = {"type": "StepLR", "params": {"gamma": 0.5}}
     with pytest.raises(zoe.InvalidArgument, match="scheduler StepLR: .*step_size.*torch.optim"):
         zoe.torch.initialize(model=make_model(), config=config)
+    config["scheduler"] = {"type": "LinearLR", "params": {"start_factor": 2.0}}
+    with pytest.raises(zoe.InvalidArgument, match="scheduler LinearLR: Starting multiplicative"):
+        zoe.torch.initialize(model=make_model(), config=config)
+    config["scheduler"] = {"type": "StepLR", "params": {"step_size": "auto"}}
+    with pytest.raises(zoe.InvalidArgument, match='step_size = "auto" is not allowed for '
+                                                  "'StepLR'"):
+        zoe.torch.initialize(model=make_model(), config=config)
 
 
 def test_a_torch_schedule_named_in_the_config_is_stepped_after_each_optimizer_step():
@@ -167,4 +175,26 @@ def test_a_torch_schedule_named_in_the_config_is_stepped_after_each_optimizer_st
     assert optimizer.param_groups[0]["lr"] == pytest.approx(lr * 0.5)
     train_engine(engine, 3, 4, 0, 1)
     assert engine.get_lr() == pytest.approx([lr * 0.25])
+    engine.close()
+
+
+@pytest.mark.parametrize("schedule", [
+    {"type": "OneCycleLR", "params": {"max_lr": 0.02, "total_steps": 8, "cycle_momentum": False}},
+    {"type": "CyclicLR", "params": {"base_lr": 0.001, "max_lr": 0.02, "step_size_up": 2,
+                                    "cycle_momentum": False}}])
+def test_a_torch_schedule_resumes_from_a_checkpoint_as_if_uninterrupted(schedule, tmp_path):
+    """torch 1.13 keeps OneCycleLR's and CyclicLR's functions in their state dicts; the save
+    leaves them out and the loading engine's schedule keeps its own."""
+    config = dict(ds_config(), scheduler=schedule)
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(), config=config)
+    train_engine(engine, 0, 2, 0, 1)
+    engine.save_checkpoint(str(tmp_path))
+    train_engine(engine, 2, 4, 0, 1)
+    uninterrupted = (engine.get_lr(), module_values(engine))
+    engine.close()
+    engine, _, _, _ = zoe.torch.initialize(model=make_model(seed=1), config=config)
+    engine.load_checkpoint(str(tmp_path))
+    train_engine(engine, 2, 4, 0, 1)
+    assert engine.get_lr() == uninterrupted[0]
+    assert_same_state(module_values(engine), uninterrupted[1], atol=0)
     engine.close()

@@ -151,6 +151,32 @@ def agreement_error(what, error, failed, group):
                    f"{what} failed on {where} {', '.join(map(str, failed))} ({details})")
 
 
+def gather_objects(value, group):
+    """Every rank's ``value`` (picklable), in rank order: one all_gather_object, which every rank
+    of ``group`` calls."""
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
+
+
+def by_rank(values):
+    """Each of ``values`` (one per rank, in rank order) with the ranks that gave it:
+    "2 on ranks 0, 2; 1 on rank 1"."""
+    ranks_of = {}
+    for rank, value in enumerate(values):
+        ranks_of.setdefault(value if isinstance(value, str) else repr(value), []).append(rank)
+    return "; ".join(f"{shown} on rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(map(str, ranks))}" for shown, ranks in ranks_of.items())
+
+
+def differences(value, group):
+    """None when ``value`` (picklable, comparable with ==) is the same on every rank of
+    ``group``; else by_rank's description of the values. A collective: every rank calls it and
+    gets the same answer."""
+    values = gather_objects(value, group)
+    return None if all(other == values[0] for other in values) else by_rank(values)
+
+
 def _describe(error):
     """A zoe.Error's message; any other exception's class and message."""
     return str(error) if isinstance(error, Error) else f"{type(error).__name__}: {error}"

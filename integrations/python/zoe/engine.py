@@ -172,16 +172,41 @@ def check_config(config=None):
     return json.loads(_capi.take_string(out.value))
 
 
+# The sections of a DeepSpeed configuration that zoe_config_normalize reads (DeepSpeed's pydantic
+# sections; Megatron-DeepSpeed writes bf16 as bfloat16).
+_PYDANTIC_SECTIONS = ("zero_optimization", "fp16", "bf16", "bfloat16", "hybrid_engine",
+                      "tensor_parallel")
+
+
 def normalize_deepspeed_config(document):
     """The DeepSpeed configuration ``document`` (a dict) as a fresh dict with the sections
     DeepSpeed reads through pydantic models read as those models read them, as an engine reads
     them first (zoe_config_normalize): quoted booleans and numbers converted to the key's type,
     zero_optimization's deprecated cpu_offload and cpu_offload_param replaced by the sections
-    they stand for; "auto", None and every other key left as given. InvalidArgument naming the
-    key, the value and what is allowed for what pydantic refuses."""
+    they stand for; "auto", None and every other key left as given, in the order given.
+    InvalidArgument naming the key, the value and what is allowed for what pydantic refuses."""
+    sections = {key: document[key] for key in _PYDANTIC_SECTIONS if key in document}
     out = ctypes.c_void_p()
-    check(_capi.zoe_config_normalize(json.dumps(document).encode("utf-8"), ctypes.byref(out)))
-    return json.loads(_capi.take_string(out.value))
+    status = _capi.zoe_config_normalize(json.dumps(sections).encode("utf-8"), ctypes.byref(out))
+    try:
+        check(status)
+    except InvalidArgument as error:  # the message alone, as zoe.torch's other refusals
+        raise InvalidArgument(error.code, error.message.removeprefix("invalid argument: ")) \
+            from None
+    normalized = json.loads(_capi.take_string(out.value))
+    return {key: _in_given_order(value, normalized[key]) if key in sections else value
+            for key, value in document.items()}
+
+
+def _in_given_order(given, normalized):
+    """``normalized`` (a value of ``given`` read by zoe_config_normalize) with the keys of its
+    objects in the order of ``given``'s, the keys it added (a deprecated switch's section) last."""
+    if not (isinstance(given, dict) and isinstance(normalized, dict)):
+        return normalized
+    ordered = {key: _in_given_order(value, normalized[key])
+               for key, value in given.items() if key in normalized}
+    ordered.update((key, value) for key, value in normalized.items() if key not in ordered)
+    return ordered
 
 
 class Engine:

@@ -20,10 +20,11 @@ import logging
 import os
 from typing import Any, Dict, Optional
 
+from .._collective_ops import by_rank, gather_objects
 from ..engine import _config_text, normalize_deepspeed_config
 from .activation_checkpoint import checkpointing_config
 from .common import _invalid, whole_count
-from .lr_schedules import SCHEDULES, required_parameters
+from .lr_schedules import SCHEDULES, required_parameters, torch_schedule
 from .optim_kinds import finite_number
 
 log = logging.getLogger("zoe.torch")
@@ -250,6 +251,12 @@ def _scheduler_spec(document):
             raise _invalid(f"scheduler.params.{name} is missing; {kind} needs it: give it a "
                            "number")
     known = isinstance(kind, str) and kind in SCHEDULES
+    if torch_schedule(kind) is not None:  # Hugging Face fills "auto" for DeepSpeed's only
+        for name, value in params.items():
+            if value == AUTO:
+                raise _invalid(f'scheduler.params.{name} = "auto" is not allowed for {kind!r}: '
+                               "Hugging Face's Trainer fills in \"auto\" for DeepSpeed's own "
+                               "schedules only; give it a value")
     check = _schedule_value if known else (lambda key, value: value)
     checked = {key: check(key, value) for key, value in params.items() if value != AUTO}
     return {"type": kind, "params": checked}  # schedule_from_config refuses another type
@@ -407,6 +414,40 @@ def _reduce_bucket_size(zero):
         return None
     return whole_count(value, "zero_optimization.reduce_bucket_size",
                        "elements of gradients reduced together; 0 or 1: one parameter per bucket")
+
+
+# Keys whose values may differ between the ranks: each rank's NVMe directory may be its own.
+_PER_RANK_KEYS = ("nvme_path", "nvme_paths")
+_ABSENT = "(absent)"
+
+
+def check_same_on_every_rank(document, group):
+    """InvalidArgument on every rank of ``group`` when the ranks were given different
+    configurations (their NVMe paths aside), naming each key that differs and its value on
+    each rank: a rank at another stage, batch size or learning rate would pair its collectives
+    with the wrong ones of the others, or step its shard otherwise. A collective."""
+    configs = gather_objects(_flattened(document), group)
+    keys = sorted({key for config in configs for key in config})
+    differing = [key for key in keys
+                 if len({config.get(key, _ABSENT) for config in configs}) > 1]
+    if not differing:
+        return
+    shown = "; ".join(f"{key}: {by_rank([config.get(key, _ABSENT) for config in configs])}"
+                      for key in differing[:4])
+    more = f" (and {len(differing) - 4} more)" if len(differing) > 4 else ""
+    raise _invalid(f"the ranks were given different DeepSpeed configurations: {shown}{more}. "
+                   "Every rank must train with the same one (only the NVMe paths may differ)")
+
+
+def _flattened(value, path=""):
+    """{dotted key: the value as compact JSON} of a document's leaves, _PER_RANK_KEYS left out."""
+    if not isinstance(value, dict):
+        return {path: json.dumps(value, sort_keys=True)}
+    flat = {}
+    for key, item in value.items():
+        if key not in _PER_RANK_KEYS:
+            flat.update(_flattened(item, f"{path}.{key}" if path else str(key)))
+    return flat
 
 
 def engine_document(training, rank, world_size):

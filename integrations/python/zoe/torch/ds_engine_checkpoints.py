@@ -7,11 +7,12 @@ import os
 
 import torch
 
-from .._collective_ops import agreed
+from .._collective_ops import agreed, differences
 from . import ds_checkpoint, ds_checksums, ds_load
 from .checkpoint import saved_param_groups
 from .common import _invalid
 from .ds_stage3 import check_module_state
+from .lr_schedules import schedule_state
 from .optimizer import ZoeOptimizer
 
 MODEL_STATES = ds_checkpoint.MODEL_STATES
@@ -43,12 +44,13 @@ class EngineCheckpoints:
         return agreed(what, step, self._group)
 
     def _engine_state(self, client_state, exclude_frozen_parameters):
-        module = self.module_state_dict()
+        module, schedule = self.module_state_dict(), self.lr_scheduler
         if exclude_frozen_parameters:
             without_frozen(module, self.module)
         return {
             "module": module,
-            "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
+            "lr_scheduler": None if schedule is None else schedule_state(schedule),
+            "lr_scheduler_type": None if schedule is None else type(schedule).__name__,
             "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict(),
             "global_steps": self.global_steps, "global_samples": self.global_samples,
             "micro_steps": self.micro_steps, "skipped_steps": self.skipped_steps,
@@ -72,6 +74,9 @@ class EngineCheckpoints:
         are not saved."""
         tag = f"global_step{self.global_steps}" if tag is None else tag
         where = f"the save of tag {str(tag)!r} in {save_dir!r}"
+        self._check_same_call("save_checkpoint", "save_dir, tag, save_latest, "
+                              "exclude_frozen_parameters", (os.path.abspath(save_dir), str(tag),
+                                                           save_latest, exclude_frozen_parameters))
         self._warn_if_mid_accumulation(where)
         state = self._module_and_engine_state(where, client_state, exclude_frozen_parameters)
         try:
@@ -87,6 +92,18 @@ class EngineCheckpoints:
                 ds_checkpoint.abandon_save(save_dir, str(tag))
             raise
         return True
+
+    def _check_same_call(self, call, names, arguments):
+        """InvalidArgument on every rank, before anything is written or loaded, when ``call``
+        got other ``arguments`` (``names``) on other ranks: the ranks write or read one
+        checkpoint together. A collective over several ranks."""
+        if self._group is None:
+            return
+        differing = differences(arguments, self._group)
+        if differing is not None:
+            raise _invalid(f"{call} was called with other arguments on other ranks ({names}: "
+                           f"{differing}): every rank must call it with the same ones, as they "
+                           "write or read one checkpoint together")
 
     def _module_and_engine_state(self, where, client_state, exclude_frozen_parameters):
         """What model_states.pt holds (_engine_state): at stage 3 gathered (a collective),
@@ -171,6 +188,11 @@ class EngineCheckpoints:
         optimizer loaded). Every step is agreed over the ranks."""
         path = self._agreed(f"finding the checkpoint in {load_dir!r}",
                             lambda: ds_checkpoint.find_save(load_dir, tag))
+        self._check_same_call(
+            "load_checkpoint", "the save found (its tag, or latest), load_module_strict, "
+            "load_optimizer_states, load_lr_scheduler_states, load_module_only",
+            (path and os.path.abspath(path), load_module_strict, load_optimizer_states,
+             load_lr_scheduler_states, load_module_only))
         if path is None:
             if self.global_rank == 0:
                 log.warning("load_checkpoint(%r): no 'latest' file there and no tag given: "
@@ -245,6 +267,21 @@ class EngineCheckpoints:
                     for key, value in self.module.state_dict(keep_vars=True).items()}
         check_module_state(self.module, module_state, strict, expected)
 
+    def _check_schedule_kind(self, path, state):
+        """InvalidArgument when the saved schedule is of another kind than this engine's: its
+        type, saved beside its state (in saves without it, its state's keys), differs. A torch
+        schedule's load_state_dict takes any dict without a word."""
+        mine = type(self.lr_scheduler).__name__
+        saved_kind = state.get("lr_scheduler_type")
+        saved_keys, my_keys = set(state["lr_scheduler"]), set(schedule_state(self.lr_scheduler))
+        if saved_kind in (None, mine) and saved_keys == my_keys:
+            return
+        what = saved_kind or f"schedule with the state {sorted(saved_keys)}"
+        raise _invalid(f"the checkpoint {path!r} holds the state of a {what} learning-rate "
+                       f"schedule and this engine's is a {mine}: configure the schedule it was "
+                       "saved with, or load it with load_lr_scheduler_states=False to keep this "
+                       "engine's schedule as it is")
+
     def _check_schedule_and_scale(self, path, state, plan):
         """The schedule (when loaded) and the loss scaler take their saved states (tried and
         put back: ds_load.check_loadable). A schedule this engine has and the save has not is
@@ -256,9 +293,11 @@ class EngineCheckpoints:
                                f"schedule and this engine has one ({schedule}): load it with "
                                "load_lr_scheduler_states=False to keep this engine's schedule "
                                "as it is")
+            self._check_schedule_kind(path, state)
             ds_load.check_loadable(self.lr_scheduler, state["lr_scheduler"],
                                    "this engine's learning-rate schedule",
-                                   "load it with load_lr_scheduler_states=False")
+                                   "load it with load_lr_scheduler_states=False",
+                                   state_of=schedule_state)
         if self.loss_scaler is None:
             return
         if state.get("loss_scaler") is None:

@@ -30,10 +30,11 @@ import logging
 import torch
 import torch.distributed as dist
 
+from .._collective_ops import agreed
 from ..engine import check_config
 from .activation_checkpoint import configure_checkpointing
 from .common import _invalid, check_nccl_device
-from .ds_config import training_config, engine_document
+from .ds_config import check_same_on_every_rank, engine_document, training_config
 from .ds_engine import DeepSpeedEngine
 from .ds_stage3 import stage3_setup
 from .loss_scaler import loss_scaler_for
@@ -384,6 +385,22 @@ def _warn_unread_model_parameters(model_parameters, optimizer):
                     "parameters meant, and leave model_parameters= out")
 
 
+def _read_config(config, group, rank, world):
+    """The training settings and this rank's engine document (its NVMe directories created),
+    read by every rank of ``group`` before any builds anything: a rank that fails (a bad value,
+    a directory it cannot create) makes every rank raise naming it (agreed), and ranks given
+    different configurations are refused naming the keys (check_same_on_every_rank)."""
+    def read():
+        training = training_config(config, world)
+        return training, engine_document(training, rank, world)
+
+    if group is None:
+        return read()
+    training, document = agreed("initialize: reading the DeepSpeed configuration", read, group)
+    check_same_on_every_rank(training.document, group)
+    return training, document
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None, process_group=None):
@@ -399,10 +416,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     group = _process_group(process_group)
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
-    training = training_config(_config_of(args, config, config_params), world)
+    training, document = _read_config(_config_of(args, config, config_params), group, rank,
+                                      world)
     loader = _dataloader(training_data, training, rank, world, collate_fn)
     module = _cast_module(model, training)
-    document = engine_document(training, rank, world)
     if model_parameters is not None:
         model_parameters = list(model_parameters)  # a generator is read once, here
         _warn_unread_model_parameters(model_parameters, optimizer)

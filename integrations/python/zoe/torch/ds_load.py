@@ -163,10 +163,11 @@ def torch_optimizer_state(path, optimizer):
     return saved
 
 
-def check_loadable(target, saved, what, fix):
+def check_loadable(target, saved, what, fix, state_of=None):
     """InvalidArgument naming ``what`` and ``fix`` when ``target.load_state_dict(saved)``
-    fails; tried on ``target`` and put back as it was either way."""
-    before = copy.deepcopy(target.state_dict())
+    fails; tried on ``target`` and put back as it was either way (its state as ``state_of``
+    gives it, by default ``target.state_dict()``)."""
+    before = copy.deepcopy(state_of(target) if state_of is not None else target.state_dict())
     try:
         target.load_state_dict(copy.deepcopy(saved))
     except Exception as error:  # any failure of the state's own loader refuses it

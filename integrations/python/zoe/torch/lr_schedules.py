@@ -27,6 +27,7 @@ alternative."""
 import inspect
 import math
 import numbers
+import weakref
 
 import torch
 
@@ -210,7 +211,7 @@ def schedule_from_config(spec, optimizer):
     torch.optim.lr_scheduler; InvalidArgument naming the supported types or the parameter at
     fault."""
     kind = spec.get("type")
-    schedule = SCHEDULES.get(kind) or _torch_schedule(kind)
+    schedule = SCHEDULES.get(kind) or torch_schedule(kind)
     if schedule is None:
         raise _invalid(
             f"scheduler.type = {kind!r} is not supported; supported: {', '.join(SCHEDULES)} and "
@@ -220,13 +221,22 @@ def schedule_from_config(spec, optimizer):
             "initialize")
     try:
         return schedule(optimizer, **spec.get("params", {}))
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         where = ("DeepSpeed's documentation (zoe.torch.lr_schedules)" if kind in SCHEDULES
                  else "torch.optim.lr_scheduler's documentation")
         raise _invalid(f"scheduler {kind}: {error}; see its parameters in {where}") from None
 
 
-def _torch_schedule(kind):
+def schedule_state(schedule):
+    """``schedule.state_dict()`` without what a checkpoint cannot hold: torch 1.13's OneCycleLR
+    and CyclicLR keep their annealing and scale functions there (a bound method, a weak
+    reference), which later torch releases leave out; a schedule that loads the state keeps its
+    own."""
+    return {key: value for key, value in schedule.state_dict().items()
+            if not (callable(value) or isinstance(value, weakref.ref))}
+
+
+def torch_schedule(kind):
     """The class of torch.optim.lr_scheduler named ``kind``, or None."""
     if not isinstance(kind, str) or kind.startswith("_"):
         return None
