@@ -471,10 +471,37 @@ class ZeroPartition:
                 state.shard.has_grads = self._reduce_rest(optimizer, state)
         finally:
             self.finish_reductions()
+        if self.stage == 2:
+            self._check_same_gradients(states)
         failures = [state.shard.place.take_failure() for state in states]
         failure = next((failure for failure in failures if failure is not None), None)
         self.comm.agreed("the copies of the reduced gradients to the host",
                          lambda: _raise_if(failure))
+
+    def _check_same_gradients(self, states):
+        """Stage 2, once every bucket is reduced: InvalidArgument on every rank when a parameter
+        has a gradient on some ranks and none on others (one all-reduce of a flag per
+        parameter). Its bucket was reduced during backward on the ranks that had all of its
+        gradients and at step() on the others, so the reductions may have paired with the
+        wrong ones: the iteration is dropped before any group steps."""
+        params = [(state.index, index, param) for state in states
+                  for index, param in enumerate(state.params)]
+        flags = torch.tensor([float(param.grad is not None) for _, _, param in params],
+                             dtype=torch.float64)
+        self.comm.all_reduce(flags)
+        mixed = [where for where, flag in zip(params, flags.tolist())
+                 if 0 < flag < self.world_size]
+        if not mixed:
+            return
+        group, index, param = mixed[0]
+        raise _invalid(
+            f"parameter {index} of param group {group} (shape {tuple(param.shape)}) has a "
+            f"gradient on some ranks and none on others ({len(mixed)} such parameter(s)): ZeRO "
+            "stage 2 reduces each bucket of gradients during backward and needs every rank to "
+            "produce gradients for the same parameters, as DistributedDataParallel without "
+            "find_unused_parameters; use stage 1, which reduces at step(), or let every rank use "
+            "every parameter (an unused output times 0 gives it a zero gradient). The "
+            "iteration's gradients are dropped")
 
     def _reduce_rest(self, optimizer, state):
         buckets = state.shard.buckets

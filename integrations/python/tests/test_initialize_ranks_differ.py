@@ -1,15 +1,19 @@
-"""The configuration over several ranks: ranks given different DeepSpeed configurations are
+"""Ranks that differ where they must not. Ranks given different DeepSpeed configurations are
 refused by initialize on every rank, before anything is built, naming each key that differs and
 its value on each rank (a rank at another stage used to abort in gloo, or wait for the process
 group's timeout; another learning rate stepped its shard otherwise, silently); the NVMe paths
 may differ. A configuration that one rank cannot read (an NVMe directory it cannot create)
-makes every rank raise naming it, at once instead of at the timeout."""
+makes every rank raise naming it, at once instead of at the timeout. At stage 2 a parameter
+with a gradient on one rank and none on another is refused at step() on every rank, before any
+group steps (its bucket's reductions may have paired with the wrong ones), and the ranks train
+on."""
 
 import os
 import re
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import zoe
@@ -77,11 +81,48 @@ def unreadable_on_one_rank(rank, out_dir):
     assert time.monotonic() - started < PROMPT_SECONDS
 
 
+class Branches(torch.nn.Module):
+    """A trunk and a head that the forward uses or not."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = torch.nn.Linear(8, 4)
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x, use_head):
+        h = self.trunk(x)
+        return self.head(h) if use_head else h
+
+
+def gradients_that_differ(rank, out_dir):
+    engine, _, _, _ = zoe.torch.initialize(
+        model=Branches(), config=ds_config(stage=2, offload="cpu", world=WORLD))
+    before = [param.detach().clone() for param in engine.module.parameters()]
+    for micro in range(2):  # the head unused on rank 1
+        engine.backward(engine(torch.ones(4, 8), rank == 0).square().mean())
+        if micro == 0:
+            engine.step()
+    with pytest.raises(zoe.InvalidArgument, match=r"parameter 2 of param group 0 \(shape \(4, 4\)"
+                                                  r"\) has a gradient on some ranks and none on "
+                                                  r"others \(2 such parameter\(s\)\): .*stage 1"):
+        engine.step()
+    assert all(torch.equal(param, old) for param, old in zip(engine.module.parameters(), before))
+    engine.zero_grad()
+    for _ in range(6):  # the ranks train on (WarmupLR: lr 0 for two steps)
+        engine.backward(engine(torch.ones(4, 8), True).square().mean())
+        engine.step()
+    assert engine.global_steps == 3
+    assert not all(torch.equal(param, old) for param, old in zip(engine.module.parameters(), before))
+    engine.close()
+
+
 def worker(rank, out_dir):
     with gloo_rank(rank, WORLD, f"{out_dir}/init", out_dir):
         refused_differences(rank, out_dir)
         nvme_paths_may_differ(rank, out_dir)
         unreadable_on_one_rank(rank, out_dir)
+        gradients_that_differ(rank, out_dir)
 
 
 def test_on_two_ranks(tmp_path):
