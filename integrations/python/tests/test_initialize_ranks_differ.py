@@ -113,7 +113,8 @@ def gradients_that_differ(rank, out_dir):
         engine.backward(engine(torch.ones(4, 8), True).square().mean())
         engine.step()
     assert engine.global_steps == 3
-    assert not all(torch.equal(param, old) for param, old in zip(engine.module.parameters(), before))
+    assert not all(torch.equal(param, old)
+                   for param, old in zip(engine.module.parameters(), before))
     engine.close()
 
 
