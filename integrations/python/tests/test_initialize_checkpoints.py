@@ -490,6 +490,33 @@ def test_a_load_after_a_backward_warns_that_its_gradients_stay(tmp_path, caplog)
     engine.close()
 
 
+def test_a_stage3_load_after_a_backward_drops_its_streamed_gradients_and_warns(tmp_path,
+                                                                                caplog):
+    """Stage 3's gradients wait in the optimizer's stores, which the load empties: the next
+    step is the one of an engine that loaded before the backward."""
+    x, y = torch.randn(MICRO, 8), torch.randn(MICRO, 8) * 3
+    engine = start(3)
+    train_engine(engine, 0, 3, 0, 1)
+    engine.save_checkpoint(str(tmp_path))
+    reference = start(3, seed=1)
+    reference.load_checkpoint(str(tmp_path))
+    for micro in (x, y):
+        reference.backward(reference(micro).pow(2).mean())
+        reference.step()
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        engine.backward(engine(torch.randn(MICRO, 8) * 5).pow(2).mean())
+        engine.step()
+        engine.load_checkpoint(str(tmp_path))
+    assert "at stage 3 they wait in the optimizer's gradient stores, which the load empties" \
+        in caplog.text
+    for micro in (x, y):
+        engine.backward(engine(micro).pow(2).mean())
+        engine.step()
+    assert_same_state(module_values(engine), module_values(reference), atol=0)
+    engine.close()
+    reference.close()
+
+
 # --- 2 ranks -------------------------------------------------------------------------------------
 
 class Injected:

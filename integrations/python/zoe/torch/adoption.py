@@ -28,8 +28,11 @@ def write_new_tensor(engine, name, values, home, tensor=None):
 
 
 def placeholder_for(shape, dtype, device):
-    """What param.data points at while a parameter is paged: one zero expanded to ``shape``."""
-    return torch.zeros(1, dtype=dtype, device=device).expand(shape)
+    """What param.data points at while a parameter is paged: one NaN expanded to ``shape`` (one
+    zero for a dtype without NaN), so that code reading a parameter outside the forward of its
+    module (which gathers it) spreads NaN, not plausible zeros, while its shape stays visible."""
+    value = float("nan") if dtype.is_floating_point else 0
+    return torch.full((1,), value, dtype=dtype, device=device).expand(shape)
 
 
 def construction_placeholder(shape, dtype, device):

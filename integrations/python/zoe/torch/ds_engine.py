@@ -43,6 +43,7 @@ final in a backward; the engine holds those reductions back during the backwards
 an accumulation, so the one that does reduces the accumulated gradients."""
 
 import contextlib
+import logging
 import os
 import types
 import warnings
@@ -50,6 +51,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from .. import _capi
+from ..errors import FailedPrecondition
 from .common import _timed
 from .ds_engine_checkpoints import EngineCheckpoints
 from .grad_stream import clip_coefficient
@@ -57,6 +60,7 @@ from .optimizer import ZoeOptimizer
 from .throughput_timer import ThroughputTimer
 
 _ABSENT = object()
+log = logging.getLogger("zoe.torch")
 
 
 def local_rank_from_environment():
@@ -72,6 +76,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
                  loss_scaler=None, owns_optimizer=True, stage3=None):
         super().__init__()
         self.module = module  # registered as the submodule "module"
+        self._closed = False
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.config = training.document
@@ -219,8 +224,20 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
 
     # --- the training loop -----------------------------------------------------------------
 
+    def check_open(self, call):
+        """FailedPrecondition naming ``call`` once close() (or destroy()) closed the engine:
+        its optimizer's state and swap files are gone, and at stage 3 the module holds ordinary
+        parameters that nothing would step."""
+        if self._closed:
+            raise FailedPrecondition(
+                _capi.Status.FAILED_PRECONDITION,
+                f"{call} after the engine was closed (close() or destroy()): its optimizer's "
+                "state is gone; build a new engine with zoe.torch.initialize (and "
+                "load_checkpoint to resume)")
+
     def forward(self, *inputs, **kwargs):
         """The module's forward (``engine(x)`` runs it through nn.Module's call)."""
+        self.check_open("forward")
         self.tput_timer.start()
         with _timed(self._seconds, "forward"):
             return self.module(*inputs, **kwargs)
@@ -255,6 +272,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         as it becomes final (and a speculative one starts its update then:
         optimizer.overlap()); before it, stage 2 holds its reductions. ``release_loss`` is
         accepted and does nothing, as in DeepSpeed."""
+        self.check_open("backward")
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             loss = loss.float() / self.gradient_accumulation_steps()
         scaled = loss
@@ -270,6 +288,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
     def step(self, lr_kwargs=None):
         """Called after a micro-batch's backward; steps at the accumulation boundary.
         was_step_applied() is False after a step() that is not a boundary, as DeepSpeed's."""
+        self.check_open("step()")
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
@@ -286,7 +305,11 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         if isinstance(self.optimizer, ZoeOptimizer):
             # zoe's optimizers clip, and skip a non-finite step on every rank, themselves
             self.optimizer.step()
-            overflow = self.loss_scaler is not None and self._zoe_step_skipped()
+            overflow = self._zoe_step_skipped()
+            if overflow and self.loss_scaler is None and self.global_rank == 0:
+                log.warning("step %d: the gradients hold inf or NaN; the optimizer skipped "
+                            "the step (skipped_steps counts it), as DeepSpeed's ZeRO optimizer "
+                            "does", self.global_steps + 1)
         else:
             overflow = self._agreed_overflow() if self.loss_scaler is not None else False
             if not overflow:
@@ -308,8 +331,8 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         self.global_samples += self.train_batch_size()
 
     def was_step_applied(self):
-        """Whether the latest boundary's step changed the parameters (False after an fp16
-        overflow)."""
+        """Whether the latest boundary's step changed the parameters (False after a zoe
+        optimizer skipped it for inf or NaN gradients: an fp16 overflow, or a NaN loss)."""
         return self._step_applied
 
     def zero_grad(self):
@@ -470,7 +493,9 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
 
     def close(self):
         """Closes the optimizer the engine created (its zoe engine and swap files); idempotent.
-        DeepSpeed's ``destroy()`` is the same."""
+        DeepSpeed's ``destroy()`` is the same. Afterwards forward, backward, step() and the
+        checkpoint calls raise FailedPrecondition."""
+        self._closed = True
         if self._stage3 is not None:
             stage3, self._stage3 = self._stage3, None
             stage3.close(self.optimizer)

@@ -4,10 +4,12 @@ DeepSpeedEngine, over the engine's module, optimizer, schedule, loss scaler, cou
 process group."""
 
 import os
+import pickle
 
 import torch
 
 from .._collective_ops import agreed, differences
+from ..errors import as_zoe_error
 from . import ds_checkpoint, ds_checksums, ds_load
 from .checkpoint import saved_param_groups
 from .common import _invalid
@@ -31,6 +33,25 @@ def without_frozen(state, module, prefix=""):
     return state
 
 
+def _checked_client_state(client_state):
+    """``client_state`` (None: {}) as a dict, checked to pickle as torch.save will pickle it:
+    InvalidArgument naming what does not, before anything is written."""
+    if client_state is None:
+        return {}
+    if not isinstance(client_state, dict):
+        raise _invalid(f"client_state is a {type(client_state).__name__}; save_checkpoint takes "
+                       "a dict (its values: whatever torch.save can pickle)")
+    for key, value in client_state.items():
+        try:
+            pickle.dumps(value)
+        except Exception as error:  # any failure to pickle: named, before the save begins
+            raise _invalid(f"client_state[{key!r}] cannot be saved ({type(error).__name__}: "
+                           f"{error}); save_checkpoint pickles client_state with torch.save: "
+                           "keep only picklable values (numbers, strings, tensors, dicts and "
+                           "lists of them, state_dict()s) there") from None
+    return client_state
+
+
 class EngineCheckpoints:
     """DeepSpeedEngine's checkpoints (see ds_engine.py's contract), over the engine's module,
     optimizer, lr_scheduler, loss_scaler, counters, process group (_group), stage 3 pages
@@ -40,7 +61,11 @@ class EngineCheckpoints:
         """``step()`` on this rank; over ranks every rank's, and when one fails every rank
         raises together (_collective_ops.agreed), none left waiting."""
         if self._group is None:
-            return step()
+            try:
+                return step()
+            except OSError as error:  # as zoe's, as the ranks' agreement gives it
+                raise as_zoe_error(error, f"{what} failed: {type(error).__name__}: "
+                                          f"{error}") from error
         return agreed(what, step, self._group)
 
     def _engine_state(self, client_state, exclude_frozen_parameters):
@@ -72,6 +97,8 @@ class EngineCheckpoints:
         training goes on. A bad tag is refused before anything is written (InvalidArgument).
         Saving between the micro-batches of an accumulation logs a warning: their gradients
         are not saved."""
+        self.check_open("save_checkpoint")
+        client_state = _checked_client_state(client_state)
         tag = f"global_step{self.global_steps}" if tag is None else tag
         where = f"the save of tag {str(tag)!r} in {save_dir!r}"
         self._check_same_call("save_checkpoint", "save_dir, tag, save_latest, "
@@ -186,6 +213,7 @@ class EngineCheckpoints:
         the loss scale and the counters, which cannot fail once checked: a failed load leaves
         the engine as it was (only a custom_load_fn that raises leaves what it did, after the
         optimizer loaded). Every step is agreed over the ranks."""
+        self.check_open("load_checkpoint")
         path = self._agreed(f"finding the checkpoint in {load_dir!r}",
                             lambda: ds_checkpoint.find_save(load_dir, tag))
         self._check_same_call(
@@ -208,12 +236,25 @@ class EngineCheckpoints:
         self._load_module(checked.state["module"], plan)
         if plan.rest:
             self._load_rest(checked.state, plan)
+        if isinstance(self.optimizer, ZoeOptimizer):  # stage 3: as _warn_if_holding_gradients
+            self.optimizer.drop_streamed_gradients()
         return path, checked.state["client_state"]
 
     def _warn_if_holding_gradients(self, path):
         """Logs (rank 0) that a load between a backward and its step() keeps the gradients in
-        .grad, as DeepSpeed's keeps them: the next step adds them to the loaded state's."""
-        if self.global_rank != 0 or all(param.grad is None for param in self.module.parameters()):
+        .grad, as DeepSpeed's keeps them: the next step adds them to the loaded state's; at
+        stage 3, that it drops those streamed into the optimizer's gradient stores."""
+        if self.global_rank != 0:
+            return
+        if (isinstance(self.optimizer, ZoeOptimizer)
+                and self.optimizer.holds_streamed_gradients()):
+            log.warning("load_checkpoint(%r) comes after a backward whose gradients no step() "
+                        "took: at stage 3 they wait in the optimizer's gradient stores, which "
+                        "the load empties, so the next step takes the later micro-batches' "
+                        "gradients only; load before the accumulation's first backward (or "
+                        "after its step()) to resume exactly", path)
+            return
+        if all(param.grad is None for param in self.module.parameters()):
             return
         log.warning("load_checkpoint(%r) comes after a backward whose gradients no step() took: "
                     "they stay in .grad (as in DeepSpeed) and the next step adds them to the "

@@ -365,9 +365,22 @@ def _stage012_optimizer(optimizer, model_parameters, module, training, document,
     of model_parameters= (else the module's) on the process group's device (_build_optimizer)."""
     params = model_parameters if model_parameters is not None else module.parameters()
     params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
+    if optimizer is None:  # the config's: a zoe optimizer
+        _check_contiguous(module)
     if group is not None:  # stage 3 pages the parameters where the config says
         check_model_device(params, dist.get_backend(group))
     return _build_optimizer(optimizer, params, training, document, group)
+
+
+def _check_contiguous(module):
+    """InvalidArgument naming a trainable parameter that is not contiguous (a transposed view):
+    zoe's optimizers step a parameter's memory as one run of elements."""
+    for name, param in module.named_parameters():
+        if param.requires_grad and not param.is_contiguous():
+            raise _invalid(f"parameter {name!r} is not contiguous (a view such as a transpose, "
+                           f"strides {param.stride()}): zoe's optimizers step a parameter's "
+                           "memory as one run of elements; make it contiguous before initialize "
+                           f"(with torch.no_grad(): param.data = param.data.contiguous())")
 
 
 def _warn_unread_model_parameters(model_parameters, optimizer):
@@ -383,6 +396,19 @@ def _warn_unread_model_parameters(model_parameters, optimizer):
                     "optimizer given, and is not read beside optimizer= (as in DeepSpeed): the "
                     "optimizer's param groups are trained; build the optimizer over the "
                     "parameters meant, and leave model_parameters= out")
+
+
+def _check_something_to_train(module, optimizer):
+    """InvalidArgument when the optimizer initialize would build has nothing to train (no
+    parameter of the module requires a gradient), where torch's optimizer would say only
+    "optimizer got an empty parameter list"."""
+    params = list(module.parameters())
+    if optimizer is not None or any(param.requires_grad for param in params):
+        return
+    what = (f"its {len(params)} parameters are all frozen (requires_grad=False)" if params
+            else "it has no parameters")
+    raise _invalid(f"nothing to train: the model holds no parameter that requires a gradient "
+                   f"({what}); set requires_grad on the parameters to train")
 
 
 def _read_config(config, group, rank, world):
@@ -423,6 +449,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if model_parameters is not None:
         model_parameters = list(model_parameters)  # a generator is read once, here
         _warn_unread_model_parameters(model_parameters, optimizer)
+    _check_something_to_train(module, optimizer)
     stage3 = None
     if training.zero_stage == 3:  # a failure puts the param groups' lists back (Stage3)
         stage3, optimizer = _stage3_optimizer(optimizer, model_parameters, module, training,

@@ -182,14 +182,18 @@ def check_module_state(module, state, strict, expected=None):
     if expected is None:
         expected = {key: tuple(param.shape) for key, param in every_named_parameter(module)}
         expected.update((key, None) for key in _buffer_keys(module) if key not in expected)
-    errors = _size_mismatches(expected, state)
-    if strict:
-        errors = _key_mismatches(expected, state) + errors
-    if errors:
-        raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
-                           + "\n\t".join(errors) + "\n(load_checkpoint(..., "
-                           "load_module_strict=False) keeps the module's own values for the "
-                           "missing keys and ignores the unexpected ones)")
+    sizes = _size_mismatches(expected, state)
+    keys = _key_mismatches(expected, state) if strict else []
+    if not (keys or sizes):
+        return
+    if sizes:  # no switch loads another shape
+        way_out = "the checkpoint holds a model of other shapes: load it into the model it was "\
+            "saved from"
+    else:
+        way_out = "load_checkpoint(..., load_module_strict=False) keeps the module's own values "\
+            "for the missing keys and ignores the unexpected ones"
+    raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
+                       + "\n\t".join(keys + sizes) + f"\n({way_out})")
 
 
 def _size_mismatches(expected, state):

@@ -713,12 +713,22 @@ class ZoeOptimizer(torch.optim.Optimizer):
         clipping = self._engine.config.get("gradient_clipping", 0.0)
         return clipping if isinstance(clipping, (int, float)) else 0.0
 
-    def zero_grad(self, *args, **kwargs):
-        """As torch's; streamed gradients (paged parameters) are dropped too."""
-        super().zero_grad(*args, **kwargs)
+    def holds_streamed_gradients(self):
+        """Whether gradients streamed out of backward (paged parameters: stage 3) wait for a
+        step."""
+        return any(state.stream is not None and state.stream.any_present(state.params)
+                   for state in self._groups)
+
+    def drop_streamed_gradients(self):
+        """Drops the gradients streamed out of backward that wait for a step."""
         for state in self._groups:
             if state.stream is not None:
                 state.stream.clear()
+
+    def zero_grad(self, *args, **kwargs):
+        """As torch's; streamed gradients (paged parameters) are dropped too."""
+        super().zero_grad(*args, **kwargs)
+        self.drop_streamed_gradients()
 
     def _step_zoe(self, state, zoe_group, grads, loss_scale):
         """zoe's step of one group on ``grads`` (None for a parameter without a gradient),

@@ -1,0 +1,151 @@
+"""An engine used as a new user uses it by mistake, each refused with what to do and nothing lost:
+calls after close() (at stage 3 they used to train on silently, stepping nothing); a NaN loss
+without fp16, whose skipped step is now reported (was_step_applied, skipped_steps, a warning)
+instead of passing for a step taken; a client_state that torch.save cannot pickle, refused
+before anything is written; a model with nothing to train; a parameter that is not contiguous,
+refused at initialize naming it instead of at the first step; a save into a file; and a
+checkpoint of other shapes, whose message no longer suggests load_module_strict=False."""
+
+import logging
+import os
+import re
+import threading
+
+import pytest
+import torch
+
+import zoe
+import zoe.torch
+from initialize_script import ds_config, make_model, module_values, train_engine
+
+
+def start(stage, model=None):
+    config = ds_config(stage, "cpu" if stage else "none", None, 1, "cpu" if stage == 3 else None)
+    engine, _, _, _ = zoe.torch.initialize(model=make_model() if model is None else model,
+                                           config=config)
+    return engine
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_calls_after_close_are_refused(stage, tmp_path):
+    engine = start(stage)
+    train_engine(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(str(tmp_path))
+    engine.close()
+    calls = {"forward": lambda: engine(torch.ones(4, 8)),
+             "backward": lambda: engine.backward(engine.module(torch.ones(4, 8)).sum()),
+             "step()": engine.step,
+             "save_checkpoint": lambda: engine.save_checkpoint(str(tmp_path / "again")),
+             "load_checkpoint": lambda: engine.load_checkpoint(str(tmp_path))}
+    for name, call in calls.items():
+        with pytest.raises(zoe.FailedPrecondition, match=re.escape(name) + " after the engine "
+                                                         "was closed.*zoe.torch.initialize"):
+            call()
+    assert engine.global_steps == 1
+    assert not os.path.exists(tmp_path / "again")
+    engine.close()  # idempotent
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_a_nan_loss_without_fp16_is_a_skipped_step(stage, caplog):
+    engine = start(stage)
+    train_engine(engine, 0, 2, 0, 1)
+    before, lr = module_values(engine), engine.get_lr()
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        for _ in range(2):  # one accumulation
+            engine.backward(engine(torch.ones(4, 8)).sum() * float("nan"))
+            engine.step()
+    assert not engine.was_step_applied()
+    assert engine.skipped_steps == 1 and engine.global_steps == 3
+    assert engine.get_lr() == lr  # the schedule steps with the optimizer, as DeepSpeed's
+    assert all(torch.equal(module_values(engine)[key], value) for key, value in before.items())
+    assert "the gradients hold inf or NaN; the optimizer skipped the step" in caplog.text
+    train_engine(engine, 3, 4, 0, 1)
+    assert engine.was_step_applied() and engine.skipped_steps == 1
+    engine.close()
+
+
+@pytest.mark.parametrize("client_state,match", [
+    ({"lock": threading.Lock()}, r"client_state\['lock'\] cannot be saved \(TypeError: cannot "
+                                 r"pickle '_thread.lock' object\)"),
+    ({"f": lambda: 0}, r"client_state\['f'\] cannot be saved"),
+    ([("a", 1)], "client_state is a list; save_checkpoint takes a dict"),
+])
+def test_a_client_state_that_cannot_be_saved_is_refused_before_anything_is_written(
+        client_state, match, tmp_path):
+    engine = start(2)
+    train_engine(engine, 0, 1, 0, 1)
+    with pytest.raises(zoe.InvalidArgument, match=match):
+        engine.save_checkpoint(str(tmp_path / "ckpt"), client_state=client_state)
+    assert not os.path.exists(tmp_path / "ckpt")
+    engine.save_checkpoint(str(tmp_path / "ckpt"), client_state={"epoch": 3})
+    assert engine.load_checkpoint(str(tmp_path / "ckpt"))[1] == {"epoch": 3}
+    engine.close()
+
+
+def test_a_model_with_nothing_to_train_is_refused():
+    with pytest.raises(zoe.InvalidArgument, match="nothing to train: the model holds no "
+                                                  "parameter that requires a gradient \\(it has "
+                                                  "no parameters\\)"):
+        start(1, torch.nn.Tanh())
+    frozen = make_model().requires_grad_(False)
+    with pytest.raises(zoe.InvalidArgument, match="its 4 parameters are all frozen"):
+        start(2, frozen)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_parameter_that_is_not_contiguous_is_refused_at_initialize(stage):
+    model = make_model()
+    with torch.no_grad():
+        model[2].weight = torch.nn.Parameter(model[2].weight.detach().t().contiguous().t())
+    with pytest.raises(zoe.InvalidArgument, match="parameter '2.weight' is not contiguous .*"
+                                                  "param.data = param.data.contiguous\\(\\)"):
+        start(stage, model)
+
+
+def test_a_save_into_a_file_is_zoes_error_naming_it(tmp_path):
+    engine = start(1)
+    train_engine(engine, 0, 1, 0, 1)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(zoe.Error, match="beginning the save of tag 'global_step1' in .*a-file"):
+        engine.save_checkpoint(str(blocker))
+    engine.save_checkpoint(str(tmp_path / "ckpt"))
+    engine.close()
+
+
+def test_a_checkpoint_of_other_shapes_names_no_switch_that_would_not_load_it(tmp_path):
+    engine = start(1)
+    engine.save_checkpoint(str(tmp_path))
+    engine.close()
+    wider = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    engine = start(1, wider)
+    with pytest.raises(RuntimeError, match="(?s)size mismatch for 0.weight.*\\n\\(the "
+                                           "checkpoint holds a model of other shapes") as error:
+        engine.load_checkpoint(str(tmp_path), load_module_strict=False)
+    assert "load_module_strict=False" not in str(error.value)
+    engine.close()
+
+
+class TiedOutside(torch.nn.Module):
+    """An output projection by the embedding's weight, read in the parent's forward, not by a
+    call of the embedding (a tied head written by hand)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Linear(4, 8, bias=False)
+        self.mix = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.mix(x) @ self.emb.weight.t()
+
+
+def test_a_stage3_parameter_read_outside_its_modules_forward_is_nan_not_zeros():
+    """Stage 3 gathers a parameter for the forward of its own module only; elsewhere it reads
+    its placeholder, NaN, so the misuse shows (a NaN loss, a skipped step and its warning) where
+    zeros trained on wrong values silently."""
+    engine = start(3, TiedOutside())
+    out = engine(torch.ones(2, 4))
+    assert torch.isnan(out).all()
+    engine.close()
