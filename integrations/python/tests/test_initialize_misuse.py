@@ -3,7 +3,8 @@ calls after close() (at stage 3 they used to train on silently, stepping nothing
 without fp16, whose skipped step is now reported (was_step_applied, skipped_steps, a warning)
 instead of passing for a step taken; a client_state that torch.save cannot pickle, refused
 before anything is written; a model with nothing to train; a parameter that is not contiguous,
-refused at initialize naming it instead of at the first step; a save into a file; and a
+refused at initialize naming it instead of at the first step; a save into a file; a parameter
+added after a stage 3 initialize, named at save instead of a KeyError; and a
 checkpoint of other shapes, whose message no longer suggests load_module_strict=False."""
 
 import logging
@@ -148,4 +149,18 @@ def test_a_stage3_parameter_read_outside_its_modules_forward_is_nan_not_zeros():
     engine = start(3, TiedOutside())
     out = engine(torch.ones(2, 4))
     assert torch.isnan(out).all()
+    engine.close()
+
+
+def test_a_parameter_added_after_a_stage3_initialize_is_named_at_save(tmp_path):
+    engine = start(3)
+    train_engine(engine, 0, 1, 0, 1)
+    engine.module.extra = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(zoe.InvalidArgument, match=r"a tensor of shape \(3,\) is not paged: a "
+                                                  "parameter added to the model after it was "
+                                                  "paged"):
+        engine.save_checkpoint(str(tmp_path / "ckpt"))
+    assert not os.path.exists(tmp_path / "ckpt" / "latest")
+    del engine.module.extra
+    engine.save_checkpoint(str(tmp_path / "ckpt"))
     engine.close()

@@ -295,8 +295,15 @@ class ParameterPager:
 
     @contextlib.contextmanager
     def held(self, param, access=_capi.Access.READ):
-        """One parameter acquired for the block; yields the tensor over its memory."""
-        record = self._records[id(param)]
+        """One parameter acquired for the block; yields the tensor over its memory.
+        InvalidArgument for a tensor this pager does not page (a parameter added to the model
+        after it was paged)."""
+        record = self._records.get(id(param))
+        if record is None:
+            raise _invalid(f"a tensor of shape {tuple(param.shape)} is not paged: a parameter "
+                           "added to the model after it was paged (offload_parameters, or "
+                           "zoe.torch.initialize at stage 3) is neither paged nor trained; add "
+                           "parameters before, and build the engine again")
         view = self._hold(record, access)
         try:
             yield view
