@@ -145,10 +145,10 @@ inline HyperParams DefaultHyper(Kind kind) {
 // For a test of the kernels that hash what they read (the AVX-512 paths) when `hashed` is false:
 // skips it on a CPU without AVX-512, which has no such kernel, and fails it on one with AVX-512,
 // whose kernels must hash their reads (so a build that lost the hashing cannot pass by skipping).
-#define ZOE_SKIP_UNLESS_READS_ARE_HASHED(hashed)                                          \
-  if (!(hashed)) {                                                                        \
-    if (::zoe::optim::DetectCpuFeatures().avx512) {                                       \
+#define ZOE_SKIP_UNLESS_READS_ARE_HASHED(hashed)                                              \
+  if (!(hashed)) {                                                                            \
+    if (::zoe::optim::DetectCpuFeatures().avx512) {                                           \
       FAIL() << "this CPU has AVX-512, whose update kernels hash their reads, yet none does"; \
-    }                                                                                     \
-    GTEST_SKIP() << "no kernel path of this CPU hashes its reads";                        \
+    }                                                                                         \
+    GTEST_SKIP() << "no kernel path of this CPU hashes its reads";                            \
   }
