@@ -224,7 +224,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
 
     # --- the training loop -----------------------------------------------------------------
 
-    def check_open(self, call):
+    def _check_open(self, call):
         """FailedPrecondition naming ``call`` once close() (or destroy()) closed the engine:
         its optimizer's state and swap files are gone, and at stage 3 the module holds ordinary
         parameters that nothing would step."""
@@ -237,7 +237,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
 
     def forward(self, *inputs, **kwargs):
         """The module's forward (``engine(x)`` runs it through nn.Module's call)."""
-        self.check_open("forward")
+        self._check_open("forward")
         self.tput_timer.start()
         with _timed(self._seconds, "forward"):
             return self.module(*inputs, **kwargs)
@@ -272,7 +272,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         as it becomes final (and a speculative one starts its update then:
         optimizer.overlap()); before it, stage 2 holds its reductions. ``release_loss`` is
         accepted and does nothing, as in DeepSpeed."""
-        self.check_open("backward")
+        self._check_open("backward")
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             loss = loss.float() / self.gradient_accumulation_steps()
         scaled = loss
@@ -288,7 +288,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
     def step(self, lr_kwargs=None):
         """Called after a micro-batch's backward; steps at the accumulation boundary.
         was_step_applied() is False after a step() that is not a boundary, as DeepSpeed's."""
-        self.check_open("step()")
+        self._check_open("step()")
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:

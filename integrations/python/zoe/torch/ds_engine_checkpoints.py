@@ -97,7 +97,7 @@ class EngineCheckpoints:
         training goes on. A bad tag is refused before anything is written (InvalidArgument).
         Saving between the micro-batches of an accumulation logs a warning: their gradients
         are not saved."""
-        self.check_open("save_checkpoint")
+        self._check_open("save_checkpoint")
         client_state = _checked_client_state(client_state)
         tag = f"global_step{self.global_steps}" if tag is None else tag
         where = f"the save of tag {str(tag)!r} in {save_dir!r}"
@@ -213,7 +213,7 @@ class EngineCheckpoints:
         the loss scale and the counters, which cannot fail once checked: a failed load leaves
         the engine as it was (only a custom_load_fn that raises leaves what it did, after the
         optimizer loaded). Every step is agreed over the ranks."""
-        self.check_open("load_checkpoint")
+        self._check_open("load_checkpoint")
         path = self._agreed(f"finding the checkpoint in {load_dir!r}",
                             lambda: ds_checkpoint.find_save(load_dir, tag))
         self._check_same_call(
