@@ -22,7 +22,7 @@ from conftest import gloo_rank, spawn_ranks
 from initialize_script import ds_config, make_model, train_engine
 
 WORLD = 2
-JOIN_SECONDS = 120
+JOIN_SECONDS = 300
 # Far below the process group's timeout (conftest.gloo_rank: 30 s), which a rank left waiting
 # in a collective would reach.
 PROMPT_SECONDS = 15
