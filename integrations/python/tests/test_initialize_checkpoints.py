@@ -33,7 +33,7 @@ from test_initialize_api import HOWS, warm_start, warm_start_reference
 from zoe.torch import ds_checkpoint, ds_checksums
 from zoe.torch.common import TorchFileWriter
 
-JOIN_SECONDS = 150
+JOIN_SECONDS = 240
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
