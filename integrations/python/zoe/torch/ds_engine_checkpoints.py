@@ -98,7 +98,8 @@ class EngineCheckpoints:
         Saving between the micro-batches of an accumulation logs a warning: their gradients
         are not saved."""
         self._check_open("save_checkpoint")
-        client_state = _checked_client_state(client_state)
+        client_state = self._agreed("checking the client_state of save_checkpoint",
+                                    lambda: _checked_client_state(client_state))
         tag = f"global_step{self.global_steps}" if tag is None else tag
         where = f"the save of tag {str(tag)!r} in {save_dir!r}"
         self._check_same_call("save_checkpoint", "save_dir, tag, save_latest, "
