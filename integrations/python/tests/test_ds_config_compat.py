@@ -32,7 +32,8 @@ def refused(config, match):
 
 
 def parameters(engine):
-    return [p.detach().clone() for p in engine.module.parameters()]
+    """The module's full values (at stage 3 gathered: its parameters are placeholders)."""
+    return [value.clone() for value in engine.module_state_dict().values()]
 
 
 # accelerate's DeepSpeedPlugin writes steps_per_print float("inf") into every configuration.

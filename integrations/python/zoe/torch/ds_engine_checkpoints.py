@@ -9,7 +9,6 @@ import pickle
 import torch
 
 from .._collective_ops import agreed, differences
-from ..errors import as_zoe_error
 from . import ds_checkpoint, ds_checksums, ds_load
 from .checkpoint import saved_param_groups
 from .common import _invalid
@@ -61,11 +60,7 @@ class EngineCheckpoints:
         """``step()`` on this rank; over ranks every rank's, and when one fails every rank
         raises together (_collective_ops.agreed), none left waiting."""
         if self._group is None:
-            try:
-                return step()
-            except OSError as error:  # as zoe's, as the ranks' agreement gives it
-                raise as_zoe_error(error, f"{what} failed: {type(error).__name__}: "
-                                          f"{error}") from error
+            return step()
         return agreed(what, step, self._group)
 
     def _engine_state(self, client_state, exclude_frozen_parameters):
