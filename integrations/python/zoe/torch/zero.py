@@ -454,12 +454,16 @@ class ZeroPartition:
                 target.copy_(param.grad.detach().reshape(-1))
         return flat
 
-    def _agreed_presence(self, state):
-        """Per parameter, whether some rank has its gradient (one all-reduce)."""
-        flags = torch.tensor([float(param.grad is not None) for param in state.params],
+    def _presence_counts(self, params):
+        """Per parameter of ``params``, how many ranks have its gradient (one all-reduce)."""
+        flags = torch.tensor([float(param.grad is not None) for param in params],
                              dtype=torch.float64)
         self.comm.all_reduce(flags)
-        return [bool(flag > 0) for flag in flags]
+        return flags.tolist()
+
+    def _agreed_presence(self, state):
+        """Per parameter, whether some rank has its gradient (one all-reduce)."""
+        return [count > 0 for count in self._presence_counts(state.params)]
 
     def reduce_for_step(self, optimizer, states):
         """Before any group steps: what backward did not reduce reduced, every reduction
@@ -486,11 +490,8 @@ class ZeroPartition:
         wrong ones: the iteration is dropped before any group steps."""
         params = [(state.index, index, param) for state in states
                   for index, param in enumerate(state.params)]
-        flags = torch.tensor([float(param.grad is not None) for _, _, param in params],
-                             dtype=torch.float64)
-        self.comm.all_reduce(flags)
-        mixed = [where for where, flag in zip(params, flags.tolist())
-                 if 0 < flag < self.world_size]
+        counts = self._presence_counts([param for _, _, param in params])
+        mixed = [where for where, count in zip(params, counts) if 0 < count < self.world_size]
         if not mixed:
             return
         group, index, param = mixed[0]
