@@ -19,7 +19,9 @@ EngineConfig ParsedAndReprinted(const std::string& key, const std::string& value
   EXPECT_EQ(ToJson(*asked)["zoe"][key], value);
   Result<EngineConfig> again = ParseEngineConfig(ToJson(*asked).dump());
   EXPECT_TRUE(again.ok()) << again.status().ToString();
-  if (again.ok()) EXPECT_EQ(again->zoe, asked->zoe);
+  if (again.ok()) {
+    EXPECT_EQ(again->zoe, asked->zoe);
+  }
   return *asked;
 }
 

@@ -53,7 +53,9 @@ TEST(Vocabulary, DTypeNamesRoundTripInEverySpelling) {
     EXPECT_EQ(DTypeSize(info.dtype), info.bytes);
     EXPECT_EQ(*ParseDType(info.name), info.dtype);
     EXPECT_EQ(*ParseDType(info.torch_name), info.dtype);
-    if (!info.short_name.empty()) EXPECT_EQ(*ParseDType(info.short_name), info.dtype);
+    if (!info.short_name.empty()) {
+      EXPECT_EQ(*ParseDType(info.short_name), info.dtype);
+    }
   }
   EXPECT_EQ(*ParseDType("BFloat16"), DType::kBFloat16);  // any letter case
   EXPECT_EQ(DTypeName(DType::kFloat8E4M3), "fp8_e4m3");

@@ -158,9 +158,9 @@ INSTANTIATE_TEST_SUITE_P(KindsAndPlacements, OptimizerGroupInt8Test,
                                            Int8Case{Kind::kAdam, Tier::kNvme},
                                            Int8Case{Kind::kAdagrad, Tier::kNvme},
                                            Int8Case{Kind::kLion, Tier::kHost}),
-                         [](const auto& info) {
-                           return std::string(optim::KindName(info.param.kind)) +
-                                  (info.param.placement == Tier::kNvme ? "_nvme" : "_dram");
+                         [](const auto& param_info) {
+                           return std::string(optim::KindName(param_info.param.kind)) +
+                                  (param_info.param.placement == Tier::kNvme ? "_nvme" : "_dram");
                          });
 
 // Segment starts 1000, 4001 and 4008 split blocks; segment 1 is absent on even steps.
@@ -373,7 +373,9 @@ TEST(OptimizerGroupInt8, ACorruptedReadIsDetectedAndChangesNothing) {
   harness.NewGradients(2);
   Result<StepReport> report = harness.Step(harness.Hyper(2));
   EXPECT_FALSE(report.ok());
-  if (!report.ok()) EXPECT_EQ(report.status().code(), StatusCode::kCorruption);
+  if (!report.ok()) {
+    EXPECT_EQ(report.status().code(), StatusCode::kCorruption);
+  }
   ExpectSameBits(harness.Snapshot(), before);
 }
 

@@ -58,7 +58,9 @@ void StepBoth(GroupHarness& one, GroupHarness& two, Reference& reference, int st
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(a->skipped, step == 4);
   EXPECT_EQ(a->bytes_written, b->bytes_written);
-  if (!a->skipped) ASSERT_TRUE(reference.Step(one.Hyper(step), one));
+  if (!a->skipped) {
+    ASSERT_TRUE(reference.Step(one.Hyper(step), one));
+  }
 }
 
 TEST(OptimizerGroupSingleSlotTest, StepsAreBitIdenticalToTwoSlots) {

@@ -322,7 +322,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Placement{"dram_bf16", Tier::kHost, 1.0, optim::DType::kBFloat16},
                       Placement{"nvme_fp32", Tier::kNvme, 0.75, optim::DType::kFloat32},
                       Placement{"nvme_bf16", Tier::kNvme, 0.75, optim::DType::kBFloat16}),
-    [](const auto& info) { return std::string(info.param.name); });
+    [](const auto& param_info) { return std::string(param_info.param.name); });
 
 // ---- segments without a gradient ---------------------------------------------------------------
 

@@ -641,9 +641,10 @@ TEST_P(ShardedGroupCollectiveFailures,
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShardedGroupCollectiveFailures,
                          ::testing::Values(Transport::kAllGather, Transport::kBroadcast),
-                         [](const auto& info) {
-                           return std::string(info.param == Transport::kBroadcast ? "broadcast"
-                                                                                  : "all_gather");
+                         [](const auto& param_info) {
+                           return std::string(param_info.param == Transport::kBroadcast
+                                                  ? "broadcast"
+                                                  : "all_gather");
                          });
 
 INSTANTIATE_TEST_SUITE_P(Faults, ShardedGroupIoFaults,
@@ -656,7 +657,7 @@ INSTANTIATE_TEST_SUITE_P(Faults, ShardedGroupIoFaults,
                                            ShardFault{"corrupted_read", io::FaultKind::kCorruption,
                                                       io::FaultOps::kReads,
                                                       StatusCode::kCorruption}),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
 
 TEST(ShardedGroupFailures, BadGradientsOnOneRankStopEveryRankBeforeTheUpdate) {
   TempDir dir;

@@ -100,7 +100,9 @@ TEST(StateLayout, TheStaggerChangesNeitherPayloadsNorThePipelineBuffer) {
         EXPECT_EQ(host.chunk(index).payload(r), unstaggered.chunk(index).payload(r));
       }
       // A pipeline buffer holds every NVMe chunk of the mixed layout.
-      if (index < 3) EXPECT_LE(mixed.chunk(index).bytes, mixed.max_chunk_bytes());
+      if (index < 3) {
+        EXPECT_LE(mixed.chunk(index).bytes, mixed.max_chunk_bytes());
+      }
       ExpectDisjointAlignedAndInside(host.chunk(index), 8192);
     }
   }

@@ -213,7 +213,9 @@ TEST(QuantizeMoments, RoundTripIsWithinTheStatedErrorOnEveryPath) {
           const float bound = (root ? 2 * e + e * e : e) * absmax * (1 + 1e-5f);
           for (size_t i = r.begin; i < r.end; ++i) {
             ASSERT_LE(std::fabs(back[i] - values[i]), bound) << i;
-            if (absmax == 0.0f) ASSERT_EQ(back[i], 0.0f);
+            if (absmax == 0.0f) {
+              ASSERT_EQ(back[i], 0.0f);
+            }
           }
         }
         if (reference_codes.empty()) {

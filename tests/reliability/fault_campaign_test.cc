@@ -19,6 +19,11 @@
 #include "reliability/campaign_run.h"
 
 namespace zoe::reliability {
+
+// Found by argument-dependent lookup (so outside the unnamed namespace): a failing case names its
+// countdown instead of printing its bytes.
+void PrintTo(const Countdown& c, std::ostream* os) { *os << CountdownName(c); }
+
 namespace {
 
 // A campaign table must be clean: every injected error reached a caller, every error is
@@ -99,8 +104,6 @@ TEST(FaultCampaign, AnEngineStillFailingAfterTheFaultsIsNotClean) {
 }
 
 // ---- countdown ------------------------------------------------------------------------------
-
-void PrintTo(const Countdown& c, std::ostream* os) { *os << CountdownName(c); }
 
 class FaultCountdown : public ::testing::TestWithParam<Countdown> {};
 
