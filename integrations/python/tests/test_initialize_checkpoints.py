@@ -127,6 +127,28 @@ def test_a_bad_tag_is_refused_before_anything_is_written(tmp_path):
     engine.close()
 
 
+def test_a_save_into_a_file_or_over_a_latest_folder_is_refused_before_anything_is_written(
+        tmp_path):
+    engine = start()
+    train_engine(engine, 0, 1, 0, 1)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    with pytest.raises(zoe.InvalidArgument, match=f"'{a_file}' is not a folder: save into a "):
+        engine.save_checkpoint(str(a_file))
+    assert a_file.read_text() == "kept"
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "latest").mkdir(parents=True)
+    (ckpt / "latest" / "mine").write_text("kept")
+    with pytest.raises(zoe.InvalidArgument, match="latest' is not a file, and a save replaces "
+                                                  "it .* or save with save_latest=False"):
+        engine.save_checkpoint(str(ckpt), tag="t")
+    assert listing(ckpt) == ["latest"] and listing(ckpt / "latest") == ["mine"]
+    engine.save_checkpoint(str(ckpt), tag="t", save_latest=False)
+    assert listing(ckpt) == ["latest", "t"]
+    assert engine.load_checkpoint(str(ckpt), tag="t")[0] == str(ckpt / "t")
+    engine.close()
+
+
 # --- a full disk ---------------------------------------------------------------------------------
 
 class FullDisk(TorchFileWriter):

@@ -3,8 +3,9 @@ calls after close() (at stage 3 they used to train on silently, stepping nothing
 without fp16, whose skipped step is now reported (was_step_applied, skipped_steps, a warning)
 instead of passing for a step taken; a client_state that torch.save cannot pickle, refused
 before anything is written; a model with nothing to train; a parameter that is not contiguous,
-refused at initialize naming it instead of at the first step; a parameter added after a
-stage 3 initialize, named at save instead of a KeyError; and a
+refused at initialize naming it instead of at the first step; two parameters over one memory
+(which zoe's master copies would update apart) and one parameter listed twice; a parameter added
+after a stage 3 initialize, named at save instead of a KeyError; and a
 checkpoint of other shapes, whose message no longer suggests load_module_strict=False."""
 
 import logging
@@ -153,3 +154,44 @@ def test_a_parameter_added_after_a_stage3_initialize_is_named_at_save(tmp_path):
     del engine.module.extra
     engine.save_checkpoint(str(tmp_path / "ckpt"))
     engine.close()
+
+
+class TwoViews(torch.nn.Module):
+    """Two parameters over one memory: halves of one tensor, each a Parameter of its own."""
+
+    def __init__(self):
+        super().__init__()
+        whole = torch.randn(2, 4, 8)
+        self.first = torch.nn.Parameter(whole[0])
+        self.second = torch.nn.Parameter(whole[0, 2:])
+
+    def forward(self, x):
+        return x @ self.first.t() + (x[:, :4] * self.second[0, :4]).sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_parameters_sharing_memory_are_refused_at_initialize(stage):
+    with pytest.raises(zoe.InvalidArgument, match="parameter 'first' and parameter 'second' "
+                                                  "share memory .* tie them as one "
+                                                  "nn.Parameter"):
+        start(stage, TwoViews())
+
+
+def test_parameters_sharing_memory_are_refused_by_the_optimizer():
+    model = TwoViews()
+    with pytest.raises(zoe.InvalidArgument, match="parameter 0 of param group 0 and parameter "
+                                                  "1 of param group 0 share memory"):
+        zoe.torch.AdamW(model.parameters(), lr=0.1)
+    optimizer = zoe.torch.AdamW([model.first], lr=0.1)
+    with pytest.raises(zoe.InvalidArgument, match="parameter 0 of param group 0 and parameter "
+                                                  "0 of param group 1 share memory"):
+        optimizer.add_param_group({"params": [model.second]})
+    assert len(optimizer.param_groups) == 1
+    optimizer.close()
+    with pytest.raises(zoe.InvalidArgument, match="parameter 0 of param group 0 and parameter "
+                                                  "1 of param group 0 are one parameter"):
+        zoe.torch.AdamW([model.first, model.first], lr=0.1)  # torch warns, and steps it twice
+    tied = torch.nn.Linear(8, 8)
+    apart = torch.nn.Parameter(tied.weight.detach().clone())
+    optimizer = zoe.torch.AdamW([tied.weight, tied.bias, apart], lr=0.1)  # own memory each
+    optimizer.close()

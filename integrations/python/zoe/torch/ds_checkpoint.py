@@ -85,13 +85,29 @@ def partial_directory(save_dir, tag):
     return os.path.join(save_dir, f".{tag}{_PARTIAL}")
 
 
-def begin_save(save_dir, tag, rank):
-    """Checks ``tag`` (checked_tag) before anything is written and returns the partial folder
-    every rank writes into; on rank 0 it is created empty, after removing what saves that
-    failed or were killed left (remove_leftovers)."""
+def _check_save_dir(save_dir, save_latest):
+    """InvalidArgument, before anything is written, when ``save_dir`` is no folder to save
+    into or its ``latest`` (which the save replaces, when ``save_latest``) is no file."""
+    if os.path.exists(save_dir) and not os.path.isdir(save_dir):
+        raise InvalidArgument(_capi.Status.INVALID_ARGUMENT,
+                              f"the checkpoint folder {save_dir!r} is not a folder: save into a "
+                              "folder (it is created when missing)")
+    latest = os.path.join(save_dir, LATEST)
+    if save_latest and os.path.lexists(latest) and not os.path.isfile(latest):
+        raise InvalidArgument(_capi.Status.INVALID_ARGUMENT,
+                              f"{latest!r} is not a file, and a save replaces it by the file "
+                              "naming its tag: move it away, or save with save_latest=False")
+
+
+def begin_save(save_dir, tag, rank, save_latest=True):
+    """Checks ``tag`` (checked_tag) and, on rank 0, the folder (_check_save_dir) before
+    anything is written and returns the partial folder every rank writes into; on rank 0 it is
+    created empty, after removing what saves that failed or were killed left
+    (remove_leftovers)."""
     tag = checked_tag(tag)
     partial = partial_directory(save_dir, tag)
     if rank == 0:
+        _check_save_dir(save_dir, save_latest)
         os.makedirs(save_dir, exist_ok=True)
         remove_leftovers(save_dir)
         os.makedirs(partial)

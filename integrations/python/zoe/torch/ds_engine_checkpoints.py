@@ -104,7 +104,7 @@ class EngineCheckpoints:
         state = self._module_and_engine_state(where, client_state, exclude_frozen_parameters)
         try:
             partial = self._agreed(f"beginning {where}", lambda: ds_checkpoint.begin_save(
-                save_dir, tag, self.global_rank))
+                save_dir, tag, self.global_rank, save_latest))
             written = self._agreed(f"writing the module's state of {where}",
                                    lambda: self._write_model_states(partial, state))
             written.update(self._save_optimizer(partial, where))

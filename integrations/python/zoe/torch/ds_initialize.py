@@ -40,6 +40,7 @@ from .ds_stage3 import stage3_setup
 from .loss_scaler import loss_scaler_for
 from .lr_schedules import schedule_from_config
 from .optimizer import OPTIMIZERS, ZoeOptimizer
+from .param_memory import check_no_shared_memory
 
 log = logging.getLogger("zoe.torch")
 
@@ -450,6 +451,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         model_parameters = list(model_parameters)  # a generator is read once, here
         _warn_unread_model_parameters(model_parameters, optimizer)
     _check_something_to_train(module, optimizer)
+    if optimizer is None or _zoe_steps_torch_optimizers(training):
+        check_no_shared_memory((f"parameter {name!r}", param)
+                               for name, param in module.named_parameters()
+                               if param.requires_grad)
     stage3 = None
     if training.zero_stage == 3:  # a failure puts the param groups' lists back (Stage3)
         stage3, optimizer = _stage3_optimizer(optimizer, model_parameters, module, training,

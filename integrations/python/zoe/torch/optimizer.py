@@ -41,6 +41,7 @@ from .config import _check_group_options, _check_type_agrees, _optimizer_engine_
 from .global_clip import GlobalClip, grads_sum_squares
 from .grad_stream import GradStream, clip_coefficient, combined_result, is_finite
 from .param_group import GroupState
+from .param_memory import check_contiguous, check_no_shared_memory, group_params_named
 from .stage3_checks import check_optimizer_parameter
 from .optim_kinds import ADAGRAD, ADAM, ADAMW, LION
 from .state_layout import (check_group_counts, checked_param_state, loaded_steps,
@@ -65,14 +66,8 @@ def _absent_view(param):
 def _param_views(group_index, params):
     """BufferViews of a group's parameters (a BufferView given is taken as it is), which must be
     contiguous when stepped."""
-    for index, param in enumerate(params):
-        if isinstance(param, BufferView):
-            continue
-        if not param.is_contiguous():
-            raise _invalid(
-                f"parameter {index} of param group {group_index} is not contiguous; zoe "
-                "optimizers step contiguous parameters"
-            )
+    check_contiguous(group_index, [param for param in params
+                                   if not isinstance(param, BufferView)])
     return [param if isinstance(param, BufferView) else _view(param) for param in params]
 
 
@@ -359,6 +354,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
         _check_group_options(param_group, f"param group {group_index}", self._KIND)
         for index, param in enumerate(params):
             self._check_param(param, f"parameter {index} of param group {group_index}")
+        check_no_shared_memory(group_params_named(
+            [group["params"] for group in self.param_groups] + [params]))
         backend = device.backend_for(group_index, params, self._device_backend)
         super().add_param_group(param_group)
         state = GroupState(group_index, self.param_groups[group_index])

@@ -80,6 +80,7 @@ from .common import _DTYPES, _invalid, _pager_of, _view, whole_count
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, ShardedGroup,
                           TorchCollectives, shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
+from .param_memory import check_contiguous
 from .state_layout import param_entries
 from .zero_places import DeviceBuffers, DevicePlace, HostPlace, check_transport
 
@@ -314,12 +315,7 @@ class ZeroPartition:
         """This rank's part of a param group's sharded zoe group (every rank creates it
         together); returns its local zoe group."""
         params = [param.detach() for param in state.params]
-        for index, param in enumerate(params):
-            if not param.is_contiguous():
-                raise _invalid(
-                    f"parameter {index} of param group {state.index} is not contiguous; zoe "
-                    "optimizers step contiguous parameters"
-                )
+        check_contiguous(state.index, params)
         sizes = sorted((sum(state.params[index].numel() for index in bucket.indices)
                         for bucket in state.shard.buckets), reverse=True)
         slots = self.in_flight.limit + 1  # the most reductions in flight at once
