@@ -33,9 +33,15 @@ class Bucket:
 
 def buckets_of(group_index, params, bucket_elements):
     """A param group's parameters cut into buckets in order, each closed once it holds
-    ``bucket_elements`` elements or more (0 or 1: one parameter per bucket)."""
+    ``bucket_elements`` elements or more (0 or 1: one parameter per bucket), and where the
+    parameters go from trainable to frozen (``requires_grad``) or back: a bucket holds either
+    kind only, so the frozen ones, which get no hook (stage 2), never hold back the reduction of
+    trainable ones during backward."""
     buckets, current, size = [], [], 0
     for index, param in enumerate(params):
+        if current and params[current[-1]].requires_grad != param.requires_grad:
+            buckets.append(Bucket(group_index, current))
+            current, size = [], 0
         current.append(index)
         size += param.numel()
         if size >= bucket_elements:

@@ -294,8 +294,9 @@ class ZeroPartition:
         return DevicePlace.staging_bytes(-(-count // self.world_size))
 
     def add_group(self, optimizer, state, backend):
-        """Cuts a new param group into buckets and, in stage 2, hooks its parameters; its place
-        is the host's, or its device's when ``backend`` (device.backend_for) is not None."""
+        """Cuts a new param group into buckets and, in stage 2, hooks its trainable parameters;
+        its place is the host's, or its device's when ``backend`` (device.backend_for) is not
+        None."""
         place = HostPlace()
         if backend is not None:
             for param in state.params[:1]:  # one device per group (device.backend_for)
@@ -306,10 +307,13 @@ class ZeroPartition:
                                  place)
         if self.stage != 2:
             return
+        # A frozen parameter (no hook can be put on it) leaves its bucket to step(), which
+        # reduces what backward did not: its gradient too, should it be unfrozen later.
         for bucket in state.shard.buckets:
             for index in bucket.indices:
-                hook = _bucket_hook(optimizer, bucket)
-                state.shard.hooks.append(on_gradient_accumulated(state.params[index], hook))
+                if state.params[index].requires_grad:
+                    hook = _bucket_hook(optimizer, bucket)
+                    state.shard.hooks.append(on_gradient_accumulated(state.params[index], hook))
 
     def create_group(self, engine, name, state, options):
         """This rank's part of a param group's sharded zoe group (every rank creates it
