@@ -95,15 +95,19 @@ def _finish(works, async_op):
 
 
 class Agreement:
-    """Which ranks of ``group`` failed one step of a protocol: one all-reduce of a flag per rank
-    (1 where the rank failed; on the GPU for NCCL). Every rank makes it whether it failed or
-    not. With ``async_op`` it runs in the background until failed_ranks()."""
+    """Which ranks of ``group`` failed one step of a protocol, and what each rank took the step
+    to be: one all-reduce of a flag (1 where the rank failed) and a ``token`` per rank (an
+    integer below 2**24 naming what the rank did, such as the parameter it gathered; on the GPU
+    for NCCL). Every rank makes it whether it failed or not. With ``async_op`` it runs in the
+    background until failed_ranks()."""
 
-    def __init__(self, failed, group, async_op=False):
+    def __init__(self, failed, group, async_op=False, token=0):
         device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
-        self._flags = torch.zeros(dist.get_world_size(group), dtype=torch.float32, device=device)
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        self._flags = torch.zeros(2 * world, dtype=torch.float32, device=device)
+        self._flags[world + rank] = float(token)
         if failed:
-            self._flags[dist.get_rank(group)] = 1.0
+            self._flags[rank] = 1.0
         self._work = dist.all_reduce(self._flags, group=group, async_op=True)
         if not async_op:
             self.failed_ranks()
@@ -114,7 +118,13 @@ class Agreement:
         work, self._work = self._work, None
         if work is not None:
             work.wait()
-        return [rank for rank, flag in enumerate(self._flags.tolist()) if flag > 0]
+        flags = self._flags.tolist()
+        return [rank for rank, flag in enumerate(flags[:len(flags) // 2]) if flag > 0]
+
+    def tokens(self):
+        """Each rank's token, in rank order (after failed_ranks())."""
+        flags = self._flags.tolist()
+        return [int(token) for token in flags[len(flags) // 2:]]
 
 
 def agreed(what, step, group):

@@ -340,7 +340,8 @@ class ShardedParameterPager(ParameterPager):
         try:
             with _timed(self, "collective_seconds"), _timed(self, "gather_seconds"):
                 handle = gather_parts(parts, self.group, async_op=True)
-                agreement = Agreement(error is not None, self.group, async_op=True)
+                agreement = Agreement(error is not None, self.group, async_op=True,
+                                      token=entry.index)
         except RuntimeError as failure:
             raise _collective_error("gather", entry.name, failure) from None
         self._count(in_flight=entry.bytes)
@@ -373,6 +374,22 @@ class ShardedParameterPager(ParameterPager):
         if failed:
             raise agreement_error(f"gathering parameter {entry.name!r}", pending.error, failed,
                                   self.group) from pending.error
+        self._check_same_parameter(pending.agreement.tokens())
+
+    def _check_same_parameter(self, gathered):
+        """InvalidArgument on every rank when the ranks gathered different parameters
+        (``gathered``: each rank's parameter index): their shards were paired with the wrong
+        ones (same sizes) and the values are wrong, so nothing may use them."""
+        if len(set(gathered)) == 1:
+            return
+        each = "; ".join(f"rank {rank}: {self._params[index].name!r}"
+                         for rank, index in enumerate(gathered))
+        raise _invalid(
+            f"the ranks gathered different parameters at once ({each}): at ZeRO stage 3 every "
+            "rank must run the same modules in the same order (a module run on some ranks "
+            "only, such as an expert no token of a rank was routed to, pairs its gathers with "
+            "other parameters' on the other ranks); run every module on every rank (an unused "
+            "output times 0), or use stage 1, which gathers nothing")
 
     def _gather(self, entry):
         """Makes ``entry`` gathered: its prefetched all-gather, or one issued now."""
