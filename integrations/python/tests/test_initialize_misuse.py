@@ -195,3 +195,28 @@ def test_parameters_sharing_memory_are_refused_by_the_optimizer():
     apart = torch.nn.Parameter(tied.weight.detach().clone())
     optimizer = zoe.torch.AdamW([tied.weight, tied.bias, apart], lr=0.1)  # own memory each
     optimizer.close()
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_gradients_of_parameters_outside_the_optimizer_are_named_once(stage, caplog):
+    model = make_model()
+    model[0].weight.requires_grad_(False)  # left out of the optimizer (as DeepSpeed leaves it)
+    engine = start(stage, model)
+    model[0].weight.requires_grad_(True)  # unfrozen after initialize: not trained
+    model.extra = torch.nn.Linear(4, 4)  # added after initialize: not trained
+    before = model[0].weight.detach().clone()
+    with caplog.at_level(logging.WARNING, logger="zoe.torch"):
+        for step in range(2):
+            for micro in range(2):
+                x = torch.randn(4, 8)
+                engine.backward(model.extra(engine(x)).square().mean())
+                engine.step()
+    warnings = [record.getMessage() for record in caplog.records
+                if "in no param group of the optimizer" in record.getMessage()]
+    assert warnings == ["the module's parameters '0.weight', 'extra.weight', 'extra.bias' have "
+                        "gradients but are in no param group of the optimizer (frozen when "
+                        "initialize built it, or added to the model after): they are not "
+                        "trained, as under DeepSpeed; to train them, have them require "
+                        "gradients before initialize"]
+    assert torch.equal(model[0].weight, before) and engine.global_steps == 2
+    engine.close()

@@ -96,6 +96,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         self._seconds = types.SimpleNamespace(forward=0.0, backward=0.0, step=0.0,
                                               reductions=0.0)  # see stats()
         self._grad_scale = 1.0  # the loss scale of the latest backward (fp16)
+        self._warned_untrained = False  # _warn_untrained_gradients logged
         self.tput_timer = self._throughput_timer()
 
     def __getattr__(self, name):
@@ -299,6 +300,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
 
     def _take_model_step(self, lr_kwargs):
         """The boundary's step (see the module docstring)."""
+        self._warn_untrained_gradients()
         if self._group is not None and not self._sharded():
             with _timed(self._seconds, "reductions"):
                 self._average_gradients()
@@ -386,6 +388,25 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
 
     def _params(self):
         return [param for group in self.optimizer.param_groups for param in group["params"]]
+
+    def _warn_untrained_gradients(self):
+        """Logs once (stages 0 to 2) that parameters of the module have gradients and are in no
+        param group of the optimizer: frozen at initialize and unfrozen since, or added to the
+        model after it. Nothing steps them (as under DeepSpeed), and the step drops their
+        gradients."""
+        if self._warned_untrained or self._stage3 is not None:
+            return
+        held = {id(param) for param in self._params()}
+        untrained = [name for name, param in self.module.named_parameters()
+                     if param.grad is not None and id(param) not in held]
+        if untrained:
+            self._warned_untrained = True
+            names = ", ".join(repr(name) for name in untrained[:8])
+            more = f" and {len(untrained) - 8} more" if len(untrained) > 8 else ""
+            log.warning("the module's parameters %s%s have gradients but are in no param group "
+                        "of the optimizer (frozen when initialize built it, or added to the "
+                        "model after): they are not trained, as under DeepSpeed; to train "
+                        "them, have them require gradients before initialize", names, more)
 
     def _collective_device(self):
         """Where the engine's own collectives hold their tensors: the parameters' device (a
