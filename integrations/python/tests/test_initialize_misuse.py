@@ -5,7 +5,8 @@ instead of passing for a step taken; a client_state that torch.save cannot pickl
 before anything is written; a model with nothing to train; a parameter that is not contiguous,
 refused at initialize naming it instead of at the first step; two parameters over one memory
 (which zoe's master copies would update apart) and one parameter listed twice; a parameter added
-after a stage 3 initialize, named at save instead of a KeyError; and a
+after a stage 3 initialize, named at save instead of a KeyError; a stage 3 parameter read
+outside its module's forward (acquired for the forward that reads it); and a
 checkpoint of other shapes, whose message no longer suggests load_module_strict=False."""
 
 import logging
@@ -132,13 +133,30 @@ class TiedOutside(torch.nn.Module):
         return self.mix(x) @ self.emb.weight.t()
 
 
-def test_a_stage3_parameter_read_outside_its_modules_forward_is_nan_not_zeros():
-    """Stage 3 gathers a parameter for the forward of its own module only; elsewhere it reads
-    its placeholder, NaN, so the misuse shows (a NaN loss, a skipped step and its warning) where
-    zeros trained on wrong values silently."""
-    engine = start(3, TiedOutside())
-    out = engine(torch.ones(2, 4))
-    assert torch.isnan(out).all()
+def test_a_stage3_parameter_read_outside_its_modules_forward_is_gathered_for_that_forward():
+    """Stage 3 pages the embedding's weight for the forward of its own module; read in the
+    parent's forward it is acquired for that forward (it read its NaN placeholder before), so
+    training equals torch's. Outside every forward a read still gets the placeholder (NaN)."""
+    config = ds_config(3, "cpu", None, 1, "cpu")
+    del config["scheduler"]
+    config["gradient_clipping"] = 0.0
+    engine, _, _, _ = zoe.torch.initialize(model=TiedOutside(), config=config)
+    plain = TiedOutside()
+    reference = torch.optim.AdamW(plain.parameters(), lr=0.01, weight_decay=0.01)
+    for step in range(3):
+        for micro in range(2):
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(10 * step + micro))
+            out, expected = engine(x), plain(x)
+            assert torch.equal(out, expected), (step, micro)
+            engine.backward(out.square().mean())
+            engine.step()
+            (expected.square().mean() / 2).backward()
+        reference.step()
+        reference.zero_grad()
+    found = engine.module_state_dict()
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(found[key], value, rtol=0, atol=1e-6, msg=key)
+    assert torch.isnan(engine.module.emb.weight).all()  # outside a forward: the placeholder
     engine.close()
 
 

@@ -10,6 +10,7 @@ from ..errors import FailedPrecondition
 from .adoption import adopt, check_adoptable, init_record, placeholder_for, write_new_tensor
 from .common import _PAGED_DTYPES, _invalid
 from .device import check_paging_tier, wrap_tier_memory
+from .external_reads import ForwardFrames, unwatch_reads, watch_reads
 
 
 def _storage_pointer(tensor):
@@ -81,6 +82,8 @@ class ParameterPager:
         self._saved_hooks = None
         self._backward_end_queued = False
         self._snapshot = None  # prefetch counters when the current iteration began
+        self._frames = ForwardFrames()  # forwards running now, with the parameters read in them
+        self._watched = []  # (module, the type of its _parameters before watch_reads)
 
     # --- registration ----------------------------------------------------------------------
 
@@ -131,6 +134,40 @@ class ParameterPager:
         for record in self._records.values():
             if record.param.requires_grad:
                 self._handles.append(record.param.register_hook(self._grad_hook(record)))
+        self._watch_reads()
+
+    def _watch_reads(self):
+        """Watches the reads by name of the paged parameters of every module that holds one
+        (external_reads)."""
+        for module in self.model.modules():
+            if any(self._item_of(param) is not None
+                   for param in module.parameters(recurse=False)):
+                self._watched.append((module, watch_reads(module, self._on_parameter_read)))
+
+    def _on_parameter_read(self, param):
+        """A parameter was read by name: while a forward runs, a paged one that is absent (read
+        outside its own module's forward) is acquired for the innermost forward."""
+        if not self._frames.running():
+            return
+        item = self._item_of(param)
+        if item is not None and self._absent(item):
+            self._hold_for_forward(item)
+            self._frames.add(item)
+
+    def _item_of(self, param):
+        """The record of a parameter this pager pages, or None."""
+        return self._records.get(id(param))
+
+    @staticmethod
+    def _absent(record):
+        """Whether the parameter's values are absent (param.data is its placeholder)."""
+        return record.view is None
+
+    def _hold_for_forward(self, record):
+        self._hold(record, _capi.Access.READ)
+
+    def _release_after_forward(self, record):
+        self._unhold(record)
 
     def _direct_records(self, module):
         return [
@@ -160,16 +197,18 @@ class ParameterPager:
         if record.view is None:
             self._by_address.pop(address, None)
 
-    def _pre_hook(self, records):
+    def _pre_hook(self, items):
         def hook(module, inputs):
-            for record in records:
-                self._hold(record, _capi.Access.READ)
+            self._frames.begin()
+            for item in items:
+                self._hold_for_forward(item)
         return hook
 
-    def _post_hook(self, records):
+    def _post_hook(self, items):
         def hook(module, inputs, output):
-            for record in records:
-                self._unhold(record)
+            for item in items:
+                self._release_after_forward(item)
+            self._frames.end(self._release_after_forward)
         return hook
 
     # Saved tensors that live in acquired parameter memory are packed as a reference to the
@@ -209,6 +248,7 @@ class ParameterPager:
     # --- iterations ------------------------------------------------------------------------
 
     def _root_pre_hook(self, module, inputs):
+        self._frames.end_all(self._release_after_forward)  # left by a forward that raised
         if self._saved_hooks is not None:  # the previous forward raised
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks = None
@@ -221,10 +261,12 @@ class ParameterPager:
         self._saved_hooks.__enter__()
         for record in self._root_records:
             self._hold(record, _capi.Access.READ)
+        self._frames.begin()
 
     def _root_post_hook(self, module, inputs, output):
         for record in self._root_records:
             self._unhold(record)
+        self._frames.end(self._release_after_forward)
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks = None
@@ -339,6 +381,11 @@ class ParameterPager:
                         state[key] = values.clone()
         return state
 
+    def _unwatch_reads(self):
+        for module, original in self._watched:
+            unwatch_reads(module, original)
+        self._watched = []
+
     def remove(self):
         """Removes the hooks and gives every parameter back its data as an ordinary tensor."""
         if self._in_iteration:
@@ -346,6 +393,7 @@ class ParameterPager:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._unwatch_reads()
         with torch.no_grad():
             for record in self._records.values():
                 view = self._hold(record, _capi.Access.READ)

@@ -292,6 +292,7 @@ class ShardedParameterPager(ParameterPager):
                 )
                 self._handles.append(handle)
                 self._accumulator_nodes.append(node)
+        self._watch_reads()
 
     def _install_state_dict_checks(self):
         """On each module that owns a sharded parameter: its state_dict() and the loading of
@@ -427,17 +428,15 @@ class ShardedParameterPager(ParameterPager):
         if entry.holds + entry.backward_holds == 0:
             self._free(entry)
 
-    def _pre_hook(self, entries):
-        def hook(module, inputs):
-            for entry in entries:
-                self._hold_full(entry)
-        return hook
+    def _item_of(self, param):
+        return self._by_param.get(id(param))
 
-    def _post_hook(self, entries):
-        def hook(module, inputs, output):
-            for entry in entries:
-                self._release_after_forward(entry)
-        return hook
+    @staticmethod
+    def _absent(entry):
+        return entry.full is None
+
+    def _hold_for_forward(self, entry):
+        self._hold_full(entry)
 
     def _release_after_forward(self, entry):
         """A module's forward is done with ``entry``: kept gathered for backward (its hold
@@ -1074,6 +1073,7 @@ class ShardedParameterPager(ParameterPager):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._unwatch_reads()
         with torch.no_grad():
             for entry in self._params:
                 values = self._hold_full(entry).clone()
