@@ -467,6 +467,14 @@ def test_initialize_honours_activation_checkpointing(nvme_dir):
         assert zoe.torch.checkpoint_profile()["calls"] == 2
     finally:
         engine.close()
+    # Closing the engine forgets the configuration that offloads into it: the next engine's
+    # checkpoint() says to configure it, not that an engine it never had is closed.
+    assert activation_checkpoint._STATE.offload is None
+    without = {key: value for key, value in document.items() if key != "activation_checkpointing"}
+    engine, _, _, _ = zoe.torch.initialize(model=model, config=without)
+    with pytest.raises(zoe.FailedPrecondition, match="configure_checkpointing"):
+        gradients(model)
+    engine.close()
     document["activation_checkpointing"] = {"partition_activations": True}
     with pytest.raises(zoe.InvalidArgument, match="partition_activations"):
         zoe.torch.initialize(model=Model(), config=document)

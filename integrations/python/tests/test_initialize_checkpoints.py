@@ -642,6 +642,15 @@ def failed_loads(rank, out_dir, world):
     assert_equal(snapshot(stage3), before)
     stage3.load_checkpoint(ckpt, load_module_only=True)  # the module alone loads anywhere
     stage3.close()
+    # a save of one process (its optimizer state one copy) at stage 2 on the ranks: refused,
+    # naming how to keep the optimizer's state
+    stage2 = start(2, world=world)
+    with pytest.raises(zoe.FailedPrecondition, match="saved at ZeRO stage 2 on 1 rank, its "
+                                                     "optimizer state one copy; .* load it in "
+                                                     "one process, torch.save its "
+                                                     r"optimizer.state_dict\(\)"):
+        stage2.load_checkpoint(os.path.join(out_dir, "one-process"))
+    stage2.close()
 
 
 def _damaged_copy(source, target):
@@ -706,6 +715,10 @@ def rank_worker(rank, out_dir, world):
 def test_on_two_ranks(tmp_path):
     world = 2
     out_dir = str(tmp_path)
+    one = start(2)
+    train_engine(one, 0, 1, 0, 1)
+    one.save_checkpoint(os.path.join(out_dir, "one-process"))
+    one.close()
     spawn_ranks(rank_worker, (out_dir, world), world, out_dir, JOIN_SECONDS)
     for stage in (1, 2):
         loaded, final, saved, _ = torch.load(os.path.join(out_dir, f"warm{stage}-rank0.pt"))
@@ -718,7 +731,9 @@ def test_on_two_ranks(tmp_path):
     with pytest.raises(zoe.FailedPrecondition, match="saved at ZeRO stage 2 on 2 ranks, .* this "
                                                      "engine is stage 2 on 1 rank, its "
                                                      "optimizer state one copy: .*"
-                                                     "consolidate_checkpoint"):
+                                                     "consolidate_checkpoint.* at stage 1 or 2 "
+                                                     "on any number of ranks, or in one "
+                                                     "process at any stage"):
         engine.load_checkpoint(os.path.join(out_dir, "stage2"))
     assert_equal(snapshot(engine), before)
     engine.load_checkpoint(os.path.join(out_dir, "stage2"), load_module_only=True)

@@ -238,3 +238,15 @@ def test_gradients_of_parameters_outside_the_optimizer_are_named_once(stage, cap
                         "gradients before initialize"]
     assert torch.equal(model[0].weight, before) and engine.global_steps == 2
     engine.close()
+
+
+def test_an_nvme_path_a_file_stands_in_is_refused_naming_the_key(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    for path in (a_file, a_file / "below"):
+        config = ds_config(2, "nvme", str(path), 1)
+        with pytest.raises(zoe.InvalidArgument, match="zero_optimization.offload_optimizer."
+                                                      f"nvme_path '{path}' is not a directory: "
+                                                      "a file stands in the way"):
+            zoe.torch.initialize(model=make_model(), config=config)
+    assert a_file.read_text() == "kept"

@@ -112,6 +112,28 @@ def run_refused_load(rank, out_dir, world):
         file.write(repr(message))
 
 
+def run_refused_full_state(rank, out_dir, world):
+    """The 2-group save consolidated into one state dict of full parameters, given to a stage 3
+    optimizer over ``world`` ranks (whose parameters are this rank's shards): refused, naming
+    where such a state dict loads."""
+    saved = os.path.join(out_dir, "ckpt-cpu", f"global_step{STEPS // 2}", "optimizer")
+    consolidated = zoe.torch.consolidated_state_dict(saved)["optimizer"]
+    model = make_model()
+    engine, optimizer, _, _ = zoe.torch.initialize(
+        model=model, model_parameters=param_groups(model),
+        config=grouped_config("cpu", None, world))
+    try:
+        optimizer.load_state_dict(consolidated)
+    except ValueError as error:
+        message = str(error)
+    else:
+        message = None
+    engine.close()
+    with open(os.path.join(out_dir, f"full-state-rank{rank}.txt"), "w",
+              encoding="utf-8") as file:
+        file.write(repr(message))
+
+
 def run_refused_empty_group(rank, out_dir, world):
     """A group whose only parameter (one element) leaves rank 0 no shard: refused on every
     rank before anything is built."""
@@ -159,6 +181,7 @@ def worker(rank, out_dir, world):
                             torch_optimizer=True)
         torch.save(state, os.path.join(out_dir, f"torch-rank{rank}.pt"))
         run_refused_load(rank, out_dir, world)
+        run_refused_full_state(rank, out_dir, world)
         run_refused_empty_group(rank, out_dir, world)
         run_empty_group(rank, out_dir, world)
 
@@ -205,10 +228,22 @@ def test_ranks_step_param_groups_as_torch(nvme_dir):
     assert zoe.torch.consolidate_checkpoint(
         os.path.join(nvme_dir, "ckpt-cpu", f"global_step{STEPS // 2}", "optimizer"), out) == 4
     assert len(torch.load(out)["optimizer"]["param_groups"]) == 2
+    # as DeepSpeed's zero_to_fp32 takes a save: the engine's folder (its latest), or a tag's
+    engine_dir = os.path.join(nvme_dir, "ckpt-cpu")
+    tag = open(os.path.join(engine_dir, "latest"), encoding="utf-8").read()
+    expected = zoe.torch.consolidated_state_dict(os.path.join(engine_dir, tag, "optimizer"))
+    for given in (engine_dir, os.path.join(engine_dir, tag)):
+        assert_same_state(zoe.torch.consolidated_state_dict(given)["model"], expected["model"],
+                          atol=0)
     for rank in range(WORLD):
         with open(os.path.join(nvme_dir, f"refused-rank{rank}.txt"), encoding="utf-8") as file:
             message = file.read()
             assert "holds 2 param groups" in message and "same model_parameters=" in message
+        with open(os.path.join(nvme_dir, f"full-state-rank{rank}.txt"),
+                  encoding="utf-8") as file:
+            message = file.read()
+            assert f"this rank's shard of a ZeRO stage 3 parameter over {WORLD} ranks" in \
+                message and "loads at stage 1 or 2 on any number of ranks" in message, message
         with open(os.path.join(nvme_dir, f"empty-rank{rank}.txt"), encoding="utf-8") as file:
             assert "param group 1 would hold no parameter shard on rank 0 " \
                 "of 2" in file.read()

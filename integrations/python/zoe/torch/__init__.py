@@ -41,7 +41,7 @@ activation_checkpointing section), ds_*.py (initialize and its engine), consolid
 """
 
 from . import checkpoint as _sharded_checkpoints
-from .activation_checkpoint import checkpoint_profile, configure_checkpointing
+from .activation_checkpoint import checkpoint_profile, configure_checkpointing, reset_checkpointing
 from .activation_checkpoint import checkpoint as _checkpoint
 from .activations import ActivationOffload, offload_activations
 from .config import engine_config
@@ -88,5 +88,6 @@ __all__ = [
     "initialize",
     "offload_activations",
     "offload_parameters",
+    "reset_checkpointing",
     "zero_init",
 ]

@@ -135,6 +135,14 @@ def reset_checkpointing():
     _STATE.profile = {"calls": 0, "forward_seconds": 0.0, "recompute_seconds": 0.0}
 
 
+def forget_engine(engine):
+    """Forgets the configuration when its offload goes through ``engine``, which is being
+    closed: a later checkpoint() then needs configure_checkpointing again (initialize does it
+    from an activation_checkpointing section), rather than offloading into a closed engine."""
+    if _STATE.offload is not None and _STATE.offload.engine is engine:
+        reset_checkpointing()
+
+
 def checkpoint(function, *args, offload=None, preserve_rng_state=True, **kwargs):
     """``function(*args, **kwargs)`` checkpointed: its forward saves nothing but its inputs,
     which are offloaded (``offload``: an ActivationOffload, default the configured one), and

@@ -31,7 +31,9 @@ import torch
 from .. import _capi
 from .. import errors as zoe_errors
 from ..engine import BufferView, Engine
-from .checkpoint import _latest_of, read_manifest, shard_directory
+from .checkpoint import MANIFEST, _latest_of, read_manifest, shard_directory
+from .ds_checkpoint import LATEST, find_save
+from .ds_load import OPTIMIZER_DIR
 from .config import engine_config
 from .frozen_values import read_index, read_values
 from .optim_kinds import kind_named
@@ -318,6 +320,7 @@ def consolidated_state_dict(directory, scratch_dir=None):
     (pager.save_checkpoint) gives {"model": the full parameters by name, "optimizer": that state
     dict over the parameters in the model's order}: the model's state_dict() and the optimizer's of
     one process."""
+    directory = _sharded_directory(directory)
     manifest = read_manifest(directory)
     if manifest.get("zero_stage") == 3:
         return _stage3_state_dict(directory, manifest, scratch_dir)
@@ -343,6 +346,20 @@ def consolidated_state_dict(directory, scratch_dir=None):
     return {"state": state, "param_groups": packed_groups}
 
 
+def _sharded_directory(directory):
+    """``directory`` when it holds a sharded checkpoint; else, as DeepSpeed's zero_to_fp32
+    takes the folder of a save, the optimizer folder of the save that initialize's engine
+    wrote there: ``<directory>/optimizer`` of a tag's folder, or of the tag that
+    ``<directory>/latest`` names."""
+    if os.path.exists(os.path.join(directory, MANIFEST)):
+        return directory
+    if os.path.isdir(os.path.join(directory, OPTIMIZER_DIR)):
+        return os.path.join(directory, OPTIMIZER_DIR)
+    if os.path.isfile(os.path.join(directory, LATEST)):
+        return os.path.join(find_save(directory, None), OPTIMIZER_DIR)
+    return directory
+
+
 def consolidate_checkpoint(directory, out_path, scratch_dir=None):
     """Writes consolidated_state_dict(directory, scratch_dir) to ``out_path`` with torch.save
     (through a temporary file renamed into place); returns the number of parameters with state."""
@@ -359,7 +376,9 @@ def main(argv=None):
         description="Consolidates a sharded zoe checkpoint into one torch state dict "
         "(torch's layout of the optimizer's kind), without launching the ranks.",
     )
-    parser.add_argument("checkpoint", help="the directory save_checkpoint wrote")
+    parser.add_argument("checkpoint", help="the directory save_checkpoint wrote (the engine's: "
+                        "its latest save, or a tag's folder in it; or a pager's or sharded "
+                        "optimizer's)")
     parser.add_argument("out", help="the file to write (torch.save)")
     parser.add_argument("--scratch-dir", help="a directory for the swap files of the engine that "
                         "loads each rank's shard (default: the shard is held in DRAM)")

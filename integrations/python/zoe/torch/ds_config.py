@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional
 
 from .._collective_ops import by_rank, gather_objects
 from ..engine import _config_text, normalize_deepspeed_config
+from ..errors import as_zoe_error
 from .activation_checkpoint import checkpointing_config
 from .common import _invalid, whole_count
 from .lr_schedules import SCHEDULES, required_parameters, torch_schedule
@@ -460,8 +461,24 @@ def engine_document(training, rank, world_size):
     for key in ("offload_optimizer", "offload_param"):
         section = zero.get(key)
         if isinstance(section, dict) and section.get("nvme_path"):
-            section["nvme_path"] = _rank_path(section["nvme_path"], rank, world_size)
+            section["nvme_path"] = _created_nvme_path(key, section["nvme_path"], rank,
+                                                      world_size)
     return document
+
+
+def _created_nvme_path(key, path, rank, world_size):
+    """_rank_path of ``zero_optimization.<key>.nvme_path``; an error naming the key when its
+    directory cannot be created: InvalidArgument where a file stands in the way, else zoe's
+    error for the errno (PermissionDenied, NoSpace, ...)."""
+    where = f"zero_optimization.{key}.nvme_path {path!r}"
+    try:
+        return _rank_path(path, rank, world_size)
+    except (FileExistsError, NotADirectoryError) as error:
+        raise _invalid(f"{where} is not a directory: a file stands in the way ({error}); name "
+                       "a directory") from error
+    except OSError as error:
+        raise as_zoe_error(error, f"{where}: its directory cannot be created ({error}); name a "
+                                  "writable directory") from error
 
 
 def _rank_path(path, rank, world_size):

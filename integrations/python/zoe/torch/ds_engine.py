@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from .. import _capi
 from ..errors import FailedPrecondition
+from .activation_checkpoint import forget_engine
 from .common import _timed
 from .ds_engine_checkpoints import EngineCheckpoints
 from .grad_stream import clip_coefficient
@@ -517,6 +518,9 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         DeepSpeed's ``destroy()`` is the same. Afterwards forward, backward, step() and the
         checkpoint calls raise FailedPrecondition."""
         self._closed = True
+        zoe_engine = getattr(self._stage3, "engine", getattr(self.optimizer, "engine", None))
+        if self._owns_optimizer and zoe_engine is not None:
+            forget_engine(zoe_engine)
         if self._stage3 is not None:
             stage3, self._stage3 = self._stage3, None
             stage3.close(self.optimizer)

@@ -129,13 +129,15 @@ def check_sharding(path, state, saved, mine):
     directory = os.path.join(path, OPTIMIZER_DIR)
     if saved is None:
         fix = ("load it where the optimizer is one copy (one process, or stage 0 on any number "
-               "of ranks), or the module alone (load_module_only=True)")
+               "of ranks), or the module alone (load_module_only=True); to keep the optimizer "
+               "state at stage 1 or 2 over ranks, load it in one process, torch.save its "
+               "optimizer.state_dict(), and give that to optimizer.load_state_dict on the ranks")
     else:
         fix = (f"load it on {_ranks(saved[1])} at stage {3 if saved[0] == 3 else '1 or 2'}, or "
                "the module alone (load_module_only=True), or turn its optimizer state into "
                f"one state dict with zoe.torch.consolidate_checkpoint({directory!r}, out_path) "
-               "and give it (a stage 3 save: its 'optimizer') to optimizer.load_state_dict on "
-               "any world size")
+               "and give it (a stage 3 save: its 'optimizer') to optimizer.load_state_dict at "
+               "stage 1 or 2 on any number of ranks, or in one process at any stage")
     raise FailedPrecondition(
         _capi.Status.FAILED_PRECONDITION,
         f"the checkpoint {path!r} was saved at ZeRO stage {state.get('zero_stage')} on "

@@ -11,6 +11,7 @@ import torch
 from .. import _capi
 from .common import _current_values, _invalid
 from .optim_kinds import KINDS
+from .stage3_checks import sharded_pager_of
 
 # Every moment name of every kind: a state holding one its optimizer does not keep is another
 # optimizer's.
@@ -107,7 +108,7 @@ def checked_param_state(kind, group_index, index, param, param_state):
         if key in param_state and param_state[key].shape != param.shape:
             raise ValueError(
                 f"{where}: {key} has shape {tuple(param_state[key].shape)}, the parameter "
-                f"{tuple(param.shape)}"
+                f"{tuple(param.shape)}{_shard_hint(param)}"
             )
     # A copy, as torch's load_state_dict takes one: the state may be applied at the group's
     # first step, after the optimizer it came from has updated its tensors in place.
@@ -115,6 +116,18 @@ def checked_param_state(kind, group_index, index, param, param_state):
         key: value.detach().clone() if isinstance(value, torch.Tensor) else value
         for key, value in param_state.items()
     }
+
+
+def _shard_hint(param):
+    """What to do when a state of another shape meets ``param``, a ZeRO stage 3 shard over
+    several ranks; empty for any other parameter."""
+    pager = sharded_pager_of(param)
+    if pager is None or pager.world_size == 1:
+        return ""
+    return (f" (this rank's shard of a ZeRO stage 3 parameter over {pager.world_size} ranks: "
+            "a stage 3 optimizer over several ranks loads its own sharded saves only; a state "
+            "dict of full parameters, such as consolidate_checkpoint's, loads at stage 1 or 2 "
+            "on any number of ranks, or in one process at any stage)")
 
 
 def saved_master(param, entry):
