@@ -10,7 +10,8 @@ from ..errors import FailedPrecondition
 from .adoption import adopt, check_adoptable, init_record, placeholder_for, write_new_tensor
 from .common import _PAGED_DTYPES, _invalid
 from .device import check_paging_tier, wrap_tier_memory
-from .external_reads import ForwardFrames, unwatch_reads, watch_reads
+from .external_reads import (ForwardFrames, end_frames_when_raising, stop_ending_frames,
+                             unwatch_reads, watch_reads)
 
 
 def _storage_pointer(tensor):
@@ -84,6 +85,8 @@ class ParameterPager:
         self._snapshot = None  # prefetch counters when the current iteration began
         self._frames = ForwardFrames()  # forwards running now, with the parameters read in them
         self._watched = []  # (module, the type of its _parameters before watch_reads)
+        self._forward_wrapper = None  # end_frames_when_raising's, on the model
+        self._root_forward_running = False  # the model's forward (not a recomputation)
 
     # --- registration ----------------------------------------------------------------------
 
@@ -126,9 +129,9 @@ class ParameterPager:
         self._root_records = self._direct_records(self.model)
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre_hook))
         self._handles.append(self.model.register_forward_hook(self._root_post_hook))
-        for module in self.model.modules():
-            records = self._direct_records(module)
-            if records and module is not self.model:
+        for module in self.model.modules():  # every one: each forward is a frame
+            if module is not self.model:
+                records = self._direct_records(module)
                 self._handles.append(module.register_forward_pre_hook(self._pre_hook(records)))
                 self._handles.append(module.register_forward_hook(self._post_hook(records)))
         for record in self._records.values():
@@ -137,20 +140,26 @@ class ParameterPager:
         self._watch_reads()
 
     def _watch_reads(self):
-        """Watches the reads by name of the paged parameters of every module that holds one
-        (external_reads)."""
+        """Watches the reads by name of the paged parameters of every module that holds one,
+        and ends the frames of a forward that raises (external_reads)."""
         for module in self.model.modules():
             if any(self._item_of(param) is not None
                    for param in module.parameters(recurse=False)):
                 self._watched.append((module, watch_reads(module, self._on_parameter_read)))
+        self._forward_wrapper = end_frames_when_raising(self.model, self._forward_raised)
+
+    def _forward_raised(self):
+        self._frames.end_all(self._release_after_forward)
+        self._root_forward_running = False
 
     def _on_parameter_read(self, param):
-        """A parameter was read by name: while a forward runs, a paged one that is absent (read
-        outside its own module's forward) is acquired for the innermost forward."""
+        """A parameter was read by name: while a forward runs, a paged one the innermost
+        forward does not hold (read outside its own module's forward, or present only because
+        another forward or the keep holds it) is acquired for it."""
         if not self._frames.running():
             return
         item = self._item_of(param)
-        if item is not None and self._absent(item):
+        if item is not None and not self._frames.holds(item):
             self._hold_for_forward(item)
             self._frames.add(item)
 
@@ -158,16 +167,23 @@ class ParameterPager:
         """The record of a parameter this pager pages, or None."""
         return self._records.get(id(param))
 
-    @staticmethod
-    def _absent(record):
-        """Whether the parameter's values are absent (param.data is its placeholder)."""
-        return record.view is None
-
     def _hold_for_forward(self, record):
         self._hold(record, _capi.Access.READ)
 
     def _release_after_forward(self, record):
-        self._unhold(record)
+        if not self._hold_for_backward_if_recomputing(record):
+            self._unhold(record)
+
+    def _hold_for_backward_if_recomputing(self, item):
+        """A forward recomputed in backward (activation checkpointing) ended: autograd saved
+        what it read of ``item`` without the pack hooks, so its hold passes to backward (its
+        gradient hook, or the end of the iteration, releases it) rather than letting its
+        memory go while backward still reads it. Returns whether it did."""
+        if self._root_forward_running or not self._in_iteration:
+            return False
+        item.holds -= 1
+        item.backward_holds += 1
+        return True
 
     def _direct_records(self, module):
         return [
@@ -199,7 +215,7 @@ class ParameterPager:
 
     def _pre_hook(self, items):
         def hook(module, inputs):
-            self._frames.begin()
+            self._frames.begin(items)
             for item in items:
                 self._hold_for_forward(item)
         return hook
@@ -261,12 +277,14 @@ class ParameterPager:
         self._saved_hooks.__enter__()
         for record in self._root_records:
             self._hold(record, _capi.Access.READ)
-        self._frames.begin()
+        self._frames.begin(self._root_items())
+        self._root_forward_running = True
 
     def _root_post_hook(self, module, inputs, output):
         for record in self._root_records:
             self._unhold(record)
         self._frames.end(self._release_after_forward)
+        self._root_forward_running = False
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks = None
@@ -287,9 +305,14 @@ class ParameterPager:
             self._backward_end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_iteration)
 
+    def _root_items(self):
+        """What the model's forward holds of its own parameters."""
+        return self._root_records
+
     def _end_iteration(self):
         if not self._in_iteration:
             return
+        self._frames.end_all(self._release_after_forward)  # left by a recomputation stopped early
         for record in self._records.values():
             while record.backward_holds:
                 self._unhold(record, backward=True)
@@ -385,6 +408,7 @@ class ParameterPager:
         for module, original in self._watched:
             unwatch_reads(module, original)
         self._watched = []
+        stop_ending_frames(self.model, self._forward_wrapper)
 
     def remove(self):
         """Removes the hooks and gives every parameter back its data as an ordinary tensor."""

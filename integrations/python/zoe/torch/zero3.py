@@ -279,9 +279,9 @@ class ShardedParameterPager(ParameterPager):
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre_hook))
         self._handles.append(self.model.register_forward_hook(self._root_post_hook))
         self._root_entries = self._direct_entries(self.model)
-        for module in self.model.modules():
-            entries = self._direct_entries(module)
-            if entries and module is not self.model:
+        for module in self.model.modules():  # every one: each forward is a frame
+            if module is not self.model:
+                entries = self._direct_entries(module)
                 self._handles.append(module.register_forward_pre_hook(self._pre_hook(entries)))
                 self._handles.append(module.register_forward_hook(self._post_hook(entries)))
         self._install_state_dict_checks()
@@ -431,9 +431,8 @@ class ShardedParameterPager(ParameterPager):
     def _item_of(self, param):
         return self._by_param.get(id(param))
 
-    @staticmethod
-    def _absent(entry):
-        return entry.full is None
+    def _root_items(self):
+        return self._root_entries
 
     def _hold_for_forward(self, entry):
         self._hold_full(entry)
@@ -441,7 +440,10 @@ class ShardedParameterPager(ParameterPager):
     def _release_after_forward(self, entry):
         """A module's forward is done with ``entry``: kept gathered for backward (its hold
         passes to the keep, stage3_keep) when autograd saved its values and the policy allows,
-        else unheld; the parameters the keep lets go are unheld."""
+        else unheld; the parameters the keep lets go are unheld. In a forward recomputed in
+        backward its hold passes to backward (_hold_for_backward_if_recomputing)."""
+        if self._hold_for_backward_if_recomputing(entry):
+            return
         elements = sum(entry.counts)
         if not (self._in_iteration and entry.saved and self._keep.enabled
                 and torch.is_grad_enabled()):
@@ -610,6 +612,7 @@ class ShardedParameterPager(ParameterPager):
     def _end_iteration(self):
         if not self._in_iteration:
             return
+        self._frames.end_all(self._release_after_forward)  # left by a recomputation stopped early
         for entry in self._keep.release_all():
             self._unhold_full(entry)
         for entry in self._params:
