@@ -87,3 +87,55 @@ def test_a_segment_that_does_not_fit_the_budget_is_busy_not_wrong():
         with pytest.raises(zoe.Busy, match="raise the host budget"):
             loss.backward()
         pager.remove()
+
+
+class FastPath(torch.nn.Linear):
+    """A Linear whose forward raises after using its weight."""
+
+    def forward(self, h):
+        super().forward(h)
+        raise RuntimeError("the fast path does not take this batch")
+
+
+class Fallback(torch.nn.Module):
+    """A fast path that raises inside its module's forward, caught by the parent, which falls
+    back: as torch >= 2.1 stops a recomputation early, the module's forward hook never runs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding = torch.nn.Linear(WIDTH, WIDTH)
+        self.fast = FastPath(WIDTH, WIDTH)
+        self.slow = torch.nn.Linear(WIDTH, WIDTH)
+        self.raise_out = False
+
+    def forward(self, x):
+        h = self.embedding(x)
+        if self.raise_out:
+            return self.fast(h)
+        try:
+            return self.fast(h)
+        except RuntimeError:
+            return self.slow(h)
+
+
+def held(pager):
+    return {record.name: (record.holds, record.backward_holds)
+            for record in pager._records.values() if record.holds or record.backward_holds}
+
+
+def test_a_forward_that_raises_releases_what_it_held():
+    model = Fallback()
+    with zoe.Engine(paging_config("640K")) as engine:
+        pager = zoe.torch.offload_parameters(model, engine)
+        for _ in range(3):  # caught inside the model's forward: it goes on
+            model(inputs()).square().sum().backward()
+            assert held(pager) == {}
+            assert torch.isnan(model.embedding.weight).all()  # no forward runs: the placeholder
+        model.raise_out = True
+        for _ in range(2):  # out of the model's forward
+            with pytest.raises(RuntimeError, match="does not take this batch"):
+                model(inputs())
+            assert held(pager) == {}
+            assert torch.isnan(model.embedding.weight).all()
+        pager.remove()

@@ -15,6 +15,7 @@ still gets the placeholder: the pager's ``materialized()`` is the way to read va
 collective at stage 3, which a read by one rank's code alone must not start)."""
 
 import collections
+import functools
 
 
 class ReadWatchedParameters(collections.OrderedDict):
@@ -51,40 +52,50 @@ def unwatch_reads(module, original):
 
 class ForwardFrames:
     """The forwards running now, innermost last, each with the items (a pager's paged
-    parameters) it holds: its module's own, held by the pager's pre-hook, and those acquired
-    for it because they were read during it."""
+    parameters) held for it: its module's own, held by the pager's pre-hook, and those acquired
+    because they were read during it. Ending a forward releases all of them; a forward that
+    raised (its post-hook never ran, as when torch stops a recomputation early) is ended by the
+    next end of a forward around it, or by end_all."""
 
     def __init__(self):
-        self._frames = []  # (ids of the items the forward holds, the items acquired for it)
+        self._frames = []  # (owner, ids of the items held for it, the items held for it)
 
     def running(self):
         return bool(self._frames)
 
-    def begin(self, own=()):
-        """A forward begins, holding ``own`` (its module's items)."""
-        self._frames.append(({id(item) for item in own}, []))
+    def begin(self, owner):
+        """The forward of ``owner`` (a module) begins, holding nothing yet."""
+        self._frames.append((owner, set(), []))
 
     def holds(self, item):
         """Whether the innermost forward holds ``item`` (one must be running)."""
-        return id(item) in self._frames[-1][0]
+        return id(item) in self._frames[-1][1]
 
     def add(self, item):
-        """``item`` was acquired for the innermost forward (one must be running)."""
-        held, acquired = self._frames[-1]
+        """``item`` was held for the innermost forward (one must be running)."""
+        _, held, items = self._frames[-1]
         held.add(id(item))
-        acquired.append(item)
+        items.append(item)
 
-    def end(self, release):
-        """The innermost forward ended: ``release(item)`` for each item acquired for it."""
-        if self._frames:
-            for item in self._frames.pop()[1]:
-                release(item)
+    def end(self, owner, release):
+        """The forward of ``owner`` ended: ``release(item)`` for each item held for it, and for
+        those of the forwards begun inside it that never ended (they raised)."""
+        if not any(frame[0] is owner for frame in self._frames):
+            return
+        while self._end_innermost(release) is not owner:
+            pass
 
     def end_all(self, release):
-        """Every forward left running ended, innermost first (a forward that raised ran no
-        forward hook, and a recomputation torch stopped early neither)."""
+        """Every forward left running ended, innermost first."""
         while self._frames:
-            self.end(release)
+            self._end_innermost(release)
+
+    def _end_innermost(self, release):
+        """Ends the innermost forward; returns its owner."""
+        owner, _, items = self._frames.pop()
+        for item in reversed(items):
+            release(item)
+        return owner
 
 
 def end_frames_when_raising(model, on_raise):
@@ -94,6 +105,7 @@ def end_frames_when_raising(model, on_raise):
     collective on one rank). Returns the wrapper, for stop_ending_frames."""
     inner = model.forward
 
+    @functools.wraps(inner)  # its signature, which Hugging Face's Trainer reads
     def forward(*args, **kwargs):
         try:
             return inner(*args, **kwargs)

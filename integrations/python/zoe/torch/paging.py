@@ -215,16 +215,15 @@ class ParameterPager:
 
     def _pre_hook(self, items):
         def hook(module, inputs):
-            self._frames.begin(items)
+            self._frames.begin(module)
             for item in items:
                 self._hold_for_forward(item)
+                self._frames.add(item)
         return hook
 
     def _post_hook(self, items):
         def hook(module, inputs, output):
-            for item in items:
-                self._release_after_forward(item)
-            self._frames.end(self._release_after_forward)
+            self._frames.end(module, self._release_after_forward)
         return hook
 
     # Saved tensors that live in acquired parameter memory are packed as a reference to the
@@ -275,15 +274,14 @@ class ParameterPager:
         self._in_iteration = True
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
+        self._frames.begin(module)
         for record in self._root_records:
             self._hold(record, _capi.Access.READ)
-        self._frames.begin(self._root_items())
+            self._frames.add(record)
         self._root_forward_running = True
 
     def _root_post_hook(self, module, inputs, output):
-        for record in self._root_records:
-            self._unhold(record)
-        self._frames.end(self._release_after_forward)
+        self._frames.end(module, self._release_after_forward)
         self._root_forward_running = False
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(None, None, None)
@@ -304,10 +302,6 @@ class ParameterPager:
         if not self._backward_end_queued and self._in_iteration:
             self._backward_end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_iteration)
-
-    def _root_items(self):
-        """What the model's forward holds of its own parameters."""
-        return self._root_records
 
     def _end_iteration(self):
         if not self._in_iteration:

@@ -431,9 +431,6 @@ class ShardedParameterPager(ParameterPager):
     def _item_of(self, param):
         return self._by_param.get(id(param))
 
-    def _root_items(self):
-        return self._root_entries
-
     def _hold_for_forward(self, entry):
         self._hold_full(entry)
 
@@ -603,11 +600,7 @@ class ShardedParameterPager(ParameterPager):
         self._cursor = 0
         for entry in self._root_entries:
             self._hold_full(entry)
-
-    def _root_post_hook(self, module, inputs, output):
-        for entry in self._root_entries:
-            self._release_after_forward(entry)
-        super()._root_post_hook(module, inputs, output)
+            self._frames.add(entry)
 
     def _end_iteration(self):
         if not self._in_iteration:
