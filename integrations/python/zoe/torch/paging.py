@@ -129,15 +129,20 @@ class ParameterPager:
         self._root_records = self._direct_records(self.model)
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre_hook))
         self._handles.append(self.model.register_forward_hook(self._root_post_hook))
-        for module in self.model.modules():  # every one: each forward is a frame
-            if module is not self.model:
-                records = self._direct_records(module)
-                self._handles.append(module.register_forward_pre_hook(self._pre_hook(records)))
-                self._handles.append(module.register_forward_hook(self._post_hook(records)))
+        self._install_module_hooks(self._direct_records)
         for record in self._records.values():
             if record.param.requires_grad:
                 self._handles.append(record.param.register_hook(self._grad_hook(record)))
         self._watch_reads()
+
+    def _install_module_hooks(self, direct_items):
+        """The forward hooks of every module but the model (each forward is a frame): the
+        pre-hook holds ``direct_items(module)``, its own paged parameters."""
+        for module in self.model.modules():
+            if module is not self.model:
+                self._handles.append(
+                    module.register_forward_pre_hook(self._pre_hook(direct_items(module))))
+                self._handles.append(module.register_forward_hook(self._module_post_hook))
 
     def _watch_reads(self):
         """Watches the reads by name of the paged parameters of every module that holds one,
@@ -221,10 +226,8 @@ class ParameterPager:
                 self._frames.add(item)
         return hook
 
-    def _post_hook(self, items):
-        def hook(module, inputs, output):
-            self._frames.end(module, self._release_after_forward)
-        return hook
+    def _module_post_hook(self, module, inputs, output):
+        self._frames.end(module, self._release_after_forward)
 
     # Saved tensors that live in acquired parameter memory are packed as a reference to the
     # parameter and re-acquired when backward unpacks them; the parameter's gradient hook (or

@@ -279,11 +279,7 @@ class ShardedParameterPager(ParameterPager):
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre_hook))
         self._handles.append(self.model.register_forward_hook(self._root_post_hook))
         self._root_entries = self._direct_entries(self.model)
-        for module in self.model.modules():  # every one: each forward is a frame
-            if module is not self.model:
-                entries = self._direct_entries(module)
-                self._handles.append(module.register_forward_pre_hook(self._pre_hook(entries)))
-                self._handles.append(module.register_forward_hook(self._post_hook(entries)))
+        self._install_module_hooks(self._direct_entries)
         self._install_state_dict_checks()
         for entry in self._params:
             if entry.param.requires_grad:
