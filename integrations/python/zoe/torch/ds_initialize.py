@@ -40,7 +40,7 @@ from .ds_stage3 import stage3_setup
 from .loss_scaler import loss_scaler_for
 from .lr_schedules import schedule_from_config
 from .optimizer import OPTIMIZERS, ZoeOptimizer
-from .param_memory import check_no_shared_memory
+from .param_memory import check_contiguous, check_no_shared_memory
 
 log = logging.getLogger("zoe.torch")
 
@@ -367,21 +367,16 @@ def _stage012_optimizer(optimizer, model_parameters, module, training, document,
     params = model_parameters if model_parameters is not None else module.parameters()
     params = [p for p in params if not isinstance(p, torch.Tensor) or p.requires_grad]
     if optimizer is None:  # the config's: a zoe optimizer
-        _check_contiguous(module)
+        check_contiguous(_trainable_named(module))
     if group is not None:  # stage 3 pages the parameters where the config says
         check_model_device(params, dist.get_backend(group))
     return _build_optimizer(optimizer, params, training, document, group)
 
 
-def _check_contiguous(module):
-    """InvalidArgument naming a trainable parameter that is not contiguous (a transposed view):
-    zoe's optimizers step a parameter's memory as one run of elements."""
-    for name, param in module.named_parameters():
-        if param.requires_grad and not param.is_contiguous():
-            raise _invalid(f"parameter {name!r} is not contiguous (a view such as a transpose, "
-                           f"strides {param.stride()}): zoe's optimizers step a parameter's "
-                           "memory as one run of elements; make it contiguous before initialize "
-                           f"(with torch.no_grad(): param.data = param.data.contiguous())")
+def _trainable_named(module):
+    """(description, parameter) of each of ``module``'s parameters that requires a gradient."""
+    return [(f"parameter {name!r}", param) for name, param in module.named_parameters()
+            if param.requires_grad]
 
 
 def _warn_unread_model_parameters(model_parameters, optimizer):
@@ -452,9 +447,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         _warn_unread_model_parameters(model_parameters, optimizer)
     _check_something_to_train(module, optimizer)
     if optimizer is None or _zoe_steps_torch_optimizers(training):
-        check_no_shared_memory((f"parameter {name!r}", param)
-                               for name, param in module.named_parameters()
-                               if param.requires_grad)
+        check_no_shared_memory(_trainable_named(module))
     stage3 = None
     if training.zero_stage == 3:  # a failure puts the param groups' lists back (Stage3)
         stage3, optimizer = _stage3_optimizer(optimizer, model_parameters, module, training,

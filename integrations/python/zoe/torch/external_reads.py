@@ -10,9 +10,9 @@ read while one runs, and not held by it, is acquired (gathered at stage 3) for t
 and released when it ends, as the module's own parameters are released then (kept for backward
 when autograd saved them and the keep policy allows, at stage 3). A module's forward recomputed
 in backward (activation checkpointing) is such a forward too; a plain function recomputed there
-is none. Outside every forward a read
-still gets the placeholder: the pager's ``materialized()`` is the way to read values there (a
-collective at stage 3, which a read by one rank's code alone must not start)."""
+is none. Outside every forward a read still gets the placeholder: the pager's ``materialized()``
+is the way to read values there (a collective at stage 3, which a read by one rank's code alone
+must not start)."""
 
 import collections
 import functools

@@ -41,7 +41,8 @@ from .config import _check_group_options, _check_type_agrees, _optimizer_engine_
 from .global_clip import GlobalClip, grads_sum_squares
 from .grad_stream import GradStream, clip_coefficient, combined_result, is_finite
 from .param_group import GroupState
-from .param_memory import check_contiguous, check_no_shared_memory, group_params_named
+from .param_memory import (check_contiguous, check_no_shared_memory, group_params_named,
+                           params_named)
 from .stage3_checks import check_optimizer_parameter
 from .optim_kinds import ADAGRAD, ADAM, ADAMW, LION
 from .state_layout import (check_group_counts, checked_param_state, loaded_steps,
@@ -66,8 +67,8 @@ def _absent_view(param):
 def _param_views(group_index, params):
     """BufferViews of a group's parameters (a BufferView given is taken as it is), which must be
     contiguous when stepped."""
-    check_contiguous(group_index, [param for param in params
-                                   if not isinstance(param, BufferView)])
+    check_contiguous(named for named in params_named(group_index, params)
+                     if not isinstance(named[1], BufferView))
     return [param if isinstance(param, BufferView) else _view(param) for param in params]
 
 

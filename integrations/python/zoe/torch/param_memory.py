@@ -10,15 +10,15 @@ from .common import _invalid, _pager_of
 from .stage3_checks import sharded_pager_of
 
 
-def check_contiguous(group_index, params):
-    """InvalidArgument naming the first of a param group's parameters (tensors) that is not
-    contiguous."""
-    for index, param in enumerate(params):
+def check_contiguous(named_params):
+    """InvalidArgument naming the first of ``named_params`` ((description, tensor) pairs) that
+    is not contiguous."""
+    for description, param in named_params:
         if not param.is_contiguous():
-            raise _invalid(
-                f"parameter {index} of param group {group_index} is not contiguous; zoe "
-                "optimizers step contiguous parameters"
-            )
+            raise _invalid(f"{description} is not contiguous (a view such as a transpose, "
+                           f"strides {param.stride()}): zoe's optimizers step a parameter's "
+                           "memory as one run of elements; make it contiguous (with "
+                           "torch.no_grad(): param.data = param.data.contiguous())")
 
 
 def _memory_span(param):
@@ -59,9 +59,14 @@ def check_no_shared_memory(named_params):
             "Parameter to both modules), or give each its own memory (.clone())")
 
 
-def group_params_named(param_groups):
-    """(description, tensor) of every parameter of ``param_groups`` (lists of tensors), named
-    by its place ("parameter 0 of param group 1")."""
+def params_named(group_index, params):
+    """(description, tensor) of each of param group ``group_index``'s parameters, named by its
+    place ("parameter 0 of param group 1")."""
     return [(f"parameter {index} of param group {group_index}", param)
-            for group_index, params in enumerate(param_groups)
             for index, param in enumerate(params)]
+
+
+def group_params_named(param_groups):
+    """params_named of every group of ``param_groups`` (lists of tensors), in order."""
+    return [named for group_index, params in enumerate(param_groups)
+            for named in params_named(group_index, params)]

@@ -80,7 +80,7 @@ from .common import _DTYPES, _invalid, _pager_of, _view, whole_count
 from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, ShardedGroup,
                           TorchCollectives, shard_boundaries, shard_bounds, shard_counts)
 from .grad_hooks import buckets_of, on_gradient_accumulated
-from .param_memory import check_contiguous
+from .param_memory import check_contiguous, params_named
 from .state_layout import param_entries
 from .zero_places import DeviceBuffers, DevicePlace, HostPlace, check_transport
 
@@ -319,7 +319,7 @@ class ZeroPartition:
         """This rank's part of a param group's sharded zoe group (every rank creates it
         together); returns its local zoe group."""
         params = [param.detach() for param in state.params]
-        check_contiguous(state.index, params)
+        check_contiguous(params_named(state.index, params))
         sizes = sorted((sum(state.params[index].numel() for index in bucket.indices)
                         for bucket in state.shard.buckets), reverse=True)
         slots = self.in_flight.limit + 1  # the most reductions in flight at once
