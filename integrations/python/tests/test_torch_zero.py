@@ -310,7 +310,7 @@ def run_gather(rank, world, out_dir):
                    [0] + [2] * (world - 1), [2] * (world - 1) + [0]):
         for sign in (1.0, -1.0):
             shard = sign * (torch.arange(counts[rank], dtype=torch.float32) + 100 * rank)
-            gathered.append((counts, sign, comm.gather(shard, counts).tolist()))
+            gathered.append((counts, sign, comm.gather(shard, counts, "test values").tolist()))
     scattered = []
     for counts in ([3] * world, [2 + r for r in range(world)], [0] + [2] * (world - 1)):
         for sign in (1.0, -1.0):  # the second time through the reused buffer

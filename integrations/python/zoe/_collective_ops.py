@@ -28,7 +28,14 @@ in an agreement:
   rank raises (``agreement_error``): the failing rank its own error as zoe's, the others
   zoe.Aborted, both naming the failing ranks and ``what`` failed. The ranks stay paired for
   their next collective.
+
+When the transport itself fails a collective (another rank died, failed or did not call it
+before the process group's timeout: torch.distributed raises RuntimeError), no agreement can be
+made: ``transport_failure_aborted(what)`` turns that error into zoe.Aborted naming ``what`` and
+the way out, and every collective zoe calls runs inside one.
 """
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -48,6 +55,25 @@ class Pending:
         works, self._works = self._works, []
         for work in works:
             work.wait()
+
+
+ABORTED_ADVICE = ("another rank failed, died or timed out; the process group cannot be used "
+                  "again: restart every rank and load the latest checkpoint")
+
+
+def collective_aborted(what, error):
+    """zoe.Aborted for ``what``, a collective the transport failed with ``error``."""
+    return Aborted(_capi.Status.ABORTED, f"{what} failed ({ABORTED_ADVICE}): {error}")
+
+
+@contextlib.contextmanager
+def transport_failure_aborted(what):
+    """Runs collectives of ``what``; the transport's failure (RuntimeError, torch 2's
+    DistBackendError among them) is raised as collective_aborted's zoe.Aborted."""
+    try:
+        yield
+    except RuntimeError as error:
+        raise collective_aborted(what, error) from None
 
 
 def gather_parts(parts, group, async_op=False):
@@ -135,7 +161,8 @@ def agreed(what, step, group):
         result, error = step(), None
     except Exception as caught:  # agreed below: every rank raises together
         result, error = None, caught
-    failed = Agreement(error is not None, group).failed_ranks()
+    with transport_failure_aborted(f"the agreement on {what}"):
+        failed = Agreement(error is not None, group).failed_ranks()
     if failed:
         raise agreement_error(what, error, failed, group) from error
     return result
@@ -150,8 +177,7 @@ def agreement_error(what, error, failed, group):
     report = None
     if error is not None:
         report = f"{type(as_zoe_error(error, '')).__name__}: {_describe(error)}"
-    reports = [None] * dist.get_world_size(group)
-    dist.all_gather_object(reports, report, group=group)
+    reports = gather_objects(report, group, f"the reports of {what}")
     if error is not None:
         rank = dist.get_rank(group)
         return as_zoe_error(error, f"{what} failed on rank {rank}: {_describe(error)}")
@@ -161,11 +187,12 @@ def agreement_error(what, error, failed, group):
                    f"{what} failed on {where} {', '.join(map(str, failed))} ({details})")
 
 
-def gather_objects(value, group):
-    """Every rank's ``value`` (picklable), in rank order: one all_gather_object, which every rank
-    of ``group`` calls."""
+def gather_objects(value, group, what):
+    """Every rank's ``value`` (picklable), in rank order: one all_gather_object of ``what``,
+    which every rank of ``group`` calls."""
     values = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
+    with transport_failure_aborted(f"gathering {what}"):
+        dist.all_gather_object(values, value, group=group)
     return values
 
 
@@ -179,11 +206,11 @@ def by_rank(values):
                      f"{', '.join(map(str, ranks))}" for shown, ranks in ranks_of.items())
 
 
-def differences(value, group):
-    """None when ``value`` (picklable, comparable with ==) is the same on every rank of
-    ``group``; else by_rank's description of the values. A collective: every rank calls it and
-    gets the same answer."""
-    values = gather_objects(value, group)
+def differences(value, group, what):
+    """None when ``value`` (picklable, comparable with ==; ``what``) is the same on every rank
+    of ``group``; else by_rank's description of the values. A collective: every rank calls it
+    and gets the same answer."""
+    values = gather_objects(value, group, what)
     return None if all(other == values[0] for other in values) else by_rank(values)
 
 

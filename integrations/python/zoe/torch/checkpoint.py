@@ -15,10 +15,10 @@ import shutil
 import tempfile
 
 import torch
-import torch.distributed as dist
 
 from .. import _capi
 from .. import errors as zoe_errors
+from .._collective_ops import gather_objects
 from .common import fsync_path, replace_atomically
 
 PARAM_GROUPS = "zoe_torch_param_groups.json"  # an unsharded optimizer's hyper-parameters
@@ -104,8 +104,7 @@ def save_sharded(directory, comm, save_shard, manifest):
     except Exception:
         _remove_quietly(os.path.join(directory, _shard_path(comm.rank, version)))
         raise
-    engine_versions = [None] * comm.world_size
-    dist.all_gather_object(engine_versions, latest, group=comm.group)
+    engine_versions = gather_objects(latest, comm.group, f"the shards' versions of {where}")
     manifest = dict(manifest, format=MANIFEST_FORMAT, version=version, world_size=comm.world_size)
     manifest["shards"] = [{"path": _shard_path(rank, version), "engine_version": found}
                           for rank, found in enumerate(engine_versions)]
@@ -122,7 +121,7 @@ def _next_version(directory, comm, where):
                           lambda: _highest_save(directory, comm.rank))
     numbers = torch.zeros(comm.world_size, dtype=torch.float64)
     numbers[comm.rank] = highest
-    comm.all_reduce(numbers)
+    comm.all_reduce(numbers, f"numbering the new save of {where}")
     return int(numbers.max().item()) + 1
 
 

@@ -2,6 +2,7 @@
 written), zoe_collectives over a torch.distributed process group (TorchCollectives) and one
 rank's part of a sharded zoe optimizer group (ShardedGroup)."""
 
+import contextlib
 import ctypes
 import json
 import weakref
@@ -10,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _capi
-from .._collective_ops import agreed, broadcast_pieces, gather_parts, reduce_parts
+from .._collective_ops import (agreed, broadcast_pieces, gather_parts, reduce_parts,
+                              transport_failure_aborted)
 from ..engine import OptimizerGroup, StepResult, _c_hyper_params, _views, shard_range
 from ..errors import check
 from .common import _live_group, _timed, _weak_group
@@ -152,20 +154,29 @@ class TorchCollectives:
 
         return callback
 
-    def all_reduce(self, tensor):
-        """Sums ``tensor`` over the ranks, in place."""
+    @contextlib.contextmanager
+    def _collective(self, what, counted=True):
+        """Runs collectives of ``what``, timed in ``seconds`` (and, when ``counted``, counted in
+        ``calls``); the transport's failure (a rank died, failed or timed out) raised as
+        zoe.Aborted naming ``what`` (_collective_ops.transport_failure_aborted)."""
+        with _timed(self, "seconds", calls="calls" if counted else None), \
+                transport_failure_aborted(what):
+            yield
+
+    def all_reduce(self, tensor, what):
+        """Sums ``tensor`` (``what``, for a failure's message) over the ranks, in place."""
         if self._device.type == "cpu":
-            with _timed(self, "seconds", calls="calls"):
+            with self._collective(f"all_reduce of {what}"):
                 dist.all_reduce(tensor, group=self.group)
             return
         moved = tensor.to(self._device)
-        with _timed(self, "seconds", calls="calls"):
+        with self._collective(f"all_reduce of {what}"):
             dist.all_reduce(moved, group=self.group)
         tensor.copy_(moved)
 
     def _all_reduce_sum(self, values, count):
         self.all_reduce(_floats(ctypes.addressof(values.contents), count, ctypes.c_double,
-                                torch.float64))
+                                torch.float64), "the sharded step's sums")
 
     @property
     def device(self):
@@ -191,22 +202,23 @@ class TorchCollectives:
             self._buffer("gather_send", largest)
             self._buffer("gather_received", largest * self.world_size)
 
-    def reduce_to_owners(self, tensor, bounds, async_op=False):
-        """Sums ``tensor`` over the ranks, each rank's part onto that rank: rank r's part is
-        elements [bounds[r], bounds[r + 1]) of ``tensor``. Afterwards this rank's part holds the
-        sum; the other parts hold unspecified values. With ``async_op`` (a CPU backend) returns
-        a Pending to wait() on before reading the sum (None: done already)."""
+    def reduce_to_owners(self, tensor, bounds, what, async_op=False):
+        """Sums ``tensor`` (``what``) over the ranks, each rank's part onto that rank: rank r's
+        part is elements [bounds[r], bounds[r + 1]) of ``tensor``. Afterwards this rank's part
+        holds the sum; the other parts hold unspecified values. With ``async_op`` (a CPU
+        backend) returns a Pending to wait() on before reading the sum (None: done already)."""
         parts = [tensor[bounds[r] : bounds[r + 1]] for r in range(self.world_size)]
         if self._device.type == "cpu":
-            with _timed(self, "seconds", calls="calls"):
+            with self._collective(f"reduction of {what}"):
                 return reduce_parts(parts, self.group, async_op=async_op)
-        self.all_reduce(tensor)
+        self.all_reduce(tensor, what)
         return None
 
-    def wait(self, pending):
-        """Waits for a Pending of reduce_to_owners(async_op=True), timed as a collective."""
+    def wait(self, pending, what):
+        """Waits for a Pending of reduce_to_owners(async_op=True) of ``what``, timed as a
+        collective."""
         if pending is not None:
-            with _timed(self, "seconds"):
+            with self._collective(f"reduction of {what}", counted=False):
                 pending.wait()
 
     def _reduce_scatter_sum(self, send, recv, counts):
@@ -214,13 +226,13 @@ class TorchCollectives:
         bounds = [sum(counts[:r]) for r in range(self.world_size + 1)]
         whole = self._buffer("reduce_scatter", bounds[-1], torch.device("cpu"))
         whole.copy_(_floats(send, whole.numel()))  # send is the caller's: not reduced in place
-        self.reduce_to_owners(whole, bounds)
+        self.reduce_to_owners(whole, bounds, "the sharded step's values")
         mine = whole[bounds[self.rank] : bounds[self.rank + 1]]
         _floats(recv, counts[self.rank]).copy_(mine)
 
-    def gather(self, shard, counts, out=None):
-        """Every rank's ``shard`` (counts[r] fp32 elements on rank r), concatenated in rank
-        order, into ``out`` (a fresh CPU tensor when None), which is returned. A CPU backend
+    def gather(self, shard, counts, what, out=None):
+        """Every rank's ``shard`` (counts[r] fp32 elements on rank r; ``what``), concatenated in
+        rank order, into ``out`` (a fresh CPU tensor when None), which is returned. A CPU backend
         broadcasts each rank's shard straight into its slice of ``out`` (_collective_ops);
         otherwise every rank all-gathers a reused buffer of the largest count (the padding's
         contents are never read)."""
@@ -233,13 +245,13 @@ class TorchCollectives:
             parts = list(out.split(counts))
             if parts[self.rank].data_ptr() != shard.data_ptr():
                 parts[self.rank].copy_(shard)
-            with _timed(self, "seconds", calls="calls"):
+            with self._collective(f"gather of {what}"):
                 gather_parts(parts, self.group)
             return out
         padded = self._buffer("gather_send", largest)
         padded[: counts[self.rank]] = shard
         received = self._buffer("gather_received", largest * len(counts))
-        with _timed(self, "seconds", calls="calls"):
+        with self._collective(f"gather of {what}"):
             dist.all_gather(list(received.split(largest)), padded, group=self.group)
         begin = 0
         for rank, count in enumerate(counts):
@@ -249,18 +261,19 @@ class TorchCollectives:
 
     def _all_gather(self, send, recv, counts):
         counts = [counts[r] for r in range(self.world_size)]
-        self.gather(_floats(send, counts[self.rank]), counts, out=_floats(recv, sum(counts)))
+        self.gather(_floats(send, counts[self.rank]), counts, "the sharded step's values",
+                    out=_floats(recv, sum(counts)))
 
     def _broadcast(self, roots, data, sizes, count):
         """zoe_collectives.broadcast: each segment's bytes from its root into every other rank's
         own pointer, all issued at once (async) and then waited for."""
         pieces = [(roots[i], _floats(data[i], sizes[i], ctypes.c_uint8, torch.uint8))
                   for i in range(count)]
-        with _timed(self, "seconds", calls="calls"):
+        with self._collective("broadcast of the updated parameters"):
             broadcast_pieces(pieces, self.group)
 
     def _barrier(self):
-        with _timed(self, "seconds", calls="calls"):
+        with self._collective("barrier of the sharded step"):
             dist.barrier(group=self.group)
 
 

@@ -427,7 +427,7 @@ def check_same_on_every_rank(document, group):
     configurations (their NVMe paths aside), naming each key that differs and its value on
     each rank: a rank at another stage, batch size or learning rate would pair its collectives
     with the wrong ones of the others, or step its shard otherwise. A collective."""
-    configs = gather_objects(_flattened(document), group)
+    configs = gather_objects(_flattened(document), group, "the DeepSpeed configurations")
     keys = sorted({key for config in configs for key in config})
     differing = [key for key in keys
                  if len({config.get(key, _ABSENT) for config in configs}) > 1]

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _capi
+from .._collective_ops import transport_failure_aborted
 from ..errors import FailedPrecondition
 from .activation_checkpoint import forget_engine
 from .common import _timed
@@ -433,10 +434,11 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         params = self._params()
         present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64,
                                device=self._collective_device())
-        dist.all_reduce(present, group=self._group)
         flat = torch.cat([torch.zeros(p.numel(), device=p.device) if p.grad is None
                           else p.grad.detach().reshape(-1).float() for p in params])
-        dist.all_reduce(flat, group=self._group)
+        with transport_failure_aborted("all_reduce of the gradients (stage 0)"):
+            dist.all_reduce(present, group=self._group)
+            dist.all_reduce(flat, group=self._group)
         flat /= self.world_size
         offset = 0
         for param, shared in zip(params, present.tolist()):
@@ -452,7 +454,8 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
                     for param in self.module.parameters())
         flag = torch.tensor([float(local)], device=self._collective_device())
         if self._group is not None:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            with transport_failure_aborted("all_reduce of the inf/NaN check"):
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item() > 0)
 
     def _zoe_step_skipped(self):

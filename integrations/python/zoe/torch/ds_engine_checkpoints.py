@@ -122,7 +122,7 @@ class EngineCheckpoints:
         checkpoint together. A collective over several ranks."""
         if self._group is None:
             return
-        differing = differences(arguments, self._group)
+        differing = differences(arguments, self._group, f"the arguments of {call}")
         if differing is not None:
             raise _invalid(f"{call} was called with other arguments on other ranks ({names}: "
                            f"{differing}): every rank must call it with the same ones, as they "

@@ -150,10 +150,12 @@ class Stage3:
         """Gives the module ordinary parameters again (a collective when sharded), closes the
         optimizer and the engine, and puts the param groups' parameter lists back as given (a
         torch optimizer given holds the module's parameters again)."""
-        self.pager.remove()
-        optimizer.close()
-        self.engine.close()
-        _put_back(self.given_lists)
+        try:
+            self.pager.remove()
+        finally:
+            optimizer.close()
+            self.engine.close()
+            _put_back(self.given_lists)
 
 
 def every_named_parameter(module):

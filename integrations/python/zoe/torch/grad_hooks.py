@@ -26,6 +26,12 @@ class Bucket:
         self.ready = 0  # gradients final so far in this iteration
         self.reduced = False
 
+    def gradients(self):
+        """What the bucket reduces, for a failure's message."""
+        first, last = self.indices[0], self.indices[-1]
+        params = f"parameter {first}" if first == last else f"parameters {first} to {last}"
+        return f"the gradients of {params} of param group {self.group_index}"
+
     def reset(self):
         """Forgets the iteration: no gradient final, nothing reduced."""
         self.ready, self.reduced = 0, False

@@ -394,7 +394,7 @@ class ZeroPartition:
         owners = [min(max(boundary, begin), end) - begin
                   for boundary in shard_boundaries(state.element_count(), self.world_size)]
         try:
-            pending = self.comm.reduce_to_owners(flat, owners, async_op=True)
+            pending = self.comm.reduce_to_owners(flat, owners, bucket.gradients(), async_op=True)
         except BaseException:
             state.shard.place.release(flat)
             raise
@@ -416,7 +416,7 @@ class ZeroPartition:
             state.shard.place.release(flat)
 
     def _hand_over_reduced(self, state, pending, bucket, flat, begin, present):
-        self.comm.wait(pending)
+        self.comm.wait(pending, bucket.gradients())
         local, sharded, place = state.zoe_group, state.shard.sharded, state.shard.place
         if present is not None:
             state.shard.absent.update(i for i in bucket.indices if not present[i])
@@ -458,7 +458,7 @@ class ZeroPartition:
         """Per parameter of ``params``, how many ranks have its gradient (one all-reduce)."""
         flags = torch.tensor([float(param.grad is not None) for param in params],
                              dtype=torch.float64)
-        self.comm.all_reduce(flags)
+        self.comm.all_reduce(flags, "the flags of which parameters have a gradient")
         return flags.tolist()
 
     def _agreed_presence(self, state):
@@ -579,9 +579,9 @@ class ZeroPartition:
         """Waits for the reductions in flight that ``wanted(item)`` and drops them (their
         buckets' buffers released); a wait that fails does not stop the others."""
         failure = None
-        for state, work, _, flat, *_ in self.in_flight.take(wanted):
+        for state, work, bucket, flat, *_ in self.in_flight.take(wanted):
             try:
-                self.comm.wait(work)
+                self.comm.wait(work, bucket.gradients())
             except Exception as error:  # every rank's reductions stay paired: wait for the rest
                 failure = failure or error
             state.shard.place.release(flat)
@@ -601,7 +601,7 @@ class ZeroPartition:
         groups by their global norm."""
         local = [state.zoe_group.grad_sum_squares() for state in states if state.shard.has_grads]
         total = torch.tensor([math.fsum(local)], dtype=torch.float64)
-        self.comm.all_reduce(total)
+        self.comm.all_reduce(total, "the gradients' sums of squares (their norm)")
         return float(total)
 
     def discard(self, state):
@@ -686,7 +686,8 @@ class ZeroPartition:
         sharded = state.shard.sharded
         shard = torch.empty(sharded.end - sharded.begin, dtype=torch.float32)
         sharded.local.read_state(slot, 0, shard.numel(), shard.data_ptr())
-        return self.comm.gather(shard, shard_counts(state.element_count(), self.world_size))
+        what = f"the {_capi.StateSlot(slot).name.lower()} state of param group {state.index}"
+        return self.comm.gather(shard, shard_counts(state.element_count(), self.world_size), what)
 
     def _gather_master(self, state):
         """Every rank's parameters of a group from the shards' master weights."""
@@ -708,5 +709,5 @@ class ZeroPartition:
         for index, (param, offset) in enumerate(zip(state.params, state.offsets())):
             if param.numel() > 0 and sharded.begin <= offset < sharded.end:
                 steps[index] = local_steps[index]
-        self.comm.all_reduce(steps)
+        self.comm.all_reduce(steps, f"param group {state.index}'s step counts")
         return param_entries(kind, state.params, slots, steps.tolist())

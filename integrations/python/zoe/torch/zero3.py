@@ -80,8 +80,9 @@ import torch
 import torch.distributed as dist
 
 from .. import _capi
-from .._collective_ops import Agreement, agreed, agreement_error, gather_parts, reduce_parts
-from ..errors import Aborted, FailedPrecondition
+from .._collective_ops import (Agreement, agreed, agreement_error, gather_objects, gather_parts,
+                              reduce_parts, transport_failure_aborted)
+from ..errors import FailedPrecondition, as_zoe_error
 from .adoption import adopt, check_adoptable, init_record, placeholder_for, write_new_tensor
 from .checkpoint import load_shard, read_manifest, save_sharded, shard_directory
 from .common import _PAGED_DTYPES, _invalid, _live_group, _timed, _weak_group, whole_count
@@ -96,15 +97,6 @@ from .stage3_keep import KeptForBackward
 
 DEFAULT_PREFETCH_DEPTH = 2
 NAMES_IN_ERRORS = 8  # a failed bucket's error names this many of its parameters, then counts
-
-
-def _collective_error(what, name, error, subject=None):
-    """zoe.Aborted for a failed collective: ``what`` of parameter ``name``, or of ``subject``."""
-    subject = subject or f"parameter {name!r}"
-    return Aborted(
-        _capi.Status.ABORTED,
-        f"{what} of {subject} failed (another rank failed, died or timed out): {error}",
-    )
 
 
 class _PendingGather:
@@ -136,15 +128,14 @@ class _GradientBucket:
                 torch.cat([shard[rank] for shard in shards], out=part)
         self.handle = None
 
-    def error(self, error):
-        """zoe.Aborted naming the parameters of this bucket whose reduction failed."""
+    def reduction(self):
+        """What this bucket's reduction is, naming its parameters (for a failure's message)."""
         if len(self.entries) == 1:
-            return _collective_error("reduction of the gradient", self.entries[0].name, error)
+            return f"reduction of the gradient of parameter {self.entries[0].name!r}"
         names = ", ".join(repr(entry.name) for entry in self.entries[:NAMES_IN_ERRORS])
         more = len(self.entries) - NAMES_IN_ERRORS
-        subject = f"the bucket of {len(self.entries)} parameters {names}"
-        return _collective_error("reduction of the gradients", None, error,
-                                 subject + (f" and {more} more" if more > 0 else ""))
+        return (f"reduction of the gradients of the bucket of {len(self.entries)} parameters "
+                f"{names}" + (f" and {more} more" if more > 0 else ""))
 
 
 class _ShardedParam:
@@ -334,15 +325,24 @@ class ShardedParameterPager(ParameterPager):
                     parts[self.rank].copy_(values.view(-1).view(torch.uint8))
             except Exception as caught:  # agreed with the gather: every rank raises
                 error = caught
-        try:
-            with _timed(self, "collective_seconds"), _timed(self, "gather_seconds"):
-                handle = gather_parts(parts, self.group, async_op=True)
-                agreement = Agreement(error is not None, self.group, async_op=True,
-                                      token=entry.index)
-        except RuntimeError as failure:
-            raise _collective_error("gather", entry.name, failure) from None
+        with self._collective(f"gather of parameter {entry.name!r}", "gather_seconds"):
+            handle = gather_parts(parts, self.group, async_op=True)
+            agreement = Agreement(error is not None, self.group, async_op=True,
+                                  token=entry.index)
         self._count(in_flight=entry.bytes)
         return _PendingGather(handle, gathered, agreement, error)
+
+    @contextlib.contextmanager
+    def _collective(self, what, phase_seconds=None):
+        """Runs collectives of ``what``, timed in collective_seconds and ``phase_seconds`` (a
+        counter's name, or None); the transport's failure raised as zoe.Aborted naming ``what``
+        (_collective_ops.transport_failure_aborted)."""
+        with _timed(self, "collective_seconds"), transport_failure_aborted(what):
+            if phase_seconds is None:
+                yield
+            else:
+                with _timed(self, phase_seconds):
+                    yield
 
     def _count(self, gathered=0, in_flight=0):
         self.gathered_bytes += gathered
@@ -361,11 +361,9 @@ class ShardedParameterPager(ParameterPager):
         its shard (_collective_ops.agreement_error: that rank its own error, the others
         zoe.Aborted, naming it and the parameter)."""
         try:
-            with _timed(self, "collective_seconds"), _timed(self, "gather_seconds"):
+            with self._collective(f"gather of parameter {entry.name!r}", "gather_seconds"):
                 pending.handle.wait()
                 failed = pending.agreement.failed_ranks()
-        except RuntimeError as error:
-            raise _collective_error("gather", entry.name, error) from None
         finally:
             self._count(in_flight=-entry.bytes)
         if failed:
@@ -553,11 +551,8 @@ class ShardedParameterPager(ParameterPager):
         first."""
         bucket = _GradientBucket(gradients, self.world_size)
         gradients.clear()  # a bucket of several holds only its rank-major copy from here
-        try:
-            with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
-                bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
-        except RuntimeError as error:
-            raise bucket.error(error) from None
+        with self._collective(bucket.reduction(), "reduction_seconds"):
+            bucket.handle = reduce_parts(bucket.parts, self.group, async_op=True)
         self.reductions["issued"] += 1
         self.reductions["parameters"] += len(bucket.entries)
         self._reductions.add(bucket, self._finish_reduction)
@@ -570,11 +565,8 @@ class ShardedParameterPager(ParameterPager):
     def _finish_reduction(self, bucket):
         """Waits for a bucket's sum and hands each parameter's slice of this rank's part, / N, to
         its shard's gradient sink, or adds it to the shard's .grad."""
-        try:
-            with _timed(self, "collective_seconds"), _timed(self, "reduction_seconds"):
-                bucket.handle.wait()
-        except RuntimeError as error:
-            raise bucket.error(error) from None
+        with self._collective(bucket.reduction(), "reduction_seconds"):
+            bucket.handle.wait()
         mine, offset = bucket.parts[self.rank], 0
         for entry in bucket.entries:
             if entry.shard is not None:
@@ -644,11 +636,8 @@ class ShardedParameterPager(ParameterPager):
         in flight are finished (every rank calls it); zoe.Aborted naming ``what`` when the
         collective fails."""
         self._finish_reductions()
-        try:
-            with _timed(self, "collective_seconds"):
-                dist.all_reduce(values, group=self.group)
-        except RuntimeError as error:
-            raise _collective_error(f"all_reduce of {what}", "*", error) from None
+        with self._collective(f"all_reduce of {what}"):
+            dist.all_reduce(values, group=self.group)
 
     def _check_no_sinks(self, what):
         """InvalidArgument for ``what`` (on .grad) when a zoe optimizer streams the gradients."""
@@ -674,11 +663,8 @@ class ShardedParameterPager(ParameterPager):
         grads = [s.grad for s in self.shard_parameters() if s.grad is not None]
         for grad in grads:
             squares += grad.double().pow(2).sum()
-        try:
-            with _timed(self, "collective_seconds"):
-                dist.all_reduce(squares, group=self.group)
-        except RuntimeError as error:
-            raise _collective_error("all_reduce of the gradient norm", "*", error) from None
+        with self._collective("all_reduce of the gradient norm"):
+            dist.all_reduce(squares, group=self.group)
         norm = math.sqrt(squares.item()) if squares.item() >= 0 else float("nan")
         if max_norm is not None and math.isfinite(norm):
             coefficient = float(max_norm) / (norm + 1e-6)
@@ -696,11 +682,8 @@ class ShardedParameterPager(ParameterPager):
         local = any(not _all_finite(s.grad) for s in self.shard_parameters()
                     if s.grad is not None)
         flag = torch.tensor([1.0 if local else 0.0], dtype=torch.float64)
-        try:
-            with _timed(self, "collective_seconds"):
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        except RuntimeError as error:
-            raise _collective_error("all_reduce of the inf/NaN check", "*", error) from None
+        with self._collective("all_reduce of the inf/NaN check"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return flag.item() > 0
 
     # --- materialized ----------------------------------------------------------------------
@@ -798,7 +781,8 @@ class ShardedParameterPager(ParameterPager):
         """Whether the block raised, or wrote a shard both ways, on some rank (one all-reduce,
         and one more for the check): when it did, every rank drops what the block wrote into
         its shards and raises, a rank whose block raised ``error`` itself."""
-        failed = Agreement(error is not None, self.group).failed_ranks()
+        with transport_failure_aborted("the agreement on the block inside pager.materialized()"):
+            failed = Agreement(error is not None, self.group).failed_ranks()
         try:
             if failed:
                 agreed_error = agreement_error("the block inside pager.materialized()", error,
@@ -926,8 +910,7 @@ class ShardedParameterPager(ParameterPager):
         comm = TorchCollectives(self.group)
         mine = comm.agreed("listing the parameters of the optimizer's param groups",
                            lambda: self._local_group_members(optimizer))
-        every = [None] * self.world_size
-        dist.all_gather_object(every, mine, group=self.group)
+        every = gather_objects(mine, self.group, "the optimizer's param groups")
         if any(len(members) != len(mine) for members in every):
             raise _invalid(f"the ranks' optimizers have {[len(m) for m in every]} param groups; "
                            "every rank's optimizer must have the same groups")
@@ -1058,23 +1041,40 @@ class ShardedParameterPager(ParameterPager):
 
     def remove(self):
         """Removes the hooks and gives every parameter its full values as an ordinary tensor
-        (a collective: every rank calls it)."""
-        if self._in_iteration:
-            self._end_iteration()
-        self._drain_prefetches()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._unwatch_reads()
-        with torch.no_grad():
+        (a collective: every rank calls it). When that fails (another rank died: zoe.Aborted)
+        the pager is removed all the same, and the error raised names the parameters that keep
+        their placeholders."""
+        try:
+            if self._in_iteration:
+                self._end_iteration()
+            self._drain_prefetches()
+            self._restore_full_values()
+        except Exception as error:
+            left = [entry.name for entry in self._params
+                    if entry.param.data_ptr() == entry.placeholder.data_ptr()]
+            raise as_zoe_error(
+                error, f"{error}. The model's parameters {left[:NAMES_IN_ERRORS]}"
+                f"{' and more' if len(left) > NAMES_IN_ERRORS else ''} ({len(left)} of "
+                f"{len(self._params)}) keep their placeholders (NaN): load a checkpoint for their "
+                "values") from None
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+            self._unwatch_reads()
             for entry in self._params:
-                values = self._hold_full(entry).clone()
-                self._unhold_full(entry)
-                entry.param.data = values
-                del entry.param._zoe_sharded_pager
-        self._params.clear()
-        self._by_param.clear()
-        self._records.clear()
+                entry.param.__dict__.pop("_zoe_sharded_pager", None)
+            self._params.clear()
+            self._by_param.clear()
+            self._records.clear()
+
+    @torch.no_grad()
+    def _restore_full_values(self):
+        """Every parameter's full values gathered into an ordinary tensor of its own."""
+        for entry in self._params:
+            values = self._hold_full(entry).clone()
+            self._unhold_full(entry)
+            entry.param.data = values
 
 
 def _all_finite(tensor):

@@ -303,6 +303,7 @@ class DevicePlace:
             round_counts = [max(0, min(piece, count - first)) for count in counts]
             mine = round_counts[comm.rank]
             gathered = comm.gather(shard[first : first + mine], round_counts,
+                                   f"param group {state.index}'s updated parameters",
                                    out=round_buffer[: sum(round_counts)])
             at = 0
             for rank, count in enumerate(round_counts):
