@@ -294,26 +294,31 @@ def test_communication_data_type_deepspeed_refuses_is_refused():
         training_config(config, 1)
 
 
-@pytest.mark.parametrize("stage,precision,value", [
-    (0, None, "fp32"), (2, None, "float"), (1, "bf16", "bf16"), (2, "fp16", "torch.float16"),
-    (3, "bf16", "fp32"), (3, None, "float32")])
-def test_grad_accum_dtype_is_accepted_where_zoe_accumulates_in_it(stage, precision, value):
+@pytest.mark.parametrize("stage,precision,value,accumulates_in", [
+    (0, None, "fp32", None), (2, None, "float", None), (1, "bf16", "bf16", None),
+    (2, "fp16", "torch.float16", None), (3, "bf16", "fp32", None), (3, None, "float32", None),
+    (1, "bf16", "fp32", "fp32"), (0, "fp16", "float", "fp32"),
+    (2, "bf16", "torch.float32", "fp32")])
+def test_grad_accum_dtype_is_accepted_where_zoe_accumulates_in_it(stage, precision, value,
+                                                                 accumulates_in):
+    """Where zoe accumulates in that dtype anyway (None), or in the fp32 sums of a 16-bit
+    model's micro-batches at stages 0 to 2 ("fp32")."""
     config = ds_config(stage=stage)
     if precision is not None:
         config[precision] = {"enabled": True}
     config["data_types"] = {"grad_accum_dtype": value}
-    training_config(config, 1)
+    assert training_config(config, 1).grad_accum_dtype == accumulates_in
 
 
 @pytest.mark.parametrize("stage,precision,value,match", [
-    (1, "bf16", "fp32",
-     "data_types.grad_accum_dtype = 'fp32' is not what zoe does: at zero_optimization.stage 1 "
-     "it accumulates the gradients of the 2 micro-batches of a step in param.grad, in the "
-     'model\'s dtype, bf16; set data_types.grad_accum_dtype to "bf16" or remove it, or train '
-     "with gradient_accumulation_steps 1 (stage 3 accumulates in fp32)"),
-    (3, "fp16", "fp16", "at zero_optimization.stage 3 it accumulates the gradients of the 2 "
-                        "micro-batches of a step in the optimizer's gradient stores, fp32"),
-    (0, None, "int8", "data_types.grad_accum_dtype = 'int8' is not what zoe does"),
+    (1, "bf16", "fp16",
+     "data_types.grad_accum_dtype = 'fp16' is not allowed: at zero_optimization.stage 1 zoe "
+     "accumulates the gradients of the 2 micro-batches of a step in param.grad, in the model's "
+     'dtype, or in fp32; set it to "bf16" or "fp32", or remove it'),
+    (3, "fp16", "fp16", "at zero_optimization.stage 3 zoe accumulates the gradients of the 2 "
+                        "micro-batches of a step in the optimizer's gradient stores; set it to "
+                        '"fp32", or remove it'),
+    (0, None, "int8", "data_types.grad_accum_dtype = 'int8' is not allowed"),
 ])
 def test_grad_accum_dtype_is_refused_where_zoe_accumulates_in_another(stage, precision, value,
                                                                       match):

@@ -297,15 +297,21 @@ def backend_for(group_index, params, device_backend):
     return device_backend
 
 
-def staging_bytes(params):
-    """Bytes of HOST staging a group of device parameters needs: gradients and parameters."""
+def staging_bytes(params, accumulation):
+    """Bytes of HOST staging a group of device parameters needs: gradients (in the dtype
+    ``accumulation``, grad_accumulation.py, gives them) and parameters."""
     total = 0
     for param in params:
-        total += 2 * _aligned(param.numel() * param.element_size())
+        grad_bytes = param.numel() * _element_size(accumulation.dtype_of(param))
+        total += _aligned(grad_bytes) + _aligned(param.numel() * param.element_size())
     return total
 
 
-def swap_bytes_for(param_groups, group_staging_bytes=staging_bytes):
+def _element_size(dtype):
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def swap_bytes_for(param_groups, group_staging_bytes):
     """Tensor swap space an engine needs to hold the staging of these groups (each group's
     staging, ``group_staging_bytes(params)``, is one zoe tensor, a whole number of chunks)."""
     total = 0
@@ -374,13 +380,17 @@ class DeviceGroup:
         if self._staging is not None:
             return
         name = f"{self.optimizer._group_name(self.group_index)}.staging"
+        accumulation = self.optimizer.accumulation
         self._staging, raw = host_staging(self.optimizer.engine, name,
-                                          staging_bytes(self.params), self.group_index)
+                                          staging_bytes(self.params, accumulation),
+                                          self.group_index)
         cursor = 0
-        for region in (self._grad_host, self._param_host):
+        for region, dtype_of in ((self._grad_host, accumulation.dtype_of),
+                                 (self._param_host, lambda param: param.dtype)):
             for param in self.params:
-                n = param.numel() * param.element_size()
-                region.append(raw[cursor : cursor + n].view(param.dtype))
+                dtype = dtype_of(param)
+                n = param.numel() * _element_size(dtype)
+                region.append(raw[cursor : cursor + n].view(dtype))
                 cursor += _aligned(n)
 
     def close(self):
@@ -468,7 +478,7 @@ class DeviceGroup:
 
     def _copy_grad(self, index):
         """Starts the device -> host copy of a parameter's gradient (final now)."""
-        grad = self.params[index].grad
+        grad = self.optimizer.accumulation.gradient(self.params[index])
         if grad is None or index in self._handed:
             return
         self._check_grad(index, grad)
@@ -485,10 +495,11 @@ class DeviceGroup:
         where = f"gradient of parameter {index} of param group {self.group_index}"
         if grad.is_sparse:
             raise _invalid(f"{where}: sparse gradient")
-        if grad.dtype != param.dtype or grad.device != param.device:
+        expected = self.optimizer.accumulation.dtype_of(param)
+        if grad.dtype != expected or grad.device != param.device:
             raise _invalid(
-                f"{where} is {grad.dtype} on {grad.device}; expected {param.dtype} on "
-                f"{param.device}, the parameter's"
+                f"{where} is {grad.dtype} on {grad.device}; expected {expected} on "
+                f"{param.device}, the parameter's device"
             )
 
     def _begin_step(self):
@@ -559,8 +570,9 @@ class DeviceGroup:
     # --- the step --------------------------------------------------------------------------
 
     def has_grads(self):
+        accumulation = self.optimizer.accumulation
         return bool(self._handed or self._pending) or any(
-            param.grad is not None for param in self.params
+            accumulation.present(param) for param in self.params
         )
 
     def _hand_over_all(self):
@@ -642,7 +654,7 @@ def overlap(device_groups):
             group.armed = False
 
 
-def listed_params(params, device_backend, group_staging_bytes=staging_bytes):
+def listed_params(params, device_backend, group_staging_bytes):
     """``params`` (an iterable of tensors or of param-group dicts) read once into lists, and the
     tensor swap bytes the staging of its device groups needs (0 when every group is stepped on
     the CPU in place), ``group_staging_bytes(params)`` for each. A tensor is returned as it is,

@@ -7,9 +7,10 @@ where there is no default (a schedule's total_num_steps, the ZeRO stage) it is r
 sections DeepSpeed reads with pydantic are first read as pydantic reads them, by the engine's
 reader (zoe_config_normalize: "false" and "2" converted there, the deprecated offload switches
 turned into their sections); then each value read is checked for its type: a string, a bool or
-a non-finite number where a number is needed is refused naming the key. communication_data_type and
-data_types.grad_accum_dtype are accepted where they name what zoe does (fp32 reductions; the
-dtype zoe accumulates micro-batches in) and refused otherwise. What the engine itself honours
+a non-finite number where a number is needed is refused naming the key. communication_data_type is
+accepted where it names what zoe does (fp32 reductions), data_types.grad_accum_dtype where zoe
+accumulates micro-batches in that dtype (fp32, or the model's below stage 3), and both are
+refused otherwise. What the engine itself honours
 (offload placement, NVMe paths, the ``zoe`` section) and the DeepSpeed keys zoe does not act on
 (checked by the engine's parser: docs/configuration.md) stay in ``document`` and reach
 zoe.Engine as they are."""
@@ -93,6 +94,9 @@ class TrainingConfig:
     activation_checkpointing: Optional[Any] = None
     # zero_optimization.reduce_bucket_size in elements; None (absent or "auto"): zoe's default
     reduce_bucket_size: Optional[int] = None
+    # data_types.grad_accum_dtype: "fp32" where micro-batches add up in fp32 sums of the
+    # optimizer's (a 16-bit model at stages 0 to 2), else None (_grad_accum_dtype)
+    grad_accum_dtype: Optional[str] = None
 
 
 def load_document(config):
@@ -334,7 +338,6 @@ def training_config(config, world_size):
     precision = ("fp16" if _enabled(document, "fp16") else
                  "bf16" if _enabled(document, "bf16", "bfloat16") else "fp32")
     _check_communication_data_type(document, precision, world_size)
-    _check_grad_accum_dtype(document, stage, precision, batch.gradient_accumulation_steps)
     return TrainingConfig(
         document=document,
         batch=batch,
@@ -352,6 +355,8 @@ def training_config(config, world_size):
             checkpointing_config(document["activation_checkpointing"])
             if "activation_checkpointing" in document else None),
         reduce_bucket_size=_reduce_bucket_size(zero),
+        grad_accum_dtype=_grad_accum_dtype(document, stage, precision,
+                                           batch.gradient_accumulation_steps),
     )
 
 
@@ -381,29 +386,31 @@ def _check_communication_data_type(document, precision, world_size):
                     "fp32, where DeepSpeed would reduce them in %s", value, name)
 
 
-def _check_grad_accum_dtype(document, stage, precision, accumulation):
-    """data_types.grad_accum_dtype: accepted when it names the dtype zoe accumulates the
-    gradients of a step's micro-batches in, or when a step has one micro-batch: fp32 at stage 3
-    (the optimizer's gradient stores), else the model's (param.grad: fp16 or bf16 when enabled,
-    else fp32); refused otherwise naming that dtype."""
+def _grad_accum_dtype(document, stage, precision, accumulation):
+    """data_types.grad_accum_dtype: "fp32" (torch.float32) where the micro-batches of a step add
+    up in fp32 sums instead of the model's dtype (fp32 with a bf16 or fp16 model at stages 0 to
+    2, over a step of several micro-batches: grad_accumulation.py), else None: the dtype they
+    add up in anyway (fp32 at stage 3, in the optimizer's gradient stores; the model's dtype,
+    in param.grad, at stages 0 to 2), or a step of one micro-batch. Another dtype is refused
+    naming the ones allowed."""
     types = document.get("data_types")
     if types is None:
-        return
+        return None
     if not isinstance(types, dict):
         raise _invalid(f"data_types = {types!r} is not allowed; allowed: an object")
     value = types.get("grad_accum_dtype")
     zoe_dtype = "fp32" if stage == 3 else precision
     if value is None or accumulation == 1 or value in _DTYPE_NAMES[zoe_dtype]:
-        return
+        return None
+    if value in _DTYPE_NAMES["fp32"]:
+        return "fp32"
     where = ("in the optimizer's gradient stores" if stage == 3
-             else "in param.grad, in the model's dtype")
-    fp32_way = (" (stage 3 accumulates in fp32)" if value in _DTYPE_NAMES["fp32"] and stage != 3
-                else "")
+             else "in param.grad, in the model's dtype, or in fp32")
     raise _invalid(
-        f"data_types.grad_accum_dtype = {value!r} is not what zoe does: at "
-        f"zero_optimization.stage {stage} it accumulates the gradients of the {accumulation} "
-        f"micro-batches of a step {where}, {zoe_dtype}; set data_types.grad_accum_dtype to "
-        f'"{zoe_dtype}" or remove it, or train with gradient_accumulation_steps 1{fp32_way}')
+        f"data_types.grad_accum_dtype = {value!r} is not allowed: at zero_optimization.stage "
+        f"{stage} zoe accumulates the gradients of the {accumulation} micro-batches of a step "
+        f'{where}; set it to "{zoe_dtype}"' + ('' if zoe_dtype == "fp32" else ' or "fp32"')
+        + ", or remove it")
 
 
 def _reduce_bucket_size(zero):

@@ -57,6 +57,7 @@ from ..errors import FailedPrecondition
 from .activation_checkpoint import forget_engine
 from .common import _timed
 from .ds_engine_checkpoints import EngineCheckpoints
+from .grad_accumulation import GradientAccumulation
 from .grad_stream import clip_coefficient
 from .optimizer import ZoeOptimizer
 from .throughput_timer import ThroughputTimer
@@ -100,6 +101,10 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         self._grad_scale = 1.0  # the loss scale of the latest backward (fp16)
         self._warned_untrained = False  # _warn_untrained_gradients logged
         self.tput_timer = self._throughput_timer()
+        # where the micro-batches' gradients add up: zoe's optimizer's (grad_accumulation.py),
+        # a torch optimizer's .grad
+        self._accumulation = (optimizer.accumulation if isinstance(optimizer, ZoeOptimizer)
+                              else GradientAccumulation())
 
     def __getattr__(self, name):
         """nn.Module's parameters, buffers and submodules, then, as DeepSpeed's engine, an
@@ -430,12 +435,14 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         a gradient on every rank stays without). The buffer is fp32: fp16 gradients, scaled by
         the loss scale, sum without overflowing and their mean fits fp16 again; an inf or NaN
         on one rank makes the mean non-finite on every rank, which skips the step (the
-        overflow)."""
-        params = self._params()
-        present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64,
+        overflow). The gradients are the optimizer's (grad_accumulation.py): with fp32
+        accumulation the mean stays fp32."""
+        params, accumulation = self._params(), self._accumulation
+        grads = [accumulation.gradient(param) for param in params]
+        present = torch.tensor([float(grad is not None) for grad in grads], dtype=torch.float64,
                                device=self._collective_device())
-        flat = torch.cat([torch.zeros(p.numel(), device=p.device) if p.grad is None
-                          else p.grad.detach().reshape(-1).float() for p in params])
+        flat = torch.cat([torch.zeros(p.numel(), device=p.device) if grad is None
+                          else grad.detach().reshape(-1).float() for p, grad in zip(params, grads)])
         with transport_failure_aborted("all_reduce of the gradients (stage 0)"):
             dist.all_reduce(present, group=self._group)
             dist.all_reduce(flat, group=self._group)
@@ -445,7 +452,7 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
             part = flat[offset: offset + param.numel()].view_as(param)
             offset += param.numel()
             if shared:
-                param.grad = part.to(param.dtype).clone()
+                accumulation.assign(param, part)
 
     def _agreed_overflow(self):
         """Whether some rank has an inf or NaN gradient (a torch optimizer's step; zoe's say

@@ -97,10 +97,14 @@ def _cast_module(module, training):
     return module
 
 
+# TrainingConfig.grad_accum_dtype -> the zoe optimizer's grad_accum_dtype
+_ACCUMULATION_DTYPES = {None: None, "fp32": torch.float32}
+
+
 def _zoe_optimizer(spec, params, training, document, group):
     """The zoe.torch optimizer the config's optimizer section names (ds_config's spec),
     sharded over ``group`` at stages 1 and 2."""
-    options = dict(spec["params"])
+    options = dict(spec["params"], grad_accum_dtype=_ACCUMULATION_DTYPES[training.grad_accum_dtype])
     if group is not None and training.zero_stage in (1, 2):
         options.update(process_group=group, zero_stage=training.zero_stage)
         if training.reduce_bucket_size is not None:
@@ -154,6 +158,33 @@ def _check_user_optimizer(optimizer, training):
         _check_user_clipping(optimizer, training)
         _check_user_speculation(optimizer, training)
         _check_user_buckets(optimizer, training)
+    _check_user_accumulation(optimizer, training)
+
+
+def _check_user_accumulation(optimizer, training):
+    """The micro-batches must add up where the config's data_types.grad_accum_dtype says: a zoe
+    optimizer's grad_accum_dtype must be it, and a torch optimizer that torch steps (stage 0
+    without offload_optimizer) has only .grad, in the model's dtype."""
+    wanted = _ACCUMULATION_DTYPES[training.grad_accum_dtype]
+    if isinstance(optimizer, ZoeOptimizer):
+        given = optimizer.accumulation.dtype
+        if given != wanted:
+            raise _invalid(f"the optimizer given adds micro-batches up {_accumulating_in(given)} "
+                           "but the config's data_types.grad_accum_dtype says "
+                           f"{_accumulating_in(wanted)}; construct it with "
+                           f"grad_accum_dtype={'torch.float32' if wanted else 'None'}, or "
+                           "make the config say the same")
+    elif wanted is not None and not _zoe_steps_torch_optimizers(training):
+        raise _invalid('data_types.grad_accum_dtype "fp32" needs zoe\'s optimizer, which keeps '
+                       "fp32 sums of the micro-batches: the torch optimizer given steps on "
+                       ".grad, in the model's dtype, at zero_optimization.stage 0 without "
+                       "offload_optimizer. Name the optimizer in the config, pass a "
+                       "zoe.torch optimizer with grad_accum_dtype=torch.float32, or remove "
+                       "data_types.grad_accum_dtype")
+
+
+def _accumulating_in(dtype):
+    return "in .grad, in the model's dtype" if dtype is None else "in fp32"
 
 
 def _check_user_buckets(optimizer, training):

@@ -38,6 +38,7 @@ from . import device
 from .checkpoint import load_param_groups, save_param_groups
 from .common import _DTYPES, _current_values, _invalid, _pager_of, _view, _writable
 from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
+from .grad_accumulation import GradientAccumulation
 from .global_clip import GlobalClip, grads_sum_squares
 from .grad_stream import GradStream, clip_coefficient, combined_result, is_finite
 from .param_group import GroupState
@@ -127,14 +128,15 @@ def _check_zoe_arguments(zero_copy, name):
         raise _invalid(f"optimizer name {name!r} must be letters, digits, '_', '.', '-'")
 
 
-def _host_grads(group_index, params):
-    """A param group's gradients as contiguous CPU tensors, None for a parameter without one
-    (skipped, as torch skips it); None when no parameter has one."""
-    if all(param.grad is None for param in params):
+def _host_grads(group_index, params, accumulation):
+    """A param group's gradients (``accumulation``'s: grad_accumulation.py) as contiguous CPU
+    tensors, None for a parameter without one (skipped, as torch skips it); None when no
+    parameter has one."""
+    if not any(accumulation.present(param) for param in params):
         return None
     grads = []
     for index, param in enumerate(params):
-        grad = param.grad
+        grad = accumulation.gradient(param)
         if grad is None:
             grads.append(None)
             continue
@@ -149,6 +151,16 @@ def _host_grads(group_index, params):
     return grads
 
 
+def _accumulation_for(grad_accum_dtype, stage3_group):
+    """The optimizer's GradientAccumulation; over stage 3's shards (``stage3_group`` not None)
+    a grad_accum_dtype is refused: their gradients add up in fp32 stores already."""
+    if stage3_group is not None and grad_accum_dtype is not None:
+        raise _invalid("grad_accum_dtype applies to ordinary parameters (ZeRO stages 0 to 2): "
+                       "the gradients of a ShardedParameterPager's shards (stage 3) add up in "
+                       "the optimizer's fp32 gradient stores already; leave it out")
+    return GradientAccumulation(grad_accum_dtype)
+
+
 class ZoeOptimizer(torch.optim.Optimizer):
     """The implementation of every zoe.torch optimizer; a subclass names its kind (_KIND, an
     optim_kinds.OptimizerKind) and maps its torch counterpart's arguments onto ``hyper`` (the
@@ -160,17 +172,21 @@ class ZoeOptimizer(torch.optim.Optimizer):
     def __init__(self, params, hyper, flags, *, engine=None, config=None, offload=None,
                  nvme_path=None, moment_dtype=None, max_grad_norm=None, name="zoe",
                  foreach=None, fused=None, device_backend=None, speculative=None,
-                 zero_copy=None, process_group=None, zero_stage=None, bucket_elements=None):
+                 zero_copy=None, process_group=None, zero_stage=None, bucket_elements=None,
+                 grad_accum_dtype=None):
         """Arguments as documented on AdamW; ``process_group``, ``zero_stage`` and
-        ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition). The parameters
+        ``bucket_elements`` (None: 4 Mi elements) shard it (zero.ZeroPartition);
+        ``grad_accum_dtype``: where micro-batches add up (grad_accumulation.py). The parameters
         of a model a ShardedParameterPager shards stand for this rank's shards of them (ZeRO
         stage 3: the pager shards them; ``process_group``, when given, must be the pager's)."""
         params, stage3_group = _stage3_shards(params)
         if stage3_group is not None:
             process_group = _checked_stage3_group(process_group, zero_stage, stage3_group)
+        self._accumulation = _accumulation_for(grad_accum_dtype, stage3_group)
         self._zero = ZeroPartition.for_arguments(
             process_group, zero_stage, bucket_elements, config, engine,
-            dict(zero_copy=zero_copy, speculative=speculative, device_backend=device_backend))
+            dict(zero_copy=zero_copy, speculative=speculative, device_backend=device_backend),
+            self._accumulation)
         if self._zero is not None:
             config = self._zero.config_with_rank(config)
             nvme_path = self._zero.path_with_rank(nvme_path)
@@ -194,7 +210,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
                 "engine= comes with its own configuration; config, offload and nvme_path apply "
                 "only to the engine an optimizer creates, so give either engine or those"
             )
-        staging = device.staging_bytes if self._zero is None else self._zero.staging_bytes
+        staging = (self._zero.staging_bytes if self._zero is not None else
+                   lambda group: device.staging_bytes(group, self._accumulation))
         params, staging_swap = device.listed_params(params, device_backend, staging)
         if engine is None:
             engine = self._created_engine(config, offload, nvme_path, hyper, staging_swap)
@@ -609,7 +626,8 @@ class ZoeOptimizer(torch.optim.Optimizer):
             elif state.stream is not None:
                 total += float(state.stream_norm) ** 2
             else:
-                total += grads_sum_squares(_host_grads(state.index, state.params) or [])
+                grads = _host_grads(state.index, state.params, self._accumulation)
+                total += grads_sum_squares(grads or [])
         return total
 
     def _grad_norm_taken(self, clip):
@@ -667,7 +685,7 @@ class ZoeOptimizer(torch.optim.Optimizer):
         if self._zero is not None:  # reduced for every group before any steps (_step_groups)
             grads = [] if state.shard.has_grads else None
         else:
-            grads = _host_grads(state.index, state.params)
+            grads = _host_grads(state.index, state.params, self._accumulation)
         if grads is None:
             state.last_step = None
             return
@@ -724,9 +742,17 @@ class ZoeOptimizer(torch.optim.Optimizer):
                 state.stream.clear()
 
     def zero_grad(self, *args, **kwargs):
-        """As torch's; streamed gradients (paged parameters) are dropped too."""
+        """As torch's; streamed gradients (paged parameters) and fp32 sums of micro-batches
+        (grad_accum_dtype) are dropped too."""
         super().zero_grad(*args, **kwargs)
         self.drop_streamed_gradients()
+        self._accumulation.clear()
+
+    @property
+    def accumulation(self):
+        """Where the micro-batches' gradients add up (grad_accumulation.GradientAccumulation):
+        every reader of the gradients of this optimizer's parameters reads them there."""
+        return self._accumulation
 
     def _step_zoe(self, state, zoe_group, grads, loss_scale):
         """zoe's step of one group on ``grads`` (None for a parameter without a gradient),
@@ -776,15 +802,18 @@ class ZoeOptimizer(torch.optim.Optimizer):
         copies the gradients after backward. CPU param groups are not affected."""
         return device.overlap([state.device for state in self._groups])
 
+    @contextlib.contextmanager
     def no_sync(self):
         """A context manager around the backwards of a gradient accumulation's micro-batches
         before its last, as DistributedDataParallel.no_sync: with ZeRO stage 2 their gradients
-        add up in ``.grad`` instead of being reduced bucket by bucket, and the last backward,
-        outside, reduces the sums. Nothing to hold otherwise (unsharded, or stage 1, which
-        reduces at step())."""
-        if self._zero is None:
-            return contextlib.nullcontext()
-        return self._zero.no_sync(self._groups)
+        add up instead of being reduced bucket by bucket, and the last backward, outside,
+        reduces the sums (stage 1 reduces at step()). They add up in ``.grad``, or with
+        grad_accum_dtype=torch.float32 in fp32 sums, into which each closing no_sync() moves
+        ``.grad``."""
+        held = contextlib.nullcontext() if self._zero is None else self._zero.no_sync(self._groups)
+        with held:
+            yield
+        self._accumulation.fold(param for state in self._groups for param in state.params)
 
     def _write_back(self, state, present=None):
         """Copies the master weights into the parameters one at a time (paged parameters are
@@ -1006,7 +1035,11 @@ class AdamW(ZoeOptimizer):
     ``speculative`` (device param groups: inside ``overlap()`` zoe updates each chunk as soon as
     its gradients arrive and the step commits, recomputes or discards those updates, with the
     same bits as without; HOST-placed state then needs a second pinned copy; None, the default,
-    takes the engine configuration's ``zoe.speculative``, false unless set there). torch's
+    takes the engine configuration's ``zoe.speculative``, false unless set there) and
+    ``grad_accum_dtype`` (None, the default: a gradient accumulation's micro-batches add up in
+    ``.grad``, in the parameters' dtype, as torch's; torch.float32: each ``no_sync()`` closing
+    moves ``.grad`` into an fp32 sum, so bf16 or fp16 micro-batches add up in fp32, as
+    DeepSpeed's ``data_types.grad_accum_dtype``). torch's
     ``foreach`` and ``fused`` (its implementations of the step) are taken and ignored; its
     ``amsgrad``, ``maximize``, ``capturable`` and ``differentiable`` are refused when true."""
 

@@ -232,7 +232,8 @@ class ZeroPartition:
     that create a zoe group or read the param groups take the optimizer as an argument: the
     partition holds no reference to it."""
 
-    def __init__(self, process_group, zero_stage, bucket_elements, config, engine):
+    def __init__(self, process_group, zero_stage, bucket_elements, config, engine, accumulation):
+        self.accumulation = accumulation  # the optimizer's gradients (grad_accumulation.py)
         if process_group is None:
             process_group = dist.group.WORLD
         self.comm = TorchCollectives(process_group)
@@ -247,7 +248,7 @@ class ZeroPartition:
 
     @classmethod
     def for_arguments(cls, process_group, zero_stage, bucket_elements, config, engine,
-                      unsharded_options):
+                      unsharded_options, accumulation):
         """The partition an optimizer's arguments ask for: None without process_group and
         zero_stage (bucket_elements is then refused, as an unknown argument is); the options
         of the unsharded optimizer that a sharded one would ignore are refused."""
@@ -261,7 +262,7 @@ class ZeroPartition:
             bucket_elements = DEFAULT_BUCKET_ELEMENTS
         bucket_elements = whole_count(bucket_elements, "bucket_elements",
                                       "0 or 1: one parameter per bucket")
-        return cls(process_group, zero_stage, bucket_elements, config, engine)
+        return cls(process_group, zero_stage, bucket_elements, config, engine, accumulation)
 
     @property
     def rank(self):
@@ -448,15 +449,16 @@ class ZeroPartition:
             param = state.params[index]
             start = offsets[index] - begin
             target = flat[start : start + param.numel()]
-            if param.grad is None:
+            grad = self.accumulation.gradient(param)
+            if grad is None:
                 target.zero_()
             else:
-                target.copy_(param.grad.detach().reshape(-1))
+                target.copy_(grad.detach().reshape(-1))
         return flat
 
     def _presence_counts(self, params):
         """Per parameter of ``params``, how many ranks have its gradient (one all-reduce)."""
-        flags = torch.tensor([float(param.grad is not None) for param in params],
+        flags = torch.tensor([float(self.accumulation.present(param)) for param in params],
                              dtype=torch.float64)
         self.comm.all_reduce(flags, "the flags of which parameters have a gradient")
         return flags.tolist()
@@ -518,7 +520,7 @@ class ZeroPartition:
             if bucket.reduced:
                 any_reduced = True
                 continue
-            present = [param.grad is not None for param in state.params]
+            present = [self.accumulation.present(param) for param in state.params]
             if any(present[index] for index in bucket.indices):
                 self.reduce_bucket(optimizer, state, bucket, present)
                 any_reduced = True
