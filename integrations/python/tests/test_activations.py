@@ -234,8 +234,10 @@ def test_zoe_checkpoint_offloads_its_inputs(engine):
     model = Model(layers=3)
     expected = gradients(model)
     model.checkpointing = "zoe"
-    with pytest.raises(zoe.FailedPrecondition, match="configure_checkpointing"):
-        gradients(model)
+    # Not configured: a plain recomputation, offloading nothing (as DeepSpeed's before it is)
+    assert activation_checkpoint._STATE.config is None
+    assert_identical(gradients(model), expected)
+    assert zoe.torch.checkpoint_profile()["calls"] == 0
     zoe.torch.configure_checkpointing(engine, {"cpu_checkpointing": True, "profile": True},
                                       bucket_bytes=64 << 10, pinned_bytes=256 << 10)
     assert_identical(gradients(model, steps=(0,)), expected)
@@ -444,6 +446,32 @@ def test_the_deepspeed_section_is_checked_key_by_key():
         parse({"number_checkpoints": 0})
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_initialize_offloads_checkpoints_with_the_optimizers_engine_as_configured(stage):
+    """Below stage 3 the checkpoints go to the engine of the optimizer, which reserves tensor
+    swap for its device staging only: a config that does not size it gets automatic swap, where
+    the first offloaded bucket failed with NoSpace naming a key the user never set."""
+    document = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": stage},
+        "activation_checkpointing": {"cpu_checkpointing": True},
+    }
+    torch.manual_seed(10)
+    model = Model()
+    expected = gradients(model)
+    model.checkpointing = "zoe"
+    engine, optimizer, _, _ = zoe.torch.initialize(model=model, config=document)
+    try:
+        assert optimizer.engine.config["zoe"]["tensor_swap_bytes"] == 0
+        assert_identical(gradients(model), expected)
+        offload = activation_checkpoint._STATE.offload
+        assert offload.engine is optimizer.engine
+        assert offload.stats()["per_iteration"][-1]["tensors"] > 0  # the checkpoints went out
+    finally:
+        engine.close()
+
+
 def test_initialize_honours_activation_checkpointing(nvme_dir):
     document = {
         "train_micro_batch_size_per_gpu": 2,
@@ -468,12 +496,11 @@ def test_initialize_honours_activation_checkpointing(nvme_dir):
     finally:
         engine.close()
     # Closing the engine forgets the configuration that offloads into it: the next engine's
-    # checkpoint() says to configure it, not that an engine it never had is closed.
+    # checkpoint() recomputes without offloading, not into an engine it never had, closed.
     assert activation_checkpoint._STATE.offload is None
     without = {key: value for key, value in document.items() if key != "activation_checkpointing"}
     engine, _, _, _ = zoe.torch.initialize(model=model, config=without)
-    with pytest.raises(zoe.FailedPrecondition, match="configure_checkpointing"):
-        gradients(model)
+    assert_identical(gradients(model), expected)
     engine.close()
     document["activation_checkpointing"] = {"partition_activations": True}
     with pytest.raises(zoe.InvalidArgument, match="partition_activations"):

@@ -480,11 +480,14 @@ def test_a_save_between_micro_batches_warns_that_their_gradients_are_not_saved(t
         engine.backward(engine(x).pow(2).mean())
         engine.step()  # micro-batch 1 of ACCUMULATION
         engine.save_checkpoint(str(tmp_path / "a"))
-        assert f"after micro-batch 1 of the {ACCUMULATION} of a gradient accumulation" \
-               in caplog.text
+        assert f"inside a gradient accumulation of {ACCUMULATION} micro-batches, 1 of them " \
+               "stepped (step() called)" in caplog.text
         assert "the gradients accumulated so far are not saved" in caplog.text
         caplog.clear()
         engine.backward(engine(x).pow(2).mean())
+        engine.save_checkpoint(str(tmp_path / "before-step"))  # a backward without its step()
+        assert "the gradients accumulated so far are not saved" in caplog.text
+        caplog.clear()
         engine.step()  # the boundary
         engine.save_checkpoint(str(tmp_path / "b"))
         assert caplog.text == ""

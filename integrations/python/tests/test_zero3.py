@@ -770,17 +770,29 @@ def test_a_zero_stage_1_or_2_optimizer_over_stage_3_parameters_is_refused(world_
         check_optimizer_parameter(torch.nn.Parameter(torch.ones(2)), "parameter 0", 2)
 
 
-def test_state_dict_of_placeholders_is_refused_outside_materialized(world_of_one, nvme_dir):
+@pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "one_process"])
+def test_state_dict_of_placeholders_is_refused_outside_materialized(world_of_one, nvme_dir,
+                                                                    sharded):
+    """In one process as over ranks: state_dict() outside materialized() would hold the NaN
+    placeholders (one process gave them silently)."""
     engine, _ = engine_for(nvme_dir, 0)
     with engine:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
         expected = {key: value.clone() for key, value in model.state_dict().items()}
-        pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+        pager = zoe.torch.offload_parameters(model, engine,
+                                             process_group=world_of_one if sharded else None)
+        every_rank = r" on every rank \(a collective\)" if sharded else ""
         for call in (model.state_dict, model[0].state_dict):
-            with pytest.raises(zoe.InvalidArgument, match="call pager.state_dict"):
+            with pytest.raises(zoe.InvalidArgument,
+                               match=r"state_dict\(\) of a model whose parameters .* would see "
+                                     r"the placeholders \(NaN\) .*: call "
+                                     r"engine.module_state_dict\(\) \(without initialize: "
+                                     rf"pager.state_dict\(\)\) for the values{every_rank}, or "
+                                     r"do it inside `with pager.materialized\(\):`"):
                 call()
-        with pytest.raises(zoe.InvalidArgument, match="load_state_dict.. of '0.weight'"):
+        with pytest.raises(zoe.InvalidArgument, match="load_state_dict.. of '0.weight' .* "
+                                                      "load_module_only=True"):
             model.load_state_dict(expected)
         buffers = {key: value + 1 for key, value in expected.items() if "running" in key}
         model.load_state_dict(buffers, strict=False)  # buffers only: no placeholder written

@@ -32,8 +32,6 @@ from typing import Optional
 import torch
 import torch.utils.checkpoint
 
-from .. import _capi
-from ..errors import FailedPrecondition
 from .activations import ActivationOffload
 from .common import _invalid
 
@@ -130,15 +128,17 @@ def checkpoint_profile():
 
 
 def reset_checkpointing():
-    """Forgets the configuration (checkpoint() then needs configure_checkpointing again)."""
+    """Forgets the configuration (checkpoint() then recomputes without offloading until
+    configure_checkpointing)."""
     _STATE.config = _STATE.offload = None
     _STATE.profile = {"calls": 0, "forward_seconds": 0.0, "recompute_seconds": 0.0}
 
 
 def forget_engine(engine):
     """Forgets the configuration when its offload goes through ``engine``, which is being
-    closed: a later checkpoint() then needs configure_checkpointing again (initialize does it
-    from an activation_checkpointing section), rather than offloading into a closed engine."""
+    closed: a later checkpoint() then recomputes without offloading until configured again
+    (initialize does it from an activation_checkpointing section), rather than offloading into
+    a closed engine."""
     if _STATE.offload is not None and _STATE.offload.engine is engine:
         reset_checkpointing()
 
@@ -146,16 +146,14 @@ def forget_engine(engine):
 def checkpoint(function, *args, offload=None, preserve_rng_state=True, **kwargs):
     """``function(*args, **kwargs)`` checkpointed: its forward saves nothing but its inputs,
     which are offloaded (``offload``: an ActivationOffload, default the configured one), and
-    backward recomputes it. torch's reentrant checkpoint, on torch 1.x and 2.x alike."""
+    backward recomputes it. torch's reentrant checkpoint, on torch 1.x and 2.x alike. Before
+    any configuration (configure_checkpointing, or initialize with an activation_checkpointing
+    section) and without ``offload`` it recomputes without offloading, as DeepSpeed's
+    checkpoint does before it is configured."""
     config = _STATE.config
-    if offload is None and config is None:
-        raise FailedPrecondition(
-            _capi.Status.FAILED_PRECONDITION,
-            "zoe.torch.checkpoint is not configured: call zoe.torch.configure_checkpointing("
-            "engine, ...) or zoe.torch.initialize with an activation_checkpointing section, or "
-            "pass offload=zoe.torch.offload_activations(engine, ...)")
+    if config is None:
+        config = CheckpointingConfig(cpu_checkpointing=offload is not None)
     offload = offload if offload is not None else _STATE.offload
-    config = config or CheckpointingConfig(cpu_checkpointing=True)
     run = functools.partial(function, **kwargs) if kwargs else function
     if config.profile:
         run = _profiled(run)

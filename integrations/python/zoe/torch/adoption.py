@@ -97,7 +97,8 @@ def check_adoptable(named_params, engine, home, rank=None, world_size=None):
     for name, param in named_params:
         if any(getattr(param, attribute, None) is not None for attribute in PAGER_ATTRIBUTES):
             raise _invalid(f"parameter {name!r} is already paged (offload_parameters was called "
-                           "on this model before); call pager.remove() first")
+                           "on this model before): close what paged it first (engine.close() "
+                           "for zoe.torch.initialize's engine, else pager.remove())")
         record = init_record(param)
         if record is not None:
             _check_record(name, param, record, engine, home, rank, world_size)

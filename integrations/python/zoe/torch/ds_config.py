@@ -460,8 +460,9 @@ def _flattened(value, path=""):
 
 def engine_document(training, rank, world_size):
     """The configuration handed to the zoe engine of this rank: the user's, with the stage
-    DeepSpeed defaults to (0) made explicit, and with several ranks each rank's NVMe directory
-    its own (``{rank}`` replaced, else a ``rank<r>`` directory below the path given)."""
+    DeepSpeed defaults to (0) made explicit, with several ranks each rank's NVMe directory
+    its own (``{rank}`` replaced, else a ``rank<r>`` directory below the path given), and with
+    activation checkpoints offloaded below stage 3 automatic tensor swap."""
     document = json.loads(json.dumps(training.document))
     zero = document.setdefault("zero_optimization", {})
     zero["stage"] = training.zero_stage
@@ -470,6 +471,14 @@ def engine_document(training, rank, world_size):
         if isinstance(section, dict) and section.get("nvme_path"):
             section["nvme_path"] = _created_nvme_path(key, section["nvme_path"], rank,
                                                       world_size)
+    checkpointing = training.activation_checkpointing
+    zoe_section = document.setdefault("zoe", {})
+    if checkpointing is not None and checkpointing.cpu_checkpointing and \
+            training.zero_stage < 3 and isinstance(zoe_section, dict):
+        # The optimizer's engine, which reserves tensor swap for its device staging only
+        # (config._optimizer_engine_config), takes the offloaded checkpoints too: unless the
+        # config sizes it, its swap grows as they register (0: automatic).
+        zoe_section.setdefault("tensor_swap_bytes", 0)
     return document
 
 

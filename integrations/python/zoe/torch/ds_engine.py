@@ -397,13 +397,14 @@ class DeepSpeedEngine(EngineCheckpoints, torch.nn.Module):
         return [param for group in self.optimizer.param_groups for param in group["params"]]
 
     def _warn_untrained_gradients(self):
-        """Logs once (stages 0 to 2) that parameters of the module have gradients and are in no
-        param group of the optimizer: frozen at initialize and unfrozen since, or added to the
-        model after it. Nothing steps them (as under DeepSpeed), and the step drops their
-        gradients."""
-        if self._warned_untrained or self._stage3 is not None:
+        """Logs once that parameters of the module have gradients and are in no param group of
+        the optimizer: frozen at initialize and unfrozen since, or added to the model after it.
+        Nothing steps them (as under DeepSpeed), and the step drops their gradients. At stage 3
+        the optimizer holds the shards, whose gradients never stay in the module's ``.grad``:
+        every module parameter with one there is untrained."""
+        if self._warned_untrained:
             return
-        held = {id(param) for param in self._params()}
+        held = set() if self._stage3 is not None else {id(param) for param in self._params()}
         untrained = [name for name, param in self.module.named_parameters()
                      if param.grad is not None and id(param) not in held]
         if untrained:

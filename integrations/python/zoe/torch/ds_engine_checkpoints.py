@@ -141,11 +141,13 @@ class EngineCheckpoints:
         keeps none of the gradients they accumulated, as DeepSpeed's keeps none."""
         gas = self.gradient_accumulation_steps()
         done = self.micro_steps % gas if self._boundary is None else None
-        holding = any(param.grad is not None for param in self.module.parameters())
-        if self.global_rank != 0 or not (done or (done is None and holding)):
+        holding = any(param.grad is not None or self._accumulation.present(param)
+                      for param in self.module.parameters())
+        if self.global_rank != 0 or not (done or holding):
             return
-        after = (f"after micro-batch {done} of the {gas} of a gradient accumulation" if done
-                 else "between the micro-batches of a gradient accumulation")
+        after = (f"inside a gradient accumulation of {gas} micro-batches, {done} of them "
+                 "stepped (step() called)" if done else
+                 "between the micro-batches of a gradient accumulation")
         log.warning("%s comes %s: the gradients accumulated so far are not saved (DeepSpeed "
                     "does not save them either), so a run resumed from it takes its next "
                     "optimizer step with the remaining micro-batches' gradients only; save "

@@ -307,9 +307,10 @@ def stage3_setup(module, spec, document, training, group, param_groups=None):
     given_lists = [(param_group, param_group["params"]) for param_group in param_groups or []]
     engine, pager = Engine(document), None
     try:
-        sharding = {} if group is None else keep_settings(
+        keep = keep_settings(  # checked in one process too, where nothing is kept
             document, _gathered_in_bytes(module, engine),
             max((param.element_size() for param in module.parameters()), default=4))
+        sharding = {} if group is None else keep
         if group is not None and training.reduce_bucket_size is not None:
             sharding["bucket_elements"] = training.reduce_bucket_size
         pager = offload_parameters(module, engine, home=_home(training), process_group=group,

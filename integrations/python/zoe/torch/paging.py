@@ -12,6 +12,7 @@ from .common import _PAGED_DTYPES, _invalid
 from .device import check_paging_tier, wrap_tier_memory
 from .external_reads import (ForwardFrames, end_frames_when_raising, stop_ending_frames,
                              unwatch_reads, watch_reads)
+from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
 
 
 def _storage_pointer(tensor):
@@ -87,6 +88,7 @@ class ParameterPager:
         self._watched = []  # (module, the type of its _parameters before watch_reads)
         self._forward_wrapper = None  # end_frames_when_raising's, on the model
         self._root_forward_running = False  # the model's forward (not a recomputation)
+        self._full_values = 0  # > 0 while state_dict() or materialized() hold full values
 
     # --- registration ----------------------------------------------------------------------
 
@@ -130,6 +132,7 @@ class ParameterPager:
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre_hook))
         self._handles.append(self.model.register_forward_hook(self._root_post_hook))
         self._install_module_hooks(self._direct_records)
+        self._install_state_dict_checks()
         for record in self._records.values():
             if record.param.requires_grad:
                 self._handles.append(record.param.register_hook(self._grad_hook(record)))
@@ -143,6 +146,37 @@ class ParameterPager:
                 self._handles.append(
                     module.register_forward_pre_hook(self._pre_hook(direct_items(module))))
                 self._handles.append(module.register_forward_hook(self._module_post_hook))
+
+    def _install_state_dict_checks(self):
+        """On each module that owns a paged parameter: its state_dict() and the loading of
+        those parameters by load_state_dict() are refused while they are placeholders
+        (stage3_checks); where this torch lacks the hooks, nothing is installed."""
+        for module in self.model.modules():
+            names = [name for name, param in module._parameters.items()
+                     if param is not None and self._item_of(param) is not None]
+            if not names:
+                continue
+            if hasattr(module, "_register_state_dict_hook"):
+                self._handles.append(module._register_state_dict_hook(
+                    refuse_placeholder_state_dict(self)))
+            if hasattr(module, "_register_load_state_dict_pre_hook"):
+                self._handles.append(module._register_load_state_dict_pre_hook(
+                    refuse_placeholder_load(self, names)))
+
+    def placeholders_in_state_dict(self):
+        """Whether the model's state_dict() would now hold placeholders: outside
+        materialized() and this pager's state_dict()."""
+        return self._full_values == 0
+
+    @contextlib.contextmanager
+    def _full_values_held(self):
+        """A block in which the model's parameters hold their values (materialized()) or the
+        state dict gets them (state_dict()): its state_dict hooks let it be."""
+        self._full_values += 1
+        try:
+            yield
+        finally:
+            self._full_values -= 1
 
     def _watch_reads(self):
         """Watches the reads by name of the paged parameters of every module that holds one,
@@ -384,7 +418,8 @@ class ParameterPager:
             for record in self._records.values():
                 self._hold(record, access)
                 held.append(record)
-            yield self.model
+            with self._full_values_held():
+                yield self.model
         finally:
             for record in reversed(held):
                 self._unhold(record)
@@ -392,7 +427,8 @@ class ParameterPager:
     def state_dict(self):
         """model.state_dict() with every paged parameter's values (copies, acquired one at a
         time, so the model need not fit in DRAM at once) instead of its placeholder."""
-        state = self.model.state_dict()
+        with self._full_values_held():
+            state = self.model.state_dict()
         for module_name, module in self.model.named_modules():
             for name, param in module._parameters.items():
                 key = f"{module_name}.{name}" if module_name else name

@@ -5,12 +5,12 @@ values:
 - a zoe optimizer sharded at ZeRO stage 1 or 2 (``zero_stage=1/2``) over the model's parameters
   or over the pager's shards: stage 3 partitions them already (check_optimizer_parameter, for
   zoe.torch's optimizers to call on each parameter they are given);
-- ``model.state_dict()`` of the sharded model, which would hold the one-element placeholders
-  the parameters point at between gathers, and ``model.load_state_dict(...)`` of its
-  parameters, which would write into them (refuse_placeholder_state_dict and
-  refuse_placeholder_load, installed on each module that owns a sharded parameter). Both work
-  inside ``with pager.materialized():`` (every rank), and ``pager.state_dict()`` gathers the
-  values (every rank)."""
+- ``model.state_dict()`` of a paged model (sharded or in one process), which would hold the
+  placeholders (NaN) the parameters point at outside forward, and ``model.load_state_dict(...)``
+  of its parameters, which would write into them (refuse_placeholder_state_dict and
+  refuse_placeholder_load, installed on each module that owns a paged parameter). Both work
+  inside ``with pager.materialized():`` (on every rank), and ``pager.state_dict()`` reads the
+  values (gathers them: on every rank)."""
 
 from .common import _invalid
 
@@ -47,13 +47,16 @@ def check_optimizer_parameter(param, where, zero_stage):
         "without process_group (or not at all)")
 
 
-def _placeholder_error(pager, what):
+def _placeholder_error(pager, what, fix):
+    """InvalidArgument for ``what`` of a paged model, outside forward, naming ``fix``."""
+    world = getattr(pager, "world_size", None)
+    paged = (f"a ShardedParameterPager shards over {world} ranks" if world is not None
+             else "zoe pages (offload_parameters, or zoe.torch.initialize at stage 3)")
+    every_rank = " on every rank (a collective)" if world is not None else ""
     return _invalid(
-        f"{what} of a model whose parameters a ShardedParameterPager shards over "
-        f"{pager.world_size} ranks would see the one-element placeholders its parameters point "
-        "at between gathers: call pager.state_dict() (through zoe.torch.initialize: "
-        "engine.module_state_dict()) on every rank, a collective, for the full values, or do "
-        "it inside `with pager.materialized():` entered on every rank")
+        f"{what} of a model whose parameters {paged} would see the placeholders (NaN) its "
+        f"parameters point at outside forward: {fix}{every_rank}, or do it inside `with "
+        f"pager.materialized():`{every_rank}")
 
 
 def refuse_placeholder_state_dict(pager):
@@ -61,7 +64,8 @@ def refuse_placeholder_state_dict(pager):
     while the pager's parameters are placeholders (pager.placeholders_in_state_dict())."""
     def hook(module, state_dict, prefix, local_metadata):
         if pager.placeholders_in_state_dict():
-            raise _placeholder_error(pager, "state_dict()")
+            raise _placeholder_error(pager, "state_dict()", "call engine.module_state_dict() "
+                                     "(without initialize: pager.state_dict()) for the values")
     return hook
 
 
@@ -72,5 +76,7 @@ def refuse_placeholder_load(pager, names):
              error_msgs):
         loaded = [prefix + name for name in names if prefix + name in state_dict]
         if loaded and pager.placeholders_in_state_dict():
-            raise _placeholder_error(pager, f"load_state_dict() of {loaded[0]!r}")
+            raise _placeholder_error(pager, f"load_state_dict() of {loaded[0]!r}",
+                                     "load a checkpoint with engine.load_checkpoint(dir, "
+                                     "load_module_only=True)")
     return hook

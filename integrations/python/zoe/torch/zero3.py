@@ -92,7 +92,6 @@ from .distributed import (DEFAULT_BUCKET_ELEMENTS, ReductionsInFlight, TorchColl
 from .frozen_values import load_with_frozen, save_with_frozen
 from .grad_hooks import on_gradient_accumulated
 from .paging import ParameterPager, _distinct_named_parameters, _PagedParam, _storage_pointer
-from .stage3_checks import refuse_placeholder_load, refuse_placeholder_state_dict
 from .stage3_keep import KeptForBackward
 
 DEFAULT_PREFETCH_DEPTH = 2
@@ -197,7 +196,6 @@ class ShardedParameterPager(ParameterPager):
         self.gather_seconds = 0.0  # the part of it spent on gathers
         self.reduction_seconds = 0.0  # the part of it spent on gradient reductions
         self._root_records = []  # the base class's root holds: shards are held by gathers
-        self._full_values = 0  # > 0 while state_dict() or materialized() hold full values
 
     @property
     def group(self):
@@ -280,27 +278,6 @@ class ShardedParameterPager(ParameterPager):
                 self._handles.append(handle)
                 self._accumulator_nodes.append(node)
         self._watch_reads()
-
-    def _install_state_dict_checks(self):
-        """On each module that owns a sharded parameter: its state_dict() and the loading of
-        those parameters by load_state_dict() are refused while they are placeholders
-        (stage3_checks); where this torch lacks the hooks, nothing is installed."""
-        for module in self.model.modules():
-            names = [name for name, param in module._parameters.items()
-                     if param is not None and id(param) in self._by_param]
-            if not names:
-                continue
-            if hasattr(module, "_register_state_dict_hook"):
-                self._handles.append(module._register_state_dict_hook(
-                    refuse_placeholder_state_dict(self)))
-            if hasattr(module, "_register_load_state_dict_pre_hook"):
-                self._handles.append(module._register_load_state_dict_pre_hook(
-                    refuse_placeholder_load(self, names)))
-
-    def placeholders_in_state_dict(self):
-        """Whether the model's state_dict() would now hold placeholders: outside
-        materialized() and this pager's state_dict()."""
-        return self._full_values == 0
 
     def _direct_entries(self, module):
         return [
@@ -852,11 +829,8 @@ class ShardedParameterPager(ParameterPager):
     def state_dict(self):
         """model.state_dict() with every parameter's full values, gathered one at a time
         (a collective: every rank calls it)."""
-        self._full_values += 1
-        try:
+        with self._full_values_held():
             state = self.model.state_dict()
-        finally:
-            self._full_values -= 1
         for module_name, module in self.model.named_modules():
             for name, param in module._parameters.items():
                 key = f"{module_name}.{name}" if module_name else name
