@@ -167,9 +167,8 @@ def main():
                "--width", str(args.width), "--layers", str(args.layers),
                "--steps", str(args.steps)] + (["--cgroup", cgroup.folder] if cgroup else
                                               ["--host-budget", str(args.limit * 3 // 8)])
-    print(f"training a GPT of {gpt_parameters(100, args.width, args.layers) / 1e6:.0f} M "
-          f"parameters with zoe" + (f" inside {gib(args.limit)} of memory" if limited else ""),
-          flush=True)
+    print(f"training a GPT of {gpt_parameters(100, args.width, args.layers):,} parameters with "
+          "zoe" + (f" inside {gib(args.limit)} of memory" if limited else ""), flush=True)
     try:
         completed = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=child_env())
     finally:

@@ -309,12 +309,20 @@ def test_apply_outside_zero_init_is_torch_s_again(engine):
     assert not hasattr(torch.nn.Module.apply, "__wrapped__")
 
 
-def test_apply_over_parameters_sharded_by_zero_init_is_refused(engine, world_of_one):
-    with pytest.raises(zoe.InvalidArgument, match="initialise the parameters in each module's "
-                                                   "own constructor"):
-        with zoe.torch.zero_init(engine, process_group=world_of_one):
-            InitialisedByApply()
+def test_apply_over_parameters_sharded_by_zero_init_gathers_them(engine, world_of_one):
+    """Each parameter is gathered whole from the ranks' shards for the initialiser, and each
+    rank keeps its slice (test_zero_init_initialize.py does it on two ranks)."""
+    torch.manual_seed(3)
+    expected = InitialisedByApply().state_dict()
+    torch.manual_seed(3)
+    with zoe.torch.zero_init(engine, process_group=world_of_one):
+        model = InitialisedByApply()
     assert not hasattr(torch.nn.Module.apply, "__wrapped__")
+    pager = zoe.torch.offload_parameters(model, engine, process_group=world_of_one)
+    state = pager.state_dict()
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[key], expected[key]) for key in expected)
+    pager.remove()
 
 
 def test_paged_parameters_read_nan_until_adopted_and_a_conversion_is_refused(engine):

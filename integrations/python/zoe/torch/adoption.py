@@ -70,6 +70,7 @@ class InitRecord:
         self.counts = counts
         self.rank = rank
         self.state = "paged"
+        self.built_dtype = None  # the dtype the module built it in, when paged in another
         self.version = None  # the parameter's version counter once paged (see written)
 
     def release(self, state):

@@ -21,7 +21,9 @@ import logging
 import os
 from typing import Any, Dict, Optional
 
-from .._collective_ops import by_rank, gather_objects
+import torch.distributed as dist
+
+from .._collective_ops import agreed, by_rank, gather_objects
 from ..engine import _config_text, normalize_deepspeed_config
 from ..errors import as_zoe_error
 from .activation_checkpoint import checkpointing_config
@@ -508,3 +510,33 @@ def _rank_path(path, rank, world_size):
         path = os.path.join(path, f"rank{rank}")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def data_parallel_group(process_group):
+    """The data-parallel group: the one given, else the default group when torch.distributed
+    is initialized, else None (one process)."""
+    if process_group is not None:
+        return process_group
+    if dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD
+    return None
+
+
+def read_config(config, group, caller="initialize"):
+    """The training settings and this rank's engine document (its NVMe directories created)
+    for the data-parallel ``group`` (None: one process), read by every rank of it before any
+    builds anything (for ``caller``, as messages name it): a rank that fails (a bad value, a directory it cannot create) makes every
+    rank raise naming it (agreed), and ranks given different configurations are refused naming
+    the keys (check_same_on_every_rank)."""
+    world = 1 if group is None else dist.get_world_size(group)
+    rank = 0 if group is None else dist.get_rank(group)
+
+    def read():
+        training = training_config(config, world)
+        return training, engine_document(training, rank, world)
+
+    if group is None:
+        return read()
+    training, document = agreed(f"{caller}: reading the DeepSpeed configuration", read, group)
+    check_same_on_every_rank(training.document, group)
+    return training, document

@@ -30,12 +30,12 @@ import logging
 import torch
 import torch.distributed as dist
 
-from .._collective_ops import agreed
 from ..engine import check_config
 from .activation_checkpoint import configure_checkpointing
 from .common import _invalid, check_nccl_device
-from .ds_config import check_same_on_every_rank, engine_document, training_config
+from .ds_config import data_parallel_group, read_config
 from .ds_engine import DeepSpeedEngine
+from .ds_zero_init import check_not_paged
 from .ds_stage3 import stage3_setup
 from .loss_scaler import loss_scaler_for
 from .lr_schedules import schedule_from_config
@@ -43,16 +43,6 @@ from .optimizer import OPTIMIZERS, ZoeOptimizer
 from .param_memory import check_contiguous, check_no_shared_memory
 
 log = logging.getLogger("zoe.torch")
-
-
-def _process_group(process_group):
-    """The data-parallel group: the one given, else the default group when torch.distributed
-    is initialized, else None (one process)."""
-    if process_group is not None:
-        return process_group
-    if dist.is_available() and dist.is_initialized():
-        return dist.group.WORLD
-    return None
 
 
 def check_model_device(params, backend):
@@ -438,22 +428,6 @@ def _check_something_to_train(module, optimizer):
                    f"({what}); set requires_grad on the parameters to train")
 
 
-def _read_config(config, group, rank, world):
-    """The training settings and this rank's engine document (its NVMe directories created),
-    read by every rank of ``group`` before any builds anything: a rank that fails (a bad value,
-    a directory it cannot create) makes every rank raise naming it (agreed), and ranks given
-    different configurations are refused naming the keys (check_same_on_every_rank)."""
-    def read():
-        training = training_config(config, world)
-        return training, engine_document(training, rank, world)
-
-    if group is None:
-        return read()
-    training, document = agreed("initialize: reading the DeepSpeed configuration", read, group)
-    check_same_on_every_rank(training.document, group)
-    return training, document
-
-
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None, process_group=None):
@@ -466,12 +440,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise _invalid("initialize needs model= (a torch.nn.Module)")
     if mpu is not None:
         raise _invalid("mpu= (model parallelism) is not supported: zoe is data parallel only")
-    group = _process_group(process_group)
+    group = data_parallel_group(process_group)
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
-    training, document = _read_config(_config_of(args, config, config_params), group, rank,
-                                      world)
+    training, document = read_config(_config_of(args, config, config_params), group)
     loader = _dataloader(training_data, training, rank, world, collate_fn)
+    if training.zero_stage != 3:
+        check_not_paged(model, training.zero_stage)
     module = _cast_module(model, training)
     if model_parameters is not None:
         model_parameters = list(model_parameters)  # a generator is read once, here

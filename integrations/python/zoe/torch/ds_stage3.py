@@ -25,6 +25,7 @@ from .checkpoint import OneProcess, load_shard
 from .common import _invalid
 from .distributed import shard_bounds, shard_counts
 from .ds_config import AUTO
+from .ds_zero_init import adopted_engine
 from .frozen_values import has_frozen, load_with_frozen, save_with_frozen
 from .offload import offload_parameters
 from .optimizer import OPTIMIZERS
@@ -299,13 +300,15 @@ def check_groups_on_every_rank(param_groups, world_size):
 def stage3_setup(module, spec, document, training, group, param_groups=None):
     """(Stage3, the optimizer) for ``module`` under the config's optimizer ``spec``, over
     ``param_groups`` (dicts of the module's parameters and settings of their own, which the
-    optimizer takes as its own; None: one group of every parameter)."""
+    optimizer takes as its own; None: one group of every parameter). The engine is the one
+    zero_init(config=...) built the module paged into (ds_zero_init.adopted_engine), else one
+    made from ``document``."""
     optimizer_class = OPTIMIZERS[spec["type"]]
     optimizer_class.check_param_groups(param_groups)  # refused before the module is paged
     if group is not None:
         check_groups_on_every_rank(param_groups, dist.get_world_size(group))
     given_lists = [(param_group, param_group["params"]) for param_group in param_groups or []]
-    engine, pager = Engine(document), None
+    engine, pager = adopted_engine(module, document) or Engine(document), None
     try:
         keep = keep_settings(  # checked in one process too, where nothing is kept
             document, _gathered_in_bytes(module, engine),

@@ -20,10 +20,13 @@ Re-initialisation by ``Module.apply``: a constructor that ends by initialising e
 its submodules' parameters were paged. While the context is active, ``Module.apply`` visits the
 modules as torch's does (children first) and calls ``fn(module)`` with that module's own paged
 parameters acquired and ``param.data`` pointing at their values (a copy on the parameter's
-device for one not on the CPU), written back when ``fn`` returns, so in-place initialisers work
-and consume the random number generator as without the context: one module's parameters are in
-memory at a time. With a process group each rank holds only its shard, so ``apply`` over sharded
-parameters is refused, naming the alternative (initialise in each module's constructor).
+device for one not on the CPU, and in the dtype the module built it in for one paged in
+another), written back when ``fn`` returns, so in-place initialisers work and consume the random
+number generator as without the context: one module's parameters are in memory at a time. With
+a process group each rank holds only its shard: each parameter is gathered whole from every
+rank's shard for ``fn`` (every rank builds the same modules, so every rank calls ``apply`` alike:
+one broadcast of each rank's part per parameter, as DeepSpeed's GatheredParameters), and each
+rank keeps its slice of what ``fn`` wrote.
 
 With a process group, each rank keeps only its shard of every parameter (the layout of
 zero3.py): each rank builds every module in full, writes its own slice and drops the rest, and
@@ -48,12 +51,14 @@ import torch
 import torch.distributed as dist
 
 from .. import _capi
-from .._collective_ops import agreed
+from .._collective_ops import agreed, gather_parts, transport_failure_aborted
+from ..engine import Engine
 from .adoption import (RECORD_ATTRIBUTE, InitRecord, construction_placeholder, init_record,
                        settle, spare_tensors, write_new_tensor)
 from .common import _PAGED_DTYPES, _invalid, _live_group, _weak_group
 from .device import wrap_tier_memory
 from .distributed import shard_counts
+from .ds_zero_init import zero_init_target
 from .offload import _home_from_config
 
 _TENSOR_NAMES = itertools.count()  # a serial in every tensor name zero_init registers
@@ -100,10 +105,12 @@ class ZeroInit:
     and ``reused`` (spare tensors of the engine written again: those of parameters a
     construction that raised paged, or that construction dropped)."""
 
-    def __init__(self, engine, home, sharding):
+    def __init__(self, engine, home, sharding, dtype=None):
         self.engine = engine
         self.home = home
         self.sharding = sharding
+        self.dtype = dtype  # floating parameters are paged in it (None: as built)
+        self.owns_engine = False  # made for a configuration (closed when construction raises)
         self.parameters = 0
         self.bytes = 0
         self.registered = 0
@@ -137,13 +144,20 @@ class ZeroInit:
                 raise _invalid(f"parameter {name!r} of {type(module).__name__}: {param.dtype} "
                                "cannot be paged")
         label = type(module).__name__
+        built = [param.dtype for _, param in pending]
         with torch.no_grad():
+            if self.dtype is not None:  # as initialize casts the module: module.to(dtype)
+                for _, param in pending:
+                    if param.is_floating_point():
+                        param.data = param.data.to(self.dtype)
             if self.sharding is None:
                 for name, param in pending:
                     self._page_whole(f"{label}.{name}", param)
             else:
                 agreed(f"zero_init paging the parameters of a {label}",
                        lambda: self._page_shards(label, pending), self.sharding.group)
+        for (_, param), dtype in zip(pending, built):
+            init_record(param).built_dtype = dtype
 
     def _page_whole(self, name, param):
         tensor = self._write(name, param)
@@ -201,12 +215,10 @@ class ZeroInit:
         "Re-initialisation by Module.apply")."""
         paged = [(param, init_record(param)) for param in module.parameters(recurse=False)]
         paged = [(param, record) for param, record in paged
-                 if record is not None and record.state == "paged" and record.tensor is not None]
-        if paged and self.sharding is not None:
-            raise _invalid(
-                f"Module.apply over the parameters of a {type(module).__name__} that zero_init "
-                "sharded across ranks: each rank holds only its shard; initialise the "
-                "parameters in each module's own constructor instead")
+                 if record is not None and record.state == "paged"]
+        if self.sharding is not None:
+            return self._call_gathered(module, fn, paged)
+        paged = [(param, record) for param, record in paged if record.tensor is not None]
         held = []
         try:
             for param, record in paged:
@@ -220,6 +232,40 @@ class ZeroInit:
                 record.version = param._version
                 record.tensor.release()
 
+    def _call_gathered(self, module, fn, paged):
+        """Sharded: ``fn(module)`` with each of ``paged`` gathered whole from every rank's shard
+        (every rank builds the same modules and calls apply alike: one broadcast of each
+        rank's part per parameter), then this rank's slice of what ``fn`` left written back
+        into its shard."""
+        held = []
+        try:
+            for param, record in paged:
+                held.append((param, record, self._gathered(module, param, record)))
+            return fn(module)
+        finally:
+            for param, record, values in held:
+                _write_own_slice(record, values)
+                param.data = record.placeholder
+                record.version = param._version
+
+    def _gathered(self, module, param, record):
+        """``param``'s whole values gathered from the ranks' shards (as bytes), in the dtype its
+        module built it in, on its device; param.data points at them."""
+        stored = record.placeholder.dtype
+        size = _element_size(stored)
+        whole = torch.empty(param.numel() * size, dtype=torch.uint8)
+        parts = list(whole.split([count * size for count in record.counts]))
+        if record.tensor is not None:
+            with record.tensor.acquired(_capi.Tier.HOST, _capi.Access.READ) as memory:
+                parts[record.rank].copy_(torch.frombuffer(memory, dtype=torch.uint8,
+                                                          count=parts[record.rank].numel()))
+        what = f"zero_init: gathering a parameter of a {type(module).__name__} for Module.apply"
+        with transport_failure_aborted(what):
+            gather_parts(parts, self.sharding.group)
+        values = whole.view(stored).view(param.shape)
+        param.data = values.to(param.device, record.built_dtype or stored)
+        return param.data
+
     def abandon(self):
         """The construction raised: every parameter it paged is abandoned and its tensor kept
         for the next zero_init on the engine."""
@@ -228,14 +274,34 @@ class ZeroInit:
         self._records = []
 
 
+def _element_size(dtype):
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+@torch.no_grad()
+def _write_own_slice(record, values):
+    """This rank's slice of a parameter's whole ``values`` into its shard (none when empty), in
+    the dtype it is paged in."""
+    if record.tensor is None:
+        return
+    begin, count = sum(record.counts[:record.rank]), record.counts[record.rank]
+    stored = record.placeholder.dtype
+    flat = values.detach().reshape(-1)[begin : begin + count].to("cpu", stored)
+    with record.tensor.acquired(_capi.Tier.HOST, _capi.Access.WRITE) as memory:
+        torch.frombuffer(memory, dtype=stored, count=count).copy_(flat)
+
+
 def _materialize(param, record):
     """Acquires a paged parameter's tensor for writing and points param.data at its values (a
-    copy on the parameter's device when that is not the CPU): (the tensor's view, the values
-    param.data points at)."""
+    copy on the parameter's device when that is not the CPU, or in the dtype the module built
+    it in when paged in another, so that initialisers draw as without the context): (the
+    tensor's view, the values param.data points at)."""
     address = record.tensor.acquire(_capi.Tier.HOST, _capi.Access.READ_WRITE)
     view = wrap_tier_memory(address, record.tensor.nbytes, param.dtype,
                             torch.device("cpu")).view(param.shape)
-    values = view if param.device.type == "cpu" else view.to(param.device)
+    built = record.built_dtype or view.dtype
+    moved = param.device.type != "cpu" or built != view.dtype
+    values = view.to(param.device, built) if moved else view
     param.data = values
     return view, values
 
@@ -349,11 +415,18 @@ class _Interception:
 
 
 @contextlib.contextmanager
-def zero_init(engine, process_group=None, home=None):
+def zero_init(engine=None, process_group=None, home=None, *, config=None,
+              config_dict_or_path=None):
     """``with zoe.torch.zero_init(engine): model = build()`` pages every parameter as its
     module is constructed (see the module docstring), so the model never exists whole in DRAM;
     then ``offload_parameters(model, engine)`` (with the same process_group and home) adopts
     them instead of registering them again, and the pager behaves as for a model built first.
+    ``with zoe.torch.zero_init(config=ds_config): model = build()`` (or
+    ``config_dict_or_path=``, DeepSpeed's zero.Init keyword; a DeepSpeed configuration given
+    in place of ``engine`` is taken the same way) pages into the engine zoe.torch.initialize
+    then takes, with the model, when given the same configuration (ds_zero_init.py): over the
+    default process group when torch.distributed is initialized, in the configuration's
+    offload_param home and in its fp16 or bf16 (the context's ``engine`` attribute is it).
 
     * ``home``: where the parameters live (zoe.Tier.HOST or NVME); None follows the engine's
       ``zero_optimization.offload_param.device`` ("cpu": HOST, "nvme": NVME), as
@@ -371,7 +444,8 @@ def zero_init(engine, process_group=None, home=None):
       them as usual. Modules built by other threads meanwhile are paged too.
     * Leaving the context, normally or by an exception, restores every class's __init__. An
       exception abandons every parameter paged meanwhile (offload_parameters refuses them)
-      and keeps their zoe tensors for the next zero_init on the engine to reuse.
+      and keeps their zoe tensors for the next zero_init on the engine to reuse (an engine
+      made from a configuration is closed).
     * Contexts do not nest (InvalidArgument).
 
     Yields a :class:`ZeroInit` with counts of what was paged.
@@ -379,9 +453,7 @@ def zero_init(engine, process_group=None, home=None):
     global _active
     if _active is not None:
         raise _invalid("zoe.torch.zero_init contexts do not nest: one is already active")
-    home = _home_of(engine, home)
-    sharding = None if process_group is None else _Sharding(process_group)
-    construction = ZeroInit(engine, home, sharding)
+    construction = _construction(engine, process_group, home, config, config_dict_or_path)
     interception = _Interception(construction)
     interception.install()
     _active = construction
@@ -389,7 +461,32 @@ def zero_init(engine, process_group=None, home=None):
         yield construction
     except BaseException:
         construction.abandon()
+        if construction.owns_engine:
+            construction.engine.close()
         raise
     finally:
         _active = None
         interception.uninstall()
+
+
+def _construction(engine, process_group, home, config, config_dict_or_path):
+    """The ZeroInit of zero_init's arguments: over ``engine`` (a zoe.Engine), or over the
+    engine made for a DeepSpeed configuration (``config``, ``config_dict_or_path`` or one
+    given as ``engine``: ds_zero_init.zero_init_target)."""
+    given = [value for value in (config, config_dict_or_path) if value is not None]
+    if engine is not None and not isinstance(engine, Engine):
+        given.append(engine)
+        engine = None
+    if len(given) + (engine is not None) != 1:
+        raise _invalid("zoe.torch.zero_init takes one of: a zoe.Engine, or a DeepSpeed "
+                       "configuration (config= or config_dict_or_path=: a dict, JSON text or a "
+                       "path) for zoe.torch.initialize to take with the model")
+    if engine is not None:
+        sharding = None if process_group is None else _Sharding(process_group)
+        return ZeroInit(engine, _home_of(engine, home), sharding)
+    target = zero_init_target(given[0], process_group)
+    sharding = None if target.group is None else _Sharding(target.group)
+    construction = ZeroInit(target.engine, target.home if home is None else home, sharding,
+                            target.dtype)
+    construction.owns_engine = True
+    return construction
