@@ -525,9 +525,9 @@ def data_parallel_group(process_group):
 def read_config(config, group, caller="initialize"):
     """The training settings and this rank's engine document (its NVMe directories created)
     for the data-parallel ``group`` (None: one process), read by every rank of it before any
-    builds anything (for ``caller``, as messages name it): a rank that fails (a bad value, a directory it cannot create) makes every
-    rank raise naming it (agreed), and ranks given different configurations are refused naming
-    the keys (check_same_on_every_rank)."""
+    builds anything (for ``caller``, as messages name it): a rank that fails (a bad value, a
+    directory it cannot create) makes every rank raise naming it (agreed), and ranks given
+    different configurations are refused naming the keys (check_same_on_every_rank)."""
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
 
