@@ -52,12 +52,12 @@ rm -rf "$junit_dir"
 mkdir -p "$junit_dir"
 
 run_ctest_preset() {
-  local preset=$1
+  local preset=$1 started=$SECONDS
   echo "=== $preset: configure and build"
   cmake --preset "$preset" >"build/$preset.log" 2>&1 || { cat "build/$preset.log"; exit 1; }
   cmake --build --preset "$preset" -j "$jobs" >>"build/$preset.log" 2>&1 ||
     { tail -n 100 "build/$preset.log"; exit 1; }
-  echo "=== $preset: test"
+  echo "=== $preset: test (built in $((SECONDS - started))s)"
   # Whole outputs in the JUnit file (ctest keeps 1 KiB of a passed test's by default): a skipped
   # case inside a ctest test that runs several (offload.checksums_avx2) is found in its output.
   junit_files+=("$junit_dir/$preset.xml")
@@ -72,6 +72,7 @@ run_python_tests() {
     return
   fi
   [[ -f build/release/integrations/libzoe.so ]] || run_ctest_preset release
+  local started=$SECONDS
   echo "=== python: pytest under /usr/bin/python3"
   junit_files+=("$junit_dir/python-release.xml")
   env "${test_env[@]}" ZOE_LIBRARY="$(pwd)/build/release/integrations/libzoe.so" \
@@ -81,7 +82,8 @@ run_python_tests() {
   # ctypes. The sanitizer runtimes must load before the interpreter; leak detection is off
   # because CPython does not free everything at exit (the C and C++ tests check zoe's leaks).
   if [[ " ${presets[*]} " == *" asan "* && -f build/asan/integrations/libzoe.so ]]; then
-    echo "=== python: pytest against the ASan+UBSan library"
+    echo "=== python: pytest against the ASan+UBSan library (the release library's run took" \
+      "$((SECONDS - started))s)"
     junit_files+=("$junit_dir/python-asan.xml")
     env "${test_env[@]}" \
       LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
@@ -125,8 +127,12 @@ check_skips() {
 echo "=== function lengths"
 /usr/bin/python3 scripts/function-lengths.py --max 60 --top 5
 
+# Each phase's wall time, printed at the end: where a run's time goes (CI keeps the whole run
+# under an hour on two cores).
+timings=()
 mkdir -p build
 for preset in "${presets[@]}"; do
+  started=$SECONDS
   case $preset in
     release)
       run_ctest_preset release
@@ -137,6 +143,8 @@ for preset in "${presets[@]}"; do
     fuzz) ./scripts/run-fuzzers.sh ;;
     *) echo "unknown preset '$preset'; allowed: release debug asan tsan python fuzz" >&2; exit 2 ;;
   esac
+  timings+=("$preset $((SECONDS - started))s")
 done
 check_skips
+echo "=== wall time by phase: ${timings[*]} (total ${SECONDS}s)"
 echo "=== all requested test runs passed: ${presets[*]}"
