@@ -55,7 +55,79 @@ std::optional<uint64_t> RemoveIfLeftBehind(int dir_fd, const char* name) {
   return static_cast<uint64_t>(st.st_size);
 }
 
+using Directory = std::unique_ptr<DIR, int (*)(DIR*)>;
+
+// The swap files left behind in the directory `dir` (see stale_swap.h), removed.
+StaleSweep SweepOpenDirectory(DIR* dir) {
+  StaleSweep sweep;
+  const int dir_fd = ::dirfd(dir);
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::optional<uint64_t> bytes = RemoveIfLeftBehind(dir_fd, entry->d_name);
+    if (!bytes) continue;
+    ++sweep.files;
+    sweep.bytes += *bytes;
+  }
+  return sweep;
+}
+
+// Opens `name` in `parent_fd` as a directory of this user; null for a link, another user's
+// directory or anything else.
+Directory OpenOwnDirectory(int parent_fd, const char* name) {
+  const int fd = ::openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Directory(nullptr, ::closedir);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return Directory(nullptr, ::closedir);
+  }
+  Directory dir(::fdopendir(fd), ::closedir);
+  if (!dir) ::close(fd);
+  return dir;
+}
+
+// Sweeps the private directory `name` of `parent_fd` and removes it when the sweep emptied it.
+// rmdir refuses a directory with anything left in it, so a file made meanwhile keeps it.
+void SweepPrivateDirectory(int parent_fd, const char* name, StaleDirectorySweep& sweep) {
+  StaleSweep files;
+  {
+    Directory dir = OpenOwnDirectory(parent_fd, name);
+    if (!dir) return;
+    files = SweepOpenDirectory(dir.get());
+  }
+  sweep.files.files += files.files;
+  sweep.files.bytes += files.bytes;
+  if (files.files > 0 && ::unlinkat(parent_fd, name, AT_REMOVEDIR) == 0) ++sweep.directories;
+}
+
 }  // namespace
+
+bool IsPrivateDirectoryName(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix) || name.size() != prefix.size() + 6) return false;
+  for (char c : name.substr(prefix.size())) {
+    const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    if (!alnum) return false;
+  }
+  return true;
+}
+
+StaleDirectorySweep RemoveStalePrivateDirectories(const std::string& parent,
+                                                  std::string_view prefix) {
+  StaleDirectorySweep sweep;
+  Directory dir(::opendir(parent.c_str()), ::closedir);
+  if (!dir) return sweep;
+  const int parent_fd = ::dirfd(dir.get());
+  while (const dirent* entry = ::readdir(dir.get())) {
+    if (IsPrivateDirectoryName(entry->d_name, prefix))
+      SweepPrivateDirectory(parent_fd, entry->d_name, sweep);
+  }
+  if (sweep.files.files > 0) {
+    ZOE_LOG_INFO(
+        "io: removed {} swap file(s) ({} bytes) and {} directory(ies) {}* in {} left by "
+        "processes that ended",
+        sweep.files.files, sweep.files.bytes, sweep.directories, prefix, parent);
+  }
+  return sweep;
+}
 
 Status HoldSwapLock(const File& file) {
   if (TakeSwapLock(file.fd())) return Status::Ok();
@@ -87,16 +159,9 @@ std::optional<int> SwapFileOwner(std::string_view name) {
 }
 
 StaleSweep RemoveStaleSwapFiles(const std::string& directory) {
-  StaleSweep sweep;
-  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(directory.c_str()), ::closedir);
-  if (!dir) return sweep;
-  const int dir_fd = ::dirfd(dir.get());
-  while (const dirent* entry = ::readdir(dir.get())) {
-    const std::optional<uint64_t> bytes = RemoveIfLeftBehind(dir_fd, entry->d_name);
-    if (!bytes) continue;
-    ++sweep.files;
-    sweep.bytes += *bytes;
-  }
+  Directory dir(::opendir(directory.c_str()), ::closedir);
+  if (!dir) return StaleSweep{};
+  const StaleSweep sweep = SweepOpenDirectory(dir.get());
   if (sweep.files > 0) {
     ZOE_LOG_INFO("io: removed {} swap file(s) ({} bytes) in {} left by processes that ended",
                  sweep.files, sweep.bytes, directory);

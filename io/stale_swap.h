@@ -5,6 +5,15 @@
 // directory that were left: named as SwapSpace names them (<prefix>-<pid>-<id>.<index>.swap, the
 // prefix starting "zoe-"), regular files of this user, whose process no longer exists and on which
 // nobody holds the lock. A file of a process that is alive, or locked, is never touched.
+//
+// An engine given no swap directory makes a private one (<parent>/<prefix>XXXXXX, by mkdtemp) and
+// removes it when closed; a killed process leaves it with its swap files. So the next engine
+// making one in the same parent sweeps the private directories left there: named <prefix> and six
+// characters of mkdtemp's, directories of this user (not links); in each, the swap files left
+// behind are removed by the rule above, and then the directory when nothing else is left in it. A
+// directory holding anything else (a live or locked swap file, a file zoe did not make) keeps it;
+// an empty one is kept too, since it may be another engine's, made a moment ago (it holds no
+// space).
 #pragma once
 
 #include <cstdint>
@@ -32,5 +41,18 @@ struct StaleSweep {
 // file that cannot be checked or removed is left as it is, and an unreadable directory sweeps
 // nothing.
 StaleSweep RemoveStaleSwapFiles(const std::string& directory);
+
+struct StaleDirectorySweep {
+  size_t directories = 0;  // private directories removed
+  StaleSweep files;        // the swap files removed from them, whether or not they went
+};
+
+// Sweeps the private directories named `prefix` + six characters in `parent` (see above); e.g.
+// prefix "zoe-engine-". Best effort, as RemoveStaleSwapFiles.
+StaleDirectorySweep RemoveStalePrivateDirectories(const std::string& parent,
+                                                  std::string_view prefix);
+
+// Whether `name` is `prefix` followed by the six characters mkdtemp puts for "XXXXXX".
+bool IsPrivateDirectoryName(std::string_view name, std::string_view prefix);
 
 }  // namespace zoe::io

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/memory_limits.h"
 #include "io/backend.h"
+#include "io/stale_swap.h"
 #include "io/swap_space.h"
 #include "offload/checkpoint/checkpoint_store.h"
 
@@ -25,6 +26,9 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr uint64_t kDirectIoUnit = 4096;
+
+// The name of the private swap directory of an engine given none, before mkdtemp's six characters.
+constexpr const char* kPrivateDirectoryPrefix = "zoe-engine-";
 
 // Where a private swap directory goes when the configuration names none.
 std::string ScratchBase() {
@@ -187,7 +191,9 @@ Engine::Engine(config::EngineConfig config, EngineHooks hooks, HostBudgets budge
 
 Status Engine::Build(std::vector<std::string> nvme_paths) {
   if (nvme_paths.empty()) {
-    ZOE_ASSIGN_OR_RETURN(scratch_, ScratchDir::Create(ScratchBase() + "/zoe-engine-"));
+    io::RemoveStalePrivateDirectories(ScratchBase(), kPrivateDirectoryPrefix);
+    ZOE_ASSIGN_OR_RETURN(scratch_,
+                         ScratchDir::Create(ScratchBase() + "/" + kPrivateDirectoryPrefix));
     nvme_paths.push_back(scratch_->path());
     ZOE_LOG_INFO("engine: no zoe.nvme_paths; tensors swap to {}", scratch_->path());
   }

@@ -130,6 +130,77 @@ TEST(StaleSwap, OwnerIsReadFromTheNameSwapSpaceGives) {
   EXPECT_EQ(SwapFileOwner("zoe-swap-12a-1.0.swap"), std::nullopt);
 }
 
+// Makes `parent`/`name` a directory holding a swap file left by a process that died.
+std::string PrivateDirectoryLeftBehind(const std::string& parent, const std::string& name) {
+  const std::string dir = parent + "/" + name;
+  std::filesystem::create_directory(dir);
+  LeaveSwapBehind(dir);
+  return dir;
+}
+
+TEST(StaleSwap, PrivateDirectoriesOfProcessesThatDiedAreRemovedWithTheirFiles) {
+  testing::TempDir parent;
+  const std::string first = PrivateDirectoryLeftBehind(parent.path(), "zoe-engine-a1B2c3");
+  const std::string second = PrivateDirectoryLeftBehind(parent.path(), "zoe-engine-ZZZZZZ");
+  const StaleDirectorySweep sweep = RemoveStalePrivateDirectories(parent.path(), "zoe-engine-");
+  EXPECT_EQ(sweep.directories, 2u);
+  EXPECT_EQ(sweep.files.files, 2u);
+  EXPECT_EQ(sweep.files.bytes, 2u << 20);
+  EXPECT_FALSE(std::filesystem::exists(first));
+  EXPECT_FALSE(std::filesystem::exists(second));
+}
+
+TEST(StaleSwap, APrivateDirectoryWithAHeldFileIsKept) {
+  testing::TempDir parent;
+  const std::string dir = parent.path() + "/zoe-engine-Locked";
+  std::filesystem::create_directory(dir);
+  const std::string path = dir + "/zoe-swap-" + std::to_string(EndedPid()) + "-1.0.swap";
+  WriteFile(path, 10);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // as an engine in another pid namespace would hold it
+  EXPECT_EQ(RemoveStalePrivateDirectories(parent.path(), "zoe-engine-").directories, 0u);
+  EXPECT_TRUE(std::filesystem::exists(path));
+  ::close(fd);
+  EXPECT_EQ(RemoveStalePrivateDirectories(parent.path(), "zoe-engine-").directories, 1u);
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+TEST(StaleSwap, PrivateDirectoriesWithOtherContentOtherNamesLinksOrNothingAreKept) {
+  testing::TempDir parent;
+  const std::string with_other = PrivateDirectoryLeftBehind(parent.path(), "zoe-engine-Other1");
+  WriteFile(with_other + "/notes.txt", 10);
+  const std::string live = parent.path() + "/zoe-engine-Live01";
+  std::filesystem::create_directory(live);
+  auto mine = SwapSpace::Create({live}, 1 << 20, SwapOptions{});
+  ASSERT_TRUE(mine.ok());
+  const std::string empty = parent.path() + "/zoe-engine-Empty1";
+  std::filesystem::create_directory(empty);  // perhaps another engine's, just made
+  const std::vector<std::string> misnamed = {
+      PrivateDirectoryLeftBehind(parent.path(), "zoe-engine-abc"),
+      PrivateDirectoryLeftBehind(parent.path(), "zoe-engine-abc-12"),
+      PrivateDirectoryLeftBehind(parent.path(), "zoe-step-abc123")};
+  const std::string target = PrivateDirectoryLeftBehind(parent.path(), "target");
+  std::filesystem::create_directory_symlink(target, parent.path() + "/zoe-engine-Link01");
+
+  const StaleDirectorySweep sweep = RemoveStalePrivateDirectories(parent.path(), "zoe-engine-");
+  EXPECT_EQ(sweep.directories, 0u);
+  EXPECT_EQ(sweep.files.files, 1u) << "the stale swap file next to notes.txt";
+  EXPECT_EQ(Names(with_other), std::vector<std::string>{"notes.txt"});
+  EXPECT_EQ(Names(live).size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(empty));
+  for (const std::string& dir : misnamed) EXPECT_EQ(Names(dir).size(), 1u) << dir;
+  EXPECT_EQ(Names(target).size(), 1u) << "a link is not followed";
+}
+
+TEST(StaleSwap, PrivateDirectoryNamesAreThePrefixAndSixCharacters) {
+  EXPECT_TRUE(IsPrivateDirectoryName("zoe-engine-aZ09xY", "zoe-engine-"));
+  EXPECT_FALSE(IsPrivateDirectoryName("zoe-engine-aZ09x", "zoe-engine-"));
+  EXPECT_FALSE(IsPrivateDirectoryName("zoe-engine-aZ09xYz", "zoe-engine-"));
+  EXPECT_FALSE(IsPrivateDirectoryName("zoe-engine-aZ.9xY", "zoe-engine-"));
+  EXPECT_FALSE(IsPrivateDirectoryName("zoe-enginf-aZ09xY", "zoe-engine-"));
+}
+
 TEST(StaleSwap, AMissingDirectorySweepsNothing) {
   EXPECT_EQ(RemoveStaleSwapFiles("/nonexistent/zoe-stale-swap").files, 0u);
 }

@@ -5,8 +5,12 @@
 // faults; the async-error slot; concurrent callers.
 #include "offload/engine.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -444,6 +448,52 @@ TEST(Engine, ConfigJsonShowsResolvedValuesAndParsesBack) {
 }
 
 TEST(Engine, TensorsMoveThroughTheTiers) {
+// Sets an environment variable for one scope, restoring the previous value after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    if (!old_) ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A private swap directory `parent`/`name` holding a 4 KiB swap file of a process that ended;
+// returns the file's path.
+std::string PrivateDirectoryOfAnEndedProcess(const std::string& parent, const std::string& name) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  std::filesystem::create_directory(parent + "/" + name);
+  const std::string file = parent + "/" + name + "/zoe-swap-" + std::to_string(child) + "-0.0.swap";
+  std::ofstream(file) << std::string(4096, 'x');
+  return file;
+}
+
+TEST(Engine, APrivateDirectoryMadeRemovesThoseOfKilledProcessesButNotHeldOnes) {
+  TempDir dir;
+  const std::string parent = DirOf(dir);
+  const ScopedEnv tmpdir("TMPDIR", parent);
+  const std::string stale = PrivateDirectoryOfAnEndedProcess(parent, "zoe-engine-Dead01");
+  const std::string held = PrivateDirectoryOfAnEndedProcess(parent, "zoe-engine-Held01");
+  const int fd = ::open(held.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // as an engine in another pid namespace holds its file
+  Result<std::unique_ptr<Engine>> engine =
+      Engine::CreateFromJson(R"({"zoe": {"chunk_size": "64K", "tensor_swap_bytes": "1M"}})");
+  ::close(fd);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(parent + "/zoe-engine-Dead01"));
+  EXPECT_TRUE(std::filesystem::exists(held));
+}
+
   TempDir dir;
   std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
   ASSERT_NE(engine, nullptr);
