@@ -162,6 +162,8 @@ Result<std::unique_ptr<Engine>> Engine::CreateFromJson(std::string_view json_tex
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(config::EngineConfig config, EngineHooks hooks) {
+  // The level first: every line below obeys it.
+  if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
   const MemoryLimits memory = ReadMemoryLimits();
   const HostBudgets budgets = ResolveHostBudgets(config.zoe, memory.usable_bytes());
   if (config.zoe.host_budget == 0)
@@ -173,7 +175,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(config::EngineConfig config, Engi
                  config.zoe.chunk_size, budgets.tensors);
   }
   std::vector<std::string> nvme_paths = config.zoe.nvme_paths;
-  if (!config.zoe.log_level.empty()) ZOE_RETURN_IF_ERROR(log::SetLevel(config.zoe.log_level));
   const std::string ignored = config::DescribeIgnoredKeys(config);
   if (!ignored.empty()) ZOE_LOG_INFO("engine: {}", ignored);
   const std::string framework = config::DescribeFrameworkKeys(config);

@@ -92,7 +92,8 @@ class Engine {
  public:
   // Builds every part eagerly except the optimizer's I/O queue and executor (see above). Errors
   // name the part and the configuration key behind it. zoe.log_level, when given, sets the
-  // process-wide zoe logger's level; DeepSpeed keys the configuration ignored are logged once.
+  // process-wide zoe logger's level before the engine logs anything; DeepSpeed keys the
+  // configuration ignored are logged once.
   static Result<std::unique_ptr<Engine>> Create(config::EngineConfig config,
                                                 EngineHooks hooks = {});
   // ParseEngineConfig(json_text), then Create. An empty text means "{}".

@@ -393,6 +393,22 @@ TEST(Engine, LogLevelIsAppliedAndIgnoredKeysAreLogged) {
   log::Get().set_level(before);
 }
 
+TEST(Engine, LogLevelSilencesEvenTheFirstLinesOfCreation) {
+  TempDir dir;
+  const spdlog::level::level_enum before = log::Get().level();
+  log::Get().set_level(spdlog::level::info);
+  Json document;  // automatic host budget and chunk size: both are logged at info
+  document["zoe"] = {{"log_level", "error"}, {"nvme_paths", {DirOf(dir)}},
+                     {"tensor_swap_bytes", "1M"}};
+  {
+    log::ScopedCapture capture;
+    Result<std::unique_ptr<Engine>> engine = Engine::CreateFromJson(document.dump());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    EXPECT_EQ(capture.messages(), std::vector<std::string>{});
+  }
+  log::Get().set_level(before);
+}
+
 TEST(Engine, ParamOffloadBelowStage3IsAWarningAndTakesNoEffect) {
   TempDir dir;
   Json document = SmallConfig(dir);
@@ -432,22 +448,6 @@ TEST(Engine, WithoutNvmePathsTensorsSwapToAPrivateDirectoryRemovedWithTheEngine)
   EXPECT_FALSE(std::filesystem::exists(scratch));
 }
 
-TEST(Engine, ConfigJsonShowsResolvedValuesAndParsesBack) {
-  TempDir dir;
-  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
-  ASSERT_NE(engine, nullptr);
-  const Json printed = engine->ConfigJson();
-  EXPECT_EQ(printed["zoe"]["host_budget"], 32u << 20);
-  EXPECT_EQ(printed["zoe"]["tensor_host_budget"], 256u << 10);
-  EXPECT_EQ(printed["zoe"]["device_budget"], 256u << 10);  // the stand-in's automatic budget
-  EXPECT_EQ(printed["zero_optimization"]["sub_group_size"], kSubGroup);
-  EXPECT_EQ(printed["zoe"]["nvme_paths"], Json::array({DirOf(dir)}));
-  Result<config::EngineConfig> again = config::ParseEngineConfigDocument(printed);
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ(config::ToJson(*again), printed);
-}
-
-TEST(Engine, TensorsMoveThroughTheTiers) {
 // Sets an environment variable for one scope, restoring the previous value after.
 class ScopedEnv {
  public:
@@ -494,6 +494,22 @@ TEST(Engine, APrivateDirectoryMadeRemovesThoseOfKilledProcessesButNotHeldOnes) {
   EXPECT_TRUE(std::filesystem::exists(held));
 }
 
+TEST(Engine, ConfigJsonShowsResolvedValuesAndParsesBack) {
+  TempDir dir;
+  std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
+  ASSERT_NE(engine, nullptr);
+  const Json printed = engine->ConfigJson();
+  EXPECT_EQ(printed["zoe"]["host_budget"], 32u << 20);
+  EXPECT_EQ(printed["zoe"]["tensor_host_budget"], 256u << 10);
+  EXPECT_EQ(printed["zoe"]["device_budget"], 256u << 10);  // the stand-in's automatic budget
+  EXPECT_EQ(printed["zero_optimization"]["sub_group_size"], kSubGroup);
+  EXPECT_EQ(printed["zoe"]["nvme_paths"], Json::array({DirOf(dir)}));
+  Result<config::EngineConfig> again = config::ParseEngineConfigDocument(printed);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(config::ToJson(*again), printed);
+}
+
+TEST(Engine, TensorsMoveThroughTheTiers) {
   TempDir dir;
   std::unique_ptr<Engine> engine = MakeEngine(SmallConfig(dir));
   ASSERT_NE(engine, nullptr);
