@@ -663,20 +663,24 @@ Result<int64_t> Engine::GroupSteps(GroupId id) const {
 
 Status Engine::SetGroupSteps(GroupId id, int64_t steps) {
   ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
-  if (steps < 0) {
-    return Status::InvalidArgument(
-        fmt::format("optimizer group '{}': steps = {} must be >= 0", group->name, steps));
-  }
+  Status valid = CheckStepCount("steps", steps);
+  if (!valid.ok())
+    return std::move(valid).WithContext(fmt::format("optimizer group '{}'", group->name));
   std::lock_guard lock(group->mutex);
   group->optimizer->set_steps_taken(steps);
   return Status::Ok();
 }
 
-Result<std::vector<int64_t>> Engine::GroupSegmentSteps(GroupId id) const {
+Status Engine::CopyGroupSegmentSteps(GroupId id, std::span<int64_t> out) const {
   ZOE_ASSIGN_OR_RETURN(Group * group, FindGroupSlot(id));
   std::lock_guard lock(group->mutex);
   const std::span<const int64_t> steps = group->optimizer->segment_steps();
-  return std::vector<int64_t>(steps.begin(), steps.end());
+  if (steps.size() != out.size()) {
+    return Status::InvalidArgument(fmt::format("optimizer group '{}' has {} segments; n = {}",
+                                               group->name, steps.size(), out.size()));
+  }
+  std::copy(steps.begin(), steps.end(), out.begin());
+  return Status::Ok();
 }
 
 Status Engine::SetGroupSegmentSteps(GroupId id, std::span<const int64_t> steps) {
@@ -799,9 +803,10 @@ Status Engine::LoadCheckpoint(const std::string& dir) {
       return Status::Corruption(
           fmt::format("checkpoint {}: group_settings[{}] = {}", dir, i, entry.dump()));
     saved[i].steps_taken = entry["steps_taken"].get<int64_t>();
-    if (saved[i].steps_taken < 0)
-      return Status::Corruption(fmt::format("checkpoint {}: group_settings[{}] steps_taken {} < 0",
-                                            dir, i, saved[i].steps_taken));
+    if (!CheckStepCount("steps_taken", saved[i].steps_taken).ok())
+      return Status::Corruption(fmt::format(
+          "checkpoint {}: group_settings[{}] steps_taken {} is out of range; allowed: [0, {}]", dir,
+          i, saved[i].steps_taken, kMaxStepCount));
     ZOE_ASSIGN_OR_RETURN(saved[i].hyper,
                          HyperFromJson(entry["hyper"], groups_[i]->optimizer->options().kind));
     const Status valid = optim::ValidateHyperParams(saved[i].hyper);

@@ -159,9 +159,10 @@ class Engine {
   Status WriteState(GroupId group, StateSlot slot, uint64_t offset, std::span<const float> values);
   Result<int64_t> GroupSteps(GroupId group) const;
   Status SetGroupSteps(GroupId group, int64_t steps);
-  // The step count of each segment of the group (OptimizerGroup::segment_steps), and setting
-  // them all (one per segment, each >= 0).
-  Result<std::vector<int64_t>> GroupSegmentSteps(GroupId group) const;
+  // Copies the step count of each segment of the group (OptimizerGroup::segment_steps) to `out`,
+  // which must have one entry per segment (InvalidArgument naming the group and both counts
+  // otherwise, `out` untouched); and setting them all (one per segment, CheckStepCount each).
+  Status CopyGroupSegmentSteps(GroupId group, std::span<int64_t> out) const;
   Status SetGroupSegmentSteps(GroupId group, std::span<const int64_t> steps);
 
   // Every group, through CheckpointWriter / CheckpointReader

@@ -154,13 +154,7 @@ zoe_status zoe_optim_group_segment_steps(zoe_engine* engine, zoe_group_id group,
   return Guard([&]() -> Status {
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     if (n > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
-    ZOE_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, e->GroupSegmentSteps(ToGroupId(group)));
-    if (steps.size() != n) {
-      return Status::InvalidArgument(
-          fmt::format("optimizer group {} has {} segments; n = {}", group, steps.size(), n));
-    }
-    std::copy(steps.begin(), steps.end(), out);
-    return Status::Ok();
+    return e->CopyGroupSegmentSteps(ToGroupId(group), std::span<int64_t>(out, n));
   });
 }
 

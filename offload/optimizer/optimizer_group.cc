@@ -1095,6 +1095,13 @@ void OptimizerGroup::CountStep(const std::vector<bool>& present_segments, StepRe
   if (report->segments_updated > 0) ++steps_taken_;
 }
 
+Status CheckStepCount(std::string_view what, int64_t steps) {
+  if (steps >= 0 && steps <= kMaxStepCount) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "{} = {} is out of range; allowed: [0, {}] (the next step, one more, must fit int64)", what,
+      steps, kMaxStepCount));
+}
+
 void OptimizerGroup::set_steps_taken(int64_t steps) {
   steps_taken_ = steps;
   std::fill(segment_steps_.begin(), segment_steps_.end(), steps);
@@ -1107,11 +1114,9 @@ Status OptimizerGroup::SetSegmentSteps(std::span<const int64_t> steps) {
                     options_.name, steps.size(), segment_steps_.size()));
   }
   for (size_t s = 0; s < steps.size(); ++s) {
-    if (steps[s] < 0) {
-      return Status::InvalidArgument(
-          fmt::format("optimizer group '{}': segment {} step count {} is negative; allowed: >= 0",
-                      options_.name, s, steps[s]));
-    }
+    Status valid = CheckStepCount(fmt::format("segment {} step count", s), steps[s]);
+    if (!valid.ok())
+      return std::move(valid).WithContext(fmt::format("optimizer group '{}'", options_.name));
   }
   std::copy(steps.begin(), steps.end(), segment_steps_.begin());
   steps_taken_ = steps.empty() ? 0 : *std::max_element(steps.begin(), steps.end());

@@ -97,10 +97,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/executor.h"
@@ -207,6 +209,14 @@ struct SpeculationStats {
 // Which state array ReadState and WriteState address.
 enum class StateSlot : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
 
+// The largest step count a group or segment may hold: the step after it, one more, is the count
+// its bias correction uses and must fit an int64_t.
+inline constexpr int64_t kMaxStepCount = std::numeric_limits<int64_t>::max() - 1;
+
+// Ok for a step count in [0, kMaxStepCount]; otherwise InvalidArgument "<what> = <steps> is out
+// of range; allowed: [0, kMaxStepCount]".
+Status CheckStepCount(std::string_view what, int64_t steps);
+
 class OptimizerGroup {
  public:
   // Validates the options (InvalidArgument naming the field and its allowed range), checks that
@@ -267,12 +277,12 @@ class OptimizerGroup {
 
   // Steps that updated the group: not skipped, and with at least one segment present.
   int64_t steps_taken() const { return steps_taken_; }
-  // Sets steps_taken and the step count of every segment to `steps` (>= 0).
+  // Sets steps_taken and the step count of every segment to `steps` (CheckStepCount passed).
   void set_steps_taken(int64_t steps);
   // The step count of each segment (the bias correction of its next update uses it plus one).
   std::span<const int64_t> segment_steps() const { return segment_steps_; }
-  // Sets every segment's step count (one entry per segment, each >= 0; InvalidArgument naming
-  // the first bad entry otherwise) and steps_taken to the largest of them.
+  // Sets every segment's step count (one entry per segment, each passing CheckStepCount;
+  // InvalidArgument naming the first bad entry otherwise) and steps_taken to the largest of them.
   Status SetSegmentSteps(std::span<const int64_t> steps);
   size_t segment_count() const { return segment_steps_.size(); }
   const OptimizerGroupOptions& options() const { return options_; }

@@ -654,7 +654,11 @@ static void test_optimizer_errors(void) {
   CHECK_FAILS(zoe_optim_group_steps(engine, 9, &steps), ZOE_ERR_NOT_FOUND, "");
   CHECK(steps == 0);
   CHECK_FAILS(zoe_optim_group_steps(engine, group, NULL), ZOE_ERR_INVALID_ARGUMENT, "out is NULL");
-  CHECK_FAILS(zoe_optim_group_set_steps(engine, group, -1), ZOE_ERR_INVALID_ARGUMENT, ">= 0");
+  CHECK_FAILS(zoe_optim_group_set_steps(engine, group, -1), ZOE_ERR_INVALID_ARGUMENT,
+              "allowed: [0, 9223372036854775806]");
+  /* The step after INT64_MAX would overflow; the one after INT64_MAX - 1 does not. */
+  CHECK_FAILS(zoe_optim_group_set_steps(engine, group, INT64_MAX), ZOE_ERR_INVALID_ARGUMENT,
+              "steps = 9223372036854775807 is out of range; allowed: [0, 9223372036854775806]");
   CHECK_FAILS(zoe_optim_group_set_steps(engine, 9, 1), ZOE_ERR_NOT_FOUND, "");
   zoe_engine_destroy(engine);
 }
@@ -695,11 +699,11 @@ static void test_optimizer_segments(void) {
   CHECK_FAILS(zoe_optim_step(engine, group, NULL, bad, 3, NULL, 0, 1.0, NULL),
               ZOE_ERR_INVALID_ARGUMENT, "whole segments");
   CHECK_FAILS(zoe_optim_group_segment_steps(engine, group, counts, 2), ZOE_ERR_INVALID_ARGUMENT,
-              "3 segments");
+              "optimizer group 's' has 3 segments; n = 2");
   CHECK_FAILS(zoe_optim_group_segment_steps(engine, group, NULL, 3), ZOE_ERR_INVALID_ARGUMENT,
               "out is NULL");
   CHECK_FAILS(zoe_optim_group_set_segment_steps(engine, group, negative, 3),
-              ZOE_ERR_INVALID_ARGUMENT, "segment 1 step count -1");
+              ZOE_ERR_INVALID_ARGUMENT, "segment 1 step count = -1");
   CHECK_FAILS(zoe_optim_group_set_segment_steps(engine, 9, loaded, 3), ZOE_ERR_NOT_FOUND, "");
   CHECK_FAILS(zoe_optim_group_set_segment_steps(engine, group, NULL, 3), ZOE_ERR_INVALID_ARGUMENT,
               "steps is NULL");

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -452,7 +453,15 @@ TEST(OptimizerGroupSegmentsTest, SetSegmentStepsChecksEveryEntry) {
       << status.ToString();
   const std::vector<int64_t> negative = {1, 2, -3, 4, 5};
   status = harness.group().SetSegmentSteps(negative);
-  EXPECT_NE(status.message().find("segment 2 step count -3"), std::string::npos)
+  EXPECT_NE(status.message().find("segment 2 step count = -3"), std::string::npos)
+      << status.ToString();
+  // The step after INT64_MAX would overflow.
+  const std::vector<int64_t> too_many = {1, 2, 3, std::numeric_limits<int64_t>::max(), 5};
+  status = harness.group().SetSegmentSteps(too_many);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("segment 3 step count = 9223372036854775807 is out of range; "
+                                  "allowed: [0, 9223372036854775806]"),
+            std::string::npos)
       << status.ToString();
   EXPECT_EQ(SegmentSteps(harness.group()), std::vector<int64_t>(5, 0));
   const std::vector<int64_t> good = {3, 0, 9, 1, 3};

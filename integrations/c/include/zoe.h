@@ -416,14 +416,15 @@ ZOE_API zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group,
                                          const float* values);
 
 /* The group's step count (steps taken, skipped ones excluded), and setting it (for loading a
- * state dict). */
+ * state dict): steps in [0, INT64_MAX - 1], so that the next step's count fits an int64_t;
+ * ZOE_ERR_INVALID_ARGUMENT naming that range otherwise. */
 ZOE_API zoe_status zoe_optim_group_steps(zoe_engine* engine, zoe_group_id group, int64_t* out);
 ZOE_API zoe_status zoe_optim_group_set_steps(zoe_engine* engine, zoe_group_id group, int64_t steps);
 
 /* The step count of each segment of the group (see "segments" in zoe_optim_group_create), and
  * setting them (loading a state dict whose parameters took different numbers of steps; the group's
  * step count becomes the largest). n must be the number of segments (INVALID_ARGUMENT naming it
- * otherwise); out / steps: n entries, borrowed. Setting needs every entry >= 0.
+ * otherwise); out / steps: n entries, borrowed. Setting needs every entry in [0, INT64_MAX - 1].
  * zoe_optim_group_set_steps sets every segment's count too. */
 ZOE_API zoe_status zoe_optim_group_segment_steps(zoe_engine* engine, zoe_group_id group,
                                                  int64_t* out, size_t n);
