@@ -125,6 +125,8 @@ void zoe_sharded_group_destroy(zoe_sharded_group* group) { delete group; }
 zoe_status zoe_shard_range(uint64_t count, int32_t rank, int32_t world_size, uint64_t* begin,
                            uint64_t* end) {
   return Guard([&]() -> Status {
+    if (begin != nullptr) *begin = 0;  // what a failure leaves (zoe.h, convention 6)
+    if (end != nullptr) *end = 0;
     ZOE_RETURN_IF_ERROR(CheckNotNull(begin, "begin"));
     ZOE_RETURN_IF_ERROR(CheckNotNull(end, "end"));
     if (world_size < 1 || rank < 0 || rank >= world_size) {
@@ -143,6 +145,9 @@ zoe_status zoe_shard_range(uint64_t count, int32_t rank, int32_t world_size, uin
 zoe_status zoe_sharded_group_local(zoe_sharded_group* group, zoe_group_id* out_id, uint64_t* begin,
                                    uint64_t* end) {
   return Guard([&]() -> Status {
+    if (out_id != nullptr) *out_id = ZOE_GROUP_ID_INVALID;  // what a failure leaves
+    if (begin != nullptr) *begin = 0;
+    if (end != nullptr) *end = 0;
     ZOE_RETURN_IF_ERROR(CheckNotNull(group, "group"));
     if (out_id != nullptr) *out_id = group->group->group().value;
     if (begin != nullptr) *begin = group->group->shard().begin;

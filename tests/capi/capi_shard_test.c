@@ -499,13 +499,32 @@ static void test_shard_range(void) {
       CHECK(expected_begin == counts[c]);
     }
   }
-  uint64_t begin = 0, end = 0;
+  /* A failure leaves 0 in both outputs given (zoe.h, convention 6). */
+  uint64_t begin = 7, end = 7;
   CHECK(zoe_shard_range(10, 2, 2, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
   CHECK(strstr(zoe_last_error(), "rank 2 of world size 2") != NULL);
+  CHECK(begin == 0 && end == 0);
+  begin = end = 7;
+  CHECK(zoe_shard_range(10, 5, 3, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(begin == 0 && end == 0);
   CHECK(zoe_shard_range(10, -1, 2, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
   CHECK(zoe_shard_range(10, 0, 0, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  end = 7;
   CHECK(zoe_shard_range(10, 0, 1, NULL, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(end == 0);
+  begin = 7;
   CHECK(zoe_shard_range(10, 0, 1, &begin, NULL) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(begin == 0);
+}
+
+/* zoe_sharded_group_local on a NULL group: INVALID_ARGUMENT, and the outputs given are
+ * ZOE_GROUP_ID_INVALID and 0 (zoe.h, convention 6). */
+static void test_sharded_group_local_failure_clears_outputs(void) {
+  zoe_group_id id = 5;
+  uint64_t begin = 7, end = 7;
+  CHECK(zoe_sharded_group_local(NULL, &id, &begin, &end) == ZOE_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(zoe_last_error(), "group is NULL") != NULL);
+  CHECK(id == ZOE_GROUP_ID_INVALID && begin == 0 && end == 0);
 }
 
 int main(void) {
@@ -524,6 +543,7 @@ int main(void) {
   test_bad_collectives();
   test_nccl_helper_without_communicator();
   test_shard_range();
+  test_sharded_group_local_failure_clears_outputs();
   nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   return finish_checks();
 }

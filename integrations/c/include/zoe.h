@@ -13,7 +13,10 @@
  *     an id that names no tensor or group is ZOE_ERR_NOT_FOUND; an enum value outside its list is
  *     ZOE_ERR_INVALID_ARGUMENT. On failure, out-parameters (when not NULL themselves) are set to
  *     NULL, ZOE_TENSOR_ID_INVALID / ZOE_GROUP_ID_INVALID, or 0 (numbers, and the members of an
- *     output struct that its struct_size covers).
+ *     output struct that its struct_size covers). Output arrays (a pointer and a count the caller
+ *     gives) are not cleared, as a refused count cannot size them: untouched when the call is
+ *     refused for its arguments, possibly partly written when it fails later (an I/O error);
+ *     their contents mean nothing after a failure.
  *  7. A destroyed engine cannot be told from a live one: using it is undefined behaviour.
  *  8. Structs carry their size. Every struct a caller fills for zoe (zoe_tensor_desc,
  *     zoe_hyper_params, zoe_collectives) or zoe fills for a caller (zoe_step_result,
