@@ -112,10 +112,7 @@ Status ReadSegments(const Json& value, std::vector<size_t>* segments) {
 Status ApplyGroupDocument(const GroupDocument& doc, GroupSpec* spec) {
   if (doc.name.empty())
     return Status::InvalidArgument("name is missing or empty; every group needs a unique name");
-  if (doc.name.find('/') != std::string::npos || doc.name == "." || doc.name == "..") {
-    return Status::InvalidArgument(fmt::format(
-        "name = '{}' cannot name a checkpoint file; allowed: no '/', not '.' or '..'", doc.name));
-  }
+  ZOE_RETURN_IF_ERROR(CheckGroupName(doc.name));
   spec->options.name = doc.name;
   spec->options.speculative = doc.speculative;
   if (doc.master != "" && doc.master != "zoe" && doc.master != "params") {

@@ -55,20 +55,41 @@ std::optional<uint64_t> ParseVersionName(std::string_view name) {
 
 std::string VersionName(uint64_t number) { return fmt::format("v{:06}", number); }
 
-// Plain file names only: no path separators, no dot entries, none of the store's own names, and
-// no longer than a directory entry may be (NAME_MAX bytes), so a refused name is refused here and
-// not as an I/O error halfway through a save.
-Status CheckFileName(std::string_view name) {
+bool IsValidUtf8(std::string_view text) {
+  try {
+    (void)nlohmann::json(std::string(text)).dump();
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+// Plain file names only (see checkpoint_store.h), so a refused name is refused here and not as an
+// I/O error halfway through a save. Printed JSON-quoted: a NUL or a control character shows.
+Status CheckCheckpointFileName(std::string_view name) {
   const bool reserved = name == kManifest || name == kLatest || name == kLatestTmp;
+  const bool control = std::any_of(name.begin(), name.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+  });
   if (name.empty() || name == "." || name == ".." || reserved || name.size() > NAME_MAX ||
-      name.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
+      control || name.find('/') != std::string_view::npos || !IsValidUtf8(name)) {
     return Status::InvalidArgument(fmt::format(
-        "checkpoint file name '{}' is not allowed: it must be a plain, non-empty file name of at "
-        "most {} bytes without '/', other than '.', '..', '{}', '{}' and '{}'",
-        name, NAME_MAX, kManifest, kLatest, kLatestTmp));
+        "checkpoint file name {} ({} bytes) is not allowed: it must be a plain, non-empty file "
+        "name of at most {} bytes of UTF-8 without '/' or control characters, other than '.', "
+        "'..', '{}', '{}' and '{}'",
+        QuoteForMessage(name), name.size(), NAME_MAX, kManifest, kLatest, kLatestTmp));
   }
   return Status::Ok();
 }
+
+std::string QuoteForMessage(std::string_view text) {
+  return nlohmann::json(std::string(text))
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
 
 // The manifest is JSON: what goes into it must print as JSON, so its strings must be UTF-8.
 // Checked when it is handed over, before anything is written, instead of failing the commit.
@@ -300,7 +321,7 @@ Result<ManifestFile> ParseManifestFile(const nlohmann::json& entry, const std::s
   if (!checksum) return bad("'xxh3' is not 16 hex digits");
   file.xxh3 = *checksum;
   if (entry.contains("metadata")) file.metadata = entry["metadata"];
-  if (!CheckFileName(file.name).ok()) return bad("the name is not a plain file name");
+  if (!CheckCheckpointFileName(file.name).ok()) return bad("the name is not a plain file name");
   return file;
 }
 
@@ -507,7 +528,7 @@ Status CheckpointWriter::BeginFile(std::string_view name, nlohmann::json file_me
         fmt::format("checkpoint {}: BeginFile('{}') while '{}' is still open (call EndFile)",
                     impl_->version_path, name, impl_->current.name));
   }
-  ZOE_RETURN_IF_ERROR(CheckFileName(name));
+  ZOE_RETURN_IF_ERROR(CheckCheckpointFileName(name));
   ZOE_RETURN_IF_ERROR(CheckPrintable(std::string(name), "file name"));
   ZOE_RETURN_IF_ERROR(CheckPrintable(file_metadata, fmt::format("metadata of file '{}'", name)));
   if (impl_->written_names.contains(std::string(name))) {

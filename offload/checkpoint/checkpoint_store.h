@@ -39,6 +39,16 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // The system calls a save or a load makes, named for the fault hooks below.
 enum class CheckpointSyscall { kMkdir, kOpen, kWrite, kFsync, kRename, kRemove, kStatvfs, kRead };
 
+// Ok when `name` can be a file of a checkpoint: a plain, non-empty file name of at most NAME_MAX
+// bytes of valid UTF-8 without '/', NUL or other control characters, other than '.', '..' and
+// the store's own names ("manifest.json", "LATEST", "LATEST.tmp"). InvalidArgument naming the
+// rule otherwise. BeginFile applies it, and so does whatever names a file before any save.
+Status CheckCheckpointFileName(std::string_view name);
+
+// `text` JSON-quoted and escaped (invalid UTF-8 replaced), for a message: a NUL or a control
+// character in a name shows instead of cutting the message short.
+std::string QuoteForMessage(std::string_view text);
+
 struct CheckpointWriterOptions {
   // The sizes of the files the save will write, in any order (empty: not known). Begin then checks,
   // after removing what earlier saves left, that `dir` has room for them, the manifest and LATEST

@@ -375,6 +375,7 @@ Status CheckOptions(const OptimizerGroupOptions& o, const OptimizerResources& r)
     return Status::InvalidArgument(fmt::format("optimizer group '{}': {}", n, message));
   };
   if (o.name.empty()) return Status::InvalidArgument("optimizer group: name is empty");
+  ZOE_RETURN_IF_ERROR(CheckGroupName(o.name));
   if (!IsKnownKind(o.kind)) {
     return bad(fmt::format("kind {} is unknown; allowed: adamw, adam, adagrad, lion",
                            static_cast<int>(o.kind)));

@@ -209,6 +209,15 @@ struct SpeculationStats {
 // Which state array ReadState and WriteState address.
 enum class StateSlot : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
 
+// The longest group name: a group's checkpoint file is "<name>.state", and a file name has at
+// most NAME_MAX (255) bytes.
+inline constexpr size_t kMaxGroupNameBytes = 255 - 6;
+
+// Ok when a checkpoint can be saved under group `name`: its file "<name>.state" passes
+// CheckCheckpointFileName (the rule every save applies). InvalidArgument naming the rule and
+// kMaxGroupNameBytes otherwise. Group creation applies it.
+Status CheckGroupName(std::string_view name);
+
 // The largest step count a group or segment may hold: the step after it, one more, is the count
 // its bias correction uses and must fit an int64_t.
 inline constexpr int64_t kMaxStepCount = std::numeric_limits<int64_t>::max() - 1;

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,11 +20,24 @@ nlohmann::json OptimizerGroup::Identity() const {
           {"chunk_elements", options_.chunk_elements}};
 }
 
+Status CheckGroupName(std::string_view name) {
+  if (CheckCheckpointFileName(StateFileName(name)).ok()) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "optimizer group name {} ({} bytes) cannot name a checkpoint file ('<name>{}'); allowed: 1 "
+      "to {} bytes of UTF-8 without '/' or control characters, not '.' or '..'",
+      QuoteForMessage(name), name.size(), kStateFileSuffix, kMaxGroupNameBytes));
+}
+
 uint64_t OptimizerGroup::checkpoint_bytes() const { return impl_->layout.payload_bytes(); }
 
 namespace {
 
-std::string StateFileName(const std::string& group) { return group + ".state"; }
+constexpr std::string_view kStateFileSuffix = ".state";
+static_assert(kMaxGroupNameBytes + kStateFileSuffix.size() == NAME_MAX);
+
+std::string StateFileName(std::string_view group) {
+  return std::string(group) + std::string(kStateFileSuffix);
+}
 
 // Reads one chunk's regions from the reader into the padded layout at `state`; an external
 // master (regions.master_external) into `master` instead, the chunk's first element at master[0].

@@ -336,6 +336,11 @@ TEST(EngineSetup, GroupDocumentErrorsNameTheKey) {
       {R"({"name": "g", "eps": 0})", 10, "eps"},
       {R"({"name": "g", "lr": -1})", 10, "lr = -1 is out of range"},
       {R"({"name": "a/b"})", 10, "cannot name a checkpoint file"},
+      // Names no checkpoint could be saved under, refused by the rule every save applies.
+      {Json{{"name", std::string(250, 'n')}}.dump(), 10, "(250 bytes) cannot name a checkpoint"},
+      {Json{{"name", std::string(300, 'n')}}.dump(), 10, "allowed: 1 to 249 bytes"},
+      {R"({"name": "nul\u0000x"})", 10, R"("nul\u0000x" (5 bytes) cannot name a checkpoint)"},
+      {R"({"name": "tab\there"})", 10, "cannot name a checkpoint file"},
       {R"({"lr": 0.1})", 10, "name is missing"},
       {R"(["g"])", 10, "expected a JSON object"},
       {R"({"name": )", 10, ""},
@@ -347,6 +352,8 @@ TEST(EngineSetup, GroupDocumentErrorsNameTheKey) {
     EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument) << c.json;
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.message)) << c.json;
   }
+  const std::string longest = Json{{"name", std::string(kMaxGroupNameBytes, 'n')}}.dump();
+  EXPECT_TRUE(ParseGroupSpec(longest, config, 10).ok()) << "249 bytes and '.state' fit NAME_MAX";
 }
 
 TEST(EngineSetup, GroupSwapHoldsBothSlotsOfEveryNvmeChunk) {
@@ -398,8 +405,8 @@ TEST(Engine, LogLevelSilencesEvenTheFirstLinesOfCreation) {
   const spdlog::level::level_enum before = log::Get().level();
   log::Get().set_level(spdlog::level::info);
   Json document;  // automatic host budget and chunk size: both are logged at info
-  document["zoe"] = {{"log_level", "error"}, {"nvme_paths", {DirOf(dir)}},
-                     {"tensor_swap_bytes", "1M"}};
+  document["zoe"] = {
+      {"log_level", "error"}, {"nvme_paths", {DirOf(dir)}}, {"tensor_swap_bytes", "1M"}};
   {
     log::ScopedCapture capture;
     Result<std::unique_ptr<Engine>> engine = Engine::CreateFromJson(document.dump());

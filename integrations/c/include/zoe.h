@@ -328,7 +328,10 @@ ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** o
  * and their files are the same as with "master": "zoe" (the default, a copy). A view with NULL
  * data (not with "master": "params") leaves its elements' master weights zero, to be written with
  * zoe_optim_state_write: a framework whose parameters do not fit in memory at once writes them one
- * at a time. Names are unique. Ids are given 0, 1, 2, ... in creation order. NO_SPACE /
+ * at a time. Names are unique, and name the group's checkpoint file "<name>.state": 1 to 249
+ * bytes of UTF-8 without '/' or control characters (NUL included), not "." or ".."
+ * (INVALID_ARGUMENT naming the rule otherwise, as a save would refuse them). Ids are given 0, 1,
+ * 2, ... in creation order. NO_SPACE /
  * OUT_OF_MEMORY name the bytes needed and free. */
 ZOE_API zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,
                                           const zoe_buffer_view* params, size_t n,
