@@ -466,12 +466,18 @@ Result<std::unique_ptr<io::SwapSpace>> Engine::CreateGroupSwap(
 Status Engine::WithSizingAdvice(Status status, const OptimizerGroupOptions& options,
                                 uint64_t pinned_free) const {
   if (status.code() != StatusCode::kOutOfMemory) return status;
-  const uint64_t needed = GroupPinnedBytes(options, optimizer_pool_->alignment());
-  const uint64_t short_by = needed - std::min(needed, pinned_free);
+  // What the group needs on top of what other groups hold, and the host budget whose split
+  // (ResolveHostBudgets) gives the optimizer that much.
+  const uint64_t needed =
+      GroupPinnedNeed(options, optimizer_pool_->alignment(), kDirectIoUnit).total();
+  const uint64_t held = budgets_.optimizer - std::min(budgets_.optimizer, pinned_free);
+  const uint64_t host_budget = HostBudgetForOptimizer(config_.zoe, held + needed);
   std::string advice = fmt::format(
       "; to fit, raise zoe.host_budget from {} to at least {} bytes (the optimizer groups get "
-      "host_budget - tensor_host_budget)",
-      budgets_.total, budgets_.total + short_by);
+      "host_budget - tensor_host_budget, {})",
+      budgets_.total, host_budget,
+      config_.zoe.tensor_host_budget != 0 ? "tensor_host_budget as configured"
+                                          : "tensor_host_budget being half of host_budget");
   const size_t fitting =
       options.placement == Tier::kNvme
           ? LargestChunkWithin(options, pinned_free, optimizer_pool_->alignment(), 1)

@@ -221,6 +221,12 @@ HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t usable_byt
   return budgets;
 }
 
+uint64_t HostBudgetForOptimizer(const config::ZoeConfig& zoe, uint64_t optimizer_bytes) {
+  if (zoe.tensor_host_budget != 0) return zoe.tensor_host_budget + optimizer_bytes;
+  // The tensors take total / 2, rounded down; the optimizer the rest, at least half.
+  return std::max<uint64_t>(2 * optimizer_bytes, 3) - 1;
+}
+
 uint64_t AutoChunkSize(uint64_t tensor_budget) {
   const uint64_t share = tensor_budget / kAutoChunksInHostBudget;
   const uint64_t power = share == 0 ? 0 : std::bit_floor(share);

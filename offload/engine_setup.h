@@ -39,6 +39,10 @@ struct HostBudgets {
 // available memory, or less the room under a memory cgroup's limit). Both shares are > 0.
 HostBudgets ResolveHostBudgets(const config::ZoeConfig& zoe, uint64_t usable_bytes);
 
+// The smallest zoe.host_budget that ResolveHostBudgets splits into an optimizer share of at least
+// `optimizer_bytes`, zoe.tensor_host_budget staying as configured (automatic: half the total).
+uint64_t HostBudgetForOptimizer(const config::ZoeConfig& zoe, uint64_t optimizer_bytes);
+
 // The automatic zoe.chunk_size (chunk_size 0): the largest power of two that is at most
 // 1/kAutoChunksInHostBudget of the tensors' HOST budget, within [1 MiB, 64 MiB]. The HOST tier
 // then holds that many chunks (a layer's parameters, its gradient, prefetches ahead) rather than

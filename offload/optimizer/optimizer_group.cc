@@ -518,31 +518,47 @@ Status OptimizerGroup::Impl::WriteInitialState(const detail::PlacedViews& params
   return Status::Ok();
 }
 
+// The pinned bytes of a group with `options` laid out as `layout`, `nvme_count` chunks on NVMe.
+static PinnedNeed PinnedNeedOf(const OptimizerGroupOptions& options, const StateLayout& layout,
+                               size_t nvme_count, uint64_t page) {
+  PinnedNeed need;
+  need.buffers = std::min<size_t>(options.buffer_count, nvme_count);
+  need.buffer_bytes = AlignUp(layout.max_chunk_bytes(), page);
+  for (size_t c = nvme_count; c < layout.chunk_count(); ++c) {
+    // Speculation keeps a spare of every HOST chunk for its new state.
+    need.host_bytes += (options.speculative ? 2 : 1) * AlignUp(layout.chunk(c).bytes, page);
+  }
+  return need;
+}
+
+PinnedNeed GroupPinnedNeed(const OptimizerGroupOptions& options, uint64_t page, uint64_t io_block) {
+  if (options.count == 0 || options.chunk_elements == 0) return PinnedNeed{};
+  const size_t nvme_count = NvmeChunkCount(options, CeilDiv(options.count, options.chunk_elements));
+  const StateLayout layout(options.kind, options.state_dtype, options.count, options.chunk_elements,
+                           io_block, SegmentEnds(options), options.master_in_params,
+                           /*first_host_chunk=*/nvme_count);
+  return PinnedNeedOf(options, layout, nvme_count, page);
+}
+
 // NoSpace / OutOfMemory before anything is allocated, with the bytes needed and free.
 static Status CheckCapacity(const OptimizerGroupOptions& options, const StateLayout& layout,
                             size_t nvme_count, const OptimizerResources& resources) {
-  const uint64_t page = resources.pinned->alignment();
-  const size_t buffers = std::min<size_t>(options.buffer_count, nvme_count);
-  const uint64_t buffer_bytes = buffers * AlignUp(layout.max_chunk_bytes(), page);
-  uint64_t host_bytes = 0;
+  const PinnedNeed need = PinnedNeedOf(options, layout, nvme_count, resources.pinned->alignment());
   uint64_t swap_bytes = 0;
-  for (size_t c = 0; c < layout.chunk_count(); ++c) {
-    if (c < nvme_count) {
-      swap_bytes += options.slots * layout.chunk(c).bytes;
-    } else {
-      // Speculation keeps a spare of every HOST chunk for its new state.
-      host_bytes += (options.speculative ? 2 : 1) * AlignUp(layout.chunk(c).bytes, page);
-    }
-  }
+  for (size_t c = 0; c < nvme_count; ++c) swap_bytes += options.slots * layout.chunk(c).bytes;
   const uint64_t pinned_free =
       resources.pinned->budget_bytes() -
       std::min(resources.pinned->budget_bytes(), resources.pinned->used_bytes());
-  if (buffer_bytes + host_bytes > pinned_free) {
+  if (need.total() > pinned_free) {
+    const std::string buffers =
+        need.buffers == 0
+            ? std::string()
+            : fmt::format("{} pipeline buffers of {} bytes and ", need.buffers, need.buffer_bytes);
     return Status::OutOfMemory(fmt::format(
-        "optimizer group '{}' needs {} bytes of pinned memory ({} pipeline buffers of {} bytes "
-        "and {} bytes of HOST chunks); pool '{}' has {} of its {} bytes free",
-        options.name, buffer_bytes + host_bytes, buffers, AlignUp(layout.max_chunk_bytes(), page),
-        host_bytes, resources.pinned->name(), pinned_free, resources.pinned->budget_bytes()));
+        "optimizer group '{}' needs {} bytes of pinned memory ({}{} bytes of HOST chunks); pool "
+        "'{}' has {} of its {} bytes free",
+        options.name, need.total(), buffers, need.host_bytes, resources.pinned->name(), pinned_free,
+        resources.pinned->budget_bytes()));
   }
   if (swap_bytes > 0 && swap_bytes > resources.swap->free_bytes()) {
     return Status::NoSpace(fmt::format(

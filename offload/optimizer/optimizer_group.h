@@ -209,6 +209,21 @@ struct SpeculationStats {
 // Which state array ReadState and WriteState address.
 enum class StateSlot : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
 
+// The pinned bytes a group takes from its pool: `buffers` pipeline buffers of `buffer_bytes`
+// (one chunk each, for its NVMe chunks) and its HOST chunks, `host_bytes` (twice when
+// speculative).
+struct PinnedNeed {
+  size_t buffers = 0;
+  uint64_t buffer_bytes = 0;
+  uint64_t host_bytes = 0;
+  uint64_t total() const { return buffers * buffer_bytes + host_bytes; }
+};
+
+// What OptimizerGroup::Create, before it allocates, finds a group with `options` needs from a
+// pool of `page`-byte pages when its state regions align to `io_block` (4096, or the swap's
+// checksum block).
+PinnedNeed GroupPinnedNeed(const OptimizerGroupOptions& options, uint64_t page, uint64_t io_block);
+
 // The longest group name: a group's checkpoint file is "<name>.state", and a file name has at
 // most NAME_MAX (255) bytes.
 inline constexpr size_t kMaxGroupNameBytes = 255 - 6;

@@ -1228,5 +1228,37 @@ TEST(EngineSizing, ASubGroupTheUserSetIsKeptAndARefusalNamesTheKeysAndValuesThat
   EXPECT_EQ(roomier->StatsJson()["groups"][0]["sub_group_size"], size_t{1} << 20);
 }
 
+// A host group under a tiny host budget whose tensor share is automatic (half): the host budget
+// the refusal suggests is one whose split gives the optimizer enough, and it does.
+TEST(EngineSizing, TheHostBudgetAHostGroupsRefusalSuggestsFitsTheAutomaticSplit) {
+  TempDir dir;
+  auto config = [&](uint64_t host_budget) {
+    Json document;
+    document["zoe"] = {{"device", "host"},
+                       {"host_budget", host_budget},
+                       {"tensor_swap_bytes", "1M"},
+                       {"nvme_paths", {DirOf(dir)}}};
+    document["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    return document;
+  };
+  std::vector<float> params(1000, 0.5f);
+  const ParamView view{params.data(), optim::DType::kFloat32, params.size()};
+  std::unique_ptr<Engine> tiny = MakeEngine(config(1024));
+  ASSERT_NE(tiny, nullptr);
+  Result<GroupId> refused = tiny->CreateGroup(R"({"name": "g"})", std::span(&view, 1));
+  ASSERT_FALSE(refused.ok());
+  ASSERT_EQ(refused.status().code(), StatusCode::kOutOfMemory);
+  const std::string message(refused.status().message());
+  EXPECT_THAT(message, Not(HasSubstr("pipeline buffers"))) << "a HOST group has none";
+  EXPECT_THAT(message, HasSubstr("tensor_host_budget being half of host_budget"));
+  const size_t at = message.find("to at least ");
+  ASSERT_NE(at, std::string::npos) << message;
+  const uint64_t budget = std::stoull(message.substr(at + std::string("to at least ").size()));
+  std::unique_ptr<Engine> advised = MakeEngine(config(budget));
+  ASSERT_NE(advised, nullptr);
+  Result<GroupId> created = advised->CreateGroup(R"({"name": "g"})", std::span(&view, 1));
+  EXPECT_TRUE(created.ok()) << "host_budget " << budget << ": " << created.status().ToString();
+}
+
 }  // namespace
 }  // namespace zoe::offload
