@@ -86,9 +86,8 @@ Status CheckViews(std::span<const View> views, size_t count, std::string_view wh
 
 Status CheckRange(uint64_t offset, uint64_t count, size_t group_count) {
   if (offset <= group_count && count <= group_count - offset) return Status::Ok();
-  return Status::InvalidArgument(
-      fmt::format("elements [{}, {}) are outside the group's {} parameters", offset, offset + count,
-                  group_count));
+  return Status::InvalidArgument(fmt::format("elements {} are outside the group's {} parameters",
+                                             DescribeElementRange(offset, count), group_count));
 }
 
 Status CheckSlot(StateSlot slot) {

@@ -906,8 +906,8 @@ Status OptimizerGroup::CheckStateRange(StateSlot slot, size_t offset, size_t len
   }
   if (offset > count() || length > count() - offset) {
     return Status::InvalidArgument(
-        fmt::format("optimizer group '{}': state range [{}, {}) is outside the group's [0, {})",
-                    options_.name, offset, offset + length, count()));
+        fmt::format("optimizer group '{}': state range {} is outside the group's [0, {})",
+                    options_.name, DescribeElementRange(offset, length), count()));
   }
   return Status::Ok();
 }
@@ -1110,6 +1110,12 @@ void OptimizerGroup::CountStep(const std::vector<bool>& present_segments, StepRe
     ++report->segments_updated;
   }
   if (report->segments_updated > 0) ++steps_taken_;
+}
+
+std::string DescribeElementRange(uint64_t offset, uint64_t count) {
+  if (count <= std::numeric_limits<uint64_t>::max() - offset)
+    return fmt::format("[{}, {})", offset, offset + count);
+  return fmt::format("[{}, {} + {})", offset, offset, count);
 }
 
 Status CheckStepCount(std::string_view what, int64_t steps) {

@@ -224,6 +224,10 @@ struct PinnedNeed {
 // checksum block).
 PinnedNeed GroupPinnedNeed(const OptimizerGroupOptions& options, uint64_t page, uint64_t io_block);
 
+// "[offset, offset + count)" for a message, without wrapping: a range that ends past 2^64 - 1
+// prints as "[offset, offset + count)" with both numbers.
+std::string DescribeElementRange(uint64_t offset, uint64_t count);
+
 // The longest group name: a group's checkpoint file is "<name>.state", and a file name has at
 // most NAME_MAX (255) bytes.
 inline constexpr size_t kMaxGroupNameBytes = 255 - 6;

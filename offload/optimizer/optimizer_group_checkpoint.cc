@@ -20,14 +20,6 @@ nlohmann::json OptimizerGroup::Identity() const {
           {"chunk_elements", options_.chunk_elements}};
 }
 
-Status CheckGroupName(std::string_view name) {
-  if (CheckCheckpointFileName(StateFileName(name)).ok()) return Status::Ok();
-  return Status::InvalidArgument(fmt::format(
-      "optimizer group name {} ({} bytes) cannot name a checkpoint file ('<name>{}'); allowed: 1 "
-      "to {} bytes of UTF-8 without '/' or control characters, not '.' or '..'",
-      QuoteForMessage(name), name.size(), kStateFileSuffix, kMaxGroupNameBytes));
-}
-
 uint64_t OptimizerGroup::checkpoint_bytes() const { return impl_->layout.payload_bytes(); }
 
 namespace {
@@ -38,6 +30,18 @@ static_assert(kMaxGroupNameBytes + kStateFileSuffix.size() == NAME_MAX);
 std::string StateFileName(std::string_view group) {
   return std::string(group) + std::string(kStateFileSuffix);
 }
+
+}  // namespace
+
+Status CheckGroupName(std::string_view name) {
+  if (CheckCheckpointFileName(StateFileName(name)).ok()) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "optimizer group name {} ({} bytes) cannot name a checkpoint file ('<name>{}'); allowed: 1 "
+      "to {} bytes of UTF-8 without '/' or control characters, not '.' or '..'",
+      QuoteForMessage(name), name.size(), kStateFileSuffix, kMaxGroupNameBytes));
+}
+
+namespace {
 
 // Reads one chunk's regions from the reader into the padded layout at `state`; an external
 // master (regions.master_external) into `master` instead, the chunk's first element at master[0].

@@ -651,6 +651,10 @@ static void test_optimizer_errors(void) {
               ZOE_ERR_INVALID_ARGUMENT, "values is NULL");
   CHECK_FAILS(zoe_optim_state_write(engine, group, ZOE_STATE_EXP_AVG, UINT64_MAX, 4, values),
               ZOE_ERR_INVALID_ARGUMENT, "outside");
+  /* A range ending past 2^64 - 1 is printed without wrapping. */
+  CHECK_FAILS(zoe_optim_state_read(engine, group, ZOE_STATE_MASTER, UINT64_MAX, 2, values),
+              ZOE_ERR_INVALID_ARGUMENT,
+              "elements [18446744073709551615, 18446744073709551615 + 2) are outside");
   CHECK_FAILS(zoe_optim_group_steps(engine, 9, &steps), ZOE_ERR_NOT_FOUND, "");
   CHECK(steps == 0);
   CHECK_FAILS(zoe_optim_group_steps(engine, group, NULL), ZOE_ERR_INVALID_ARGUMENT, "out is NULL");
