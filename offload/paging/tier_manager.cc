@@ -60,9 +60,13 @@ Result<std::unique_ptr<TierManager>> TierManager::Create(TierManagerOptions opti
   swap_options.files.open.direct = options.use_direct;
   swap_options.files.open.refuse_direct_for_testing = options.refuse_direct_for_testing;
   swap_options.alignment = 4096;
-  ZOE_ASSIGN_OR_RETURN(
-      std::unique_ptr<io::SwapSpace> swap,
-      io::SwapSpace::Create(options.nvme_paths, options.nvme_capacity_bytes, swap_options));
+  Result<std::unique_ptr<io::SwapSpace>> created =
+      io::SwapSpace::Create(options.nvme_paths, options.nvme_capacity_bytes, swap_options);
+  if (!created.ok()) {
+    return std::move(created).status().WithContext(
+        fmt::format("{} = {} bytes", options.nvme_capacity_key, options.nvme_capacity_bytes));
+  }
+  std::unique_ptr<io::SwapSpace> swap = std::move(created).value();
   PinnedPoolOptions pool_options;
   pool_options.name = "host tier";
   pool_options.budget_bytes = options.host_budget_bytes;

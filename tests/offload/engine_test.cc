@@ -438,6 +438,9 @@ TEST(Engine, SwapThatCannotFitIsNoSpaceAtCreation) {
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), StatusCode::kNoSpace) << engine.status().ToString();
   EXPECT_THAT(std::string(engine.status().message()), HasSubstr("engine: tensors"));
+  EXPECT_THAT(std::string(engine.status().message()),
+              HasSubstr("zoe.tensor_swap_bytes = 1125899906842624 bytes: swap space of"))
+      << "names the setting to lower, as a registration that does not fit does";
 }
 
 TEST(Engine, WithoutNvmePathsTensorsSwapToAPrivateDirectoryRemovedWithTheEngine) {
