@@ -238,7 +238,8 @@ Status EnsureSwapDirectories(const std::vector<std::string>& paths) {
     std::error_code error;
     const bool created = std::filesystem::create_directories(path, error);
     if (!error && std::filesystem::is_directory(path, error)) {
-      if (created) ZOE_LOG_INFO("engine: created swap directory {}", path);
+      // A warning: a path that did not exist may be a typo, and this shows where swap now goes.
+      if (created) ZOE_LOG_WARN("engine: swap directory {} did not exist; created it", path);
       continue;
     }
     const std::string what = fmt::format(

@@ -429,6 +429,18 @@ TEST(Engine, ParamOffloadBelowStage3IsAWarningAndTakesNoEffect) {
             1u);
 }
 
+TEST(Engine, AMissingSwapDirectoryIsCreatedWithAWarningNamingIt) {
+  TempDir dir;
+  Json document = SmallConfig(dir);
+  const std::string missing = DirOf(dir) + "/not/yet";
+  document["zoe"]["nvme_paths"] = {missing};
+  log::ScopedCapture capture;
+  std::unique_ptr<Engine> engine = MakeEngine(document);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_TRUE(std::filesystem::is_directory(missing));
+  EXPECT_EQ(capture.Count("warning: engine: swap directory " + missing + " did not exist"), 1u);
+}
+
 TEST(Engine, SwapThatCannotFitIsNoSpaceAtCreation) {
   TempDir dir;
   Json document = SmallConfig(dir);

@@ -284,7 +284,9 @@ ZOE_API zoe_status zoe_tensor_find(zoe_engine* engine, const char* name, zoe_ten
 /* Makes the tensor resident in `tier` (DEVICE or HOST) and stores its address in *out_ptr. The
  * memory is owned by the engine and stays valid and pinned until the matching
  * zoe_tensor_release. Blocks for transfers and for other tensors' releases when the tier is full
- * (BUSY after the configured timeout). */
+ * (BUSY after the configured timeout). FAILED_PRECONDITION when the tensor shares a chunk with
+ * tensors acquired for writing on the tier below (acquiring it on DEVICE while a chunk-mate is
+ * acquired on HOST for WRITE / READ_WRITE): release those first. */
 ZOE_API zoe_status zoe_tensor_acquire(zoe_engine* engine, zoe_tensor_id tensor, zoe_tier tier,
                                       zoe_access access, void** out_ptr);
 
@@ -467,8 +469,12 @@ ZOE_API zoe_status zoe_shard_range(uint64_t count, int32_t rank, int32_t world_s
  * in the same order with the same counts. Each returns 0 on success and anything else on failure
  * (the zoe call then fails on that rank with ZOE_ERR_ABORTED naming the callback). The
  * transport's own timeouts bound how long a rank waits for a peer: zoe never waits otherwise, and
- * a rank that fails inside zoe still makes every collective call of the step with its failure flag
- * set, so its peers fail too instead of waiting. counts: world_size entries, borrowed for the
+ * a rank that fails inside zoe (arguments, I/O, a checksum) still makes every collective call of
+ * the step with its failure flag set, so its peers fail too instead of waiting. A callback that
+ * fails is different: it means the transport failed, so zoe makes no further collective in that
+ * call and returns ABORTED on that rank, while its peers' next collectives pair with the wrong
+ * call or wait for the transport's timeout. After a callback failure on any rank, restart every
+ * rank and load a checkpoint. counts: world_size entries, borrowed for the
  * call. context: borrowed, passed to every callback; the struct is copied at creation.
  * Sized (convention 8): an input of zoe_sharded_group_create and an output of
  * zoe_nccl_collectives_create. Defaults (ZOE_COLLECTIVES_INIT, and members a smaller struct_size
