@@ -308,8 +308,11 @@ ZOE_API zoe_status zoe_trace_end(zoe_engine* engine);
 /* Writes the recorded trace `name` to `path` (versioned, checksummed). Both borrowed. */
 ZOE_API zoe_status zoe_trace_save(zoe_engine* engine, const char* name, const char* path);
 
-/* Loads a trace saved by zoe_trace_save for the same registrations. CORRUPTION for a damaged or
- * foreign file. *out_name (may be NULL): the trace's name, free with zoe_free. */
+/* Loads a trace saved by zoe_trace_save for the same registrations. CORRUPTION for a file that is
+ * not a zoe trace or is damaged (magic, version, size or checksum wrong); FAILED_PRECONDITION for
+ * a sound trace recorded against other registrations (tensors, sizes or order differ), or when
+ * tensors were registered while it loaded; NOT_FOUND for a missing file. *out_name (may be NULL):
+ * the trace's name, free with zoe_free. */
 ZOE_API zoe_status zoe_trace_load(zoe_engine* engine, const char* path, char** out_name);
 
 /* Creates an optimizer group whose fp32 master weights are initialised from `params` (n views
