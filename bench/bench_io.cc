@@ -39,12 +39,28 @@ struct IoCommandOptions {
   bool tune = false;
 };
 
+// --runtime and --stripe, refused with the rule when they cannot be run (a negative or NaN
+// runtime ran one pass; a stripe unit off the 4 KiB grid failed deep in the striping).
+Status CheckRuntimeAndStripe(double runtime, uint64_t stripe_unit) {
+  if (!(runtime >= 0) || !std::isfinite(runtime)) {
+    return Status::InvalidArgument(fmt::format(
+        "--runtime {} is not allowed; allowed: seconds > 0, or 0 for one pass", runtime));
+  }
+  if (stripe_unit == 0 || stripe_unit % 4096 != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "--stripe {} bytes is not allowed; allowed: a positive multiple of 4096 (4K, 1M, ...)",
+        stripe_unit));
+  }
+  return Status::Ok();
+}
+
 Result<IoBenchSpec> BaseSpec(const IoCommandOptions& o, const std::vector<std::string>& dirs) {
   IoBenchSpec spec;
   spec.rw = o.rw;
   ZOE_ASSIGN_OR_RETURN(spec.bs, config::ParseSizeString(o.bs));
   ZOE_ASSIGN_OR_RETURN(spec.size, config::ParseSizeString(o.size));
   ZOE_ASSIGN_OR_RETURN(spec.stripe_unit, config::ParseSizeString(o.stripe));
+  ZOE_RETURN_IF_ERROR(CheckRuntimeAndStripe(o.runtime, spec.stripe_unit));
   ZOE_ASSIGN_OR_RETURN(spec.backend, io::ParseBackend(o.backend));
   spec.iodepth = o.iodepth;
   spec.jobs = o.jobs;

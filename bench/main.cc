@@ -1,5 +1,7 @@
 // zoe: the command-line front end. A thin main over the commands in bench/*.cc.
 #include <iostream>
+#include <string>
+#include <string_view>
 
 #include "bench/command.h"
 #include "core/log.h"
@@ -17,6 +19,31 @@ int exit_code = 0;
 void SetExitCode(int code) { exit_code = code; }
 int ExitCode() { return exit_code; }
 
+namespace {
+
+// The names of `app`'s subcommands, comma-separated.
+std::string SubcommandNames(const CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  return names;
+}
+
+// The first word after `app`'s own arguments (argv[at]) when it names none of its subcommands:
+// CLI11 would only say a subcommand is required. Returns whether it printed the error.
+bool RefusedUnknownSubcommand(const CLI::App& app, int argc, char** argv, int at,
+                              std::string_view path) {
+  if (at >= argc || argv[at][0] == '-') return false;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->check_name(argv[at])) return false;
+  }
+  std::cerr << path << ": unknown command '" << argv[at] << "'; allowed: " << SubcommandNames(app)
+            << " (" << path << " --help)\n";
+  return true;
+}
+
+}  // namespace
 }  // namespace zoe::cli
 
 int main(int argc, char** argv) {
@@ -27,6 +54,11 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   for (const auto& command : zoe::cli::Registry()) {
     command.attach(command.parent == zoe::cli::Parent::kBench ? *bench : app);
+  }
+  if (zoe::cli::RefusedUnknownSubcommand(app, argc, argv, 1, "zoe") ||
+      (argc > 1 && std::string_view(argv[1]) == "bench" &&
+       zoe::cli::RefusedUnknownSubcommand(*bench, argc, argv, 2, "zoe bench"))) {
+    return 2;
   }
   try {
     app.parse(argc, argv);

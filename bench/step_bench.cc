@@ -922,6 +922,12 @@ const StepBenchResult* FindRow(const StepBenchReport& report, DType moments, boo
   return nullptr;
 }
 
+// "1.25x faster than", or for a ratio below 1 "1.45x slower than" (speculative over after).
+std::string FasterOrSlower(double speedup) {
+  if (speedup >= 1.0 || !(speedup > 0.0)) return fmt::format("{:.2f}x faster than", speedup);
+  return fmt::format("{:.2f}x slower than", 1.0 / speedup);
+}
+
 }  // namespace
 
 nlohmann::json StepReportJson(const StepBenchReport& report) {
@@ -1033,13 +1039,13 @@ std::string StepReportTable(const nlohmann::json& json) {
       out << fmt::format(
           "  iteration with a {:.0f} ms backward: after {:.3f} s, overlap {:.3f} s, speculative "
           "{:.3f} s; step alone {:.3f} s, bound {:.3f} s; speculative = {:.2f}x the bound, "
-          "{:.2f}x faster than after ({} chunks recomputed of {}; {} steps declined to "
-          "speculate)\n",
+          "{} after ({} chunks recomputed of {}; {} steps declined to speculate)\n",
           json["backward_ms"].get<double>(), it["after"].get<double>(), it["overlap"].get<double>(),
           it["speculative"].get<double>(), it["step_alone"].get<double>(),
           it["bound"].get<double>(), it["speculative_over_bound"].get<double>(),
-          it["speedup_over_after"].get<double>(), it["chunks_recomputed"].get<uint64_t>(),
-          it["chunks_speculative"].get<uint64_t>(), it["steps_declined"].get<uint64_t>());
+          FasterOrSlower(it["speedup_over_after"].get<double>()),
+          it["chunks_recomputed"].get<uint64_t>(), it["chunks_speculative"].get<uint64_t>(),
+          it["steps_declined"].get<uint64_t>());
     }
     for (const auto& w : r["wear"]) {
       out << fmt::format(
@@ -1065,8 +1071,9 @@ std::string StepReportTable(const nlohmann::json& json) {
   }
   if (json.contains("checksum_cost")) {
     for (const auto& [moments, cost] : json["checksum_cost"].items()) {
-      out << fmt::format("{} moments: checksums cost {:+.1f}% of the step\n", moments,
-                         100.0 * cost.get<double>());
+      out << fmt::format("{} moments: checksums cost {:+.1f}% of the step{}\n", moments,
+                         100.0 * cost.get<double>(),
+                         cost.get<double>() < 0 ? " (below zero: within the runs' noise)" : "");
     }
   }
   if (json.contains("bf16_speedup_over_fp32")) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -271,6 +272,13 @@ Status CheckDirectIoMultiple(const ObjectReader& reader, std::string_view key, u
                   KeyPath(reader, key), bytes, kDirectIoUnit, kDirectIoUnit));
 }
 
+// A directory path as written, made comparable: "/x", "/x/", "/x/." and "/y/../x" are one.
+std::string LexicalDirectory(const std::string& path) {
+  std::filesystem::path normal = std::filesystem::path(path).lexically_normal();
+  if (!normal.has_filename() && normal != normal.root_path()) normal = normal.parent_path();
+  return normal.string();
+}
+
 Status CheckNvmePaths(const ObjectReader& reader, const std::vector<std::string>& paths) {
   const std::string key_path = KeyPath(reader, "nvme_paths");
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -278,9 +286,12 @@ Status CheckNvmePaths(const ObjectReader& reader, const std::vector<std::string>
       return Status::InvalidArgument(
           fmt::format("{}[{}] is empty; allowed: directory paths", key_path, i));
     }
-    if (std::find(paths.begin(), paths.begin() + i, paths[i]) != paths.begin() + i) {
-      return Status::InvalidArgument(fmt::format(
-          "{}[{}] = '{}' is listed twice; allowed: distinct directories", key_path, i, paths[i]));
+    for (size_t j = 0; j < i; ++j) {
+      if (LexicalDirectory(paths[j]) != LexicalDirectory(paths[i])) continue;
+      return Status::InvalidArgument(
+          fmt::format("{}[{}] = '{}' is the directory of {}[{}] = '{}' again; allowed: distinct "
+                      "directories",
+                      key_path, i, paths[i], key_path, j, paths[j]));
     }
   }
   return Status::Ok();

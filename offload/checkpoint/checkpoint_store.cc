@@ -117,9 +117,10 @@ Result<int> OpenFile(const std::string& path, int flags, const FaultHook& hook) 
   }
 }
 
-Status WriteAll(int fd, std::span<const std::byte> bytes, const std::string& path, uint64_t offset,
+// Writes until every byte is down at `*offset` onward: a short write advances and goes on, EINTR
+// repeats the call. `*offset` moves past what was written, also when a later write fails.
+Status WriteAll(int fd, std::span<const std::byte> bytes, const std::string& path, uint64_t* offset,
                 const FaultHook& hook) {
-  // Writes until every byte is down: a short write advances and goes on, EINTR repeats the call.
   while (!bytes.empty()) {
     int injected = Injected(hook, CheckpointSyscall::kWrite, path);
     size_t length = bytes.size();
@@ -127,12 +128,12 @@ Status WriteAll(int fd, std::span<const std::byte> bytes, const std::string& pat
     ssize_t n = injected > 0 ? -1 : ::write(fd, bytes.data(), length);
     int err = injected > 0 ? injected : errno;
     if (n < 0 && err == EINTR) continue;
-    if (n < 0) return Status::FromErrno(err, fmt::format("write {} at offset {}", path, offset));
+    if (n < 0) return Status::FromErrno(err, fmt::format("write {} at offset {}", path, *offset));
     if (n == 0) {
-      return Status::IoError(fmt::format("write {} at offset {}: no progress", path, offset));
+      return Status::IoError(fmt::format("write {} at offset {}: no progress", path, *offset));
     }
     bytes = bytes.subspan(static_cast<size_t>(n));
-    offset += static_cast<uint64_t>(n);
+    *offset += static_cast<uint64_t>(n);
   }
   return Status::Ok();
 }
@@ -192,7 +193,9 @@ Status RemoveTree(const std::string& path, const FaultHook& hook) {
 // Writes a small file completely and durably: create/truncate, write, fsync, close.
 Status WriteSmallFile(const std::string& path, std::string_view text, const FaultHook& hook) {
   ZOE_ASSIGN_OR_RETURN(int fd, OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC, hook));
-  Status status = WriteAll(fd, std::as_bytes(std::span(text.data(), text.size())), path, 0, hook);
+  uint64_t end = 0;
+  Status status =
+      WriteAll(fd, std::as_bytes(std::span(text.data(), text.size())), path, &end, hook);
   if (status.ok()) status = Fsync(fd, path, hook);
   CloseQuietly(fd);
   return status;
@@ -552,11 +555,12 @@ Status CheckpointWriter::Append(std::span<const std::byte> bytes) {
         fmt::format("checkpoint {}: Append without BeginFile", impl_->version_path));
   }
   const std::string path = Join(impl_->version_path, impl_->current.name);
-  Status written = WriteAll(impl_->fd, bytes, path, impl_->current.size, impl_->hook);
+  uint64_t end = impl_->current.size;
+  Status written = WriteAll(impl_->fd, bytes, path, &end, impl_->hook);
+  impl_->bytes_written += end - impl_->current.size;  // what reached the file, also on failure
   if (!written.ok()) return impl_->failed = impl_->ExplainNoSpace(std::move(written));
   XXH3_64bits_update(&impl_->hash, bytes.data(), bytes.size());
-  impl_->current.size += bytes.size();
-  impl_->bytes_written += bytes.size();
+  impl_->current.size = end;
   return Status::Ok();
 }
 

@@ -27,6 +27,14 @@ void LogIfRefused(const Status& applied) {
   if (!applied.ok()) ZOE_LOG_ERROR("tier manager: {}", applied.ToString());
 }
 
+// The configuration key that sets a tier's budget, as a Busy error names it.
+std::string_view BudgetSetting(Tier tier) {
+  return tier == Tier::kDevice
+             ? "zoe.device_budget"
+             : "zoe.tensor_host_budget (by default half of zoe.host_budget; paged parameters, "
+               "offloaded activations and device staging all take from it)";
+}
+
 }  // namespace
 
 // Back-pressure. Evicts unpinned copies (by the tier's policy) until the bytes being freed cover
@@ -81,10 +89,10 @@ Status TierManager::BusyError(Tier tier, uint64_t bytes, std::string_view who) c
   const Budget& budget = *slot(tier).budget;
   return Status::Busy(fmt::format(
       "'{}' needs {} bytes of {} memory but {} of {} bytes are held by pinned chunks and none was "
-      "released for {} ms; release tensors or raise the {} budget",
+      "released for {} ms; release tensors or raise the {} budget: {}",
       who, bytes, TierName(tier), budget.reserved(), budget.capacity(),
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.busy_timeout).count(),
-      TierName(tier)));
+      TierName(tier), BudgetSetting(tier)));
 }
 
 // A run never written to NVMe starts as zeros in HOST; a pure write of a run's only tensor needs

@@ -404,7 +404,17 @@ TEST(EngineConfig, NvmeWithoutAnyDirectoryIsAnError) {
 
 TEST(EngineConfig, NvmePathsMustBeDistinctAndNonEmpty) {
   EXPECT_THAT(ParseError({{"zoe", {{"nvme_paths", {"/a", "/b", "/a"}}}}}),
-              HasSubstr("zoe.nvme_paths[2] = '/a' is listed twice"));
+              HasSubstr("zoe.nvme_paths[2] = '/a' is the directory of zoe.nvme_paths[0] = '/a' "
+                        "again; allowed: distinct directories"));
+  // The same directory written otherwise is one directory too
+  for (const char* again : {"/x/", "/x/.", "/y/../x", "//x"}) {
+    EXPECT_THAT(ParseError({{"zoe", {{"nvme_paths", {"/x", again}}}}}),
+                HasSubstr("zoe.nvme_paths[1] = '" + std::string(again) +
+                          "' is the directory of zoe.nvme_paths[0] = '/x' again"))
+        << again;
+  }
+  const Json distinct = {{"zoe", {{"nvme_paths", {"/", "/x", "/x/y"}}}}};
+  EXPECT_TRUE(ParseEngineConfig(distinct.dump()).ok());
   EXPECT_THAT(ParseError({{"zoe", {{"nvme_paths", {"/a", ""}}}}}),
               HasSubstr("zoe.nvme_paths[1] is empty"));
   EXPECT_THAT(ParseError({{"zoe", {{"nvme_paths", {"/a", 3}}}}}),

@@ -550,6 +550,27 @@ TEST_F(CheckpointStoreTest, AnErrorEndsTheSaveAndLaterCallsSayWhy) {
   EXPECT_EQ(Entries(root()), (std::vector<std::string>{"LATEST", "v000001"}));
 }
 
+// A write that fails after an earlier one of the same Append got part of the bytes down (a file
+// size limit: EFBIG after 2 MiB) counts that part: the message said 0 bytes were written.
+TEST_F(CheckpointStoreTest, ANoSpaceErrorCountsTheBytesAPartialAppendWrote) {
+  int writes = 0;
+  CheckpointWriterOptions options;
+  options.fault_for_testing = [&writes](CheckpointSyscall call, const std::string&) {
+    if (call != CheckpointSyscall::kWrite) return 0;
+    return ++writes == 1 ? CheckpointWriterOptions::kShortWrite : ENOSPC;
+  };
+  auto writer = CheckpointWriter::Begin(root(), {{"generation", 1}}, std::move(options));
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->BeginFile("f").ok());
+  const std::string data(8192, 'x');
+  const Status failed = (*writer)->Append(AsBytes(data));
+  EXPECT_EQ(failed.code(), StatusCode::kNoSpace);
+  EXPECT_NE(failed.message().find("after 4096 bytes of the save were written"),
+            std::string_view::npos)
+      << failed.ToString();
+  EXPECT_NE(failed.message().find("at offset 4096"), std::string_view::npos) << failed.ToString();
+}
+
 TEST_F(CheckpointStoreTest, InterruptedAndShortWritesAndFsyncsAreResumed) {
   uint64_t calls = 0;
   std::map<std::pair<CheckpointSyscall, int>, int> injected;  // (call, what it returned) -> count

@@ -96,7 +96,9 @@ TEST_P(ZeroCopyTest, ParameterViewsGivenToTheStepAreWrittenToo) {
 
 INSTANTIATE_TEST_SUITE_P(Moments, ZeroCopyTest,
                          ::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kInt8),
-                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+                         [](const auto& test_case) {
+                           return std::string(DTypeName(test_case.param));
+                         });
 
 // A segment without a gradient keeps its master (the caller's bytes) and moments untouched.
 TEST(ZeroCopy, SegmentWithoutGradientKeepsItsMaster) {

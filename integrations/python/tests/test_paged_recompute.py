@@ -84,7 +84,8 @@ def test_a_segment_that_does_not_fit_the_budget_is_busy_not_wrong():
     with zoe.Engine(paging_config("256K")) as engine:  # 4 chunks: a segment needs 8
         pager = zoe.torch.offload_parameters(model, engine)
         loss = model(inputs()).square().sum()
-        with pytest.raises(zoe.Busy, match="raise the host budget"):
+        with pytest.raises(zoe.Busy, match="raise the host budget: zoe.tensor_host_budget "
+                                           r"\(by default half of zoe.host_budget"):
             loss.backward()
         pager.remove()
 
