@@ -446,6 +446,17 @@ def test_the_deepspeed_section_is_checked_key_by_key():
         parse({"number_checkpoints": 0})
 
 
+def checkpointed_through_initialize(document):
+    """(the model, its gradients without checkpointing, the engine and optimizer initialize
+    built for ``document``); the model then checkpoints with zoe.torch.checkpoint."""
+    torch.manual_seed(10)
+    model = Model()
+    expected = gradients(model)
+    model.checkpointing = "zoe"
+    engine, optimizer, _, _ = zoe.torch.initialize(model=model, config=document)
+    return model, expected, engine, optimizer
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_initialize_offloads_checkpoints_with_the_optimizers_engine_as_configured(stage):
     """Below stage 3 the checkpoints go to the engine of the optimizer, which reserves tensor
@@ -457,11 +468,7 @@ def test_initialize_offloads_checkpoints_with_the_optimizers_engine_as_configure
         "zero_optimization": {"stage": stage},
         "activation_checkpointing": {"cpu_checkpointing": True},
     }
-    torch.manual_seed(10)
-    model = Model()
-    expected = gradients(model)
-    model.checkpointing = "zoe"
-    engine, optimizer, _, _ = zoe.torch.initialize(model=model, config=document)
+    model, expected, engine, optimizer = checkpointed_through_initialize(document)
     try:
         assert optimizer.engine.config["zoe"]["tensor_swap_bytes"] == 0
         assert_identical(gradients(model), expected)
@@ -483,11 +490,7 @@ def test_initialize_honours_activation_checkpointing(nvme_dir):
                                      "number_checkpoints": 2, "profile": True},
         "zoe": config(nvme_dir)["zoe"],
     }
-    torch.manual_seed(10)
-    model = Model()
-    expected = gradients(model)
-    model.checkpointing = "zoe"
-    engine, optimizer, _, _ = zoe.torch.initialize(model=model, config=document)
+    model, expected, engine, optimizer = checkpointed_through_initialize(document)
     try:
         assert_identical(gradients(model), expected)
         offload = activation_checkpoint._STATE.offload
