@@ -99,12 +99,14 @@ NAMES_IN_ERRORS = 8  # a failed bucket's error names this many of its parameters
 
 
 class _PendingGather:
-    """A gather of one parameter's shards in flight (``async_op=True``), agreed before it was
-    issued."""
+    """A gather of one parameter's shards in flight (``async_op=True``) with the agreement that
+    every rank could read its shard and gathers the same parameter."""
 
-    def __init__(self, handle, gathered):
+    def __init__(self, handle, gathered, agreement, error):
         self.handle = handle
         self.gathered = gathered  # the full parameter, as bytes (every rank's shard in order)
+        self.agreement = agreement  # _collective_ops.Agreement, in flight
+        self.error = error  # why this rank could not read its shard, or None
 
 
 class _GradientBucket:
@@ -288,8 +290,10 @@ class ShardedParameterPager(ParameterPager):
 
     def _issue_gather(self, entry):
         """Starts gathering ``entry``'s shards (as bytes, each into its place in the full
-        parameter: _collective_ops.gather_parts) once the ranks agreed that each could read its
-        own and that they gather the same parameter (_agree_to_gather); returns it pending."""
+        parameter: _collective_ops.gather_parts) and the Agreement that every rank could read
+        its own and gathers this parameter (its index); returns it pending. A rank that cannot
+        read its shard still makes both collectives (its part unset), so every rank fails
+        together when it is waited for (_wait_gather)."""
         gathered = torch.empty(entry.bytes, dtype=torch.uint8, device=entry.param.device)
         parts = list(gathered.split([count * entry.element_size for count in entry.counts]))
         error = None
@@ -297,33 +301,14 @@ class ShardedParameterPager(ParameterPager):
             try:
                 with self.held(entry.shard) as values:
                     parts[self.rank].copy_(values.view(-1).view(torch.uint8))
-            except Exception as caught:  # agreed before the gather: every rank raises
+            except Exception as caught:  # agreed with the gather: every rank raises
                 error = caught
-        self._agree_to_gather(entry, error)
         with self._collective(f"gather of parameter {entry.name!r}", "gather_seconds"):
             handle = gather_parts(parts, self.group, async_op=True)
+            agreement = Agreement(error is not None, self.group, async_op=True,
+                                  token=entry.index)
         self._count(in_flight=entry.bytes)
-        return _PendingGather(handle, gathered)
-
-    def _agree_to_gather(self, entry, error):
-        """Before a gather is issued, one all-reduce of a failure flag and the parameter's
-        index per rank (waited for): every rank raises together when a rank could not read its
-        shard (``error``; _collective_ops.agreement_error: that rank its own error, the others
-        zoe.Aborted, naming it and the parameter) or when the ranks are about to gather
-        different parameters (_check_same_parameter). Agreed first, no gather is ever issued
-        that pairs one rank's parameter with another's: of other sizes the transport aborts
-        the process (gloo) or hangs (NCCL), and gathers in flight would outlive the error."""
-        with self._collective(f"gather of parameter {entry.name!r}", "gather_seconds"):
-            agreement = Agreement(error is not None, self.group, token=entry.index)
-        failed = agreement.failed_ranks()
-        if failed or len(set(agreement.tokens())) > 1:
-            # Every rank stops here, with the same gathers issued ahead (each was agreed):
-            # waited for and dropped, so that the ranks' next gathers pair again.
-            self._drain_prefetches()
-        if failed:
-            raise agreement_error(f"gathering parameter {entry.name!r}", error, failed,
-                                  self.group) from error
-        self._check_same_parameter(agreement.tokens())
+        return _PendingGather(handle, gathered, agreement, error)
 
     @contextlib.contextmanager
     def _collective(self, what, phase_seconds=None):
@@ -350,12 +335,25 @@ class ShardedParameterPager(ParameterPager):
         return pending.gathered.view(entry.dtype).view(entry.shape)
 
     def _wait_gather(self, entry, pending):
-        """Waits for a gather."""
+        """Waits for a gather and its agreement. Every rank raises together when a rank could
+        not read its shard (_collective_ops.agreement_error: that rank its own error, the others
+        zoe.Aborted, naming it and the parameter) or when the ranks gathered different
+        parameters (_check_same_parameter); first every rank waits for the gathers it issued
+        ahead, the same on every rank up to here, and drops them, so that the ranks' next
+        gathers pair again."""
         try:
             with self._collective(f"gather of parameter {entry.name!r}", "gather_seconds"):
                 pending.handle.wait()
+                failed = pending.agreement.failed_ranks()
         finally:
             self._count(in_flight=-entry.bytes)
+        tokens = pending.agreement.tokens()
+        if failed or len(set(tokens)) > 1:
+            self._drain_prefetches()
+        if failed:
+            raise agreement_error(f"gathering parameter {entry.name!r}", pending.error, failed,
+                                  self.group) from pending.error
+        self._check_same_parameter(tokens)
 
     def _check_same_parameter(self, gathered):
         """InvalidArgument on every rank when the ranks gathered different parameters
