@@ -141,8 +141,7 @@ class EngineCheckpoints:
         keeps none of the gradients they accumulated, as DeepSpeed's keeps none."""
         gas = self.gradient_accumulation_steps()
         done = self.micro_steps % gas if self._boundary is None else None
-        holding = any(param.grad is not None or self._accumulation.present(param)
-                      for param in self.module.parameters())
+        holding = any(self._accumulation.present(param) for param in self.module.parameters())
         if self.global_rank != 0 or not (done or holding):
             return
         after = (f"inside a gradient accumulation of {gas} micro-batches, {done} of them "

@@ -252,7 +252,7 @@ class ZeroInit:
         """``param``'s whole values gathered from the ranks' shards (as bytes), in the dtype its
         module built it in, on its device; param.data points at them."""
         stored = record.placeholder.dtype
-        size = _element_size(stored)
+        size = record.placeholder.element_size()
         whole = torch.empty(param.numel() * size, dtype=torch.uint8)
         parts = list(whole.split([count * size for count in record.counts]))
         if record.tensor is not None:
@@ -272,10 +272,6 @@ class ZeroInit:
         for record in self._records:
             record.release("abandoned")  # those adopted meanwhile stay with their pager
         self._records = []
-
-
-def _element_size(dtype):
-    return torch.empty(0, dtype=dtype).element_size()
 
 
 @torch.no_grad()

@@ -697,22 +697,21 @@ class ShardedParameterPager(ParameterPager):
         and the shards released. ``model.state_dict()`` inside the block holds the full
         values."""
         writes = _capi.Access(access) != _capi.Access.READ
-        held, counted = [], False
+        held = []
         try:
             self._materialize(held, access)
-            self._full_values, counted = self._full_values + 1, True
-            try:
-                yield self.model
-            except Exception as error:
+            with self._full_values_held():
+                try:
+                    yield self.model
+                except Exception as error:
+                    if writes:
+                        self._agree_on_block(held, error)
+                    raise
                 if writes:
-                    self._agree_on_block(held, error)
-                raise
-            if writes:
-                self._agree_on_block(held, None)
-                agreed("writing back the parameters written inside pager.materialized()",
-                       lambda: self._write_back(held), self.group)
+                    self._agree_on_block(held, None)
+                    agreed("writing back the parameters written inside pager.materialized()",
+                           lambda: self._write_back(held), self.group)
         finally:
-            self._full_values -= int(counted)
             for entry, _ in reversed(held):
                 if entry.shard is not None:
                     self._unhold(self._records[id(entry.shard)])
