@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <iterator>
 #include <utility>
 
 #include "core/host_device.h"
@@ -72,12 +74,30 @@ Result<DeviceAllocation> DeviceBackend::Allocate(uint64_t bytes) {
   }
   allocation.data_ = *memory;
   allocation.size_ = bytes;
+  {
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    live_.emplace(reinterpret_cast<uintptr_t>(*memory), bytes);
+  }
   return allocation;
 }
 
 void DeviceBackend::Free(void* data, uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    live_.erase(reinterpret_cast<uintptr_t>(data));
+  }
   FreeMemory(data, bytes);
   used_.fetch_sub(bytes);
+}
+
+bool DeviceBackend::Holds(const void* data, uint64_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t end = begin + std::max<uint64_t>(bytes, 1);
+  std::lock_guard<std::mutex> lock(live_mutex_);
+  auto after = live_.lower_bound(end);  // the first allocation starting at or past the end
+  if (after == live_.begin()) return false;
+  const auto& [start, size] = *std::prev(after);
+  return start + size > begin;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -138,6 +140,11 @@ class DeviceBackend {
   // Device memory of `bytes` bytes (0 gives an empty allocation using no budget).
   Result<DeviceAllocation> Allocate(uint64_t bytes);
 
+  // Whether [data, data + bytes) overlaps memory of a live allocation of this backend: what a
+  // caller hands over as host memory must not (device addresses cannot be read on the host; the
+  // stand-in's are host memory, so this is how its twin of a GPU catches the mistake too).
+  bool Holds(const void* data, uint64_t bytes) const;
+
   // A new in-order copy queue.
   virtual Result<std::unique_ptr<DeviceQueue>> CreateQueue() = 0;
 
@@ -157,6 +164,8 @@ class DeviceBackend {
 
   uint64_t capacity_;
   std::atomic<uint64_t> used_{0};
+  mutable std::mutex live_mutex_;
+  std::map<uintptr_t, uint64_t> live_;  // start address -> bytes of each live allocation
 };
 
 // The backend named by `kind`: "cuda" (device 0; NotSupported when zoe was built without CUDA or

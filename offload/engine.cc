@@ -237,6 +237,15 @@ Status Engine::TakeAsyncError() {
 
 Status Engine::Flush() { return tier_manager_->Flush(); }
 
+Status Engine::CheckHostMemory(const void* data, uint64_t bytes, std::string_view what) const {
+  if (data == nullptr || !tier_manager_->HoldsDeviceMemory(data, bytes)) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "{} ({} bytes at {}) is in the device tier's memory (device '{}'), not host memory: copy "
+      "the values to host memory first (a tensor acquired on the device tier, say, is read on "
+      "the host after a copy, or acquired on ZOE_TIER_HOST)",
+      what, bytes, data, tier_manager_->device_name()));
+}
+
 // What speculation did in the group's steps (OptimizerGroup::speculation_stats).
 static Json SpeculationJson(const OptimizerGroup& optimizer) {
   const SpeculationStats& s = optimizer.speculation_stats();

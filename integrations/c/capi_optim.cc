@@ -18,7 +18,7 @@ zoe_status zoe_optim_group_create(zoe_engine* engine, const char* optim_json,
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     ZOE_RETURN_IF_ERROR(CheckNotNull(optim_json, "optim_json"));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> views,
-                         ToViews<offload::ParamView>(params, n, "params"));
+                         ToHostViews<offload::ParamView>(*e, params, n, "params"));
     ZOE_ASSIGN_OR_RETURN(const offload::GroupId id, e->CreateGroup(optim_json, views));
     *out = id.value;
     return Status::Ok();
@@ -33,9 +33,9 @@ zoe_status zoe_optim_step(zoe_engine* engine, zoe_group_id group, const zoe_hype
     if (out != nullptr) ZOE_RETURN_IF_ERROR(ResetSized(out, "out"));
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::GradView> grad_views,
-                         ToViews<offload::GradView>(grads, n_grads, "grads"));
+                         ToHostViews<offload::GradView>(*e, grads, n_grads, "grads"));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> param_views,
-                         ToViews<offload::ParamView>(params_out, n_params, "params_out"));
+                         ToHostViews<offload::ParamView>(*e, params_out, n_params, "params_out"));
     offload::EngineStepArgs args;
     ZOE_ASSIGN_OR_RETURN(args.hyper, ToHyper(hyper));
     args.grads = grad_views;
@@ -53,7 +53,7 @@ zoe_status zoe_optim_accumulate_grad(zoe_engine* engine, zoe_group_id group, uin
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     ZOE_RETURN_IF_ERROR(CheckNotNull(grad, "grad"));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::GradView> views,
-                         ToViews<offload::GradView>(grad, 1, "grad"));
+                         ToHostViews<offload::GradView>(*e, grad, 1, "grad"));
     return e->AccumulateGrad(ToGroupId(group), offset, views.front());
   });
 }
@@ -81,7 +81,7 @@ zoe_status zoe_optim_speculate(zoe_engine* engine, zoe_group_id group,
   return Guard([&]() -> Status {
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> param_views,
-                         ToViews<offload::ParamView>(params_out, n_params, "params_out"));
+                         ToHostViews<offload::ParamView>(*e, params_out, n_params, "params_out"));
     offload::EngineStepArgs args;
     ZOE_ASSIGN_OR_RETURN(args.hyper, ToHyper(hyper));
     args.params = param_views;
@@ -115,6 +115,7 @@ zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_stat
     ZOE_ASSIGN_OR_RETURN(const offload::StateSlot which,
                          zoe::capi::ToStateSlot(zoe::capi::RawEnum(slot)));
     if (count > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(out, count * sizeof(float), "out"));
     return e->ReadState(ToGroupId(group), which, offset,
                         std::span<float>(out, static_cast<size_t>(count)));
   });
@@ -127,6 +128,7 @@ zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group, zoe_sta
     ZOE_ASSIGN_OR_RETURN(const offload::StateSlot which,
                          zoe::capi::ToStateSlot(zoe::capi::RawEnum(slot)));
     if (count > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(values, "values"));
+    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(values, count * sizeof(float), "values"));
     return e->WriteState(ToGroupId(group), which, offset,
                          std::span<const float>(values, static_cast<size_t>(count)));
   });

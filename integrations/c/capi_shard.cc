@@ -109,7 +109,7 @@ zoe_status zoe_sharded_group_create(zoe_engine* engine, const char* optim_json,
     ZOE_RETURN_IF_ERROR(CheckNotNull(optim_json, "optim_json"));
     ZOE_ASSIGN_OR_RETURN(const zoe_collectives c, ReadCollectives(collectives));
     ZOE_ASSIGN_OR_RETURN(const std::vector<offload::ParamView> views,
-                         zoe::capi::ToViews<offload::ParamView>(params, n, "params"));
+                         zoe::capi::ToHostViews<offload::ParamView>(*e, params, n, "params"));
     auto handle = std::make_unique<zoe_sharded_group>();
     handle->engine = engine;
     handle->collectives = std::make_unique<CallbackCollectives>(c);
@@ -163,13 +163,12 @@ zoe_status zoe_sharded_step(zoe_engine* engine, zoe_sharded_group* group,
   return Guard([&]() -> Status {
     const Status out_ok = out != nullptr ? zoe::capi::ResetSized(out, "out") : Status::Ok();
     ZOE_ASSIGN_OR_RETURN(offload::Engine * e, EngineOf(engine));
-    (void)e;
     ZOE_ASSIGN_OR_RETURN(offload::ShardedGroup * sharded, GroupOf(engine, group));
     // Arguments refused here still reach the peers as this rank's failure (ShardedGroup::Abort).
     Result<std::vector<offload::GradView>> grad_views =
-        zoe::capi::ToViews<offload::GradView>(grads, n_grads, "grads");
+        zoe::capi::ToHostViews<offload::GradView>(*e, grads, n_grads, "grads");
     Result<std::vector<offload::ParamView>> param_views =
-        zoe::capi::ToViews<offload::ParamView>(params_out, n_params, "params_out");
+        zoe::capi::ToHostViews<offload::ParamView>(*e, params_out, n_params, "params_out");
     Result<std::optional<zoe::HyperParams>> step_hyper = zoe::capi::ToHyper(hyper);
     if (!out_ok.ok()) return sharded->Abort(out_ok, n_grads > 0);
     if (!grad_views.ok()) return sharded->Abort(grad_views.status(), n_grads > 0);

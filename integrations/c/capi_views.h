@@ -34,6 +34,19 @@ Result<std::vector<View>> ToViews(const zoe_buffer_view* views, size_t n, std::s
   return out;
 }
 
+// ToViews, each view's memory checked to be host memory (Engine::CheckHostMemory): a device
+// address read or written on the host would crash the process or corrupt the device's memory.
+template <class View>
+Result<std::vector<View>> ToHostViews(const offload::Engine& engine, const zoe_buffer_view* views,
+                                      size_t n, std::string_view name) {
+  ZOE_ASSIGN_OR_RETURN(std::vector<View> out, ToViews<View>(views, n, name));
+  for (size_t i = 0; i < out.size(); ++i) {
+    ZOE_RETURN_IF_ERROR(engine.CheckHostMemory(out[i].data, out[i].count * DTypeSize(out[i].dtype),
+                                               fmt::format("{}[{}].data", name, i)));
+  }
+  return out;
+}
+
 // The step's hyper-parameters: empty for NULL (the group's), else the caller's sized struct
 // (members its struct_size leaves out at their ZOE_HYPER_PARAMS_INIT defaults).
 // Only the per-step members are filled: the group keeps its kind and lr_decay

@@ -199,6 +199,10 @@ class TierManager {
   // addresses are then not host addresses).
   std::string device_name() const { return device_ ? device_->name() : std::string(); }
   bool device_is_gpu() const { return device_ && device_->is_real_gpu(); }
+  // Whether [data, data + bytes) overlaps the device tier's memory (DeviceBackend::Holds).
+  bool HoldsDeviceMemory(const void* data, uint64_t bytes) const {
+    return device_ && device_->Holds(data, bytes);
+  }
   std::string_view io_backend() const { return io_->backend(); }
   // Acquires currently waiting for a Release because every resident run (HOST or DEVICE) is
   // pinned.

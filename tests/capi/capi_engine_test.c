@@ -667,6 +667,37 @@ static void test_optimizer_errors(void) {
   zoe_engine_destroy(engine);
 }
 
+/* Memory of the device tier handed over where a host buffer is taken (here the host stand-in's,
+ * which the host could read; a GPU's would crash it) is refused, naming the argument. */
+static void test_device_memory_is_not_a_host_buffer(void) {
+  zoe_engine* engine = create_engine();
+  zoe_group_id group;
+  zoe_tensor_id tensor;
+  zoe_buffer_view view;
+  void* device = NULL;
+  if (engine == NULL) return;
+  group = create_group(engine, "{\"name\": \"g\"}");
+  tensor = register_tensor(engine, "on-device", ZOE_TIER_HOST);
+  CHECK_OK(zoe_tensor_acquire(engine, tensor, ZOE_TIER_DEVICE, ZOE_ACCESS_READ_WRITE, &device));
+  CHECK_FAILS(zoe_optim_state_write(engine, group, ZOE_STATE_MASTER, 0, 4, (const float*)device),
+              ZOE_ERR_INVALID_ARGUMENT, "values (16 bytes at 0x");
+  CHECK_FAILS(zoe_optim_state_read(engine, group, ZOE_STATE_MASTER, 0, 4, (float*)device),
+              ZOE_ERR_INVALID_ARGUMENT, "is in the device tier's memory (device 'host stand-in");
+  view = view_of((float*)device, kParams);
+  CHECK_FAILS(zoe_optim_accumulate_grad(engine, group, 0, &view), ZOE_ERR_INVALID_ARGUMENT,
+              "grad[0].data");
+  view = view_of(grads, kParams);
+  {
+    zoe_buffer_view out = view_of((float*)device, kParams);
+    CHECK_FAILS(zoe_optim_step(engine, group, NULL, &view, 1, &out, 1, 1.0, NULL),
+                ZOE_ERR_INVALID_ARGUMENT, "params_out[0].data");
+  }
+  CHECK_OK(zoe_tensor_release(engine, tensor));
+  /* The same calls with host memory work (nothing was changed by the refusals). */
+  CHECK_OK(zoe_optim_state_write(engine, group, ZOE_STATE_MASTER, 0, 4, params));
+  zoe_engine_destroy(engine);
+}
+
 /* Segments: a grads view with data NULL skips its segments (state and step count untouched);
  * the others step with their own step counts, which can be read and set. */
 static void test_optimizer_segments(void) {
@@ -811,6 +842,7 @@ int main(void) {
   test_traces();
   test_optimizer_group();
   test_optimizer_errors();
+  test_device_memory_is_not_a_host_buffer();
   test_speculation();
   test_optimizer_segments();
   test_checkpoints();

@@ -98,6 +98,25 @@ TEST_P(DeviceConformance, AllocationsCountAgainstCapacityUntilDestroyed) {
   EXPECT_EQ(device_->used_bytes(), kCapacity / 2);
 }
 
+// What a caller hands over as host memory is checked against this (Engine::CheckHostMemory).
+TEST_P(DeviceConformance, HoldsTellsItsLiveAllocationsFromOtherMemory) {
+  std::vector<std::byte> host(64);
+  const std::byte* start = nullptr;
+  {
+    DeviceAllocation a = Allocate(4096);
+    start = static_cast<const std::byte*>(a.data());
+    EXPECT_TRUE(device_->Holds(start, 1));
+    EXPECT_TRUE(device_->Holds(start + 4095, 1));
+    EXPECT_TRUE(device_->Holds(start + 100, 8192));  // runs past its end
+    EXPECT_TRUE(device_->Holds(start - 8, 16));      // begins before it
+    EXPECT_FALSE(device_->Holds(start - 8, 8));      // ends where it begins
+    EXPECT_FALSE(device_->Holds(start + 4096, 64));
+    EXPECT_FALSE(device_->Holds(host.data(), host.size()));
+    EXPECT_FALSE(device_->Holds(nullptr, 0));
+  }
+  EXPECT_FALSE(device_->Holds(start, 1));  // freed
+}
+
 TEST_P(DeviceConformance, AllocationBeyondCapacityIsOutOfMemoryNamingTheNumbers) {
   DeviceAllocation held = Allocate(kCapacity - 4096);
   auto refused = device_->Allocate(8192);

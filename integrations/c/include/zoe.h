@@ -181,7 +181,9 @@ typedef struct zoe_tensor_desc {
 
 /* A caller's host buffer of `count` elements of `dtype` (FLOAT32, BFLOAT16 or FLOAT16 where
  * optimizer groups take them). Borrowed for the duration of the call unless a function says
- * otherwise. Not sized (convention 8): an array element passed with a count, frozen as it is. */
+ * otherwise. Not sized (convention 8): an array element passed with a count, frozen as it is.
+ * Host memory: data inside the engine's device tier (a pointer zoe_tensor_acquire gave for
+ * ZOE_TIER_DEVICE) is ZOE_ERR_INVALID_ARGUMENT naming the view, as for out / values below. */
 typedef struct zoe_buffer_view {
   void* data;
   zoe_dtype dtype;
@@ -419,7 +421,8 @@ ZOE_API zoe_status zoe_optim_group_speculation_stats(zoe_engine* engine, zoe_gro
                                                      zoe_speculation_stats* out);
 
 /* Copies `count` elements of a state array starting at `offset` out as fp32 (read) or in from
- * fp32 (write; moments are rounded to the group's moment dtype). out / values: borrowed. */
+ * fp32 (write; moments are rounded to the group's moment dtype). out / values: borrowed host
+ * memory (the device tier's is ZOE_ERR_INVALID_ARGUMENT). */
 ZOE_API zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_state_slot slot,
                                         uint64_t offset, uint64_t count, float* out);
 ZOE_API zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group,

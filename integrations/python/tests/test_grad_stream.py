@@ -80,12 +80,13 @@ def train_steps(model, optimizer, steps, parts, first=0):
     return skipped, windows
 
 
-def streamed_setup(directory, rank=0, process_group=None, tier=None):
+def streamed_setup(directory, rank=0, process_group=None, tier=None, **zoe_options):
     """A model paged (into ``tier``) through an engine with a 16 KiB HOST tier for tensors (every
-    store and parameter spills to NVMe; a window holds 4 KiB) and a zoe AdamW clipping at
-    MAX_NORM, given the model's parameters (with a process group: which stand for this rank's
-    shards)."""
-    engine, _ = engine_for(directory, rank, zoe={**engine_for_zoe(), "tensor_host_budget": "16K"})
+    store and parameter spills to NVMe; a window holds 4 KiB; ``zoe_options`` override the
+    engine's zoe section) and a zoe AdamW clipping at MAX_NORM, given the model's parameters
+    (with a process group: which stand for this rank's shards)."""
+    options = {**engine_for_zoe(), "tensor_host_budget": "16K", **zoe_options}
+    engine, _ = engine_for(directory, rank, zoe=options)
     torch.manual_seed(0)
     model = Model()
     pager = zoe.torch.offload_parameters(model, engine, process_group=process_group, tier=tier)
@@ -132,6 +133,21 @@ def test_a_model_paged_into_the_device_tier_equals_torch(nvme_dir, reference):
         assert skipped == [NONFINITE_STEP] and min(windows) > 1
         assert_matches(pager.state_dict(), reference)
         assert engine.stats()["links"]["host_to_device"]["bytes"] > 0
+        optimizer.close()
+        pager.remove()
+
+
+def test_gradient_stores_share_no_chunk_with_parameters_held_on_the_device(nvme_dir, reference):
+    """Chunks of 64 KiB hold the whole model: gradient stores packed beside its parameters could
+    not be written on the host while backward holds their module's parameters on the device (the
+    CPU twin's host stand-in here, a GPU's memory there). The stores are a chunk group of their
+    own, and the run equals torch."""
+    engine, model, pager, optimizer = streamed_setup(nvme_dir, tier=zoe.Tier.DEVICE,
+                                                     chunk_size="64K", tensor_host_budget="1M")
+    with engine:
+        skipped, _ = train_steps(model, optimizer, STEPS, ROWS)
+        assert skipped == [NONFINITE_STEP]
+        assert_matches(pager.state_dict(), reference)
         optimizer.close()
         pager.remove()
 

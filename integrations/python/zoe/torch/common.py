@@ -184,6 +184,17 @@ def _current_values(param):
         return view.clone()
 
 
+def _in_host_memory(param):
+    """Whether zoe may read and write a parameter's memory itself, as a host buffer: a CPU
+    parameter not paged, or one paged into the HOST tier. A parameter on a GPU is not, nor is
+    one paged into the DEVICE tier: the device's memory, a GPU's or, on the CPU twin, the host
+    stand-in's, which zoe refuses as a host buffer as it would a GPU's."""
+    pager = _pager_of(param)
+    if pager is not None:
+        return pager.tier == _capi.Tier.HOST
+    return param.device.type == "cpu"
+
+
 @contextlib.contextmanager
 def _writable(param):
     """The tensor to write a parameter's new values into (acquired when paged)."""

@@ -328,9 +328,11 @@ def _aligned(nbytes):
 def host_staging(engine, name, nbytes, group_index):
     """A param group's staging: a zoe tensor of ``nbytes`` homed in HOST (pinned DRAM, counted
     against the HOST budget), acquired for the optimizer's life, and a uint8 CPU tensor over it.
+    Its chunks are its own (a chunk group of its name): no other tensor shares them.
     NoSpace names the settings that make room for it."""
     try:
-        tensor = engine.register_tensor(name, nbytes, _capi.DType.UINT8, _capi.Tier.HOST)
+        tensor = engine.register_tensor(name, nbytes, _capi.DType.UINT8, _capi.Tier.HOST,
+                                        group=name)
     except NoSpace as error:
         raise NoSpace(
             error.status,

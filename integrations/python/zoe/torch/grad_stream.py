@@ -9,7 +9,9 @@ slice of a reduced bucket), the gradient is added into its store (written on its
 since the last step, added on the next ones: accumulation over micro-batches in fp32) and the
 gradient's own memory is released: ``param.grad`` stays None. The store is an ordinary zoe tensor:
 HOST within the tensors' budget, written to NVMe (checksummed, as every swapped byte) when the
-budget needs the room, read back at the step. Peak gradient memory is thus bounded by the
+budget needs the room, read back at the step. The stores are a chunk group of their own: a chunk
+they shared with parameters acquired on the GPU (the pager's DEVICE tier) could not be written on
+the host while those are held there, as they are in backward. Peak gradient memory is thus bounded by the
 tensors' HOST budget, not by the model.
 
 Each time a store is written, the norm of its accumulated values is taken (fp32, as
@@ -41,7 +43,7 @@ import torch
 from .. import _capi
 from ..engine import BufferView, StepResult, whole_chunks
 from ..errors import FailedPrecondition
-from .common import _DTYPES, _invalid, _pager_of, _view
+from .common import _DTYPES, _in_host_memory, _invalid, _pager_of, _view
 from .device import wrap_tier_memory
 from .grad_hooks import on_gradient_accumulated
 
@@ -84,7 +86,8 @@ class GradStream:
                 continue  # a frozen parameter gets no gradient (one unfrozen later: in .grad)
             self._check_one_pager(pager)
             tensor = pager.engine.register_tensor(f"{prefix}.grad.{index}", param.numel() * 4,
-                                                  _capi.DType.FLOAT32, pager.home)
+                                                  _capi.DType.FLOAT32, pager.home,
+                                                  group=f"{prefix}.grad")
             self._stores[id(param)] = _Store(tensor, param.numel())
             self._attach(pager, param)
 
@@ -309,14 +312,17 @@ class GradStream:
 
     @staticmethod
     def _output_for(param, held):
-        """The BufferView zoe writes a parameter's update into: its memory when on the CPU (a
-        paged one acquired for writing), else one without data (written back afterwards)."""
+        """The BufferView zoe writes a parameter's update into: its memory when that is host
+        memory (_in_host_memory; a paged one acquired for writing), else one without data
+        (written back afterwards)."""
+        if not _in_host_memory(param):
+            return _absent(param)
         pager = _pager_of(param)
         if pager is None:
             target = param.detach()
         else:
             target = held.enter_context(pager.held(param, _capi.Access.WRITE))
-        if target.device.type != "cpu" or not target.is_contiguous():
+        if not target.is_contiguous():
             return _absent(param)
         return _view(target)
 

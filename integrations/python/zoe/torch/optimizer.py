@@ -36,7 +36,8 @@ from ..engine import BufferView, Engine
 from ..errors import FailedPrecondition
 from . import device
 from .checkpoint import load_param_groups, save_param_groups
-from .common import _DTYPES, _current_values, _invalid, _pager_of, _view, _writable
+from .common import (_DTYPES, _current_values, _in_host_memory, _invalid, _pager_of, _view,
+                     _writable)
 from .config import _check_group_options, _check_type_agrees, _optimizer_engine_config
 from .grad_accumulation import GradientAccumulation
 from .global_clip import GlobalClip, grads_sum_squares
@@ -451,15 +452,17 @@ class ZoeOptimizer(torch.optim.Optimizer):
 
     def _write_paged_masters(self, state):
         """Writes each paged parameter's values into the group's master weights, one parameter
-        acquired at a time."""
+        acquired at a time. It is acquired in the pager's tier, which may be the device's memory
+        (zoe refuses that as a host buffer), so its values are copied into host memory first."""
         for param, offset in zip(state.params, state.offsets()):
             pager = _pager_of(param)
             if pager is None:
                 continue
+            flat = torch.empty(param.numel(), dtype=torch.float32)
             with pager.held(param, _capi.Access.READ) as values:
-                flat = values.reshape(-1).to(torch.float32).contiguous()
-                state.zoe_group.write_state(_capi.StateSlot.MASTER, offset, flat.numel(),
-                                            flat.data_ptr())
+                flat.copy_(values.reshape(-1))
+            state.zoe_group.write_state(_capi.StateSlot.MASTER, offset, flat.numel(),
+                                        flat.data_ptr())
 
     def _zero_copy_group(self, state):
         """Whether a param group's parameters are its master (see "Zero copy")."""
@@ -826,15 +829,16 @@ class ZoeOptimizer(torch.optim.Optimizer):
             n = param.numel()
             if present is None or present[index]:
                 with _writable(param) as target:
-                    self._read_master(state.zoe_group, offset, target)
+                    self._read_master(state.zoe_group, offset, target, _in_host_memory(param))
             offset += n
 
     @staticmethod
-    def _read_master(zoe_group, offset, target):
-        """Reads ``target.numel()`` master weights from element ``offset`` into ``target``."""
+    def _read_master(zoe_group, offset, target, in_host_memory):
+        """Reads ``target.numel()`` master weights from element ``offset`` into ``target``:
+        straight into it when it is fp32 and contiguous in host memory (_in_host_memory),
+        else through a host copy."""
         n = target.numel()
-        on_host = target.device.type == "cpu"
-        if target.dtype == torch.float32 and target.is_contiguous() and on_host:
+        if target.dtype == torch.float32 and target.is_contiguous() and in_host_memory:
             zoe_group.read_state(_capi.StateSlot.MASTER, offset, n, target.data_ptr())
             return
         values = torch.empty(n, dtype=torch.float32)
