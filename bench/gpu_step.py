@@ -12,12 +12,16 @@ iteration is forward, backward and the optimizer step:
   zoe_cpu_overlap   the same inside `with optimizer.overlap():` (each gradient copied and its
                     chunks updated as backward produces it)
   zoe_nvme_overlap  zoe_cpu_overlap with the optimizer state on NVMe files under NVME_DIR
+  zoe_s3_nvme       zoe.torch.initialize from a DeepSpeed configuration, ZeRO stage 3 with the
+                    parameters and the optimizer state on NVMe files (sizes left to zoe):
+                    engine(x), engine.backward(loss), engine.step()
 
 Each round runs every variant in turn (reversed on odd rounds): WARMUP untimed iterations, then
 STEPS timed ones (CUDA synchronised at both ends); a round's figure is the median of its steps,
 the reported one the median over ROUNDS rounds. Also reported: the bytes of one step's state, the
 device's peak memory per variant, and overlap_hidden = the part of zoe_cpu_after's extra time over
-compute_only that zoe_cpu_overlap removes. One JSON object on stdout (and to OUTPUT if set).
+compute_only that zoe_cpu_overlap removes. One JSON object on stdout (and to OUTPUT if set); a
+variant that raises is reported under "errors" (the others still run) and the exit status is 1.
 Environment: LAYERS (8), WIDTH (4096), BATCH (4096), STEPS (5), WARMUP (2), ROUNDS (3),
 IMPLS (comma list; default all), NVME_DIR (a temporary folder under /var/tmp or /tmp).
 
@@ -44,7 +48,8 @@ STEPS = int(os.environ.get("STEPS", "5"))
 WARMUP = int(os.environ.get("WARMUP", "2"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 HYPER = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-IMPLS = ["torch_gpu", "compute_only", "zoe_cpu_after", "zoe_cpu_overlap", "zoe_nvme_overlap"]
+IMPLS = ["torch_gpu", "compute_only", "zoe_cpu_after", "zoe_cpu_overlap", "zoe_nvme_overlap",
+         "zoe_s3_nvme"]
 
 
 def make_model():
@@ -69,6 +74,15 @@ def engine_config(offload, nvme_dir):
                     "log_level": "warn"}}
 
 
+def stage3_config(nvme_dir):
+    nvme = {"device": "nvme", "nvme_path": nvme_dir}
+    return {"train_micro_batch_size_per_gpu": BATCH,
+            "optimizer": {"type": "AdamW", "params": dict(HYPER)},
+            "zero_optimization": {"stage": 3, "offload_param": dict(nvme),
+                                  "offload_optimizer": dict(nvme)},
+            "zoe": {"log_level": "warn"}}
+
+
 class Variant:
     """One way of training the model: build() once per round, iterate() per step, close()."""
 
@@ -78,7 +92,10 @@ class Variant:
 
     def build(self):
         self.model = make_model()
-        if self.name == "torch_gpu":
+        if self.name == "zoe_s3_nvme":
+            self.engine, _, _, _ = zt.initialize(model=self.model,
+                                                 config=stage3_config(self.nvme_dir))
+        elif self.name == "torch_gpu":
             self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True, **HYPER)
         elif self.name.startswith("zoe_"):
             offload = "nvme" if "nvme" in self.name else "cpu"
@@ -87,6 +104,11 @@ class Variant:
         self.x = torch.randn(BATCH, WIDTH, device="cuda", generator=None)
 
     def iterate(self):
+        if self.name == "zoe_s3_nvme":
+            loss = self.engine(self.x).square().mean()
+            self.engine.backward(loss)
+            self.engine.step()
+            return loss
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         loss = self.model(self.x).square().mean()
@@ -113,19 +135,21 @@ class Variant:
 
 def timed_round(variant):
     variant.build()
-    torch.cuda.reset_peak_memory_stats()
-    for _ in range(WARMUP):
-        variant.iterate()
-    times, losses = [], []
-    for _ in range(STEPS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = variant.iterate()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss))
-    peak = torch.cuda.max_memory_allocated()
-    variant.close()
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(WARMUP):
+            variant.iterate()
+        times, losses = [], []
+        for _ in range(STEPS):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            loss = variant.iterate()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            losses.append(float(loss.detach()))
+        peak = torch.cuda.max_memory_allocated()
+    finally:
+        variant.close()
     return statistics.median(times), peak, losses
 
 
@@ -134,12 +158,20 @@ def main():
     parent = "/var/tmp" if os.path.isdir("/var/tmp") else None
     nvme_dir = os.environ.get("NVME_DIR") or tempfile.mkdtemp(prefix="zoe-gpu-step-", dir=parent)
     figures = {name: [] for name in impls}
-    peaks, losses = {}, {}
+    peaks, losses, errors = {}, {}, {}
     try:
         for round_index in range(ROUNDS):
             order = impls if round_index % 2 == 0 else impls[::-1]
             for name in order:
-                seconds, peak, round_losses = timed_round(Variant(name, nvme_dir))
+                if name in errors:
+                    continue
+                try:
+                    seconds, peak, round_losses = timed_round(Variant(name, nvme_dir))
+                except Exception as error:  # reported below; the other variants still run
+                    errors[name] = f"{type(error).__name__}: {error}"
+                    print(f"round {round_index} {name}: {errors[name]}", file=sys.stderr)
+                    torch.cuda.empty_cache()
+                    continue
                 figures[name].append(seconds)
                 peaks[name] = peak
                 losses[name] = round_losses
@@ -152,9 +184,9 @@ def main():
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "zoe": zoe.version(), "params": params, "state_bytes": 12 * params,
         "layers": LAYERS, "width": WIDTH, "batch": BATCH, "steps": STEPS, "rounds": ROUNDS,
-        "seconds_per_iteration": {n: statistics.median(v) for n, v in figures.items()},
+        "seconds_per_iteration": {n: statistics.median(v) for n, v in figures.items() if v},
         "rounds_seconds": figures, "device_peak_bytes": peaks,
-        "last_losses": {n: v[-1] for n, v in losses.items()},
+        "last_losses": {n: v[-1] for n, v in losses.items()}, "errors": errors,
     }
     s = result["seconds_per_iteration"]
     if {"compute_only", "zoe_cpu_after", "zoe_cpu_overlap"} <= s.keys():
@@ -165,7 +197,8 @@ def main():
     if os.environ.get("OUTPUT"):
         with open(os.environ["OUTPUT"], "w") as f:
             f.write(text + "\n")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,7 +7,9 @@ skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs it
 - `zoe.torch.initialize` on a CUDA model from a DeepSpeed configuration (ZeRO stage 2 with the
   optimizer state on NVMe, AdamW and Adagrad, speculative or not, and stage 3 with the
   parameters paged through the GPU's device tier and their gradients streamed to the host;
-  WarmupLR, gradient accumulation 2, clipping 1.0) beside the plain torch loop.
+  WarmupLR, gradient accumulation 2, clipping 1.0) beside the plain torch loop;
+- ``zoe.torch.zero_init`` then ``zoe.torch.initialize`` from one configuration, the model built
+  on the GPU inside the context (paged as built, never whole), beside the model built whole.
 """
 
 import pytest
@@ -157,3 +159,69 @@ def test_initialize_from_a_deepspeed_config_on_a_cuda_model(tmp_path, stage, opt
     assert engine.global_steps == len(batches) // 2
     for index, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"tensor {index}")
+
+
+def zero_init_config(nvme_path, precision):
+    """Stage 3 with the parameters on NVMe and the optimizer state in DRAM, as for a model
+    built paged: ``precision`` None (fp32) or "bf16"."""
+    document = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": 3,
+                              "offload_param": {"device": "nvme", "nvme_path": nvme_path},
+                              "offload_optimizer": {"device": "cpu"}},
+    }
+    if precision is not None:
+        document[precision] = {"enabled": True}
+    return document
+
+
+def build_on_the_gpu():
+    """The model built on the GPU (its initialisation drawn from the GPU's generator), as a
+    user builds one inside zero_init: ``with torch.device("cuda")``."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                   torch.nn.Linear(64, 8))
+
+
+def train_engine(engine, batches):
+    dtype = next(iter(engine.module_state_dict().values())).dtype
+    for x, y in batches:
+        engine.backward(torch.nn.functional.mse_loss(engine(x.to(dtype)).float(), y))
+        engine.step()
+    return {key: value.detach().cpu().clone() for key, value in engine.module_state_dict().items()}
+
+
+@pytest.mark.parametrize("precision", [None, "bf16"])
+def test_a_model_built_paged_on_the_gpu_trains_as_one_built_whole(tmp_path, precision):
+    """zoe.torch.zero_init then zoe.torch.initialize from one DeepSpeed configuration, the
+    model built on the GPU inside the context: its parameters are placeholders on the GPU
+    (never whole in memory), and it trains as the same model built whole."""
+    batches = micro_batches(8)
+    for folder in ("paged", "whole"):
+        (tmp_path / folder).mkdir()
+    document = zero_init_config(str(tmp_path / "paged"), precision)
+    with zoe.torch.zero_init(config=document) as construction:
+        model = build_on_the_gpu()
+    assert construction.parameters == 4
+    assert all(param.device.type == "cuda" and param.stride() == (0,) * param.dim()
+               for param in model.parameters())
+    engine, _, _, _ = zoe.torch.initialize(model=model, config=document)
+    try:
+        assert engine._stage3.engine is construction.engine
+        found = train_engine(engine, batches)
+    finally:
+        engine.close()
+
+    engine, _, _, _ = zoe.torch.initialize(
+        model=build_on_the_gpu(), config=zero_init_config(str(tmp_path / "whole"), precision))
+    try:
+        expected = train_engine(engine, batches)
+    finally:
+        engine.close()
+    assert found.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(found[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
