@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Sets up a machine and runs every zoe test: installs the Debian packages zoe needs, then builds
 # and runs the GoogleTest suites in the release, asan (ASan+UBSan) and tsan presets, and the
-# Python tests under /usr/bin/python3 (against the release library, and against the ASan+UBSan
-# library when the asan preset is built in the same run), and the libFuzzer targets for a bounded
-# time (scripts/run-fuzzers.sh). At the end it fails the run if any test skipped for a reason
-# tests/allowed-skips.txt does not allow (scripts/check-skips.py: only "no GPU"-class and
-# sanitizer reasons are allowed), reading the JUnit files of every ctest and pytest run. Before
-# any of it, no product function may be longer than 60 lines (scripts/function-lengths.py).
+# Python tests under /usr/bin/python3 (against the release library and, at the same time,
+# against the ASan+UBSan library when the asan preset is built in the same run), and the
+# libFuzzer targets for a bounded time (scripts/run-fuzzers.sh). At the end it fails the run if
+# any test skipped for a reason tests/allowed-skips.txt does not allow (scripts/check-skips.py:
+# only "no GPU"-class and sanitizer reasons are allowed), reading the JUnit files of every ctest
+# and pytest run. Before any of it, no product function may be longer than 60 lines
+# (scripts/function-lengths.py).
 # Usage: scripts/run-tests.sh [preset ...]     (default: release asan tsan python fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,31 +67,46 @@ run_ctest_preset() {
     --test-output-truncation middle
 }
 
+# One pytest run of every Python test against the library $2, named $1 (its JUnit file and its
+# log, build/python-$1.log); extra environment assignments follow.
+run_pytest() {
+  local name=$1 library=$2
+  shift 2
+  env "${test_env[@]}" "$@" ZOE_LIBRARY="$library" PYTHONPATH="$(pwd)/integrations/python" \
+    /usr/bin/python3 -m pytest -q -rs --junitxml="$junit_dir/python-$name.xml" \
+    integrations/python/tests >"build/python-$name.log" 2>&1
+}
+
 run_python_tests() {
   if ! compgen -G "integrations/python/tests/test_*.py" >/dev/null; then
     echo "=== python: no Python tests yet"
     return
   fi
   [[ -f build/release/integrations/libzoe.so ]] || run_ctest_preset release
-  local started=$SECONDS
-  echo "=== python: pytest under /usr/bin/python3"
-  junit_files+=("$junit_dir/python-release.xml")
-  env "${test_env[@]}" ZOE_LIBRARY="$(pwd)/build/release/integrations/libzoe.so" \
-    PYTHONPATH="$(pwd)/integrations/python" /usr/bin/python3 -m pytest -q -rs \
-    --junitxml="$junit_dir/python-release.xml" integrations/python/tests
+  local names=(release) pids=() failed=0 index
   # When this run built the asan preset, the same tests drive the ASan+UBSan library through
-  # ctypes. The sanitizer runtimes must load before the interpreter; leak detection is off
-  # because CPython does not free everything at exit (the C and C++ tests check zoe's leaks).
+  # ctypes, at the same time as the release library's run (each is mostly one process, and
+  # the machine has two cores or more). The sanitizer runtimes must load before the
+  # interpreter; leak detection is off because CPython does not free everything at exit (the C
+  # and C++ tests check zoe's leaks).
+  echo "=== python: pytest under /usr/bin/python3 against the release library"
+  run_pytest release "$(pwd)/build/release/integrations/libzoe.so" &
+  pids+=($!)
   if [[ " ${presets[*]} " == *" asan "* && -f build/asan/integrations/libzoe.so ]]; then
-    echo "=== python: pytest against the ASan+UBSan library (the release library's run took" \
-      "$((SECONDS - started))s)"
-    junit_files+=("$junit_dir/python-asan.xml")
-    env "${test_env[@]}" \
+    echo "=== python: and, at the same time, against the ASan+UBSan library"
+    names+=(asan)
+    run_pytest asan "$(pwd)/build/asan/integrations/libzoe.so" \
       LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
-      ASAN_OPTIONS=detect_leaks=0 ZOE_LIBRARY="$(pwd)/build/asan/integrations/libzoe.so" \
-      PYTHONPATH="$(pwd)/integrations/python" /usr/bin/python3 -m pytest -q -rs \
-      --junitxml="$junit_dir/python-asan.xml" integrations/python/tests
+      ASAN_OPTIONS=detect_leaks=0 &
+    pids+=($!)
   fi
+  for index in "${!pids[@]}"; do
+    junit_files+=("$junit_dir/python-${names[index]}.xml")
+    wait "${pids[index]}" || failed=1
+    echo "=== python (${names[index]} library):"
+    cat "build/python-${names[index]}.log"
+  done
+  ((failed == 0)) || { echo "python: a pytest run failed (above)" >&2; exit 1; }
 }
 
 # The GPU kit (scripts/gpu-kit.sh), bundled from the release build: it must fit what a lent GPU
