@@ -134,8 +134,8 @@ class Variant:
 
 
 def timed_round(variant):
-    variant.build()
     try:
+        variant.build()
         torch.cuda.reset_peak_memory_stats()
         for _ in range(WARMUP):
             variant.iterate()

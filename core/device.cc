@@ -92,7 +92,8 @@ void DeviceBackend::Free(void* data, uint64_t bytes) {
 
 bool DeviceBackend::Holds(const void* data, uint64_t bytes) const {
   const auto begin = reinterpret_cast<uintptr_t>(data);
-  const uintptr_t end = begin + std::max<uint64_t>(bytes, 1);
+  const uint64_t length = std::max<uint64_t>(bytes, 1);
+  const uintptr_t end = length > UINTPTR_MAX - begin ? UINTPTR_MAX : begin + length;
   std::lock_guard<std::mutex> lock(live_mutex_);
   auto after = live_.lower_bound(end);  // the first allocation starting at or past the end
   if (after == live_.begin()) return false;

@@ -140,9 +140,10 @@ class DeviceBackend {
   // Device memory of `bytes` bytes (0 gives an empty allocation using no budget).
   Result<DeviceAllocation> Allocate(uint64_t bytes);
 
-  // Whether [data, data + bytes) overlaps memory of a live allocation of this backend: what a
-  // caller hands over as host memory must not (device addresses cannot be read on the host; the
-  // stand-in's are host memory, so this is how its twin of a GPU catches the mistake too).
+  // Whether [data, data + bytes) overlaps memory of a live allocation of this backend (bytes 0
+  // counts as 1; a range past the address space ends at its top): what a caller hands over as
+  // host memory must not (device addresses cannot be read on the host; the stand-in's are host
+  // memory, so this is how its twin of a GPU catches the mistake too).
   bool Holds(const void* data, uint64_t bytes) const;
 
   // A new in-order copy queue.

@@ -237,13 +237,19 @@ Status Engine::TakeAsyncError() {
 
 Status Engine::Flush() { return tier_manager_->Flush(); }
 
-Status Engine::CheckHostMemory(const void* data, uint64_t bytes, std::string_view what) const {
+Status Engine::CheckHostMemory(const void* data, uint64_t count, uint64_t element_bytes,
+                               std::string_view what) const {
+  // A count too large for the address space overlaps everything above `data` (saturated).
+  const uint64_t bytes =
+      element_bytes != 0 && count > std::numeric_limits<uint64_t>::max() / element_bytes
+          ? std::numeric_limits<uint64_t>::max()
+          : count * element_bytes;
   if (data == nullptr || !tier_manager_->HoldsDeviceMemory(data, bytes)) return Status::Ok();
   return Status::InvalidArgument(fmt::format(
-      "{} ({} bytes at {}) is in the device tier's memory (device '{}'), not host memory: copy "
-      "the values to host memory first (a tensor acquired on the device tier, say, is read on "
-      "the host after a copy, or acquired on ZOE_TIER_HOST)",
-      what, bytes, data, tier_manager_->device_name()));
+      "{} ({} elements of {} bytes at {}) is in the device tier's memory (device '{}'), not host "
+      "memory: copy the values to host memory first (a tensor acquired on the device tier, say, "
+      "is read on the host after a copy, or acquired on ZOE_TIER_HOST)",
+      what, count, element_bytes, data, tier_manager_->device_name()));
 }
 
 // What speculation did in the group's steps (OptimizerGroup::speculation_stats).

@@ -121,10 +121,12 @@ class Engine {
   nlohmann::json ConfigJson() const;
   const config::EngineConfig& config() const { return config_; }
   TierManager& tier_manager() { return *tier_manager_; }
-  // InvalidArgument naming `what` when [data, data + bytes), given as host memory, lies in the
-  // device tier's memory (a pointer Acquire gave for Tier::kDevice, say); OK otherwise. The C API
-  // checks every buffer it reads or writes on the host with it.
-  Status CheckHostMemory(const void* data, uint64_t bytes, std::string_view what) const;
+  // InvalidArgument naming `what` when `count` elements of `element_bytes` at `data`, given as
+  // host memory, overlap the device tier's memory (a pointer Acquire gave for Tier::kDevice, say);
+  // OK otherwise (and for a null `data`). The C API checks every array it reads or writes on the
+  // host with it.
+  Status CheckHostMemory(const void* data, uint64_t count, uint64_t element_bytes,
+                         std::string_view what) const;
 
   // ---- tensors and traces: see TierManager.
   Result<TensorId> RegisterTensor(TensorDesc desc);

@@ -115,7 +115,7 @@ zoe_status zoe_optim_state_read(zoe_engine* engine, zoe_group_id group, zoe_stat
     ZOE_ASSIGN_OR_RETURN(const offload::StateSlot which,
                          zoe::capi::ToStateSlot(zoe::capi::RawEnum(slot)));
     if (count > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
-    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(out, count * sizeof(float), "out"));
+    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(out, count, sizeof(float), "out"));
     return e->ReadState(ToGroupId(group), which, offset,
                         std::span<float>(out, static_cast<size_t>(count)));
   });
@@ -128,7 +128,7 @@ zoe_status zoe_optim_state_write(zoe_engine* engine, zoe_group_id group, zoe_sta
     ZOE_ASSIGN_OR_RETURN(const offload::StateSlot which,
                          zoe::capi::ToStateSlot(zoe::capi::RawEnum(slot)));
     if (count > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(values, "values"));
-    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(values, count * sizeof(float), "values"));
+    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(values, count, sizeof(float), "values"));
     return e->WriteState(ToGroupId(group), which, offset,
                          std::span<const float>(values, static_cast<size_t>(count)));
   });
@@ -156,6 +156,7 @@ zoe_status zoe_optim_group_segment_steps(zoe_engine* engine, zoe_group_id group,
   return Guard([&]() -> Status {
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     if (n > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(out, n, sizeof(int64_t), "out"));
     return e->CopyGroupSegmentSteps(ToGroupId(group), std::span<int64_t>(out, n));
   });
 }
@@ -165,6 +166,7 @@ zoe_status zoe_optim_group_set_segment_steps(zoe_engine* engine, zoe_group_id gr
   return Guard([&]() -> Status {
     ZOE_ASSIGN_OR_RETURN(Engine * e, EngineOf(engine));
     if (n > 0) ZOE_RETURN_IF_ERROR(CheckNotNull(steps, "steps"));
+    ZOE_RETURN_IF_ERROR(e->CheckHostMemory(steps, n, sizeof(int64_t), "steps"));
     return e->SetGroupSegmentSteps(ToGroupId(group), std::span<const int64_t>(steps, n));
   });
 }

@@ -41,7 +41,7 @@ Result<std::vector<View>> ToHostViews(const offload::Engine& engine, const zoe_b
                                       size_t n, std::string_view name) {
   ZOE_ASSIGN_OR_RETURN(std::vector<View> out, ToViews<View>(views, n, name));
   for (size_t i = 0; i < out.size(); ++i) {
-    ZOE_RETURN_IF_ERROR(engine.CheckHostMemory(out[i].data, out[i].count * DTypeSize(out[i].dtype),
+    ZOE_RETURN_IF_ERROR(engine.CheckHostMemory(out[i].data, out[i].count, DTypeSize(out[i].dtype),
                                                fmt::format("{}[{}].data", name, i)));
   }
   return out;

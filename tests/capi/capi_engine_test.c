@@ -680,9 +680,17 @@ static void test_device_memory_is_not_a_host_buffer(void) {
   tensor = register_tensor(engine, "on-device", ZOE_TIER_HOST);
   CHECK_OK(zoe_tensor_acquire(engine, tensor, ZOE_TIER_DEVICE, ZOE_ACCESS_READ_WRITE, &device));
   CHECK_FAILS(zoe_optim_state_write(engine, group, ZOE_STATE_MASTER, 0, 4, (const float*)device),
-              ZOE_ERR_INVALID_ARGUMENT, "values (16 bytes at 0x");
+              ZOE_ERR_INVALID_ARGUMENT, "values (4 elements of 4 bytes at 0x");
   CHECK_FAILS(zoe_optim_state_read(engine, group, ZOE_STATE_MASTER, 0, 4, (float*)device),
               ZOE_ERR_INVALID_ARGUMENT, "is in the device tier's memory (device 'host stand-in");
+  CHECK_FAILS(zoe_optim_group_segment_steps(engine, group, (int64_t*)device, 1),
+              ZOE_ERR_INVALID_ARGUMENT, "out (1 elements of 8 bytes");
+  CHECK_FAILS(zoe_optim_group_set_segment_steps(engine, group, (const int64_t*)device, 1),
+              ZOE_ERR_INVALID_ARGUMENT, "steps (1 elements");
+  /* A count past the address space still overlaps the device memory above the pointer. */
+  CHECK_FAILS(zoe_optim_state_write(engine, group, ZOE_STATE_MASTER, 0, UINT64_MAX / 2,
+                                    (const float*)device - 8),
+              ZOE_ERR_INVALID_ARGUMENT, "is in the device tier's memory");
   view = view_of((float*)device, kParams);
   CHECK_FAILS(zoe_optim_accumulate_grad(engine, group, 0, &view), ZOE_ERR_INVALID_ARGUMENT,
               "grad[0].data");

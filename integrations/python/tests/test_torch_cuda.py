@@ -3,7 +3,8 @@ skipped elsewhere, so CI never needs one; scripts/gpu-kit.sh bundles and runs th
 zoe.torch.AdamW on a model on the GPU against torch's AdamW fed the same gradients on the CPU
 (identical bits with torch 1.13 under EXACT_TORCH), overlapped and not, fp32 and bf16, state in
 DRAM and on NVMe; against torch's AdamW on the GPU (within CUDA's rounding); offload_parameters
-into the GPU's DEVICE tier."""
+into the GPU's DEVICE tier, alone or beside parameters left in GPU memory in one param group;
+a bf16 model paged there loads its optimizer's state dict."""
 
 import copy
 
@@ -210,3 +211,62 @@ def test_offload_parameters_into_the_gpu(nvme_dir):
         assert engine.stats()["links"]["host_to_device"]["bytes"] > 0
         pager.remove()
         assert all(p.is_cuda for p in model.parameters())
+
+
+def test_a_group_of_paged_and_unpaged_cuda_parameters_trains_as_torch(nvme_dir):
+    """One param group holding parameters paged into the GPU's DEVICE tier (their gradients
+    streamed into host stores) and parameters left in GPU memory (their gradients in .grad, on
+    the GPU): clipped by the norm of both and stepped as torch's AdamW on the GPU."""
+    config = gpu_config(nvme_dir, chunk_size="64K")
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir}
+    with zoe.Engine(config) as engine:
+        if not engine.stats()["device"]["gpu"]:
+            pytest.skip("libzoe.so has no CUDA device tier")
+        reference = make_model().cuda()
+        model = copy.deepcopy(reference)
+        pager = zoe.torch.offload_parameters(model[0], engine)  # the first layer only
+        optimizer = zoe.torch.AdamW(model.parameters(), lr=1e-2, engine=engine, max_grad_norm=0.5)
+        expected = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+        for step in range(6):
+            x, y = batch(step, torch.float32, "cuda")
+            for net, opt in ((reference, expected), (model, optimizer)):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(net(x), y).backward()
+                if opt is expected:
+                    torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+                opt.step()
+        found = {f"0.{key}": value for key, value in pager.state_dict().items()}
+        found.update({key: value.detach() for key, value in model.named_parameters()
+                      if not key.startswith("0.")})
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(found[name].cuda(), value, rtol=1e-4, atol=1e-5, msg=name)
+        optimizer.close()
+        pager.remove()
+
+
+def test_a_bf16_model_paged_into_the_gpu_loads_its_optimizer_state(nvme_dir):
+    """The fp32 master a bf16 paged parameter's saved state holds is taken back by a fresh
+    optimizer (checked against the parameter, whose memory is the GPU's)."""
+    config = gpu_config(nvme_dir, chunk_size="64K")
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir}
+    with zoe.Engine(config) as engine:
+        if not engine.stats()["device"]["gpu"]:
+            pytest.skip("libzoe.so has no CUDA device tier")
+        model = make_model(torch.bfloat16).cuda()
+        pager = zoe.torch.offload_parameters(model, engine)
+        optimizer = zoe.torch.AdamW(model.parameters(), lr=1e-2, engine=engine)
+        for step in range(3):
+            x, y = batch(step, torch.bfloat16, "cuda")
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x).float(), y.float()).backward()
+            optimizer.step()
+        saved = optimizer.state_dict()
+        optimizer.close()
+        fresh = zoe.torch.AdamW(model.parameters(), lr=1e-2, engine=engine, name="fresh")
+        fresh.load_state_dict(saved)
+        fresh._zoe_group(fresh._groups[0])  # applies the loaded state (else at the first step)
+        loaded = fresh.state_dict()
+        for index, entry in saved["state"].items():
+            assert torch.equal(loaded["state"][index]["master_param"], entry["master_param"])
+        fresh.close()
+        pager.remove()

@@ -176,12 +176,13 @@ def _timed(owner, seconds, calls=None):
 
 
 def _current_values(param):
-    """A parameter's values as a contiguous tensor (a copy for a paged parameter)."""
+    """A parameter's values as a contiguous CPU tensor (a copy for a paged parameter, whose
+    memory may be the device tier's)."""
     pager = _pager_of(param)
     if pager is None:
         return param.detach().cpu()
     with pager.held(param, _capi.Access.READ) as view:
-        return view.clone()
+        return view.to("cpu", copy=True)
 
 
 def _in_host_memory(param):

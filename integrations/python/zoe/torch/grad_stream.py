@@ -179,8 +179,8 @@ class GradStream:
         for param in params:
             store = self._stores.get(id(param))
             if store is None:
-                if param.grad is not None:
-                    norms.append(torch.linalg.vector_norm(param.grad.detach().float()))
+                if param.grad is not None:  # on the host, beside the stores' norms
+                    norms.append(torch.linalg.vector_norm(param.grad.detach().float()).cpu())
             elif store.present:
                 norms.append(store.norm)
         local = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
@@ -226,8 +226,10 @@ class GradStream:
         if not inside or not self._present(param):
             return _absent(param)
         store = self._stores.get(id(param))
-        if store is None:
-            return _view(param.grad.detach().contiguous())
+        if store is None:  # a gradient in .grad (a parameter without a store), in host memory
+            grad = param.grad.detach().to("cpu").contiguous()
+            held.callback(lambda kept=grad: None)  # alive until zoe has read it
+            return _view(grad)
         address = store.tensor.acquire(_capi.Tier.HOST, _capi.Access.READ)
         held.callback(store.tensor.release)
         return BufferView(address, _capi.DType.FLOAT32, store.numel)
