@@ -176,32 +176,31 @@ def _timed(owner, seconds, calls=None):
 
 
 def _current_values(param):
-    """A parameter's values as a contiguous CPU tensor (a copy for a paged parameter, whose
-    memory may be the device tier's)."""
+    """A parameter's values as a contiguous CPU tensor (a copy, from host memory, for a paged
+    parameter)."""
     pager = _pager_of(param)
     if pager is None:
         return param.detach().cpu()
-    with pager.held(param, _capi.Access.READ) as view:
-        return view.to("cpu", copy=True)
+    with pager.held_on_host(param, _capi.Access.READ) as view:
+        return view.clone()
 
 
 def _in_host_memory(param):
     """Whether zoe may read and write a parameter's memory itself, as a host buffer: a CPU
-    parameter not paged, or one paged into the HOST tier. A parameter on a GPU is not, nor is
-    one paged into the DEVICE tier: the device's memory, a GPU's or, on the CPU twin, the host
-    stand-in's, which zoe refuses as a host buffer as it would a GPU's."""
-    pager = _pager_of(param)
-    if pager is not None:
-        return pager.tier == _capi.Tier.HOST
-    return param.device.type == "cpu"
+    parameter, or a paged one, through ``_writable`` (pager.held_on_host: its HOST copy, also
+    when the pager's tier is DEVICE, whose memory is a GPU's or, on the CPU twin, the host
+    stand-in's, which zoe refuses as a host buffer as it would a GPU's). A parameter left on a
+    GPU is not."""
+    return _pager_of(param) is not None or param.device.type == "cpu"
 
 
 @contextlib.contextmanager
 def _writable(param):
-    """The tensor to write a parameter's new values into (acquired when paged)."""
+    """The tensor to write a parameter's new values into (a paged one's HOST copy, acquired
+    for writing)."""
     pager = _pager_of(param)
     if pager is None:
         yield param.detach()
         return
-    with pager.held(param, _capi.Access.WRITE) as view:
+    with pager.held_on_host(param, _capi.Access.WRITE) as view:
         yield view

@@ -315,15 +315,15 @@ class GradStream:
     @staticmethod
     def _output_for(param, held):
         """The BufferView zoe writes a parameter's update into: its memory when that is host
-        memory (_in_host_memory; a paged one acquired for writing), else one without data
-        (written back afterwards)."""
+        memory (_in_host_memory; a paged one's HOST copy, acquired for writing), else one
+        without data (written back afterwards)."""
         if not _in_host_memory(param):
             return _absent(param)
         pager = _pager_of(param)
         if pager is None:
             target = param.detach()
         else:
-            target = held.enter_context(pager.held(param, _capi.Access.WRITE))
+            target = held.enter_context(pager.held_on_host(param, _capi.Access.WRITE))
         if not target.is_contiguous():
             return _absent(param)
         return _view(target)

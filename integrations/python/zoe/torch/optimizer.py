@@ -452,14 +452,13 @@ class ZoeOptimizer(torch.optim.Optimizer):
 
     def _write_paged_masters(self, state):
         """Writes each paged parameter's values into the group's master weights, one parameter
-        acquired at a time. It is acquired in the pager's tier, which may be the device's memory
-        (zoe refuses that as a host buffer), so its values are copied into host memory first."""
+        at a time, from its HOST copy (pager.held_on_host) converted to fp32."""
         for param, offset in zip(state.params, state.offsets()):
             pager = _pager_of(param)
             if pager is None:
                 continue
             flat = torch.empty(param.numel(), dtype=torch.float32)
-            with pager.held(param, _capi.Access.READ) as values:
+            with pager.held_on_host(param, _capi.Access.READ) as values:
                 flat.copy_(values.reshape(-1))
             state.zoe_group.write_state(_capi.StateSlot.MASTER, offset, flat.numel(),
                                         flat.data_ptr())

@@ -389,22 +389,48 @@ class ParameterPager:
             "engine": self.engine.stats(),
         }
 
-    @contextlib.contextmanager
-    def held(self, param, access=_capi.Access.READ):
-        """One parameter acquired for the block; yields the tensor over its memory.
-        InvalidArgument for a tensor this pager does not page (a parameter added to the model
-        after it was paged)."""
+    def _record_of(self, param):
+        """The record of a paged parameter (or shard); InvalidArgument for a tensor this pager
+        does not page (a parameter added to the model after it was paged)."""
         record = self._records.get(id(param))
         if record is None:
             raise _invalid(f"a tensor of shape {tuple(param.shape)} is not paged: a parameter "
                            "added to the model after it was paged (offload_parameters, or "
                            "zoe.torch.initialize at stage 3) is neither paged nor trained; add "
                            "parameters before, and build the engine again")
+        return record
+
+    @contextlib.contextmanager
+    def held(self, param, access=_capi.Access.READ):
+        """One parameter acquired in the pager's tier for the block (param.data points at it
+        meanwhile); yields the tensor over its memory (see _record_of for the error)."""
+        record = self._record_of(param)
         view = self._hold(record, access)
         try:
             yield view
         finally:
             self._unhold(record)
+
+    @contextlib.contextmanager
+    def held_on_host(self, param, access=_capi.Access.READ):
+        """One parameter's values in host memory for the block, whatever the pager's tier: a
+        CPU tensor over the HOST copy of its zoe tensor, which zoe may read and write itself
+        (the optimizer's step and master weights use it). With the DEVICE tier, a copy there
+        that was written is copied down first, and a write here drops the copy there (the next
+        forward brings the new values up): the parameter must not be held on the device
+        meanwhile (FailedPrecondition). With the HOST tier it is ``held``."""
+        if self.tier == _capi.Tier.HOST:
+            with self.held(param, access) as view:
+                yield view
+            return
+        record = self._record_of(param)
+        address = record.tensor.acquire(_capi.Tier.HOST, access)
+        try:
+            flat = wrap_tier_memory(address, record.tensor.nbytes, record.dtype,
+                                    torch.device("cpu"))
+            yield flat.view(record.shape)
+        finally:
+            record.tensor.release()
 
     @contextlib.contextmanager
     def materialized(self, access=_capi.Access.READ_WRITE):
