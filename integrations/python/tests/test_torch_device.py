@@ -255,7 +255,10 @@ def test_device_paging_identical_outputs_gradients_and_prefetch_hits(device_pagi
     reference = TinyGPT()
     model = copy.deepcopy(reference)
     pager = zoe.torch.offload_parameters(model, device_paging_engine, tier=zoe.Tier.DEVICE)
-    for step in range(4):
+    # 8 iterations: whether a prefetch finds room in the 48 KiB tier depends on when the
+    # adversarial twin's copies complete, so the rate over 3 replayed iterations varied
+    # (0.86 to 0.99); over 7 it stays near its mean (0.98 to 1.0)
+    for step in range(8):
         reference.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
         logits_ref, loss_ref = loss_of(reference, step)
@@ -288,6 +291,45 @@ def test_device_paging_steps_with_zoe_adamw(device_paging_engine):
             opt.step()
     pager.remove()
     assert params_equal(model, reference)
+
+
+def test_the_optimizer_reaches_device_paged_parameters_inside_materialized(nvme_dir):
+    """The optimizer reads and writes a paged parameter's HOST copy (pager.held_on_host), which
+    cannot be taken while the pager holds parameters in the DEVICE tier: inside
+    pager.materialized() it goes through a copy of the parameter held there instead. Values
+    written there on the device reach the master weights, and a state dict loaded there takes
+    back the bf16 masters it saved."""
+    config = small_config(nvme_dir, offload="cpu", chunk_size="4K", device_budget="256K")
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir}
+    engine = zoe.Engine(config)  # a device tier the whole model fits, for materialized()
+    torch.manual_seed(2)
+    model = TinyGPT().to(torch.bfloat16)
+    pager = zoe.torch.offload_parameters(model, engine, tier=zoe.Tier.DEVICE)
+    optimizer = zoe.torch.AdamW(model.parameters(), lr=1e-2, name="held", engine=engine)
+    with pager.materialized():
+        first = next(model.parameters())
+        first.data.fill_(0.5)  # written in the device tier's memory
+        optimizer._zoe_group(optimizer._groups[0])  # the masters, from the parameters
+    master = torch.empty(first.numel())
+    optimizer._groups[0].zoe_group.read_state(zoe.StateSlot.MASTER, 0, master.numel(),
+                                              master.data_ptr())
+    assert torch.equal(master, torch.full_like(master, 0.5))
+    for step in range(2):
+        optimizer.zero_grad(set_to_none=True)
+        loss_of(model, step)[1].float().backward()
+        optimizer.step()
+    saved = optimizer.state_dict()
+    fresh = zoe.torch.AdamW(model.parameters(), lr=1e-2, name="fresh", engine=engine)
+    with pager.materialized():
+        fresh.load_state_dict(saved)
+        fresh._zoe_group(fresh._groups[0])  # applies the loaded state
+    loaded = fresh.state_dict()["state"]
+    for index, entry in saved["state"].items():
+        assert torch.equal(loaded[index]["master_param"], entry["master_param"]), index
+    optimizer.close()
+    fresh.close()
+    pager.remove()
+    engine.close()
 
 
 def test_paging_into_the_nvme_tier_is_refused(device_paging_engine):

@@ -417,13 +417,19 @@ class ParameterPager:
         CPU tensor over the HOST copy of its zoe tensor, which zoe may read and write itself
         (the optimizer's step and master weights use it). With the DEVICE tier, a copy there
         that was written is copied down first, and a write here drops the copy there (the next
-        forward brings the new values up): the parameter must not be held on the device
-        meanwhile (FailedPrecondition). With the HOST tier it is ``held``."""
+        forward brings the new values up). While this pager holds parameters in the device
+        tier (inside materialized(), say), whose chunks' HOST copies cannot be taken then, it
+        is a host copy of the parameter held there instead, copied back after a write. With
+        the HOST tier it is ``held``."""
         if self.tier == _capi.Tier.HOST:
             with self.held(param, access) as view:
                 yield view
             return
         record = self._record_of(param)
+        if self._by_address:
+            with self._staged_on_host(param, access) as values:
+                yield values
+            return
         address = record.tensor.acquire(_capi.Tier.HOST, access)
         try:
             flat = wrap_tier_memory(address, record.tensor.nbytes, record.dtype,
@@ -431,6 +437,18 @@ class ParameterPager:
             yield flat.view(record.shape)
         finally:
             record.tensor.release()
+
+    @contextlib.contextmanager
+    def _staged_on_host(self, param, access):
+        """held_on_host through a host copy of the parameter held in the pager's tier."""
+        with self.held(param, access) as view:
+            if access == _capi.Access.WRITE:
+                values = torch.empty(view.shape, dtype=view.dtype)
+            else:
+                values = view.to("cpu", copy=True)
+            yield values
+            if access != _capi.Access.READ:
+                view.copy_(values)
 
     @contextlib.contextmanager
     def materialized(self, access=_capi.Access.READ_WRITE):
