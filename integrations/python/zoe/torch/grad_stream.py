@@ -274,26 +274,22 @@ class GradStream:
         """One window's step(grads=, params_out=): its stores acquired for reading, then (every
         store read, and when ``written``) its parameters for writing, for the call; without
         ``written`` they are written back from the master afterwards. When the call fails, zoe's
-        state is as it was, so the parameters handed to zoe for writing (acquired for writing,
-        their bytes undefined until written) are written back from its master, which holds
-        their values; ``dirty[0]`` stays set when even that fails."""
+        state is as it was, so the window's parameters are written back from its master, which
+        holds their values; ``dirty[0]`` stays set when even that fails."""
         first, end = window
         inside = [first <= index < end and self._present(param)
                   for index, param in enumerate(params)]
-        outs = []
         try:
             with contextlib.ExitStack() as held:
                 grads = [self._view_for(param, within, held)
                          for param, within in zip(params, inside)]
                 dirty[0] = True
-                for param, within in zip(params, inside):
-                    outs.append(self._output_for(param, held) if within and written
-                                else _absent(param))
+                outs = [self._output_for(param, held) if within and written else _absent(param)
+                        for param, within in zip(params, inside)]
                 result = step(grads=grads, params_out=outs)
         except BaseException:
             if dirty[0]:
-                write_back([index < len(outs) and outs[index].data != 0
-                            for index in range(len(params))])
+                write_back(inside)
                 dirty[0] = False
             raise
         dirty[0] = False
