@@ -11,8 +11,8 @@ gradient's own memory is released: ``param.grad`` stays None. The store is an or
 HOST within the tensors' budget, written to NVMe (checksummed, as every swapped byte) when the
 budget needs the room, read back at the step. The stores are a chunk group of their own: a chunk
 they shared with parameters acquired on the GPU (the pager's DEVICE tier) could not be written on
-the host while those are held there, as they are in backward. Peak gradient memory is thus bounded by the
-tensors' HOST budget, not by the model.
+the host while those are held there, as they are in backward. Peak gradient memory is thus
+bounded by the tensors' HOST budget, not by the model.
 
 Each time a store is written, the norm of its accumulated values is taken (fp32, as
 ``torch.nn.utils.clip_grad_norm_`` takes each gradient's), so the step knows the global norm,
