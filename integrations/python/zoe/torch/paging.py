@@ -440,14 +440,13 @@ class ParameterPager:
 
     @contextlib.contextmanager
     def _staged_on_host(self, param, access):
-        """held_on_host through a host copy of the parameter held in the pager's tier."""
-        with self.held(param, access) as view:
-            if access == _capi.Access.WRITE:
-                values = torch.empty(view.shape, dtype=view.dtype)
-            else:
-                values = view.to("cpu", copy=True)
+        """held_on_host through a host copy of the parameter held in the pager's tier (its
+        values, also for a write: what the writer leaves unwritten stays as it was)."""
+        reads_only = access == _capi.Access.READ
+        with self.held(param, access if reads_only else _capi.Access.READ_WRITE) as view:
+            values = view.to("cpu", copy=True)
             yield values
-            if access != _capi.Access.READ:
+            if not reads_only:
                 view.copy_(values)
 
     @contextlib.contextmanager
