@@ -52,12 +52,12 @@ IMPLS = ["torch_gpu", "compute_only", "zoe_cpu_after", "zoe_cpu_overlap", "zoe_n
          "zoe_s3_nvme"]
 
 
-def make_model():
+def make_model(device="cuda"):
     torch.manual_seed(0)
     layers = []
     for _ in range(LAYERS):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers).cuda()
+    return torch.nn.Sequential(*layers).to(device)
 
 
 def engine_config(offload, nvme_dir):

@@ -26,19 +26,10 @@ import torch
 import zoe
 import zoe.torch as zt
 import zoe.torch.ds_stage3 as ds_stage3
+from gpu_step import LAYERS, WIDTH, make_model  # beside this file
 
-LAYERS = int(os.environ.get("LAYERS", "8"))
-WIDTH = int(os.environ.get("WIDTH", "4096"))
 BATCH = int(os.environ.get("BATCH", "8"))
 ITERATIONS = int(os.environ.get("ITERATIONS", "4"))
-
-
-def model():
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(LAYERS):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers)
 
 
 def config(nvme_dir):
@@ -56,7 +47,7 @@ def main():
                                                      tier=zoe.Tier.DEVICE)
     nvme_dir = os.environ.get("NVME_DIR") or tempfile.mkdtemp(prefix="zoe-s3-twin-",
                                                               dir="/var/tmp")
-    engine, _, _, _ = zt.initialize(model=model(), config=config(nvme_dir))
+    engine, _, _, _ = zt.initialize(model=make_model("cpu"), config=config(nvme_dir))
     x = torch.randn(BATCH, WIDTH)
     phases = {"forward": [], "backward": [], "step": [], "total": []}
     try:
